@@ -1,0 +1,374 @@
+//! The derived program: the `mpipe-program/1` interchange format
+//! (`shared/spec/program-format.md`), as plain data.
+//!
+//! This module only defines the types and their JSON mapping; the passes that read
+//! them live elsewhere ([`crate::verify`], [`crate::simulate`]). Unit names are kept
+//! as strings, exactly as a file spells them, so a hand-written program with an
+//! unknown name still loads and the verifier can say what is wrong with it.
+
+use serde::{Deserialize, Serialize};
+
+/// The value of the `format` key of every program document.
+pub const FORMAT: &str = "mpipe-program/1";
+
+/// A whole program: every rank's action list for one training step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Program {
+    /// Always [`FORMAT`].
+    pub format: String,
+    /// Number of pipeline ranks; `programs.len()` must equal it.
+    pub ranks: usize,
+    /// Number of micro-batches in one step.
+    pub microbatches: usize,
+    /// The model's units in topological order.
+    pub units: Vec<Unit>,
+    /// `programs[r]` is rank `r`'s action list, in execution order.
+    pub programs: Vec<Vec<Action>>,
+    /// Where the program came from (written by the derivation, ignored by readers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<Source>,
+}
+
+/// Provenance of a derived program: an extension key, ignored by other readers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Source {
+    /// The schedule expression, as written.
+    pub expr: String,
+}
+
+/// One unit of the model: an encoder, a pipeline stage or a virtual-stage chunk.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Unit {
+    pub name: String,
+    /// Units whose forward output this unit consumes (empty: reads the raw micro-batch).
+    pub inputs: Vec<String>,
+    /// Rank that owns the parameters and applies the optimizer step.
+    pub home: usize,
+    /// `false` marks frozen parameters.
+    pub trainable: bool,
+    pub cost: Cost,
+    /// Activation memory one micro-batch's forward keeps for its backward.
+    pub act: f64,
+    /// Extension: size of one micro-batch's output activation (and of its gradient),
+    /// for the communication cost model. Absent means 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes: f64,
+    /// Extension: size of the unit's parameters, for broadcasts and reductions
+    /// under the communication cost model, and for the memory limit. Absent means 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub params: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
+}
+
+/// Time of one micro-batch's forward, input-gradient and weight-gradient backward.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Cost {
+    #[serde(rename = "F")]
+    pub f: f64,
+    #[serde(rename = "B")]
+    pub b: f64,
+    #[serde(rename = "W")]
+    pub w: f64,
+}
+
+/// The compute operations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Op {
+    F,
+    B,
+    W,
+    BW,
+    RF,
+}
+
+impl Op {
+    /// The op's name as the format spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Op::F => "F",
+            Op::B => "B",
+            Op::W => "W",
+            Op::BW => "BW",
+            Op::RF => "RF",
+        }
+    }
+
+    /// Time this op takes on a unit of cost `c` (`BW` = `B + W`, `RF` = `F`).
+    pub fn cost(self, c: &Cost) -> f64 {
+        match self {
+            Op::F | Op::RF => c.f,
+            Op::B => c.b,
+            Op::W => c.w,
+            Op::BW => c.b + c.w,
+        }
+    }
+}
+
+/// The tensor a point-to-point transfer carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Tensor {
+    /// Output of `F(unit, mb)` (or `RF`).
+    Act,
+    /// Gradient produced by `B(unit, mb)` (or `BW`) for the unit's inputs.
+    Grad,
+    /// Raw micro-batch `mb` of a unit with no inputs.
+    Input,
+}
+
+impl Tensor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tensor::Act => "act",
+            Tensor::Grad => "grad",
+            Tensor::Input => "input",
+        }
+    }
+}
+
+/// Direction of a point-to-point action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Dir {
+    Send,
+    Recv,
+}
+
+/// One action of a rank's list. Serialized with the `op` key as the tag, exactly as
+/// program-format.md spells it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op")]
+pub enum Action {
+    F { unit: String, mb: usize },
+    B { unit: String, mb: usize },
+    W { unit: String, mb: usize },
+    BW { unit: String, mb: usize },
+    RF { unit: String, mb: usize },
+    SEND {
+        tensor: Tensor,
+        unit: String,
+        mb: usize,
+        peer: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch: Option<u64>,
+    },
+    RECV {
+        tensor: Tensor,
+        unit: String,
+        mb: usize,
+        peer: usize,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        batch: Option<u64>,
+    },
+    BCAST { unit: String, root: usize, group: Vec<usize> },
+    REDUCE { unit: String, root: usize, group: Vec<usize> },
+}
+
+/// A borrowed view of a compute action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ComputeRef<'a> {
+    pub op: Op,
+    pub unit: &'a str,
+    pub mb: usize,
+}
+
+/// A borrowed view of a point-to-point action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct P2pRef<'a> {
+    pub dir: Dir,
+    pub tensor: Tensor,
+    pub unit: &'a str,
+    pub mb: usize,
+    pub peer: usize,
+    pub batch: Option<u64>,
+}
+
+/// Kind of a collective action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum CollKind {
+    Bcast,
+    Reduce,
+}
+
+/// A borrowed view of a collective action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CollRef<'a> {
+    pub kind: CollKind,
+    pub unit: &'a str,
+    pub root: usize,
+    pub group: &'a [usize],
+}
+
+/// The three shapes an action can have.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ActionRef<'a> {
+    Compute(ComputeRef<'a>),
+    P2p(P2pRef<'a>),
+    Coll(CollRef<'a>),
+}
+
+impl Action {
+    /// Build a compute action.
+    pub fn compute(op: Op, unit: impl Into<String>, mb: usize) -> Action {
+        let unit = unit.into();
+        match op {
+            Op::F => Action::F { unit, mb },
+            Op::B => Action::B { unit, mb },
+            Op::W => Action::W { unit, mb },
+            Op::BW => Action::BW { unit, mb },
+            Op::RF => Action::RF { unit, mb },
+        }
+    }
+
+    /// Build a point-to-point action.
+    pub fn p2p(
+        dir: Dir,
+        tensor: Tensor,
+        unit: impl Into<String>,
+        mb: usize,
+        peer: usize,
+        batch: Option<u64>,
+    ) -> Action {
+        let unit = unit.into();
+        match dir {
+            Dir::Send => Action::SEND { tensor, unit, mb, peer, batch },
+            Dir::Recv => Action::RECV { tensor, unit, mb, peer, batch },
+        }
+    }
+
+    /// A borrowed, shape-oriented view, so passes match on three cases, not nine.
+    pub fn view(&self) -> ActionRef<'_> {
+        use Action::*;
+        match self {
+            F { unit, mb } => ActionRef::Compute(ComputeRef { op: Op::F, unit, mb: *mb }),
+            B { unit, mb } => ActionRef::Compute(ComputeRef { op: Op::B, unit, mb: *mb }),
+            W { unit, mb } => ActionRef::Compute(ComputeRef { op: Op::W, unit, mb: *mb }),
+            BW { unit, mb } => ActionRef::Compute(ComputeRef { op: Op::BW, unit, mb: *mb }),
+            RF { unit, mb } => ActionRef::Compute(ComputeRef { op: Op::RF, unit, mb: *mb }),
+            SEND { tensor, unit, mb, peer, batch } => ActionRef::P2p(P2pRef {
+                dir: Dir::Send,
+                tensor: *tensor,
+                unit,
+                mb: *mb,
+                peer: *peer,
+                batch: *batch,
+            }),
+            RECV { tensor, unit, mb, peer, batch } => ActionRef::P2p(P2pRef {
+                dir: Dir::Recv,
+                tensor: *tensor,
+                unit,
+                mb: *mb,
+                peer: *peer,
+                batch: *batch,
+            }),
+            BCAST { unit, root, group } => ActionRef::Coll(CollRef {
+                kind: CollKind::Bcast,
+                unit,
+                root: *root,
+                group,
+            }),
+            REDUCE { unit, root, group } => ActionRef::Coll(CollRef {
+                kind: CollKind::Reduce,
+                unit,
+                root: *root,
+                group,
+            }),
+        }
+    }
+
+    /// The unit this action is about.
+    pub fn unit(&self) -> &str {
+        match self.view() {
+            ActionRef::Compute(c) => c.unit,
+            ActionRef::P2p(p) => p.unit,
+            ActionRef::Coll(c) => c.unit,
+        }
+    }
+}
+
+impl std::fmt::Display for Action {
+    /// A compact human-readable form: `F(llm.0,3)`, `SEND act(vision,2)->1 [b4]`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.view() {
+            ActionRef::Compute(c) => write!(f, "{}({},{})", c.op.as_str(), c.unit, c.mb),
+            ActionRef::P2p(p) => {
+                let (name, arrow) = match p.dir {
+                    Dir::Send => ("SEND", "->"),
+                    Dir::Recv => ("RECV", "<-"),
+                };
+                write!(f, "{name} {}({},{}){arrow}{}", p.tensor.as_str(), p.unit, p.mb, p.peer)?;
+                if let Some(b) = p.batch {
+                    write!(f, " [batch {b}]")?;
+                }
+                Ok(())
+            }
+            ActionRef::Coll(c) => {
+                let name = match c.kind {
+                    CollKind::Bcast => "BCAST",
+                    CollKind::Reduce => "REDUCE",
+                };
+                write!(f, "{name}({}, root {}, group {:?})", c.unit, c.root, c.group)
+            }
+        }
+    }
+}
+
+impl Program {
+    /// Parse a program document from JSON text.
+    pub fn from_json(text: &str) -> Result<Program, serde_json::Error> {
+        serde_json::from_str(text)
+    }
+
+    /// The program as pretty JSON text (deterministic: field order is fixed).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a program always serializes")
+    }
+
+    /// Index of the unit called `name`, if any.
+    pub fn unit_index(&self, name: &str) -> Option<usize> {
+        self.units.iter().position(|u| u.name == name)
+    }
+
+    /// Total compute time of all compute actions (the numerator of the bubble ratio).
+    /// Actions on unknown units count as zero.
+    pub fn total_compute(&self) -> f64 {
+        let mut total = 0.0;
+        for list in &self.programs {
+            for a in list {
+                if let ActionRef::Compute(c) = a.view() {
+                    if let Some(u) = self.unit_index(c.unit) {
+                        total += c.op.cost(&self.units[u].cost);
+                    }
+                }
+            }
+        }
+        total
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spec_example_round_trips() {
+        let text = r#"{
+          "format": "mpipe-program/1", "ranks": 4, "microbatches": 8,
+          "units": [
+            {"name": "vision", "inputs": [], "home": 0, "trainable": true,
+             "cost": {"F": 2.0, "B": 2.0, "W": 1.0}, "act": 1.0},
+            {"name": "llm.0", "inputs": ["vision"], "home": 0, "trainable": true,
+             "cost": {"F": 1.0, "B": 1.0, "W": 1.0}, "act": 1.0, "unknown": 3}
+          ],
+          "programs": [[ {"op": "F", "unit": "vision", "mb": 0},
+                         {"op": "SEND", "tensor": "act", "unit": "vision", "mb": 0, "peer": 1, "batch": 2} ], [], [], []]
+        }"#;
+        let p = Program::from_json(text).unwrap();
+        assert_eq!(p.units[1].cost.w, 1.0);
+        assert_eq!(p.programs[0][1].to_string(), "SEND act(vision,0)->1 [batch 2]");
+        let again = Program::from_json(&p.to_json()).unwrap();
+        assert_eq!(p, again);
+    }
+}
