@@ -10,5 +10,18 @@
 //! - the verifier and simulator read only a [`program::Program`], so they judge
 //!   hand-written programs exactly as derived ones.
 
+pub mod analysis;
+pub mod bound;
+pub mod derive;
+pub mod expr;
+pub mod generators;
+pub mod lower;
+pub mod operators;
+pub mod plan;
+pub mod profile;
 pub mod program;
+pub mod render;
+pub mod simulate;
 pub mod timeline;
+pub mod units;
+pub mod verify;

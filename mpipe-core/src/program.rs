@@ -141,11 +141,26 @@ pub enum Dir {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op")]
 pub enum Action {
-    F { unit: String, mb: usize },
-    B { unit: String, mb: usize },
-    W { unit: String, mb: usize },
-    BW { unit: String, mb: usize },
-    RF { unit: String, mb: usize },
+    F {
+        unit: String,
+        mb: usize,
+    },
+    B {
+        unit: String,
+        mb: usize,
+    },
+    W {
+        unit: String,
+        mb: usize,
+    },
+    BW {
+        unit: String,
+        mb: usize,
+    },
+    RF {
+        unit: String,
+        mb: usize,
+    },
     SEND {
         tensor: Tensor,
         unit: String,
@@ -162,8 +177,16 @@ pub enum Action {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         batch: Option<u64>,
     },
-    BCAST { unit: String, root: usize, group: Vec<usize> },
-    REDUCE { unit: String, root: usize, group: Vec<usize> },
+    BCAST {
+        unit: String,
+        root: usize,
+        group: Vec<usize>,
+    },
+    REDUCE {
+        unit: String,
+        root: usize,
+        group: Vec<usize>,
+    },
 }
 
 /// A borrowed view of a compute action.
@@ -233,8 +256,20 @@ impl Action {
     ) -> Action {
         let unit = unit.into();
         match dir {
-            Dir::Send => Action::SEND { tensor, unit, mb, peer, batch },
-            Dir::Recv => Action::RECV { tensor, unit, mb, peer, batch },
+            Dir::Send => Action::SEND {
+                tensor,
+                unit,
+                mb,
+                peer,
+                batch,
+            },
+            Dir::Recv => Action::RECV {
+                tensor,
+                unit,
+                mb,
+                peer,
+                batch,
+            },
         }
     }
 
@@ -242,12 +277,38 @@ impl Action {
     pub fn view(&self) -> ActionRef<'_> {
         use Action::*;
         match self {
-            F { unit, mb } => ActionRef::Compute(ComputeRef { op: Op::F, unit, mb: *mb }),
-            B { unit, mb } => ActionRef::Compute(ComputeRef { op: Op::B, unit, mb: *mb }),
-            W { unit, mb } => ActionRef::Compute(ComputeRef { op: Op::W, unit, mb: *mb }),
-            BW { unit, mb } => ActionRef::Compute(ComputeRef { op: Op::BW, unit, mb: *mb }),
-            RF { unit, mb } => ActionRef::Compute(ComputeRef { op: Op::RF, unit, mb: *mb }),
-            SEND { tensor, unit, mb, peer, batch } => ActionRef::P2p(P2pRef {
+            F { unit, mb } => ActionRef::Compute(ComputeRef {
+                op: Op::F,
+                unit,
+                mb: *mb,
+            }),
+            B { unit, mb } => ActionRef::Compute(ComputeRef {
+                op: Op::B,
+                unit,
+                mb: *mb,
+            }),
+            W { unit, mb } => ActionRef::Compute(ComputeRef {
+                op: Op::W,
+                unit,
+                mb: *mb,
+            }),
+            BW { unit, mb } => ActionRef::Compute(ComputeRef {
+                op: Op::BW,
+                unit,
+                mb: *mb,
+            }),
+            RF { unit, mb } => ActionRef::Compute(ComputeRef {
+                op: Op::RF,
+                unit,
+                mb: *mb,
+            }),
+            SEND {
+                tensor,
+                unit,
+                mb,
+                peer,
+                batch,
+            } => ActionRef::P2p(P2pRef {
                 dir: Dir::Send,
                 tensor: *tensor,
                 unit,
@@ -255,7 +316,13 @@ impl Action {
                 peer: *peer,
                 batch: *batch,
             }),
-            RECV { tensor, unit, mb, peer, batch } => ActionRef::P2p(P2pRef {
+            RECV {
+                tensor,
+                unit,
+                mb,
+                peer,
+                batch,
+            } => ActionRef::P2p(P2pRef {
                 dir: Dir::Recv,
                 tensor: *tensor,
                 unit,
@@ -298,7 +365,14 @@ impl std::fmt::Display for Action {
                     Dir::Send => ("SEND", "->"),
                     Dir::Recv => ("RECV", "<-"),
                 };
-                write!(f, "{name} {}({},{}){arrow}{}", p.tensor.as_str(), p.unit, p.mb, p.peer)?;
+                write!(
+                    f,
+                    "{name} {}({},{}){arrow}{}",
+                    p.tensor.as_str(),
+                    p.unit,
+                    p.mb,
+                    p.peer
+                )?;
                 if let Some(b) = p.batch {
                     write!(f, " [batch {b}]")?;
                 }
@@ -309,7 +383,11 @@ impl std::fmt::Display for Action {
                     CollKind::Bcast => "BCAST",
                     CollKind::Reduce => "REDUCE",
                 };
-                write!(f, "{name}({}, root {}, group {:?})", c.unit, c.root, c.group)
+                write!(
+                    f,
+                    "{name}({}, root {}, group {:?})",
+                    c.unit, c.root, c.group
+                )
             }
         }
     }
@@ -367,7 +445,10 @@ mod tests {
         }"#;
         let p = Program::from_json(text).unwrap();
         assert_eq!(p.units[1].cost.w, 1.0);
-        assert_eq!(p.programs[0][1].to_string(), "SEND act(vision,0)->1 [batch 2]");
+        assert_eq!(
+            p.programs[0][1].to_string(),
+            "SEND act(vision,0)->1 [batch 2]"
+        );
         let again = Program::from_json(&p.to_json()).unwrap();
         assert_eq!(p, again);
     }

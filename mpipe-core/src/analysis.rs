@@ -1,0 +1,279 @@
+//! What a plan implies: every task's data dependencies, and the ideal timing of the
+//! plan (each task as early as its rank order and its inputs allow, communication
+//! free). The lowering orders transfers by these times; operators that place work
+//! into idle time read them.
+
+use crate::plan::{Plan, Task, TaskIndex, UnitId};
+use crate::program::{Op, Tensor};
+
+/// A plan that cannot be executed: a generator or operator broke the plan invariant.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlanError {
+    #[error("rank {rank}, task {index} `{task}` reads {what}, which no rank produces")]
+    Missing {
+        rank: usize,
+        index: usize,
+        task: String,
+        what: String,
+    },
+    #[error(
+        "rank {rank}, task {index} `{task}` reads {what}, which the same rank produces only later"
+    )]
+    Backwards {
+        rank: usize,
+        index: usize,
+        task: String,
+        what: String,
+    },
+    #[error("the plan's orders and data dependencies form a cycle; stuck tasks: {0}")]
+    Cycle(String),
+}
+
+/// One input of a task: the tensor it reads and the task that produces it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Dep {
+    pub tensor: Tensor,
+    /// The unit the tensor belongs to (`act(unit)` or `grad(unit)`).
+    pub unit: UnitId,
+    pub mb: usize,
+    /// `(rank, index)` of the producing task.
+    pub producer: (usize, usize),
+}
+
+/// Dependencies of every task, `deps(r, i)`.
+#[derive(Clone, Debug)]
+pub struct Deps {
+    offsets: Vec<Vec<usize>>,
+    items: Vec<Dep>,
+}
+
+impl Deps {
+    pub fn of(&self, rank: usize, index: usize) -> &[Dep] {
+        let o = &self.offsets[rank];
+        &self.items[o[index]..o[index + 1]]
+    }
+}
+
+pub(crate) fn describe(plan: &Plan, t: &Task) -> String {
+    format!("{}({},{})", t.op.as_str(), plan.units[t.unit].name, t.mb)
+}
+
+/// Resolve every task's inputs (program-format.md rule 2): a forward reads its input
+/// units' activations, a backward its own forward and its successors' gradients, a
+/// weight-gradient its own `B`. Local producers earlier on the rank win; otherwise
+/// the unique producer elsewhere.
+pub fn dependencies(plan: &Plan) -> Result<Deps, PlanError> {
+    resolve(plan, false)
+}
+
+/// Like [`dependencies`], but a tensor nobody produces is taken as available from the
+/// start instead of an error: operators use it to time a plan whose work they are
+/// about to re-place.
+pub fn dependencies_lenient(plan: &Plan) -> Result<Deps, PlanError> {
+    resolve(plan, true)
+}
+
+fn resolve(plan: &Plan, lenient: bool) -> Result<Deps, PlanError> {
+    let index = plan.locate();
+    let need = plan.needs_backward();
+    let succs: Vec<Vec<UnitId>> = (0..plan.units.len()).map(|u| plan.successors(u)).collect();
+    let inputs: Vec<Vec<UnitId>> = plan
+        .units
+        .iter()
+        .map(|u| u.inputs.iter().filter_map(|n| plan.unit_id(n)).collect())
+        .collect();
+    let mut offsets = Vec::with_capacity(plan.ranks);
+    let mut items = Vec::new();
+    for (r, list) in plan.order.iter().enumerate() {
+        let mut off = Vec::with_capacity(list.len() + 1);
+        for (i, t) in list.iter().enumerate() {
+            off.push(items.len());
+            let err = |what: String, backwards: bool| {
+                let (rank, index, task) = (r, i, describe(plan, t));
+                if backwards {
+                    PlanError::Backwards {
+                        rank,
+                        index,
+                        task,
+                        what,
+                    }
+                } else {
+                    PlanError::Missing {
+                        rank,
+                        index,
+                        task,
+                        what,
+                    }
+                }
+            };
+            match t.op {
+                Op::F | Op::RF => {
+                    for &p in &inputs[t.unit] {
+                        let what = format!("act({},{})", plan.units[p].name, t.mb);
+                        let dep = match find(&index, r, i, &[Op::F, Op::RF], p, t.mb) {
+                            Ok(dep) => dep,
+                            Err(false) if lenient => continue,
+                            Err(b) => return Err(err(what, b)),
+                        };
+                        items.push(Dep {
+                            tensor: Tensor::Act,
+                            unit: p,
+                            mb: t.mb,
+                            producer: dep,
+                        });
+                    }
+                }
+                Op::B | Op::BW => {
+                    local(&index, r, i, &[Op::F, Op::RF], t.unit, t.mb).ok_or_else(|| {
+                        err(
+                            format!(
+                                "its own forward F/RF({},{}) on this rank",
+                                plan.units[t.unit].name, t.mb
+                            ),
+                            false,
+                        )
+                    })?;
+                    for &s in &succs[t.unit] {
+                        if !need[s] {
+                            continue;
+                        }
+                        let what = format!("grad({},{})", plan.units[s].name, t.mb);
+                        let dep = match find(&index, r, i, &[Op::B, Op::BW], s, t.mb) {
+                            Ok(dep) => dep,
+                            Err(false) if lenient => continue,
+                            Err(b) => return Err(err(what, b)),
+                        };
+                        items.push(Dep {
+                            tensor: Tensor::Grad,
+                            unit: s,
+                            mb: t.mb,
+                            producer: dep,
+                        });
+                    }
+                }
+                Op::W => {
+                    local(&index, r, i, &[Op::B], t.unit, t.mb).ok_or_else(|| {
+                        err(
+                            format!("B({},{}) on this rank", plan.units[t.unit].name, t.mb),
+                            false,
+                        )
+                    })?;
+                }
+            }
+        }
+        off.push(items.len());
+        offsets.push(off);
+    }
+    Ok(Deps { offsets, items })
+}
+
+/// An earlier task on rank `r` (before index `i`) among `ops` on `(unit, mb)`.
+fn local(
+    index: &TaskIndex,
+    r: usize,
+    i: usize,
+    ops: &[Op],
+    unit: UnitId,
+    mb: usize,
+) -> Option<(usize, usize)> {
+    ops.iter()
+        .filter_map(|&op| index.get(op, unit, mb))
+        .find(|&(q, j)| q == r && j < i)
+}
+
+/// The producer of `(unit, mb)` among `ops` for task `i` on rank `r`: a local earlier
+/// one if any, else one on another rank. `Err(true)`: only a later one on this rank;
+/// `Err(false)`: none at all.
+fn find(
+    index: &TaskIndex,
+    r: usize,
+    i: usize,
+    ops: &[Op],
+    unit: UnitId,
+    mb: usize,
+) -> Result<(usize, usize), bool> {
+    if let Some(p) = local(index, r, i, ops, unit, mb) {
+        return Ok(p);
+    }
+    let mut later_here = false;
+    for &op in ops {
+        match index.get(op, unit, mb) {
+            Some((q, j)) if q != r => return Ok((q, j)),
+            Some(_) => later_here = true,
+            None => {}
+        }
+    }
+    Err(later_here)
+}
+
+/// Ideal timing of a plan: every task as early as possible, communication free.
+#[derive(Clone, Debug)]
+pub struct Timing {
+    /// `start[r][i]`, `end[r][i]` of task `i` on rank `r`.
+    pub start: Vec<Vec<f64>>,
+    pub end: Vec<Vec<f64>>,
+    /// The order in which tasks were settled: a topological order of the plan.
+    pub seq: Vec<Vec<usize>>,
+}
+
+impl Timing {
+    pub fn makespan(&self) -> f64 {
+        self.end.iter().flatten().copied().fold(0.0, f64::max)
+    }
+}
+
+/// Compute the ideal timing (list scheduling in rank order, O(tasks + deps)).
+pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
+    let p = plan.ranks;
+    let mut start: Vec<Vec<f64>> = plan.order.iter().map(|l| vec![0.0; l.len()]).collect();
+    let mut end = start.clone();
+    let mut seq: Vec<Vec<usize>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
+    let mut done = vec![0usize; p];
+    let mut clock = vec![0.0f64; p];
+    let mut waiters: Vec<Vec<usize>> = vec![Vec::new(); p];
+    let mut queue: Vec<usize> = (0..p).rev().collect();
+    let mut queued = vec![true; p];
+    let mut counter = 0usize;
+    while let Some(r) = queue.pop() {
+        queued[r] = false;
+        let list = &plan.order[r];
+        let before = done[r];
+        'advance: while done[r] < list.len() {
+            let i = done[r];
+            let t = &list[i];
+            let mut ready = clock[r];
+            for d in deps.of(r, i) {
+                let (q, j) = d.producer;
+                if j >= done[q] {
+                    waiters[q].push(r);
+                    break 'advance;
+                }
+                ready = ready.max(end[q][j]);
+            }
+            let c = t.op.cost(&plan.units[t.unit].cost);
+            start[r][i] = ready;
+            end[r][i] = ready + c;
+            clock[r] = ready + c;
+            seq[r][i] = counter;
+            counter += 1;
+            done[r] += 1;
+        }
+        if done[r] == before {
+            continue;
+        }
+        for w in std::mem::take(&mut waiters[r]) {
+            if !queued[w] {
+                queued[w] = true;
+                queue.push(w);
+            }
+        }
+    }
+    if (0..p).any(|r| done[r] < plan.order[r].len()) {
+        let stuck: Vec<String> = (0..p)
+            .filter(|&r| done[r] < plan.order[r].len())
+            .map(|r| format!("rank {r} at {}", describe(plan, &plan.order[r][done[r]])))
+            .collect();
+        return Err(PlanError::Cycle(stuck.join(", ")));
+    }
+    Ok(Timing { start, end, seq })
+}

@@ -1,0 +1,457 @@
+//! The derivation: profile + expression -> verified, simulated program.
+//!
+//! ```text
+//! Expr ──eval──► Plan ──lower──► Program ──verify──► ──simulate──► memory check
+//! ```
+//!
+//! `eval` maps each sub-expression to a plan: a body name runs its generator, an
+//! operator evaluates its body argument and maps the plan. Errors carry the span of
+//! the sub-expression at fault, and evaluation goes on past an error where it can, so
+//! a user sees every mistake at once.
+
+use crate::bound::{lower_bound, Bound};
+use crate::expr::{Arg, Expr};
+use crate::generators::{generate, BodyKind, GenError, BODY_NAMES};
+use crate::lower::{lower_with, Placement};
+use crate::operators::transpose::{transpose, Backward, Owners};
+use crate::plan::Plan;
+use crate::profile::Profile;
+use crate::program::{ActionRef, Program};
+use crate::simulate::{simulate, CommModel, Mode, SimOptions, SimReport};
+use crate::verify::verify;
+use proc_macro2::Span;
+
+/// Operator names the language reserves.
+pub const OPERATOR_NAMES: [&str; 5] = ["transpose", "fill", "split_w", "prefetch", "auto"];
+
+/// One derivation error: what is wrong, where, and how to fix it.
+#[derive(Clone, Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct DeriveError {
+    pub message: String,
+    /// The sub-expression at fault (call-site when the whole request is at fault).
+    pub span: Span,
+    /// What kind of problem it is.
+    pub kind: ErrorKind,
+}
+
+/// The classes of derivation error (the macro's UI tests and the CLI's exit codes
+/// tell them apart).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Unknown schedule, operator or encoder name.
+    UnknownName,
+    /// A bad argument: wrong count, unknown key, bad value.
+    BadArgument,
+    /// The body needs more (or differently many) micro-batches.
+    Microbatches,
+    /// The profile cannot be split over the ranks.
+    Profile,
+    /// Known, but not implemented yet.
+    NotAvailable,
+    /// A rank's peak memory exceeds `memory.limit`.
+    Memory,
+    /// The derived program breaks a validity rule (a bug in mpipe: please report).
+    Invalid,
+}
+
+fn err(kind: ErrorKind, span: Span, message: impl Into<String>) -> DeriveError {
+    DeriveError {
+        message: message.into(),
+        span,
+        kind,
+    }
+}
+
+/// A derived program with its predicted figures.
+#[derive(Clone, Debug)]
+pub struct Derived {
+    pub program: Program,
+    pub report: SimReport,
+    pub bound: Bound,
+    /// Per rank: parameter memory resident during the step (home units plus units
+    /// broadcast to or replicated on the rank).
+    pub params: Vec<f64>,
+}
+
+/// The inputs of one derivation.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    pub profile: &'a Profile,
+    pub ranks: usize,
+    pub microbatches: usize,
+}
+
+impl Request<'_> {
+    /// Simulation options implied by the profile (its link, if any), under `mode`.
+    pub fn sim_options(&self, mode: Mode) -> SimOptions {
+        SimOptions {
+            mode,
+            comm: self.profile.link.as_ref().map(|l| CommModel {
+                latency: l.latency,
+                bandwidth: l.bandwidth,
+            }),
+        }
+    }
+}
+
+/// Derive, verify and simulate `expr` for `req`. All errors found are returned.
+pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
+    let mut errors = Vec::new();
+    if req.ranks == 0 {
+        errors.push(err(
+            ErrorKind::BadArgument,
+            expr.span,
+            "ranks must be at least 1",
+        ));
+    }
+    if req.microbatches == 0 {
+        errors.push(err(
+            ErrorKind::BadArgument,
+            expr.span,
+            "microbatches must be at least 1",
+        ));
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let plan = eval(req, expr, &mut errors);
+    let plan = match plan {
+        Some(plan) if errors.is_empty() => plan,
+        _ => return Err(errors),
+    };
+    let text = expr.to_string();
+    // Both placement rules are correct; keep the one that runs faster under the
+    // default (rendezvous) semantics.
+    let mut best: Option<(Program, SimReport)> = None;
+    for placement in [Placement::Meet, Placement::Ready] {
+        let program = lower_with(&plan, Some(&text), placement)
+            .map_err(|e| vec![err(ErrorKind::Invalid, expr.span, e.to_string())])?;
+        let report = simulate(&program, &req.sim_options(Mode::Rendezvous)).map_err(|e| {
+            vec![err(
+                ErrorKind::Invalid,
+                expr.span,
+                format!("derived program does not run: {e}"),
+            )]
+        })?;
+        if best
+            .as_ref()
+            .is_none_or(|(_, b)| report.makespan < b.makespan)
+        {
+            best = Some((program, report));
+        }
+    }
+    let Some((program, report)) = best else {
+        return Err(errors);
+    };
+    let violations = verify(&program);
+    if !violations.is_empty() {
+        return Err(violations
+            .iter()
+            .map(|v| {
+                err(
+                    ErrorKind::Invalid,
+                    expr.span,
+                    format!("derived program is invalid (a bug in mpipe, please report it): {v}"),
+                )
+            })
+            .collect());
+    }
+    let params = resident_params(&program);
+    if let Some(limit) = req.profile.memory.as_ref().map(|m| m.limit) {
+        for (r, (&act, &par)) in report.peak_memory.iter().zip(&params).enumerate() {
+            if act + par > limit {
+                errors.push(err(
+                    ErrorKind::Memory,
+                    expr.span,
+                    format!(
+                        "`{text}` needs {:.2} memory on rank {r} (activations {act:.2} + parameters {par:.2}), \
+                         over memory.limit = {limit}; use a schedule that keeps fewer micro-batches in flight \
+                         (1f1b, zbh1), more ranks, or a larger limit",
+                        act + par
+                    ),
+                ));
+            }
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let bound = lower_bound(&program.units, req.ranks, req.microbatches);
+    Ok(Derived {
+        program,
+        report,
+        bound,
+        params,
+    })
+}
+
+/// Parse `text` and derive it. Parse errors come back as [`ErrorKind::BadArgument`].
+pub fn derive_str(req: &Request, text: &str) -> Result<Derived, Vec<DeriveError>> {
+    let expr = crate::expr::parse_str(text).map_err(|es| {
+        es.into_iter()
+            .map(|e| err(ErrorKind::BadArgument, e.span, e.message))
+            .collect::<Vec<_>>()
+    })?;
+    derive(req, &expr)
+}
+
+/// Parameter memory resident on each rank: every unit's parameters on its home, and
+/// on every rank that computes it elsewhere (broadcast or replicated).
+pub fn resident_params(program: &Program) -> Vec<f64> {
+    let mut held = vec![std::collections::BTreeSet::new(); program.ranks];
+    for (u, unit) in program.units.iter().enumerate() {
+        if unit.home < program.ranks {
+            held[unit.home].insert(u);
+        }
+    }
+    for (r, list) in program.programs.iter().enumerate().take(program.ranks) {
+        for a in list {
+            if let ActionRef::Compute(c) = a.view() {
+                if let Some(u) = program.unit_index(c.unit) {
+                    held[r].insert(u);
+                }
+            }
+        }
+    }
+    held.iter()
+        .map(|set| set.iter().map(|&u| program.units[u].params).sum())
+        .collect()
+}
+
+fn eval(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    let name = e.name();
+    if let Some(kind) = body_kind(e, errors) {
+        return match generate(kind, req.profile, req.ranks, req.microbatches) {
+            Ok(plan) => Some(plan),
+            Err(g) => {
+                let kind = match g {
+                    GenError::Microbatches { .. } | GenError::NoMicrobatches => {
+                        ErrorKind::Microbatches
+                    }
+                    GenError::Chunks(_) => ErrorKind::BadArgument,
+                    GenError::Units(_) => ErrorKind::Profile,
+                };
+                errors.push(err(kind, e.span, format!("`{e}`: {g}")));
+                None
+            }
+        };
+    }
+    if BODY_NAMES.contains(&name) {
+        return None; // body_kind reported the argument errors
+    }
+    match name {
+        "transpose" => eval_transpose(req, e, errors),
+        "fill" | "split_w" | "prefetch" | "auto" => {
+            // Still check the arguments, so every mistake shows at once.
+            for a in e
+                .positional()
+                .skip(usize::from(name == "fill" || name == "prefetch"))
+            {
+                eval(req, a, errors);
+            }
+            errors.push(err(
+                ErrorKind::NotAvailable,
+                e.head.span,
+                format!("`{name}` is part of the language but not available yet (it lands with the work beyond transpose); use `transpose` or a body schedule for now"),
+            ));
+            None
+        }
+        _ => {
+            let mut all: Vec<&str> = BODY_NAMES.to_vec();
+            all.extend(OPERATOR_NAMES);
+            let hint = did_you_mean(name, &all)
+                .map(|s| format!(" (did you mean `{s}`?)"))
+                .unwrap_or_default();
+            errors.push(err(
+                ErrorKind::UnknownName,
+                e.head.span,
+                format!(
+                    "unknown schedule `{name}`{hint}; expected one of: {}",
+                    all.join(", ")
+                ),
+            ));
+            None
+        }
+    }
+}
+
+/// The body generator `e` names, with its arguments checked; `None` if `e` is not a
+/// body or its arguments are bad (then errors says why).
+fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
+    let kind = match e.name() {
+        "gpipe" => BodyKind::GPipe,
+        "1f1b" => BodyKind::OneFOneB,
+        "zbh1" => BodyKind::ZbH1,
+        "zbv" => BodyKind::ZbV,
+        "dualpipev" => BodyKind::DualPipeV,
+        "interleaved" => BodyKind::Interleaved { v: 2 },
+        _ => return None,
+    };
+    let keys: &[&str] = if e.name() == "interleaved" {
+        &["v"]
+    } else {
+        &[]
+    };
+    let before = errors.len();
+    for a in &e.args {
+        match a {
+            Arg::Expr(x) => errors.push(err(
+                ErrorKind::BadArgument,
+                x.span,
+                format!(
+                    "`{}` takes no schedule argument{}",
+                    e.name(),
+                    if keys.is_empty() {
+                        "s"
+                    } else {
+                        "; it takes `v = N`"
+                    }
+                ),
+            )),
+            Arg::Key { key, .. } if !keys.contains(&key.name.as_str()) => errors.push(err(
+                ErrorKind::BadArgument,
+                key.span,
+                if keys.is_empty() {
+                    format!("`{}` takes no arguments", e.name())
+                } else {
+                    format!(
+                        "unknown argument `{}` of `{}`; expected one of: {}",
+                        key.name,
+                        e.name(),
+                        keys.join(", ")
+                    )
+                },
+            )),
+            Arg::Key { .. } => {}
+        }
+    }
+    let kind = match (kind, e.find_key("v")) {
+        (BodyKind::Interleaved { .. }, Some(v)) => match v.as_int() {
+            Some(v) if v >= 2 => BodyKind::Interleaved { v: v as usize },
+            _ => {
+                errors.push(err(
+                    ErrorKind::BadArgument,
+                    v.span(),
+                    format!("`v` is the number of chunks per rank, an integer >= 2 (v = 1 is `1f1b`), got `{v}`"),
+                ));
+                return None;
+            }
+        },
+        (k, _) => k,
+    };
+    (errors.len() == before).then_some(kind)
+}
+
+fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    let pos: Vec<&Expr> = e.positional().collect();
+    let mut ok = true;
+    let mut owners = Owners::default();
+    let mut backward = Backward::default();
+    for (key, value) in e.keys() {
+        let choice = |choices: &[&str]| -> Result<usize, DeriveError> {
+            value
+                .as_name()
+                .and_then(|n| choices.iter().position(|c| *c == n))
+                .ok_or_else(|| {
+                    err(
+                        ErrorKind::BadArgument,
+                        value.span(),
+                        format!(
+                            "bad value `{value}` for `{}`; expected one of: {}",
+                            key.name,
+                            choices.join(", ")
+                        ),
+                    )
+                })
+        };
+        let r = match key.name.as_str() {
+            "owners" => choice(&["round_robin", "min"])
+                .map(|i| owners = [Owners::RoundRobin, Owners::Min][i]),
+            "backward" => choice(&["local", "central"])
+                .map(|i| backward = [Backward::Local, Backward::Central][i]),
+            other => Err(err(
+                ErrorKind::BadArgument,
+                key.span,
+                format!(
+                    "unknown argument `{other}` of `transpose`; expected one of: owners, backward"
+                ),
+            )),
+        };
+        if let Err(x) = r {
+            errors.push(x);
+            ok = false;
+        }
+    }
+    if pos.len() != 2 {
+        errors.push(err(
+            ErrorKind::BadArgument,
+            e.span,
+            format!("`transpose` takes an encoder and a body, as in `transpose(vision, 1f1b)`; got {} positional argument(s)", pos.len()),
+        ));
+        for p in pos.iter().skip(1) {
+            eval(req, p, errors);
+        }
+        return None;
+    }
+    let (enc, body) = (pos[0], pos[1]);
+    let names: Vec<&str> = req
+        .profile
+        .encoders
+        .iter()
+        .map(|x| x.name.as_str())
+        .collect();
+    if !enc.args.is_empty() || !names.contains(&enc.name()) {
+        let listing = if names.is_empty() {
+            "the profile has no encoders ([[encoder]] tables)".to_string()
+        } else {
+            format!("the profile's encoders are: {}", names.join(", "))
+        };
+        let hint = did_you_mean(enc.name(), &names)
+            .map(|s| format!(" (did you mean `{s}`?)"))
+            .unwrap_or_default();
+        errors.push(err(
+            ErrorKind::UnknownName,
+            enc.span,
+            format!("unknown encoder `{enc}`{hint}; {listing}"),
+        ));
+        ok = false;
+    }
+    let plan = eval(req, body, errors)?;
+    if !ok {
+        return None;
+    }
+    let id = plan.unit_id(enc.name())?;
+    match transpose(plan, id, owners, backward) {
+        Ok(plan) => Some(plan),
+        Err(x) => {
+            errors.push(err(ErrorKind::Invalid, e.span, format!("`{e}`: {x}")));
+            None
+        }
+    }
+}
+
+/// The closest candidate within edit distance 2, if any.
+pub fn did_you_mean<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    candidates
+        .iter()
+        .map(|c| (edit_distance(word, c), *c))
+        .filter(|&(d, _)| d <= 2)
+        .min()
+        .map(|(_, c)| c)
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, &cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}

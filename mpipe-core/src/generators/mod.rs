@@ -1,0 +1,194 @@
+//! Body generators: the classic pipeline schedules of the LLM, as plans.
+//!
+//! Each generator is a short function from a [`Ctx`] (ranks, micro-batches, the
+//! stage units) to per-rank compute orders over the LLM stages; [`generate`] builds
+//! the units from the profile, runs the generator and places every encoder inline on
+//! the first stage's rank (forward just before the micro-batch's first LLM forward,
+//! backward just after the first stage's backward), the usual placement that
+//! operators such as `transpose` then change.
+
+mod dualpipev;
+mod gpipe;
+mod interleaved;
+mod onef1b;
+mod zbh1;
+mod zbv;
+
+use crate::plan::{Layout, Plan, Task, UnitId};
+use crate::profile::Profile;
+use crate::program::{Op, Unit};
+use crate::units::{build_units, UnitsError};
+
+/// The body schedules mpipe can generate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BodyKind {
+    /// All forwards, then all backwards (GPipe).
+    GPipe,
+    /// One-forward-one-backward (PipeDream-flush / Megatron 1F1B).
+    OneFOneB,
+    /// Megatron's interleaved 1F1B with `v` chunks per rank.
+    Interleaved { v: usize },
+    /// Zero Bubble's ZB-H1: 1F1B with `W` deferred into the cool-down.
+    ZbH1,
+    /// Zero Bubble's ZB-V: two chunks per rank in a V, `B`/`W` split.
+    ZbV,
+    /// DeepSeek's DualPipeV (DualPipe folded into a V).
+    DualPipeV,
+}
+
+/// Names of the body generators, as the expression language spells them.
+pub const BODY_NAMES: [&str; 6] = ["gpipe", "1f1b", "interleaved", "zbh1", "zbv", "dualpipev"];
+
+impl BodyKind {
+    pub fn layout(self) -> Layout {
+        match self {
+            BodyKind::ZbV | BodyKind::DualPipeV => Layout::VShape,
+            _ => Layout::Looped,
+        }
+    }
+
+    /// Stages (chunks) per rank.
+    pub fn chunks(self) -> usize {
+        match self {
+            BodyKind::Interleaved { v } => v,
+            BodyKind::ZbV | BodyKind::DualPipeV => 2,
+            _ => 1,
+        }
+    }
+
+    /// Canonical expression text.
+    pub fn expr(self) -> String {
+        match self {
+            BodyKind::GPipe => "gpipe".into(),
+            BodyKind::OneFOneB => "1f1b".into(),
+            BodyKind::Interleaved { v } => format!("interleaved(v = {v})"),
+            BodyKind::ZbH1 => "zbh1".into(),
+            BodyKind::ZbV => "zbv".into(),
+            BodyKind::DualPipeV => "dualpipev".into(),
+        }
+    }
+}
+
+/// Why a body cannot be generated.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GenError {
+    #[error(transparent)]
+    Units(#[from] UnitsError),
+    #[error("{body} needs {need}; got {microbatches} micro-batches on {ranks} ranks")]
+    Microbatches {
+        body: String,
+        need: String,
+        microbatches: usize,
+        ranks: usize,
+    },
+    #[error("interleaved needs v >= 2 chunks per rank (v = 1 is `1f1b`), got v = {0}")]
+    Chunks(usize),
+    #[error("at least one micro-batch is needed")]
+    NoMicrobatches,
+}
+
+/// What a generator sees.
+pub struct Ctx<'a> {
+    pub ranks: usize,
+    pub microbatches: usize,
+    /// Stage `k`'s unit id, in pipeline order.
+    pub stages: &'a [UnitId],
+    pub units: &'a [Unit],
+}
+
+impl Ctx<'_> {
+    /// Task `op` of stage `k` on micro-batch `mb`.
+    pub fn task(&self, op: Op, k: usize, mb: usize) -> Task {
+        Task::new(op, self.stages[k], mb)
+    }
+}
+
+/// Generate the plan of `kind` for `profile` on `ranks` ranks and `microbatches`
+/// micro-batches, encoders inline.
+pub fn generate(
+    kind: BodyKind,
+    profile: &Profile,
+    ranks: usize,
+    microbatches: usize,
+) -> Result<Plan, GenError> {
+    if microbatches == 0 {
+        return Err(GenError::NoMicrobatches);
+    }
+    let need = |need: String| GenError::Microbatches {
+        body: kind.expr(),
+        need,
+        microbatches,
+        ranks,
+    };
+    match kind {
+        BodyKind::Interleaved { v } if v < 2 => return Err(GenError::Chunks(v)),
+        BodyKind::Interleaved { .. } if !microbatches.is_multiple_of(ranks) => {
+            return Err(need(format!(
+                "a multiple of {ranks} micro-batches (one group per rank)"
+            )))
+        }
+        BodyKind::DualPipeV if microbatches < 2 * ranks => {
+            return Err(need(format!(
+                "at least {} micro-batches (2 x ranks)",
+                2 * ranks
+            )))
+        }
+        _ => {}
+    }
+    let units = build_units(profile, ranks, kind.chunks(), kind.layout())?;
+    let n_enc = profile.encoders.len();
+    let encoders: Vec<UnitId> = (0..n_enc).collect();
+    let stages: Vec<UnitId> = (n_enc..units.len()).collect();
+    let ctx = Ctx {
+        ranks,
+        microbatches,
+        stages: &stages,
+        units: &units,
+    };
+    let body = match kind {
+        BodyKind::GPipe => gpipe::order(&ctx),
+        BodyKind::OneFOneB => onef1b::order(&ctx),
+        BodyKind::Interleaved { v } => interleaved::order(&ctx, v),
+        BodyKind::ZbH1 => zbh1::order(&ctx),
+        BodyKind::ZbV => zbv::order(&ctx),
+        BodyKind::DualPipeV => dualpipev::order(&ctx),
+    };
+    let mut plan = Plan {
+        ranks,
+        microbatches,
+        units,
+        stages,
+        encoders,
+        order: body,
+        input_ships: vec![],
+    };
+    let encs = plan.encoders.clone();
+    for e in encs {
+        inline_encoder(&mut plan, e);
+    }
+    Ok(plan)
+}
+
+/// Place encoder `e`'s work on the first stage's rank: `F(e,m)` just before the first
+/// stage's forward of `m`, and (trainable) `BW(e,m)` just after its backward.
+pub fn inline_encoder(plan: &mut Plan, e: UnitId) {
+    let first = plan.stages[0];
+    let trainable = plan.units[e].trainable;
+    for list in &mut plan.order {
+        if !list.iter().any(|t| t.unit == first) {
+            continue;
+        }
+        let mut out = Vec::with_capacity(list.len() + 2 * plan.microbatches);
+        for t in list.drain(..) {
+            let is_first = t.unit == first;
+            if is_first && t.op == Op::F {
+                out.push(Task::new(Op::F, e, t.mb));
+            }
+            out.push(t);
+            if is_first && trainable && matches!(t.op, Op::B | Op::BW) {
+                out.push(Task::new(Op::BW, e, t.mb));
+            }
+        }
+        *list = out;
+    }
+}

@@ -1,0 +1,205 @@
+//! Zero Bubble's ZB-V: two chunks per rank in a V (rank `r` holds stage `r` and stage
+//! `2p - 1 - r`), backward split into `B` and `W`, and the same activation budget as
+//! 1F1B: rank `r` keeps at most `p` micro-batches' worth of its two chunks'
+//! activations (weighted by each chunk's `act`, so a heavy chunk such as the LM head
+//! counts for what it holds).
+//!
+//! Like the Zero Bubble paper's own construction, the order comes from a greedy list
+//! scheduler run on the profile's costs: whenever a rank is free it runs a ready `B`
+//! (oldest micro-batch first: `B` is on the critical path), else a ready `F` if the
+//! budget allows (the deeper chunk first, so micro-batches turn round sooner), else a
+//! pending `W` (oldest first), else it waits for the next event. Orders are per stage
+//! in micro-batch order, so the decision per step is O(1).
+
+use super::Ctx;
+use crate::plan::Task;
+use crate::program::Op;
+use std::cmp::Ordering;
+use std::collections::{BinaryHeap, VecDeque};
+
+/// Rank `.2` free at time `.0`; min-heap on time, then on push order `.1`. An entry
+/// whose push number is not the rank's latest is stale and skipped.
+#[derive(PartialEq)]
+struct Free(f64, u64, usize);
+
+impl Eq for Free {}
+impl PartialOrd for Free {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Free {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.0.total_cmp(&self.0).then(other.1.cmp(&self.1))
+    }
+}
+
+pub fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
+    let (p, m) = (ctx.ranks, ctx.microbatches);
+    let s = 2 * p;
+    let cost = |k: usize| ctx.units[ctx.stages[k]].cost;
+    let stage = |r: usize, c: usize| if c == 0 { r } else { s - 1 - r };
+    let rank_of = |k: usize| if k < p { k } else { s - 1 - k };
+    // End times, INFINITY while unscheduled.
+    let mut fend = vec![vec![f64::INFINITY; m]; s];
+    let mut bend = vec![vec![f64::INFINITY; m]; s];
+    let mut next_f = vec![[0usize; 2]; p];
+    let mut next_b = vec![[0usize; 2]; p];
+    let mut wq: Vec<VecDeque<(usize, usize)>> = vec![VecDeque::new(); p];
+    let act = |k: usize| ctx.units[ctx.stages[k]].act;
+    let mut inflight = vec![0.0f64; p];
+    let budget: Vec<f64> = (0..p)
+        .map(|r| p as f64 * (act(stage(r, 0)) + act(stage(r, 1))))
+        .collect();
+    // An F fits if the budget allows it, or if nothing at all is in flight.
+    let fits = |held: f64, k: usize, r: usize| held == 0.0 || held + act(k) <= budget[r] + 1e-9;
+    let mut order: Vec<Vec<Task>> = vec![Vec::with_capacity(6 * m); p];
+    let mut heap: BinaryHeap<Free> = (0..p).map(|r| Free(0.0, r as u64, r)).collect();
+    let mut pushes = p as u64;
+    let mut latest: Vec<u64> = (0..p as u64).collect();
+    // Idle ranks, with the time of the next event they know of (INFINITY: none).
+    let mut parked: Vec<(usize, f64)> = Vec::new();
+    let mut relaxed = vec![false; p];
+    let mut last = 0.0f64;
+    let mut remaining = 6 * m * p;
+    loop {
+        let Some(Free(t, n, r)) = heap.pop() else {
+            // Everyone waits on work nobody can start: the budget is too tight for
+            // this profile. Relax it rather than stall (the memory check still applies).
+            if parked.is_empty() || parked.iter().all(|&(r, _)| relaxed[r]) {
+                break;
+            }
+            for (r, _) in parked.drain(..) {
+                relaxed[r] = true;
+                latest[r] = pushes;
+                heap.push(Free(last, pushes, r));
+                pushes += 1;
+            }
+            continue;
+        };
+        if n != latest[r] {
+            continue;
+        }
+        parked.retain(|&(q, _)| q != r);
+        // Ready time of the next F / B of chunk c on rank r (INFINITY: not yet known).
+        let f_ready = |c: usize, fend: &Vec<Vec<f64>>, nf: &[usize; 2]| {
+            let (k, mb) = (stage(r, c), nf[c]);
+            if mb >= m {
+                None
+            } else if k == 0 {
+                Some(0.0)
+            } else {
+                Some(fend[k - 1][mb])
+            }
+        };
+        let b_ready = |c: usize, fend: &Vec<Vec<f64>>, bend: &Vec<Vec<f64>>, nb: &[usize; 2]| {
+            let (k, mb) = (stage(r, c), nb[c]);
+            if mb >= m {
+                return None;
+            }
+            let own = fend[k][mb];
+            let down = if k + 1 < s { bend[k + 1][mb] } else { 0.0 };
+            Some(own.max(down))
+        };
+        let mut choice: Option<(Op, usize)> = None;
+        // B first, oldest micro-batch, deeper chunk on ties.
+        let mut best: Option<(usize, usize)> = None;
+        for c in [1, 0] {
+            if let Some(ready) = b_ready(c, &fend, &bend, &next_b[r]) {
+                if ready <= t && best.is_none_or(|(_, mb)| next_b[r][c] < mb) {
+                    best = Some((c, next_b[r][c]));
+                }
+            }
+        }
+        if let Some((c, _)) = best {
+            choice = Some((Op::B, c));
+        }
+        if choice.is_none() {
+            for c in [1, 0] {
+                let room = relaxed[r] || fits(inflight[r], stage(r, c), r);
+                if room && f_ready(c, &fend, &next_f[r]).is_some_and(|ready| ready <= t) {
+                    choice = Some((Op::F, c));
+                    break;
+                }
+            }
+        }
+        if choice.is_none() && !wq[r].is_empty() {
+            choice = Some((Op::W, 0));
+        }
+        let Some((op, c)) = choice else {
+            // Wait for the earliest known event that could make something ready,
+            // or, if none is known yet, until some rank schedules a task.
+            let mut next = f64::INFINITY;
+            for c in [0, 1] {
+                let heads = [
+                    f_ready(c, &fend, &next_f[r]),
+                    b_ready(c, &fend, &bend, &next_b[r]),
+                ];
+                for ready in heads.into_iter().flatten() {
+                    if ready > t {
+                        next = next.min(ready);
+                    }
+                }
+            }
+            latest[r] = pushes;
+            if next.is_finite() {
+                heap.push(Free(next, pushes, r));
+            }
+            pushes += 1;
+            parked.push((r, next));
+            continue;
+        };
+        let (k, mb, dur) = match op {
+            Op::B => {
+                let k = stage(r, c);
+                let mb = next_b[r][c];
+                next_b[r][c] += 1;
+                wq[r].push_back((k, mb));
+                (k, mb, cost(k).b)
+            }
+            Op::F => {
+                let k = stage(r, c);
+                let mb = next_f[r][c];
+                next_f[r][c] += 1;
+                inflight[r] += act(k);
+                (k, mb, cost(k).f)
+            }
+            _ => {
+                let (k, mb) = wq[r].pop_front().unwrap_or((0, 0));
+                inflight[r] = (inflight[r] - act(k)).max(0.0);
+                (k, mb, cost(k).w)
+            }
+        };
+        let end = t + dur;
+        match op {
+            Op::F => fend[k][mb] = end,
+            Op::B => bend[k][mb] = end,
+            _ => {}
+        }
+        order[r].push(ctx.task(op, k, mb));
+        remaining -= 1;
+        if remaining == 0 {
+            break;
+        }
+        last = last.max(end);
+        latest[r] = pushes;
+        heap.push(Free(end, pushes, r));
+        pushes += 1;
+        // Only the rank of the next stage (after an F) or of the previous stage
+        // (after a B) can have been waiting for this task.
+        let woken = match op {
+            Op::F if k + 1 < s => Some(rank_of(k + 1)),
+            Op::B if k > 0 => Some(rank_of(k - 1)),
+            _ => None,
+        };
+        if let Some(q) = woken {
+            if let Some(pos) = parked.iter().position(|&(x, _)| x == q) {
+                let (_, next) = parked.swap_remove(pos);
+                latest[q] = pushes;
+                heap.push(Free(end.min(next), pushes, q));
+                pushes += 1;
+            }
+        }
+    }
+    order
+}

@@ -1,0 +1,355 @@
+//! Lowering: from a [`Plan`] (compute only) to a [`Program`] (compute + communication).
+//!
+//! All communication is derived here, once, from the plan's data dependencies:
+//! a `SEND`/`RECV` pair for every tensor a task reads from another rank, an `input`
+//! pair for every [`InputShip`](crate::plan::InputShip), a `BCAST` of every trainable
+//! unit to the ranks that compute it away from its home, and a `REDUCE` of its weight
+//! gradients from the ranks that run its `W`/`BW` there.
+//!
+//! ## Why the result cannot deadlock under rendezvous
+//! Every transfer gets a key, and **every rank posts its communication in increasing
+//! key order** (broadcasts first, reductions last). Then no execution can get stuck:
+//! take the transfer `x` of smallest key that still has an end not reached; the rank
+//! holding that end is blocked at some earlier batch, all of whose members have
+//! smaller keys, so one of them has an end not reached — contradicting minimality.
+//! (Compute never blocks; a batch completes once all its partners are reached.)
+//!
+//! The key of a transfer is the ideal completion time of the task producing the
+//! tensor (then that task's position in the ideal run, a topological order; then the
+//! tensor's identity). Placement needs `SEND`s after their producer and `RECV`s before
+//! their consumer, in key order: if a rank receives `y` before a task that comes no
+//! later than the producer of a tensor `x` it sends, then `y`'s producer precedes
+//! `x`'s in the dependency graph, so `key(y) < key(x)` — the constraints are always
+//! satisfiable, and each action is placed at the earliest slot that respects them
+//! (a `RECV` no earlier than the point where its rank's ideal timeline reaches the
+//! tensor's ready time, so receivers do not wait needlessly).
+//!
+//! Actions that land between the same two compute tasks are posted together as
+//! batches (at most one `SEND` to and one `RECV` from each peer per batch).
+
+use crate::analysis::{dependencies, timing, PlanError};
+use crate::plan::Plan;
+use crate::program::{Action, Dir, Op, Program, Source, Tensor, FORMAT};
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The lowering failed: the plan is not executable, or (a bug) the placement
+/// constraints proved satisfiable were not.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum LowerError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("internal error: cannot place {action} on rank {rank} (slot {slot} > {limit}); please report this with the expression")]
+    Placement {
+        rank: usize,
+        action: String,
+        slot: usize,
+        limit: usize,
+    },
+}
+
+/// A point-to-point action waiting to be placed on a rank.
+struct Item {
+    key: Key,
+    lo: usize,
+    hi: usize,
+    action: Action,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+struct Key {
+    time: f64,
+    seq: usize,
+    tensor: Tensor,
+    unit: usize,
+    mb: usize,
+    to: usize,
+}
+
+impl Key {
+    fn cmp(&self, o: &Key) -> Ordering {
+        self.time
+            .total_cmp(&o.time)
+            .then(self.seq.cmp(&o.seq))
+            .then(self.tensor.cmp(&o.tensor))
+            .then(self.unit.cmp(&o.unit))
+            .then(self.mb.cmp(&o.mb))
+            .then(self.to.cmp(&o.to))
+    }
+}
+
+/// A transfer: `(tensor, unit, mb, destination rank)`.
+type TransferId = (Tensor, usize, usize, usize);
+/// Its ends: `(source rank, producer index there, first consumer index at the destination)`.
+type Ends = (usize, usize, usize);
+
+/// Lower `plan` to a program with [`Placement::Meet`] (falling back to
+/// [`Placement::Ready`] where it cannot apply). `expr` is recorded as the source.
+pub fn lower(plan: &Plan, expr: Option<&str>) -> Result<Program, LowerError> {
+    lower_with(plan, expr, Placement::Meet)
+}
+
+/// Lower `plan` with the given placement rule.
+pub fn lower_with(
+    plan: &Plan,
+    expr: Option<&str>,
+    placement: Placement,
+) -> Result<Program, LowerError> {
+    let deps = dependencies(plan)?;
+    let time = timing(plan, &deps)?;
+    let p = plan.ranks;
+    let name = |u: usize| plan.units[u].name.clone();
+
+    let mut transfers: BTreeMap<TransferId, Ends> = BTreeMap::new();
+    for (r, list) in plan.order.iter().enumerate() {
+        for i in 0..list.len() {
+            for d in deps.of(r, i) {
+                let (q, j) = d.producer;
+                if q != r {
+                    transfers
+                        .entry((d.tensor, d.unit, d.mb, r))
+                        .or_insert((q, j, i));
+                }
+            }
+        }
+    }
+    let index = plan.locate();
+    for s in &plan.input_ships {
+        let (Some((q, j)), Some((r, i))) = (
+            index.get(Op::F, s.unit, s.mb),
+            index.get(Op::RF, s.unit, s.mb),
+        ) else {
+            continue;
+        };
+        if q == s.from && r == s.to && q != r {
+            transfers
+                .entry((Tensor::Input, s.unit, s.mb, r))
+                .or_insert((q, j, i));
+        }
+    }
+
+    let at = match place(plan, &time, &transfers, placement) {
+        Ok(at) => at,
+        // The meeting-point heuristic may, with zero-cost tasks, ask for an order
+        // the constraints forbid; the ready-time rule is always feasible.
+        Err(_) => place(plan, &time, &transfers, Placement::Ready)?,
+    };
+
+    let (bcasts, reduces) = collectives(plan);
+    let mut programs = Vec::with_capacity(p);
+    for (r, at) in at.into_iter().enumerate() {
+        let n = plan.order[r].len();
+        let mut list = Vec::with_capacity(n * 2);
+        list.extend(bcasts.iter().filter(|a| member(a, r)).cloned());
+        let mut batch = 0u64;
+        for (k, group) in at.into_iter().enumerate() {
+            push_batched(&mut list, group, &mut batch);
+            if let Some(t) = plan.order[r].get(k) {
+                list.push(Action::compute(t.op, name(t.unit), t.mb));
+            }
+        }
+        list.extend(reduces.iter().filter(|a| member(a, r)).cloned());
+        programs.push(list);
+    }
+    Ok(Program {
+        format: FORMAT.to_string(),
+        ranks: p,
+        microbatches: plan.microbatches,
+        units: plan.units.clone(),
+        programs,
+        source: expr.map(|e| Source {
+            expr: e.to_string(),
+        }),
+    })
+}
+
+/// How a transfer's key time (and so its place on both ranks) is chosen.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// The producer's ideal completion time: always feasible (see the module doc).
+    /// Under eager semantics the program then runs exactly as the plan's ideal
+    /// timing; under rendezvous a sender may wait for a busy receiver.
+    Ready,
+    /// The point between the tensor's ready time and its consumer's ideal start at
+    /// which both ranks lose the least time meeting (under rendezvous the first to
+    /// arrive waits for the other).
+    Meet,
+}
+
+/// At most this many candidate meeting points are tried per rank and transfer.
+const CANDIDATES: usize = 12;
+
+/// Place every transfer's two ends: `result[rank][slot]` holds the actions posted
+/// just before compute task `slot` (or at the end, for `slot == len`), in key order.
+fn place(
+    plan: &Plan,
+    time: &crate::analysis::Timing,
+    transfers: &BTreeMap<TransferId, Ends>,
+    strategy: Placement,
+) -> Result<Vec<Vec<Vec<Action>>>, LowerError> {
+    let p = plan.ranks;
+    let name = |u: usize| plan.units[u].name.clone();
+    // Slot of rank r at time t: after every task that ends by t.
+    let slot_at = |r: usize, t: f64| time.end[r].partition_point(|&e| e <= t);
+    let gap = |r: usize, k: usize| {
+        let e = if k == 0 { 0.0 } else { time.end[r][k - 1] };
+        let g = time.start[r].get(k).copied().unwrap_or(f64::INFINITY);
+        (e, g)
+    };
+    let mut items: Vec<Vec<Item>> = (0..p).map(|_| Vec::new()).collect();
+    for (&(tensor, unit, mb, to), &(from, j, i)) in transfers {
+        let ready = time.end[from][j];
+        let need = time.start[to][i];
+        let tau = match strategy {
+            Placement::Ready => ready,
+            Placement::Meet => {
+                let cost = |t: f64| {
+                    let (es, gs) = gap(from, slot_at(from, t));
+                    let (er, gr) = gap(to, slot_at(to, t).min(i));
+                    let meet = es.max(er);
+                    (meet - gs).max(0.0) + (meet - gr).max(0.0)
+                };
+                let window = |r: usize| {
+                    let first = slot_at(r, ready).saturating_sub(1);
+                    time.end[r][first..]
+                        .iter()
+                        .copied()
+                        .filter(|&e| e >= ready && e <= need)
+                        .take(CANDIDATES)
+                        .collect::<Vec<f64>>()
+                };
+                let mut best = (cost(ready), ready);
+                for t in window(from).into_iter().chain(window(to)) {
+                    let c = cost(t);
+                    if c < best.0 || (c == best.0 && t < best.1) {
+                        best = (c, t);
+                    }
+                }
+                best.1
+            }
+        };
+        let key = Key {
+            time: tau,
+            seq: time.seq[from][j],
+            tensor,
+            unit,
+            mb,
+            to,
+        };
+        items[from].push(Item {
+            key,
+            lo: slot_at(from, tau).max(j + 1),
+            hi: plan.order[from].len(),
+            action: Action::p2p(Dir::Send, tensor, name(unit), mb, to, None),
+        });
+        let lo = match strategy {
+            Placement::Ready => time.start[to].partition_point(|&s| s < tau),
+            Placement::Meet => slot_at(to, tau),
+        };
+        items[to].push(Item {
+            key,
+            lo: lo.min(i),
+            hi: i,
+            action: Action::p2p(Dir::Recv, tensor, name(unit), mb, from, None),
+        });
+    }
+    let mut out = Vec::with_capacity(p);
+    for (r, mut its) in items.into_iter().enumerate() {
+        its.sort_by(|a, b| a.key.cmp(&b.key));
+        let n = plan.order[r].len();
+        let mut at: Vec<Vec<Action>> = vec![Vec::new(); n + 1];
+        let mut slot = 0;
+        for it in its {
+            slot = slot.max(it.lo);
+            if slot > it.hi {
+                return Err(LowerError::Placement {
+                    rank: r,
+                    action: it.action.to_string(),
+                    slot,
+                    limit: it.hi,
+                });
+            }
+            at[slot].push(it.action);
+        }
+        out.push(at);
+    }
+    Ok(out)
+}
+
+fn member(a: &Action, r: usize) -> bool {
+    match a {
+        Action::BCAST { group, .. } | Action::REDUCE { group, .. } => group.contains(&r),
+        _ => false,
+    }
+}
+
+/// Broadcasts and reductions of every trainable unit computed away from its home.
+fn collectives(plan: &Plan) -> (Vec<Action>, Vec<Action>) {
+    let n = plan.units.len();
+    let mut users: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
+    let mut reducers: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
+    for (r, list) in plan.order.iter().enumerate() {
+        for t in list {
+            users[t.unit].insert(r);
+            if matches!(t.op, Op::W | Op::BW) {
+                reducers[t.unit].insert(r);
+            }
+        }
+    }
+    let mut bcasts = Vec::new();
+    let mut reduces = Vec::new();
+    for (u, unit) in plan.units.iter().enumerate() {
+        if !unit.trainable {
+            continue;
+        }
+        for (set, out, bcast) in [
+            (&mut users[u], &mut bcasts, true),
+            (&mut reducers[u], &mut reduces, false),
+        ] {
+            set.insert(unit.home);
+            if set.len() > 1 {
+                let group: Vec<usize> = set.iter().copied().collect();
+                let (unit, root) = (unit.name.clone(), unit.home);
+                out.push(if bcast {
+                    Action::BCAST { unit, root, group }
+                } else {
+                    Action::REDUCE { unit, root, group }
+                });
+            }
+        }
+    }
+    (bcasts, reduces)
+}
+
+/// Append `group` (actions placed between the same two compute tasks) as batches:
+/// a new batch starts when one would hold two sends to, or two receives from, one peer.
+fn push_batched(list: &mut Vec<Action>, group: Vec<Action>, batch: &mut u64) {
+    let mut runs: Vec<Vec<Action>> = Vec::new();
+    let mut seen: BTreeSet<(bool, usize)> = BTreeSet::new();
+    for a in group {
+        let k = match &a {
+            Action::SEND { peer, .. } => (true, *peer),
+            Action::RECV { peer, .. } => (false, *peer),
+            _ => (true, usize::MAX),
+        };
+        if runs.is_empty() || !seen.insert(k) {
+            runs.push(Vec::new());
+            seen.clear();
+            seen.insert(k);
+        }
+        if let Some(run) = runs.last_mut() {
+            run.push(a);
+        }
+    }
+    for mut run in runs {
+        if run.len() > 1 {
+            for a in &mut run {
+                if let Action::SEND { batch: b, .. } | Action::RECV { batch: b, .. } = a {
+                    *b = Some(*batch);
+                }
+            }
+            *batch += 1;
+        }
+        list.extend(run);
+    }
+}

@@ -1,0 +1,148 @@
+//! The plan: the level at which schedules are designed.
+//!
+//! A [`Plan`] says, for each rank, the ordered list of *compute* tasks it runs, over a
+//! fixed set of units whose homes are decided. It has no communication: transfers,
+//! broadcasts and reductions are derived from it in one place ([`crate::lower`]).
+//! Generators build plans, operators map plans to plans.
+//!
+//! Invariant kept by every generator and operator: each `(op, unit, mb)` the program
+//! needs appears exactly once (rule 1 of program-format.md) and the per-rank orders
+//! together with the data dependencies form an acyclic graph.
+
+use crate::program::{Op, Unit};
+
+/// Index of a unit in [`Plan::units`].
+pub type UnitId = usize;
+
+/// One compute task: `op` of `unit` on micro-batch `mb`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Task {
+    pub op: Op,
+    pub unit: UnitId,
+    pub mb: usize,
+}
+
+impl Task {
+    pub fn new(op: Op, unit: UnitId, mb: usize) -> Task {
+        Task { op, unit, mb }
+    }
+}
+
+/// How the LLM's stages are laid over ranks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// Stage `k` on rank `k mod p` (1F1B, interleaved).
+    Looped,
+    /// Two chunks per rank in a V: stage `k` on rank `k` for `k < p`, else `2p-1-k`.
+    VShape,
+}
+
+/// A raw-input transfer the lowering must emit: the `input` of `(unit, mb)` goes from
+/// rank `from` to rank `to` (MPipe's central recompute ships the encoder's input to
+/// the rank that recomputes it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct InputShip {
+    pub unit: UnitId,
+    pub mb: usize,
+    pub from: usize,
+    pub to: usize,
+}
+
+/// Per-rank compute orders over a set of placed units.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub ranks: usize,
+    pub microbatches: usize,
+    /// Units in topological order; encoders first, then `llm.0 ..` in pipeline order.
+    pub units: Vec<Unit>,
+    /// Indices of the LLM stage units, in pipeline order.
+    pub stages: Vec<UnitId>,
+    /// Indices of the encoder units.
+    pub encoders: Vec<UnitId>,
+    /// `order[r]`: rank `r`'s compute tasks in execution order.
+    pub order: Vec<Vec<Task>>,
+    /// Raw-input transfers to emit (kept sorted).
+    pub input_ships: Vec<InputShip>,
+}
+
+impl Plan {
+    /// Whether unit `u` needs a backward (it is trainable or reads, transitively, a
+    /// trainable unit). Units are in topological order, so one pass suffices.
+    pub fn needs_backward(&self) -> Vec<bool> {
+        needs_backward(&self.units)
+    }
+
+    /// Index of the unit named `name`.
+    pub fn unit_id(&self, name: &str) -> Option<UnitId> {
+        self.units.iter().position(|u| u.name == name)
+    }
+
+    /// Units that read `u`'s output.
+    pub fn successors(&self, u: UnitId) -> Vec<UnitId> {
+        let name = &self.units[u].name;
+        (0..self.units.len())
+            .filter(|&s| self.units[s].inputs.iter().any(|i| i == name))
+            .collect()
+    }
+
+    /// Position `(rank, index)` of each task, in a dense table.
+    pub fn locate(&self) -> TaskIndex {
+        TaskIndex::new(self)
+    }
+
+    /// Total number of tasks over all ranks.
+    pub fn task_count(&self) -> usize {
+        self.order.iter().map(Vec::len).sum()
+    }
+}
+
+/// `needs backward` for units in topological order (see program-format.md).
+pub fn needs_backward(units: &[Unit]) -> Vec<bool> {
+    let mut need = vec![false; units.len()];
+    for (i, u) in units.iter().enumerate() {
+        need[i] = u.trainable
+            || u.inputs.iter().any(|name| {
+                units[..i]
+                    .iter()
+                    .position(|p| &p.name == name)
+                    .is_some_and(|p| need[p])
+            });
+    }
+    need
+}
+
+/// Dense `(op, unit, mb) -> (rank, index)` table of a plan.
+#[derive(Clone, Debug)]
+pub struct TaskIndex {
+    microbatches: usize,
+    units: usize,
+    slots: Vec<Option<(usize, usize)>>,
+}
+
+const OPS: [Op; 5] = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
+
+fn op_slot(op: Op) -> usize {
+    OPS.iter().position(|&o| o == op).unwrap_or(0)
+}
+
+impl TaskIndex {
+    fn new(plan: &Plan) -> TaskIndex {
+        let (m, n) = (plan.microbatches, plan.units.len());
+        let mut slots = vec![None; OPS.len() * n * m];
+        for (r, list) in plan.order.iter().enumerate() {
+            for (i, t) in list.iter().enumerate() {
+                slots[(op_slot(t.op) * n + t.unit) * m + t.mb] = Some((r, i));
+            }
+        }
+        TaskIndex {
+            microbatches: m,
+            units: n,
+            slots,
+        }
+    }
+
+    /// Where `(op, unit, mb)` runs, if it does (the last occurrence if several).
+    pub fn get(&self, op: Op, unit: UnitId, mb: usize) -> Option<(usize, usize)> {
+        self.slots[(op_slot(op) * self.units + unit) * self.microbatches + mb]
+    }
+}

@@ -1,0 +1,164 @@
+//! The value rules of a profile ([`Profile::validate`]): one small function per rule,
+//! each pushing a [`ProfileIssue`] that names the key path, what is wrong and what is
+//! expected. Collects every problem; never stops at the first.
+
+use std::collections::BTreeMap;
+
+use super::{Profile, ProfileIssue};
+
+/// Every rule broken by `profile`, in key order (the parser fills in lines).
+pub(super) fn issues(profile: &Profile) -> Vec<ProfileIssue> {
+    let mut out = Vec::new();
+    let mut first_use: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, enc) in profile.encoders.iter().enumerate() {
+        let p = format!("encoder[{i}]");
+        check_name(&mut out, &format!("{p}.name"), &enc.name);
+        if !enc.name.is_empty() {
+            if let Some(first) = first_use.get(enc.name.as_str()) {
+                push(
+                    &mut out,
+                    format!("{p}.name"),
+                    format!(
+                        "duplicate encoder name `{}` (encoder[{first}] already uses it); \
+                         expected every encoder to have its own name",
+                        enc.name
+                    ),
+                );
+            } else {
+                first_use.insert(&enc.name, i);
+            }
+        }
+        check_layers(&mut out, &format!("{p}.layers"), enc.layers);
+        check_cost(&mut out, &p, "forward", enc.forward);
+        check_cost(&mut out, &p, "backward", enc.backward);
+        if let Some(w) = enc.weight {
+            check_cost(&mut out, &p, "weight", w);
+        } else if enc.trainable {
+            push(
+                &mut out,
+                format!("{p}.weight"),
+                format!(
+                    "encoder `{}` is trainable but has no weight-gradient cost; \
+                     add `weight = ...` (W time per layer) or set `trainable = false`",
+                    enc.name
+                ),
+            );
+        }
+        check_cost(&mut out, &p, "activation", enc.activation);
+        check_cost(&mut out, &p, "params", enc.params);
+        check_cost(&mut out, &p, "output", enc.output);
+    }
+
+    let llm = &profile.llm;
+    check_layers(&mut out, "llm.layers", llm.layers);
+    check_cost(&mut out, "llm", "forward", llm.forward);
+    check_cost(&mut out, "llm", "backward", llm.backward);
+    check_cost(&mut out, "llm", "weight", llm.weight);
+    check_cost(&mut out, "llm", "activation", llm.activation);
+    check_cost(&mut out, "llm", "params", llm.params);
+    check_cost(&mut out, "llm", "output", llm.output);
+    for (key, extra) in [
+        ("first_stage_extra", &llm.first_stage_extra),
+        ("last_stage_extra", &llm.last_stage_extra),
+    ] {
+        if let Some(x) = extra {
+            let p = format!("llm.{key}");
+            check_cost(&mut out, &p, "forward", x.forward);
+            check_cost(&mut out, &p, "backward", x.backward);
+            check_cost(&mut out, &p, "weight", x.weight);
+            check_cost(&mut out, &p, "activation", x.activation);
+            check_cost(&mut out, &p, "params", x.params);
+        }
+    }
+
+    if let Some(m) = &profile.memory {
+        check_positive(&mut out, "memory.limit", m.limit, "memory per rank");
+    }
+    if let Some(l) = &profile.link {
+        check_cost(&mut out, "link", "latency", l.latency);
+        check_positive(
+            &mut out,
+            "link.bandwidth",
+            l.bandwidth,
+            "size moved per unit of time",
+        );
+    }
+    out
+}
+
+fn push(out: &mut Vec<ProfileIssue>, path: String, message: String) {
+    out.push(ProfileIssue {
+        path,
+        message,
+        line: None,
+    });
+}
+
+fn check_cost(out: &mut Vec<ProfileIssue>, table: &str, key: &str, v: f64) {
+    if !v.is_finite() || v < 0.0 {
+        push(
+            out,
+            format!("{table}.{key}"),
+            format!("found {v}; expected a finite number >= 0"),
+        );
+    }
+}
+
+fn check_positive(out: &mut Vec<ProfileIssue>, path: &str, v: f64, what: &str) {
+    if !v.is_finite() || v <= 0.0 {
+        push(
+            out,
+            path.to_string(),
+            format!("found {v}; expected a finite number > 0 ({what})"),
+        );
+    }
+}
+
+fn check_layers(out: &mut Vec<ProfileIssue>, path: &str, layers: u32) {
+    if layers == 0 {
+        push(
+            out,
+            path.to_string(),
+            "found 0 layers; expected a whole number >= 1".to_string(),
+        );
+    }
+}
+
+/// Whether `name` is one of the LLM's unit names (`llm`, `llm.0`, `llm.1`, ...).
+fn is_llm_unit_name(name: &str) -> bool {
+    name == "llm"
+        || name
+            .strip_prefix("llm.")
+            .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// A plain ASCII identifier: letters, digits and `_`, not starting with a digit,
+/// not `_` alone.
+fn is_plain_identifier(name: &str) -> bool {
+    let mut chars = name.chars();
+    match chars.next() {
+        Some(c) if c.is_ascii_alphabetic() || c == '_' => {}
+        _ => return false,
+    }
+    name != "_" && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn check_name(out: &mut Vec<ProfileIssue>, path: &str, name: &str) {
+    let message = if name.is_empty() {
+        "the name is empty; expected a plain identifier such as `vision`".to_string()
+    } else if is_llm_unit_name(name) {
+        format!(
+            "`{name}` collides with the LLM's unit names (`llm`, `llm.0`, `llm.1`, ...); \
+             expected another name, such as `vision`"
+        )
+    } else if !is_plain_identifier(name) {
+        format!(
+            "`{}` is not a plain identifier; expected ASCII letters, digits and `_`, \
+             not starting with a digit (such as `vision` or `audio_tower`)",
+            name.escape_debug()
+        )
+    } else {
+        return;
+    };
+    push(out, path.to_string(), message);
+}

@@ -1,0 +1,342 @@
+//! The timeline as a Chrome / Perfetto trace (the JSON trace-event format), for
+//! `chrome://tracing` or <https://ui.perfetto.dev>.
+//!
+//! [`chrome_trace`] returns `{"traceEvents":[...],"displayTimeUnit":"ms"}` with:
+//! - metadata events (`"ph":"M"`): the process name (`opts.name`, default
+//!   `mpipe`) and, for every rank `r`, a thread `tid = r` named `rank r` with
+//!   `thread_sort_index` `r`, so ranks are listed in order;
+//! - one complete event (`"ph":"X"`) for **every** action that has a slot, in rank
+//!   order then list order. Transfers and collectives that did not wait are kept,
+//!   with `dur` 0, so the event count is the action count and flows have anchors.
+//!   - compute: name `F llm.0 mb3`, cat `compute`, args `{op, unit, mb}` (plus
+//!     `chunk` when the unit is one of several chunks on its rank, and
+//!     `encoder: true` for encoders);
+//!   - transfer: name `SEND act llm.0 mb3 -> 1` / `RECV act llm.0 mb3 <- 0`, cat
+//!     `p2p`, args `{op, tensor, unit, mb, peer}` (plus `batch` when set);
+//!   - collective: name `BCAST llm.0 root 0` / `REDUCE llm.0 root 0`, cat
+//!     `collective`, args `{op, unit, root, group}`;
+//! - when `opts.flows`, one flow (`"ph":"s"` on the sender, `"ph":"f"` with
+//!   `"bp":"e"` on the receiver, same `id`) from each `SEND` to its matching
+//!   `RECV` (same tensor, unit, micro-batch and rank pair; k-th send to k-th
+//!   receive), anchored at the middle of each slot. Unmatched transfers get none.
+//!
+//! `ts` and `dur` are in microseconds: time units times `opts.time_scale`, rounded
+//! to 0.001 µs. The output is compact JSON, one event per line, byte-identical for
+//! identical inputs.
+
+use std::collections::BTreeMap;
+
+use serde_json::{json, Map, Value};
+
+use super::{placed, unit_looks, UnitLook};
+use crate::program::{ActionRef, CollKind, Dir, Program, Tensor};
+use crate::timeline::Timeline;
+
+/// What to call the trace and how to scale its times.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TraceOptions {
+    /// Process name (default `mpipe`).
+    pub name: Option<String>,
+    /// Microseconds per time unit of the timeline (default 1000: time units are ms).
+    pub time_scale: f64,
+    /// Emit flow arrows from each `SEND` to its `RECV` (default true).
+    pub flows: bool,
+}
+
+impl Default for TraceOptions {
+    fn default() -> Self {
+        TraceOptions {
+            name: None,
+            time_scale: 1000.0,
+            flows: true,
+        }
+    }
+}
+
+/// The process id every event carries.
+const PID: u64 = 1;
+
+/// Render timeline `t` of program `p` as a Chrome trace (see the module
+/// documentation for the events it contains).
+pub fn chrome_trace(p: &Program, t: &Timeline, opts: &TraceOptions) -> String {
+    let scale = if opts.time_scale.is_finite() && opts.time_scale > 0.0 {
+        opts.time_scale
+    } else {
+        1000.0
+    };
+    let us = |x: f64| -> Value {
+        let v = (x * scale * 1000.0).round() / 1000.0;
+        if v.is_finite() {
+            json!(v)
+        } else {
+            json!(0.0)
+        }
+    };
+    let looks = unit_looks(p);
+    let look_of = |u: &str| looks.get(u).copied().unwrap_or(UnitLook::UNKNOWN);
+    let nrows = p.ranks.max(p.programs.len());
+
+    let mut events: Vec<Value> = Vec::new();
+    let name = opts.name.as_deref().unwrap_or("mpipe");
+    events.push(
+        json!({"ph": "M", "pid": PID, "tid": 0, "name": "process_name",
+                       "args": {"name": name}}),
+    );
+    for r in 0..nrows {
+        events.push(
+            json!({"ph": "M", "pid": PID, "tid": r, "name": "thread_name",
+                           "args": {"name": format!("rank {r}")}}),
+        );
+        events.push(
+            json!({"ph": "M", "pid": PID, "tid": r, "name": "thread_sort_index",
+                           "args": {"sort_index": r}}),
+        );
+    }
+
+    // (tensor, unit, mb, from, to) -> the middle times of the sends / receives, in order.
+    type Key = (Tensor, String, usize, usize, usize);
+    let mut sends: BTreeMap<Key, Vec<(usize, f64)>> = BTreeMap::new();
+    let mut recvs: BTreeMap<Key, Vec<(usize, f64)>> = BTreeMap::new();
+
+    for (r, a, s) in placed(p, t) {
+        let (name, cat, args) = match a.view() {
+            ActionRef::Compute(c) => {
+                let look = look_of(c.unit);
+                let mut args = Map::new();
+                args.insert("op".into(), json!(c.op.as_str()));
+                args.insert("unit".into(), json!(c.unit));
+                args.insert("mb".into(), json!(c.mb));
+                if look.chunks > 1 {
+                    args.insert("chunk".into(), json!(look.chunk));
+                }
+                if look.encoder {
+                    args.insert("encoder".into(), json!(true));
+                }
+                (
+                    format!("{} {} mb{}", c.op.as_str(), c.unit, c.mb),
+                    "compute",
+                    args,
+                )
+            }
+            ActionRef::P2p(x) => {
+                let (op, arrow) = match x.dir {
+                    Dir::Send => ("SEND", "->"),
+                    Dir::Recv => ("RECV", "<-"),
+                };
+                let mut args = Map::new();
+                args.insert("op".into(), json!(op));
+                args.insert("tensor".into(), json!(x.tensor.as_str()));
+                args.insert("unit".into(), json!(x.unit));
+                args.insert("mb".into(), json!(x.mb));
+                args.insert("peer".into(), json!(x.peer));
+                if let Some(b) = x.batch {
+                    args.insert("batch".into(), json!(b));
+                }
+                let mid = (s.start + s.end) / 2.0;
+                match x.dir {
+                    Dir::Send => sends
+                        .entry((x.tensor, x.unit.to_string(), x.mb, r, x.peer))
+                        .or_default()
+                        .push((r, mid)),
+                    Dir::Recv => recvs
+                        .entry((x.tensor, x.unit.to_string(), x.mb, x.peer, r))
+                        .or_default()
+                        .push((r, mid)),
+                }
+                let name = format!(
+                    "{op} {} {} mb{} {arrow} {}",
+                    x.tensor.as_str(),
+                    x.unit,
+                    x.mb,
+                    x.peer
+                );
+                (name, "p2p", args)
+            }
+            ActionRef::Coll(c) => {
+                let op = match c.kind {
+                    CollKind::Bcast => "BCAST",
+                    CollKind::Reduce => "REDUCE",
+                };
+                let mut args = Map::new();
+                args.insert("op".into(), json!(op));
+                args.insert("unit".into(), json!(c.unit));
+                args.insert("root".into(), json!(c.root));
+                args.insert("group".into(), json!(c.group));
+                (
+                    format!("{op} {} root {}", c.unit, c.root),
+                    "collective",
+                    args,
+                )
+            }
+        };
+        events.push(json!({
+            "ph": "X", "pid": PID, "tid": r, "name": name, "cat": cat,
+            "ts": us(s.start), "dur": us((s.end - s.start).max(0.0)), "args": Value::Object(args),
+        }));
+    }
+
+    if opts.flows {
+        let mut id = 0u64;
+        for (key, ss) in &sends {
+            let Some(rs) = recvs.get(key) else { continue };
+            for (&(sr, st), &(rr, rt)) in ss.iter().zip(rs) {
+                let name = format!("{} {} mb{}", key.0.as_str(), key.1, key.2);
+                events.push(json!({"ph": "s", "pid": PID, "tid": sr, "id": id,
+                                   "name": name, "cat": "p2p", "ts": us(st)}));
+                events.push(
+                    json!({"ph": "f", "bp": "e", "pid": PID, "tid": rr, "id": id,
+                                   "name": name, "cat": "p2p", "ts": us(rt)}),
+                );
+                id += 1;
+            }
+        }
+    }
+
+    let mut out = String::from("{\"traceEvents\":[\n");
+    for (i, e) in events.iter().enumerate() {
+        if i > 0 {
+            out.push_str(",\n");
+        }
+        out.push_str(&e.to_string());
+    }
+    out.push_str("\n],\"displayTimeUnit\":\"ms\"}\n");
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::testutil::{big_example, simulate_eager, small_program};
+
+    fn events(s: &str) -> Vec<Value> {
+        let v: Value = serde_json::from_str(s).expect("valid JSON");
+        assert_eq!(v["displayTimeUnit"], "ms");
+        v["traceEvents"].as_array().unwrap().clone()
+    }
+
+    fn of_ph<'a>(ev: &'a [Value], ph: &str) -> Vec<&'a Value> {
+        ev.iter().filter(|e| e["ph"] == ph).collect()
+    }
+
+    #[test]
+    fn render_trace_small_program() {
+        let p = small_program();
+        let t = simulate_eager(&p);
+        let s = chrome_trace(&p, &t, &TraceOptions::default());
+        let ev = events(&s);
+        // 1 process name + 2 * (thread name + sort index); 26 actions; 4 flows.
+        assert_eq!(of_ph(&ev, "M").len(), 5);
+        let x = of_ph(&ev, "X");
+        assert_eq!(x.len(), 26);
+        assert_eq!(of_ph(&ev, "s").len(), 4);
+        assert_eq!(of_ph(&ev, "f").len(), 4);
+        assert_eq!(ev.len(), 5 + 26 + 8);
+        assert!(ev
+            .iter()
+            .any(|e| e["name"] == "process_name" && e["args"]["name"] == "mpipe"));
+        assert!(ev
+            .iter()
+            .any(|e| e["name"] == "thread_name" && e["tid"] == 1 && e["args"]["name"] == "rank 1"));
+        // tids are ranks, in order, and each rank's events follow its list.
+        let on = |r: u64| x.iter().filter(|e| e["tid"] == r).count();
+        assert_eq!((on(0), on(1)), (16, 10));
+        // Times: F(vision,0) at 0..2 ms, rank 1's first RECV waited 0..3 ms.
+        let find = |name: &str| *x.iter().find(|e| e["name"] == name).unwrap();
+        let fv = find("F vision mb0");
+        assert_eq!(
+            (fv["ts"].as_f64(), fv["dur"].as_f64()),
+            (Some(0.0), Some(2000.0))
+        );
+        assert_eq!(fv["cat"], "compute");
+        assert_eq!(fv["args"]["encoder"], true);
+        assert_eq!(fv["args"]["op"], "F");
+        let rv = find("RECV act llm.0 mb0 <- 0");
+        assert_eq!(
+            (rv["ts"].as_f64(), rv["dur"].as_f64()),
+            (Some(0.0), Some(3000.0))
+        );
+        assert_eq!(rv["tid"], 1);
+        assert_eq!(rv["cat"], "p2p");
+        assert_eq!(rv["args"]["peer"], 0);
+        let sd = find("SEND act llm.0 mb0 -> 1");
+        assert_eq!(
+            (sd["ts"].as_f64(), sd["dur"].as_f64()),
+            (Some(3000.0), Some(0.0))
+        );
+        let bw = find("BW vision mb1");
+        assert_eq!(
+            (bw["ts"].as_f64(), bw["dur"].as_f64()),
+            (Some(15000.0), Some(3000.0))
+        );
+        let bc = x
+            .iter()
+            .find(|e| e["name"] == "BCAST llm.0 root 0")
+            .unwrap();
+        assert_eq!(bc["cat"], "collective");
+        assert_eq!(bc["args"]["group"], json!([0, 1]));
+        // Flows go from the sender's track to the receiver's.
+        for f in of_ph(&ev, "s") {
+            let id = &f["id"];
+            let fin = ev
+                .iter()
+                .find(|e| e["ph"] == "f" && &e["id"] == id)
+                .unwrap();
+            assert_ne!(f["tid"], fin["tid"]);
+        }
+        assert_eq!(s, chrome_trace(&p, &t, &TraceOptions::default()));
+    }
+
+    #[test]
+    fn render_trace_options() {
+        let p = small_program();
+        let t = simulate_eager(&p);
+        let opts = TraceOptions {
+            name: Some("run \"7\"".into()),
+            time_scale: 1.0,
+            flows: false,
+        };
+        let ev = events(&chrome_trace(&p, &t, &opts));
+        assert!(ev
+            .iter()
+            .any(|e| e["name"] == "process_name" && e["args"]["name"] == "run \"7\""));
+        assert!(of_ph(&ev, "s").is_empty());
+        let fv = ev.iter().find(|e| e["name"] == "BW vision mb1").unwrap();
+        assert_eq!(
+            (fv["ts"].as_f64(), fv["dur"].as_f64()),
+            (Some(15.0), Some(3.0))
+        );
+    }
+
+    /// Writes /tmp/mpipe-trace-*.json for loading into Perfetto: `cargo test -p
+    /// mpipe-core render_trace_write_examples -- --ignored`.
+    #[test]
+    #[ignore]
+    fn render_trace_write_examples() {
+        let p = small_program();
+        let t = simulate_eager(&p);
+        let opts = TraceOptions::default();
+        std::fs::write("/tmp/mpipe-trace-small.json", chrome_trace(&p, &t, &opts)).unwrap();
+        let (p, t) = big_example(8, 32, 2, false);
+        std::fs::write("/tmp/mpipe-trace-v.json", chrome_trace(&p, &t, &opts)).unwrap();
+    }
+
+    #[test]
+    fn render_trace_big_schedule() {
+        let (p, t) = big_example(8, 32, 2, true);
+        let actions: usize = p.programs.iter().map(Vec::len).sum();
+        let sends = p
+            .programs
+            .iter()
+            .flatten()
+            .filter(|a| matches!(a.view(), ActionRef::P2p(x) if x.dir == Dir::Send))
+            .count();
+        let ev = events(&chrome_trace(&p, &t, &TraceOptions::default()));
+        assert_eq!(of_ph(&ev, "X").len(), actions);
+        assert_eq!(of_ph(&ev, "s").len(), sends);
+        let chunked = of_ph(&ev, "X")
+            .into_iter()
+            .find(|e| e["name"] == "F llm.8 mb0")
+            .unwrap();
+        assert_eq!(chunked["args"]["chunk"], 1);
+    }
+}

@@ -1,0 +1,1728 @@
+//! Execute a [`Program`] under the execution semantics of `mpipe-program/1`
+//! (`shared/spec/program-format.md`, "Execution semantics") and measure it.
+//!
+//! [`simulate`] runs every rank's list in order from time 0 and returns the
+//! per-action [`Timeline`], the makespan, the bubble ratio, each rank's busy compute
+//! time and each rank's peak activation memory. It promises:
+//!
+//! - **total**: any [`Program`] value, however nonsensical, gives a report or a typed
+//!   [`SimError`]; nothing panics. Structural problems the engine cannot run
+//!   (unknown unit, rank out of range, micro-batch out of range, negative or
+//!   non-finite numbers) are errors; a transfer with no partner is simply a
+//!   [`SimError::Deadlock`] (every stuck rank is listed, with what it waits for);
+//! - **deterministic**: the same program and options give identical reports;
+//! - **fast**: `O(N log N)` in the number of actions `N` (sorting only where matching
+//!   needs it), no allocation per action in the event loop.
+//!
+//! # Semantics (normative text in the spec; choices where it is silent marked *)
+//!
+//! - A compute action takes [`Op::cost`] of its unit.
+//! - Communication is organised in *operations*: a single `SEND`/`RECV`, a *batch*
+//!   (maximal run of consecutive `SEND`/`RECV` actions of one rank with the same
+//!   `batch` integer), or a collective. An operation starts when its rank *reaches*
+//!   it; the rank is blocked until it completes.
+//! - Point-to-point matching: the k-th `SEND(t,u,m)` from rank `a` to rank `b` pairs
+//!   with the k-th `RECV(t,u,m)` from `a` on rank `b`.
+//! - **Rendezvous**: an operation completes once every partner of every member has
+//!   been *reached* (not completed), at `max` over members of
+//!   `max(own reach, partner reach) + transfer(member)`.
+//! - **Eager**: a `SEND` member completes at its reach time; a `RECV` member completes
+//!   at `max(own reach, partner SEND reach + transfer)`; a batch completes when all
+//!   its members have.
+//! - Collectives: *matching is by identity `(kind, unit, root, set of group members)`
+//!   and occurrence: the k-th occurrence of that identity on a rank waits for the k-th
+//!   occurrence of the same identity on every other member of the group (this equals
+//!   "k-th collective of that kind on that unit" whenever every such collective has
+//!   the same group, and does not deadlock disjoint groups on one unit). It completes
+//!   at the latest reach time `+ latency + params / bandwidth` under a comm model.
+//! - `transfer(member) = latency + bytes(unit) / bandwidth` under a [`CommModel`],
+//!   else 0; `bytes` is [`Unit::bytes`](crate::program::Unit::bytes).
+//! - *A `SEND`/`RECV` whose peer is its own rank runs like any other transfer (its
+//!   partner is on the same rank, so it completes only within one batch under
+//!   rendezvous).
+//! - *In the timeline, every member of a batch gets the batch's interval, from reach
+//!   to completion of the whole batch.
+//!
+//! # Memory
+//!
+//! `F(u,m)`/`RF(u,m)` holds `act(u)` on its rank over the half-open interval
+//! `[start of the forward, end of the consumer)`, where the consumer is the last
+//! `W(u,m)` on that rank if there is one, else the last `B(u,m)`/`BW(u,m)` there.
+//! *Only the last forward (`F` or `RF`) before the consumer holds; other forwards, and
+//! forwards with no consumer on their rank, hold nothing. Half-open intervals mean
+//! that at equal times releases happen before acquisitions; an interval of length
+//! zero holds nothing. The peak is the maximum over time of the sum held.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
+
+use serde::Serialize;
+
+use crate::program::{Action, ActionRef, CollKind, Dir, Op, Program, Tensor};
+use crate::timeline::{Slot, Timeline};
+
+/// How point-to-point transfers synchronise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Mode {
+    /// HCCL-like: a transfer completes when both sides have reached it (the spec's default).
+    #[default]
+    Rendezvous,
+    /// Buffered: a `SEND` completes when reached; a `RECV` waits for its `SEND`.
+    Eager,
+}
+
+/// Communication cost model: a transfer of `bytes` takes `latency + bytes / bandwidth`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CommModel {
+    pub latency: f64,
+    pub bandwidth: f64,
+}
+
+impl CommModel {
+    /// Time to move `bytes`.
+    pub fn transfer_time(&self, bytes: f64) -> f64 {
+        self.latency + bytes / self.bandwidth
+    }
+}
+
+/// Simulation options. The default is rendezvous with free communication.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct SimOptions {
+    pub mode: Mode,
+    pub comm: Option<CommModel>,
+}
+
+/// What a simulation measured.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct SimReport {
+    /// Largest completion time over all actions (0 for an empty program).
+    pub makespan: f64,
+    /// `1 - total compute / (ranks * makespan)`, 0 when the makespan is 0.
+    pub bubble: f64,
+    /// Peak activation memory held by each rank.
+    pub peak_memory: Vec<f64>,
+    /// Busy compute time of each rank.
+    pub compute: Vec<f64>,
+    /// When every action ran.
+    pub timeline: Timeline,
+}
+
+/// One rank that can never proceed in a deadlocked program.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Blocked {
+    pub rank: usize,
+    /// Index in the rank's list of the action that waits.
+    pub index: usize,
+    /// The waiting action, as [`Action`]'s `Display` writes it.
+    pub action: String,
+    /// What it waits for, in words.
+    pub waiting_for: String,
+}
+
+impl fmt::Display for Blocked {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rank {}, action {} `{}`: waits for {}",
+            self.rank, self.index, self.action, self.waiting_for
+        )
+    }
+}
+
+/// Why a program could not be simulated.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SimError {
+    #[error(
+        "the program declares {ranks} ranks but has {lists} action lists: \
+         make `ranks` equal to the number of lists in `programs`"
+    )]
+    RankCount { ranks: usize, lists: usize },
+    #[error(
+        "unit `{name}` is defined twice (units {first} and {second}): \
+         give every unit a distinct name"
+    )]
+    DuplicateUnit {
+        name: String,
+        first: usize,
+        second: usize,
+    },
+    #[error(
+        "unit `{unit}`: `{field}` is {value}, but it must be a finite number >= 0: \
+         fix the unit's entry in `units`"
+    )]
+    BadUnitNumber {
+        unit: String,
+        field: &'static str,
+        value: f64,
+    },
+    #[error(
+        "rank {rank}, action {index} `{action}`: no unit is called `{unit}`: \
+         use a name listed in `units`, or add the unit"
+    )]
+    UnknownUnit {
+        rank: usize,
+        index: usize,
+        action: String,
+        unit: String,
+    },
+    #[error(
+        "rank {rank}, action {index} `{action}`: micro-batch {mb} does not exist \
+         (the program has {microbatches}): fix `mb` or raise `microbatches`"
+    )]
+    MicrobatchOutOfRange {
+        rank: usize,
+        index: usize,
+        action: String,
+        mb: usize,
+        microbatches: usize,
+    },
+    #[error(
+        "rank {rank}, action {index} `{action}`: rank {peer} does not exist \
+         (the program has {ranks} ranks): name an existing rank"
+    )]
+    NoSuchRank {
+        rank: usize,
+        index: usize,
+        action: String,
+        peer: usize,
+        ranks: usize,
+    },
+    #[error(
+        "communication model with latency {latency} and bandwidth {bandwidth}: \
+         latency must be finite and >= 0 and bandwidth > 0"
+    )]
+    BadCommModel { latency: f64, bandwidth: f64 },
+    #[error("the program is too large to simulate: {what}")]
+    TooLarge { what: String },
+    #[error("{}", deadlock_text(.blocked))]
+    Deadlock { blocked: Vec<Blocked> },
+}
+
+fn deadlock_text(blocked: &[Blocked]) -> String {
+    let mut s = format!(
+        "deadlock: {} rank{} can never proceed:",
+        blocked.len(),
+        if blocked.len() == 1 { "" } else { "s" }
+    );
+    for b in blocked {
+        s.push_str("\n  ");
+        s.push_str(&b.to_string());
+    }
+    s.push_str(
+        "\nfix: add the missing partner actions, reorder the lists so that each \
+         transfer's two sides (and each collective's members) can meet, or post \
+         crossing SEND/RECV pairs together in one batch (same `batch` number)",
+    );
+    s
+}
+
+/// Run `p` under `opts` and measure it.
+pub fn simulate(p: &Program, opts: &SimOptions) -> Result<SimReport, SimError> {
+    let setup = Setup::new(p, opts)?;
+    Engine::new(&setup)?.run()
+}
+
+// ---------------------------------------------------------------------------
+// Shared helpers (also used by the verifier).
+
+/// FNV-1a: a fast hasher for short unit names. Only used for look-ups, never
+/// iterated, so no order can leak from it.
+pub(crate) struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Hasher for Fnv {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+}
+
+/// A look-up-only map keyed by unit name.
+pub(crate) type NameMap<'a> = HashMap<&'a str, u32, BuildHasherDefault<Fnv>>;
+
+/// Map every unit name to its index (the first definition wins) and list the
+/// duplicates as `(first index, duplicate index)`.
+pub(crate) fn unit_names(p: &Program) -> (NameMap<'_>, Vec<(usize, usize)>) {
+    let mut map = NameMap::default();
+    let mut dups = Vec::new();
+    for (i, u) in p.units.iter().enumerate() {
+        match map.get(u.name.as_str()) {
+            Some(&first) => dups.push((first as usize, i)),
+            None => {
+                map.insert(u.name.as_str(), i as u32);
+            }
+        }
+    }
+    (map, dups)
+}
+
+/// The `batch` integer of a `SEND`/`RECV`, if any.
+pub(crate) fn p2p_batch(a: &Action) -> Option<u64> {
+    match a {
+        Action::SEND { batch, .. } | Action::RECV { batch, .. } => *batch,
+        _ => None,
+    }
+}
+
+/// Split a rank's list into operations: `[lo, hi)` ranges that are one compute
+/// action, one collective, one unbatched transfer, or one batch.
+pub(crate) fn split_ops(list: &[Action], mut push: impl FnMut(usize, usize)) {
+    let mut i = 0;
+    while i < list.len() {
+        let lo = i;
+        i += 1;
+        if let Some(b) = p2p_batch(&list[lo]) {
+            while i < list.len() && p2p_batch(&list[i]) == Some(b) {
+                i += 1;
+            }
+        }
+        push(lo, i);
+    }
+}
+
+pub(crate) fn op_index(op: Op) -> usize {
+    match op {
+        Op::F => 0,
+        Op::B => 1,
+        Op::W => 2,
+        Op::BW => 3,
+        Op::RF => 4,
+    }
+}
+
+pub(crate) fn tensor_index(t: Tensor) -> u64 {
+    match t {
+        Tensor::Act => 0,
+        Tensor::Grad => 1,
+        Tensor::Input => 2,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Resolution: names to indices, once.
+
+const NONE: u32 = u32::MAX;
+
+/// A resolved action: no strings.
+#[derive(Clone, Copy, Debug)]
+enum RAct {
+    Compute {
+        op: Op,
+        unit: u32,
+        mb: u32,
+    },
+    P2p {
+        dir: Dir,
+        tensor: Tensor,
+        unit: u32,
+        mb: u32,
+        peer: u32,
+    },
+    Coll,
+}
+
+/// A collective's identity: kind, unit, root, sorted distinct group members.
+type CollId = (CollKind, u32, usize, Vec<usize>);
+
+struct Setup<'p> {
+    p: &'p Program,
+    mode: Mode,
+    comm: Option<CommModel>,
+    /// Per unit, the cost of each op (indexed by [`op_index`]).
+    cost: Vec<[f64; 5]>,
+    bytes: Vec<f64>,
+    params: Vec<f64>,
+    act: Vec<f64>,
+    acts: Vec<Vec<RAct>>,
+    /// Distinct collective identities, in first-seen order.
+    coll_ids: Vec<CollId>,
+    /// For each collective action `(rank, index)`: its identity and occurrence.
+    coll_of: BTreeMap<(u32, u32), (u32, u32)>,
+}
+
+impl<'p> Setup<'p> {
+    fn new(p: &'p Program, opts: &SimOptions) -> Result<Setup<'p>, SimError> {
+        if let Some(c) = opts.comm {
+            let ok = c.latency.is_finite() && c.latency >= 0.0 && c.bandwidth > 0.0;
+            if !ok {
+                return Err(SimError::BadCommModel {
+                    latency: c.latency,
+                    bandwidth: c.bandwidth,
+                });
+            }
+        }
+        let nr = p.programs.len();
+        if p.ranks != nr {
+            return Err(SimError::RankCount {
+                ranks: p.ranks,
+                lists: nr,
+            });
+        }
+        let total: usize = p.programs.iter().map(Vec::len).sum();
+        if total >= NONE as usize || p.units.len() >= NONE as usize || nr >= NONE as usize {
+            return Err(SimError::TooLarge {
+                what: format!("{total} actions, {} units, {nr} ranks", p.units.len()),
+            });
+        }
+        // Channel keys are ((unit * microbatches + mb) * 3 + tensor) in a u64.
+        let cells = (p.units.len() as u64)
+            .checked_mul(p.microbatches as u64)
+            .and_then(|c| c.checked_mul(3));
+        if cells.is_none() || p.microbatches > NONE as usize {
+            return Err(SimError::TooLarge {
+                what: format!(
+                    "{} units x {} micro-batches overflows the matching keys",
+                    p.units.len(),
+                    p.microbatches
+                ),
+            });
+        }
+        let (names, dups) = unit_names(p);
+        if let Some(&(first, second)) = dups.first() {
+            return Err(SimError::DuplicateUnit {
+                name: p.units[second].name.clone(),
+                first,
+                second,
+            });
+        }
+        let mut cost = Vec::with_capacity(p.units.len());
+        for u in &p.units {
+            for (field, value) in [
+                ("cost.F", u.cost.f),
+                ("cost.B", u.cost.b),
+                ("cost.W", u.cost.w),
+                ("act", u.act),
+                ("bytes", u.bytes),
+                ("params", u.params),
+            ] {
+                if !(value.is_finite() && value >= 0.0) {
+                    return Err(SimError::BadUnitNumber {
+                        unit: u.name.clone(),
+                        field,
+                        value,
+                    });
+                }
+            }
+            let mut c = [0.0; 5];
+            for op in [Op::F, Op::B, Op::W, Op::BW, Op::RF] {
+                c[op_index(op)] = op.cost(&u.cost);
+            }
+            cost.push(c);
+        }
+
+        let mut acts = Vec::with_capacity(nr);
+        let mut id_of: BTreeMap<CollId, u32> = BTreeMap::new();
+        let mut coll_ids: Vec<CollId> = Vec::new();
+        let mut coll_of = BTreeMap::new();
+        let mut occ_count: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+        for (r, list) in p.programs.iter().enumerate() {
+            let mut out = Vec::with_capacity(list.len());
+            for (i, a) in list.iter().enumerate() {
+                let unit_name = a.unit();
+                let Some(&unit) = names.get(unit_name) else {
+                    return Err(SimError::UnknownUnit {
+                        rank: r,
+                        index: i,
+                        action: a.to_string(),
+                        unit: unit_name.to_string(),
+                    });
+                };
+                let check_mb = |mb: usize| {
+                    if mb < p.microbatches {
+                        Ok(mb as u32)
+                    } else {
+                        Err(SimError::MicrobatchOutOfRange {
+                            rank: r,
+                            index: i,
+                            action: a.to_string(),
+                            mb,
+                            microbatches: p.microbatches,
+                        })
+                    }
+                };
+                let check_rank = |peer: usize| {
+                    if peer < nr {
+                        Ok(peer as u32)
+                    } else {
+                        Err(SimError::NoSuchRank {
+                            rank: r,
+                            index: i,
+                            action: a.to_string(),
+                            peer,
+                            ranks: nr,
+                        })
+                    }
+                };
+                let ra = match a.view() {
+                    ActionRef::Compute(c) => RAct::Compute {
+                        op: c.op,
+                        unit,
+                        mb: check_mb(c.mb)?,
+                    },
+                    ActionRef::P2p(t) => RAct::P2p {
+                        dir: t.dir,
+                        tensor: t.tensor,
+                        unit,
+                        mb: check_mb(t.mb)?,
+                        peer: check_rank(t.peer)?,
+                    },
+                    ActionRef::Coll(c) => {
+                        for &g in c.group {
+                            check_rank(g)?;
+                        }
+                        let mut group = c.group.to_vec();
+                        group.sort_unstable();
+                        group.dedup();
+                        let key: CollId = (c.kind, unit, c.root, group);
+                        let id = match id_of.get(&key) {
+                            Some(&id) => id,
+                            None => {
+                                let id = coll_ids.len() as u32;
+                                coll_ids.push(key.clone());
+                                id_of.insert(key, id);
+                                id
+                            }
+                        };
+                        let k = occ_count.entry((id, r as u32)).or_insert(0);
+                        coll_of.insert((r as u32, i as u32), (id, *k));
+                        *k += 1;
+                        RAct::Coll
+                    }
+                };
+                out.push(ra);
+            }
+            acts.push(out);
+        }
+        Ok(Setup {
+            p,
+            mode: opts.mode,
+            comm: opts.comm,
+            cost,
+            bytes: p.units.iter().map(|u| u.bytes).collect(),
+            params: p.units.iter().map(|u| u.params).collect(),
+            act: p.units.iter().map(|u| u.act).collect(),
+            acts,
+            coll_ids,
+            coll_of,
+        })
+    }
+
+    fn key(&self, unit: u32, mb: u32) -> u64 {
+        u64::from(unit) * self.p.microbatches as u64 + u64::from(mb)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The event engine.
+
+/// Communication operations (single transfers, batches, collectives), their
+/// dependencies, and the partner of every transfer. Compute actions are not
+/// operations: a rank runs through them without synchronising.
+struct Engine<'s, 'p> {
+    s: &'s Setup<'p>,
+    /// Rank of each operation and its action range `[lo, hi)`.
+    op_rank: Vec<u32>,
+    op_lo: Vec<u32>,
+    op_hi: Vec<u32>,
+    /// Operation id of every action, [`NONE`] for compute actions.
+    op_of: Vec<Vec<u32>>,
+    /// For every `SEND`/`RECV`: index of its partner on the peer rank, or [`NONE`].
+    partner: Vec<Vec<u32>>,
+    /// Dependencies of each operation (CSR): the operations it waits to be reached.
+    dep_start: Vec<u32>,
+    deps: Vec<u32>,
+    /// Number of dependencies not yet reached, plus one per dependency that does
+    /// not exist at all (those never resolve).
+    pending: Vec<u32>,
+    /// Operation ids of every occurrence of a collective identity on a rank.
+    coll_occ: BTreeMap<(u32, u32), Vec<u32>>,
+}
+
+fn too_large(what: &str) -> SimError {
+    SimError::TooLarge {
+        what: what.to_string(),
+    }
+}
+
+impl<'s, 'p> Engine<'s, 'p> {
+    fn new(s: &'s Setup<'p>) -> Result<Engine<'s, 'p>, SimError> {
+        let p = s.p;
+        let nr = p.programs.len();
+        let mut op_lo = Vec::new();
+        let mut op_hi = Vec::new();
+        let mut op_rank = Vec::new();
+        let mut op_of = Vec::with_capacity(nr);
+        for (r, list) in p.programs.iter().enumerate() {
+            let acts = &s.acts[r];
+            let mut of = vec![NONE; list.len()];
+            split_ops(list, |lo, hi| {
+                if !matches!(acts[lo], RAct::Compute { .. }) {
+                    let id = op_lo.len() as u32;
+                    of[lo..hi].fill(id);
+                    op_lo.push(lo as u32);
+                    op_hi.push(hi as u32);
+                    op_rank.push(r as u32);
+                }
+            });
+            op_of.push(of);
+        }
+
+        let partner = match_p2p(s);
+
+        let mut coll_occ: BTreeMap<(u32, u32), Vec<u32>> = BTreeMap::new();
+        for (&(r, i), &(id, _k)) in &s.coll_of {
+            coll_occ
+                .entry((id, r))
+                .or_default()
+                .push(op_of[r as usize][i as usize]);
+        }
+
+        let nops = op_lo.len();
+        let mut dep_start = Vec::with_capacity(nops + 1);
+        let mut deps: Vec<u32> = Vec::new();
+        let mut pending = vec![0u32; nops];
+        for x in 0..nops {
+            if deps.len() >= NONE as usize {
+                return Err(too_large("more than 2^32 dependencies between operations"));
+            }
+            dep_start.push(deps.len() as u32);
+            let r = op_rank[x] as usize;
+            let (lo, hi) = (op_lo[x] as usize, op_hi[x] as usize);
+            match s.acts[r][lo] {
+                RAct::Compute { .. } => {}
+                RAct::P2p { .. } => {
+                    for (a, &j) in s.acts[r][lo..hi].iter().zip(&partner[r][lo..hi]) {
+                        let RAct::P2p { dir, peer, .. } = *a else {
+                            continue;
+                        };
+                        if s.mode == Mode::Eager && dir == Dir::Send {
+                            continue;
+                        }
+                        if j == NONE {
+                            pending[x] += 1;
+                            continue;
+                        }
+                        let y = op_of[peer as usize][j as usize];
+                        if y as usize != x {
+                            deps.push(y);
+                            pending[x] += 1;
+                        }
+                    }
+                }
+                RAct::Coll => {
+                    let Some(&(id, k)) = s.coll_of.get(&(r as u32, lo as u32)) else {
+                        continue;
+                    };
+                    for &g in &s.coll_ids[id as usize].3 {
+                        if g == r {
+                            continue;
+                        }
+                        let occ = coll_occ.get(&(id, g as u32));
+                        if let Some(&y) = occ.and_then(|v| v.get(k as usize)) {
+                            deps.push(y);
+                        }
+                        pending[x] += 1;
+                    }
+                }
+            }
+        }
+        if deps.len() >= NONE as usize {
+            return Err(too_large("more than 2^32 dependencies between operations"));
+        }
+        dep_start.push(deps.len() as u32);
+        Ok(Engine {
+            s,
+            op_rank,
+            op_lo,
+            op_hi,
+            op_of,
+            partner,
+            dep_start,
+            deps,
+            pending,
+            coll_occ,
+        })
+    }
+
+    fn deps_of(&self, x: usize) -> &[u32] {
+        &self.deps[self.dep_start[x] as usize..self.dep_start[x + 1] as usize]
+    }
+
+    fn run(mut self) -> Result<SimReport, SimError> {
+        let s = self.s;
+        let p = s.p;
+        let nr = p.programs.len();
+        let nops = self.op_lo.len();
+
+        // Reverse dependencies (CSR): who waits for each operation to be reached.
+        // `rev_at[y]` first counts, then holds the end, then (after filling
+        // backwards) the start of `y`'s range.
+        let mut rev_at = vec![0u32; nops + 1];
+        for &y in &self.deps {
+            rev_at[y as usize] += 1;
+        }
+        let mut acc = 0u32;
+        for c in &mut rev_at {
+            acc += *c;
+            *c = acc;
+        }
+        let mut rev = vec![0u32; self.deps.len()];
+        for x in (0..nops).rev() {
+            for &y in self.deps_of(x).iter().rev() {
+                rev_at[y as usize] -= 1;
+                rev[rev_at[y as usize] as usize] = x as u32;
+            }
+        }
+
+        let mut slots: Vec<Vec<Slot>> = p
+            .programs
+            .iter()
+            .map(|l| vec![Slot::default(); l.len()])
+            .collect();
+        let mut busy = vec![0.0f64; nr];
+        let mut pc = vec![0usize; nr];
+        let mut now = vec![0.0f64; nr];
+        let mut reached = vec![false; nops];
+        let mut reach = vec![0.0f64; nops];
+        let mut stack: Vec<u32> = (0..nr as u32).rev().collect();
+
+        while let Some(r) = stack.pop() {
+            let r = r as usize;
+            let acts = &s.acts[r];
+            let of = &self.op_of[r];
+            let rank_slots = &mut slots[r];
+            let mut i = pc[r];
+            let mut t = now[r];
+            while i < acts.len() {
+                if let RAct::Compute { op, unit, .. } = acts[i] {
+                    let d = s.cost[unit as usize][op_index(op)];
+                    rank_slots[i] = Slot {
+                        start: t,
+                        end: t + d,
+                    };
+                    t += d;
+                    busy[r] += d;
+                    i += 1;
+                    continue;
+                }
+                let x = of[i] as usize;
+                if !reached[x] {
+                    reached[x] = true;
+                    reach[x] = t;
+                    for &y in &rev[rev_at[x] as usize..rev_at[x + 1] as usize] {
+                        let y = y as usize;
+                        self.pending[y] -= 1;
+                        if self.pending[y] == 0 && reached[y] && y != x {
+                            stack.push(self.op_rank[y]);
+                        }
+                    }
+                }
+                if self.pending[x] > 0 {
+                    break;
+                }
+                let done = self.completion(x, &reach);
+                let hi = self.op_hi[x] as usize;
+                rank_slots[i..hi].fill(Slot {
+                    start: reach[x],
+                    end: done,
+                });
+                t = done;
+                i = hi;
+            }
+            pc[r] = i;
+            now[r] = t;
+        }
+
+        let blocked: Vec<usize> = (0..nr).filter(|&r| pc[r] < p.programs[r].len()).collect();
+        if !blocked.is_empty() {
+            return Err(SimError::Deadlock {
+                blocked: blocked
+                    .iter()
+                    .map(|&r| self.explain(r, &pc, &reached))
+                    .collect(),
+            });
+        }
+
+        let makespan = now.iter().copied().fold(0.0, f64::max);
+        let total: f64 = busy.iter().sum();
+        let bubble = if makespan > 0.0 && nr > 0 {
+            1.0 - total / (nr as f64 * makespan)
+        } else {
+            0.0
+        };
+        let peak_memory = (0..nr).map(|r| self.peak(r, &slots[r])).collect();
+        Ok(SimReport {
+            makespan,
+            bubble,
+            peak_memory,
+            compute: busy,
+            timeline: Timeline { ranks: slots },
+        })
+    }
+
+    /// Completion time of operation `x`, all of whose dependencies are reached.
+    fn completion(&self, x: usize, reach: &[f64]) -> f64 {
+        let s = self.s;
+        let r = self.op_rank[x] as usize;
+        let (lo, hi) = (self.op_lo[x] as usize, self.op_hi[x] as usize);
+        let rx = reach[x];
+        let mut done = rx;
+        match s.acts[r][lo] {
+            RAct::Compute { .. } => {}
+            RAct::P2p { .. } => {
+                for (a, &j) in s.acts[r][lo..hi].iter().zip(&self.partner[r][lo..hi]) {
+                    let RAct::P2p {
+                        dir, unit, peer, ..
+                    } = *a
+                    else {
+                        continue;
+                    };
+                    let tr = s
+                        .comm
+                        .map_or(0.0, |c| c.transfer_time(s.bytes[unit as usize]));
+                    let rp = if j == NONE {
+                        rx
+                    } else {
+                        reach[self.op_of[peer as usize][j as usize] as usize]
+                    };
+                    let end = match (s.mode, dir) {
+                        (Mode::Rendezvous, _) => rx.max(rp) + tr,
+                        (Mode::Eager, Dir::Send) => rx,
+                        (Mode::Eager, Dir::Recv) => rx.max(rp + tr),
+                    };
+                    done = done.max(end);
+                }
+            }
+            RAct::Coll => {
+                for &y in self.deps_of(x) {
+                    done = done.max(reach[y as usize]);
+                }
+                if let (Some(c), Some(&(id, _))) = (s.comm, s.coll_of.get(&(r as u32, lo as u32))) {
+                    let unit = s.coll_ids[id as usize].1;
+                    done += c.transfer_time(s.params[unit as usize]);
+                }
+            }
+        }
+        done
+    }
+
+    /// Describe what rank `r`, blocked at action `pc[r]`, waits for.
+    fn explain(&self, r: usize, pc: &[usize], reached: &[bool]) -> Blocked {
+        let s = self.s;
+        let p = s.p;
+        let x = self.op_of[r][pc[r]] as usize;
+        let (lo, hi) = (self.op_lo[x] as usize, self.op_hi[x] as usize);
+        let mut index = lo;
+        let mut waits: Vec<String> = Vec::new();
+        // Where rank `q` is stuck, in words.
+        let stuck = |q: usize| -> String {
+            match p.programs[q].get(pc[q]) {
+                None => format!("rank {q} has finished its list"),
+                Some(a) => format!("rank {q} is stuck at action {} `{a}`", pc[q]),
+            }
+        };
+        match s.acts[r][lo] {
+            RAct::Compute { .. } => {}
+            RAct::P2p { .. } => {
+                for i in lo..hi {
+                    let RAct::P2p {
+                        dir,
+                        tensor,
+                        mb,
+                        peer,
+                        ..
+                    } = s.acts[r][i]
+                    else {
+                        continue;
+                    };
+                    if s.mode == Mode::Eager && dir == Dir::Send {
+                        continue;
+                    }
+                    let q = peer as usize;
+                    let unit = p.programs[r][i].unit();
+                    let (other, arrow) = match dir {
+                        Dir::Send => ("RECV", "<-"),
+                        Dir::Recv => ("SEND", "->"),
+                    };
+                    let want = format!("{other} {}({unit},{mb}){arrow}{r}", tensor.as_str());
+                    let j = self.partner[r][i];
+                    let text = if j == NONE {
+                        Some(format!(
+                            "{want} on rank {q}, but rank {q} has no such action left to \
+                             pair with it (add it there, or remove this one)"
+                        ))
+                    } else {
+                        let y = self.op_of[q][j as usize] as usize;
+                        (!reached[y]).then(|| {
+                            format!(
+                                "{want} (rank {q}, action {j}), which is never reached: {}",
+                                stuck(q)
+                            )
+                        })
+                    };
+                    if let Some(t) = text {
+                        if waits.is_empty() {
+                            index = i;
+                        }
+                        waits.push(t);
+                    }
+                }
+            }
+            RAct::Coll => {
+                if let Some(&(id, k)) = s.coll_of.get(&(r as u32, lo as u32)) {
+                    let what = &p.programs[r][lo];
+                    for &g in &s.coll_ids[id as usize].3 {
+                        if g == r {
+                            continue;
+                        }
+                        let occ = self.coll_occ.get(&(id, g as u32));
+                        match occ.and_then(|v| v.get(k as usize)) {
+                            None => {
+                                let have = occ.map_or(0, Vec::len);
+                                waits.push(format!(
+                                    "`{what}` on rank {g}, but rank {g} lists this collective \
+                                     {have} time(s) and this is occurrence {} here (add it to \
+                                     rank {g}'s list)",
+                                    k + 1
+                                ));
+                            }
+                            Some(&y) if !reached[y as usize] => {
+                                let j = self.op_lo[y as usize];
+                                waits.push(format!(
+                                    "`{what}` on rank {g} (action {j}), which is never reached: {}",
+                                    stuck(g)
+                                ));
+                            }
+                            Some(_) => {}
+                        }
+                    }
+                }
+            }
+        }
+        if waits.is_empty() {
+            waits.push("nothing (internal inconsistency; please report)".to_string());
+        }
+        Blocked {
+            rank: r,
+            index,
+            action: p.programs[r][index].to_string(),
+            waiting_for: waits.join("; and "),
+        }
+    }
+
+    /// Peak activation memory of rank `r`, given its timeline.
+    fn peak(&self, r: usize, slots: &[Slot]) -> f64 {
+        let s = self.s;
+        let acts = &s.acts[r];
+        let mut entries: Vec<(u64, u32, Op, u32)> = acts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match *a {
+                RAct::Compute { op, unit, mb } => Some((s.key(unit, mb), i as u32, op, unit)),
+                _ => None,
+            })
+            .collect();
+        entries.sort_unstable_by_key(|e| (e.0, e.1));
+        let mut delta = vec![0.0f64; acts.len()];
+        let mut at_start = vec![false; acts.len()];
+        for group in entries.chunk_by(|a, b| a.0 == b.0) {
+            let last = |pred: fn(Op) -> bool| group.iter().rev().find(|e| pred(e.2)).map(|e| e.1);
+            let consumer =
+                last(|op| op == Op::W).or_else(|| last(|op| matches!(op, Op::B | Op::BW)));
+            let Some(c) = consumer else { continue };
+            let holder = group
+                .iter()
+                .rev()
+                .find(|e| matches!(e.2, Op::F | Op::RF) && e.1 < c)
+                .map(|e| e.1);
+            let Some(h) = holder else { continue };
+            let a = s.act[group[0].3 as usize];
+            delta[h as usize] += a;
+            at_start[h as usize] = true;
+            delta[c as usize] -= a;
+        }
+        let mut cur = 0.0f64;
+        let mut peak = 0.0f64;
+        let mut last_t: Option<f64> = None;
+        for (i, &d) in delta.iter().enumerate() {
+            if d == 0.0 {
+                continue;
+            }
+            let t = if at_start[i] {
+                slots[i].start
+            } else {
+                slots[i].end
+            };
+            if last_t != Some(t) {
+                peak = peak.max(cur);
+                last_t = Some(t);
+            }
+            cur += d;
+        }
+        peak.max(cur)
+    }
+}
+
+/// Pair every `SEND` with its `RECV`: the k-th `SEND(t,u,m)` from `a` to `b` with
+/// the k-th `RECV(t,u,m)` from `a` on `b`. Linear when both sides list a channel's
+/// transfers in the same order (the valid case); sorting otherwise.
+fn match_p2p(s: &Setup<'_>) -> Vec<Vec<u32>> {
+    #[derive(Default)]
+    struct Chan {
+        sends: Vec<(u64, u32)>,
+        recvs: Vec<(u64, u32)>,
+    }
+    let mut partner: Vec<Vec<u32>> = s.acts.iter().map(|l| vec![NONE; l.len()]).collect();
+    let mut chans: BTreeMap<(u32, u32), Chan> = BTreeMap::new();
+    for (r, list) in s.acts.iter().enumerate() {
+        for (i, a) in list.iter().enumerate() {
+            if let RAct::P2p {
+                dir,
+                tensor,
+                unit,
+                mb,
+                peer,
+            } = *a
+            {
+                let key = s.key(unit, mb) * 3 + tensor_index(tensor);
+                match dir {
+                    Dir::Send => chans
+                        .entry((r as u32, peer))
+                        .or_default()
+                        .sends
+                        .push((key, i as u32)),
+                    Dir::Recv => chans
+                        .entry((peer, r as u32))
+                        .or_default()
+                        .recvs
+                        .push((key, i as u32)),
+                }
+            }
+        }
+    }
+    for (&(a, b), chan) in &mut chans {
+        let (a, b) = (a as usize, b as usize);
+        let n = chan.sends.len().min(chan.recvs.len());
+        let mut k = 0;
+        while k < n && chan.sends[k].0 == chan.recvs[k].0 {
+            partner[a][chan.sends[k].1 as usize] = chan.recvs[k].1;
+            partner[b][chan.recvs[k].1 as usize] = chan.sends[k].1;
+            k += 1;
+        }
+        if k == chan.sends.len() || k == chan.recvs.len() {
+            continue;
+        }
+        // The matched prefix holds each key equally often on both sides, so the
+        // remaining occurrences still pair k-th with k-th.
+        let sends = &mut chan.sends[k..];
+        let recvs = &mut chan.recvs[k..];
+        sends.sort_unstable();
+        recvs.sort_unstable();
+        let (mut i, mut j) = (0, 0);
+        while i < sends.len() && j < recvs.len() {
+            match sends[i].0.cmp(&recvs[j].0) {
+                std::cmp::Ordering::Less => i += 1,
+                std::cmp::Ordering::Greater => j += 1,
+                std::cmp::Ordering::Equal => {
+                    partner[a][sends[i].1 as usize] = recvs[j].1;
+                    partner[b][recvs[j].1 as usize] = sends[i].1;
+                    i += 1;
+                    j += 1;
+                }
+            }
+        }
+    }
+    partner
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::program::{Cost, Unit};
+
+    /// `"F a 0; SEND act a 0 1 [batch]; BCAST a root g1,g2"` -> actions.
+    pub(crate) fn acts(s: &str) -> Vec<Action> {
+        s.split(';')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| {
+                let w: Vec<&str> = t.split_whitespace().collect();
+                let n = |k: usize| w[k].parse::<usize>().unwrap();
+                let op = match w[0] {
+                    "F" => Some(Op::F),
+                    "B" => Some(Op::B),
+                    "W" => Some(Op::W),
+                    "BW" => Some(Op::BW),
+                    "RF" => Some(Op::RF),
+                    _ => None,
+                };
+                if let Some(op) = op {
+                    return Action::compute(op, w[1], n(2));
+                }
+                match w[0] {
+                    "SEND" | "RECV" => {
+                        let dir = if w[0] == "SEND" { Dir::Send } else { Dir::Recv };
+                        let tensor = match w[1] {
+                            "act" => Tensor::Act,
+                            "grad" => Tensor::Grad,
+                            _ => Tensor::Input,
+                        };
+                        let batch = w.get(5).map(|b| b.parse().unwrap());
+                        Action::p2p(dir, tensor, w[2], n(3), n(4), batch)
+                    }
+                    "BCAST" | "REDUCE" => {
+                        let group = w[3].split(',').map(|g| g.parse().unwrap()).collect();
+                        let unit = w[1].to_string();
+                        if w[0] == "BCAST" {
+                            Action::BCAST {
+                                unit,
+                                root: n(2),
+                                group,
+                            }
+                        } else {
+                            Action::REDUCE {
+                                unit,
+                                root: n(2),
+                                group,
+                            }
+                        }
+                    }
+                    other => panic!("bad test action {other}"),
+                }
+            })
+            .collect()
+    }
+
+    pub(crate) fn unit(
+        name: &str,
+        inputs: &[&str],
+        home: usize,
+        f: f64,
+        b: f64,
+        w: f64,
+        act: f64,
+    ) -> Unit {
+        Unit {
+            name: name.into(),
+            inputs: inputs.iter().map(|s| s.to_string()).collect(),
+            home,
+            trainable: true,
+            cost: Cost { f, b, w },
+            act,
+            bytes: 0.0,
+            params: 0.0,
+        }
+    }
+
+    pub(crate) fn prog(microbatches: usize, units: Vec<Unit>, lists: &[&str]) -> Program {
+        Program {
+            format: crate::program::FORMAT.into(),
+            ranks: lists.len(),
+            microbatches,
+            units,
+            programs: lists.iter().map(|l| acts(l)).collect(),
+            source: None,
+        }
+    }
+
+    fn two_units() -> Vec<Unit> {
+        vec![
+            unit("a", &[], 0, 1.0, 1.0, 1.0, 1.0),
+            unit("b", &["a"], 1, 5.0, 1.0, 1.0, 1.0),
+        ]
+    }
+
+    fn rdv() -> SimOptions {
+        SimOptions::default()
+    }
+
+    fn eager() -> SimOptions {
+        SimOptions {
+            mode: Mode::Eager,
+            comm: None,
+        }
+    }
+
+    #[test]
+    fn compute_only() {
+        let p = prog(2, two_units(), &["F a 0; F a 1; B a 1; W a 1", "F b 0"]);
+        let r = simulate(&p, &rdv()).unwrap();
+        assert_eq!(r.makespan, 5.0);
+        assert_eq!(r.compute, vec![4.0, 5.0]);
+        assert!((r.bubble - (1.0 - 9.0 / 10.0)).abs() < 1e-12);
+        assert_eq!(
+            r.timeline.ranks[0][2],
+            Slot {
+                start: 2.0,
+                end: 3.0
+            }
+        );
+        assert_eq!(r.timeline.makespan(), 5.0);
+    }
+
+    #[test]
+    fn empty_program() {
+        let p = prog(1, vec![], &["", ""]);
+        let r = simulate(&p, &rdv()).unwrap();
+        assert_eq!(r.makespan, 0.0);
+        assert_eq!(r.bubble, 0.0);
+        assert_eq!(r.peak_memory, vec![0.0, 0.0]);
+    }
+
+    /// Rank 0 posts a SEND long before rank 1 is ready to receive.
+    #[test]
+    fn rendezvous_waits_eager_does_not() {
+        let p = prog(
+            2,
+            two_units(),
+            &["F a 0; SEND act a 0 1; F a 1", "F b 1; RECV act a 0 0"],
+        );
+        let r = simulate(&p, &rdv()).unwrap();
+        assert_eq!(
+            r.timeline.ranks[0][1],
+            Slot {
+                start: 1.0,
+                end: 5.0
+            }
+        );
+        assert_eq!(
+            r.timeline.ranks[1][1],
+            Slot {
+                start: 5.0,
+                end: 5.0
+            }
+        );
+        assert_eq!(r.makespan, 6.0);
+        let e = simulate(&p, &eager()).unwrap();
+        assert_eq!(
+            e.timeline.ranks[0][1],
+            Slot {
+                start: 1.0,
+                end: 1.0
+            }
+        );
+        assert_eq!(
+            e.timeline.ranks[0][2],
+            Slot {
+                start: 1.0,
+                end: 2.0
+            }
+        );
+        assert_eq!(e.makespan, 5.0);
+    }
+
+    /// Eager RECV waits for its SEND to be reached.
+    #[test]
+    fn eager_recv_waits_for_send() {
+        let p = prog(
+            1,
+            two_units(),
+            &["F a 0; F a 0; SEND act a 0 1", "RECV act a 0 0"],
+        );
+        let e = simulate(&p, &eager()).unwrap();
+        assert_eq!(
+            e.timeline.ranks[1][0],
+            Slot {
+                start: 0.0,
+                end: 2.0
+            }
+        );
+        assert_eq!(
+            e.timeline.ranks[0][2],
+            Slot {
+                start: 2.0,
+                end: 2.0
+            }
+        );
+    }
+
+    #[test]
+    fn crossing_sends_deadlock_unless_batched_or_eager() {
+        let lists = [
+            "SEND act a 0 1; RECV act b 0 1",
+            "SEND act b 0 0; RECV act a 0 0",
+        ];
+        let p = prog(1, two_units(), &lists);
+        let Err(SimError::Deadlock { blocked }) = simulate(&p, &rdv()) else {
+            panic!("expected a deadlock");
+        };
+        assert_eq!(blocked.len(), 2);
+        assert_eq!((blocked[0].rank, blocked[0].index), (0, 0));
+        assert_eq!(blocked[0].action, "SEND act(a,0)->1");
+        assert!(
+            blocked[0].waiting_for.contains("RECV act(a,0)<-0")
+                && blocked[0]
+                    .waiting_for
+                    .contains("stuck at action 0 `SEND act(b,0)->0`"),
+            "{}",
+            blocked[0].waiting_for
+        );
+        let text = SimError::Deadlock { blocked }.to_string();
+        assert!(text.contains("2 ranks can never proceed") && text.contains("batch"));
+        simulate(&p, &eager()).unwrap();
+        let batched = prog(
+            1,
+            two_units(),
+            &[
+                "SEND act a 0 1 7; RECV act b 0 1 7",
+                "SEND act b 0 0 3; RECV act a 0 0 3",
+            ],
+        );
+        let r = simulate(&batched, &rdv()).unwrap();
+        assert_eq!(r.makespan, 0.0);
+    }
+
+    /// A batch completes only when every member's partner is reached, and its
+    /// members share the batch's interval.
+    #[test]
+    fn batch_waits_for_all_partners() {
+        let units = vec![
+            unit("a", &[], 0, 1.0, 1.0, 1.0, 1.0),
+            unit("b", &[], 1, 2.0, 1.0, 1.0, 1.0),
+            unit("c", &[], 2, 7.0, 1.0, 1.0, 1.0),
+        ];
+        let p = prog(
+            1,
+            units,
+            &[
+                "F a 0; SEND act a 0 1 1; SEND act a 0 2 1",
+                "F b 0; RECV act a 0 0",
+                "F c 0; RECV act a 0 0",
+            ],
+        );
+        let r = simulate(&p, &rdv()).unwrap();
+        assert_eq!(
+            r.timeline.ranks[0][1],
+            Slot {
+                start: 1.0,
+                end: 7.0
+            }
+        );
+        assert_eq!(
+            r.timeline.ranks[0][2],
+            Slot {
+                start: 1.0,
+                end: 7.0
+            }
+        );
+        // Rank 1's RECV needs only its own partner reached: that is the batch, at 1.
+        assert_eq!(
+            r.timeline.ranks[1][1],
+            Slot {
+                start: 2.0,
+                end: 2.0
+            }
+        );
+        assert_eq!(r.makespan, 7.0);
+    }
+
+    /// Equal batch numbers separated by another action are two batches.
+    #[test]
+    fn batch_is_consecutive_only() {
+        let split = prog(
+            1,
+            two_units(),
+            &[
+                "SEND act a 0 1 1; F a 0; RECV act b 0 1 1",
+                "SEND act b 0 0 1; F b 0; RECV act a 0 0 1",
+            ],
+        );
+        assert!(matches!(
+            simulate(&split, &rdv()),
+            Err(SimError::Deadlock { .. })
+        ));
+        let joined = prog(
+            1,
+            two_units(),
+            &[
+                "F a 0; SEND act a 0 1 1; RECV act b 0 1 1",
+                "F b 0; SEND act b 0 0 1; RECV act a 0 0 1",
+            ],
+        );
+        assert_eq!(simulate(&joined, &rdv()).unwrap().makespan, 5.0);
+    }
+
+    #[test]
+    fn comm_model_costs_transfers_and_collectives() {
+        let mut units = two_units();
+        units[0].bytes = 4.0;
+        units[0].params = 8.0;
+        let p = prog(
+            1,
+            units,
+            &[
+                "F a 0; SEND act a 0 1; BCAST a 0 0,1",
+                "RECV act a 0 0; BCAST a 0 0,1",
+            ],
+        );
+        let comm = Some(CommModel {
+            latency: 1.0,
+            bandwidth: 2.0,
+        });
+        let r = simulate(
+            &p,
+            &SimOptions {
+                mode: Mode::Rendezvous,
+                comm,
+            },
+        )
+        .unwrap();
+        // Transfer: max(1, 0) + 1 + 4/2 = 4; collective: 4 + 1 + 8/2 = 9.
+        assert_eq!(
+            r.timeline.ranks[1][0],
+            Slot {
+                start: 0.0,
+                end: 4.0
+            }
+        );
+        assert_eq!(
+            r.timeline.ranks[0][1],
+            Slot {
+                start: 1.0,
+                end: 4.0
+            }
+        );
+        assert_eq!(
+            r.timeline.ranks[0][2],
+            Slot {
+                start: 4.0,
+                end: 9.0
+            }
+        );
+        assert_eq!(r.makespan, 9.0);
+        let e = simulate(
+            &p,
+            &SimOptions {
+                mode: Mode::Eager,
+                comm,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            e.timeline.ranks[0][1],
+            Slot {
+                start: 1.0,
+                end: 1.0
+            }
+        );
+        assert_eq!(
+            e.timeline.ranks[1][0],
+            Slot {
+                start: 0.0,
+                end: 4.0
+            }
+        );
+        assert_eq!(e.makespan, 9.0);
+    }
+
+    /// In a batch, each member's transfer starts when both of its sides are reached.
+    #[test]
+    fn comm_model_per_member_in_batch() {
+        let mut units = vec![
+            unit("a", &[], 0, 1.0, 1.0, 1.0, 1.0),
+            unit("b", &[], 1, 2.0, 1.0, 1.0, 1.0),
+            unit("c", &[], 2, 3.0, 1.0, 1.0, 1.0),
+        ];
+        units[0].bytes = 10.0;
+        let p = prog(
+            1,
+            units,
+            &[
+                "SEND act a 0 1 1; SEND act a 0 2 1",
+                "F b 0; RECV act a 0 0",
+                "F c 0; RECV act a 0 0",
+            ],
+        );
+        let comm = Some(CommModel {
+            latency: 0.0,
+            bandwidth: 1.0,
+        });
+        let r = simulate(
+            &p,
+            &SimOptions {
+                mode: Mode::Rendezvous,
+                comm,
+            },
+        )
+        .unwrap();
+        // max(2 + 10, 3 + 10) = 13.
+        assert_eq!(r.timeline.ranks[0][0].end, 13.0);
+        assert_eq!(r.timeline.ranks[1][1].end, 12.0);
+    }
+
+    #[test]
+    fn collective_waits_for_every_member() {
+        let p = prog(
+            1,
+            two_units(),
+            &["BCAST a 0 0,1; F a 0", "F b 0; BCAST a 0 0,1"],
+        );
+        let r = simulate(&p, &rdv()).unwrap();
+        assert_eq!(
+            r.timeline.ranks[0][0],
+            Slot {
+                start: 0.0,
+                end: 5.0
+            }
+        );
+        assert_eq!(r.makespan, 6.0);
+        // Same under eager.
+        assert_eq!(simulate(&p, &eager()).unwrap().makespan, 6.0);
+        // A member without the collective: deadlock, explained.
+        let q = prog(1, two_units(), &["BCAST a 0 0,1", "F b 0"]);
+        let Err(SimError::Deadlock { blocked }) = simulate(&q, &rdv()) else {
+            panic!("expected a deadlock");
+        };
+        assert_eq!(blocked.len(), 1);
+        assert!(blocked[0]
+            .waiting_for
+            .contains("lists this collective 0 time(s)"));
+        // Disjoint groups on one unit do not wait for each other.
+        let d = prog(
+            1,
+            two_units(),
+            &[
+                "BCAST a 0 0,1; BCAST a 0 0,2",
+                "BCAST a 0 0,1",
+                "BCAST a 0 0,2",
+            ],
+        );
+        simulate(&d, &rdv()).unwrap();
+    }
+
+    #[test]
+    fn kth_send_pairs_with_kth_recv() {
+        let p = prog(
+            1,
+            two_units(),
+            &[
+                "SEND act a 0 1; F a 0; SEND act a 0 1",
+                "F b 0; RECV act a 0 0; RECV act a 0 0",
+            ],
+        );
+        let r = simulate(&p, &rdv()).unwrap();
+        assert_eq!(
+            r.timeline.ranks[0][0],
+            Slot {
+                start: 0.0,
+                end: 5.0
+            }
+        );
+        assert_eq!(
+            r.timeline.ranks[1][2],
+            Slot {
+                start: 5.0,
+                end: 6.0
+            }
+        );
+    }
+
+    #[test]
+    fn unmatched_recv_is_a_deadlock_in_both_modes() {
+        let p = prog(1, two_units(), &["", "RECV grad b 0 0"]);
+        for opts in [rdv(), eager()] {
+            let Err(SimError::Deadlock { blocked }) = simulate(&p, &opts) else {
+                panic!("expected a deadlock");
+            };
+            assert!(blocked[0].waiting_for.contains("no such action"));
+        }
+        // An unmatched SEND only deadlocks under rendezvous.
+        let q = prog(1, two_units(), &["SEND act a 0 1", ""]);
+        assert!(simulate(&q, &rdv()).is_err());
+        simulate(&q, &eager()).unwrap();
+    }
+
+    #[test]
+    fn self_transfer_in_one_batch_runs() {
+        let p = prog(1, two_units(), &["SEND act a 0 0 1; RECV act a 0 0 1", ""]);
+        simulate(&p, &rdv()).unwrap();
+        let q = prog(1, two_units(), &["SEND act a 0 0; RECV act a 0 0", ""]);
+        assert!(simulate(&q, &rdv()).is_err());
+        simulate(&q, &eager()).unwrap();
+    }
+
+    #[test]
+    fn memory_half_open_release_before_acquire() {
+        let u = || vec![unit("a", &[], 0, 1.0, 1.0, 0.0, 3.0)];
+        let seq = prog(2, u(), &["F a 0; B a 0; F a 1; B a 1"]);
+        assert_eq!(simulate(&seq, &rdv()).unwrap().peak_memory, vec![3.0]);
+        let nested = prog(2, u(), &["F a 0; F a 1; B a 1; B a 0"]);
+        assert_eq!(simulate(&nested, &rdv()).unwrap().peak_memory, vec![6.0]);
+        // With W, the forward holds until the end of W (W costs 0 here, still last).
+        let with_w = prog(2, u(), &["F a 0; B a 0; W a 0; F a 1; B a 1; W a 1"]);
+        assert_eq!(simulate(&with_w, &rdv()).unwrap().peak_memory, vec![3.0]);
+    }
+
+    /// An acquisition listed before a release at the same instant still counts after
+    /// it: at time 1, `a` (released by a zero-time BW) and `z` never coexist.
+    #[test]
+    fn memory_tie_release_listed_after_acquire() {
+        let u = vec![
+            unit("a", &[], 0, 1.0, 0.0, 0.0, 1.0),
+            unit("z", &[], 0, 0.0, 1.0, 0.0, 1.0),
+        ];
+        let p = prog(1, u, &["F a 0; F z 0; BW a 0; BW z 0"]);
+        assert_eq!(simulate(&p, &rdv()).unwrap().peak_memory, vec![1.0]);
+    }
+
+    #[test]
+    fn memory_held_until_w() {
+        let u = vec![unit("a", &[], 0, 1.0, 1.0, 1.0, 1.0)];
+        // F0 [0,1) B0 [1,2) F1 [2,3) W0 [3,4): F0 holds to 4, so both overlap.
+        let p = prog(2, u, &["F a 0; B a 0; F a 1; W a 0; B a 1; W a 1"]);
+        assert_eq!(simulate(&p, &rdv()).unwrap().peak_memory, vec![2.0]);
+    }
+
+    #[test]
+    fn memory_forward_without_local_backward_holds_nothing() {
+        let p = prog(
+            1,
+            two_units(),
+            &["F a 0; SEND act a 0 1", "RECV act a 0 0; B a 0"],
+        );
+        let r = simulate(&p, &rdv()).unwrap();
+        assert_eq!(r.peak_memory, vec![0.0, 0.0]);
+    }
+
+    #[test]
+    fn memory_zero_length_forward_holds_nothing() {
+        let u = vec![
+            unit("a", &[], 0, 0.0, 0.0, 0.0, 1.0),
+            unit("c", &[], 0, 1.0, 1.0, 1.0, 1.0),
+        ];
+        // a's F and BW take no time: [0,0) holds nothing.
+        let p = prog(1, u, &["F a 0; BW a 0; F c 0; BW c 0"]);
+        assert_eq!(simulate(&p, &rdv()).unwrap().peak_memory, vec![1.0]);
+    }
+
+    /// If a rank has both F and RF of one (unit, mb), the later forward holds.
+    #[test]
+    fn memory_recompute_holds_from_rf() {
+        let u = vec![
+            unit("a", &[], 0, 1.0, 1.0, 1.0, 1.0),
+            unit("c", &[], 0, 1.0, 1.0, 1.0, 1.0),
+        ];
+        let p = prog(1, u, &["F a 0; F c 0; BW c 0; RF a 0; BW a 0"]);
+        assert_eq!(simulate(&p, &rdv()).unwrap().peak_memory, vec![1.0]);
+        let u = vec![
+            unit("a", &[], 0, 1.0, 1.0, 1.0, 1.0),
+            unit("c", &[], 0, 1.0, 1.0, 1.0, 1.0),
+        ];
+        let q = prog(1, u, &["F a 0; F c 0; BW c 0; BW a 0"]);
+        assert_eq!(simulate(&q, &rdv()).unwrap().peak_memory, vec![2.0]);
+    }
+
+    #[test]
+    fn structural_errors() {
+        let unknown = prog(1, two_units(), &["F zz 0", ""]);
+        let e = simulate(&unknown, &rdv()).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                SimError::UnknownUnit {
+                    rank: 0,
+                    index: 0,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert!(e.to_string().contains("no unit is called `zz`"));
+
+        let peer = prog(1, two_units(), &["SEND act a 0 9", ""]);
+        assert!(matches!(
+            simulate(&peer, &rdv()),
+            Err(SimError::NoSuchRank { peer: 9, .. })
+        ));
+        let group = prog(1, two_units(), &["BCAST a 0 0,4", ""]);
+        assert!(matches!(
+            simulate(&group, &rdv()),
+            Err(SimError::NoSuchRank { peer: 4, .. })
+        ));
+        let mb = prog(1, two_units(), &["F a 3", ""]);
+        assert!(matches!(
+            simulate(&mb, &rdv()),
+            Err(SimError::MicrobatchOutOfRange { mb: 3, .. })
+        ));
+        let mut ranks = prog(1, two_units(), &["", ""]);
+        ranks.ranks = 3;
+        assert!(matches!(
+            simulate(&ranks, &rdv()),
+            Err(SimError::RankCount { .. })
+        ));
+        let mut neg = prog(1, two_units(), &["", ""]);
+        neg.units[1].cost.b = -1.0;
+        assert!(matches!(
+            simulate(&neg, &rdv()),
+            Err(SimError::BadUnitNumber {
+                field: "cost.B",
+                ..
+            })
+        ));
+        neg.units[1].cost.b = f64::NAN;
+        assert!(simulate(&neg, &rdv()).is_err());
+        let mut dup = prog(1, two_units(), &["", ""]);
+        dup.units[1].name = "a".into();
+        assert!(matches!(
+            simulate(&dup, &rdv()),
+            Err(SimError::DuplicateUnit { .. })
+        ));
+        let ok = prog(1, two_units(), &["", ""]);
+        for (latency, bandwidth) in [(0.0, 0.0), (-1.0, 1.0), (f64::NAN, 1.0), (0.0, f64::NAN)] {
+            let comm = Some(CommModel { latency, bandwidth });
+            let opts = SimOptions {
+                mode: Mode::Rendezvous,
+                comm,
+            };
+            assert!(matches!(
+                simulate(&ok, &opts),
+                Err(SimError::BadCommModel { .. })
+            ));
+        }
+        let huge = Program {
+            microbatches: usize::MAX,
+            ..ok.clone()
+        };
+        assert!(matches!(
+            simulate(&huge, &rdv()),
+            Err(SimError::TooLarge { .. })
+        ));
+    }
+
+    /// Nonsense that still runs: empty groups, out-of-order sends, roots outside groups.
+    #[test]
+    fn odd_programs_do_not_panic() {
+        let mut p = prog(
+            2,
+            two_units(),
+            &[
+                "SEND grad b 1 1; SEND act a 0 1; REDUCE b 7 1",
+                "RECV act a 0 0; RECV grad b 1 0; REDUCE b 7 1",
+            ],
+        );
+        p.programs[0].insert(
+            0,
+            Action::BCAST {
+                unit: "a".into(),
+                root: 5,
+                group: vec![],
+            },
+        );
+        for opts in [rdv(), eager()] {
+            let _ = simulate(&p, &opts);
+        }
+        let r = simulate(&p, &eager());
+        assert!(r.is_err() || r.is_ok());
+    }
+}

@@ -1,0 +1,74 @@
+//! Plain-text tables for the terminal: columns padded to their widest cell.
+
+/// A table with a header row; cells are right-aligned except the first column.
+pub struct Table {
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    pub fn new(header: &[&str]) -> Table {
+        Table {
+            rows: vec![header.iter().map(|s| s.to_string()).collect()],
+        }
+    }
+
+    pub fn row(&mut self, cells: Vec<String>) {
+        self.rows.push(cells);
+    }
+
+    pub fn render(&self) -> String {
+        let cols = self.rows.iter().map(Vec::len).max().unwrap_or(0);
+        let width: Vec<usize> = (0..cols)
+            .map(|c| {
+                self.rows
+                    .iter()
+                    .filter_map(|r| r.get(c))
+                    .map(|s| s.chars().count())
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let mut out = String::new();
+        for (i, row) in self.rows.iter().enumerate() {
+            let mut line = String::new();
+            for (c, cell) in row.iter().enumerate() {
+                let pad = width[c] - cell.chars().count();
+                if c == 0 {
+                    line.push_str(cell);
+                    line.push_str(&" ".repeat(pad));
+                } else {
+                    line.push_str("  ");
+                    line.push_str(&" ".repeat(pad));
+                    line.push_str(cell);
+                }
+            }
+            out.push_str(line.trim_end());
+            out.push('\n');
+            if i == 0 {
+                let total: usize = width.iter().sum::<usize>() + 2 * cols.saturating_sub(1);
+                out.push_str(&"-".repeat(total));
+                out.push('\n');
+            }
+        }
+        out
+    }
+}
+
+/// A number with up to 3 decimals, trailing zeros trimmed.
+pub fn num(x: f64) -> String {
+    if x.is_infinite() {
+        return "inf".into();
+    }
+    let s = format!("{x:.3}");
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" {
+        "0".into()
+    } else {
+        s.to_string()
+    }
+}
+
+/// A ratio as a percentage with one decimal.
+pub fn pct(x: f64) -> String {
+    format!("{:.1}%", 100.0 * x)
+}
