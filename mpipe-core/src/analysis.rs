@@ -109,11 +109,12 @@ fn resolve(plan: &Plan, lenient: bool) -> Result<Deps, PlanError> {
             match t.op {
                 Op::F | Op::RF => {
                     for &p in &inputs[t.unit] {
-                        let what = format!("act({},{})", plan.units[p].name, t.mb);
                         let dep = match find(&index, r, i, &[Op::F, Op::RF], p, t.mb) {
                             Ok(dep) => dep,
                             Err(false) if lenient => continue,
-                            Err(b) => return Err(err(what, b)),
+                            Err(b) => {
+                                return Err(err(format!("act({},{})", plan.units[p].name, t.mb), b))
+                            }
                         };
                         items.push(Dep {
                             tensor: Tensor::Act,
@@ -137,11 +138,15 @@ fn resolve(plan: &Plan, lenient: bool) -> Result<Deps, PlanError> {
                         if !need[s] {
                             continue;
                         }
-                        let what = format!("grad({},{})", plan.units[s].name, t.mb);
                         let dep = match find(&index, r, i, &[Op::B, Op::BW], s, t.mb) {
                             Ok(dep) => dep,
                             Err(false) if lenient => continue,
-                            Err(b) => return Err(err(what, b)),
+                            Err(b) => {
+                                return Err(err(
+                                    format!("grad({},{})", plan.units[s].name, t.mb),
+                                    b,
+                                ))
+                            }
                         };
                         items.push(Dep {
                             tensor: Tensor::Grad,

@@ -48,12 +48,14 @@ pub enum LowerError {
     },
 }
 
-/// A point-to-point action waiting to be placed on a rank.
+/// A point-to-point action waiting to be placed on a rank: its transfer's key, the
+/// slots it may take, its direction and the rank at the other end.
 struct Item {
     key: Key,
     lo: usize,
     hi: usize,
-    action: Action,
+    dir: Dir,
+    peer: usize,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -142,7 +144,12 @@ pub fn lower_with(
         let mut list = Vec::with_capacity(n * 2);
         list.extend(bcasts.iter().filter(|a| member(a, r)).cloned());
         let mut batch = 0u64;
-        for (k, group) in at.into_iter().enumerate() {
+        let mut comm = at.into_iter().peekable();
+        for k in 0..=n {
+            let mut group = Vec::new();
+            while let Some((_, a)) = comm.next_if(|(slot, _)| *slot == k) {
+                group.push(a);
+            }
             push_batched(&mut list, group, &mut batch);
             if let Some(t) = plan.order[r].get(k) {
                 list.push(Action::compute(t.op, name(t.unit), t.mb));
@@ -177,18 +184,18 @@ pub enum Placement {
 }
 
 /// At most this many candidate meeting points are tried per rank and transfer.
-const CANDIDATES: usize = 12;
+const CANDIDATES: usize = 4;
 
-/// Place every transfer's two ends: `result[rank][slot]` holds the actions posted
-/// just before compute task `slot` (or at the end, for `slot == len`), in key order.
+/// Place every transfer's two ends: `result[rank]` lists `(slot, action)` in key
+/// order, slots non-decreasing; the action is posted just before compute task
+/// `slot` (or at the end, for `slot == len`).
 fn place(
     plan: &Plan,
     time: &crate::analysis::Timing,
     transfers: &BTreeMap<TransferId, Ends>,
     strategy: Placement,
-) -> Result<Vec<Vec<Vec<Action>>>, LowerError> {
+) -> Result<Vec<Vec<(usize, Action)>>, LowerError> {
     let p = plan.ranks;
-    let name = |u: usize| plan.units[u].name.clone();
     // Slot of rank r at time t: after every task that ends by t.
     let slot_at = |r: usize, t: f64| time.end[r].partition_point(|&e| e <= t);
     let gap = |r: usize, k: usize| {
@@ -203,23 +210,36 @@ fn place(
         let tau = match strategy {
             Placement::Ready => ready,
             Placement::Meet => {
+                // Candidate slots on each side: those whose gap opens within
+                // [ready, need], at most CANDIDATES of them.
+                let window = |r: usize, first: usize| {
+                    let ends = &time.end[r];
+                    let mut last = first;
+                    while last < ends.len() && last - first < CANDIDATES && ends[last] <= need {
+                        last += 1;
+                    }
+                    (first, last) // slots first..=last
+                };
+                let (s0, s1) = window(from, j + 1);
+                let r_first = slot_at(to, ready).min(i);
+                let (r0, r1) = window(to, r_first);
+                let r1 = r1.min(i);
+                // Slot at time t, searched within a window.
+                let local = |r: usize, lo: usize, hi: usize, t: f64| {
+                    lo + time.end[r][lo..hi].partition_point(|&e| e <= t)
+                };
                 let cost = |t: f64| {
-                    let (es, gs) = gap(from, slot_at(from, t));
-                    let (er, gr) = gap(to, slot_at(to, t).min(i));
+                    let (es, gs) = gap(from, local(from, s0, s1, t));
+                    let (er, gr) = gap(to, local(to, r0, r1, t));
                     let meet = es.max(er);
                     (meet - gs).max(0.0) + (meet - gr).max(0.0)
                 };
-                let window = |r: usize| {
-                    let first = slot_at(r, ready).saturating_sub(1);
-                    time.end[r][first..]
-                        .iter()
-                        .copied()
-                        .filter(|&e| e >= ready && e <= need)
-                        .take(CANDIDATES)
-                        .collect::<Vec<f64>>()
-                };
                 let mut best = (cost(ready), ready);
-                for t in window(from).into_iter().chain(window(to)) {
+                let candidates = time.end[from][s0..s1].iter().chain(&time.end[to][r0..r1]);
+                for &t in candidates {
+                    if t < ready || t > need {
+                        continue;
+                    }
                     let c = cost(t);
                     if c < best.0 || (c == best.0 && t < best.1) {
                         best = (c, t);
@@ -240,7 +260,8 @@ fn place(
             key,
             lo: slot_at(from, tau).max(j + 1),
             hi: plan.order[from].len(),
-            action: Action::p2p(Dir::Send, tensor, name(unit), mb, to, None),
+            dir: Dir::Send,
+            peer: to,
         });
         let lo = match strategy {
             Placement::Ready => time.start[to].partition_point(|&s| s < tau),
@@ -250,26 +271,35 @@ fn place(
             key,
             lo: lo.min(i),
             hi: i,
-            action: Action::p2p(Dir::Recv, tensor, name(unit), mb, from, None),
+            dir: Dir::Recv,
+            peer: from,
         });
     }
     let mut out = Vec::with_capacity(p);
     for (r, mut its) in items.into_iter().enumerate() {
         its.sort_by(|a, b| a.key.cmp(&b.key));
-        let n = plan.order[r].len();
-        let mut at: Vec<Vec<Action>> = vec![Vec::new(); n + 1];
+        let mut at: Vec<(usize, Action)> = Vec::with_capacity(its.len());
         let mut slot = 0;
         for it in its {
             slot = slot.max(it.lo);
+            let k = it.key;
+            let action = Action::p2p(
+                it.dir,
+                k.tensor,
+                plan.units[k.unit].name.clone(),
+                k.mb,
+                it.peer,
+                None,
+            );
             if slot > it.hi {
                 return Err(LowerError::Placement {
                     rank: r,
-                    action: it.action.to_string(),
+                    action: action.to_string(),
                     slot,
                     limit: it.hi,
                 });
             }
-            at[slot].push(it.action);
+            at.push((slot, action));
         }
         out.push(at);
     }

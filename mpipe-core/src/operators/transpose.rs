@@ -19,7 +19,7 @@
 //!   backward ([`Backward::Central`]). A frozen encoder has no backward.
 
 use super::insert_all;
-use crate::analysis::{dependencies_lenient, timing, PlanError};
+use crate::analysis::{dependencies, dependencies_lenient, timing, PlanError};
 use crate::plan::{InputShip, Plan, Task, UnitId};
 use crate::program::Op;
 
@@ -107,15 +107,49 @@ pub fn transpose(
         return Ok(plan);
     }
 
-    // 3. The backward.
+    // 3. The backward: two placements, the one with the shorter ideal step wins.
+    // Eager: each encoder backward as soon as its gradient is ready. Deferred: after
+    // the rank's other work, so the first stage's backwards (which other ranks wait
+    // for) are not held up by encoder work nobody waits for.
+    let mut best: Option<(f64, Plan)> = None;
+    for deferred in [false, true] {
+        let candidate = place_backward(&plan, enc, &owner, backward, deferred)?;
+        let span = timing(&candidate, &dependencies(&candidate)?)?.makespan();
+        if best.as_ref().is_none_or(|(b, _)| span < *b) {
+            best = Some((span, candidate));
+        }
+    }
+    let Some((_, mut plan)) = best else {
+        return Ok(plan);
+    };
+    plan.input_ships.sort();
+    Ok(plan)
+}
+
+/// Place encoder `enc`'s backward (see [`transpose`]); `deferred` appends each rank's
+/// share at the end of its order instead of as early as its gradient allows.
+fn place_backward(
+    plan: &Plan,
+    enc: UnitId,
+    owner: &dyn Fn(usize) -> usize,
+    backward: Backward,
+    deferred: bool,
+) -> Result<Plan, PlanError> {
+    let mut plan = plan.clone();
+    let (p, m) = (plan.ranks, plan.microbatches);
+    let first = plan.stages[0];
+    let r0 = plan.units[first].home;
     let after_first_backward = |plan: &Plan, mb: usize| {
+        if deferred {
+            return plan.order[r0].len();
+        }
         plan.order[r0]
             .iter()
             .position(|t| t.unit == first && t.mb == mb && matches!(t.op, Op::B | Op::BW))
             .map_or(plan.order[r0].len(), |i| i + 1)
     };
     let mut at_r0 = Vec::new();
-    let mut remote: Vec<(usize, UnitId)> = Vec::new();
+    let mut remote: Vec<(usize, usize)> = Vec::new();
     for mb in 0..m {
         let k = owner(mb);
         if k == r0 {
@@ -139,20 +173,22 @@ pub fn transpose(
         let index = plan.locate();
         let mut inserts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
         for (mb, k) in remote {
-            let ready = index
-                .get(Op::B, first, mb)
-                .or_else(|| index.get(Op::BW, first, mb))
-                .map_or(0.0, |(q, j)| timed.end[q][j]);
-            let own_f = index.get(Op::F, enc, mb).map_or(0, |(_, j)| j + 1);
-            let starts = &timed.start[k];
-            let by_time = starts.partition_point(|&s| s < ready);
-            inserts[k].push((by_time.max(own_f), Task::new(Op::BW, enc, mb)));
+            let pos = if deferred {
+                plan.order[k].len()
+            } else {
+                let ready = index
+                    .get(Op::B, first, mb)
+                    .or_else(|| index.get(Op::BW, first, mb))
+                    .map_or(0.0, |(q, j)| timed.end[q][j]);
+                let own_f = index.get(Op::F, enc, mb).map_or(0, |(_, j)| j + 1);
+                timed.start[k].partition_point(|&s| s < ready).max(own_f)
+            };
+            inserts[k].push((pos, Task::new(Op::BW, enc, mb)));
         }
         for (k, items) in inserts.into_iter().enumerate() {
             insert_all(&mut plan.order[k], items);
         }
     }
     insert_all(&mut plan.order[r0], at_r0);
-    plan.input_ships.sort();
     Ok(plan)
 }
