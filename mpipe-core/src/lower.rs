@@ -29,9 +29,9 @@
 
 use crate::analysis::{dependencies, timing, PlanError};
 use crate::plan::Plan;
-use crate::program::{Action, Dir, Op, Program, Source, Tensor, FORMAT};
+use crate::program::{Action, Dir, Name, Op, Program, Source, Tensor, FORMAT};
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 
 /// The lowering failed: the plan is not executable, or (a bug) the placement
 /// constraints proved satisfiable were not.
@@ -100,17 +100,22 @@ pub fn lower_with(
     let deps = dependencies(plan)?;
     let time = timing(plan, &deps)?;
     let p = plan.ranks;
-    let name = |u: usize| plan.units[u].name.clone();
+    let names: Vec<Name> = plan
+        .units
+        .iter()
+        .map(|u| Name::from(u.name.as_str()))
+        .collect();
+    let name = |u: usize| names[u].clone();
 
-    let mut transfers: BTreeMap<TransferId, Ends> = BTreeMap::new();
+    // Every cross-rank read, then one transfer per (tensor, unit, mb, destination):
+    // the first consumer on the destination decides where the RECV must be.
+    let mut reads: Vec<(TransferId, Ends)> = Vec::new();
     for (r, list) in plan.order.iter().enumerate() {
         for i in 0..list.len() {
             for d in deps.of(r, i) {
                 let (q, j) = d.producer;
                 if q != r {
-                    transfers
-                        .entry((d.tensor, d.unit, d.mb, r))
-                        .or_insert((q, j, i));
+                    reads.push(((d.tensor, d.unit, d.mb, r), (q, j, i)));
                 }
             }
         }
@@ -124,11 +129,12 @@ pub fn lower_with(
             continue;
         };
         if q == s.from && r == s.to && q != r {
-            transfers
-                .entry((Tensor::Input, s.unit, s.mb, r))
-                .or_insert((q, j, i));
+            reads.push(((Tensor::Input, s.unit, s.mb, r), (q, j, i)));
         }
     }
+    reads.sort_unstable_by_key(|&(id, (_, _, i))| (id, i));
+    reads.dedup_by_key(|&mut (id, _)| id);
+    let transfers = reads;
 
     let at = match place(plan, &time, &transfers, placement) {
         Ok(at) => at,
@@ -145,12 +151,14 @@ pub fn lower_with(
         list.extend(bcasts.iter().filter(|a| member(a, r)).cloned());
         let mut batch = 0u64;
         let mut comm = at.into_iter().peekable();
+        let mut group = Vec::new();
         for k in 0..=n {
-            let mut group = Vec::new();
             while let Some((_, a)) = comm.next_if(|(slot, _)| *slot == k) {
                 group.push(a);
             }
-            push_batched(&mut list, group, &mut batch);
+            if !group.is_empty() {
+                push_batched(&mut list, &mut group, &mut batch);
+            }
             if let Some(t) = plan.order[r].get(k) {
                 list.push(Action::compute(t.op, name(t.unit), t.mb));
             }
@@ -192,10 +200,11 @@ const CANDIDATES: usize = 4;
 fn place(
     plan: &Plan,
     time: &crate::analysis::Timing,
-    transfers: &BTreeMap<TransferId, Ends>,
+    transfers: &[(TransferId, Ends)],
     strategy: Placement,
 ) -> Result<Vec<Vec<(usize, Action)>>, LowerError> {
     let p = plan.ranks;
+
     // Slot of rank r at time t: after every task that ends by t.
     let slot_at = |r: usize, t: f64| time.end[r].partition_point(|&e| e <= t);
     let gap = |r: usize, k: usize| {
@@ -204,7 +213,7 @@ fn place(
         (e, g)
     };
     let mut items: Vec<Vec<Item>> = (0..p).map(|_| Vec::new()).collect();
-    for (&(tensor, unit, mb, to), &(from, j, i)) in transfers {
+    for &((tensor, unit, mb, to), (from, j, i)) in transfers {
         let ready = time.end[from][j];
         let need = time.start[to][i];
         let tau = match strategy {
@@ -277,7 +286,8 @@ fn place(
     }
     let mut out = Vec::with_capacity(p);
     for (r, mut its) in items.into_iter().enumerate() {
-        its.sort_by(|a, b| a.key.cmp(&b.key));
+        // Keys are unique per rank (one end of each transfer), so unstable is exact.
+        its.sort_unstable_by(|a, b| a.key.cmp(&b.key));
         let mut at: Vec<(usize, Action)> = Vec::with_capacity(its.len());
         let mut slot = 0;
         for it in its {
@@ -339,7 +349,7 @@ fn collectives(plan: &Plan) -> (Vec<Action>, Vec<Action>) {
             set.insert(unit.home);
             if set.len() > 1 {
                 let group: Vec<usize> = set.iter().copied().collect();
-                let (unit, root) = (unit.name.clone(), unit.home);
+                let (unit, root) = (Name::from(unit.name.as_str()), unit.home);
                 out.push(if bcast {
                     Action::BCAST { unit, root, group }
                 } else {
@@ -353,33 +363,33 @@ fn collectives(plan: &Plan) -> (Vec<Action>, Vec<Action>) {
 
 /// Append `group` (actions placed between the same two compute tasks) as batches:
 /// a new batch starts when one would hold two sends to, or two receives from, one peer.
-fn push_batched(list: &mut Vec<Action>, group: Vec<Action>, batch: &mut u64) {
-    let mut runs: Vec<Vec<Action>> = Vec::new();
-    let mut seen: BTreeSet<(bool, usize)> = BTreeSet::new();
-    for a in group {
-        let k = match &a {
-            Action::SEND { peer, .. } => (true, *peer),
-            Action::RECV { peer, .. } => (false, *peer),
-            _ => (true, usize::MAX),
-        };
-        if runs.is_empty() || !seen.insert(k) {
-            runs.push(Vec::new());
-            seen.clear();
-            seen.insert(k);
-        }
-        if let Some(run) = runs.last_mut() {
-            run.push(a);
-        }
-    }
-    for mut run in runs {
-        if run.len() > 1 {
-            for a in &mut run {
+fn push_batched(list: &mut Vec<Action>, group: &mut Vec<Action>, batch: &mut u64) {
+    // (is send, peer) of the current run's members; runs are short, a scan is enough.
+    let mut seen: Vec<(bool, usize)> = Vec::new();
+    let mut run_start = list.len();
+    let close = |list: &mut Vec<Action>, from: usize, batch: &mut u64| {
+        if list.len() - from > 1 {
+            for a in &mut list[from..] {
                 if let Action::SEND { batch: b, .. } | Action::RECV { batch: b, .. } = a {
                     *b = Some(*batch);
                 }
             }
             *batch += 1;
         }
-        list.extend(run);
+    };
+    for a in group.drain(..) {
+        let k = match &a {
+            Action::SEND { peer, .. } => (true, *peer),
+            Action::RECV { peer, .. } => (false, *peer),
+            _ => (true, usize::MAX),
+        };
+        if seen.contains(&k) {
+            close(list, run_start, batch);
+            run_start = list.len();
+            seen.clear();
+        }
+        seen.push(k);
+        list.push(a);
     }
+    close(list, run_start, batch);
 }

@@ -7,6 +7,11 @@
 //! unknown name still loads and the verifier can say what is wrong with it.
 
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+
+/// A unit name inside actions: shared, so a million actions naming a dozen units
+/// cost a dozen allocations, not a million.
+pub type Name = Arc<str>;
 
 /// The value of the `format` key of every program document.
 pub const FORMAT: &str = "mpipe-program/1";
@@ -142,28 +147,28 @@ pub enum Dir {
 #[serde(tag = "op")]
 pub enum Action {
     F {
-        unit: String,
+        unit: Name,
         mb: usize,
     },
     B {
-        unit: String,
+        unit: Name,
         mb: usize,
     },
     W {
-        unit: String,
+        unit: Name,
         mb: usize,
     },
     BW {
-        unit: String,
+        unit: Name,
         mb: usize,
     },
     RF {
-        unit: String,
+        unit: Name,
         mb: usize,
     },
     SEND {
         tensor: Tensor,
-        unit: String,
+        unit: Name,
         mb: usize,
         peer: usize,
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -171,19 +176,19 @@ pub enum Action {
     },
     RECV {
         tensor: Tensor,
-        unit: String,
+        unit: Name,
         mb: usize,
         peer: usize,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         batch: Option<u64>,
     },
     BCAST {
-        unit: String,
+        unit: Name,
         root: usize,
         group: Vec<usize>,
     },
     REDUCE {
-        unit: String,
+        unit: Name,
         root: usize,
         group: Vec<usize>,
     },
@@ -234,7 +239,7 @@ pub enum ActionRef<'a> {
 
 impl Action {
     /// Build a compute action.
-    pub fn compute(op: Op, unit: impl Into<String>, mb: usize) -> Action {
+    pub fn compute(op: Op, unit: impl Into<Name>, mb: usize) -> Action {
         let unit = unit.into();
         match op {
             Op::F => Action::F { unit, mb },
@@ -249,7 +254,7 @@ impl Action {
     pub fn p2p(
         dir: Dir,
         tensor: Tensor,
-        unit: impl Into<String>,
+        unit: impl Into<Name>,
         mb: usize,
         peer: usize,
         batch: Option<u64>,
