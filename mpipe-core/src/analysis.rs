@@ -282,3 +282,40 @@ pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
     }
     Ok(Timing { start, end, seq })
 }
+
+/// Slack of every task in an ideal timing: how much later it could start without
+/// making the step longer (latest start minus start), computed backwards over the
+/// same graph (rank order and data dependencies).
+pub fn slack(plan: &Plan, deps: &Deps, time: &Timing) -> Vec<Vec<f64>> {
+    let makespan = time.makespan();
+    // Tasks in reverse settling order: every consumer before its producers.
+    let mut order: Vec<(usize, usize, usize)> = Vec::with_capacity(plan.task_count());
+    for (r, seqs) in time.seq.iter().enumerate() {
+        for (i, &s) in seqs.iter().enumerate() {
+            order.push((s, r, i));
+        }
+    }
+    order.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    // Latest finish of each task, tightened by each consumer as it is visited.
+    let mut latest_finish: Vec<Vec<f64>> =
+        time.end.iter().map(|l| vec![makespan; l.len()]).collect();
+    let mut latest_start: Vec<Vec<f64>> =
+        time.start.iter().map(|l| vec![makespan; l.len()]).collect();
+    for &(_, r, i) in &order {
+        let t = &plan.order[r][i];
+        let ls = latest_finish[r][i] - t.op.cost(&plan.units[t.unit].cost);
+        latest_start[r][i] = ls;
+        if i > 0 {
+            latest_finish[r][i - 1] = latest_finish[r][i - 1].min(ls);
+        }
+        for d in deps.of(r, i) {
+            let (q, j) = d.producer;
+            latest_finish[q][j] = latest_finish[q][j].min(ls);
+        }
+    }
+    latest_start
+        .iter()
+        .zip(&time.start)
+        .map(|(ls, s)| ls.iter().zip(s).map(|(a, b)| (a - b).max(0.0)).collect())
+        .collect()
+}

@@ -1083,7 +1083,7 @@ pub(crate) mod tests {
                     }
                     "BCAST" | "REDUCE" => {
                         let group = w[3].split(',').map(|g| g.parse().unwrap()).collect();
-                        let unit = w[1].to_string();
+                        let unit: crate::program::Name = w[1].into();
                         if w[0] == "BCAST" {
                             Action::BCAST {
                                 unit,

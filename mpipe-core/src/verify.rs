@@ -1896,7 +1896,7 @@ mod tests {
                     prop::collection::vec(0..5usize, 0..4)
                 )
                     .prop_map(|(bc, n, root, group)| {
-                        let unit = n.to_string();
+                        let unit: crate::program::Name = n.to_string().into();
                         if bc {
                             Action::BCAST { unit, root, group }
                         } else {

@@ -630,7 +630,7 @@ fn random_program(seed: u64) -> (Program, Mode, Option<CommModel>) {
             if g.chance(90) {
                 let at = g.below(list.len() as u64 + 1) as usize;
                 let a = Action::BCAST {
-                    unit: name(0),
+                    unit: name(0).into(),
                     root: 0,
                     group: group.clone(),
                 };

@@ -1,41 +1,125 @@
 //! One function per subcommand.
 
-use crate::source::{derive_one, derive_schedule, load, load_profile, read_program};
+use crate::failure::{Failure, Problem, MAX_SHOWN};
+use crate::source::{
+    conditions, derive_one, derive_schedule, file_label, load, load_inputs, read_program, Loaded,
+};
 use crate::table::{num, pct, Table};
-use crate::{Failure, ScheduleArgs, SourceArgs};
-use anyhow::Context;
+use crate::{ScheduleArgs, SourceArgs};
 use mpipe_core::render::svg::{gantt_svg, SvgOptions};
 use mpipe_core::render::trace::{chrome_trace, TraceOptions};
 use mpipe_core::simulate::{simulate as run, Mode, SimOptions, SimReport};
 use mpipe_core::verify::verify_mode;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::path::Path;
 
 fn write(path: Option<&Path>, text: &str) -> Result<(), Failure> {
     match path {
-        Some(p) => {
-            std::fs::write(p, text).with_context(|| format!("cannot write {}", p.display()))?
-        }
-        None => println!("{text}"),
+        Some(p) => std::fs::write(p, text).map_err(|e| {
+            let message = format!("cannot write {}: {e}", p.display());
+            Failure {
+                code: 2,
+                problems: vec![Problem {
+                    json: vec![
+                        json!({"kind": "io", "file": p.display().to_string(), "message": message}),
+                    ],
+                    text: message,
+                }],
+            }
+        })?,
+        None => outln!("{text}"),
     }
     Ok(())
 }
 
+fn pretty(v: &Value) -> String {
+    serde_json::to_string_pretty(v).unwrap_or_default()
+}
+
+fn mode_name(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Rendezvous => "rendezvous",
+        Mode::Eager => "eager",
+    }
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The program of `label` cannot be executed (a deadlock, most often).
 fn sim_failure(label: &str, e: impl std::fmt::Display) -> Failure {
+    let message = format!("`{label}` does not run to completion:\n{e}");
     Failure {
         code: 1,
-        message: format!("error: {label} does not run to completion:\n{e}"),
+        problems: vec![Problem {
+            json: vec![json!({"kind": "simulation", "schedule": label, "message": e.to_string()})],
+            text: message,
+        }],
+    }
+}
+
+/// The largest peak memory and the rank it is on.
+fn max_peak(peaks: &[f64]) -> Option<(usize, f64)> {
+    peaks
+        .iter()
+        .copied()
+        .enumerate()
+        .fold(None, |best, (r, m)| match best {
+            Some((_, b)) if b >= m => best,
+            _ => Some((r, m)),
+        })
+}
+
+fn peak_text(peaks: &[f64]) -> String {
+    match max_peak(peaks) {
+        Some((r, m)) => format!("{} (rank {r})", num(m)),
+        None => "-".into(),
     }
 }
 
 pub fn derive(s: &ScheduleArgs, output: Option<&Path>) -> Result<u8, Failure> {
     let loaded = derive_schedule(s)?;
     write(output, &loaded.program.to_json())?;
+    if let Some(p) = output {
+        errln!(
+            "wrote {} ({} ranks, {} micro-batches)",
+            p.display(),
+            loaded.program.ranks,
+            loaded.program.microbatches
+        );
+    }
     Ok(0)
 }
 
+/// Verify a program file. With `--json`, prints exactly the keys `valid`, `errors`,
+/// `makespan`, `bubble` and `peak_memory`, even when the file cannot be read (then
+/// `valid` is false, the figures null, and the exit status 2).
 pub fn check(file: &str, mode: Mode, as_json: bool) -> Result<u8, Failure> {
-    let program = read_program(file)?;
+    let label = file_label(file);
+    let program = match read_program(file) {
+        Ok(p) => p,
+        Err(f) if as_json => {
+            let errors: Vec<Value> = f
+                .json_errors()
+                .iter()
+                .map(|e| e.get("message").cloned().unwrap_or(Value::Null))
+                .collect();
+            outln!(
+                "{}",
+                pretty(&json!({
+                    "valid": false,
+                    "errors": errors,
+                    "makespan": null,
+                    "bubble": null,
+                    "peak_memory": null,
+                }))
+            );
+            errln!("{}", f.terminal());
+            return Ok(f.code);
+        }
+        Err(f) => return Err(f),
+    };
     let violations = verify_mode(&program, mode);
     let report = run(&program, &SimOptions { mode, comm: None }).ok();
     let valid = violations.is_empty();
@@ -47,55 +131,95 @@ pub fn check(file: &str, mode: Mode, as_json: bool) -> Result<u8, Failure> {
             "bubble": report.as_ref().map(|r| r.bubble),
             "peak_memory": report.as_ref().map(|r| r.peak_memory.clone()),
         });
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        outln!("{}", pretty(&out));
     } else if valid {
-        let r = report.as_ref();
-        println!(
-            "{file}: valid ({} ranks, {} micro-batches); makespan {}, bubble {}",
-            program.ranks,
-            program.microbatches,
-            r.map_or("-".into(), |r| num(r.makespan)),
-            r.map_or("-".into(), |r| pct(r.bubble)),
+        let actions: usize = program.programs.iter().map(Vec::len).sum();
+        outln!(
+            "{label}: valid ({}, {}, {})",
+            plural(program.ranks, "rank", "ranks"),
+            plural(program.microbatches, "micro-batch", "micro-batches"),
+            plural(actions, "action", "actions"),
         );
+        if let Some(r) = &report {
+            outln!(
+                "makespan {}, bubble {}, peak memory {}; {}",
+                num(r.makespan),
+                pct(r.bubble),
+                peak_text(&r.peak_memory),
+                conditions(mode, None)
+            );
+        }
     } else {
-        eprintln!("{file}: invalid, {} violation(s):", violations.len());
+        errln!(
+            "{label}: invalid, {} (termination checked under {} semantics):",
+            plural(violations.len(), "violation", "violations"),
+            mode_name(mode)
+        );
         for v in &violations {
-            eprintln!("  {v}");
+            errln!("  {v}");
         }
     }
     Ok(if valid { 0 } else { 1 })
 }
 
-fn report_json(label: &str, r: &SimReport, bound: f64) -> serde_json::Value {
+fn report_json(l: &Loaded, r: &SimReport, mode: Mode) -> Value {
     json!({
-        "schedule": label,
+        "schedule": l.label,
+        "ranks": l.program.ranks,
+        "microbatches": l.program.microbatches,
+        "mode": mode_name(mode),
         "makespan": r.makespan,
         "bubble": r.bubble,
         "peak_memory": r.peak_memory,
+        "params": l.params,
         "compute": r.compute,
-        "lower_bound": bound,
+        "lower_bound": l.bound.value(),
     })
+}
+
+/// A program file that breaks the validity rules still simulates; say so.
+fn warn_if_invalid(l: &Loaded, mode: Mode) {
+    if !l.from_file {
+        return;
+    }
+    let n = verify_mode(&l.program, mode).len();
+    if n > 0 {
+        errln!(
+            "warning: {} breaks the validity rules ({}); the figures below may mean little \
+             (run `mpipe check` for the list)",
+            l.label,
+            plural(n, "violation", "violations")
+        );
+    }
 }
 
 pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure> {
     let loaded = load(s)?;
     let r =
         run(&loaded.program, &loaded.options(mode)).map_err(|e| sim_failure(&loaded.label, e))?;
+    warn_if_invalid(&loaded, mode);
     let bound = loaded.bound.value();
     if as_json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report_json(&loaded.label, &r, bound))
-                .unwrap_or_default()
-        );
+        outln!("{}", pretty(&report_json(&loaded, &r, mode)));
         return Ok(0);
     }
     let p = &loaded.program;
-    println!(
-        "{}: {} ranks, {} micro-batches, {:?} semantics",
-        loaded.label, p.ranks, p.microbatches, mode
+    outln!(
+        "{}: {}, {}; {}",
+        loaded.label,
+        plural(p.ranks, "rank", "ranks"),
+        plural(p.microbatches, "micro-batch", "micro-batches"),
+        loaded.conditions(mode)
     );
-    let mut t = Table::new(&["rank", "actions", "compute", "idle", "busy", "peak memory"]);
+    let mut t = Table::new(&[
+        "rank",
+        "actions",
+        "compute",
+        "idle",
+        "busy",
+        "peak memory",
+        "params",
+    ]);
     for (rank, list) in p.programs.iter().enumerate() {
         let c = r.compute.get(rank).copied().unwrap_or(0.0);
         t.row(vec![
@@ -109,10 +233,11 @@ pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure
                 0.0
             }),
             num(r.peak_memory.get(rank).copied().unwrap_or(0.0)),
+            num(loaded.params.get(rank).copied().unwrap_or(0.0)),
         ]);
     }
-    print!("{}", t.render());
-    println!(
+    out!("{}", t.render());
+    outln!(
         "makespan {}   bubble {}   lower bound {} (work/ranks {}, chain {})   makespan/bound {:.3}",
         num(r.makespan),
         pct(r.bubble),
@@ -121,8 +246,18 @@ pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure
         num(loaded.bound.chain),
         if bound > 0.0 { r.makespan / bound } else { 1.0 },
     );
+    let limit = loaded
+        .limit
+        .map(|l| format!("; memory.limit {} applies to their sum", num(l)))
+        .unwrap_or_default();
+    outln!(
+        "peak memory: activations held at the peak; params: parameters resident on the rank{limit}"
+    );
     Ok(0)
 }
+
+/// One compared schedule: its program and figures, or why it has none.
+type Outcome = Result<(Loaded, SimReport), Failure>;
 
 pub fn compare(
     model: &Path,
@@ -132,109 +267,247 @@ pub fn compare(
     mode: Mode,
     as_json: bool,
 ) -> Result<u8, Failure> {
-    let profile = load_profile(model)?;
-    let mut rows = Vec::new();
-    let mut failures = Vec::new();
+    let all: Vec<&str> = exprs.iter().map(String::as_str).collect();
+    let profile = load_inputs(model, ranks, mbs, &all)?;
+    // Every expression in order: its figures, or why it failed.
+    let mut results: Vec<(&str, Outcome)> = Vec::new();
     for e in exprs {
-        match derive_one(&profile, ranks, mbs, e) {
-            Ok(l) => match run(&l.program, &l.options(mode)) {
-                Ok(r) => rows.push((l, r)),
-                Err(x) => failures.push(sim_failure(e, x).message),
-            },
-            Err(f) => failures.push(f.message),
-        }
+        let r = derive_one(&profile, ranks, mbs, e).and_then(|l| {
+            run(&l.program, &l.options(mode))
+                .map(|r| (l, r))
+                .map_err(|x| sim_failure(e, x))
+        });
+        results.push((e, r));
     }
-    let base = rows.first().map(|(_, r)| r.makespan);
+    let baseline = results
+        .iter()
+        .find_map(|(e, r)| r.as_ref().ok().map(|(_, rep)| (*e, rep.makespan)));
+    let failed = results.iter().filter(|(_, r)| r.is_err()).count();
+    let comm = results
+        .iter()
+        .find_map(|(_, r)| r.as_ref().ok().map(|(l, _)| l.comm))
+        .flatten();
     if as_json {
-        let out: Vec<_> = rows
-            .iter()
-            .map(|(l, r)| {
-                let mut v = report_json(&l.label, r, l.bound.value());
-                v["speedup"] = json!(base.map(|b| b / r.makespan));
-                v
-            })
-            .collect();
-        println!(
+        let mut schedules = Vec::new();
+        let mut errors = Vec::new();
+        for (e, r) in &results {
+            match r {
+                Ok((l, rep)) => {
+                    let mut v = report_json(l, rep, mode);
+                    v["speedup"] = json!(baseline.map(|(_, b)| b / rep.makespan));
+                    schedules.push(v);
+                }
+                Err(f) => {
+                    for mut x in f.json_errors() {
+                        x["schedule"] = json!(e);
+                        errors.push(x);
+                    }
+                }
+            }
+        }
+        outln!(
             "{}",
-            serde_json::to_string_pretty(
-                &json!({"ranks": ranks, "microbatches": mbs, "schedules": out, "errors": failures})
-            )
-            .unwrap_or_default()
+            pretty(&json!({
+                "model": model.display().to_string(),
+                "ranks": ranks,
+                "microbatches": mbs,
+                "mode": mode_name(mode),
+                "baseline": baseline.map(|(e, _)| e),
+                "schedules": schedules,
+                "errors": errors,
+            }))
         );
     } else {
-        println!(
-            "{}: {ranks} ranks, {mbs} micro-batches, {mode:?} semantics",
-            model.display()
+        let base_note = match baseline {
+            Some((e, _)) if e == exprs[0] => String::new(),
+            Some((e, _)) => {
+                format!("\nspeedup over `{e}` (the first schedule that derived)")
+            }
+            None => String::new(),
+        };
+        outln!(
+            "{}: {}, {}; {}{base_note}",
+            model.display(),
+            plural(ranks, "rank", "ranks"),
+            plural(mbs, "micro-batch", "micro-batches"),
+            conditions(mode, comm)
         );
-        let mut t = Table::new(&[
+        let mut header = vec![
             "schedule",
             "makespan",
             "speedup",
             "bubble",
-            "max peak mem",
+            "peak memory",
             "bound",
             "vs bound",
-        ]);
-        for (l, r) in &rows {
-            let bound = l.bound.value();
-            t.row(vec![
-                l.label.clone(),
-                num(r.makespan),
-                base.map_or("-".into(), |b| format!("{:.2}x", b / r.makespan)),
-                pct(r.bubble),
-                num(r.peak_memory.iter().copied().fold(0.0, f64::max)),
-                num(bound),
-                format!("{:.3}", if bound > 0.0 { r.makespan / bound } else { 1.0 }),
-            ]);
+        ];
+        if failed > 0 {
+            header.push("note");
         }
-        print!("{}", t.render());
-        for f in &failures {
-            eprintln!("{f}");
+        let mut t = Table::new(&header);
+        t.left(7);
+        for (e, r) in &results {
+            match r {
+                Ok((l, rep)) => {
+                    let bound = l.bound.value();
+                    t.row(vec![
+                        l.label.clone(),
+                        num(rep.makespan),
+                        baseline.map_or("-".into(), |(_, b)| format!("{:.2}x", b / rep.makespan)),
+                        pct(rep.bubble),
+                        num(rep.peak_memory.iter().copied().fold(0.0, f64::max)),
+                        num(bound),
+                        format!(
+                            "{:.3}",
+                            if bound > 0.0 {
+                                rep.makespan / bound
+                            } else {
+                                1.0
+                            }
+                        ),
+                    ]);
+                }
+                Err(f) => {
+                    let mut row = vec![e.to_string(), "failed".into()];
+                    row.extend(vec!["-".to_string(); 5]);
+                    row.push(failure_note(f));
+                    t.row(row);
+                }
+            }
+        }
+        out!("{}", t.render());
+        outln!("peak memory: the largest over ranks of the activations held; bound: lower bound on the makespan");
+        if failed > 0 {
+            let mut blocks = Vec::new();
+            for (e, r) in &results {
+                if let Err(f) = r {
+                    let n = f.problems.len();
+                    let mut block = format!(
+                        "error in `{e}`{}:",
+                        if n > 1 {
+                            format!(" ({n} errors)")
+                        } else {
+                            String::new()
+                        }
+                    );
+                    for (i, p) in f.problems.iter().take(MAX_SHOWN).enumerate() {
+                        if i > 0 {
+                            block.push('\n');
+                        }
+                        for line in p.text.lines() {
+                            block.push_str("\n  ");
+                            block.push_str(line);
+                        }
+                    }
+                    if n > MAX_SHOWN {
+                        block.push_str(&format!("\n\n  ... and {} more", n - MAX_SHOWN));
+                    }
+                    blocks.push(block);
+                }
+            }
+            blocks.push(format!(
+                "{} of {} failed",
+                plural(failed, "schedule", "schedules"),
+                exprs.len()
+            ));
+            errln!("\n{}", blocks.join("\n\n"));
         }
     }
-    Ok(if failures.is_empty() { 0 } else { 2 })
+    let code = results
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().err().map(|f| f.code))
+        .max()
+        .unwrap_or(0);
+    Ok(code)
+}
+
+/// A few words on why a schedule failed, for the comparison table.
+fn failure_note(f: &Failure) -> String {
+    let kind = f
+        .problems
+        .first()
+        .and_then(|p| p.json.first())
+        .and_then(|j| j.get("kind"))
+        .and_then(Value::as_str)
+        .unwrap_or("error");
+    let what = match kind {
+        "memory" => "over memory.limit".to_string(),
+        "simulation" => "does not run".to_string(),
+        "not_available" => "not available yet".to_string(),
+        other => other.replace('_', " "),
+    };
+    let more = f.json_errors().len().saturating_sub(1);
+    if more > 0 {
+        format!("{what} (+{more} more, see below)")
+    } else {
+        format!("{what} (see below)")
+    }
 }
 
 pub fn trace(s: &SourceArgs, mode: Mode, output: &Path) -> Result<u8, Failure> {
     let loaded = load(s)?;
     let r =
         run(&loaded.program, &loaded.options(mode)).map_err(|e| sim_failure(&loaded.label, e))?;
+    warn_if_invalid(&loaded, mode);
     let opts = TraceOptions {
-        name: Some(format!("mpipe: {}", loaded.label)),
+        name: Some(format!(
+            "mpipe: {} ({})",
+            loaded.label,
+            loaded.conditions(mode)
+        )),
         ..TraceOptions::default()
     };
     write(
         Some(output),
         &chrome_trace(&loaded.program, &r.timeline, &opts),
     )?;
-    eprintln!(
-        "wrote {} (open it in ui.perfetto.dev or chrome://tracing)",
-        output.display()
+    errln!(
+        "wrote {}: {} tracks, makespan {}; {} (open it in ui.perfetto.dev or chrome://tracing)",
+        output.display(),
+        loaded.program.ranks,
+        num(r.makespan),
+        loaded.conditions(mode)
     );
     Ok(0)
 }
 
 pub fn svg(s: &SourceArgs, mode: Mode, output: &Path, width: f64) -> Result<u8, Failure> {
+    if !(width.is_finite() && width > 0.0) {
+        return Err(Failure::input(
+            "usage",
+            format!("--width must be a positive number of pixels, got {width}"),
+        ));
+    }
     let loaded = load(s)?;
     let r =
         run(&loaded.program, &loaded.options(mode)).map_err(|e| sim_failure(&loaded.label, e))?;
+    warn_if_invalid(&loaded, mode);
     let p = &loaded.program;
     let opts = SvgOptions {
         width,
         title: Some(format!(
-            "{}: {} ranks x {} micro-batches",
-            loaded.label, p.ranks, p.microbatches
+            "{}: {} x {}",
+            loaded.label,
+            plural(p.ranks, "rank", "ranks"),
+            plural(p.microbatches, "micro-batch", "micro-batches")
         )),
         subtitle: Some(format!(
-            "makespan {}, bubble {}, lower bound {}, peak memory {}",
+            "makespan {}, bubble {}, lower bound {}, peak memory {}; {}",
             num(r.makespan),
             pct(r.bubble),
             num(loaded.bound.value()),
-            num(r.peak_memory.iter().copied().fold(0.0, f64::max))
+            peak_text(&r.peak_memory),
+            loaded.conditions(mode)
         )),
         ..SvgOptions::default()
     };
     write(Some(output), &gantt_svg(p, &r.timeline, &opts))?;
-    eprintln!("wrote {}", output.display());
+    errln!(
+        "wrote {}: makespan {}, bubble {}; {}",
+        output.display(),
+        num(r.makespan),
+        pct(r.bubble),
+        loaded.conditions(mode)
+    );
     Ok(0)
 }

@@ -1,10 +1,32 @@
 //! `mpipe`: derive, verify, simulate, compare and draw pipeline schedules.
 //!
 //! A thin shell over `mpipe-core`: argument parsing and file I/O live here, every
-//! decision in the library. Exit status: 0 success, 1 an invalid program (`check`),
-//! 2 bad input (unreadable file, bad profile or expression).
+//! decision in the library. Exit status: 0 success, 1 an invalid program (`check`) or
+//! one that does not run to completion, 2 bad input (unreadable file, bad profile or
+//! expression, bad arguments). Every problem found is reported, not just the first.
+
+/// `print!` that ends the program quietly when standard output is closed (as when
+/// piped into `head`) instead of panicking.
+macro_rules! out {
+    ($($t:tt)*) => { $crate::emit(&format!($($t)*), false) };
+}
+
+/// `println!`, with [`out!`]'s handling of a closed standard output.
+macro_rules! outln {
+    ($($t:tt)*) => { $crate::emit(&format!($($t)*), true) };
+}
+
+/// `eprintln!` that ignores a closed standard error instead of panicking.
+macro_rules! errln {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr().lock(), $($t)*);
+    }};
+}
 
 mod commands;
+mod decode;
+mod failure;
 mod source;
 mod table;
 
@@ -16,7 +38,11 @@ use std::process::ExitCode;
 #[command(
     name = "mpipe",
     version,
-    about = "Pipeline-schedule compiler for multimodal LLM training"
+    about = "Pipeline-schedule compiler for multimodal LLM training",
+    after_help = "Exit status: 0 success, 1 an invalid program (check) or one that does not \
+                  run, 2 bad input.\n\
+                  Example: mpipe compare --model profiles/qwen2vl-7b.toml --ranks 8 \
+                  --microbatches 32 1f1b zbv 'transpose(vision, zbv)'"
 )]
 struct Cli {
     #[command(subcommand)]
@@ -32,11 +58,16 @@ enum Command {
         /// Write the program here instead of standard output.
         #[arg(short, long)]
         output: Option<PathBuf>,
+        /// On failure, also print {"errors": [...]} as JSON on standard output (the
+        /// program itself is always JSON).
+        #[arg(long)]
+        json: bool,
     },
     /// Verify a program file (rules 1-5 of program-format.md); exit 1 when invalid.
     Check {
         /// Program file, or `-` for standard input.
         file: String,
+        /// Semantics under which termination (rule 5) and the figures are checked.
         #[arg(long, value_enum, default_value_t = ModeArg::Rendezvous)]
         mode: ModeArg,
         /// Print {"valid", "errors", "makespan", "bubble", "peak_memory"} as JSON.
@@ -47,24 +78,31 @@ enum Command {
     Simulate {
         #[command(flatten)]
         source: SourceArgs,
+        /// Execution semantics of point-to-point transfers.
         #[arg(long, value_enum, default_value_t = ModeArg::Rendezvous)]
         mode: ModeArg,
+        /// Print the figures as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Compare several schedules on one profile, side by side.
     Compare {
+        /// Model profile (TOML or JSON).
         #[arg(long)]
         model: PathBuf,
-        #[arg(long)]
+        /// Number of pipeline ranks.
+        #[arg(long, value_parser = count, allow_negative_numbers = true)]
         ranks: usize,
-        #[arg(long)]
+        /// Number of micro-batches per step.
+        #[arg(long, value_parser = count, allow_negative_numbers = true)]
         microbatches: usize,
         /// Schedule expressions; the first is the baseline of the speedups.
         #[arg(required = true)]
         exprs: Vec<String>,
+        /// Execution semantics of point-to-point transfers.
         #[arg(long, value_enum, default_value_t = ModeArg::Rendezvous)]
         mode: ModeArg,
+        /// Print the comparison as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -72,8 +110,10 @@ enum Command {
     Trace {
         #[command(flatten)]
         source: SourceArgs,
+        /// Execution semantics of point-to-point transfers.
         #[arg(long, value_enum, default_value_t = ModeArg::Rendezvous)]
         mode: ModeArg,
+        /// File to write.
         #[arg(short, long)]
         output: PathBuf,
     },
@@ -81,12 +121,14 @@ enum Command {
     Svg {
         #[command(flatten)]
         source: SourceArgs,
+        /// Execution semantics of point-to-point transfers.
         #[arg(long, value_enum, default_value_t = ModeArg::Rendezvous)]
         mode: ModeArg,
+        /// File to write.
         #[arg(short, long)]
         output: PathBuf,
         /// Width of the chart in pixels.
-        #[arg(long, default_value_t = 1400.0)]
+        #[arg(long, default_value_t = 1400.0, allow_negative_numbers = true)]
         width: f64,
     },
 }
@@ -97,9 +139,11 @@ struct ScheduleArgs {
     /// Model profile (TOML or JSON).
     #[arg(long)]
     model: PathBuf,
-    #[arg(long)]
+    /// Number of pipeline ranks.
+    #[arg(long, value_parser = count, allow_negative_numbers = true)]
     ranks: usize,
-    #[arg(long)]
+    /// Number of micro-batches per step.
+    #[arg(long, value_parser = count, allow_negative_numbers = true)]
     microbatches: usize,
     /// Schedule expression, e.g. `transpose(vision, 1f1b)`.
     expr: String,
@@ -111,25 +155,49 @@ struct SourceArgs {
     /// Read this program file (or `-`) instead of deriving.
     #[arg(long, conflicts_with_all = ["model", "ranks", "microbatches", "expr"])]
     program: Option<String>,
+    /// Model profile (TOML or JSON).
     #[arg(long, required_unless_present = "program")]
     model: Option<PathBuf>,
-    #[arg(long, required_unless_present = "program")]
+    /// Number of pipeline ranks.
+    #[arg(
+        long,
+        required_unless_present = "program",
+        value_parser = count,
+        allow_negative_numbers = true
+    )]
     ranks: Option<usize>,
-    #[arg(long, required_unless_present = "program")]
+    /// Number of micro-batches per step.
+    #[arg(
+        long,
+        required_unless_present = "program",
+        value_parser = count,
+        allow_negative_numbers = true
+    )]
     microbatches: Option<usize>,
+    /// Schedule expression, e.g. `transpose(vision, 1f1b)`.
     #[arg(required_unless_present = "program")]
     expr: Option<String>,
     /// Communication latency per transfer (overrides the profile's [link]).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     latency: Option<f64>,
     /// Link bandwidth, in the profile's size unit per time unit (overrides [link]).
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     bandwidth: Option<f64>,
+}
+
+/// A count on the command line (`--ranks`, `--microbatches`). Zero parses, so that
+/// it is reported with the other problems of the run.
+fn count(s: &str) -> Result<usize, String> {
+    s.trim()
+        .parse::<usize>()
+        .map_err(|_| format!("expected a whole number >= 1, such as 8; got `{s}`"))
 }
 
 #[derive(Clone, Copy, ValueEnum)]
 enum ModeArg {
+    /// A transfer completes when both sides have reached it (HCCL-like; the default).
     Rendezvous,
+    /// A SEND completes when reached; a RECV waits for its SEND.
     Eager,
 }
 
@@ -142,25 +210,42 @@ impl From<ModeArg> for mpipe_core::simulate::Mode {
     }
 }
 
-/// A command's failure: its message is already formatted for the terminal.
-pub struct Failure {
-    pub code: u8,
-    pub message: String,
-}
-
-impl From<anyhow::Error> for Failure {
-    fn from(e: anyhow::Error) -> Self {
-        Failure {
-            code: 2,
-            message: format!("error: {e:#}"),
+/// Write to standard output; a reader that went away ends the program (status 0),
+/// any other write error is reported (status 2).
+fn emit(text: &str, newline: bool) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out.write_all(text.as_bytes()).and_then(|()| {
+        if newline {
+            out.write_all(b"\n")
+        } else {
+            Ok(())
         }
+    });
+    if let Err(e) = written {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        errln!("error: cannot write to standard output: {e}");
+        std::process::exit(2);
     }
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Commands whose `--json` output must stay JSON when they fail as a whole.
+    let json_failures = matches!(
+        cli.command,
+        Command::Derive { json: true, .. }
+            | Command::Simulate { json: true, .. }
+            | Command::Compare { json: true, .. }
+    );
     let result = match cli.command {
-        Command::Derive { schedule, output } => commands::derive(&schedule, output.as_deref()),
+        Command::Derive {
+            schedule,
+            output,
+            json: _,
+        } => commands::derive(&schedule, output.as_deref()),
         Command::Check { file, mode, json } => commands::check(&file, mode.into(), json),
         Command::Simulate { source, mode, json } => commands::simulate(&source, mode.into(), json),
         Command::Compare {
@@ -186,7 +271,13 @@ fn main() -> ExitCode {
     match result {
         Ok(code) => ExitCode::from(code),
         Err(f) => {
-            eprintln!("{}", f.message);
+            if json_failures {
+                outln!(
+                    "{}",
+                    serde_json::to_string_pretty(&f.to_json()).unwrap_or_default()
+                );
+            }
+            errln!("{}", f.terminal());
             ExitCode::from(f.code)
         }
     }

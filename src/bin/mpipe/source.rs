@@ -1,48 +1,124 @@
 //! Where a command's program comes from: a derivation (profile + expression) or a
-//! program file. Errors are rendered for the terminal here, once.
+//! program file. Every problem is collected (bad sizes, a bad profile and a bad
+//! expression are all reported together) and rendered here, once.
 
-use crate::{Failure, ScheduleArgs, SourceArgs};
-use anyhow::Context;
-use mpipe_core::derive::{derive_str, DeriveError, Request};
-use mpipe_core::expr::{render_error, ExprError};
-use mpipe_core::profile::{Profile, ProfileFormat};
+use crate::decode::decode_program;
+use crate::failure::{expr_failure, snippet, Collect, Failure, Problem};
+use crate::{ScheduleArgs, SourceArgs};
+use mpipe_core::derive::{derive_str, resident_params, DeriveError, ErrorKind, Request};
+use mpipe_core::profile::{Profile, ProfileError, ProfileFormat};
 use mpipe_core::program::Program;
 use mpipe_core::simulate::{CommModel, Mode, SimOptions};
+use serde_json::json;
 use std::io::Read;
 use std::path::Path;
 
 /// Read a profile file, TOML or JSON by extension (TOML when unknown).
 pub fn load_profile(path: &Path) -> Result<Profile, Failure> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read profile {}", path.display()))?;
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        let message = if path.is_dir() {
+            format!("cannot read profile {shown}: it is a directory, not a file")
+        } else {
+            format!("cannot read profile {shown}: {e}")
+        };
+        Failure {
+            code: 2,
+            problems: vec![Problem {
+                json: vec![json!({"kind": "io", "file": shown, "message": message})],
+                text: message,
+            }],
+        }
+    })?;
     let format = path
         .extension()
         .and_then(|e| e.to_str())
         .and_then(ProfileFormat::from_extension)
         .unwrap_or(ProfileFormat::Toml);
-    Profile::parse(&text, format).map_err(|e| Failure {
-        code: 2,
-        message: format!("error: bad profile {}:\n{e}", path.display()),
-    })
+    Profile::parse(&text, format).map_err(|e| profile_failure(&shown, &text, &e))
 }
 
-/// Render derivation errors against the expression text, all of them.
-pub fn render(expr: &str, errors: &[DeriveError]) -> Failure {
-    let mut message = String::new();
-    for e in errors {
-        let shown = ExprError {
-            message: e.message.clone(),
-            span: e.span,
+/// Every problem of a profile, each as `FILE:LINE: key.path: message` with the line.
+fn profile_failure(file: &str, text: &str, e: &ProfileError) -> Failure {
+    let mut problems = Vec::new();
+    for issue in e.issues() {
+        let place = match issue.line {
+            Some(l) => format!("{file}:{l}"),
+            None => file.to_string(),
         };
-        message.push_str(&render_error(expr, &shown));
-        message.push('\n');
+        let mut t = format!("bad profile {place}: {}: {}", issue.path, issue.message);
+        if let Some(s) = issue.line.and_then(|l| snippet(text, l, None)) {
+            t.push('\n');
+            t.push_str(&s);
+        }
+        problems.push(Problem {
+            text: t,
+            json: vec![json!({
+                "kind": "profile",
+                "file": file,
+                "key": issue.path,
+                "line": issue.line,
+                "message": issue.message,
+            })],
+        });
     }
-    if errors.len() > 1 {
-        message.push_str(&format!("{} errors\n", errors.len()));
+    if problems.is_empty() {
+        // A syntax error (or any problem without key paths).
+        let mut t = format!("bad profile {file}: {e}");
+        let mut obj = json!({"kind": "profile", "file": file, "message": e.to_string()});
+        if let ProfileError::Syntax { line, column, .. } = e {
+            obj["line"] = json!(line);
+            obj["column"] = json!(column);
+            if let Some(s) = line.and_then(|l| snippet(text, l, *column)) {
+                t.push('\n');
+                t.push_str(&s);
+            }
+        }
+        problems.push(Problem {
+            text: t,
+            json: vec![obj],
+        });
     }
-    Failure {
-        code: 2,
-        message: message.trim_end().to_string(),
+    Failure { code: 2, problems }
+}
+
+/// `--ranks` and `--microbatches` must be at least 1; both are reported.
+pub fn check_sizes(ranks: usize, microbatches: usize) -> Result<(), Failure> {
+    let mut all = Collect::default();
+    for (flag, value, what) in [
+        ("--ranks", ranks, "the number of pipeline ranks"),
+        (
+            "--microbatches",
+            microbatches,
+            "the number of micro-batches per step",
+        ),
+    ] {
+        if value == 0 {
+            all.add(Failure::input(
+                "usage",
+                format!("{flag} must be at least 1 ({what}), got 0"),
+            ));
+        }
+    }
+    all.finish()
+}
+
+/// Syntax errors of `expr`, if any (used to report them alongside other problems
+/// when the derivation cannot run).
+pub fn parse_errors(expr: &str) -> Result<(), Failure> {
+    match mpipe_core::expr::parse_str(expr) {
+        Ok(_) => Ok(()),
+        Err(es) => {
+            let errors: Vec<DeriveError> = es
+                .into_iter()
+                .map(|e| DeriveError {
+                    message: e.message,
+                    span: e.span,
+                    kind: ErrorKind::BadArgument,
+                })
+                .collect();
+            Err(expr_failure(expr, &errors))
+        }
     }
 }
 
@@ -53,6 +129,12 @@ pub struct Loaded {
     pub comm: Option<CommModel>,
     /// Derived programs carry their lower bound; loaded files compute it from units.
     pub bound: mpipe_core::bound::Bound,
+    /// Parameter memory resident on each rank.
+    pub params: Vec<f64>,
+    /// The profile's `memory.limit`, when the program was derived from one.
+    pub limit: Option<f64>,
+    /// Whether the program comes from a file (it has not been verified).
+    pub from_file: bool,
 }
 
 impl Loaded {
@@ -62,9 +144,34 @@ impl Loaded {
             comm: self.comm,
         }
     }
+
+    /// `rendezvous semantics, free communication` and the like.
+    pub fn conditions(&self, mode: Mode) -> String {
+        conditions(mode, self.comm)
+    }
 }
 
-/// Derive `expr` for a profile, rendering errors.
+/// The execution semantics and communication model, in words.
+pub fn conditions(mode: Mode, comm: Option<CommModel>) -> String {
+    let mode = match mode {
+        Mode::Rendezvous => "rendezvous",
+        Mode::Eager => "eager",
+    };
+    let comm = match comm {
+        None => "free communication".to_string(),
+        Some(c) if c.bandwidth.is_infinite() => {
+            format!("link latency {}", crate::table::num(c.latency))
+        }
+        Some(c) => format!(
+            "link latency {}, bandwidth {}",
+            crate::table::num(c.latency),
+            crate::table::num(c.bandwidth)
+        ),
+    };
+    format!("{mode} semantics, {comm}")
+}
+
+/// Derive `expr` for a profile, rendering errors against the expression.
 pub fn derive_one(
     profile: &Profile,
     ranks: usize,
@@ -76,76 +183,185 @@ pub fn derive_one(
         ranks,
         microbatches,
     };
-    let d = derive_str(&req, expr).map_err(|es| render(expr, &es))?;
+    let d = derive_str(&req, expr).map_err(|es| expr_failure(expr, &es))?;
     Ok(Loaded {
         program: d.program,
         label: expr.to_string(),
         comm: req.sim_options(Mode::Rendezvous).comm,
         bound: d.bound,
+        params: d.params,
+        limit: profile.memory.as_ref().map(|m| m.limit),
+        from_file: false,
     })
 }
 
+/// Load the profile and check the sizes; when either fails, also report the
+/// expressions' syntax errors, so that one run shows every mistake.
+pub fn load_inputs(
+    model: &Path,
+    ranks: usize,
+    microbatches: usize,
+    exprs: &[&str],
+) -> Result<Profile, Failure> {
+    let mut failure = match (check_sizes(ranks, microbatches), load_profile(model)) {
+        (Ok(()), Ok(profile)) => return Ok(profile),
+        (Err(mut a), Err(b)) => {
+            a.absorb(b);
+            a
+        }
+        (Err(f), Ok(_)) | (Ok(()), Err(f)) => f,
+    };
+    for e in exprs {
+        if let Err(x) = parse_errors(e) {
+            failure.absorb(x);
+        }
+    }
+    Err(failure)
+}
+
 pub fn derive_schedule(s: &ScheduleArgs) -> Result<Loaded, Failure> {
-    let profile = load_profile(&s.model)?;
+    let profile = load_inputs(&s.model, s.ranks, s.microbatches, &[&s.expr])?;
     derive_one(&profile, s.ranks, s.microbatches, &s.expr)
+}
+
+/// How a program file is named in messages (`-` is standard input).
+pub fn file_label(file: &str) -> String {
+    if file == "-" {
+        "<stdin>".to_string()
+    } else {
+        file.to_string()
+    }
 }
 
 /// Read a program document from a file or `-` (standard input).
 pub fn read_program(file: &str) -> Result<Program, Failure> {
+    let label = file_label(file);
     let text = if file == "-" {
         let mut s = String::new();
-        std::io::stdin()
-            .read_to_string(&mut s)
-            .context("cannot read standard input")?;
+        std::io::stdin().read_to_string(&mut s).map_err(|e| {
+            Failure::input(
+                "io",
+                format!("cannot read the program from standard input: {e}"),
+            )
+        })?;
         s
     } else {
-        std::fs::read_to_string(file).with_context(|| format!("cannot read program {file}"))?
+        std::fs::read_to_string(file).map_err(|e| {
+            let message = if Path::new(file).is_dir() {
+                format!("cannot read program {file}: it is a directory, not a file")
+            } else {
+                format!("cannot read program {file}: {e}")
+            };
+            Failure {
+                code: 2,
+                problems: vec![Problem {
+                    json: vec![json!({"kind": "io", "file": file, "message": message})],
+                    text: message,
+                }],
+            }
+        })?
     };
-    Program::from_json(&text).map_err(|e| Failure {
-        code: 2,
-        message: format!(
-            "error: {file} is not an mpipe-program/1 document: {e}\n(see shared/spec/program-format.md; `mpipe derive` writes one)"
-        ),
+    if text.trim().is_empty() {
+        return Err(Failure::input(
+            "program",
+            format!(
+                "{label} is empty; expected an mpipe-program/1 document (JSON), as `mpipe derive` writes"
+            ),
+        ));
+    }
+    decode_program(&text).map_err(|problems| {
+        // One block: the file, then each problem on its own line.
+        let count = match problems.len() {
+            1 => String::new(),
+            n => format!(" ({n} problems)"),
+        };
+        let mut text = format!("{label} is not an mpipe-program/1 document{count}:");
+        for p in &problems {
+            for line in p.lines() {
+                text.push_str("\n  ");
+                text.push_str(line);
+            }
+        }
+        text.push_str(
+            "\n(the format is shared/spec/program-format.md; `mpipe derive` writes such documents)",
+        );
+        let json = problems
+            .iter()
+            .map(|p| {
+                json!({
+                    "kind": "program",
+                    "file": label,
+                    "message": p.lines().next().unwrap_or_default(),
+                })
+            })
+            .collect();
+        Failure {
+            code: 2,
+            problems: vec![Problem { text, json }],
+        }
     })
 }
 
 pub fn load(s: &SourceArgs) -> Result<Loaded, Failure> {
-    let mut loaded = if let Some(file) = &s.program {
-        let program = read_program(file)?;
-        let bound =
-            mpipe_core::bound::lower_bound(&program.units, program.ranks, program.microbatches);
-        Loaded {
-            program,
-            label: file.clone(),
-            comm: None,
-            bound,
-        }
+    let mut all = Collect::default();
+    let loaded = if let Some(file) = &s.program {
+        let program = all.take(read_program(file));
+        program.map(|program| {
+            let bound =
+                mpipe_core::bound::lower_bound(&program.units, program.ranks, program.microbatches);
+            Loaded {
+                params: resident_params(&program),
+                program,
+                label: file_label(file),
+                comm: None,
+                bound,
+                limit: None,
+                from_file: true,
+            }
+        })
     } else {
         // clap guarantees these are present without --program.
         let (Some(model), Some(ranks), Some(mbs), Some(expr)) =
             (&s.model, s.ranks, s.microbatches, &s.expr)
         else {
-            return Err(anyhow::anyhow!(
-                "give --program FILE, or --model, --ranks, --microbatches and an expression"
-            )
-            .into());
+            return Err(Failure::input(
+                "usage",
+                "give --program FILE, or --model FILE --ranks P --microbatches M and an expression",
+            ));
         };
-        let profile = load_profile(model)?;
-        derive_one(&profile, ranks, mbs, expr)?
+        all.take(load_inputs(model, ranks, mbs, &[expr]))
+            .and_then(|profile| all.take(derive_one(&profile, ranks, mbs, expr)))
     };
+    let mut comm = None;
     if s.latency.is_some() || s.bandwidth.is_some() {
-        let base = loaded.comm.unwrap_or(CommModel {
+        let base = loaded.as_ref().and_then(|l| l.comm).unwrap_or(CommModel {
             latency: 0.0,
             bandwidth: f64::INFINITY,
         });
         let bandwidth = s.bandwidth.unwrap_or(base.bandwidth);
+        let latency = s.latency.unwrap_or(base.latency);
         if bandwidth <= 0.0 || bandwidth.is_nan() {
-            return Err(anyhow::anyhow!("--bandwidth must be positive, got {bandwidth}").into());
+            all.add(Failure::input(
+                "usage",
+                format!("--bandwidth must be a positive number, got {bandwidth}"),
+            ));
         }
-        loaded.comm = Some(CommModel {
-            latency: s.latency.unwrap_or(base.latency),
-            bandwidth,
-        });
+        if !(latency >= 0.0 && latency.is_finite()) {
+            all.add(Failure::input(
+                "usage",
+                format!("--latency must be a finite number >= 0, got {latency}"),
+            ));
+        }
+        comm = Some(CommModel { latency, bandwidth });
     }
-    Ok(loaded)
+    match (all.finish(), loaded) {
+        (Err(f), _) => Err(f),
+        (Ok(()), Some(mut l)) => {
+            if comm.is_some() {
+                l.comm = comm;
+            }
+            Ok(l)
+        }
+        (Ok(()), None) => Err(Failure::input("internal", "no program was loaded")),
+    }
 }

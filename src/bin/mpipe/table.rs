@@ -1,15 +1,23 @@
 //! Plain-text tables for the terminal: columns padded to their widest cell.
 
-/// A table with a header row; cells are right-aligned except the first column.
+/// A table with a header row; cells are right-aligned except the first column and
+/// the columns marked with [`Table::left`].
 pub struct Table {
     rows: Vec<Vec<String>>,
+    left: Vec<usize>,
 }
 
 impl Table {
     pub fn new(header: &[&str]) -> Table {
         Table {
             rows: vec![header.iter().map(|s| s.to_string()).collect()],
+            left: vec![0],
         }
+    }
+
+    /// Left-align column `c` (for text).
+    pub fn left(&mut self, c: usize) {
+        self.left.push(c);
     }
 
     pub fn row(&mut self, cells: Vec<String>) {
@@ -33,11 +41,13 @@ impl Table {
             let mut line = String::new();
             for (c, cell) in row.iter().enumerate() {
                 let pad = width[c] - cell.chars().count();
-                if c == 0 {
+                if c > 0 {
+                    line.push_str("  ");
+                }
+                if self.left.contains(&c) {
                     line.push_str(cell);
                     line.push_str(&" ".repeat(pad));
                 } else {
-                    line.push_str("  ");
                     line.push_str(&" ".repeat(pad));
                     line.push_str(cell);
                 }
@@ -71,4 +81,30 @@ pub fn num(x: f64) -> String {
 /// A ratio as a percentage with one decimal.
 pub fn pct(x: f64) -> String {
     format!("{:.1}%", 100.0 * x)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn columns_align() {
+        let mut t = Table::new(&["name", "n", "note"]);
+        t.left(2);
+        t.row(vec!["a".into(), "10".into(), "x".into()]);
+        t.row(vec!["bbb".into(), "2".into(), "longer".into()]);
+        assert_eq!(
+            t.render(),
+            "name   n  note\n----------------\na     10  x\nbbb    2  longer\n"
+        );
+    }
+
+    #[test]
+    fn numbers() {
+        assert_eq!(num(2.5), "2.5");
+        assert_eq!(num(3.0), "3");
+        assert_eq!(num(-0.0001), "0");
+        assert_eq!(num(f64::INFINITY), "inf");
+        assert_eq!(pct(0.2853), "28.5%");
+    }
 }

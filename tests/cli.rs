@@ -1,0 +1,680 @@
+//! The `mpipe` command-line tool, end to end: every test runs the real binary.
+//!
+//! Sizes are kept small (the `encoder-heavy` profile on 4 ranks x 8 micro-batches)
+//! so that the debug build runs them quickly.
+
+use serde_json::Value;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+const RANKS: &str = "4";
+const MBS: &str = "8";
+
+fn profile(name: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("profiles")
+        .join(name)
+        .display()
+        .to_string()
+}
+
+fn heavy() -> String {
+    profile("encoder-heavy.toml")
+}
+
+/// A fresh, empty directory for one test (removed when dropped).
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "mpipe-cli-{}-{}-{tag}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("create a temporary directory");
+        TempDir(dir)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Run `mpipe args...`, feeding `stdin` when given.
+fn mpipe_with(args: &[&str], stdin: Option<&str>) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mpipe"));
+    cmd.args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("run the mpipe binary");
+    if let Some(text) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin is piped");
+        pipe.write_all(text.as_bytes())
+            .expect("write to mpipe's stdin");
+    }
+    child.wait_with_output().expect("wait for mpipe")
+}
+
+fn mpipe(args: &[&str]) -> Output {
+    mpipe_with(args, None)
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Exit status, with both streams shown when it is not the expected one.
+#[track_caller]
+fn assert_status(o: &Output, code: i32) {
+    assert_eq!(
+        o.status.code(),
+        Some(code),
+        "unexpected exit status\n--- stdout\n{}\n--- stderr\n{}",
+        stdout(o),
+        stderr(o)
+    );
+}
+
+/// The derived program of `expr` on the encoder-heavy profile, as text.
+fn derive(expr: &str) -> String {
+    let o = mpipe(&[
+        "derive",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        expr,
+    ]);
+    assert_status(&o, 0);
+    stdout(&o)
+}
+
+fn json(text: &str) -> Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}):\n{text}"))
+}
+
+#[test]
+fn derive_prints_a_program_that_check_accepts_from_a_file() {
+    let text = derive("transpose(vision, 1f1b)");
+    let doc = json(&text);
+    assert_eq!(doc["format"], "mpipe-program/1");
+    assert_eq!(doc["ranks"], 4);
+    assert_eq!(doc["microbatches"], 8);
+    assert_eq!(doc["programs"].as_array().map(Vec::len), Some(4));
+
+    let dir = TempDir::new("derive-check");
+    let file = dir.path("program.json");
+    std::fs::write(&file, &text).unwrap();
+    let o = mpipe(&["check", file.to_str().unwrap()]);
+    assert_status(&o, 0);
+    let out = stdout(&o);
+    assert!(out.contains("valid"), "{out}");
+    assert!(out.contains("rendezvous"), "the mode is named: {out}");
+
+    // derive -o writes the same document.
+    let written = dir.path("written.json");
+    let o = mpipe(&[
+        "derive",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "-o",
+        written.to_str().unwrap(),
+        "transpose(vision, 1f1b)",
+    ]);
+    assert_status(&o, 0);
+    assert_eq!(
+        json(&std::fs::read_to_string(&written).unwrap()),
+        doc,
+        "-o writes what stdout shows"
+    );
+}
+
+#[test]
+fn check_reads_standard_input() {
+    let text = derive("1f1b");
+    let o = mpipe_with(&["check", "-"], Some(&text));
+    assert_status(&o, 0);
+    assert!(stdout(&o).contains("valid"), "{}", stdout(&o));
+
+    let o = mpipe_with(&["check", "--mode", "eager", "--json", "-"], Some(&text));
+    assert_status(&o, 0);
+    assert_eq!(json(&stdout(&o))["valid"], true);
+}
+
+/// The derived program with rank 0's last action removed.
+fn mutated() -> String {
+    let mut doc = json(&derive("1f1b"));
+    let list = doc["programs"][0].as_array_mut().unwrap();
+    let dropped = list.pop().expect("rank 0 has actions");
+    assert!(
+        ["B", "W", "BW"].contains(&dropped["op"].as_str().unwrap()),
+        "rank 0 ends with a backward: {dropped}"
+    );
+    serde_json::to_string_pretty(&doc).unwrap()
+}
+
+#[test]
+fn check_rejects_a_mutated_program_naming_the_rule() {
+    let dir = TempDir::new("mutated");
+    let file = dir.path("mutated.json");
+    std::fs::write(&file, mutated()).unwrap();
+    let o = mpipe(&["check", file.to_str().unwrap()]);
+    assert_status(&o, 1);
+    let err = stderr(&o);
+    assert!(err.contains("invalid"), "{err}");
+    assert!(err.contains("rule 1 (coverage)"), "{err}");
+    assert!(
+        err.contains(file.to_str().unwrap()),
+        "names the file: {err}"
+    );
+}
+
+#[test]
+fn check_json_has_exactly_the_five_keys() {
+    let keys = |v: &Value| {
+        let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    let five = ["bubble", "errors", "makespan", "peak_memory", "valid"];
+
+    // Valid.
+    let o = mpipe_with(&["check", "--json", "-"], Some(&derive("zbh1")));
+    assert_status(&o, 0);
+    let v = json(&stdout(&o));
+    assert_eq!(keys(&v), five);
+    assert_eq!(v["valid"], true);
+    assert_eq!(v["errors"], Value::Array(vec![]));
+    assert!(v["makespan"].as_f64().unwrap() > 0.0);
+    let b = v["bubble"].as_f64().unwrap();
+    assert!((0.0..1.0).contains(&b), "{b}");
+    assert_eq!(
+        v["peak_memory"].as_array().unwrap().len(),
+        4,
+        "one per rank"
+    );
+
+    // Invalid.
+    let o = mpipe_with(&["check", "--json", "-"], Some(&mutated()));
+    assert_status(&o, 1);
+    let v = json(&stdout(&o));
+    assert_eq!(keys(&v), five);
+    assert_eq!(v["valid"], false);
+    let errors = v["errors"].as_array().unwrap();
+    assert!(!errors.is_empty());
+    assert!(errors
+        .iter()
+        .all(|e| e.as_str().unwrap().starts_with("rule ")));
+
+    // Not a program at all: still the five keys, figures null, bad input.
+    let o = mpipe_with(&["check", "--json", "-"], Some("this is not json"));
+    assert_status(&o, 2);
+    let v = json(&stdout(&o));
+    assert_eq!(keys(&v), five);
+    assert_eq!(v["valid"], false);
+    assert_eq!(v["makespan"], Value::Null);
+    assert_eq!(v["bubble"], Value::Null);
+    assert_eq!(v["peak_memory"], Value::Null);
+    assert!(v["errors"][0].as_str().unwrap().contains("not valid JSON"));
+}
+
+#[test]
+fn check_explains_files_that_are_not_programs() {
+    let dir = TempDir::new("not-programs");
+    let garbage = dir.path("garbage.json");
+    std::fs::write(&garbage, "{\n  \"ranks\": 4,,\n}\n").unwrap();
+    let o = mpipe(&["check", garbage.to_str().unwrap()]);
+    assert_status(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains(garbage.to_str().unwrap()), "{err}");
+    assert!(err.contains("line 2"), "{err}");
+    assert!(err.contains('^'), "{err}");
+
+    // Well-formed JSON of the wrong shape: every problem, by key path.
+    let mut doc = json(&derive("1f1b"));
+    doc["ranks"] = Value::from("four");
+    doc["programs"][1][0]["op"] = Value::from("FORWARD");
+    let wrong = dir.path("wrong.json");
+    std::fs::write(&wrong, serde_json::to_string(&doc).unwrap()).unwrap();
+    let o = mpipe(&["check", wrong.to_str().unwrap()]);
+    assert_status(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains("ranks"), "{err}");
+    assert!(err.contains("programs[1][0]"), "{err}");
+    assert!(err.contains("\"FORWARD\""), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+
+    let o = mpipe_with(&["check", "-"], Some(""));
+    assert_status(&o, 2);
+    assert!(stderr(&o).contains("empty"), "{}", stderr(&o));
+
+    let missing = dir.path("missing.json");
+    let o = mpipe(&["check", missing.to_str().unwrap()]);
+    assert_status(&o, 2);
+    assert!(stderr(&o).contains(missing.to_str().unwrap()));
+}
+
+#[test]
+fn compare_prints_every_schedule_with_speedups() {
+    let exprs = ["1f1b", "gpipe", "transpose(vision, 1f1b)", "zbv"];
+    let model = heavy();
+    let mut args = vec![
+        "compare",
+        "--model",
+        model.as_str(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+    ];
+    args.extend(exprs);
+    let o = mpipe(&args);
+    assert_status(&o, 0);
+    let out = stdout(&o);
+    for h in [
+        "schedule",
+        "makespan",
+        "speedup",
+        "bubble",
+        "peak memory",
+        "bound",
+    ] {
+        assert!(out.contains(h), "column {h}: {out}");
+    }
+    for e in exprs {
+        assert!(
+            out.lines().any(|l| l.starts_with(e)),
+            "a row for {e}: {out}"
+        );
+    }
+    let first = out.lines().find(|l| l.starts_with("1f1b ")).unwrap();
+    assert!(
+        first.contains("1.00x"),
+        "the first is the baseline: {first}"
+    );
+
+    args.push("--json");
+    let o = mpipe(&args);
+    assert_status(&o, 0);
+    let v = json(&stdout(&o));
+    let schedules = v["schedules"].as_array().unwrap();
+    assert_eq!(schedules.len(), exprs.len());
+    for (s, e) in schedules.iter().zip(exprs) {
+        assert_eq!(s["schedule"], e);
+        assert!(s["makespan"].as_f64().unwrap() > 0.0);
+        assert!(s["speedup"].as_f64().unwrap() > 0.0);
+        assert!(s["lower_bound"].as_f64().unwrap() > 0.0);
+        assert_eq!(s["peak_memory"].as_array().unwrap().len(), 4);
+    }
+    assert_eq!(schedules[0]["speedup"], 1.0);
+    assert_eq!(v["errors"], Value::Array(vec![]));
+}
+
+#[test]
+fn compare_reports_each_failing_expression_under_its_own_header() {
+    let o = mpipe(&[
+        "compare",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "1f1b",
+        "zbvv",
+        "transpose(visoin, 1f1bb)",
+    ]);
+    assert_status(&o, 2);
+    let out = stdout(&o);
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("zbvv") && l.contains("failed")),
+        "{out}"
+    );
+    let err = stderr(&o);
+    assert!(err.contains("error in `zbvv`:"), "{err}");
+    assert!(
+        err.contains("error in `transpose(visoin, 1f1bb)` (2 errors):"),
+        "{err}"
+    );
+    // No caret line runs into the next message.
+    for line in err.lines().filter(|l| l.contains('^')) {
+        assert!(
+            line.trim_start().starts_with('|'),
+            "a caret line holds only the caret: {line:?}\n{err}"
+        );
+    }
+    assert!(
+        err.contains("\n\nerror in `transpose"),
+        "blank line between blocks: {err}"
+    );
+
+    let o = mpipe(&[
+        "compare",
+        "--json",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "1f1b",
+        "zbvv",
+    ]);
+    assert_status(&o, 2);
+    let v = json(&stdout(&o));
+    assert_eq!(v["schedules"].as_array().unwrap().len(), 1);
+    assert_eq!(v["errors"][0]["schedule"], "zbvv");
+    assert_eq!(v["errors"][0]["kind"], "unknown_name");
+}
+
+#[test]
+fn simulate_prints_a_table_from_a_derivation_or_a_program() {
+    let o = mpipe(&[
+        "simulate",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "transpose(vision, 1f1b)",
+    ]);
+    assert_status(&o, 0);
+    let out = stdout(&o);
+    assert!(out.contains("makespan"), "{out}");
+    assert!(out.contains("bubble"), "{out}");
+    assert!(out.contains("rendezvous semantics"), "{out}");
+    assert!(out.contains("peak memory"), "{out}");
+    for r in 0..4 {
+        assert!(
+            out.lines().any(|l| l.starts_with(&format!("{r} "))),
+            "{out}"
+        );
+    }
+
+    let o = mpipe_with(
+        &["simulate", "--mode", "eager", "--program", "-"],
+        Some(&derive("transpose(vision, 1f1b)")),
+    );
+    assert_status(&o, 0);
+    let out = stdout(&o);
+    assert!(out.contains("makespan") && out.contains("bubble"), "{out}");
+    assert!(out.contains("eager semantics"), "{out}");
+
+    let o = mpipe_with(
+        &["simulate", "--json", "--program", "-"],
+        Some(&derive("1f1b")),
+    );
+    assert_status(&o, 0);
+    let v = json(&stdout(&o));
+    assert!(v["makespan"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["peak_memory"].as_array().unwrap().len(), 4);
+}
+
+#[test]
+fn trace_writes_one_track_per_rank() {
+    let dir = TempDir::new("trace");
+    let file = dir.path("trace.json");
+    let o = mpipe(&[
+        "trace",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "transpose(vision, 1f1b)",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    assert_status(&o, 0);
+    let v = json(&std::fs::read_to_string(&file).unwrap());
+    let events = v["traceEvents"].as_array().expect("traceEvents");
+    let mut names: Vec<(u64, String)> = events
+        .iter()
+        .filter(|e| e["ph"] == "M" && e["name"] == "thread_name")
+        .map(|e| {
+            (
+                e["tid"].as_u64().unwrap(),
+                e["args"]["name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    names.sort();
+    let expected: Vec<(u64, String)> = (0..4).map(|r| (r, format!("rank {r}"))).collect();
+    assert_eq!(names, expected);
+    let complete: Vec<&Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    assert!(!complete.is_empty());
+    assert!(complete.iter().all(|e| e["tid"].as_u64().unwrap() < 4));
+}
+
+#[test]
+fn svg_writes_a_gantt_chart() {
+    let dir = TempDir::new("svg");
+    let file = dir.path("chart.svg");
+    let o = mpipe(&[
+        "svg",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "transpose(vision, zbv)",
+        "-o",
+        file.to_str().unwrap(),
+    ]);
+    assert_status(&o, 0);
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.contains("<svg"), "{}", &text[..text.len().min(200)]);
+    assert!(text.trim_end().ends_with("</svg>"));
+    for r in 0..4 {
+        assert!(text.contains(&format!("rank {r}")), "row label rank {r}");
+    }
+}
+
+#[test]
+fn a_misspelt_encoder_gets_a_caret_and_a_suggestion() {
+    let o = mpipe(&[
+        "derive",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "transpose(visoin, 1f1b)",
+    ]);
+    assert_status(&o, 2);
+    assert!(stdout(&o).is_empty(), "no program on failure");
+    let err = stderr(&o);
+    assert!(err.contains("did you mean `vision`?"), "{err}");
+    assert!(err.contains("transpose(visoin, 1f1b)"), "{err}");
+    // The caret sits under `visoin`.
+    let lines: Vec<&str> = err.lines().collect();
+    let src = lines
+        .iter()
+        .position(|l| l.contains("transpose(visoin, 1f1b)"))
+        .unwrap();
+    let caret = lines[src + 1];
+    let at = caret
+        .find('^')
+        .expect("a caret line follows the expression");
+    assert_eq!(&lines[src][at..at + 6], "visoin", "{err}");
+    assert_eq!(caret.matches('^').count(), 6, "{err}");
+}
+
+#[test]
+fn an_unknown_schedule_lists_the_valid_names() {
+    let o = mpipe(&[
+        "simulate",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "pipedream",
+    ]);
+    assert_status(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains("unknown schedule `pipedream`"), "{err}");
+    for name in ["gpipe", "1f1b", "zbh1", "zbv", "transpose"] {
+        assert!(err.contains(name), "lists {name}: {err}");
+    }
+}
+
+#[test]
+fn derive_json_reports_errors_as_json() {
+    let o = mpipe(&[
+        "derive",
+        "--json",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "transpose(visoin, 1f1b)",
+    ]);
+    assert_status(&o, 2);
+    let v = json(&stdout(&o));
+    let e = &v["errors"][0];
+    assert_eq!(e["kind"], "unknown_name");
+    assert_eq!(e["line"], 1);
+    assert_eq!(e["column"], 11, "1-based, under `visoin`");
+    assert_eq!(e["length"], 6);
+    assert!(e["message"].as_str().unwrap().contains("visoin"));
+}
+
+#[test]
+fn a_missing_profile_is_named() {
+    let dir = TempDir::new("missing-profile");
+    let path = dir.path("no-such-profile.toml");
+    let o = mpipe(&[
+        "derive",
+        "--model",
+        path.to_str().unwrap(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "1f1b",
+    ]);
+    assert_status(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains(path.to_str().unwrap()), "{err}");
+    assert!(err.contains("cannot read profile"), "{err}");
+}
+
+#[test]
+fn a_bad_profile_key_is_named_with_every_other_problem() {
+    let dir = TempDir::new("bad-profile");
+    let path = dir.path("typo.toml");
+    let text = std::fs::read_to_string(heavy())
+        .unwrap()
+        .replace("\nforward = 1.0", "\nforwrd = 1.0");
+    std::fs::write(&path, text).unwrap();
+    let o = mpipe(&[
+        "compare",
+        "--model",
+        path.to_str().unwrap(),
+        "--ranks",
+        "0",
+        "--microbatches",
+        MBS,
+        "1f1b",
+        "zbv(",
+    ]);
+    assert_status(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains("llm.forwrd"), "the key: {err}");
+    assert!(err.contains("did you mean `forward`"), "{err}");
+    assert!(err.contains(path.to_str().unwrap()), "the file: {err}");
+    // Reported together with the other mistakes of the same run.
+    assert!(err.contains("--ranks must be at least 1"), "{err}");
+    assert!(err.contains("zbv("), "the expression's syntax error: {err}");
+}
+
+#[test]
+fn zero_ranks_or_micro_batches_are_clear_errors() {
+    let o = mpipe(&[
+        "derive",
+        "--model",
+        &heavy(),
+        "--ranks",
+        "0",
+        "--microbatches",
+        "0",
+        "1f1b",
+    ]);
+    assert_status(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains("--ranks must be at least 1"), "{err}");
+    assert!(err.contains("--microbatches must be at least 1"), "{err}");
+    assert!(!err.contains('^'), "not blamed on the expression: {err}");
+
+    let o = mpipe(&[
+        "derive",
+        "--model",
+        &heavy(),
+        "--ranks",
+        "-2",
+        "--microbatches",
+        MBS,
+        "1f1b",
+    ]);
+    assert_status(&o, 2);
+    assert!(stderr(&o).contains("--ranks"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_mpipe"))
+        .args([
+            "derive",
+            "--model",
+            &heavy(),
+            "--ranks",
+            RANKS,
+            "--microbatches",
+            "64",
+            "1f1b",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take()); // the reader goes away at once
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(o.status.code().is_some(), "not killed by a signal");
+}
