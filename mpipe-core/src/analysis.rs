@@ -295,7 +295,7 @@ pub fn slack(plan: &Plan, deps: &Deps, time: &Timing) -> Vec<Vec<f64>> {
             order.push((s, r, i));
         }
     }
-    order.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+    order.sort_unstable_by_key(|o| std::cmp::Reverse(o.0));
     // Latest finish of each task, tightened by each consumer as it is visited.
     let mut latest_finish: Vec<Vec<f64>> =
         time.end.iter().map(|l| vec![makespan; l.len()]).collect();
