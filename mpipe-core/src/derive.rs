@@ -12,7 +12,7 @@
 use crate::bound::{lower_bound, Bound};
 use crate::expr::{Arg, Expr};
 use crate::generators::{generate, BodyKind, GenError, BODY_NAMES};
-use crate::lower::{lower_timed, lower_with, observed_timing, Placement};
+use crate::lower::{lower_with, Placement};
 use crate::operators::transpose::{transpose, Backward, Owners};
 use crate::plan::Plan;
 use crate::profile::Profile;
@@ -165,13 +165,11 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
     })
 }
 
-/// Lower `plan` several ways and keep the program that runs fastest under the default
-/// (rendezvous) semantics. Every candidate is correct; they differ in where each
-/// transfer meets. Tried in turn, stopping once one reaches the plan's ideal
-/// (communication-free) timing, which no program of the plan can beat: meeting-point
-/// and ready-time placement from the ideal timing, then meeting-point placement
-/// from the best candidate's simulated run (twice), which corrects the ideal
-/// timing's view of when ranks really get where.
+/// Lower `plan` with both placement rules and keep the program that runs faster
+/// under the default (rendezvous) semantics. Both are correct; they differ in where
+/// each transfer meets. Ready-time placement is skipped when meeting-point placement
+/// already reaches the plan's ideal (communication-free) timing, which no program
+/// of the plan can beat.
 fn best_lowering(req: &Request, plan: &Plan, text: &str) -> Result<(Program, SimReport), String> {
     let ideal = crate::analysis::dependencies(plan)
         .and_then(|d| crate::analysis::timing(plan, &d))
@@ -179,24 +177,11 @@ fn best_lowering(req: &Request, plan: &Plan, text: &str) -> Result<(Program, Sim
     let target = ideal.makespan() * (1.0 + 1e-12);
     let opts = req.sim_options(Mode::Rendezvous);
     let mut best: Option<(Program, SimReport)> = None;
-    for round in 0..4 {
+    for placement in [Placement::Meet, Placement::Ready] {
         if best.as_ref().is_some_and(|(_, b)| b.makespan <= target) {
             break;
         }
-        let program = match round {
-            0 => lower_with(plan, Some(text), Placement::Meet).map_err(|e| e.to_string())?,
-            1 => lower_with(plan, Some(text), Placement::Ready).map_err(|e| e.to_string())?,
-            _ => {
-                let Some((p, r)) = &best else { break };
-                let Some(seen) = observed_timing(plan, p, &r.timeline, &ideal) else {
-                    break;
-                };
-                match lower_timed(plan, Some(text), Placement::Meet, Some(&seen)) {
-                    Ok(p) => p,
-                    Err(_) => break,
-                }
-            }
-        };
+        let program = lower_with(plan, Some(text), placement).map_err(|e| e.to_string())?;
         let report =
             simulate(&program, &opts).map_err(|e| format!("derived program does not run: {e}"))?;
         if best

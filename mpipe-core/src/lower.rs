@@ -27,10 +27,9 @@
 //! Actions that land between the same two compute tasks are posted together as
 //! batches (at most one `SEND` to and one `RECV` from each peer per batch).
 
-use crate::analysis::{dependencies, timing, PlanError, Timing};
+use crate::analysis::{dependencies, timing, PlanError};
 use crate::plan::Plan;
 use crate::program::{Action, Dir, Name, Op, Program, Source, Tensor, FORMAT};
-use crate::timeline::Timeline;
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
@@ -98,25 +97,8 @@ pub fn lower_with(
     expr: Option<&str>,
     placement: Placement,
 ) -> Result<Program, LowerError> {
-    lower_timed(plan, expr, placement, None)
-}
-
-/// Lower `plan`, placing transfers by `observed` task times (for example a previous
-/// lowering's simulated run, see [`observed_timing`]) instead of the plan's ideal
-/// timing. Any timing gives a deadlock-free program (the key order is what matters);
-/// a better estimate of when ranks really reach each point gives fewer waits.
-pub fn lower_timed(
-    plan: &Plan,
-    expr: Option<&str>,
-    placement: Placement,
-    observed: Option<&Timing>,
-) -> Result<Program, LowerError> {
     let deps = dependencies(plan)?;
-    let time = match observed {
-        Some(t) => t.clone(),
-        None => timing(plan, &deps)?,
-    };
-    let slack = crate::analysis::slack(plan, &deps, &time);
+    let time = timing(plan, &deps)?;
     let p = plan.ranks;
     let names: Vec<Name> = plan
         .units
@@ -154,11 +136,11 @@ pub fn lower_timed(
     reads.dedup_by_key(|&mut (id, _)| id);
     let transfers = reads;
 
-    let at = match place(plan, &time, &slack, &transfers, placement) {
+    let at = match place(plan, &time, &transfers, placement) {
         Ok(at) => at,
         // The meeting-point heuristic may, with zero-cost tasks, ask for an order
         // the constraints forbid; the ready-time rule is always feasible.
-        Err(_) => place(plan, &time, &slack, &transfers, Placement::Ready)?,
+        Err(_) => place(plan, &time, &transfers, Placement::Ready)?,
     };
 
     let (bcasts, reduces) = collectives(plan);
@@ -196,39 +178,6 @@ pub fn lower_timed(
     })
 }
 
-/// The task times of `plan` as `timeline` (a run of `program`, a lowering of `plan`)
-/// saw them, with `ideal`'s settling order for ties. `None` if the program's compute
-/// actions are not the plan's.
-pub fn observed_timing(
-    plan: &Plan,
-    program: &Program,
-    timeline: &Timeline,
-    ideal: &Timing,
-) -> Option<Timing> {
-    let mut start = Vec::with_capacity(plan.ranks);
-    let mut end = Vec::with_capacity(plan.ranks);
-    for (r, list) in program.programs.iter().enumerate() {
-        let slots = timeline.ranks.get(r)?;
-        let (mut s, mut e) = (Vec::new(), Vec::new());
-        for (a, slot) in list.iter().zip(slots) {
-            if matches!(a.view(), crate::program::ActionRef::Compute(_)) {
-                s.push(slot.start);
-                e.push(slot.end);
-            }
-        }
-        if s.len() != plan.order.get(r)?.len() {
-            return None;
-        }
-        start.push(s);
-        end.push(e);
-    }
-    Some(Timing {
-        start,
-        end,
-        seq: ideal.seq.clone(),
-    })
-}
-
 /// How a transfer's key time (and so its place on both ranks) is chosen.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Placement {
@@ -250,8 +199,7 @@ const CANDIDATES: usize = 4;
 /// `slot` (or at the end, for `slot == len`).
 fn place(
     plan: &Plan,
-    time: &Timing,
-    slack: &[Vec<f64>],
+    time: &crate::analysis::Timing,
     transfers: &[(TransferId, Ends)],
     strategy: Placement,
 ) -> Result<Vec<Vec<(usize, Action)>>, LowerError> {
@@ -259,13 +207,10 @@ fn place(
 
     // Slot of rank r at time t: after every task that ends by t.
     let slot_at = |r: usize, t: f64| time.end[r].partition_point(|&e| e <= t);
-    // Slot k of rank r: when the rank gets there, when its next task would start,
-    // and how much that task may slip without lengthening the step.
     let gap = |r: usize, k: usize| {
         let e = if k == 0 { 0.0 } else { time.end[r][k - 1] };
         let g = time.start[r].get(k).copied().unwrap_or(f64::INFINITY);
-        let free = slack[r].get(k).copied().unwrap_or(f64::INFINITY);
-        (e, g, free)
+        (e, g)
     };
     let mut items: Vec<Vec<Item>> = (0..p).map(|_| Vec::new()).collect();
     for &((tensor, unit, mb, to), (from, j, i)) in transfers {
@@ -292,12 +237,11 @@ fn place(
                 let local = |r: usize, lo: usize, hi: usize, t: f64| {
                     lo + time.end[r][lo..hi].partition_point(|&e| e <= t)
                 };
-                // Delay the meeting causes beyond what the delayed tasks can absorb.
                 let cost = |t: f64| {
-                    let (es, gs, fs) = gap(from, local(from, s0, s1, t));
-                    let (er, gr, fr) = gap(to, local(to, r0, r1, t));
+                    let (es, gs) = gap(from, local(from, s0, s1, t));
+                    let (er, gr) = gap(to, local(to, r0, r1, t));
                     let meet = es.max(er);
-                    ((meet - gs).max(0.0) - fs).max(0.0) + ((meet - gr).max(0.0) - fr).max(0.0)
+                    (meet - gs).max(0.0) + (meet - gr).max(0.0)
                 };
                 let mut best = (cost(ready), ready);
                 let candidates = time.end[from][s0..s1].iter().chain(&time.end[to][r0..r1]);

@@ -75,9 +75,9 @@ proptest! {
     ///
     /// | regime | owners | slower in | worst |
     /// | --- | --- | --- | --- |
-    /// | micro-batches <= ranks | either (same) | 8 of 643 | 1.040 |
-    /// | micro-batches > ranks | `min` | 136 of 3359 | 1.086 |
-    /// | micro-batches > ranks | `round_robin` | 361 of 3359 | 1.190 |
+    /// | micro-batches <= ranks | either (same) | 3 of 615 | 1.020 |
+    /// | micro-batches > ranks | `min` | 80 of 3385 | 1.056 |
+    /// | micro-batches > ranks | `round_robin` | 316 of 3385 | 1.129 |
     ///
     /// - With micro-batches <= ranks every encoder forward lands in a warm-up, and
     ///   with asynchronous communication (the plan's ideal timing) transpose is
@@ -104,10 +104,10 @@ proptest! {
                 let (b, t) = ideal(&prof, p, m, owners);
                 prop_assert!(t <= b + 1e-9, "{owners:?} slower with async communication: {t} > {b}");
             }
-            prop_assert!(rr <= base * 1.06, "warm-up regime more than 6% slower: {rr} vs {base}");
+            prop_assert!(rr <= base * 1.05, "warm-up regime more than 5% slower: {rr} vs {base}");
         } else {
-            prop_assert!(min <= base * 1.12, "owners = min more than 12% slower: {min} vs {base}");
-            prop_assert!(rr <= base * 1.25, "round_robin more than 25% slower: {rr} vs {base}");
+            prop_assert!(min <= base * 1.10, "owners = min more than 10% slower: {min} vs {base}");
+            prop_assert!(rr <= base * 1.20, "round_robin more than 20% slower: {rr} vs {base}");
         }
     }
 }
