@@ -12,13 +12,13 @@
 use crate::bound::{lower_bound, Bound};
 use crate::expr::{Arg, Expr};
 use crate::generators::{generate, BodyKind, GenError, BODY_NAMES};
-use crate::lower::{lower_with, Placement};
+use crate::lower::{lower_prepared, prepare, Placement};
 use crate::operators::transpose::{transpose, Backward, Owners};
 use crate::plan::Plan;
 use crate::profile::Profile;
 use crate::program::{ActionRef, Program};
 use crate::simulate::{simulate, CommModel, Mode, SimOptions, SimReport};
-use crate::verify::verify;
+use crate::verify::verify_static;
 use proc_macro2::Span;
 
 /// Operator names the language reserves.
@@ -123,7 +123,8 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
     let text = expr.to_string();
     let (program, report) = best_lowering(req, &plan, &text)
         .map_err(|m| vec![err(ErrorKind::Invalid, expr.span, m)])?;
-    let violations = verify(&program);
+    // Rule 5 (termination under rendezvous) holds: `best_lowering` ran it to the end.
+    let violations = verify_static(&program);
     if !violations.is_empty() {
         return Err(violations
             .iter()
@@ -171,17 +172,16 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
 /// already reaches the plan's ideal (communication-free) timing, which no program
 /// of the plan can beat.
 fn best_lowering(req: &Request, plan: &Plan, text: &str) -> Result<(Program, SimReport), String> {
-    let ideal = crate::analysis::dependencies(plan)
-        .and_then(|d| crate::analysis::timing(plan, &d))
-        .map_err(|e| e.to_string())?;
-    let target = ideal.makespan() * (1.0 + 1e-12);
+    let prepared = prepare(plan).map_err(|e| e.to_string())?;
+    let target = prepared.time.makespan() * (1.0 + 1e-12);
     let opts = req.sim_options(Mode::Rendezvous);
     let mut best: Option<(Program, SimReport)> = None;
     for placement in [Placement::Meet, Placement::Ready] {
         if best.as_ref().is_some_and(|(_, b)| b.makespan <= target) {
             break;
         }
-        let program = lower_with(plan, Some(text), placement).map_err(|e| e.to_string())?;
+        let program =
+            lower_prepared(plan, &prepared, Some(text), placement).map_err(|e| e.to_string())?;
         let report =
             simulate(&program, &opts).map_err(|e| format!("derived program does not run: {e}"))?;
         if best

@@ -27,7 +27,7 @@
 //! Actions that land between the same two compute tasks are posted together as
 //! batches (at most one `SEND` to and one `RECV` from each peer per batch).
 
-use crate::analysis::{dependencies, timing, PlanError};
+use crate::analysis::{dependencies, timing, PlanError, Timing};
 use crate::plan::Plan;
 use crate::program::{Action, Dir, Name, Op, Program, Source, Tensor, FORMAT};
 use std::cmp::Ordering;
@@ -97,16 +97,21 @@ pub fn lower_with(
     expr: Option<&str>,
     placement: Placement,
 ) -> Result<Program, LowerError> {
+    lower_prepared(plan, &prepare(plan)?, expr, placement)
+}
+
+/// What every lowering of one plan shares: its dependencies' ideal timing and the
+/// transfers they imply. Prepare once to lower a plan several ways.
+pub struct Prepared {
+    /// The plan's ideal (communication-free) timing.
+    pub time: Timing,
+    transfers: Vec<(TransferId, Ends)>,
+}
+
+/// Resolve `plan`'s dependencies, time it and collect its transfers.
+pub fn prepare(plan: &Plan) -> Result<Prepared, LowerError> {
     let deps = dependencies(plan)?;
     let time = timing(plan, &deps)?;
-    let p = plan.ranks;
-    let names: Vec<Name> = plan
-        .units
-        .iter()
-        .map(|u| Name::from(u.name.as_str()))
-        .collect();
-    let name = |u: usize| names[u].clone();
-
     // Every cross-rank read, then one transfer per (tensor, unit, mb, destination):
     // the first consumer on the destination decides where the RECV must be.
     let mut reads: Vec<(TransferId, Ends)> = Vec::new();
@@ -134,13 +139,33 @@ pub fn lower_with(
     }
     reads.sort_unstable_by_key(|&(id, (_, _, i))| (id, i));
     reads.dedup_by_key(|&mut (id, _)| id);
-    let transfers = reads;
+    Ok(Prepared {
+        time,
+        transfers: reads,
+    })
+}
 
-    let at = match place(plan, &time, &transfers, placement) {
+/// Lower a prepared plan with the given placement rule.
+pub fn lower_prepared(
+    plan: &Plan,
+    prepared: &Prepared,
+    expr: Option<&str>,
+    placement: Placement,
+) -> Result<Program, LowerError> {
+    let (time, transfers) = (&prepared.time, &prepared.transfers);
+    let p = plan.ranks;
+    let names: Vec<Name> = plan
+        .units
+        .iter()
+        .map(|u| Name::from(u.name.as_str()))
+        .collect();
+    let name = |u: usize| names[u].clone();
+
+    let at = match place(plan, time, transfers, placement) {
         Ok(at) => at,
         // The meeting-point heuristic may, with zero-cost tasks, ask for an order
         // the constraints forbid; the ready-time rule is always feasible.
-        Err(_) => place(plan, &time, &transfers, Placement::Ready)?,
+        Err(_) => place(plan, time, transfers, Placement::Ready)?,
     };
 
     let (bcasts, reduces) = collectives(plan);
@@ -199,7 +224,7 @@ const CANDIDATES: usize = 4;
 /// `slot` (or at the end, for `slot == len`).
 fn place(
     plan: &Plan,
-    time: &crate::analysis::Timing,
+    time: &Timing,
     transfers: &[(TransferId, Ends)],
     strategy: Placement,
 ) -> Result<Vec<Vec<(usize, Action)>>, LowerError> {
