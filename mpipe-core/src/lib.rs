@@ -21,6 +21,7 @@ pub mod plan;
 pub mod profile;
 pub mod program;
 pub mod render;
+pub mod rolled;
 pub mod simulate;
 pub mod timeline;
 pub mod units;

@@ -386,6 +386,14 @@ fn collectives(plan: &Plan) -> (Vec<Action>, Vec<Action>) {
     (bcasts, reduces)
 }
 
+/// The canonical order of a batch's members.
+fn member_order(a: &Action) -> (Dir, usize, Tensor, &str) {
+    match a.view() {
+        crate::program::ActionRef::P2p(p) => (p.dir, p.peer, p.tensor, p.unit),
+        _ => (Dir::Recv, usize::MAX, Tensor::Input, ""),
+    }
+}
+
 /// Append `group` (actions placed between the same two compute tasks) as batches:
 /// a new batch starts when one would hold two sends to, or two receives from, one peer.
 fn push_batched(list: &mut Vec<Action>, group: &mut Vec<Action>, batch: &mut u64) {
@@ -394,6 +402,10 @@ fn push_batched(list: &mut Vec<Action>, group: &mut Vec<Action>, batch: &mut u64
     let mut run_start = list.len();
     let close = |list: &mut Vec<Action>, from: usize, batch: &mut u64| {
         if list.len() - from > 1 {
+            // Members of one batch are posted together, so their order carries no
+            // meaning: write them in one canonical order (sends first, then by peer,
+            // tensor, unit), which keeps repeated steps identical for loop re-rolling.
+            list[from..].sort_by(|a, b| member_order(a).cmp(&member_order(b)));
             for a in &mut list[from..] {
                 if let Action::SEND { batch: b, .. } | Action::RECV { batch: b, .. } = a {
                     *b = Some(*batch);

@@ -1,0 +1,744 @@
+//! Re-rolling: a rank's flat action list as straight-line steps and `for` loops over
+//! affine micro-batch indices, for code generation.
+//!
+//! A derived [`Program`] lists every action of every rank, so its size grows with the
+//! micro-batch count. The regular stretches of a schedule (the warm-up, the steady
+//! 1F1B pattern, the cool-down) repeat one group of steps with micro-batch numbers
+//! that advance by a constant per repetition; this pass finds those stretches and
+//! writes each as one [`Block::Loop`], so that `1f1b` over 64 and over 4096
+//! micro-batches differ only in loop bounds. It is a pure IR-to-IR pass:
+//! [`unroll`] gives back the program's action lists (up to batch numbering, see
+//! below), and nothing else is decided here (no validity check; [`crate::verify`]
+//! judges the flat program).
+//!
+//! # The structured form
+//!
+//! A rank's actions are first grouped into [`Op`]s (*steps*): a compute action, a
+//! collective, or a [`Op::Batch`] of point-to-point transfers posted together. Units
+//! are numbered by their index in [`Program::units`] (the first unit of that name,
+//! should a program repeat one). A rank is then a list of [`Block`]s: a plain step,
+//! or a loop of `count` iterations over a body of steps whose micro-batch numbers are
+//! [`Affine`] in the loop counter `i` (`mb = base + stride * i`, `i` in
+//! `0..count`). Loops do not nest; outside a loop every stride is 0.
+//!
+//! # Batches and their canonical numbering
+//!
+//! The `batch` integer of a `SEND`/`RECV` only groups: consecutive point-to-point
+//! actions of one rank with the same `Some(b)` form one batch (program-format.md).
+//! [`roll`] accepts any numbering. A group of two or more actions becomes one
+//! `Op::Batch`; a lone action, with or without a `batch` integer, becomes a batch of
+//! one (one transfer posted alone: a batch of one is executed exactly like an
+//! unbatched transfer). [`unroll`] writes the **canonical numbering**
+//! ([`canonical`]): per rank, the batches of two or more actions are numbered
+//! `0, 1, 2, ...` in execution order, and lone transfers carry no `batch`. The
+//! lowering ([`crate::lower`]) already numbers this way, so for a derived program
+//! `unroll(&roll(&p)?) == p.programs`.
+//!
+//! # Loop finding
+//!
+//! Greedy, left to right over a rank's steps. Two steps have the same *shape* when
+//! they are equal except for micro-batch numbers; shapes are interned to integers
+//! and only periods `L` with `shape[i + L] == shape[i]` are tried. At step `i`,
+//! for each period `L` in `1..=max_period`, the pass counts the iterations `n` for
+//! which step `i + t*L + k` has the shape of step `i + k` and micro-batches
+//! `mb(i + k) + d_k * t` for constant per-position deltas `d_k`
+//! (`d_k = mb(i + L + k) - mb(i + k)`). It keeps the candidate that covers the most
+//! steps (`L * n`; ties: the smaller `L`) provided it has at least `min_iterations`
+//! iterations and saves at least `min_saving` steps (`L * (n - 1)`); otherwise step
+//! `i` is emitted plainly. See [`RollOptions`] for the defaults and why two
+//! iterations are not enough by default.
+//!
+//! Cost: a candidate is checked step by step and abandoned at its first mismatch; a
+//! period that cannot beat the best coverage found so far (even running to the end of
+//! the list) is not checked. A run of `N` regular steps costs about
+//! `N * max_period / period` comparisons and is then skipped over.
+
+use crate::program::{Action, ActionRef, CollKind, Dir, Name, Op as ComputeOp, Program, Tensor};
+use std::collections::HashMap;
+use std::fmt;
+
+/// A micro-batch number affine in the innermost enclosing loop's counter `i`:
+/// `base + stride * i`. Outside a loop `stride` is 0 and the number is `base`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Affine {
+    pub base: i64,
+    pub stride: i64,
+}
+
+impl Affine {
+    /// A constant micro-batch number.
+    pub fn constant(mb: i64) -> Affine {
+        Affine {
+            base: mb,
+            stride: 0,
+        }
+    }
+
+    /// The value at loop counter `i`, or `None` on overflow.
+    pub fn at(self, i: i64) -> Option<i64> {
+        self.stride.checked_mul(i)?.checked_add(self.base)
+    }
+}
+
+impl fmt::Display for Affine {
+    /// `7`, `7 + i`, `7 + 2*i`, `7 - i`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.stride {
+            0 => write!(f, "{}", self.base),
+            1 => write!(f, "{} + i", self.base),
+            -1 => write!(f, "{} - i", self.base),
+            s if s < 0 => write!(f, "{} - {}*i", self.base, s.unsigned_abs()),
+            s => write!(f, "{} + {s}*i", self.base),
+        }
+    }
+}
+
+/// One point-to-point transfer of a [`Op::Batch`].
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct P2p {
+    pub dir: Dir,
+    pub tensor: Tensor,
+    /// Index into [`Rolled::units`].
+    pub unit: u32,
+    pub mb: Affine,
+    pub peer: usize,
+}
+
+/// One step of a rank's structured program.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// A compute action (`F`, `B`, `W`, `BW`, `RF`).
+    Compute {
+        op: ComputeOp,
+        /// Index into [`Rolled::units`].
+        unit: u32,
+        mb: Affine,
+    },
+    /// One or more `SEND`/`RECV` posted together; a lone transfer is a batch of one.
+    /// Never empty.
+    Batch(Vec<P2p>),
+    /// A collective (`BCAST`, `REDUCE`).
+    Coll {
+        kind: CollKind,
+        /// Index into [`Rolled::units`].
+        unit: u32,
+        root: usize,
+        group: Vec<usize>,
+    },
+}
+
+/// A plain step or a loop.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Block {
+    /// A step outside any loop (its strides are 0).
+    Op(Op),
+    /// `for i in 0..count { body }`; the body's micro-batches are affine in `i`.
+    Loop { count: usize, body: Vec<Op> },
+}
+
+impl Block {
+    /// Steps written out: 1 for a plain step, the body's length for a loop.
+    pub fn size(&self) -> usize {
+        match self {
+            Block::Op(_) => 1,
+            Block::Loop { body, .. } => body.len(),
+        }
+    }
+
+    /// Steps executed: 1 for a plain step, `count * body.len()` for a loop.
+    pub fn steps(&self) -> usize {
+        match self {
+            Block::Op(_) => 1,
+            Block::Loop { count, body } => count * body.len(),
+        }
+    }
+}
+
+/// A whole program, re-rolled.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Rolled {
+    /// Unit names, as in [`Program::units`]; steps refer to them by index.
+    pub units: Vec<String>,
+    /// `ranks[r]` is rank `r`'s structured program (one per entry of
+    /// [`Program::programs`]).
+    pub ranks: Vec<Vec<Block>>,
+}
+
+impl Rolled {
+    /// Code size of rank `r`: top-level steps plus the steps of every loop body
+    /// (loop headers not counted). Bounded independently of the micro-batch count for
+    /// the regular schedules.
+    pub fn code_size(&self, r: usize) -> usize {
+        self.ranks[r].iter().map(Block::size).sum()
+    }
+
+    /// The largest [`Rolled::code_size`] over ranks (0 without ranks).
+    pub fn max_code_size(&self) -> usize {
+        (0..self.ranks.len())
+            .map(|r| self.code_size(r))
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Why a program cannot be rolled.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RollError {
+    #[error("rank {rank}, action {index}: unknown unit `{name}` (not in the program's units)")]
+    UnknownUnit {
+        rank: usize,
+        index: usize,
+        name: String,
+    },
+    #[error("rank {rank}, action {index}: micro-batch {mb} does not fit in an i64")]
+    Microbatch {
+        rank: usize,
+        index: usize,
+        mb: usize,
+    },
+    #[error("the program has {0} units, more than u32 can number")]
+    TooManyUnits(usize),
+}
+
+/// Tuning of the loop finder. [`Default`] is what [`roll`] uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RollOptions {
+    /// Longest loop body tried, in steps (default 256).
+    pub max_period: usize,
+    /// Fewest iterations a loop may have (default 3). Two iterations fit any
+    /// micro-batch numbers (two points are always affine), so a two-iteration loop
+    /// says nothing about regularity; with the default, a loop's body has shown at
+    /// least one repeat of its deltas. Values below 2 count as 2.
+    pub min_iterations: usize,
+    /// Fewest steps a loop must save, `L * (n - 1)` (default 2).
+    pub min_saving: usize,
+}
+
+impl Default for RollOptions {
+    fn default() -> Self {
+        RollOptions {
+            max_period: 256,
+            min_iterations: 3,
+            min_saving: 2,
+        }
+    }
+}
+
+/// Re-roll every rank of `p` with the default [`RollOptions`].
+pub fn roll(p: &Program) -> Result<Rolled, RollError> {
+    roll_with(p, &RollOptions::default())
+}
+
+/// Re-roll every rank of `p`.
+pub fn roll_with(p: &Program, opts: &RollOptions) -> Result<Rolled, RollError> {
+    if u32::try_from(p.units.len()).is_err() {
+        return Err(RollError::TooManyUnits(p.units.len()));
+    }
+    let mut index: HashMap<&str, u32> = HashMap::with_capacity(p.units.len());
+    for (u, unit) in p.units.iter().enumerate() {
+        index.entry(unit.name.as_str()).or_insert(u as u32);
+    }
+    let ranks = p
+        .programs
+        .iter()
+        .enumerate()
+        .map(|(r, list)| {
+            let seq = Seq::build(r, list, &index)?;
+            Ok(seq.roll(opts))
+        })
+        .collect::<Result<Vec<_>, RollError>>()?;
+    Ok(Rolled {
+        units: p.units.iter().map(|u| u.name.clone()).collect(),
+        ranks,
+    })
+}
+
+/// Expand `r` back into flat action lists, one per rank, with batches numbered
+/// canonically (see the module documentation).
+///
+/// # Panics
+///
+/// If a micro-batch evaluates negative or overflows, or a unit index is out of
+/// range: never for the output of [`roll`].
+pub fn unroll(r: &Rolled) -> Vec<Vec<Action>> {
+    let names: Vec<Name> = r.units.iter().map(|n| Name::from(n.as_str())).collect();
+    r.ranks
+        .iter()
+        .map(|blocks| {
+            let mut out = Vec::with_capacity(blocks.iter().map(Block::steps).sum());
+            let mut batch = 0u64;
+            for b in blocks {
+                match b {
+                    Block::Op(op) => emit(&mut out, &names, op, 0, &mut batch),
+                    Block::Loop { count, body } => {
+                        for i in 0..*count {
+                            let i = i64::try_from(i).expect("loop counter fits in i64");
+                            for op in body {
+                                emit(&mut out, &names, op, i, &mut batch);
+                            }
+                        }
+                    }
+                }
+            }
+            out
+        })
+        .collect()
+}
+
+/// `list` with its batches numbered canonically: groups of two or more consecutive
+/// `SEND`/`RECV` with the same `batch` integer numbered `0, 1, 2, ...` in order, lone
+/// transfers without a `batch`. `unroll(&roll(p)?)[r] == canonical(&p.programs[r])`.
+pub fn canonical(list: &[Action]) -> Vec<Action> {
+    let mut out = list.to_vec();
+    let mut next = 0u64;
+    let mut j = 0;
+    while j < out.len() {
+        let end = group_end(list, j);
+        if end > j + 1 {
+            out[j..end].sort_by(|a, b| member_key(a).cmp(&member_key(b)));
+            for a in &mut out[j..end] {
+                set_batch(a, Some(next));
+            }
+            next += 1;
+        } else {
+            set_batch(&mut out[j], None);
+        }
+        j = end;
+    }
+    out
+}
+
+/// End (exclusive) of the step starting at action `j`: the batch group of `j` for a
+/// transfer with a `batch` integer, else `j + 1`.
+fn group_end(list: &[Action], j: usize) -> usize {
+    let Some(b) = batch_of(&list[j]) else {
+        return j + 1;
+    };
+    let mut end = j + 1;
+    while end < list.len() && batch_of(&list[end]) == Some(b) {
+        end += 1;
+    }
+    end
+}
+
+/// The order of a batch's members: sends before receives, then by peer, tensor and
+/// unit name (the micro-batch is left out, so that equal shapes sort alike).
+fn member_key(a: &Action) -> (Dir, usize, Tensor, &str) {
+    match a.view() {
+        ActionRef::P2p(p) => (p.dir, p.peer, p.tensor, p.unit),
+        _ => unreachable!("a batch holds transfers only"),
+    }
+}
+
+fn batch_of(a: &Action) -> Option<u64> {
+    match a {
+        Action::SEND { batch, .. } | Action::RECV { batch, .. } => *batch,
+        _ => None,
+    }
+}
+
+fn set_batch(a: &mut Action, to: Option<u64>) {
+    if let Action::SEND { batch, .. } | Action::RECV { batch, .. } = a {
+        *batch = to;
+    }
+}
+
+fn emit(out: &mut Vec<Action>, names: &[Name], op: &Op, i: i64, batch: &mut u64) {
+    let mb = |a: Affine| -> usize {
+        a.at(i)
+            .and_then(|m| usize::try_from(m).ok())
+            .unwrap_or_else(|| panic!("micro-batch {a} at i = {i} is out of range"))
+    };
+    let name = |u: u32| names[u as usize].clone();
+    match op {
+        Op::Compute { op, unit, mb: m } => out.push(Action::compute(*op, name(*unit), mb(*m))),
+        Op::Batch(ps) => {
+            let id = (ps.len() > 1).then(|| {
+                *batch += 1;
+                *batch - 1
+            });
+            for p in ps {
+                out.push(Action::p2p(
+                    p.dir,
+                    p.tensor,
+                    name(p.unit),
+                    mb(p.mb),
+                    p.peer,
+                    id,
+                ));
+            }
+        }
+        Op::Coll {
+            kind,
+            unit,
+            root,
+            group,
+        } => {
+            let (unit, root, group) = (name(*unit), *root, group.clone());
+            out.push(match kind {
+                CollKind::Bcast => Action::BCAST { unit, root, group },
+                CollKind::Reduce => Action::REDUCE { unit, root, group },
+            });
+        }
+    }
+}
+
+/// A step with its micro-batch numbers taken out.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+enum Shape {
+    Compute(ComputeOp, u32),
+    Batch(Vec<(Dir, Tensor, u32, usize)>),
+    Coll(CollKind, u32, usize, Vec<usize>),
+}
+
+/// One rank's steps: interned shapes and, per step, its micro-batch numbers (one
+/// per compute step, one per transfer of a batch, none for a collective).
+struct Seq {
+    shapes: Vec<Shape>,
+    shape: Vec<u32>,
+    /// `mbs[start[j]..start[j + 1]]` are step `j`'s micro-batches.
+    start: Vec<usize>,
+    mbs: Vec<i64>,
+    /// Polynomial prefix hashes of the shapes (`hash[j]` covers steps `..j`), so that
+    /// two windows of steps compare in O(1) before they are compared step by step.
+    hash: Vec<u64>,
+    /// `pow[k] = HASH_BASE^k`.
+    pow: Vec<u64>,
+    /// `next[j]`: the next step after `j` with the same shape (`usize::MAX`: none);
+    /// the candidate periods at `i` are the distances along this chain.
+    next: Vec<usize>,
+}
+
+/// Base of the shape hashes (odd, so powers never vanish modulo 2^64).
+const HASH_BASE: u64 = 0x9E37_79B9_7F4A_7C15;
+
+impl Seq {
+    fn build(r: usize, list: &[Action], index: &HashMap<&str, u32>) -> Result<Seq, RollError> {
+        let mut ids: HashMap<Shape, u32> = HashMap::new();
+        let mut seq = Seq {
+            shapes: Vec::new(),
+            shape: Vec::with_capacity(list.len()),
+            start: vec![0],
+            mbs: Vec::with_capacity(list.len()),
+            hash: Vec::new(),
+            pow: Vec::new(),
+            next: Vec::new(),
+        };
+        let unit = |j: usize, name: &str| {
+            index
+                .get(name)
+                .copied()
+                .ok_or_else(|| RollError::UnknownUnit {
+                    rank: r,
+                    index: j,
+                    name: name.to_string(),
+                })
+        };
+        let mb = |j: usize, mb: usize| {
+            i64::try_from(mb).map_err(|_| RollError::Microbatch {
+                rank: r,
+                index: j,
+                mb,
+            })
+        };
+        let mut j = 0;
+        while j < list.len() {
+            let end = group_end(list, j);
+            let shape = match list[j].view() {
+                ActionRef::Compute(c) => {
+                    seq.mbs.push(mb(j, c.mb)?);
+                    Shape::Compute(c.op, unit(j, c.unit)?)
+                }
+                ActionRef::Coll(c) => {
+                    Shape::Coll(c.kind, unit(j, c.unit)?, c.root, c.group.to_vec())
+                }
+                ActionRef::P2p(_) => {
+                    let mut order: Vec<usize> = (j..end).collect();
+                    order.sort_by(|&a, &b| member_key(&list[a]).cmp(&member_key(&list[b])));
+                    let mut members = Vec::with_capacity(end - j);
+                    for k in order {
+                        let ActionRef::P2p(p) = list[k].view() else {
+                            unreachable!("a batch group holds transfers only")
+                        };
+                        seq.mbs.push(mb(k, p.mb)?);
+                        members.push((p.dir, p.tensor, unit(k, p.unit)?, p.peer));
+                    }
+                    Shape::Batch(members)
+                }
+            };
+            let next = seq.shapes.len() as u32;
+            let id = *ids.entry(shape).or_insert_with_key(|s| {
+                seq.shapes.push(s.clone());
+                next
+            });
+            seq.shape.push(id);
+            seq.start.push(seq.mbs.len());
+            j = end;
+        }
+        let n = seq.shape.len();
+        seq.hash.reserve(n + 1);
+        seq.hash.push(0);
+        seq.pow.reserve(n + 1);
+        seq.pow.push(1);
+        for j in 0..n {
+            // Spread the small shape ids over all 64 bits (splitmix64's finalizer).
+            let mut x = u64::from(seq.shape[j]).wrapping_add(HASH_BASE);
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^= x >> 31;
+            seq.hash
+                .push(seq.hash[j].wrapping_mul(HASH_BASE).wrapping_add(x));
+            seq.pow.push(seq.pow[j].wrapping_mul(HASH_BASE));
+        }
+        seq.next = vec![usize::MAX; n];
+        let mut last = vec![usize::MAX; seq.shapes.len()];
+        for j in (0..n).rev() {
+            let s = &mut last[seq.shape[j] as usize];
+            seq.next[j] = *s;
+            *s = j;
+        }
+        Ok(seq)
+    }
+
+    fn len(&self) -> usize {
+        self.shape.len()
+    }
+
+    fn mb(&self, j: usize) -> &[i64] {
+        &self.mbs[self.start[j]..self.start[j + 1]]
+    }
+
+    /// Hash of the shapes of steps `a..a + n`.
+    fn window(&self, a: usize, n: usize) -> u64 {
+        self.hash[a + n].wrapping_sub(self.hash[a].wrapping_mul(self.pow[n]))
+    }
+
+    /// Whether steps `a` and `b` have the same shape.
+    fn same(&self, a: usize, b: usize) -> bool {
+        self.shape[a] == self.shape[b]
+    }
+
+    /// Whether `mb(a) - mb(b) == mb(b) - mb(c)` for every micro-batch of the steps (of
+    /// one shape).
+    fn steady(&self, a: usize, b: usize, c: usize) -> bool {
+        let (a, b, c) = (self.mb(a), self.mb(b), self.mb(c));
+        (0..a.len()).all(|x| a[x] - b[x] == b[x] - c[x])
+    }
+
+    /// Whether step `j` continues the loop of period `l` that starts at `i`: it has
+    /// the shape of step `j - l` and, from the third iteration on, its micro-batches
+    /// advance by as much as that step's did.
+    fn fits(&self, i: usize, l: usize, j: usize) -> bool {
+        self.same(j, j - l) && (j < i + 2 * l || self.steady(j, j - l, j - 2 * l))
+    }
+
+    /// The *stretch* of period `l` at `i`: the largest `e <= len - i` such that every
+    /// step of `i + l..i + e` [fits](Self::fits); the loop then has `e / l` iterations.
+    /// Steps before `i + known` are known to fit. With `three`, give up (returning
+    /// less than `3 * l`) as soon as the first three iterations cannot all fit: they
+    /// are checked position by position (`k`, `k + l`, `k + 2l`), so a period whose
+    /// shapes repeat but whose micro-batches do not fails at its first bad step
+    /// instead of after a whole iteration.
+    fn stretch(&self, i: usize, l: usize, known: usize, three: bool) -> usize {
+        let len = self.len();
+        let mut j = i + known.max(l);
+        if three && j < i + 3 * l {
+            if i + 3 * l > len {
+                return 0;
+            }
+            // Equal hashes are necessary, not sufficient: the steps are compared below.
+            let w = self.window(i, l);
+            if self.window(i + l, l) != w || self.window(i + 2 * l, l) != w {
+                return 0;
+            }
+            for k in known.saturating_sub(2 * l)..l {
+                if !(self.same(i + l + k, i + k) && self.fits(i, l, i + 2 * l + k)) {
+                    return 0;
+                }
+            }
+            j = i + 3 * l;
+        }
+        while j < len && self.fits(i, l, j) {
+            j += 1;
+        }
+        j - i
+    }
+
+    /// The best loop `(period, iterations)` starting at step `i`, if any qualifies.
+    ///
+    /// A stretch of period `p` is one of period `c * p` too (its micro-batches are
+    /// affine in either counter), and the first step that breaks it breaks the longer
+    /// period as well once that step lies in the longer loop's third iteration or
+    /// later. So multiples of a period already measured start where it ended, or,
+    /// when its stretch holds two of their iterations, are not scanned at all: in a
+    /// regular stretch of `N` steps only the shortest period costs `N`.
+    fn best_loop(&self, i: usize, opts: &RollOptions) -> Option<(usize, usize)> {
+        let rest = self.len() - i;
+        let min_n = opts.min_iterations.max(2);
+        let max_l = opts.max_period.min(rest / min_n);
+        let mut best: Option<(usize, usize)> = None;
+        let mut covered = 0;
+        // (period, stretch) of the periods measured at `i` with a stretch of at least
+        // two iterations.
+        let mut measured: Vec<(usize, usize)> = Vec::new();
+        let mut at = self.next[i];
+        while at != usize::MAX && at - i <= max_l {
+            let l = at - i;
+            at = self.next[at];
+            if (rest / l) * l <= covered {
+                continue;
+            }
+            let known = measured
+                .iter()
+                .filter(|&&(p, _)| l % p == 0)
+                .map(|&(_, e)| e)
+                .max()
+                .unwrap_or(0);
+            let e = if known >= 2 * l {
+                known
+            } else {
+                let e = self.stretch(i, l, known, min_n >= 3);
+                if e >= 2 * l {
+                    measured.push((l, e));
+                }
+                e
+            };
+            let n = e / l;
+            if n >= min_n && l * (n - 1) >= opts.min_saving && l * n > covered {
+                best = Some((l, n));
+                covered = l * n;
+            }
+        }
+        best
+    }
+
+    /// Step `j` with affine micro-batches: `mb(j) + (mb(j + l) - mb(j)) * i`, or
+    /// constant when `l` is `None`.
+    fn op(&self, j: usize, l: Option<usize>) -> Op {
+        let m = self.mb(j);
+        let aff = |x: usize| Affine {
+            base: m[x],
+            stride: l.map_or(0, |l| self.mb(j + l)[x] - m[x]),
+        };
+        match &self.shapes[self.shape[j] as usize] {
+            Shape::Compute(op, unit) => Op::Compute {
+                op: *op,
+                unit: *unit,
+                mb: aff(0),
+            },
+            Shape::Batch(members) => Op::Batch(
+                members
+                    .iter()
+                    .enumerate()
+                    .map(|(x, &(dir, tensor, unit, peer))| P2p {
+                        dir,
+                        tensor,
+                        unit,
+                        mb: aff(x),
+                        peer,
+                    })
+                    .collect(),
+            ),
+            Shape::Coll(kind, unit, root, group) => Op::Coll {
+                kind: *kind,
+                unit: *unit,
+                root: *root,
+                group: group.clone(),
+            },
+        }
+    }
+
+    fn roll(&self, opts: &RollOptions) -> Vec<Block> {
+        let mut blocks = Vec::new();
+        let mut i = 0;
+        while i < self.len() {
+            match self.best_loop(i, opts) {
+                Some((l, n)) => {
+                    blocks.push(Block::Loop {
+                        count: n,
+                        body: (i..i + l).map(|j| self.op(j, Some(l))).collect(),
+                    });
+                    i += l * n;
+                }
+                None => {
+                    blocks.push(Block::Op(self.op(i, None)));
+                    i += 1;
+                }
+            }
+        }
+        blocks
+    }
+}
+
+/// Writes steps as in [`Action`]'s display, with affine micro-batches:
+/// `F(llm.3, 4 + i)`, `[SEND act(llm.3, 3 + i)->4, RECV act(llm.2, 5 + i)<-2]`.
+struct ShowOp<'a>(&'a Op, &'a [String]);
+
+impl fmt::Display for ShowOp<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let name = |u: u32| self.1.get(u as usize).map_or("?", String::as_str);
+        match self.0 {
+            Op::Compute { op, unit, mb } => write!(f, "{}({}, {mb})", op.as_str(), name(*unit)),
+            Op::Batch(ps) => {
+                if ps.len() > 1 {
+                    f.write_str("[")?;
+                }
+                for (x, p) in ps.iter().enumerate() {
+                    let (what, arrow) = match p.dir {
+                        Dir::Send => ("SEND", "->"),
+                        Dir::Recv => ("RECV", "<-"),
+                    };
+                    if x > 0 {
+                        f.write_str(", ")?;
+                    }
+                    write!(
+                        f,
+                        "{what} {}({}, {}){arrow}{}",
+                        p.tensor.as_str(),
+                        name(p.unit),
+                        p.mb,
+                        p.peer
+                    )?;
+                }
+                if ps.len() > 1 {
+                    f.write_str("]")?;
+                }
+                Ok(())
+            }
+            Op::Coll {
+                kind,
+                unit,
+                root,
+                group,
+            } => {
+                let what = match kind {
+                    CollKind::Bcast => "BCAST",
+                    CollKind::Reduce => "REDUCE",
+                };
+                write!(f, "{what}({}, root {root}, group {group:?})", name(*unit))
+            }
+        }
+    }
+}
+
+impl fmt::Display for Rolled {
+    /// One rank after another, loops as `for i in 0..count { ... }`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (r, blocks) in self.ranks.iter().enumerate() {
+            writeln!(f, "rank {r}:")?;
+            for b in blocks {
+                match b {
+                    Block::Op(op) => writeln!(f, "  {}", ShowOp(op, &self.units))?,
+                    Block::Loop { count, body } => {
+                        writeln!(f, "  for i in 0..{count} {{")?;
+                        for op in body {
+                            writeln!(f, "    {}", ShowOp(op, &self.units))?;
+                        }
+                        writeln!(f, "  }}")?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

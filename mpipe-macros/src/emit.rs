@@ -1,0 +1,285 @@
+//! Tokens for a derived schedule: the module of constants and per-rank functions.
+//!
+//! Each rank's action list is first re-rolled (`mpipe_core::rolled`) so regular
+//! stretches become `for` loops over affine micro-batch indices; each action becomes
+//! one call on the runtime's `Step`. Output is deterministic (program order, unit
+//! order), so expansion snapshots are stable.
+
+use crate::input::Input;
+use mpipe_core::derive::Derived;
+use mpipe_core::program::{CollKind, Dir, Op, Tensor};
+use mpipe_core::rolled::{roll, Affine, Block, Op as ROp, P2p};
+use proc_macro2::{Literal, TokenStream};
+use quote::{format_ident, quote};
+use std::path::Path;
+
+/// What the module is emitted from.
+pub struct Facts<'a> {
+    pub derived: &'a Derived,
+    /// The profile file, made a build dependency with `include_bytes!`.
+    pub profile_path: Option<&'a Path>,
+}
+
+/// The module's outer shell: attributes, visibility, name, and the contents.
+fn shell(input: &Input, contents: TokenStream) -> TokenStream {
+    let (attrs, vis, name) = (&input.attrs, &input.vis, &input.name);
+    quote! {
+        #(#attrs)*
+        #[allow(clippy::all, clippy::pedantic, unused_parens)]
+        #vis mod #name {
+            #contents
+        }
+    }
+}
+
+/// The module for a derived schedule.
+pub fn module(input: &Input, facts: &Facts) -> TokenStream {
+    let d = facts.derived;
+    let p = &d.program;
+    let ranks = p.ranks;
+    let microbatches = p.microbatches;
+    let rolled = match roll(p) {
+        Ok(r) => r,
+        Err(e) => {
+            let msg = format!(
+                "internal error: cannot re-roll the derived program: {e}; please report it"
+            );
+            let mut out = fallback(input);
+            out.extend(syn::Error::new(input.name.span(), msg).to_compile_error());
+            return out;
+        }
+    };
+    let unit_names: Vec<&str> = p.units.iter().map(|u| u.name.as_str()).collect();
+    let unit_consts = unit_names.iter().enumerate().map(|(i, n)| {
+        let id = format_ident!("{}", const_name(n));
+        let i = Literal::u32_unsuffixed(i as u32);
+        let doc = format!("Unit `{n}`.");
+        quote! { #[doc = #doc] pub const #id: ::mpipe::runtime::UnitId = #i; }
+    });
+    let n_units = unit_names.len();
+    let makespan = d.report.makespan;
+    let bubble = d.report.bubble;
+    let bound = d.bound.value();
+    let peaks = d
+        .report
+        .peak_memory
+        .iter()
+        .map(|&x| Literal::f64_suffixed(x));
+    let expr = p
+        .source
+        .as_ref()
+        .map(|s| s.expr.clone())
+        .unwrap_or_default();
+    let json = p.to_json();
+    let include = facts.profile_path.map(|path| {
+        let path = path.display().to_string();
+        quote! {
+            /// The profile this schedule was derived from (so Cargo rebuilds when it changes).
+            pub const PROFILE: &[u8] = include_bytes!(#path);
+        }
+    });
+    let rank_fns = rolled.ranks.iter().enumerate().map(|(r, blocks)| {
+        let name = format_ident!("rank_{}", r);
+        let body = blocks.iter().map(block);
+        let doc = format!("Rank {r}'s actions for one step, in program order.");
+        quote! {
+            #[doc = #doc]
+            pub fn #name<S: ::mpipe::runtime::Step + ?Sized>(step: &mut S) -> ::core::result::Result<(), S::Error> {
+                use ::mpipe::runtime::{P2p, Tensor};
+                #(#body)*
+                ::core::result::Result::Ok(())
+            }
+        }
+    });
+    let arms = (0..p.ranks).map(|r| {
+        let name = format_ident!("rank_{}", r);
+        let r = lit(r);
+        quote! { #r => #name(step), }
+    });
+    let (ranks, microbatches, n_units) = (lit(ranks), lit(microbatches), lit(n_units));
+    let contents = quote! {
+        /// Number of pipeline ranks.
+        pub const RANKS: usize = #ranks;
+        /// Micro-batches per step.
+        pub const MICROBATCHES: usize = #microbatches;
+        /// The schedule expression, in canonical form.
+        pub const EXPR: &str = #expr;
+        /// Unit names, indexed by `UnitId`.
+        pub const UNITS: [&str; #n_units] = [#(#unit_names),*];
+        /// Unit ids by name (`llm.0` is `LLM_0`).
+        pub mod units {
+            #(#unit_consts)*
+        }
+        /// Predicted step time (rendezvous semantics, the profile's link model).
+        pub const MAKESPAN: f64 = #makespan;
+        /// Predicted bubble ratio.
+        pub const BUBBLE: f64 = #bubble;
+        /// Lower bound on any schedule's step time for this profile.
+        pub const LOWER_BOUND: f64 = #bound;
+        /// Predicted peak activation memory per rank.
+        pub const PEAK_MEMORY: [f64; #ranks] = [#(#peaks),*];
+        /// The derived program, as `mpipe-program/1` JSON.
+        pub const PROGRAM_JSON: &str = #json;
+        #include
+        #(#rank_fns)*
+        /// Run `rank`'s actions for one step.
+        pub fn run<S: ::mpipe::runtime::Step + ?Sized>(rank: usize, step: &mut S) -> ::core::result::Result<(), S::Error> {
+            match rank {
+                #(#arms)*
+                _ => ::core::result::Result::Err(step.no_such_rank(rank, RANKS)),
+            }
+        }
+    };
+    shell(input, contents)
+}
+
+/// Enough of the module for the rest of the crate to type-check when the
+/// derivation failed (the compile errors say why).
+pub fn fallback(input: &Input) -> TokenStream {
+    let ranks = input.ranks.map_or(1, |(r, _)| r);
+    let mbs = input.microbatches.map_or(1, |(m, _)| m);
+    let rank_fns = (0..ranks).map(|r| {
+        let name = format_ident!("rank_{}", r);
+        quote! {
+            pub fn #name<S: ::mpipe::runtime::Step + ?Sized>(step: &mut S) -> ::core::result::Result<(), S::Error> {
+                let _ = step;
+                ::core::result::Result::Ok(())
+            }
+        }
+    });
+    shell(
+        input,
+        quote! {
+            pub const RANKS: usize = #ranks;
+            pub const MICROBATCHES: usize = #mbs;
+            pub const EXPR: &str = "";
+            pub const UNITS: [&str; 0] = [];
+            pub mod units {}
+            pub const MAKESPAN: f64 = 0.0;
+            pub const BUBBLE: f64 = 0.0;
+            pub const LOWER_BOUND: f64 = 0.0;
+            pub const PEAK_MEMORY: [f64; #ranks] = [0.0; #ranks];
+            pub const PROGRAM_JSON: &str = "";
+            #(#rank_fns)*
+            pub fn run<S: ::mpipe::runtime::Step + ?Sized>(rank: usize, step: &mut S) -> ::core::result::Result<(), S::Error> {
+                let _ = rank;
+                let _ = step;
+                ::core::result::Result::Ok(())
+            }
+        },
+    )
+}
+
+/// `llm.0` -> `LLM_0`, `vision` -> `VISION`.
+pub fn const_name(unit: &str) -> String {
+    let mut s: String = unit
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.starts_with(|c: char| c.is_ascii_digit()) || s.is_empty() {
+        s.insert(0, '_');
+    }
+    s
+}
+
+fn block(b: &Block) -> TokenStream {
+    match b {
+        Block::Op(op) => one(op),
+        Block::Loop { count, body } => {
+            let uses_i = body.iter().any(op_uses_counter);
+            let var = if uses_i { quote!(i) } else { quote!(_) };
+            let body = body.iter().map(one);
+            quote! {
+                for #var in 0..#count {
+                    #(#body)*
+                }
+            }
+        }
+    }
+}
+
+fn op_uses_counter(op: &ROp) -> bool {
+    match op {
+        ROp::Compute { mb, .. } => mb.stride != 0,
+        ROp::Batch(items) => items.iter().any(|x| x.mb.stride != 0),
+        ROp::Coll { .. } => false,
+    }
+}
+
+fn lit(n: usize) -> Literal {
+    Literal::usize_unsuffixed(n)
+}
+
+/// The micro-batch expression `base + stride * i`, simplified.
+fn affine(a: &Affine) -> TokenStream {
+    let base = lit(a.base.unsigned_abs() as usize);
+    let k = a.stride.unsigned_abs() as usize;
+    let term = match k {
+        0 => None,
+        1 => Some(quote!(i)),
+        _ => {
+            let k = lit(k);
+            Some(quote!(#k * i))
+        }
+    };
+    match (term, a.base, a.stride) {
+        (None, _, _) => quote!(#base),
+        (Some(t), 0, s) if s > 0 => t,
+        (Some(t), _, s) if s > 0 => quote!(#base + #t),
+        (Some(t), _, _) => quote!(#base - #t),
+    }
+}
+
+fn one(op: &ROp) -> TokenStream {
+    match op {
+        ROp::Compute { op, unit, mb } => {
+            let method = match op {
+                Op::F => quote!(forward),
+                Op::B => quote!(backward_input),
+                Op::W => quote!(backward_weight),
+                Op::BW => quote!(backward),
+                Op::RF => quote!(recompute),
+            };
+            let (unit, mb) = (Literal::u32_unsuffixed(*unit), affine(mb));
+            quote! { step.#method(#unit, #mb)?; }
+        }
+        ROp::Batch(items) => {
+            let items = items.iter().map(p2p);
+            quote! { step.p2p(&[#(#items),*])?; }
+        }
+        ROp::Coll {
+            kind,
+            unit,
+            root,
+            group,
+        } => {
+            let method = match kind {
+                CollKind::Bcast => quote!(broadcast),
+                CollKind::Reduce => quote!(reduce),
+            };
+            let (unit, root) = (Literal::u32_unsuffixed(*unit), lit(*root));
+            let group = group.iter().map(|&g| lit(g));
+            quote! { step.#method(#unit, #root, &[#(#group),*])?; }
+        }
+    }
+}
+
+fn p2p(x: &P2p) -> TokenStream {
+    let ctor = match x.dir {
+        Dir::Send => quote!(send),
+        Dir::Recv => quote!(recv),
+    };
+    let tensor = match x.tensor {
+        Tensor::Act => quote!(Act),
+        Tensor::Grad => quote!(Grad),
+        Tensor::Input => quote!(Input),
+    };
+    let (unit, mb, peer) = (Literal::u32_unsuffixed(x.unit), affine(&x.mb), lit(x.peer));
+    quote! { P2p::#ctor(Tensor::#tensor, #unit, #mb, #peer) }
+}

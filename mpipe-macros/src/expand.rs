@@ -1,0 +1,199 @@
+//! From the macro's input to its output: read the profile, parse the expression,
+//! derive, and emit — or emit every error found, with a fallback module.
+
+use crate::emit::{fallback, module, Facts};
+use crate::input::{Input, Source};
+use mpipe_core::bound::lower_bound;
+use mpipe_core::derive::{derive, resident_params, Derived, Request};
+use mpipe_core::profile::{Profile, ProfileFormat};
+use mpipe_core::program::Program;
+use mpipe_core::simulate::{simulate, SimOptions};
+use mpipe_core::verify::verify;
+use proc_macro2::TokenStream;
+use std::path::PathBuf;
+use syn::LitStr;
+
+/// Expand `schedule! { ... }`.
+pub fn schedule(tokens: TokenStream) -> TokenStream {
+    let input = match syn::parse2::<Input>(tokens) {
+        Ok(input) => input,
+        Err(e) => return e.to_compile_error(),
+    };
+    let mut errors = input.errors.clone();
+    if let Some(src) = &input.program {
+        return match load_program(src, &mut errors) {
+            Some((d, path)) if errors.is_empty() => module(
+                &input,
+                &Facts {
+                    derived: &d,
+                    profile_path: path.as_deref(),
+                },
+            ),
+            _ => {
+                let mut out = fallback(&input);
+                for e in errors {
+                    out.extend(e.to_compile_error());
+                }
+                out
+            }
+        };
+    }
+    let profile = input
+        .model
+        .as_ref()
+        .and_then(|src| load_profile(src, &mut errors));
+    let expr = input
+        .schedule
+        .clone()
+        .and_then(|ts| match mpipe_core::expr::parse(ts) {
+            Ok(e) => Some(e),
+            Err(es) => {
+                errors.extend(es.into_iter().map(|e| syn::Error::new(e.span, e.message)));
+                None
+            }
+        });
+    let mut derived = None;
+    if let (Some((profile, _)), Some((ranks, _)), Some((microbatches, _)), Some(expr)) =
+        (&profile, input.ranks, input.microbatches, &expr)
+    {
+        let req = Request {
+            profile,
+            ranks,
+            microbatches,
+        };
+        match derive(&req, expr) {
+            Ok(d) => derived = Some(d),
+            Err(es) => errors.extend(es.into_iter().map(|e| syn::Error::new(e.span, e.message))),
+        }
+    }
+    match derived {
+        Some(d) if errors.is_empty() => {
+            let path = profile.and_then(|(_, path)| path);
+            module(
+                &input,
+                &Facts {
+                    derived: &d,
+                    profile_path: path.as_deref(),
+                },
+            )
+        }
+        _ => {
+            let mut out = fallback(&input);
+            for e in errors {
+                out.extend(e.to_compile_error());
+            }
+            out
+        }
+    }
+}
+
+/// The text of `src`: inline, or the file it names (then also its path).
+fn text(
+    src: &Source,
+    what: &str,
+    errors: &mut Vec<syn::Error>,
+) -> Option<(String, Option<PathBuf>)> {
+    match src {
+        Source::Inline(lit) => Some((lit.value(), None)),
+        Source::File(lit) => read(lit, what, errors).map(|(t, p)| (t, Some(p))),
+    }
+}
+
+/// Read the file `lit` names, relative to the calling crate's manifest directory.
+fn read(lit: &LitStr, what: &str, errors: &mut Vec<syn::Error>) -> Option<(String, PathBuf)> {
+    let rel = PathBuf::from(lit.value());
+    let base = std::env::var_os("CARGO_MANIFEST_DIR").map(PathBuf::from);
+    let path = match (&base, rel.is_absolute()) {
+        (Some(dir), false) => dir.join(&rel),
+        _ => rel.clone(),
+    };
+    match std::fs::read_to_string(&path) {
+        Ok(t) => Some((t, path)),
+        Err(e) => {
+            let hint = if rel.is_absolute() {
+                ""
+            } else {
+                "; relative paths start at the calling crate's manifest directory (where its Cargo.toml is)"
+            };
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!("cannot read {what} {}: {e}{hint}", rel.display()),
+            ));
+            None
+        }
+    }
+}
+
+/// Read a program, verify it (rules 1-5) and simulate it.
+fn load_program(src: &Source, errors: &mut Vec<syn::Error>) -> Option<(Derived, Option<PathBuf>)> {
+    let (text, path) = text(src, "program", errors)?;
+    let lit = src.lit();
+    let name = match src {
+        Source::File(l) => l.value(),
+        Source::Inline(_) => "the program".to_string(),
+    };
+    let program = match Program::from_json(&text) {
+        Ok(p) => p,
+        Err(e) => {
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!("{name} is not an mpipe-program/1 document: {e}"),
+            ));
+            return None;
+        }
+    };
+    let violations = verify(&program);
+    if !violations.is_empty() {
+        for v in &violations {
+            errors.push(syn::Error::new(lit.span(), format!("{name} breaks {v}")));
+        }
+        return None;
+    }
+    let report = match simulate(&program, &SimOptions::default()) {
+        Ok(r) => r,
+        Err(e) => {
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!("{name} does not run: {e}"),
+            ));
+            return None;
+        }
+    };
+    let bound = lower_bound(&program.units, program.ranks, program.microbatches);
+    let params = resident_params(&program);
+    Some((
+        Derived {
+            program,
+            report,
+            bound,
+            params,
+        },
+        path,
+    ))
+}
+
+/// Read and parse a profile.
+fn load_profile(src: &Source, errors: &mut Vec<syn::Error>) -> Option<(Profile, Option<PathBuf>)> {
+    let (text, path) = text(src, "profile", errors)?;
+    let lit = src.lit();
+    let format = path
+        .as_ref()
+        .and_then(|p| p.extension())
+        .and_then(|e| e.to_str())
+        .and_then(ProfileFormat::from_extension)
+        .unwrap_or(ProfileFormat::Toml);
+    match Profile::parse(&text, format) {
+        Ok(p) => Some((p, path)),
+        Err(e) => {
+            let name = match src {
+                Source::File(l) => l.value(),
+                Source::Inline(_) => "model_toml".to_string(),
+            };
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!("bad profile {name}:\n{e}"),
+            ));
+            None
+        }
+    }
+}

@@ -1,0 +1,163 @@
+//! `schedule!` end to end: the generated code, run against a recording backend,
+//! performs exactly the program mpipe-core derives, action for action, for every
+//! body generator and operator.
+
+use mpipe::core::program::{ActionRef, Dir as CoreDir, Program, Tensor as CoreTensor};
+use mpipe::runtime::record::{Call, Recorder};
+use mpipe::runtime::{Dir, P2p, Tensor};
+
+mpipe::schedule! {
+    /// 1F1B on the encoder-heavy profile.
+    pub mod one_f_one_b {
+        model = "profiles/encoder-heavy.toml";
+        ranks = 4;
+        microbatches = 8;
+        schedule = 1f1b;
+    }
+}
+
+mpipe::schedule! { mod gpipe_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = gpipe; } }
+mpipe::schedule! { mod interleaved_s { model = "profiles/encoder-heavy.toml"; ranks = 2; microbatches = 4; schedule = interleaved(v = 2); } }
+mpipe::schedule! { mod zbh1_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = zbh1; } }
+mpipe::schedule! { mod zbv_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = zbv; } }
+mpipe::schedule! { mod dualpipev_s { model = "profiles/encoder-heavy.toml"; ranks = 2; microbatches = 4; schedule = dualpipev; } }
+mpipe::schedule! { mod transpose_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b); } }
+mpipe::schedule! { mod transpose_central { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b, backward = central, owners = min); } }
+mpipe::schedule! { mod transpose_zbv { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, zbv); } }
+mpipe::schedule! { mod from_file { program = "tests/profiles/tiny-program.json"; } }
+
+/// The calls the derived program implies for `rank`: one per compute or collective
+/// action, one per batch of point-to-point actions.
+fn expected(p: &Program, rank: usize) -> Vec<Call> {
+    let unit = |name: &str| p.unit_index(name).expect("known unit") as u32;
+    let mut out: Vec<Call> = Vec::new();
+    let mut batch: Option<u64> = None;
+    for a in &p.programs[rank] {
+        match a.view() {
+            ActionRef::Compute(c) => {
+                batch = None;
+                let (u, mb) = (unit(c.unit), c.mb);
+                out.push(match c.op {
+                    mpipe::core::program::Op::F => Call::Forward(u, mb),
+                    mpipe::core::program::Op::B => Call::BackwardInput(u, mb),
+                    mpipe::core::program::Op::W => Call::BackwardWeight(u, mb),
+                    mpipe::core::program::Op::BW => Call::Backward(u, mb),
+                    mpipe::core::program::Op::RF => Call::Recompute(u, mb),
+                });
+            }
+            ActionRef::P2p(x) => {
+                let item = P2p {
+                    dir: if x.dir == CoreDir::Send {
+                        Dir::Send
+                    } else {
+                        Dir::Recv
+                    },
+                    tensor: match x.tensor {
+                        CoreTensor::Act => Tensor::Act,
+                        CoreTensor::Grad => Tensor::Grad,
+                        CoreTensor::Input => Tensor::Input,
+                    },
+                    unit: unit(x.unit),
+                    mb: x.mb,
+                    peer: x.peer,
+                };
+                match (x.batch, batch, out.last_mut()) {
+                    (Some(b), Some(prev), Some(Call::P2p(items))) if b == prev => items.push(item),
+                    _ => out.push(Call::P2p(vec![item])),
+                }
+                batch = x.batch;
+            }
+            ActionRef::Coll(c) => {
+                batch = None;
+                let (u, root, group) = (unit(c.unit), c.root, c.group.to_vec());
+                out.push(match c.kind {
+                    mpipe::core::program::CollKind::Bcast => Call::Broadcast {
+                        unit: u,
+                        root,
+                        group,
+                    },
+                    mpipe::core::program::CollKind::Reduce => Call::Reduce {
+                        unit: u,
+                        root,
+                        group,
+                    },
+                });
+            }
+        }
+    }
+    out
+}
+
+type Run = fn(usize, &mut Recorder) -> Result<(), mpipe::runtime::record::NoSuchRank>;
+
+fn check(name: &str, json: &str, ranks: usize, run: Run) {
+    let program = Program::from_json(json).expect("PROGRAM_JSON parses");
+    assert_eq!(program.ranks, ranks);
+    for r in 0..ranks {
+        let mut rec = Recorder::default();
+        run(r, &mut rec).expect("recording never fails");
+        assert_eq!(
+            rec.calls,
+            expected(&program, r),
+            "{name}: rank {r} differs from the derived program"
+        );
+        assert!(!rec.calls.is_empty() || program.programs[r].is_empty());
+    }
+    let mut rec = Recorder::default();
+    assert!(
+        run(ranks, &mut rec).is_err(),
+        "{name}: a rank past the end is an error, not a panic"
+    );
+}
+
+macro_rules! check_all {
+    ($($m:ident),*) => {
+        $( check(stringify!($m), $m::PROGRAM_JSON, $m::RANKS, $m::run::<Recorder>); )*
+    };
+}
+
+#[test]
+fn generated_code_runs_the_derived_program() {
+    check_all!(
+        one_f_one_b,
+        gpipe_s,
+        interleaved_s,
+        zbh1_s,
+        zbv_s,
+        dualpipev_s,
+        transpose_s,
+        transpose_central,
+        transpose_zbv,
+        from_file
+    );
+}
+
+/// The compile-time derivation equals a run-time one (the macro adds nothing).
+#[test]
+fn compile_time_program_equals_run_time_derivation() {
+    let profile = mpipe::core::profile::Profile::from_toml_str(include_str!(
+        "../profiles/encoder-heavy.toml"
+    ))
+    .unwrap();
+    let req = mpipe::core::derive::Request {
+        profile: &profile,
+        ranks: 4,
+        microbatches: 8,
+    };
+    for (json, expr) in [
+        (one_f_one_b::PROGRAM_JSON, "1f1b"),
+        (zbv_s::PROGRAM_JSON, "zbv"),
+        (transpose_s::PROGRAM_JSON, "transpose(vision, 1f1b)"),
+    ] {
+        let d = mpipe::core::derive::derive_str(&req, expr).unwrap();
+        assert_eq!(Program::from_json(json).unwrap(), d.program, "{expr}");
+    }
+    assert_eq!(one_f_one_b::EXPR, "1f1b");
+    assert_eq!(transpose_s::UNITS[0], "vision");
+    assert_eq!(transpose_s::units::VISION, 0);
+    assert_eq!(transpose_s::units::LLM_0, 1);
+    let d = mpipe::core::derive::derive_str(&req, "transpose(vision, 1f1b)").unwrap();
+    assert_eq!(transpose_s::MAKESPAN, d.report.makespan);
+    assert_eq!(transpose_s::PEAK_MEMORY.to_vec(), d.report.peak_memory);
+    assert!(transpose_s::MAKESPAN * 2.0 < one_f_one_b::MAKESPAN);
+}
