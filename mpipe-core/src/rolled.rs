@@ -11,6 +11,26 @@
 //! below), and nothing else is decided here (no validity check; [`crate::verify`]
 //! judges the flat program).
 //!
+//! ```text
+//! rank 3:
+//!   RECV act(llm.2, 0)<-2
+//!   for i in 0..3 {
+//!     F(llm.3, 0 + i)
+//!     [SEND act(llm.3, 0 + i)->4, RECV act(llm.2, 1 + i)<-2]
+//!   }
+//!   F(llm.3, 3)
+//!   [SEND act(llm.3, 3)->4, RECV act(llm.2, 4)<-2, RECV grad(llm.4, 0)<-4]
+//!   for i in 0..4091 {
+//!     F(llm.3, 4 + i)
+//!     SEND act(llm.3, 4 + i)->4
+//!     BW(llm.3, 0 + i)
+//!     [SEND grad(llm.3, 0 + i)->2, RECV act(llm.2, 5 + i)<-2, RECV grad(llm.4, 1 + i)<-4]
+//!   }
+//!   ...
+//! ```
+//!
+//! (`1f1b`, 8 ranks, 4096 micro-batches, as [`Rolled`]'s `Display` writes it.)
+//!
 //! # The structured form
 //!
 //! A rank's actions are first grouped into [`Op`]s (*steps*): a compute action, a
@@ -21,37 +41,64 @@
 //! [`Affine`] in the loop counter `i` (`mb = base + stride * i`, `i` in
 //! `0..count`). Loops do not nest; outside a loop every stride is 0.
 //!
-//! # Batches and their canonical numbering
+//! # Batches and their canonical form
 //!
 //! The `batch` integer of a `SEND`/`RECV` only groups: consecutive point-to-point
-//! actions of one rank with the same `Some(b)` form one batch (program-format.md).
-//! [`roll`] accepts any numbering. A group of two or more actions becomes one
-//! `Op::Batch`; a lone action, with or without a `batch` integer, becomes a batch of
-//! one (one transfer posted alone: a batch of one is executed exactly like an
-//! unbatched transfer). [`unroll`] writes the **canonical numbering**
-//! ([`canonical`]): per rank, the batches of two or more actions are numbered
-//! `0, 1, 2, ...` in execution order, and lone transfers carry no `batch`. The
-//! lowering ([`crate::lower`]) already numbers this way, so for a derived program
-//! `unroll(&roll(&p)?) == p.programs`.
+//! actions of one rank with the same `Some(b)` form one batch (program-format.md), and
+//! the order of a batch's members carries no meaning either (they are posted
+//! together; a batch holds at most one send to and one receive from each peer, so the
+//! order of transfers between two ranks is not affected). [`roll`] accepts any
+//! numbering and any member order. A group of two or more actions becomes one
+//! [`Op::Batch`], its members sorted by (direction, peer), sends first, stably (so
+//! even an invalid batch with two sends to one peer keeps their order). A lone action, with
+//! or without a `batch` integer, becomes a batch of one (one transfer posted alone is
+//! executed exactly like an unbatched one).
+//!
+//! [`unroll`] writes the **canonical form** ([`canonical`]): per rank, the batches of
+//! two or more actions are numbered `0, 1, 2, ...` in execution order with their
+//! members in that sorted order, and lone transfers carry no `batch`; everything else
+//! is as in the input. The lowering ([`crate::lower`]) numbers batches this way
+//! already but orders members by its own placement, which varies from one
+//! micro-batch to the next (`[RECV act(1), SEND act(0)]`, then `[SEND act(1), RECV
+//! act(2)]`): sorting is what lets such steps share a loop body.
 //!
 //! # Loop finding
 //!
 //! Greedy, left to right over a rank's steps. Two steps have the same *shape* when
-//! they are equal except for micro-batch numbers; shapes are interned to integers
-//! and only periods `L` with `shape[i + L] == shape[i]` are tried. At step `i`,
-//! for each period `L` in `1..=max_period`, the pass counts the iterations `n` for
-//! which step `i + t*L + k` has the shape of step `i + k` and micro-batches
-//! `mb(i + k) + d_k * t` for constant per-position deltas `d_k`
-//! (`d_k = mb(i + L + k) - mb(i + k)`). It keeps the candidate that covers the most
-//! steps (`L * n`; ties: the smaller `L`) provided it has at least `min_iterations`
-//! iterations and saves at least `min_saving` steps (`L * (n - 1)`); otherwise step
-//! `i` is emitted plainly. See [`RollOptions`] for the defaults and why two
-//! iterations are not enough by default.
+//! they are equal except for micro-batch numbers; shapes are interned to integers.
+//! At step `i`, a period `L` (`1..=max_period`) is tried when step `i + L` has the
+//! shape of step `i`. Its *stretch* is how far the steps from `i` continue a loop of
+//! period `L`: step `j` fits when it has the shape of step `j - L` and, from the
+//! third iteration on, its micro-batches advance by as much as those of step `j - L`
+//! did (so every position `k` of the body has a constant delta `d_k`, and
+//! `mb(i + t*L + k) = mb(i + k) + d_k * t`). A stretch of `e` steps makes a loop of
+//! `n = e / L` iterations. The pass keeps the period that covers the most steps
+//! (`L * n`; ties: the smaller `L`) among those with at least `min_iterations`
+//! iterations that save at least `min_saving` steps (`L * (n - 1)`), emits that loop
+//! and goes on after it; with no such period, step `i` is emitted plainly and the
+//! search goes on at `i + 1`. See [`RollOptions`] for the defaults.
 //!
-//! Cost: a candidate is checked step by step and abandoned at its first mismatch; a
-//! period that cannot beat the best coverage found so far (even running to the end of
-//! the list) is not checked. A run of `N` regular steps costs about
-//! `N * max_period / period` comparisons and is then skipped over.
+//! Speed (a rank of 1F1B over 4096 micro-batches has about 16 000 steps):
+//! - the candidate periods at `i` are read off a chain linking each step to the next
+//!   one of the same shape, not tried one by one;
+//! - before comparing steps, the shapes of the first three iterations are compared
+//!   by prefix hashes in O(1), and the three iterations are then checked position by
+//!   position (`k`, `k + L`, `k + 2L`), so a period whose shapes repeat but whose
+//!   micro-batches do not fails at its first bad step;
+//! - a stretch of period `p` is one of every multiple `c * p` too, and the step that
+//!   ends it ends theirs (from their third iteration on), so multiples of a measured
+//!   period are not scanned again: a regular run of `N` steps costs about `N`
+//!   comparisons, however many multiples of its period fit in `max_period`;
+//! - a period that cannot beat the best coverage so far, even running to the end of
+//!   the list, is skipped.
+//!
+//! Whether a schedule rolls to a size independent of the micro-batch count is a
+//! property of the program, not of this pass: the lowering places transfers and
+//! operators such as `transpose` place work by (simulated or ideal) timing, and
+//! where that timing drifts from one micro-batch to the next the program has no
+//! short period. The body schedules `1f1b`, `zbh1`, `interleaved`, `zbv`,
+//! `dualpipev` roll to a constant size on the profiles tested
+//! (`mpipe-core/tests/rolled.rs`).
 
 use crate::program::{Action, ActionRef, CollKind, Dir, Name, Op as ComputeOp, Program, Tensor};
 use std::collections::HashMap;
@@ -203,12 +250,18 @@ pub enum RollError {
 /// Tuning of the loop finder. [`Default`] is what [`roll`] uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RollOptions {
-    /// Longest loop body tried, in steps (default 256).
+    /// Longest loop body tried, in steps (default 1024). 256 covers the body
+    /// schedules (interleaved's steady body over 8 ranks is under 100 steps); the
+    /// longer default also catches the long periods of programs whose timing-driven
+    /// placement repeats only every few hundred steps (`transpose(vision, 1f1b)` over
+    /// 8 ranks and 4096 micro-batches: 886 steps on the largest rank instead of
+    /// 11 548 with 256), at about twice the time on such programs.
     pub max_period: usize,
     /// Fewest iterations a loop may have (default 3). Two iterations fit any
     /// micro-batch numbers (two points are always affine), so a two-iteration loop
-    /// says nothing about regularity; with the default, a loop's body has shown at
-    /// least one repeat of its deltas. Values below 2 count as 2.
+    /// says nothing about regularity and mostly folds irregular stretches into
+    /// loops with odd strides; with 3, a loop's body has shown its deltas repeat.
+    /// Values below 2 count as 2.
     pub min_iterations: usize,
     /// Fewest steps a loop must save, `L * (n - 1)` (default 2).
     pub min_saving: usize,
@@ -217,7 +270,7 @@ pub struct RollOptions {
 impl Default for RollOptions {
     fn default() -> Self {
         RollOptions {
-            max_period: 256,
+            max_period: 1024,
             min_iterations: 3,
             min_saving: 2,
         }
@@ -295,7 +348,7 @@ pub fn canonical(list: &[Action]) -> Vec<Action> {
     while j < out.len() {
         let end = group_end(list, j);
         if end > j + 1 {
-            out[j..end].sort_by(|a, b| member_key(a).cmp(&member_key(b)));
+            out[j..end].sort_by_key(member_key);
             for a in &mut out[j..end] {
                 set_batch(a, Some(next));
             }
@@ -321,11 +374,12 @@ fn group_end(list: &[Action], j: usize) -> usize {
     end
 }
 
-/// The order of a batch's members: sends before receives, then by peer, tensor and
-/// unit name (the micro-batch is left out, so that equal shapes sort alike).
-fn member_key(a: &Action) -> (Dir, usize, Tensor, &str) {
+/// The order of a batch's members: sends before receives, then by peer. A valid
+/// batch has at most one member per key; in an invalid one, members with one key keep
+/// their order, so the order of transfers between two ranks never changes.
+fn member_key(a: &Action) -> (Dir, usize) {
     match a.view() {
-        ActionRef::P2p(p) => (p.dir, p.peer, p.tensor, p.unit),
+        ActionRef::P2p(p) => (p.dir, p.peer),
         _ => unreachable!("a batch holds transfers only"),
     }
 }
@@ -454,7 +508,7 @@ impl Seq {
                 }
                 ActionRef::P2p(_) => {
                     let mut order: Vec<usize> = (j..end).collect();
-                    order.sort_by(|&a, &b| member_key(&list[a]).cmp(&member_key(&list[b])));
+                    order.sort_by_key(|&a| member_key(&list[a]));
                     let mut members = Vec::with_capacity(end - j);
                     for k in order {
                         let ActionRef::P2p(p) = list[k].view() else {

@@ -1,20 +1,8 @@
 //! # mpipe-macros: `schedule!`
 //!
-//! Derives a pipeline schedule at compile time with `mpipe-core` and emits a module of
-//! per-rank functions calling the `mpipe-runtime` [`Step`] API; nothing is
-//! interpreted at run time. The crate is a thin shell: [`input`] parses the macro's
-//! input, [`expand`] runs the derivation and collects errors, [`emit`] turns a derived
-//! program into tokens. Every error is a compile error with a span on the token at
-//! fault; all of them are reported, and a fallback module is still emitted so the
-//! rest of the crate type-checks.
-//!
-//! [`Step`]: https://docs.rs/mpipe-runtime
-
-mod emit;
-mod expand;
-mod input;
-#[cfg(test)]
-mod snapshots;
+//! Derives a pipeline schedule at compile time and emits a module of per-rank
+//! functions calling the `mpipe-runtime` `Step` API; nothing is interpreted at run
+//! time. This crate is a shell: all the work is in `mpipe-codegen`.
 
 /// Derive a pipeline schedule at compile time and emit one function per rank.
 ///
@@ -30,7 +18,11 @@ mod snapshots;
 /// }
 /// // plan::RANKS, plan::MICROBATCHES, plan::run(rank, &mut step), plan::rank_3(&mut step), ...
 /// ```
+///
+/// Keys: `model = "path"` or `model_toml = "inline TOML"`, `ranks`, `microbatches`,
+/// `schedule = EXPR`; or `program = "path.json"` / `program_json = "..."` to compile a
+/// hand-written program instead (verified, rules 1-5).
 #[proc_macro]
 pub fn schedule(input: proc_macro::TokenStream) -> proc_macro::TokenStream {
-    expand::schedule(input.into()).into()
+    mpipe_codegen::schedule(input.into()).into()
 }
