@@ -7,9 +7,9 @@
 //! that advance by a constant per repetition; this pass finds those stretches and
 //! writes each as one [`Block::Loop`], so that `1f1b` over 64 and over 4096
 //! micro-batches differ only in loop bounds. It is a pure IR-to-IR pass:
-//! [`unroll`] gives back the program's action lists (up to batch numbering, see
-//! below), and nothing else is decided here (no validity check; [`crate::verify`]
-//! judges the flat program).
+//! [`unroll`] gives back the program's action lists (in the canonical form of
+//! batches, see below), and nothing else is decided here (no validity check;
+//! [`crate::verify`] judges the flat program).
 //!
 //! ```text
 //! rank 3:
@@ -57,10 +57,10 @@
 //! [`unroll`] writes the **canonical form** ([`canonical`]): per rank, the batches of
 //! two or more actions are numbered `0, 1, 2, ...` in execution order with their
 //! members in that sorted order, and lone transfers carry no `batch`; everything else
-//! is as in the input. The lowering ([`crate::lower`]) numbers batches this way
-//! already but orders members by its own placement, which varies from one
-//! micro-batch to the next (`[RECV act(1), SEND act(0)]`, then `[SEND act(1), RECV
-//! act(2)]`): sorting is what lets such steps share a loop body.
+//! is as in the input. Sorting is what lets steps whose members were placed in
+//! different orders (`[RECV act(1), SEND act(0)]`, then `[SEND act(1), RECV
+//! act(2)]`) share a loop body. The lowering ([`crate::lower`]) writes batches in
+//! this form, so for a derived program `unroll(&roll(&p)?) == p.programs`.
 //!
 //! # Loop finding
 //!
@@ -644,7 +644,7 @@ impl Seq {
             }
             let known = measured
                 .iter()
-                .filter(|&&(p, _)| l % p == 0)
+                .filter(|&&(p, _)| l.is_multiple_of(p))
                 .map(|&(_, e)| e)
                 .max()
                 .unwrap_or(0);

@@ -1,0 +1,745 @@
+//! Re-rolling (`mpipe_core::rolled`): round trips, code size, hand-made patterns.
+//!
+//! - `unroll(roll(p))` is `p` in canonical form ([`canonical`]) for random (not
+//!   necessarily valid) action lists under random options, and exactly `p` for
+//!   derived programs of every body and `transpose` variant and for random small
+//!   derivations (the lowering writes canonical batches); the unrolled program
+//!   verifies and simulates to the derivation's figures.
+//! - The code size (steps written out: plain steps plus loop bodies) of the regular
+//!   schedules is *exactly* the same over 64 and over 4096 micro-batches (8 ranks).
+//! - A non-affine pattern stays flat; an affine one becomes one loop.
+//!
+//! Run with `cargo test --release -p mpipe-core --test rolled` (the code-size tests
+//! derive 4096 micro-batches).
+
+use mpipe_core::derive::{derive_str, Derived, ErrorKind, Request};
+use mpipe_core::profile::Profile;
+use mpipe_core::program::{Action, CollKind, Cost, Dir, Op, Program, Tensor, Unit, FORMAT};
+use mpipe_core::rolled::{
+    canonical, roll, roll_with, unroll, Affine, Block, Op as Step, RollError, RollOptions, Rolled,
+};
+use mpipe_core::simulate::{simulate, Mode};
+use mpipe_core::verify::verify;
+use proptest::prelude::*;
+use proptest::test_runner::TestCaseError;
+
+// ---------------------------------------------------------------------------
+// Helpers.
+
+/// profiles/encoder-heavy.toml (meant for 4 ranks: 8 LLM layers).
+fn encoder_heavy() -> Profile {
+    Profile::from_toml_str(include_str!("../../profiles/encoder-heavy.toml")).unwrap()
+}
+
+/// encoder-heavy with 32 LLM layers, so that 8 ranks x 2 chunks have a layer each;
+/// `trainable = false` freezes the encoder.
+fn encoder_heavy_32(trainable: bool) -> Profile {
+    let text = include_str!("../../profiles/encoder-heavy.toml")
+        .replace("[llm]\nlayers = 8\n", "[llm]\nlayers = 32\n")
+        .replace("trainable = true", &format!("trainable = {trainable}"));
+    assert!(text.contains("layers = 32"), "profile text changed");
+    Profile::from_toml_str(&text).unwrap()
+}
+
+fn derive(profile: &Profile, ranks: usize, microbatches: usize, expr: &str) -> Derived {
+    let req = Request {
+        profile,
+        ranks,
+        microbatches,
+    };
+    derive_str(&req, expr).unwrap_or_else(|e| panic!("{expr} ({ranks} x {microbatches}): {e:?}"))
+}
+
+/// Every loop respects the options, and the rolled form executes as many steps as it
+/// writes out at most.
+fn check_shape(r: &Rolled, opts: &RollOptions) -> Result<(), TestCaseError> {
+    for blocks in &r.ranks {
+        for b in blocks {
+            if let Block::Loop { count, body } = b {
+                prop_assert!(*count >= opts.min_iterations.max(2), "{b:?}");
+                prop_assert!(!body.is_empty() && body.len() <= opts.max_period);
+                prop_assert!(body.len() * (count - 1) >= opts.min_saving);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `unroll(roll_with(p, opts))` is `p` in canonical form, rank by rank.
+fn check_round_trip(p: &Program, opts: &RollOptions) -> Result<Rolled, TestCaseError> {
+    let r = roll_with(p, opts).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    check_shape(&r, opts)?;
+    let back = unroll(&r);
+    prop_assert_eq!(back.len(), p.programs.len());
+    for (rank, (got, list)) in back.iter().zip(&p.programs).enumerate() {
+        let want = canonical(list);
+        prop_assert_eq!(canonical(&want), want.clone(), "canonical is idempotent");
+        if *got != want {
+            let at = got.iter().zip(&want).position(|(a, b)| a != b);
+            return Err(TestCaseError::fail(format!(
+                "rank {rank}: unroll(roll(p)) differs from canonical(p) at action {at:?} \
+                 (lengths {} vs {})\n{r}",
+                got.len(),
+                want.len()
+            )));
+        }
+    }
+    Ok(r)
+}
+
+/// The round trip for a derived program, and the canonical form is the same program:
+/// it verifies, and simulates to the same figures.
+fn check_derived(d: &Derived, req: &Request) -> Result<Rolled, TestCaseError> {
+    let r = check_round_trip(&d.program, &RollOptions::default())?;
+    // The lowering writes batches in canonical form: the round trip is exact.
+    prop_assert!(unroll(&r) == d.program.programs, "not exact");
+    let back = Program {
+        programs: unroll(&r),
+        ..d.program.clone()
+    };
+    let violations = verify(&back);
+    prop_assert!(violations.is_empty(), "{:?}", violations.first());
+    let sim = simulate(&back, &req.sim_options(Mode::Rendezvous))
+        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(1.0);
+    prop_assert!(
+        close(sim.makespan, d.report.makespan),
+        "makespan {} vs {}",
+        sim.makespan,
+        d.report.makespan
+    );
+    for (a, b) in sim.peak_memory.iter().zip(&d.report.peak_memory) {
+        prop_assert!(close(*a, *b), "peak memory {a} vs {b}");
+    }
+    Ok(r)
+}
+
+fn code_sizes(r: &Rolled) -> Vec<usize> {
+    (0..r.ranks.len()).map(|k| r.code_size(k)).collect()
+}
+
+// ---------------------------------------------------------------------------
+// Derived programs.
+
+const BODIES: [&str; 6] = [
+    "gpipe",
+    "1f1b",
+    "interleaved(v = 2)",
+    "zbh1",
+    "zbv",
+    "dualpipev",
+];
+
+/// Every body, bare and under every `transpose` variant.
+fn all_exprs() -> Vec<String> {
+    let mut v = Vec::new();
+    for body in BODIES {
+        v.push(body.to_string());
+        for opts in [
+            "",
+            ", owners = min",
+            ", backward = central",
+            ", owners = min, backward = central",
+        ] {
+            v.push(format!("transpose(vision, {body}{opts})"));
+        }
+    }
+    v
+}
+
+#[test]
+fn derived_programs_round_trip() {
+    let heavy = encoder_heavy();
+    let heavy32 = encoder_heavy_32(true);
+    let cases: [(&Profile, usize, usize); 5] = [
+        (&heavy, 4, 4),
+        (&heavy, 4, 8),
+        (&heavy, 4, 12),
+        (&heavy, 2, 6),
+        (&heavy32, 8, 32),
+    ];
+    let mut checked = 0;
+    for (profile, p, m) in cases {
+        for expr in all_exprs() {
+            let req = Request {
+                profile,
+                ranks: p,
+                microbatches: m,
+            };
+            let d = match derive_str(&req, &expr) {
+                Ok(d) => d,
+                Err(es) if es.iter().all(|e| e.kind == ErrorKind::Microbatches) => continue,
+                Err(es) => panic!("{expr} ({p} x {m}): {es:?}"),
+            };
+            check_derived(&d, &req).unwrap_or_else(|e| panic!("{expr} ({p} x {m}): {e}"));
+            checked += 1;
+        }
+    }
+    // 5 cases x 30 expressions; only the V schedules over 2 ranks and 6 micro-batches
+    // may be refused.
+    assert!(checked >= 140, "{checked} programs checked");
+}
+
+// ---------------------------------------------------------------------------
+// Random small derivations.
+
+fn derivation_case() -> impl Strategy<Value = (String, String, usize, usize)> {
+    let body = prop::sample::select(BODIES.to_vec());
+    let wrap = prop_oneof![
+        Just(""),
+        Just("transpose"),
+        Just("transpose min"),
+        Just("transpose central"),
+    ];
+    (
+        body,
+        wrap,
+        1usize..=6,
+        1usize..=20,
+        (
+            1u32..=6,
+            prop::sample::select(vec![0.5f64, 1.0, 1.5, 2.0, 3.7]),
+            prop::sample::select(vec![0.5f64, 1.0, 1.25, 2.0]),
+            any::<bool>(),
+        ),
+        (
+            0usize..=6,
+            prop::sample::select(vec![0.5f64, 1.0, 2.0]),
+            prop::sample::select(vec![0.0f64, 0.5, 1.0]),
+        ),
+    )
+        .prop_map(
+            |(body, wrap, ranks, mbs, (el, ef, eb, trainable), (extra, lf, lw))| {
+                let expr = match wrap {
+                    "" => body.to_string(),
+                    "transpose" => format!("transpose(vision, {body})"),
+                    "transpose min" => format!("transpose(vision, {body}, owners = min)"),
+                    _ => format!("transpose(vision, {body}, backward = central)"),
+                };
+                let layers = ranks * 2 + extra;
+                let profile = format!(
+                    "[[encoder]]\nname = \"vision\"\nlayers = {el}\nforward = {ef:?}\n\
+                     backward = {eb:?}\nweight = 0.5\nactivation = 0.1\nparams = 1.0\n\
+                     trainable = {trainable}\n\n[llm]\nlayers = {layers}\nforward = {lf:?}\n\
+                     backward = 1.0\nweight = {lw:?}\nactivation = 1.0\nparams = 0.25\n"
+                );
+                (expr, profile, ranks, mbs)
+            },
+        )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    #[test]
+    fn random_derivations_round_trip((expr, text, ranks, mbs) in derivation_case()) {
+        let profile = Profile::from_toml_str(&text).unwrap();
+        let req = Request { profile: &profile, ranks, microbatches: mbs };
+        match derive_str(&req, &expr) {
+            Ok(d) => {
+                check_derived(&d, &req)?;
+            }
+            // Some bodies need other micro-batch counts (interleaved: a multiple of the
+            // ranks; the V schedules: at least twice the ranks, ...).
+            Err(es) => prop_assert!(
+                es.iter().all(|e| e.kind == ErrorKind::Microbatches),
+                "{expr}: {es:?}"
+            ),
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Random action lists: loop finding and batch grouping on anything.
+
+const UNITS: [&str; 3] = ["a", "b", "c"];
+
+fn units() -> Vec<Unit> {
+    UNITS
+        .iter()
+        .map(|n| Unit {
+            name: n.to_string(),
+            inputs: vec![],
+            home: 0,
+            trainable: true,
+            cost: Cost {
+                f: 1.0,
+                b: 1.0,
+                w: 1.0,
+            },
+            act: 1.0,
+            bytes: 0.0,
+            params: 0.0,
+        })
+        .collect()
+}
+
+fn program(lists: Vec<Vec<Action>>) -> Program {
+    Program {
+        format: FORMAT.to_string(),
+        ranks: lists.len(),
+        microbatches: 1000,
+        units: units(),
+        programs: lists,
+        source: None,
+    }
+}
+
+/// One action of a template: kind 0-4 compute op, 5 SEND, 6 RECV, 7 BCAST, 8 REDUCE;
+/// unit; peer; batch id (p2p only); micro-batch base and stride.
+type Template = (u8, usize, usize, Option<u64>, i64, i64);
+
+fn template() -> impl Strategy<Value = Template> {
+    (
+        0u8..9,
+        0usize..3,
+        0usize..3,
+        prop_oneof![Just(None), (0u64..3).prop_map(Some)],
+        20i64..40,
+        -2i64..=3,
+    )
+}
+
+fn action((kind, unit, peer, batch, base, stride): Template, t: i64, noise: i64) -> Action {
+    let mb = usize::try_from(base + stride * t + noise).unwrap();
+    let unit = UNITS[unit];
+    let ops = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
+    match kind {
+        0..=4 => Action::compute(ops[kind as usize], unit, mb),
+        5 | 6 => {
+            let dir = if kind == 5 { Dir::Send } else { Dir::Recv };
+            let tensor = [Tensor::Act, Tensor::Grad, Tensor::Input][peer];
+            Action::p2p(dir, tensor, unit, mb, peer, batch)
+        }
+        7 => Action::BCAST {
+            unit: unit.into(),
+            root: peer,
+            group: vec![0, peer],
+        },
+        _ => Action::REDUCE {
+            unit: unit.into(),
+            root: peer,
+            group: vec![peer, 2],
+        },
+    }
+}
+
+/// A list made of segments: a template of 1-4 actions repeated 1-6 times with affine
+/// micro-batches, sometimes with noise on one repetition.
+fn action_list() -> impl Strategy<Value = Vec<Action>> {
+    prop::collection::vec(
+        (
+            prop::collection::vec(template(), 1..=4),
+            1i64..=6,
+            prop::option::weighted(0.3, (0i64..6, 1i64..4)),
+        ),
+        0..=12,
+    )
+    .prop_map(|segments| {
+        let mut list = Vec::new();
+        for (tpl, reps, noise) in segments {
+            for t in 0..reps {
+                for (k, x) in tpl.iter().enumerate() {
+                    let n = match noise {
+                        Some((at, by)) if at == t && k == 0 => by,
+                        _ => 0,
+                    };
+                    list.push(action(*x, t, n));
+                }
+            }
+        }
+        list
+    })
+}
+
+fn options() -> impl Strategy<Value = RollOptions> {
+    prop_oneof![
+        Just(RollOptions::default()),
+        (1usize..=12, 0usize..=4, 0usize..=3).prop_map(
+            |(max_period, min_iterations, min_saving)| {
+                RollOptions {
+                    max_period,
+                    min_iterations,
+                    min_saving,
+                }
+            }
+        ),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(512))]
+
+    #[test]
+    fn random_lists_round_trip(lists in prop::collection::vec(action_list(), 1..=3), opts in options()) {
+        let p = program(lists);
+        let r = check_round_trip(&p, &opts)?;
+        // Batch ids are free: renumbering them never changes the rolled form.
+        let shifted = Program {
+            programs: p
+                .programs
+                .iter()
+                .map(|l| {
+                    l.iter()
+                        .cloned()
+                        .map(|mut a| {
+                            if let Action::SEND { batch, .. } | Action::RECV { batch, .. } = &mut a {
+                                *batch = batch.map(|b| b * 7 + 100);
+                            }
+                            a
+                        })
+                        .collect()
+                })
+                .collect(),
+            ..p.clone()
+        };
+        prop_assert_eq!(roll_with(&shifted, &opts).unwrap(), r);
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Code size does not grow with the micro-batch count.
+
+/// `(expr, trainable encoder)`: the schedules whose code size is asserted to be
+/// exactly equal over 64 and over 4096 micro-batches (8 ranks, encoder-heavy with 32
+/// LLM layers). `gpipe` runs with a frozen encoder: with the trainable one, rank 0's
+/// backward (`BW(llm.0)` + `BW(vision)`) is slower than rank 1's, the lowering places
+/// rank 1's sends where rank 0 meets them, and that placement repeats only every 89
+/// micro-batches (about 220 steps: 52 steps at 64 micro-batches, 297 at 4096).
+const CONSTANT_SIZE: [(&str, bool); 7] = [
+    ("1f1b", true),
+    ("gpipe", false),
+    ("zbh1", true),
+    ("interleaved(v = 2)", true),
+    ("transpose(vision, 1f1b, owners = min)", true),
+    ("zbv", true),
+    ("dualpipev", true),
+];
+
+fn sizes_at(expr: &str, trainable: bool, m: usize) -> (Vec<usize>, usize) {
+    let profile = encoder_heavy_32(trainable);
+    let d = derive(&profile, 8, m, expr);
+    let r = roll(&d.program).unwrap();
+    assert_eq!(
+        unroll(&r),
+        d.program
+            .programs
+            .iter()
+            .map(|l| canonical(l))
+            .collect::<Vec<_>>(),
+        "{expr} x {m}"
+    );
+    let actions = d.program.programs.iter().map(Vec::len).max().unwrap();
+    (code_sizes(&r), actions)
+}
+
+#[test]
+fn regular_schedules_roll_to_a_size_independent_of_microbatches() {
+    for (expr, trainable) in CONSTANT_SIZE {
+        let (small, small_actions) = sizes_at(expr, trainable, 64);
+        let (large, large_actions) = sizes_at(expr, trainable, 4096);
+        assert!(large_actions >= 4096, "{expr}: {large_actions} actions");
+        assert_eq!(
+            small, large,
+            "{expr}: code size per rank over 64 micro-batches ({small_actions} actions on \
+             the largest rank) vs 4096 ({large_actions})"
+        );
+    }
+}
+
+/// `transpose(vision, 1f1b)` with round-robin owners does not roll to a constant size:
+/// the program itself has no short period. The transpose operator places each later
+/// encoder forward "as late as still meets the first stage's need by the plan's ideal
+/// timing", and that placement drifts: at 4096 micro-batches rank 2 runs
+/// `F(vision, 3906)` next to `F(llm.2, 2501)`, and the peak activation memory grows
+/// with the micro-batch count (rank 0: 60.8 at 64, 492.8 at 1024, 1875.2 at 4096,
+/// where `transpose(vision, 1f1b, owners = min)` stays at 60.8). The lowering's
+/// timing-driven transfer placement follows the drift. Code size (largest rank): 247
+/// at 64, 761 at 256, 886 at 4096, 1149 at 8192. Kept as the target this pass cannot
+/// meet alone.
+#[test]
+#[ignore = "transpose's round-robin placement drifts with the micro-batch (see the doc comment)"]
+fn transpose_round_robin_rolls_to_a_constant_size() {
+    let (small, _) = sizes_at("transpose(vision, 1f1b)", true, 64);
+    let (large, _) = sizes_at("transpose(vision, 1f1b)", true, 4096);
+    assert_eq!(small, large);
+}
+
+/// See [`CONSTANT_SIZE`]: `gpipe` with the trainable encoder-heavy encoder.
+#[test]
+#[ignore = "the lowering's meeting-point placement repeats only every 89 micro-batches here"]
+fn gpipe_trainable_encoder_rolls_to_a_constant_size() {
+    let (small, _) = sizes_at("gpipe", true, 64);
+    let (large, _) = sizes_at("gpipe", true, 4096);
+    assert_eq!(small, large);
+}
+
+/// The sizes table and the time of the pass (run with `--ignored --nocapture`).
+#[test]
+#[ignore = "a report, not a check"]
+fn report_sizes_and_time() {
+    let exprs = [
+        ("1f1b", true),
+        ("gpipe", true),
+        ("gpipe", false),
+        ("zbh1", true),
+        ("interleaved(v = 2)", true),
+        ("transpose(vision, 1f1b)", true),
+        ("transpose(vision, 1f1b, owners = min)", true),
+        ("zbv", true),
+        ("dualpipev", true),
+        ("transpose(vision, zbv)", true),
+    ];
+    println!("| expr | encoder | 32 | 256 | 4096 | actions at 4096 |");
+    println!("| --- | --- | --- | --- | --- | --- |");
+    for (expr, trainable) in exprs {
+        let mut row = Vec::new();
+        let mut actions = 0;
+        for m in [32, 256, 4096] {
+            let (s, a) = sizes_at(expr, trainable, m);
+            row.push(s.into_iter().max().unwrap().to_string());
+            actions = a;
+        }
+        let enc = if trainable { "trainable" } else { "frozen" };
+        println!("| `{expr}` | {enc} | {} | {actions} |", row.join(" | "));
+    }
+    for (p, m) in [(16, 4096), (64, 1024)] {
+        let text = include_str!("../../profiles/encoder-heavy.toml")
+            .replace("[llm]\nlayers = 8\n", "[llm]\nlayers = 128\n");
+        let profile = Profile::from_toml_str(&text).unwrap();
+        for (expr, _) in exprs {
+            let d = derive(&profile, p, m, expr);
+            let t = std::time::Instant::now();
+            let r = roll(&d.program).unwrap();
+            let dt = t.elapsed();
+            let actions: usize = d.program.programs.iter().map(Vec::len).sum();
+            println!(
+                "{p} ranks x {m}: `{expr}`: roll {dt:.2?} for {actions} actions, max code size {}",
+                r.max_code_size()
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Hand-made programs.
+
+fn f(mb: usize) -> Action {
+    Action::compute(Op::F, "a", mb)
+}
+
+fn send(mb: usize) -> Action {
+    Action::p2p(Dir::Send, Tensor::Act, "a", mb, 1, None)
+}
+
+fn steps(r: &Rolled, rank: usize) -> usize {
+    r.ranks[rank].iter().map(Block::steps).sum()
+}
+
+/// Squares: every delta differs from the last, so no three iterations are affine.
+#[test]
+fn non_affine_pattern_stays_flat() {
+    let list: Vec<Action> = (0..16).flat_map(|k| [f(k * k), send(k * k)]).collect();
+    let p = program(vec![list.clone()]);
+    let r = roll(&p).unwrap();
+    assert!(r.ranks[0].iter().all(|b| matches!(b, Block::Op(_))), "{r}");
+    assert_eq!(r.code_size(0), 32);
+    assert_eq!(unroll(&r)[0], list);
+
+    // Lucas numbers, one shape: no two consecutive deltas are equal, flat too.
+    let mut fib = vec![1usize, 3];
+    while fib.len() < 20 {
+        fib.push(fib[fib.len() - 1] + fib[fib.len() - 2]);
+    }
+    let p = program(vec![fib.iter().map(|&m| f(m)).collect()]);
+    let r = roll(&p).unwrap();
+    assert_eq!(r.code_size(0), 20, "{r}");
+}
+
+/// Two points are always affine: with `min_iterations = 2` the squares pair up.
+#[test]
+fn two_iterations_fit_anything() {
+    let list: Vec<Action> = (0..16).flat_map(|k| [f(k * k), send(k * k)]).collect();
+    let opts = RollOptions {
+        min_iterations: 2,
+        ..RollOptions::default()
+    };
+    let r = roll_with(&program(vec![list.clone()]), &opts).unwrap();
+    assert!(r.code_size(0) < 32, "{r}");
+    assert_eq!(unroll(&r)[0], list);
+}
+
+#[test]
+fn affine_patterns_become_loops() {
+    // F(3t + 1), SEND(3t + 1), F(100 - t): one loop, three strides.
+    let list: Vec<Action> = (0..50)
+        .flat_map(|t| [f(3 * t + 1), send(3 * t + 1), f(100 - t)])
+        .collect();
+    let r = roll(&program(vec![list.clone()])).unwrap();
+    let [Block::Loop { count, body }] = &r.ranks[0][..] else {
+        panic!("one loop expected:\n{r}")
+    };
+    assert_eq!(*count, 50);
+    assert_eq!(
+        body[..],
+        [
+            Step::Compute {
+                op: Op::F,
+                unit: 0,
+                mb: Affine { base: 1, stride: 3 }
+            },
+            Step::Batch(vec![mpipe_core::rolled::P2p {
+                dir: Dir::Send,
+                tensor: Tensor::Act,
+                unit: 0,
+                mb: Affine { base: 1, stride: 3 },
+                peer: 1
+            }]),
+            Step::Compute {
+                op: Op::F,
+                unit: 0,
+                mb: Affine {
+                    base: 100,
+                    stride: -1
+                }
+            },
+        ]
+    );
+    assert_eq!(unroll(&r)[0], list);
+    assert!(r.to_string().contains("for i in 0..50 {"), "{r}");
+    assert!(r.to_string().contains("F(a, 100 - i)"), "{r}");
+
+    // An affine run, then squares, then a constant stretch: loop, flat, loop.
+    let mut list: Vec<Action> = (0..10).map(f).collect();
+    list.extend([7, 3, 12, 1, 30].map(f));
+    list.extend((0..6).map(|_| f(5)));
+    let r = roll(&program(vec![list.clone()])).unwrap();
+    assert_eq!(r.ranks[0].len(), 1 + 5 + 1, "{r}");
+    assert!(matches!(r.ranks[0][0], Block::Loop { count: 10, .. }));
+    assert!(matches!(r.ranks[0][6], Block::Loop { count: 6, .. }));
+    assert_eq!(steps(&r, 0), list.len());
+    assert_eq!(unroll(&r)[0], list);
+}
+
+/// The longest cover wins, ties go to the shorter period.
+#[test]
+fn longest_cover_then_shortest_period() {
+    // F(0) F(0) | F(0) F(1) | F(0) F(2) | F(0) F(3): period 1 covers the first three
+    // steps, period 2 all eight.
+    let list: Vec<Action> = (0..4).flat_map(|t| [f(0), f(t)]).collect();
+    let r = roll(&program(vec![list.clone()])).unwrap();
+    assert_eq!(unroll(&r)[0], list);
+    assert!(
+        matches!(&r.ranks[0][..], [Block::Loop { count: 4, body }] if body.len() == 2),
+        "{r}"
+    );
+
+    // F(0..12): periods 1, 2, 3... all cover 12 steps; period 1 is kept.
+    let r = roll(&program(vec![(0..12).map(f).collect()])).unwrap();
+    assert!(
+        matches!(&r.ranks[0][..], [Block::Loop { count: 12, body }] if body.len() == 1),
+        "{r}"
+    );
+}
+
+#[test]
+fn batches_group_by_consecutive_equal_ids_and_renumber() {
+    let s = |mb, peer, b| Action::p2p(Dir::Send, Tensor::Act, "a", mb, peer, b);
+    let rv = |mb, peer, b| Action::p2p(Dir::Recv, Tensor::Grad, "b", mb, peer, b);
+    let list = vec![
+        rv(0, 2, Some(7)),
+        s(0, 1, Some(7)),
+        f(0),
+        s(1, 1, Some(3)), // a batch of one: no id
+        rv(1, 2, None),
+        rv(2, 0, Some(9)),
+        s(2, 2, Some(9)),
+        s(2, 1, Some(9)),
+        s(3, 1, Some(4)), // a new id: a new batch
+        rv(3, 2, Some(4)),
+        f(1),
+        rv(4, 2, Some(4)), // the same id again, but not consecutive: a new batch
+        s(4, 1, Some(4)),
+    ];
+    let want = vec![
+        s(0, 1, Some(0)),
+        rv(0, 2, Some(0)),
+        f(0),
+        s(1, 1, None),
+        rv(1, 2, None),
+        s(2, 1, Some(1)),
+        s(2, 2, Some(1)),
+        rv(2, 0, Some(1)),
+        s(3, 1, Some(2)),
+        rv(3, 2, Some(2)),
+        f(1),
+        s(4, 1, Some(3)),
+        rv(4, 2, Some(3)),
+    ];
+    assert_eq!(canonical(&list), want);
+    let r = roll(&program(vec![list])).unwrap();
+    assert_eq!(unroll(&r)[0], want);
+    let batch_sizes: Vec<usize> = r.ranks[0]
+        .iter()
+        .filter_map(|b| match b {
+            Block::Op(Step::Batch(ps)) => Some(ps.len()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(batch_sizes, [2, 1, 1, 3, 2, 2]);
+}
+
+#[test]
+fn collectives_and_units_by_index() {
+    let list = vec![
+        Action::BCAST {
+            unit: "c".into(),
+            root: 0,
+            group: vec![0, 1],
+        },
+        Action::compute(Op::W, "c", 3),
+        Action::REDUCE {
+            unit: "c".into(),
+            root: 0,
+            group: vec![0, 1],
+        },
+    ];
+    let r = roll(&program(vec![list.clone(), vec![]])).unwrap();
+    assert_eq!(r.units, ["a", "b", "c"]);
+    assert_eq!(
+        r.ranks[0][0],
+        Block::Op(Step::Coll {
+            kind: CollKind::Bcast,
+            unit: 2,
+            root: 0,
+            group: vec![0, 1]
+        })
+    );
+    assert_eq!(
+        r.ranks[0][1],
+        Block::Op(Step::Compute {
+            op: Op::W,
+            unit: 2,
+            mb: Affine::constant(3)
+        })
+    );
+    assert!(r.ranks[1].is_empty());
+    assert_eq!(unroll(&r), [list, vec![]]);
+}
+
+#[test]
+fn unknown_unit_is_an_error() {
+    let p = program(vec![vec![], vec![f(0), Action::compute(Op::B, "zz", 0)]]);
+    let e = roll(&p).unwrap_err();
+    assert_eq!(
+        e,
+        RollError::UnknownUnit {
+            rank: 1,
+            index: 1,
+            name: "zz".into()
+        }
+    );
+    assert!(e
+        .to_string()
+        .contains("rank 1, action 1: unknown unit `zz`"));
+}
