@@ -490,7 +490,7 @@ fn report_sizes_and_time() {
         ("dualpipev", true),
         ("transpose(vision, zbv)", true),
     ];
-    println!("| expr | encoder | 32 | 256 | 4096 | actions at 4096 |");
+    println!("| expr | encoder | 32 | 256 | 4096 | largest rank's actions at 4096 |");
     println!("| --- | --- | --- | --- | --- | --- |");
     for (expr, trainable) in exprs {
         let mut row = Vec::new();
@@ -504,17 +504,19 @@ fn report_sizes_and_time() {
         println!("| `{expr}` | {enc} | {} | {actions} |", row.join(" | "));
     }
     for (p, m) in [(16, 4096), (64, 1024)] {
-        let text = include_str!("../../profiles/encoder-heavy.toml")
-            .replace("[llm]\nlayers = 8\n", "[llm]\nlayers = 128\n");
-        let profile = Profile::from_toml_str(&text).unwrap();
-        for (expr, _) in exprs {
+        for (expr, trainable) in exprs {
+            let text = include_str!("../../profiles/encoder-heavy.toml")
+                .replace("[llm]\nlayers = 8\n", "[llm]\nlayers = 128\n")
+                .replace("trainable = true", &format!("trainable = {trainable}"));
+            let profile = Profile::from_toml_str(&text).unwrap();
             let d = derive(&profile, p, m, expr);
             let t = std::time::Instant::now();
             let r = roll(&d.program).unwrap();
             let dt = t.elapsed();
             let actions: usize = d.program.programs.iter().map(Vec::len).sum();
             println!(
-                "{p} ranks x {m}: `{expr}`: roll {dt:.2?} for {actions} actions, max code size {}",
+                "{p} ranks x {m}: `{expr}` (trainable encoder: {trainable}): roll {dt:.2?} \
+                 for {actions} actions, max code size {}",
                 r.max_code_size()
             );
         }
