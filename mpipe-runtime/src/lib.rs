@@ -14,6 +14,7 @@
 //! whole batch (consecutive `SEND`/`RECV` actions with one batch id) at a time, so a
 //! backend can post it as one batched send/receive (HCCL's `HcclBatchSendRecv`).
 
+pub mod model;
 pub mod record;
 
 /// Index of a unit in the program's unit list (the generated `UNITS` table).
