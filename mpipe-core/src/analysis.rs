@@ -282,3 +282,38 @@ pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
     }
     Ok(Timing { start, end, seq })
 }
+
+/// Peak activation memory of each rank of a plan (program-format.md's rule: a
+/// forward holds its unit's `act` until the backward that consumes it on that rank,
+/// `W` if there is one, else `B`/`BW`; nothing if no backward there). A rank runs
+/// one task at a time, so walking its order gives the same peak as timing it.
+pub fn peak_memory(plan: &Plan) -> Vec<f64> {
+    let index = plan.locate();
+    plan.order
+        .iter()
+        .enumerate()
+        .map(|(r, list)| {
+            let here = |op: Op, t: &Task| index.get(op, t.unit, t.mb).is_some_and(|(q, _)| q == r);
+            let (mut held, mut peak) = (0.0f64, 0.0f64);
+            for t in list {
+                let act = plan.units[t.unit].act;
+                match t.op {
+                    Op::F | Op::RF => {
+                        let consumed = here(Op::B, t) || here(Op::BW, t);
+                        // Only the forward the backward reads holds (an RF after an F).
+                        let later_rf = t.op == Op::F && here(Op::RF, t);
+                        if consumed && !later_rf {
+                            held += act;
+                            peak = peak.max(held);
+                        }
+                    }
+                    Op::W => held -= act,
+                    Op::B if !here(Op::W, t) => held -= act,
+                    Op::BW => held -= act,
+                    Op::B => {}
+                }
+            }
+            peak
+        })
+        .collect()
+}

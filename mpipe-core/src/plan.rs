@@ -63,6 +63,9 @@ pub struct Plan {
     pub order: Vec<Vec<Task>>,
     /// Raw-input transfers to emit (kept sorted).
     pub input_ships: Vec<InputShip>,
+    /// The profile's per-rank memory limit, for operators choosing between
+    /// placements (the derivation checks the final program exactly).
+    pub memory_limit: Option<f64>,
 }
 
 impl Plan {

@@ -19,7 +19,7 @@
 //!   backward ([`Backward::Central`]). A frozen encoder has no backward.
 
 use super::insert_all;
-use crate::analysis::{dependencies, dependencies_lenient, timing, PlanError};
+use crate::analysis::{dependencies, dependencies_lenient, peak_memory, timing, PlanError};
 use crate::plan::{InputShip, Plan, Task, UnitId};
 use crate::program::Op;
 
@@ -89,11 +89,13 @@ pub fn transpose(
             };
             let deadline = timed.start[q][j] - c_f;
             let ends = &timed.end[k];
-            // Earlier insertions on this rank push its later tasks back by c_f each.
-            let shift = inserts[k].len() as f64 * c_f;
+            // Positions are relative to the rank's own tasks: when the inserted work
+            // slows the pipeline, it slows the first stage's need by as much, so the
+            // encoder forward stays next to the work it feeds (no drift ahead, no
+            // growth of held activations with the micro-batch count).
             let from = inserts[k].last().map_or(0, |&(pos, _)| pos);
             let mut pos = from;
-            while pos < ends.len() && ends[pos] + shift <= deadline {
+            while pos < ends.len() && ends[pos] <= deadline {
                 pos += 1;
             }
             inserts[k].push((pos, Task::new(Op::F, enc, mb)));
@@ -107,19 +109,37 @@ pub fn transpose(
         return Ok(plan);
     }
 
-    // 3. The backward: two placements, the one with the shorter ideal step wins.
-    // Eager: each encoder backward as soon as its gradient is ready. Deferred: after
-    // the rank's other work, so the first stage's backwards (which other ranks wait
-    // for) are not held up by encoder work nobody waits for.
-    let mut best: Option<(f64, Plan)> = None;
+    // 3. The backward: two placements. Eager: each encoder backward as soon as its
+    // gradient is ready. Deferred: after the rank's other work, so the first stage's
+    // backwards (which other ranks wait for) are not held up by encoder work nobody
+    // waits for; but every encoder activation is then held to the end. The faster
+    // one wins among those within the memory limit; a speed-up under 1% does not
+    // buy more memory.
+    let mut candidates = Vec::new();
     for deferred in [false, true] {
         let candidate = place_backward(&plan, enc, &owner, backward, deferred)?;
         let span = timing(&candidate, &dependencies(&candidate)?)?.makespan();
-        if best.as_ref().is_none_or(|(b, _)| span < *b) {
-            best = Some((span, candidate));
+        let peak = peak_memory(&candidate).into_iter().fold(0.0, f64::max);
+        candidates.push((span, peak, candidate));
+    }
+    let fits = |peak: f64| plan.memory_limit.is_none_or(|limit| peak <= limit);
+    let mut best: Option<(f64, f64, Plan)> = None;
+    for (span, peak, candidate) in candidates {
+        let better = match &best {
+            None => true,
+            Some((b_span, b_peak, _)) => match (fits(peak), fits(*b_peak)) {
+                (true, false) => true,
+                (false, true) => false,
+                _ if span < b_span * 0.99 => true,
+                _ if span <= b_span * 1.01 => peak < *b_peak,
+                _ => false,
+            },
+        };
+        if better {
+            best = Some((span, peak, candidate));
         }
     }
-    let Some((_, mut plan)) = best else {
+    let Some((_, _, mut plan)) = best else {
         return Ok(plan);
     };
     plan.input_ships.sort();

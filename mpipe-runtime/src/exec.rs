@@ -1,0 +1,493 @@
+//! The executor: a [`Step`] that runs one rank's share of a derived program on a
+//! [`Comm`] backend and a [`Model`].
+//!
+//! It owns every per-(unit, micro-batch) buffer: activations produced or received,
+//! the stashes forwards keep for their backwards, gradients produced or received.
+//! Each is freed as soon as the program says it is no longer needed (its last local
+//! reader and its last send have run), and the activation memory the program format
+//! counts (a forward's `act` from the forward to the backward that consumes it) is
+//! tracked so a run can be compared with the simulator's prediction.
+//!
+//! Every call is checked against the rank's action list: generated code and program
+//! must agree action for action, and an error names the rank, the action index and
+//! the action. Each action's wall-clock interval is recorded for a trace.
+
+use crate::comm::{Comm, Tag};
+use crate::model::{Model, Tensor};
+use crate::{Dir, P2p, Step, Tensor as Kind, UnitId};
+use mpipe_core::plan::needs_backward;
+use mpipe_core::program::{ActionRef, Op, Program};
+use mpipe_core::timeline::{Slot, Timeline};
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+/// Why a rank's step failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    #[error("rank {rank}, action {index} `{action}`: {source}")]
+    Comm {
+        rank: usize,
+        index: usize,
+        action: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("rank {rank}, action {index}: generated code called `{called}` but the program says `{expected}`; regenerate the code from this program")]
+    OutOfStep {
+        rank: usize,
+        index: usize,
+        called: String,
+        expected: String,
+    },
+    #[error("rank {rank}, action {index} `{action}`: {what} is missing; the program is not executable as written")]
+    Missing {
+        rank: usize,
+        index: usize,
+        action: String,
+        what: String,
+    },
+    #[error("rank {rank} does not exist: the schedule has {ranks} ranks")]
+    NoSuchRank { rank: usize, ranks: usize },
+}
+
+/// Unit facts the executor needs, by unit id.
+struct UnitInfo {
+    inputs: Vec<UnitId>,
+    /// Successors that need a backward (their gradients flow into this unit).
+    grad_from: Vec<UnitId>,
+    act: f64,
+}
+
+/// One rank's executor for one step.
+pub struct Executor<'a, C: Comm, M: Model> {
+    rank: usize,
+    program: &'a Program,
+    comm: &'a mut C,
+    model: &'a mut M,
+    units: Vec<UnitInfo>,
+    /// Next action index in the rank's list.
+    pc: usize,
+    acts: BTreeMap<(UnitId, usize), Tensor>,
+    stashes: BTreeMap<(UnitId, usize), M::Stash>,
+    /// Input gradients produced by `B(unit, mb)` (one per input), local or received.
+    grads: BTreeMap<(UnitId, usize), Vec<Tensor>>,
+    /// Remaining local uses of each buffer (readers and sends still to come).
+    act_uses: BTreeMap<(UnitId, usize), usize>,
+    grad_uses: BTreeMap<(UnitId, usize), usize>,
+    /// Live activation memory (program-format units) and its peak.
+    live: f64,
+    peak: f64,
+    held: BTreeMap<(UnitId, usize), f64>,
+    start: Instant,
+    slots: Vec<Slot>,
+}
+
+fn unit_index(p: &Program, name: &str) -> UnitId {
+    p.unit_index(name).map_or(UnitId::MAX, |i| i as UnitId)
+}
+
+impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
+    /// An executor for `comm.rank()`'s actions of `program`.
+    pub fn new(program: &'a Program, comm: &'a mut C, model: &'a mut M) -> Self {
+        let rank = comm.rank();
+        let need = needs_backward(&program.units);
+        let units: Vec<UnitInfo> = program
+            .units
+            .iter()
+            .map(|u| UnitInfo {
+                inputs: u.inputs.iter().map(|n| unit_index(program, n)).collect(),
+                grad_from: program
+                    .units
+                    .iter()
+                    .enumerate()
+                    .filter(|(s, su)| need[*s] && su.inputs.iter().any(|i| *i == u.name))
+                    .map(|(s, _)| s as UnitId)
+                    .collect(),
+                act: u.act,
+            })
+            .collect();
+        // Count how often this rank reads or sends each buffer, to free it after
+        // its last use.
+        let mut act_uses = BTreeMap::new();
+        let mut grad_uses = BTreeMap::new();
+        let list = program.programs.get(rank).map_or(&[][..], Vec::as_slice);
+        for a in list {
+            match a.view() {
+                ActionRef::Compute(c) => {
+                    let u = unit_index(program, c.unit);
+                    let Some(info) = units.get(u as usize) else { continue };
+                    match c.op {
+                        Op::F | Op::RF => {
+                            for &p in &info.inputs {
+                                *act_uses.entry((p, c.mb)).or_insert(0) += 1;
+                            }
+                        }
+                        Op::B | Op::BW => {
+                            for &s in &info.grad_from {
+                                *grad_uses.entry((s, c.mb)).or_insert(0) += 1;
+                            }
+                        }
+                        Op::W => {}
+                    }
+                }
+                ActionRef::P2p(x) if x.dir == mpipe_core::program::Dir::Send => {
+                    let key = (unit_index(program, x.unit), x.mb);
+                    match x.tensor {
+                        mpipe_core::program::Tensor::Act => *act_uses.entry(key).or_insert(0) += 1,
+                        mpipe_core::program::Tensor::Grad => *grad_uses.entry(key).or_insert(0) += 1,
+                        mpipe_core::program::Tensor::Input => {}
+                    }
+                }
+                _ => {}
+            }
+        }
+        Executor {
+            rank,
+            program,
+            comm,
+            model,
+            units,
+            pc: 0,
+            acts: BTreeMap::new(),
+            stashes: BTreeMap::new(),
+            grads: BTreeMap::new(),
+            act_uses,
+            grad_uses,
+            live: 0.0,
+            peak: 0.0,
+            held: BTreeMap::new(),
+            start: Instant::now(),
+            slots: Vec::with_capacity(list.len()),
+        }
+    }
+
+    /// Peak activation memory of the run so far (program-format units).
+    pub fn peak_memory(&self) -> f64 {
+        self.peak
+    }
+
+    /// The rank's executed actions' wall-clock intervals, in seconds from the
+    /// executor's creation (one per action, in program order).
+    pub fn slots(&self) -> &[Slot] {
+        &self.slots
+    }
+
+    /// Whether every action of the rank has run.
+    pub fn finished(&self) -> bool {
+        self.pc == self.list().len()
+    }
+
+    fn list(&self) -> &'a [mpipe_core::program::Action] {
+        self.program.programs.get(self.rank).map_or(&[][..], Vec::as_slice)
+    }
+
+    /// Check that the next action is `called` (rendered by `matches`); advance.
+    fn expect(&mut self, called: String, matches: impl Fn(ActionRef) -> bool) -> Result<usize, ExecError> {
+        let index = self.pc;
+        match self.list().get(index) {
+            Some(a) if matches(a.view()) => {
+                self.pc += 1;
+                Ok(index)
+            }
+            other => Err(ExecError::OutOfStep {
+                rank: self.rank,
+                index,
+                called,
+                expected: other.map_or_else(|| "nothing (the rank's list is over)".to_string(), |a| a.to_string()),
+            }),
+        }
+    }
+
+    fn missing(&self, index: usize, what: String) -> ExecError {
+        let action = self.list().get(index).map_or_else(String::new, |a| a.to_string());
+        ExecError::Missing { rank: self.rank, index, action, what }
+    }
+
+    fn comm_error(&self, index: usize, e: impl std::error::Error + Send + Sync + 'static) -> ExecError {
+        let action = self.list().get(index).map_or_else(String::new, |a| a.to_string());
+        ExecError::Comm { rank: self.rank, index, action, source: Box::new(e) }
+    }
+
+    fn name(&self, u: UnitId) -> &str {
+        self.program.units.get(u as usize).map_or("?", |x| x.name.as_str())
+    }
+
+    fn compute(&mut self, op: Op, unit: UnitId, mb: usize) -> Result<(), ExecError> {
+        let t0 = self.start.elapsed().as_secs_f64();
+        let name = self.name(unit).to_string();
+        let index = self.expect(format!("{}({name},{mb})", op.as_str()), |a| {
+            matches!(a, ActionRef::Compute(c) if c.op == op && c.unit == name && c.mb == mb)
+        })?;
+        match op {
+            Op::F | Op::RF => self.forward(index, unit, mb, op == Op::RF)?,
+            Op::B => {
+                self.backward_input(index, unit, mb)?;
+                // A unit without weights here (no W of it follows on this rank)
+                // is done with its stash once its input gradient is out.
+                let name = self.name(unit).to_string();
+                let w_follows = self.list()[index + 1..]
+                    .iter()
+                    .any(|a| matches!(a.view(), ActionRef::Compute(c) if c.op == Op::W && c.unit == name && c.mb == mb));
+                if !w_follows {
+                    self.stashes.remove(&(unit, mb));
+                    if let Some(act) = self.held.remove(&(unit, mb)) {
+                        self.live -= act;
+                    }
+                }
+            }
+            Op::W => self.backward_weight(index, unit, mb)?,
+            Op::BW => {
+                self.backward_input(index, unit, mb)?;
+                self.backward_weight(index, unit, mb)?;
+            }
+        }
+        self.slots.push(Slot { start: t0, end: self.start.elapsed().as_secs_f64() });
+        Ok(())
+    }
+
+    fn forward(&mut self, index: usize, unit: UnitId, mb: usize, recompute: bool) -> Result<(), ExecError> {
+        let inputs = self.units[unit as usize].inputs.clone();
+        for &p in &inputs {
+            if !self.acts.contains_key(&(p, mb)) {
+                return Err(self.missing(index, format!("the activation of `{}` for micro-batch {mb}", self.name(p))));
+            }
+        }
+        let (out, stash) = {
+            let refs: Vec<&Tensor> = inputs.iter().filter_map(|p| self.acts.get(&(*p, mb))).collect();
+            self.model.forward(unit, mb, &refs)
+        };
+        for &p in &inputs {
+            self.use_act(p, mb);
+        }
+        // Keep the stash only if this rank runs the backward; count it as held.
+        let list = self.list();
+        let name = self.name(unit);
+        let backward_here = list[index + 1..].iter().any(|a| {
+            matches!(a.view(), ActionRef::Compute(c) if c.unit == name && c.mb == mb && matches!(c.op, Op::B | Op::BW))
+        });
+        let recomputed_later = !recompute
+            && list[index + 1..]
+                .iter()
+                .any(|a| matches!(a.view(), ActionRef::Compute(c) if c.unit == name && c.mb == mb && c.op == Op::RF));
+        if backward_here && !recomputed_later {
+            let act = self.units[unit as usize].act;
+            self.stashes.insert((unit, mb), stash);
+            self.held.insert((unit, mb), act);
+            self.live += act;
+            self.peak = self.peak.max(self.live);
+        }
+        if self.act_uses.get(&(unit, mb)).copied().unwrap_or(0) > 0 {
+            self.acts.insert((unit, mb), out);
+        }
+        Ok(())
+    }
+
+    fn use_act(&mut self, unit: UnitId, mb: usize) {
+        if let Some(n) = self.act_uses.get_mut(&(unit, mb)) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.act_uses.remove(&(unit, mb));
+                self.acts.remove(&(unit, mb));
+            }
+        }
+    }
+
+    fn use_grad(&mut self, unit: UnitId, mb: usize) {
+        if let Some(n) = self.grad_uses.get_mut(&(unit, mb)) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.grad_uses.remove(&(unit, mb));
+                self.grads.remove(&(unit, mb));
+            }
+        }
+    }
+
+    fn backward_input(&mut self, index: usize, unit: UnitId, mb: usize) -> Result<(), ExecError> {
+        // The gradient of this unit's output: the sum of what each successor's
+        // backward produced for it.
+        let from = self.units[unit as usize].grad_from.clone();
+        let mut grad_out: Option<Tensor> = None;
+        for &s in &from {
+            let slot = self.units[s as usize].inputs.iter().position(|&i| i == unit);
+            let part = slot.and_then(|k| self.grads.get(&(s, mb)).and_then(|g| g.get(k)));
+            let Some(part) = part else {
+                return Err(self.missing(index, format!("the gradient from `{}` for micro-batch {mb}", self.name(s))));
+            };
+            match &mut grad_out {
+                None => grad_out = Some(part.clone()),
+                Some(acc) => acc.iter_mut().zip(part).for_each(|(a, b)| *a += b),
+            }
+        }
+        for &s in &from {
+            self.use_grad(s, mb);
+        }
+        let Some(stash) = self.stashes.get_mut(&(unit, mb)) else {
+            return Err(self.missing(index, format!("the forward's stash of `{}` for micro-batch {mb}", self.name(unit))));
+        };
+        let produced = self.model.backward_input(unit, mb, stash, grad_out.as_ref());
+        if self.grad_uses.get(&(unit, mb)).copied().unwrap_or(0) > 0 {
+            self.grads.insert((unit, mb), produced);
+        }
+        Ok(())
+    }
+
+    fn backward_weight(&mut self, index: usize, unit: UnitId, mb: usize) -> Result<(), ExecError> {
+        let Some(stash) = self.stashes.remove(&(unit, mb)) else {
+            return Err(self.missing(index, format!("the forward's stash of `{}` for micro-batch {mb}", self.name(unit))));
+        };
+        self.model.backward_weight(unit, mb, stash);
+        if let Some(act) = self.held.remove(&(unit, mb)) {
+            self.live -= act;
+        }
+        Ok(())
+    }
+}
+
+/// Input gradients of one unit as one flat message: count, lengths, data.
+fn pack(parts: &[Tensor]) -> Tensor {
+    let mut out = Vec::with_capacity(1 + parts.len() + parts.iter().map(Vec::len).sum::<usize>());
+    out.push(parts.len() as f32);
+    out.extend(parts.iter().map(|p| p.len() as f32));
+    for p in parts {
+        out.extend_from_slice(p);
+    }
+    out
+}
+
+fn unpack(msg: &[f32]) -> Option<Vec<Tensor>> {
+    let n = *msg.first()? as usize;
+    let lens: Vec<usize> = msg.get(1..1 + n)?.iter().map(|&l| l as usize).collect();
+    let mut at = 1 + n;
+    let mut parts = Vec::with_capacity(n);
+    for len in lens {
+        parts.push(msg.get(at..at + len)?.to_vec());
+        at += len;
+    }
+    Some(parts)
+}
+
+impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
+    type Error = ExecError;
+
+    fn forward(&mut self, unit: UnitId, mb: usize) -> Result<(), ExecError> {
+        self.compute(Op::F, unit, mb)
+    }
+    fn backward_input(&mut self, unit: UnitId, mb: usize) -> Result<(), ExecError> {
+        self.compute(Op::B, unit, mb)
+    }
+    fn backward_weight(&mut self, unit: UnitId, mb: usize) -> Result<(), ExecError> {
+        self.compute(Op::W, unit, mb)
+    }
+    fn backward(&mut self, unit: UnitId, mb: usize) -> Result<(), ExecError> {
+        self.compute(Op::BW, unit, mb)
+    }
+    fn recompute(&mut self, unit: UnitId, mb: usize) -> Result<(), ExecError> {
+        self.compute(Op::RF, unit, mb)
+    }
+
+    fn p2p(&mut self, batch: &[P2p]) -> Result<(), ExecError> {
+        let t0 = self.start.elapsed().as_secs_f64();
+        let first = self.pc;
+        // The batch is this many consecutive actions of the program.
+        for x in batch {
+            let name = self.name(x.unit).to_string();
+            let called = format!("{:?} {:?}({name},{})", x.dir, x.tensor, x.mb);
+            self.expect(called, |a| {
+                matches!(a, ActionRef::P2p(p)
+                    if (p.dir == mpipe_core::program::Dir::Send) == (x.dir == Dir::Send)
+                    && p.unit == name && p.mb == x.mb && p.peer == x.peer
+                    && p.tensor.as_str() == match x.tensor { Kind::Act => "act", Kind::Grad => "grad", Kind::Input => "input" })
+            })?;
+        }
+        let mut payloads: Vec<(usize, Tag, Tensor)> = Vec::new();
+        let mut recvs: Vec<(usize, Tag)> = Vec::new();
+        for x in batch {
+            let t = Tag::transfer(x.tensor, x.unit, x.mb);
+            match x.dir {
+                Dir::Send => {
+                    let data = match x.tensor {
+                        Kind::Act => self.acts.get(&(x.unit, x.mb)).cloned(),
+                        Kind::Grad => self.grads.get(&(x.unit, x.mb)).map(|g| pack(g)),
+                        Kind::Input => Some(Vec::new()),
+                    };
+                    let Some(data) = data else {
+                        return Err(self.missing(first, format!("the {:?} of `{}` for micro-batch {} to send", x.tensor, self.name(x.unit), x.mb)));
+                    };
+                    payloads.push((x.peer, t, data));
+                }
+                Dir::Recv => recvs.push((x.peer, t)),
+            }
+        }
+        let sends: Vec<(usize, Tag, &[f32])> = payloads.iter().map(|(p, t, d)| (*p, *t, d.as_slice())).collect();
+        let got = match self.comm.batch(&sends, &recvs) {
+            Ok(g) => g,
+            Err(e) => return Err(self.comm_error(first, e)),
+        };
+        for x in batch.iter().filter(|x| x.dir == Dir::Send) {
+            match x.tensor {
+                Kind::Act => self.use_act(x.unit, x.mb),
+                Kind::Grad => self.use_grad(x.unit, x.mb),
+                Kind::Input => {}
+            }
+        }
+        for (x, data) in batch.iter().filter(|x| x.dir == Dir::Recv).zip(got) {
+            match x.tensor {
+                Kind::Act => {
+                    self.acts.insert((x.unit, x.mb), data);
+                }
+                Kind::Grad => {
+                    let Some(parts) = unpack(&data) else {
+                        return Err(self.missing(first, format!("a well-formed gradient message for `{}`", self.name(x.unit))));
+                    };
+                    self.grads.insert((x.unit, x.mb), parts);
+                }
+                Kind::Input => {}
+            }
+        }
+        let t1 = self.start.elapsed().as_secs_f64();
+        for _ in batch {
+            self.slots.push(Slot { start: t0, end: t1 });
+        }
+        Ok(())
+    }
+
+    fn broadcast(&mut self, unit: UnitId, root: usize, group: &[usize]) -> Result<(), ExecError> {
+        let t0 = self.start.elapsed().as_secs_f64();
+        let name = self.name(unit).to_string();
+        let index = self.expect(format!("BCAST({name})"), |a| {
+            matches!(a, ActionRef::Coll(c) if c.kind == mpipe_core::program::CollKind::Bcast && c.unit == name && c.root == root)
+        })?;
+        let t = Tag::params(unit);
+        let buf = self.model.params_mut(unit);
+        if let Err(e) = self.comm.broadcast(root, group, t, buf) {
+            return Err(self.comm_error(index, e));
+        }
+        self.slots.push(Slot { start: t0, end: self.start.elapsed().as_secs_f64() });
+        Ok(())
+    }
+
+    fn reduce(&mut self, unit: UnitId, root: usize, group: &[usize]) -> Result<(), ExecError> {
+        let t0 = self.start.elapsed().as_secs_f64();
+        let name = self.name(unit).to_string();
+        let index = self.expect(format!("REDUCE({name})"), |a| {
+            matches!(a, ActionRef::Coll(c) if c.kind == mpipe_core::program::CollKind::Reduce && c.unit == name && c.root == root)
+        })?;
+        let t = Tag::grads(unit);
+        let buf = self.model.grads_mut(unit);
+        if let Err(e) = self.comm.reduce(root, group, t, buf) {
+            return Err(self.comm_error(index, e));
+        }
+        self.slots.push(Slot { start: t0, end: self.start.elapsed().as_secs_f64() });
+        Ok(())
+    }
+
+    fn no_such_rank(&mut self, rank: usize, ranks: usize) -> ExecError {
+        ExecError::NoSuchRank { rank, ranks }
+    }
+}
+
+/// Per-rank wall-clock intervals gathered into a [`Timeline`] (for
+/// `mpipe_core::render` traces and charts, side by side with the simulated one).
+pub fn timeline(ranks: Vec<Vec<Slot>>) -> Timeline {
+    Timeline { ranks }
+}
