@@ -115,7 +115,9 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
             match a.view() {
                 ActionRef::Compute(c) => {
                     let u = unit_index(program, c.unit);
-                    let Some(info) = units.get(u as usize) else { continue };
+                    let Some(info) = units.get(u as usize) else {
+                        continue;
+                    };
                     match c.op {
                         Op::F | Op::RF => {
                             for &p in &info.inputs {
@@ -134,7 +136,9 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
                     let key = (unit_index(program, x.unit), x.mb);
                     match x.tensor {
                         mpipe_core::program::Tensor::Act => *act_uses.entry(key).or_insert(0) += 1,
-                        mpipe_core::program::Tensor::Grad => *grad_uses.entry(key).or_insert(0) += 1,
+                        mpipe_core::program::Tensor::Grad => {
+                            *grad_uses.entry(key).or_insert(0) += 1
+                        }
                         mpipe_core::program::Tensor::Input => {}
                     }
                 }
@@ -178,11 +182,18 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
     }
 
     fn list(&self) -> &'a [mpipe_core::program::Action] {
-        self.program.programs.get(self.rank).map_or(&[][..], Vec::as_slice)
+        self.program
+            .programs
+            .get(self.rank)
+            .map_or(&[][..], Vec::as_slice)
     }
 
     /// Check that the next action is `called` (rendered by `matches`); advance.
-    fn expect(&mut self, called: String, matches: impl Fn(ActionRef) -> bool) -> Result<usize, ExecError> {
+    fn expect(
+        &mut self,
+        called: String,
+        matches: impl Fn(ActionRef) -> bool,
+    ) -> Result<usize, ExecError> {
         let index = self.pc;
         match self.list().get(index) {
             Some(a) if matches(a.view()) => {
@@ -193,31 +204,58 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
                 rank: self.rank,
                 index,
                 called,
-                expected: other.map_or_else(|| "nothing (the rank's list is over)".to_string(), |a| a.to_string()),
+                expected: other.map_or_else(
+                    || "nothing (the rank's list is over)".to_string(),
+                    |a| a.to_string(),
+                ),
             }),
         }
     }
 
     fn missing(&self, index: usize, what: String) -> ExecError {
-        let action = self.list().get(index).map_or_else(String::new, |a| a.to_string());
-        ExecError::Missing { rank: self.rank, index, action, what }
+        let action = self
+            .list()
+            .get(index)
+            .map_or_else(String::new, |a| a.to_string());
+        ExecError::Missing {
+            rank: self.rank,
+            index,
+            action,
+            what,
+        }
     }
 
-    fn comm_error(&self, index: usize, e: impl std::error::Error + Send + Sync + 'static) -> ExecError {
-        let action = self.list().get(index).map_or_else(String::new, |a| a.to_string());
-        ExecError::Comm { rank: self.rank, index, action, source: Box::new(e) }
+    fn comm_error(
+        &self,
+        index: usize,
+        e: impl std::error::Error + Send + Sync + 'static,
+    ) -> ExecError {
+        let action = self
+            .list()
+            .get(index)
+            .map_or_else(String::new, |a| a.to_string());
+        ExecError::Comm {
+            rank: self.rank,
+            index,
+            action,
+            source: Box::new(e),
+        }
     }
 
     fn name(&self, u: UnitId) -> &str {
-        self.program.units.get(u as usize).map_or("?", |x| x.name.as_str())
+        self.program
+            .units
+            .get(u as usize)
+            .map_or("?", |x| x.name.as_str())
     }
 
     fn compute(&mut self, op: Op, unit: UnitId, mb: usize) -> Result<(), ExecError> {
         let t0 = self.start.elapsed().as_secs_f64();
         let name = self.name(unit).to_string();
-        let index = self.expect(format!("{}({name},{mb})", op.as_str()), |a| {
-            matches!(a, ActionRef::Compute(c) if c.op == op && c.unit == name && c.mb == mb)
-        })?;
+        let index = self.expect(
+            format!("{}({name},{mb})", op.as_str()),
+            |a| matches!(a, ActionRef::Compute(c) if c.op == op && c.unit == name && c.mb == mb),
+        )?;
         match op {
             Op::F | Op::RF => self.forward(index, unit, mb, op == Op::RF)?,
             Op::B => {
@@ -241,19 +279,34 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
                 self.backward_weight(index, unit, mb)?;
             }
         }
-        self.slots.push(Slot { start: t0, end: self.start.elapsed().as_secs_f64() });
+        self.slots.push(Slot {
+            start: t0,
+            end: self.start.elapsed().as_secs_f64(),
+        });
         Ok(())
     }
 
-    fn forward(&mut self, index: usize, unit: UnitId, mb: usize, recompute: bool) -> Result<(), ExecError> {
+    fn forward(
+        &mut self,
+        index: usize,
+        unit: UnitId,
+        mb: usize,
+        recompute: bool,
+    ) -> Result<(), ExecError> {
         let inputs = self.units[unit as usize].inputs.clone();
         for &p in &inputs {
             if !self.acts.contains_key(&(p, mb)) {
-                return Err(self.missing(index, format!("the activation of `{}` for micro-batch {mb}", self.name(p))));
+                return Err(self.missing(
+                    index,
+                    format!("the activation of `{}` for micro-batch {mb}", self.name(p)),
+                ));
             }
         }
         let (out, stash) = {
-            let refs: Vec<&Tensor> = inputs.iter().filter_map(|p| self.acts.get(&(*p, mb))).collect();
+            let refs: Vec<&Tensor> = inputs
+                .iter()
+                .filter_map(|p| self.acts.get(&(*p, mb)))
+                .collect();
             self.model.forward(unit, mb, &refs)
         };
         for &p in &inputs {
@@ -308,10 +361,16 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
         let from = self.units[unit as usize].grad_from.clone();
         let mut grad_out: Option<Tensor> = None;
         for &s in &from {
-            let slot = self.units[s as usize].inputs.iter().position(|&i| i == unit);
+            let slot = self.units[s as usize]
+                .inputs
+                .iter()
+                .position(|&i| i == unit);
             let part = slot.and_then(|k| self.grads.get(&(s, mb)).and_then(|g| g.get(k)));
             let Some(part) = part else {
-                return Err(self.missing(index, format!("the gradient from `{}` for micro-batch {mb}", self.name(s))));
+                return Err(self.missing(
+                    index,
+                    format!("the gradient from `{}` for micro-batch {mb}", self.name(s)),
+                ));
             };
             match &mut grad_out {
                 None => grad_out = Some(part.clone()),
@@ -322,9 +381,17 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
             self.use_grad(s, mb);
         }
         let Some(stash) = self.stashes.get_mut(&(unit, mb)) else {
-            return Err(self.missing(index, format!("the forward's stash of `{}` for micro-batch {mb}", self.name(unit))));
+            return Err(self.missing(
+                index,
+                format!(
+                    "the forward's stash of `{}` for micro-batch {mb}",
+                    self.name(unit)
+                ),
+            ));
         };
-        let produced = self.model.backward_input(unit, mb, stash, grad_out.as_ref());
+        let produced = self
+            .model
+            .backward_input(unit, mb, stash, grad_out.as_ref());
         if self.grad_uses.get(&(unit, mb)).copied().unwrap_or(0) > 0 {
             self.grads.insert((unit, mb), produced);
         }
@@ -333,7 +400,13 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
 
     fn backward_weight(&mut self, index: usize, unit: UnitId, mb: usize) -> Result<(), ExecError> {
         let Some(stash) = self.stashes.remove(&(unit, mb)) else {
-            return Err(self.missing(index, format!("the forward's stash of `{}` for micro-batch {mb}", self.name(unit))));
+            return Err(self.missing(
+                index,
+                format!(
+                    "the forward's stash of `{}` for micro-batch {mb}",
+                    self.name(unit)
+                ),
+            ));
         };
         self.model.backward_weight(unit, mb, stash);
         if let Some(act) = self.held.remove(&(unit, mb)) {
@@ -411,14 +484,25 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
                         Kind::Input => Some(Vec::new()),
                     };
                     let Some(data) = data else {
-                        return Err(self.missing(first, format!("the {:?} of `{}` for micro-batch {} to send", x.tensor, self.name(x.unit), x.mb)));
+                        return Err(self.missing(
+                            first,
+                            format!(
+                                "the {:?} of `{}` for micro-batch {} to send",
+                                x.tensor,
+                                self.name(x.unit),
+                                x.mb
+                            ),
+                        ));
                     };
                     payloads.push((x.peer, t, data));
                 }
                 Dir::Recv => recvs.push((x.peer, t)),
             }
         }
-        let sends: Vec<(usize, Tag, &[f32])> = payloads.iter().map(|(p, t, d)| (*p, *t, d.as_slice())).collect();
+        let sends: Vec<(usize, Tag, &[f32])> = payloads
+            .iter()
+            .map(|(p, t, d)| (*p, *t, d.as_slice()))
+            .collect();
         let got = match self.comm.batch(&sends, &recvs) {
             Ok(g) => g,
             Err(e) => return Err(self.comm_error(first, e)),
@@ -437,7 +521,10 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
                 }
                 Kind::Grad => {
                     let Some(parts) = unpack(&data) else {
-                        return Err(self.missing(first, format!("a well-formed gradient message for `{}`", self.name(x.unit))));
+                        return Err(self.missing(
+                            first,
+                            format!("a well-formed gradient message for `{}`", self.name(x.unit)),
+                        ));
                     };
                     self.grads.insert((x.unit, x.mb), parts);
                 }
@@ -462,7 +549,10 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
         if let Err(e) = self.comm.broadcast(root, group, t, buf) {
             return Err(self.comm_error(index, e));
         }
-        self.slots.push(Slot { start: t0, end: self.start.elapsed().as_secs_f64() });
+        self.slots.push(Slot {
+            start: t0,
+            end: self.start.elapsed().as_secs_f64(),
+        });
         Ok(())
     }
 
@@ -477,7 +567,10 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
         if let Err(e) = self.comm.reduce(root, group, t, buf) {
             return Err(self.comm_error(index, e));
         }
-        self.slots.push(Slot { start: t0, end: self.start.elapsed().as_secs_f64() });
+        self.slots.push(Slot {
+            start: t0,
+            end: self.start.elapsed().as_secs_f64(),
+        });
         Ok(())
     }
 

@@ -1,0 +1,119 @@
+//! A self-test of the host TCP backend, to run under a launcher:
+//! `mpipe-run -n 4 -- comm-selftest [ring | fail RANK CODE]`.
+//!
+//! - `ring` (the default): every rank sends a tensor to the next rank and receives
+//!   one from the previous in one batch (three rounds), then checks an all-reduce, a
+//!   broadcast, a reduce and a barrier; prints `rank R: ok` and exits 0.
+//! - `fail RANK CODE`: rank RANK exits with CODE right after connecting, without a
+//!   goodbye (like a crash); the others run `ring`, fail naming it, and exit 1.
+//! - `hang RANK CODE`: rank RANK exits with CODE right after connecting; the others
+//!   sleep for a minute without communicating (hung ranks, for the launcher to
+//!   kill).
+//!
+//! The timeout is `MPIPE_COMM_TIMEOUT` seconds (default 10).
+
+use std::process::ExitCode;
+
+use mpipe_runtime::comm::{Comm, Error, Tag};
+use mpipe_runtime::host::{default_timeout, tcp, HostComm};
+
+fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
+    if ok {
+        Ok(())
+    } else {
+        Err(what())
+    }
+}
+
+fn ring(c: &mut impl HostComm) -> Result<(), String> {
+    let (r, n) = (c.rank(), c.world());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let e = |e: Error| e.to_string();
+    for round in 0..3u32 {
+        let mine: Vec<f32> = (0..1000)
+            .map(|i| (r * 1000 + i) as f32 + round as f32)
+            .collect();
+        let tag = Tag::act(7, round);
+        let got = c.batch(&[(next, tag, &mine)], &[(prev, tag)]).map_err(e)?;
+        let want: Vec<f32> = (0..1000)
+            .map(|i| (prev * 1000 + i) as f32 + round as f32)
+            .collect();
+        check(got[0] == want, || {
+            format!("round {round}: wrong data from rank {prev}")
+        })?;
+    }
+    let mut buf = vec![r as f32, 1.0];
+    let group: Vec<usize> = (0..n).collect();
+    c.all_reduce(&group, Tag::grads(1), &mut buf).map_err(e)?;
+    let sum = (n * (n - 1) / 2) as f32;
+    check(buf == [sum, n as f32], || {
+        format!("all_reduce gave {buf:?}")
+    })?;
+    let mut p = if r == n - 1 {
+        vec![42.0; 5]
+    } else {
+        vec![0.0; 5]
+    };
+    c.broadcast(n - 1, &group, Tag::params(2), &mut p)
+        .map_err(e)?;
+    check(p == [42.0; 5], || format!("broadcast gave {p:?}"))?;
+    let mut g = vec![1.0f32; 3];
+    c.reduce(0, &group, Tag::grads(3), &mut g).map_err(e)?;
+    check(r != 0 || g == vec![n as f32; 3], || {
+        format!("reduce gave {g:?}")
+    })?;
+    c.barrier().map_err(e)?;
+    Ok(())
+}
+
+const USAGE: &str = "usage: comm-selftest [ring | fail RANK CODE | hang RANK CODE]";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = args.first().map(String::as_str).unwrap_or("ring");
+    let fail: Option<(usize, u8)> = match mode {
+        "ring" => None,
+        "fail" | "hang" => match (
+            args.get(1).and_then(|s| s.parse().ok()),
+            args.get(2).and_then(|s| s.parse().ok()),
+        ) {
+            (Some(r), Some(c)) => Some((r, c)),
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        },
+        m => {
+            eprintln!("comm-selftest: unknown mode {m:?}; {USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut c = match tcp::from_env(default_timeout()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("comm-selftest: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let r = c.rank();
+    if let Some((bad, code)) = fail {
+        if r == bad {
+            eprintln!("rank {r}: exiting with code {code} on purpose");
+            std::process::exit(code.into());
+        }
+        if mode == "hang" {
+            std::thread::sleep(std::time::Duration::from_secs(60));
+        }
+    }
+    match ring(&mut c) {
+        Ok(()) => {
+            println!("rank {r}: ok");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rank {r}: {e}");
+            c.abort(&e);
+            ExitCode::from(1)
+        }
+    }
+}

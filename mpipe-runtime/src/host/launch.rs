@@ -1,0 +1,325 @@
+//! Starting the ranks of a host run as processes on this machine: what the
+//! `mpipe-run` binary does.
+//!
+//! Each rank gets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
+//! `MASTER_ADDR=127.0.0.1` and `MASTER_PORT` (what [`crate::host::tcp::from_env`]
+//! reads), and its output lines are copied to ours prefixed with `[rank R] ` (stdout
+//! to stdout, stderr to stderr). When a rank exits unsuccessfully, the others get a
+//! grace period to exit on their own (they should: the failed rank aborted them, or
+//! its connections closed), then are killed; the launch's exit code is that of the
+//! rank that failed first.
+//!
+//! The ranks stay in the launcher's process group, so Ctrl-C reaches them all; a
+//! kill after the grace period reaches only each rank's own process, not processes
+//! it started (run the rank's binary directly, not through a wrapper such as
+//! `cargo run`).
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use crate::host::tcp;
+
+/// What to launch.
+#[derive(Clone, Debug)]
+pub struct Launch {
+    /// The number of ranks (processes).
+    pub ranks: usize,
+    /// `MASTER_PORT`; `None` picks a free port.
+    pub port: Option<u16>,
+    /// How long the other ranks may take to exit after the first failure.
+    pub grace: Duration,
+    pub program: OsString,
+    pub args: Vec<OsString>,
+}
+
+/// How one rank ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RankExit {
+    /// Exit code 0.
+    Success,
+    /// A non-zero exit code.
+    Code(i32),
+    /// Killed by a signal it did not get from us.
+    Signal(i32),
+    /// Still running after the grace period, so killed by the launcher.
+    Killed,
+    /// Its status could not be read.
+    Unknown,
+}
+
+impl RankExit {
+    fn from_status(st: ExitStatus) -> RankExit {
+        if st.success() {
+            return RankExit::Success;
+        }
+        if let Some(c) = st.code() {
+            return RankExit::Code(c);
+        }
+        #[cfg(unix)]
+        {
+            use std::os::unix::process::ExitStatusExt;
+            if let Some(s) = st.signal() {
+                return RankExit::Signal(s);
+            }
+        }
+        RankExit::Unknown
+    }
+
+    /// A failure of the rank's own (not a kill after the grace period, not success).
+    pub fn is_failure(self) -> bool {
+        !matches!(self, RankExit::Success | RankExit::Killed)
+    }
+
+    /// The exit code a launcher should pass on for this exit.
+    pub fn code(self) -> i32 {
+        match self {
+            RankExit::Success => 0,
+            RankExit::Code(c) => c,
+            RankExit::Signal(s) => 128 + s,
+            RankExit::Killed => 137,
+            RankExit::Unknown => 1,
+        }
+    }
+}
+
+impl std::fmt::Display for RankExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RankExit::Success => write!(f, "exit code 0"),
+            RankExit::Code(c) => write!(f, "exit code {c}"),
+            RankExit::Signal(s) => write!(f, "signal {s}"),
+            RankExit::Killed => write!(f, "killed by mpipe-run"),
+            RankExit::Unknown => write!(f, "unknown status"),
+        }
+    }
+}
+
+/// How a launch ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Report {
+    /// Every rank's exit, in rank order.
+    pub exits: Vec<RankExit>,
+    /// The rank that failed first, if any.
+    pub first_failure: Option<usize>,
+    /// The launcher's exit code: 0, or the first failure's.
+    pub code: i32,
+}
+
+/// Copies `src`'s lines to our stdout or stderr with a `[rank R] ` prefix, then
+/// reports when `src` ended (the rank's exit, normally).
+fn pump(rank: usize, src: impl Read, to_stderr: bool, done: mpsc::Sender<(usize, Instant)>) {
+    let mut r = BufReader::new(src);
+    let mut line = Vec::new();
+    let prefix = format!("[rank {rank}] ");
+    loop {
+        line.clear();
+        match r.read_until(b'\n', &mut line) {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {
+                if !line.ends_with(b"\n") {
+                    line.push(b'\n');
+                }
+                let mut out = Vec::with_capacity(prefix.len() + line.len());
+                out.extend_from_slice(prefix.as_bytes());
+                out.extend_from_slice(&line);
+                // Our own stdout closing is no reason to stop draining the rank.
+                if to_stderr {
+                    let _ = std::io::stderr().lock().write_all(&out);
+                } else {
+                    let mut o = std::io::stdout().lock();
+                    let _ = o.write_all(&out);
+                    let _ = o.flush();
+                }
+            }
+        }
+    }
+    let _ = done.send((rank, Instant::now()));
+}
+
+fn kill_all(children: &mut [Child]) {
+    for c in children.iter_mut() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+/// Starts the ranks, waits for them, and reports. The rank that failed first is
+/// the earliest to exit unsuccessfully among those that do not blame another failed
+/// rank: ranks using [`tcp::from_env`] note in a file (in a temporary directory named
+/// by [`tcp::BLAME_DIR_VAR`]) which rank's failure they learnt of. Progress and the verdict go to
+/// stderr, prefixed `mpipe-run: `. Fails only if the ranks cannot be started.
+pub fn launch(cfg: &Launch) -> Result<Report, String> {
+    let n = cfg.ranks;
+    if n == 0 {
+        return Err("the number of ranks must be at least 1".into());
+    }
+    let port = match cfg.port {
+        Some(p) => p,
+        None => tcp::free_port().map_err(|e| e.to_string())?,
+    };
+    // Where ranks note whom they blame (see tcp::BLAME_DIR_VAR).
+    let nonce = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir = std::env::temp_dir().join(format!("mpipe-run-{}-{nonce}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let report = run(cfg, port, &dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    report
+}
+
+fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String> {
+    let n = cfg.ranks;
+    let (eof_tx, eof_rx) = mpsc::channel();
+    let mut children: Vec<Child> = Vec::with_capacity(n);
+    let mut pumps = 0;
+    for rank in 0..n {
+        let spawned = Command::new(&cfg.program)
+            .args(&cfg.args)
+            .env("RANK", rank.to_string())
+            .env("WORLD_SIZE", n.to_string())
+            .env("LOCAL_RANK", rank.to_string())
+            .env("LOCAL_WORLD_SIZE", n.to_string())
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env(tcp::BLAME_DIR_VAR, dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn();
+        let mut child = match spawned {
+            Ok(c) => c,
+            Err(e) => {
+                kill_all(&mut children);
+                return Err(format!(
+                    "cannot start {} for rank {rank}: {e}",
+                    cfg.program.to_string_lossy()
+                ));
+            }
+        };
+        if let Some(out) = child.stdout.take() {
+            let tx = eof_tx.clone();
+            std::thread::spawn(move || pump(rank, out, false, tx));
+            pumps += 1;
+        }
+        if let Some(err) = child.stderr.take() {
+            let tx = eof_tx.clone();
+            std::thread::spawn(move || pump(rank, err, true, tx));
+            pumps += 1;
+        }
+        children.push(child);
+    }
+    drop(eof_tx);
+
+    let mut exits: Vec<Option<RankExit>> = vec![None; n];
+    let mut seen_at: Vec<Option<Instant>> = vec![None; n];
+    let mut first_failure_at: Option<Instant> = None;
+    loop {
+        for (r, child) in children.iter_mut().enumerate() {
+            if exits[r].is_some() {
+                continue;
+            }
+            let exit = match child.try_wait() {
+                Ok(None) => continue,
+                Ok(Some(st)) => RankExit::from_status(st),
+                Err(_) => RankExit::Unknown,
+            };
+            exits[r] = Some(exit);
+            seen_at[r] = Some(Instant::now());
+            if exit.is_failure() && first_failure_at.is_none() {
+                first_failure_at = Some(Instant::now());
+                if exits.iter().any(Option::is_none) {
+                    eprintln!(
+                        "mpipe-run: rank {r} exited with {exit}; waiting up to {:?} for the other ranks to exit",
+                        cfg.grace
+                    );
+                }
+            }
+        }
+        if exits.iter().all(Option::is_some) {
+            break;
+        }
+        if first_failure_at.is_some_and(|t| t.elapsed() >= cfg.grace) {
+            for (r, child) in children.iter_mut().enumerate() {
+                if exits[r].is_none() {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    exits[r] = Some(RankExit::Killed);
+                    eprintln!(
+                        "mpipe-run: killed rank {r}: still running {:?} after the first failure",
+                        cfg.grace
+                    );
+                }
+            }
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let exits: Vec<RankExit> = exits
+        .into_iter()
+        .map(|e| e.unwrap_or(RankExit::Unknown))
+        .collect();
+
+    // A rank's output pipes close the moment it exits, and their readers wake at
+    // once: a finer clock for "who failed first" than polling the exit statuses.
+    let mut eofs: Vec<Vec<Instant>> = vec![Vec::new(); n];
+    // (A rank's children that outlive it may hold its pipes open: wait briefly.)
+    let until = Instant::now() + Duration::from_millis(500);
+    for _ in 0..pumps {
+        let left = until.saturating_duration_since(Instant::now());
+        match eof_rx.recv_timeout(left) {
+            Ok((r, t)) => eofs[r].push(t),
+            Err(_) => break,
+        }
+    }
+    let ended_at = |r: usize| {
+        let seen = seen_at[r].unwrap_or_else(Instant::now);
+        match eofs[r].iter().max() {
+            Some(&t) if eofs[r].len() == 2 => t.min(seen),
+            _ => seen,
+        }
+    };
+    // A rank that failed because another failed first (it says so in its blame file)
+    // is not a candidate: ranks learn of a failure and exit within a millisecond,
+    // faster than exit times can be told apart.
+    let blamed: Vec<Option<usize>> = (0..n)
+        .map(|r| {
+            let text = std::fs::read_to_string(dir.join(tcp::blame_file_name(r))).ok()?;
+            text.lines().next()?.trim().parse().ok()
+        })
+        .collect();
+    let failed: Vec<usize> = (0..n).filter(|&r| exits[r].is_failure()).collect();
+    let roots: Vec<usize> = failed
+        .iter()
+        .copied()
+        .filter(|&r| !blamed[r].is_some_and(|q| q != r && q < n && exits[q] != RankExit::Success))
+        .collect();
+    let first_failure = if roots.is_empty() { &failed } else { &roots }
+        .iter()
+        .copied()
+        .min_by_key(|&r| (ended_at(r), r));
+    let code = first_failure.map_or(0, |r| exits[r].code());
+    if let Some(r) = first_failure {
+        let others: Vec<String> = (0..n)
+            .filter(|&q| q != r && exits[q] != RankExit::Success)
+            .map(|q| format!("rank {q}: {}", exits[q]))
+            .collect();
+        eprintln!(
+            "mpipe-run: rank {r} failed first ({}){}",
+            exits[r],
+            if others.is_empty() {
+                String::new()
+            } else {
+                format!("; then {}", others.join(", "))
+            }
+        );
+    }
+    Ok(Report {
+        exits,
+        first_failure,
+        code,
+    })
+}
