@@ -100,7 +100,7 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
                     .units
                     .iter()
                     .enumerate()
-                    .filter(|(s, su)| need[*s] && su.inputs.iter().any(|i| *i == u.name))
+                    .filter(|(s, su)| need[*s] && su.inputs.contains(&u.name))
                     .map(|(s, _)| s as UnitId)
                     .collect(),
                 act: u.act,
