@@ -21,22 +21,8 @@ pub fn schedule(tokens: TokenStream) -> TokenStream {
     };
     let mut errors = input.errors.clone();
     if let Some(src) = &input.program {
-        return match load_program(src, &mut errors) {
-            Some((d, path)) if errors.is_empty() => module(
-                &input,
-                &Facts {
-                    derived: &d,
-                    profile_path: path.as_deref(),
-                },
-            ),
-            _ => {
-                let mut out = fallback(&input);
-                for e in errors {
-                    out.extend(e.to_compile_error());
-                }
-                out
-            }
-        };
+        let loaded = load_program(src, &mut errors);
+        return finish(&input, loaded, errors);
     }
     let profile = input
         .model
@@ -66,19 +52,27 @@ pub fn schedule(tokens: TokenStream) -> TokenStream {
             Err(es) => errors.extend(es.into_iter().map(|e| syn::Error::new(e.span, e.message))),
         }
     }
+    let path = profile.and_then(|(_, path)| path);
+    finish(&input, derived.map(|d| (d, path)), errors)
+}
+
+/// The module for a derived (or loaded) program, or, if anything went wrong, the
+/// fallback module followed by every error.
+fn finish(
+    input: &Input,
+    derived: Option<(Derived, Option<PathBuf>)>,
+    errors: Vec<syn::Error>,
+) -> TokenStream {
     match derived {
-        Some(d) if errors.is_empty() => {
-            let path = profile.and_then(|(_, path)| path);
-            module(
-                &input,
-                &Facts {
-                    derived: &d,
-                    profile_path: path.as_deref(),
-                },
-            )
-        }
+        Some((d, path)) if errors.is_empty() => module(
+            input,
+            &Facts {
+                derived: &d,
+                profile_path: path.as_deref(),
+            },
+        ),
         _ => {
-            let mut out = fallback(&input);
+            let mut out = fallback(input);
             for e in errors {
                 out.extend(e.to_compile_error());
             }
