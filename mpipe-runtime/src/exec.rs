@@ -78,6 +78,8 @@ pub struct Executor<'a, C: Comm, M: Model> {
     live: f64,
     peak: f64,
     held: BTreeMap<(UnitId, usize), f64>,
+    /// `(op, unit, mb)` of every compute action of this rank, with its index.
+    computes: BTreeMap<(Op, UnitId, usize), usize>,
     start: Instant,
     slots: Vec<Slot>,
 }
@@ -110,11 +112,13 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
         // its last use.
         let mut act_uses = BTreeMap::new();
         let mut grad_uses = BTreeMap::new();
+        let mut computes = BTreeMap::new();
         let list = program.programs.get(rank).map_or(&[][..], Vec::as_slice);
-        for a in list {
+        for (i, a) in list.iter().enumerate() {
             match a.view() {
                 ActionRef::Compute(c) => {
                     let u = unit_index(program, c.unit);
+                    computes.insert((c.op, u, c.mb), i);
                     let Some(info) = units.get(u as usize) else {
                         continue;
                     };
@@ -160,6 +164,7 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
             live: 0.0,
             peak: 0.0,
             held: BTreeMap::new(),
+            computes,
             start: Instant::now(),
             slots: Vec::with_capacity(list.len()),
         }
@@ -262,10 +267,7 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
                 self.backward_input(index, unit, mb)?;
                 // A unit without weights here (no W of it follows on this rank)
                 // is done with its stash once its input gradient is out.
-                let name = self.name(unit).to_string();
-                let w_follows = self.list()[index + 1..]
-                    .iter()
-                    .any(|a| matches!(a.view(), ActionRef::Compute(c) if c.op == Op::W && c.unit == name && c.mb == mb));
+                let w_follows = self.computes.get(&(Op::W, unit, mb)).is_some_and(|&i| i > index);
                 if !w_follows {
                     self.stashes.remove(&(unit, mb));
                     if let Some(act) = self.held.remove(&(unit, mb)) {
@@ -313,15 +315,9 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
             self.use_act(p, mb);
         }
         // Keep the stash only if this rank runs the backward; count it as held.
-        let list = self.list();
-        let name = self.name(unit);
-        let backward_here = list[index + 1..].iter().any(|a| {
-            matches!(a.view(), ActionRef::Compute(c) if c.unit == name && c.mb == mb && matches!(c.op, Op::B | Op::BW))
-        });
-        let recomputed_later = !recompute
-            && list[index + 1..]
-                .iter()
-                .any(|a| matches!(a.view(), ActionRef::Compute(c) if c.unit == name && c.mb == mb && c.op == Op::RF));
+        let later = |op: Op| self.computes.get(&(op, unit, mb)).is_some_and(|&i| i > index);
+        let backward_here = later(Op::B) || later(Op::BW);
+        let recomputed_later = !recompute && later(Op::RF);
         if backward_here && !recomputed_later {
             let act = self.units[unit as usize].act;
             self.stashes.insert((unit, mb), stash);
