@@ -207,6 +207,12 @@ pub fn derive_str(req: &Request, text: &str) -> Result<Derived, Vec<DeriveError>
 /// Parameter memory resident on each rank: every unit's parameters on its home, and
 /// on every rank that computes it elsewhere (broadcast or replicated).
 pub fn resident_params(program: &Program) -> Vec<f64> {
+    let index: std::collections::BTreeMap<&str, usize> = program
+        .units
+        .iter()
+        .enumerate()
+        .map(|(i, u)| (u.name.as_str(), i))
+        .collect();
     let mut held = vec![std::collections::BTreeSet::new(); program.ranks];
     for (u, unit) in program.units.iter().enumerate() {
         if unit.home < program.ranks {
@@ -214,9 +220,15 @@ pub fn resident_params(program: &Program) -> Vec<f64> {
         }
     }
     for (r, list) in program.programs.iter().enumerate().take(program.ranks) {
+        let mut last: Option<&str> = None;
         for a in list {
             if let ActionRef::Compute(c) = a.view() {
-                if let Some(u) = program.unit_index(c.unit) {
+                // Runs of actions on one unit are common: skip the lookup for them.
+                if last == Some(c.unit) {
+                    continue;
+                }
+                last = Some(c.unit);
+                if let Some(&u) = index.get(c.unit) {
                     held[r].insert(u);
                 }
             }
