@@ -5,16 +5,53 @@
 //! cargo run --release --example mllm                          # transpose(vision, 1f1b)
 //! cargo run --release --example mllm -- --schedule zbv-t      # transpose(vision, zbv)
 //! cargo run --release --example mllm -- --check               # pipelined == unpipelined?
+//! cargo run --release --example mllm -- --processes           # ranks as processes (TCP)
+//! cargo run --release --example mllm -- --checkpoint ck --checkpoint-every 50
+//! cargo run --release --example mllm -- --resume ck           # continue from ck
+//! cargo run --release --example mllm -- --trace real.json --trace-sim sim.json
 //! ```
+//!
+//! **Ranks.** By default the ranks are threads of this process. With `--processes`
+//! the example starts itself once per rank through `mpipe-run`'s launcher
+//! (`mpipe_runtime::host::launch`), each child's output lines prefixed `[rank R]`,
+//! and the ranks talk over loopback TCP. A process started with `RANK`,
+//! `WORLD_SIZE` and `MASTER_PORT` in its environment (by that launcher, `mpipe-run`,
+//! torchrun or a Slurm wrapper) runs that one rank (`host::tcp::from_env`); the rank
+//! that computes the loss prints progress lines. `MPIPE_FAULT_RANK=R` (with
+//! `MPIPE_FAULT_STEP=S`, default 1) makes rank R exit with code 3 halfway through
+//! step S, to see the others stop naming it.
+//!
+//! **Checkpoints.** `--checkpoint DIR` saves every `--checkpoint-every` steps (each
+//! rank its home units' parameters and Adam state, see
+//! `mpipe_runtime::checkpoint`); `--resume DIR` continues from the last complete
+//! set, with the same data stream, up to `--steps`.
+//!
+//! **Traces.** `--trace FILE` writes the last step as every rank ran it (wall clock,
+//! one track per rank; with `--processes` the ranks send their timings to rank 0,
+//! which writes the file), `--trace-sim FILE` the simulator's prediction of the same
+//! program, for side-by-side viewing in <https://ui.perfetto.dev>.
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, ValueEnum};
 use indicatif::{ProgressBar, ProgressStyle};
 use mpipe::core::program::Program;
+use mpipe::runtime::checkpoint::Manifest;
+use mpipe::runtime::comm::Comm;
 use mpipe::runtime::exec::{ExecError, Executor};
+use mpipe::runtime::host::default_timeout;
+use mpipe::runtime::host::launch::{launch, Launch};
+use mpipe::runtime::host::tcp::{self, TcpComm};
 use mpipe::runtime::host::threads::ThreadComm;
-use mpipe_mllm::pipeline::{check, train, StepReport, Train};
+use mpipe::runtime::{P2p, Step, UnitId};
+use mpipe_mllm::pipeline::{
+    check, gather_timeline, outcomes_timeline, param_checksums, real_trace, simulated_trace,
+    train_rank, train_with, Checkpointing, RankOutcome, StepReport, Train,
+};
 use mpipe_mllm::{AdamConfig, Config, Mllm};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 /// The four schedules, compiled for one profile (trainable or frozen encoder).
@@ -92,12 +129,13 @@ impl Schedule {
         }
     }
 
-    fn run(
+    /// The generated code of `rank`, on any backend (an executor, or a wrapper).
+    fn run<S: Step + ?Sized>(
         self,
         frozen: bool,
         rank: usize,
-        exec: &mut Executor<'_, ThreadComm, Mllm>,
-    ) -> Result<(), ExecError> {
+        exec: &mut S,
+    ) -> Result<(), S::Error> {
         if frozen {
             pick!(self, frozen, |m| m::run(rank, exec))
         } else {
@@ -112,7 +150,7 @@ struct Args {
     /// The compiled schedule to train with.
     #[arg(long, value_enum, default_value = "1f1b-t")]
     schedule: Schedule,
-    /// Training steps.
+    /// Training steps (in all, counting those before a resumed checkpoint).
     #[arg(long, default_value_t = 300)]
     steps: u64,
     /// Freeze the vision encoder.
@@ -124,6 +162,25 @@ struct Args {
     /// Learning rate.
     #[arg(long, default_value_t = 3e-3)]
     lr: f32,
+    /// Run the ranks as separate processes over loopback TCP (this example started
+    /// once per rank by mpipe-run's launcher).
+    #[arg(long)]
+    processes: bool,
+    /// Save a checkpoint set into DIR every --checkpoint-every steps.
+    #[arg(long, value_name = "DIR")]
+    checkpoint: Option<PathBuf>,
+    /// Steps between checkpoints.
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    checkpoint_every: u64,
+    /// Resume from the last complete checkpoint set in DIR.
+    #[arg(long, value_name = "DIR")]
+    resume: Option<PathBuf>,
+    /// Write a Chrome/Perfetto trace of the last step as the ranks ran it.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Write the simulator's Chrome/Perfetto trace of the same program.
+    #[arg(long, value_name = "FILE")]
+    trace_sim: Option<PathBuf>,
 }
 
 fn config(stages: usize, frozen: bool) -> Config {
@@ -136,42 +193,319 @@ fn config(stages: usize, frozen: bool) -> Config {
     }
 }
 
-fn main() -> Result<()> {
+/// Everything a run needs, from the arguments.
+struct Run {
+    sched: Schedule,
+    frozen: bool,
+    expr: &'static str,
+    program: Program,
+    t: Train,
+    ck: Checkpointing,
+    /// The step the run starts at (after a resumed checkpoint).
+    first: u64,
+    predicted: Vec<f64>,
+}
+
+impl Run {
+    fn new(args: &Args) -> Result<Run> {
+        let (expr, json, chunks) = args.schedule.compiled(args.frozen);
+        let program = Program::from_json(json).context("the compiled program")?;
+        let t = Train {
+            cfg: config(program.ranks * chunks, args.frozen),
+            adam: AdamConfig {
+                lr: args.lr,
+                ..AdamConfig::default()
+            },
+            data_seed: 1,
+            steps: args.steps,
+            update: true,
+            timeout: default_timeout(),
+        };
+        let ck = Checkpointing {
+            checkpoint: args.checkpoint.clone().map(|d| (d, args.checkpoint_every)),
+            resume: args.resume.clone(),
+        };
+        // (A missing or bad set is reported by every rank when it loads its file.)
+        let first = args
+            .resume
+            .as_deref()
+            .and_then(|d| Manifest::read(d).ok())
+            .map_or(0, |m| m.step);
+        let predicted: Vec<f64> = if args.frozen {
+            pick!(args.schedule, frozen, |m| m::PEAK_MEMORY.to_vec())
+        } else {
+            pick!(args.schedule, trainable, |m| m::PEAK_MEMORY.to_vec())
+        };
+        if let Some(dir) = &args.checkpoint {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("creating the checkpoint directory {}", dir.display()))?;
+        }
+        Ok(Run {
+            sched: args.schedule,
+            frozen: args.frozen,
+            expr,
+            program,
+            t,
+            ck,
+            first,
+            predicted,
+        })
+    }
+
+    /// The rank that computes the loss (the last unit).
+    fn reporter(&self, rank: usize) -> bool {
+        let last = self.program.units.last().map_or("", |u| u.name.as_str());
+        self.program.programs[rank].iter().any(|a| a.unit() == last)
+    }
+
+    fn trace_name(&self) -> String {
+        format!(
+            "{}: step {} as run",
+            self.expr,
+            self.t.steps.saturating_sub(1)
+        )
+    }
+}
+
+fn write(path: &Path, text: &str, what: &str) -> Result<()> {
+    std::fs::write(path, text).with_context(|| format!("writing {what} to {}", path.display()))?;
+    println!("wrote {what} to {}", path.display());
+    Ok(())
+}
+
+/// `parameter checksums: vision=0123456789abcdef llm.0=...`, to compare runs bit
+/// for bit.
+fn checksum_line(program: &Program, params: &[(usize, Vec<f32>)]) -> String {
+    let sums: Vec<String> = param_checksums(params)
+        .into_iter()
+        .map(|(u, h)| format!("{}={h:016x}", program.units[u].name))
+        .collect();
+    format!("parameter checksums: {}", sums.join(" "))
+}
+
+fn main() -> Result<ExitCode> {
     let args = Args::parse();
     if args.check {
-        return run_check(args.frozen);
+        if args.processes {
+            bail!("--check runs on threads; leave out --processes");
+        }
+        return run_check(args.frozen).map(|()| ExitCode::SUCCESS);
     }
-    let (expr, json, chunks) = args.schedule.compiled(args.frozen);
-    let frozen = args.frozen;
-    let program = Program::from_json(json).context("the compiled program")?;
-    let sched = args.schedule;
-    let t = Train {
-        cfg: config(program.ranks * chunks, args.frozen),
-        adam: AdamConfig {
-            lr: args.lr,
-            ..AdamConfig::default()
-        },
-        data_seed: 1,
-        steps: args.steps,
-        update: true,
-        timeout: Duration::from_secs(10),
-    };
+    let run = Run::new(&args)?;
+    // A process started by a launcher runs one rank.
+    let launched = ["RANK", "WORLD_SIZE", "MASTER_PORT"]
+        .iter()
+        .all(|v| std::env::var_os(v).is_some());
+    if launched && !args.processes {
+        return run_rank_process(&args, &run);
+    }
+    if let Some(path) = &args.trace_sim {
+        let name = format!("{} (simulated)", run.expr);
+        let text = simulated_trace(&run.program, &name).map_err(|e| anyhow!(e))?;
+        write(path, &text, "the simulated trace")?;
+    }
+    if run.first >= run.t.steps && args.resume.is_some() {
+        println!(
+            "the checkpoint is at step {}, --steps is {}: nothing to do",
+            run.first, run.t.steps
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if args.processes {
+        run_processes(&run)
+    } else {
+        run_threads(&args, &run)
+    }
+}
+
+/// `--processes`: this program again, once per rank, through the launcher.
+fn run_processes(run: &Run) -> Result<ExitCode> {
+    let exe = std::env::current_exe().context("finding this program's executable")?;
+    let args: Vec<OsString> = std::env::args_os()
+        .skip(1)
+        .filter(|a| a != "--processes")
+        .collect();
     println!(
-        "training `{expr}` on {} ranks, {} micro-batches per step, {} steps",
-        program.ranks, program.microbatches, args.steps
+        "training `{}` on {} ranks as processes (loopback TCP), {} micro-batches per step, steps {}..{}",
+        run.expr, run.program.ranks, run.program.microbatches, run.first, run.t.steps
     );
-    let bar = ProgressBar::new(args.steps);
+    let report = launch(&Launch {
+        ranks: run.program.ranks,
+        port: None,
+        grace: Duration::from_secs(10),
+        program: exe.into_os_string(),
+        args,
+    })
+    .map_err(|e| anyhow!(e))?;
+    Ok(ExitCode::from(u8::try_from(report.code).unwrap_or(1)))
+}
+
+/// A [`Step`] that exits the process (code 3, without a goodbye to the peers, as a
+/// crash would) after `left` more actions: `MPIPE_FAULT_RANK`'s fault.
+struct Fault<'e, S: ?Sized> {
+    inner: &'e mut S,
+    left: usize,
+    rank: usize,
+    step: u64,
+}
+
+impl<S: Step + ?Sized> Fault<'_, S> {
+    fn tick(&mut self) {
+        if self.left == 0 {
+            eprintln!(
+                "rank {}: exiting with code 3 in the middle of step {} (MPIPE_FAULT_RANK)",
+                self.rank, self.step
+            );
+            std::process::exit(3);
+        }
+        self.left -= 1;
+    }
+}
+
+impl<S: Step + ?Sized> Step for Fault<'_, S> {
+    type Error = S::Error;
+    fn forward(&mut self, unit: UnitId, mb: usize) -> Result<(), S::Error> {
+        self.tick();
+        self.inner.forward(unit, mb)
+    }
+    fn backward_input(&mut self, unit: UnitId, mb: usize) -> Result<(), S::Error> {
+        self.tick();
+        self.inner.backward_input(unit, mb)
+    }
+    fn backward_weight(&mut self, unit: UnitId, mb: usize) -> Result<(), S::Error> {
+        self.tick();
+        self.inner.backward_weight(unit, mb)
+    }
+    fn backward(&mut self, unit: UnitId, mb: usize) -> Result<(), S::Error> {
+        self.tick();
+        self.inner.backward(unit, mb)
+    }
+    fn recompute(&mut self, unit: UnitId, mb: usize) -> Result<(), S::Error> {
+        self.tick();
+        self.inner.recompute(unit, mb)
+    }
+    fn p2p(&mut self, batch: &[P2p]) -> Result<(), S::Error> {
+        self.tick();
+        self.inner.p2p(batch)
+    }
+    fn broadcast(&mut self, unit: UnitId, root: usize, group: &[usize]) -> Result<(), S::Error> {
+        self.tick();
+        self.inner.broadcast(unit, root, group)
+    }
+    fn reduce(&mut self, unit: UnitId, root: usize, group: &[usize]) -> Result<(), S::Error> {
+        self.tick();
+        self.inner.reduce(unit, root, group)
+    }
+    fn no_such_rank(&mut self, rank: usize, ranks: usize) -> S::Error {
+        self.inner.no_such_rank(rank, ranks)
+    }
+}
+
+/// `MPIPE_FAULT_RANK` / `MPIPE_FAULT_STEP`: the step at which this rank fails.
+fn fault_step(rank: usize) -> Result<Option<u64>> {
+    let Ok(r) = std::env::var("MPIPE_FAULT_RANK") else {
+        return Ok(None);
+    };
+    let r: usize = r
+        .trim()
+        .parse()
+        .with_context(|| format!("MPIPE_FAULT_RANK={r:?} is not a rank"))?;
+    let step = match std::env::var("MPIPE_FAULT_STEP") {
+        Ok(s) => s
+            .trim()
+            .parse()
+            .with_context(|| format!("MPIPE_FAULT_STEP={s:?} is not a step"))?,
+        Err(_) => 1,
+    };
+    Ok((r == rank).then_some(step))
+}
+
+/// One rank of a multi-process run (started by a launcher).
+fn run_rank_process(args: &Args, run: &Run) -> Result<ExitCode> {
+    let mut comm = tcp::from_env(run.t.timeout).context("connecting to the other ranks")?;
+    let rank = comm.rank();
+    let fault = fault_step(rank)?;
+    let calls = AtomicU64::new(run.first);
+    let half = run.program.programs.get(rank).map_or(0, Vec::len) / 2;
+    let (sched, frozen) = (run.sched, run.frozen);
+    let code = |r: usize, e: &mut Executor<'_, TcpComm, Mllm>| -> Result<(), ExecError> {
+        let step = calls.fetch_add(1, Ordering::Relaxed);
+        if fault == Some(step) {
+            let mut f = Fault {
+                inner: e,
+                left: half,
+                rank: r,
+                step,
+            };
+            return sched.run(frozen, r, &mut f);
+        }
+        sched.run(frozen, r, e)
+    };
+    let steps = run.t.steps;
+    let every = (steps / 20).max(1);
+    let first = run.first;
+    let print = |rep: &StepReport| {
+        let Some(loss) = rep.loss else { return };
+        if rep.step == first || (rep.step + 1) % every == 0 || rep.step + 1 == steps {
+            println!(
+                "step {}/{steps}  loss {loss:.3}  step time {:.1} ms",
+                rep.step + 1,
+                rep.seconds * 1e3
+            );
+        }
+    };
+    let progress = run
+        .reporter(rank)
+        .then_some(&print as &(dyn Fn(&StepReport) + Sync));
+    let fail = |comm: &mut TcpComm, e: String| {
+        eprintln!("{e}");
+        comm.abort(&e);
+        Ok(ExitCode::from(1))
+    };
+    let outcome = match train_rank(&mut comm, &run.program, &code, &run.t, &run.ck, progress) {
+        Ok(o) => o,
+        Err(e) => return fail(&mut comm, e.to_string()),
+    };
+    if let Some(path) = &args.trace {
+        match gather_timeline(&mut comm, &outcome) {
+            Ok(Some(timeline)) => {
+                let text = real_trace(&run.program, &timeline, &run.trace_name());
+                write(path, &text, "the trace of the last step")?;
+            }
+            Ok(None) => {}
+            Err(e) => return fail(&mut comm, e.to_string()),
+        }
+    }
+    let peak = outcome.peaks.iter().copied().fold(0.0, f64::max);
+    println!(
+        "done: peak live activations {peak} (predicted {}); {}",
+        run.predicted.get(rank).copied().unwrap_or(f64::NAN),
+        checksum_line(&run.program, &outcome.params)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Ranks as threads, with a progress bar.
+fn run_threads(args: &Args, run: &Run) -> Result<ExitCode> {
+    println!(
+        "training `{}` on {} ranks, {} micro-batches per step, steps {}..{}",
+        run.expr, run.program.ranks, run.program.microbatches, run.first, run.t.steps
+    );
+    let bar = ProgressBar::new(run.t.steps);
+    bar.set_position(run.first);
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} step  {msg}")
             .context("progress style")?,
     );
+    let (sched, frozen) = (run.sched, run.frozen);
     let (tx, rx) = std::sync::mpsc::channel::<StepReport>();
     let outcomes = std::thread::scope(|s| {
         let handle = s.spawn(|| {
-            train(
-                &program,
+            train_with(
+                &run.program,
                 &|r: usize, e: &mut Executor<'_, ThreadComm, Mllm>| sched.run(frozen, r, e),
-                &t,
+                &run.t,
+                &run.ck,
                 Some(tx),
             )
         });
@@ -191,22 +525,31 @@ fn main() -> Result<()> {
         (handle.join(), first, last)
     });
     let (joined, first, last) = outcomes;
-    let results = joined.map_err(|_| anyhow::anyhow!("the training thread panicked"))?;
-    let mut peaks = Vec::new();
+    let results = joined.map_err(|_| anyhow!("the training thread panicked"))?;
+    let mut done: Vec<RankOutcome> = Vec::new();
     for r in results {
         match r {
-            Ok(o) => peaks.push(o.peaks.iter().copied().fold(0.0, f64::max)),
+            Ok(o) => done.push(o),
             Err(e) => bail!("{e}"),
         }
     }
-    let predicted: Vec<f64> = if frozen {
-        pick!(sched, frozen, |m| m::PEAK_MEMORY.to_vec())
-    } else {
-        pick!(sched, trainable, |m| m::PEAK_MEMORY.to_vec())
-    };
+    let peaks: Vec<f64> = done
+        .iter()
+        .map(|o| o.peaks.iter().copied().fold(0.0, f64::max))
+        .collect();
     println!("loss {:.3} -> {last:.3}", first.unwrap_or(f32::NAN));
-    println!("peak live activations per rank: measured {peaks:?}, predicted by the simulator {predicted:?}");
-    Ok(())
+    println!(
+        "peak live activations per rank: measured {peaks:?}, predicted by the simulator {:?}",
+        run.predicted
+    );
+    if let Some(path) = &args.trace {
+        let text = real_trace(&run.program, &outcomes_timeline(&done), &run.trace_name());
+        write(path, &text, "the trace of the last step")?;
+    }
+    let mut params: Vec<(usize, Vec<f32>)> = done.into_iter().flat_map(|o| o.params).collect();
+    params.sort_by_key(|p| p.0);
+    println!("{}", checksum_line(&run.program, &params));
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run_check(frozen: bool) -> Result<()> {
@@ -225,7 +568,7 @@ fn run_check(frozen: bool) -> Result<()> {
             &cfg,
             1,
         )
-        .map_err(|e| anyhow::anyhow!("{expr}: {e}"))?;
+        .map_err(|e| anyhow!("{expr}: {e}"))?;
         let shown: Vec<String> = diffs.iter().map(|(u, d)| format!("{u} {d:.1e}")).collect();
         println!("  {expr:<24} {}", shown.join("  "));
         worst = diffs.iter().map(|(_, d)| *d).fold(worst, f64::max);

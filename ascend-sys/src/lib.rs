@@ -1,5 +1,48 @@
 //! # ascend-sys
 //!
-//! Will hold bindgen bindings over the AscendCL/HCCL subset a pipeline runtime needs,
-//! with a host emulator (issue 5). Nothing is bound yet: this crate only reserves its
-//! place in the workspace.
+//! Raw FFI bindings to the subset of AscendCL and HCCL that mpipe's pipeline runtime
+//! needs (devices, streams, events, memory, HCCL communicators, point-to-point and
+//! collectives), in the manner of libsqlite3-sys and openssl-sys:
+//!
+//! - the declarations come from the project's own header `include/mpipe_ascend.h`,
+//!   written from the public AscendCL/HCCL reference and checked against the real CANN
+//!   headers by `tests/abi.rs`;
+//! - `src/bindings.rs` is generated from it by bindgen and committed (no CANN and no
+//!   libclang needed to build); `tests/bindings.rs` fails when it is stale;
+//! - C enums are newtypes (`HcclResult(u32)`), never Rust enums, since C may return any
+//!   value;
+//! - `build.rs` links CANN's `ascendcl` and `hccl` when it finds a toolkit, otherwise the
+//!   host emulator (feature `emulator`, on by default), otherwise fails with what to
+//!   install. [`BACKEND`] says which one this build uses.
+//!
+//! Everything here is `unsafe` and raw; the safe layer (typed errors, RAII) belongs to
+//! `mpipe-runtime`'s Ascend backend.
+
+#![allow(non_camel_case_types, non_upper_case_globals, non_snake_case)]
+#![allow(
+    clippy::missing_safety_doc,
+    clippy::useless_transmute,
+    clippy::ptr_offset_with_cast
+)]
+
+mod bindings {
+    #![allow(
+        non_camel_case_types,
+        non_upper_case_globals,
+        non_snake_case,
+        dead_code
+    )]
+    #![allow(clippy::all)]
+    include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+}
+pub use bindings::*;
+
+#[cfg(ascend_emulator)]
+pub mod emulator;
+
+/// Which implementation this build links: `"cann"` (the real libraries) or `"emulator"`.
+#[cfg(ascend_cann)]
+pub const BACKEND: &str = "cann";
+/// Which implementation this build links: `"cann"` (the real libraries) or `"emulator"`.
+#[cfg(ascend_emulator)]
+pub const BACKEND: &str = "emulator";

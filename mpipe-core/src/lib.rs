@@ -24,5 +24,6 @@ pub mod render;
 pub mod rolled;
 pub mod simulate;
 pub mod timeline;
+pub mod torch_csv;
 pub mod units;
 pub mod verify;

@@ -75,9 +75,9 @@ proptest! {
     ///
     /// | regime | owners | slower in | worst |
     /// | --- | --- | --- | --- |
-    /// | micro-batches <= ranks | either (same) | 3 of 615 | 1.020 |
-    /// | micro-batches > ranks | `min` | 80 of 3385 | 1.056 |
-    /// | micro-batches > ranks | `round_robin` | 316 of 3385 | 1.129 |
+    /// | micro-batches <= ranks | either (same) | 5 of 633 | 1.009 |
+    /// | micro-batches > ranks | `min` | 92 of 3368 | 1.046 |
+    /// | micro-batches > ranks | `round_robin` | 413 of 3368 | 1.150 |
     ///
     /// - With micro-batches <= ranks every encoder forward lands in a warm-up, and
     ///   with asynchronous communication (the plan's ideal timing) transpose is

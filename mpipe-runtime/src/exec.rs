@@ -267,7 +267,10 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
                 self.backward_input(index, unit, mb)?;
                 // A unit without weights here (no W of it follows on this rank)
                 // is done with its stash once its input gradient is out.
-                let w_follows = self.computes.get(&(Op::W, unit, mb)).is_some_and(|&i| i > index);
+                let w_follows = self
+                    .computes
+                    .get(&(Op::W, unit, mb))
+                    .is_some_and(|&i| i > index);
                 if !w_follows {
                     self.stashes.remove(&(unit, mb));
                     if let Some(act) = self.held.remove(&(unit, mb)) {
@@ -315,7 +318,11 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
             self.use_act(p, mb);
         }
         // Keep the stash only if this rank runs the backward; count it as held.
-        let later = |op: Op| self.computes.get(&(op, unit, mb)).is_some_and(|&i| i > index);
+        let later = |op: Op| {
+            self.computes
+                .get(&(op, unit, mb))
+                .is_some_and(|&i| i > index)
+        };
         let backward_here = later(Op::B) || later(Op::BW);
         let recomputed_later = !recompute && later(Op::RF);
         if backward_here && !recomputed_later {

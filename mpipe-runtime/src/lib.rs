@@ -14,6 +14,7 @@
 //! whole batch (consecutive `SEND`/`RECV` actions with one batch id) at a time, so a
 //! backend can post it as one batched send/receive (HCCL's `HcclBatchSendRecv`).
 
+pub mod checkpoint;
 pub mod comm;
 pub mod exec;
 pub mod host;

@@ -81,6 +81,27 @@ impl Adam {
         }
     }
 
+    /// `unit`'s state, for a checkpoint: its step count `t` and moments `m`, `v`
+    /// (`None` before its first update).
+    pub fn unit_state(&self, unit: usize) -> Option<(u64, &[f32], &[f32])> {
+        self.units
+            .get(unit)
+            .filter(|s| s.t > 0 || !s.m.is_empty())
+            .map(|s| (s.t, s.m.as_slice(), s.v.as_slice()))
+    }
+
+    /// Restores `unit`'s state from a checkpoint (see [`Adam::unit_state`]).
+    ///
+    /// # Panics
+    /// If `m` and `v` differ in length.
+    pub fn set_unit_state(&mut self, unit: usize, t: u64, m: Vec<f32>, v: Vec<f32>) {
+        assert_eq!(m.len(), v.len(), "Adam moments of different lengths");
+        if self.units.len() <= unit {
+            self.units.resize_with(unit + 1, Moments::default);
+        }
+        self.units[unit] = Moments { t, m, v };
+    }
+
     /// Step every trainable unit of `model` from its accumulated gradients.
     pub fn step(&mut self, model: &mut Mllm, grad_scale: f32) {
         for u in 0..model.units() {

@@ -113,8 +113,8 @@ pub fn transpose(
     // gradient is ready. Deferred: after the rank's other work, so the first stage's
     // backwards (which other ranks wait for) are not held up by encoder work nobody
     // waits for; but every encoder activation is then held to the end. The faster
-    // one wins among those within the memory limit; a speed-up under 1% does not
-    // buy more memory.
+    // one wins among those within the profile's memory limit (so without a limit a
+    // trainable encoder may hold all its activations to the end of the step).
     let mut candidates = Vec::new();
     for deferred in [false, true] {
         let candidate = place_backward(&plan, enc, &owner, backward, deferred)?;
@@ -130,8 +130,8 @@ pub fn transpose(
             Some((b_span, b_peak, _)) => match (fits(peak), fits(*b_peak)) {
                 (true, false) => true,
                 (false, true) => false,
-                _ if span < b_span * 0.99 => true,
-                _ if span <= b_span * 1.01 => peak < *b_peak,
+                _ if span < *b_span => true,
+                _ if span == *b_span => peak < *b_peak,
                 _ => false,
             },
         };

@@ -1,0 +1,724 @@
+//! HCCL over threads of one process: communicators joined through the root info, send
+//! and receive as rendezvous (the sender's stream waits until the receiver takes the
+//! data), batches, collectives with real reductions, and a deadlock report on timeout
+//! (`MPIPE_ASCEND_EMU_TIMEOUT_MS`, default 20000).
+
+use super::{lock, stream_of};
+use crate::bindings::*;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+const MAGIC: &[u8; 8] = b"MPIPEEMU";
+
+fn timeout() -> Duration {
+    let ms = std::env::var("MPIPE_ASCEND_EMU_TIMEOUT_MS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    Duration::from_millis(ms.unwrap_or(20_000))
+}
+
+/// A posted send, waiting for its receiver.
+struct Post {
+    src: usize,
+    bytes: usize,
+    /// Set by the receiver once it has copied the data.
+    taken: Arc<(Mutex<Option<HcclResult>>, Condvar)>,
+}
+
+#[derive(Default)]
+struct Collective {
+    generation: u64,
+    arrived: Vec<Option<(usize, usize)>>,
+}
+
+struct Group {
+    size: u32,
+    joined: Mutex<u32>,
+    /// (src, dst) -> sends posted in order.
+    posts: Mutex<HashMap<(u32, u32), VecDeque<Post>>>,
+    posted: Condvar,
+    collective: Mutex<Collective>,
+    collective_done: Condvar,
+}
+
+struct Comm {
+    group: Arc<Group>,
+    rank: u32,
+    async_error: Mutex<HcclResult>,
+}
+
+fn groups() -> &'static Mutex<HashMap<u64, Arc<Group>>> {
+    static G: OnceLock<Mutex<HashMap<u64, Arc<Group>>>> = OnceLock::new();
+    G.get_or_init(Default::default)
+}
+
+fn comms() -> &'static Mutex<HashMap<usize, Arc<Comm>>> {
+    static C: OnceLock<Mutex<HashMap<usize, Arc<Comm>>>> = OnceLock::new();
+    C.get_or_init(Default::default)
+}
+
+fn comm_of(handle: HcclComm) -> Option<Arc<Comm>> {
+    lock(comms()).get(&(handle as usize)).cloned()
+}
+
+fn element_size(t: HcclDataType) -> Option<usize> {
+    Some(match t {
+        HcclDataType::HCCL_DATA_TYPE_INT8 | HcclDataType::HCCL_DATA_TYPE_UINT8 => 1,
+        HcclDataType::HCCL_DATA_TYPE_INT16
+        | HcclDataType::HCCL_DATA_TYPE_UINT16
+        | HcclDataType::HCCL_DATA_TYPE_FP16
+        | HcclDataType::HCCL_DATA_TYPE_BFP16 => 2,
+        HcclDataType::HCCL_DATA_TYPE_INT32
+        | HcclDataType::HCCL_DATA_TYPE_UINT32
+        | HcclDataType::HCCL_DATA_TYPE_FP32 => 4,
+        HcclDataType::HCCL_DATA_TYPE_INT64
+        | HcclDataType::HCCL_DATA_TYPE_UINT64
+        | HcclDataType::HCCL_DATA_TYPE_FP64 => 8,
+        _ => return None,
+    })
+}
+
+fn record(comm: &Comm, rc: HcclResult) -> aclError {
+    if rc == HcclResult::HCCL_SUCCESS {
+        return ACL_SUCCESS;
+    }
+    let mut e = lock(&comm.async_error);
+    if *e == HcclResult::HCCL_SUCCESS {
+        *e = rc;
+    }
+    ACL_ERROR_RT_INTERNAL_ERROR
+}
+
+impl Group {
+    /// Posts a send; returns the slot the receiver fills.
+    fn post(
+        &self,
+        src: u32,
+        dst: u32,
+        ptr: usize,
+        bytes: usize,
+    ) -> Arc<(Mutex<Option<HcclResult>>, Condvar)> {
+        let taken = Arc::new((Mutex::new(None), Condvar::new()));
+        lock(&self.posts)
+            .entry((src, dst))
+            .or_default()
+            .push_back(Post {
+                src: ptr,
+                bytes,
+                taken: Arc::clone(&taken),
+            });
+        self.posted.notify_all();
+        taken
+    }
+
+    /// Waits for the receiver of a posted send; on timeout withdraws it and reports.
+    fn await_taken(
+        &self,
+        src: u32,
+        dst: u32,
+        taken: &Arc<(Mutex<Option<HcclResult>>, Condvar)>,
+    ) -> HcclResult {
+        let deadline = Instant::now() + timeout();
+        let mut slot = lock(&taken.0);
+        while slot.is_none() {
+            let now = Instant::now();
+            if now >= deadline {
+                drop(slot);
+                let mut posts = lock(&self.posts);
+                let q = posts.entry((src, dst)).or_default();
+                if let Some(i) = q.iter().position(|p| Arc::ptr_eq(&p.taken, taken)) {
+                    q.remove(i);
+                    eprintln!(
+                        "ascend-sys emulator: deadlock: rank {src}'s HcclSend to rank {dst} found no \
+                         matching HcclRecv within {:?} (HCCL_E_TIMEOUT)",
+                        timeout()
+                    );
+                    return HcclResult::HCCL_E_TIMEOUT;
+                }
+                // Taken meanwhile: wait for the receiver to finish copying.
+                slot = lock(&taken.0);
+                continue;
+            }
+            slot = taken
+                .1
+                .wait_timeout(slot, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        slot.expect("set")
+    }
+
+    /// Takes the oldest send from `src` to `dst` and copies it into `dst_ptr`.
+    fn receive(&self, src: u32, dst: u32, dst_ptr: usize, bytes: usize) -> HcclResult {
+        let deadline = Instant::now() + timeout();
+        let mut posts = lock(&self.posts);
+        loop {
+            if let Some(p) = posts.get_mut(&(src, dst)).and_then(|q| q.pop_front()) {
+                drop(posts);
+                let rc = if p.bytes != bytes {
+                    eprintln!(
+                        "ascend-sys emulator: rank {dst} receives {bytes} bytes from rank {src}, \
+                         which sends {} (HCCL_E_PARA)",
+                        p.bytes
+                    );
+                    HcclResult::HCCL_E_PARA
+                } else {
+                    // SAFETY: the sender's stream is blocked until `taken` is set, so its
+                    // buffer is alive; the receiver's buffer is the caller's promise.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(p.src as *const u8, dst_ptr as *mut u8, bytes)
+                    };
+                    HcclResult::HCCL_SUCCESS
+                };
+                *lock(&p.taken.0) = Some(rc);
+                p.taken.1.notify_all();
+                return rc;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                eprintln!(
+                    "ascend-sys emulator: deadlock: rank {dst}'s HcclRecv from rank {src} found no \
+                     matching HcclSend within {:?} (HCCL_E_TIMEOUT)",
+                    timeout()
+                );
+                return HcclResult::HCCL_E_TIMEOUT;
+            }
+            posts = self
+                .posted
+                .wait_timeout(posts, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// Every rank arrives with (send, recv) buffers; the last one runs `op` over all of
+    /// them while the others wait, so every buffer is alive during `op`.
+    fn collective(
+        &self,
+        rank: u32,
+        bufs: (usize, usize),
+        op: impl FnOnce(&[(usize, usize)]),
+    ) -> HcclResult {
+        let deadline = Instant::now() + timeout();
+        let mut c = lock(&self.collective);
+        if c.arrived.len() != self.size as usize {
+            c.arrived = vec![None; self.size as usize];
+        }
+        let generation = c.generation;
+        c.arrived[rank as usize] = Some(bufs);
+        if c.arrived.iter().all(Option::is_some) {
+            let all: Vec<(usize, usize)> =
+                c.arrived.iter().map(|b| b.expect("all arrived")).collect();
+            op(&all);
+            c.arrived = vec![None; self.size as usize];
+            c.generation += 1;
+            self.collective_done.notify_all();
+            return HcclResult::HCCL_SUCCESS;
+        }
+        while c.generation == generation {
+            let now = Instant::now();
+            if now >= deadline {
+                c.arrived[rank as usize] = None;
+                eprintln!(
+                    "ascend-sys emulator: deadlock: rank {rank} waited {:?} in a collective",
+                    timeout()
+                );
+                return HcclResult::HCCL_E_TIMEOUT;
+            }
+            c = self
+                .collective_done
+                .wait_timeout(c, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        HcclResult::HCCL_SUCCESS
+    }
+}
+
+/// Validates the common arguments of an operation and returns the communicator.
+fn prologue(
+    comm: HcclComm,
+    stream: aclrtStream,
+) -> Result<(Arc<Comm>, Arc<super::Stream>), HcclResult> {
+    if comm.is_null() || stream.is_null() {
+        return Err(HcclResult::HCCL_E_PTR);
+    }
+    let c = comm_of(comm).ok_or(HcclResult::HCCL_E_PARA)?;
+    let s = stream_of(stream).ok_or(HcclResult::HCCL_E_PARA)?;
+    Ok((c, s))
+}
+
+fn enqueue(
+    comm: Arc<Comm>,
+    stream: &super::Stream,
+    work: impl FnOnce(&Comm) -> HcclResult + Send + 'static,
+) -> HcclResult {
+    if stream.enqueue(Box::new(move || record(&comm, work(&comm)))) == ACL_SUCCESS {
+        HcclResult::HCCL_SUCCESS
+    } else {
+        HcclResult::HCCL_E_RUNTIME
+    }
+}
+
+fn peer_ok(comm: &Comm, peer: u32) -> bool {
+    peer < comm.group.size && peer != comm.rank
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn HcclGetRootInfo(root_info: *mut HcclRootInfo) -> HcclResult {
+    if root_info.is_null() {
+        return HcclResult::HCCL_E_PTR;
+    }
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let id = (u64::from(std::process::id()) << 32) | NEXT.fetch_add(1, Ordering::SeqCst);
+    let mut info = HcclRootInfo {
+        internal: [0; HCCL_ROOT_INFO_BYTES as usize],
+    };
+    for (d, s) in info
+        .internal
+        .iter_mut()
+        .zip(MAGIC.iter().chain(id.to_le_bytes().iter()))
+    {
+        *d = *s as c_char;
+    }
+    // SAFETY: non-null, and the caller passes a writable HcclRootInfo.
+    unsafe { *root_info = info };
+    HcclResult::HCCL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn HcclCommInitRootInfo(
+    n_ranks: u32,
+    root_info: *const HcclRootInfo,
+    rank: u32,
+    comm: *mut HcclComm,
+) -> HcclResult {
+    if root_info.is_null() || comm.is_null() {
+        return HcclResult::HCCL_E_PTR;
+    }
+    if n_ranks == 0 || rank >= n_ranks {
+        return HcclResult::HCCL_E_PARA;
+    }
+    // SAFETY: non-null; the caller passes a readable HcclRootInfo.
+    let bytes: Vec<u8> = unsafe {
+        (&(*root_info).internal)[..16]
+            .iter()
+            .map(|&c| c as u8)
+            .collect()
+    };
+    if &bytes[..8] != MAGIC {
+        return HcclResult::HCCL_E_PARA;
+    }
+    let id = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
+    let group = {
+        let mut g = lock(groups());
+        let group = g.entry(id).or_insert_with(|| {
+            Arc::new(Group {
+                size: n_ranks,
+                joined: Mutex::new(0),
+                posts: Mutex::default(),
+                posted: Condvar::new(),
+                collective: Mutex::default(),
+                collective_done: Condvar::new(),
+            })
+        });
+        if group.size != n_ranks {
+            return HcclResult::HCCL_E_PARA;
+        }
+        *lock(&group.joined) += 1;
+        Arc::clone(group)
+    };
+    let c = Arc::new(Comm {
+        group,
+        rank,
+        async_error: Mutex::new(HcclResult::HCCL_SUCCESS),
+    });
+    let handle = Arc::as_ptr(&c) as usize;
+    lock(comms()).insert(handle, c);
+    // SAFETY: non-null, and the caller passes a writable handle.
+    unsafe { *comm = handle as HcclComm };
+    HcclResult::HCCL_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn HcclCommDestroy(comm: HcclComm) -> HcclResult {
+    match lock(comms()).remove(&(comm as usize)) {
+        Some(_) => HcclResult::HCCL_SUCCESS,
+        None => HcclResult::HCCL_E_PARA,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn HcclGetRankSize(comm: HcclComm, rank_size: *mut u32) -> HcclResult {
+    let Some(c) = comm_of(comm) else {
+        return HcclResult::HCCL_E_PARA;
+    };
+    if rank_size.is_null() {
+        return HcclResult::HCCL_E_PTR;
+    }
+    // SAFETY: non-null, writable by the caller's promise.
+    unsafe { *rank_size = c.group.size };
+    HcclResult::HCCL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn HcclGetRankId(comm: HcclComm, rank: *mut u32) -> HcclResult {
+    let Some(c) = comm_of(comm) else {
+        return HcclResult::HCCL_E_PARA;
+    };
+    if rank.is_null() {
+        return HcclResult::HCCL_E_PTR;
+    }
+    // SAFETY: non-null, writable by the caller's promise.
+    unsafe { *rank = c.rank };
+    HcclResult::HCCL_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn HcclSend(
+    send_buf: *mut c_void,
+    count: u64,
+    data_type: HcclDataType,
+    dest_rank: u32,
+    comm: HcclComm,
+    stream: aclrtStream,
+) -> HcclResult {
+    let (c, s) = match prologue(comm, stream) {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    let Some(size) = element_size(data_type) else {
+        return HcclResult::HCCL_E_PARA;
+    };
+    if send_buf.is_null() && count > 0 {
+        return HcclResult::HCCL_E_PTR;
+    }
+    if !peer_ok(&c, dest_rank) {
+        return HcclResult::HCCL_E_PARA;
+    }
+    let (ptr, bytes) = (send_buf as usize, count as usize * size);
+    enqueue(c, &s, move |c| {
+        let taken = c.group.post(c.rank, dest_rank, ptr, bytes);
+        c.group.await_taken(c.rank, dest_rank, &taken)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn HcclRecv(
+    recv_buf: *mut c_void,
+    count: u64,
+    data_type: HcclDataType,
+    src_rank: u32,
+    comm: HcclComm,
+    stream: aclrtStream,
+) -> HcclResult {
+    let (c, s) = match prologue(comm, stream) {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    let Some(size) = element_size(data_type) else {
+        return HcclResult::HCCL_E_PARA;
+    };
+    if recv_buf.is_null() && count > 0 {
+        return HcclResult::HCCL_E_PTR;
+    }
+    if !peer_ok(&c, src_rank) {
+        return HcclResult::HCCL_E_PARA;
+    }
+    let (ptr, bytes) = (recv_buf as usize, count as usize * size);
+    enqueue(c, &s, move |c| {
+        c.group.receive(src_rank, c.rank, ptr, bytes)
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn HcclBatchSendRecv(
+    items: *mut HcclSendRecvItem,
+    item_num: u32,
+    comm: HcclComm,
+    stream: aclrtStream,
+) -> HcclResult {
+    let (c, s) = match prologue(comm, stream) {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    if items.is_null() && item_num > 0 {
+        return HcclResult::HCCL_E_PTR;
+    }
+    // SAFETY: the caller passes `item_num` readable items.
+    let items: Vec<HcclSendRecvItem> = if item_num == 0 {
+        Vec::new()
+    } else {
+        unsafe { std::slice::from_raw_parts(items, item_num as usize) }.to_vec()
+    };
+    let mut sends = Vec::new();
+    let mut recvs = Vec::new();
+    for it in &items {
+        let Some(size) = element_size(it.dataType) else {
+            return HcclResult::HCCL_E_PARA;
+        };
+        if !peer_ok(&c, it.remoteRank) || (it.buf.is_null() && it.count > 0) {
+            return HcclResult::HCCL_E_PARA;
+        }
+        let entry = (it.remoteRank, it.buf as usize, it.count as usize * size);
+        let list = match it.sendRecvType {
+            HcclSendRecvType::HCCL_SEND => &mut sends,
+            HcclSendRecvType::HCCL_RECV => &mut recvs,
+            _ => return HcclResult::HCCL_E_PARA,
+        };
+        // Documented rule: no two sends (or receives) with the same peer in one call.
+        if list.iter().any(|&(peer, _, _)| peer == it.remoteRank) {
+            return HcclResult::HCCL_E_PARA;
+        }
+        list.push(entry);
+    }
+    enqueue(c, &s, move |c| {
+        let posted: Vec<_> = sends
+            .iter()
+            .map(|&(peer, ptr, bytes)| (peer, c.group.post(c.rank, peer, ptr, bytes)))
+            .collect();
+        let mut rc = HcclResult::HCCL_SUCCESS;
+        for &(peer, ptr, bytes) in &recvs {
+            let r = c.group.receive(peer, c.rank, ptr, bytes);
+            if rc == HcclResult::HCCL_SUCCESS {
+                rc = r;
+            }
+        }
+        for (peer, taken) in &posted {
+            let r = c.group.await_taken(c.rank, *peer, taken);
+            if rc == HcclResult::HCCL_SUCCESS {
+                rc = r;
+            }
+        }
+        rc
+    })
+}
+
+/// Element-wise `acc = op(acc, x)` over `count` elements of `t` at raw addresses.
+///
+/// # Safety
+/// Both addresses hold `count` elements of `t`.
+unsafe fn reduce_into(t: HcclDataType, op: HcclReduceOp, acc: usize, x: usize, count: usize) {
+    macro_rules! go {
+        ($ty:ty) => {{
+            // SAFETY: the caller's promise.
+            let (a, b) = unsafe {
+                (
+                    std::slice::from_raw_parts_mut(acc as *mut $ty, count),
+                    std::slice::from_raw_parts(x as *const $ty, count),
+                )
+            };
+            for (a, &b) in a.iter_mut().zip(b) {
+                *a = match op {
+                    HcclReduceOp::HCCL_REDUCE_SUM => *a + b,
+                    HcclReduceOp::HCCL_REDUCE_PROD => *a * b,
+                    HcclReduceOp::HCCL_REDUCE_MAX => {
+                        if b > *a {
+                            b
+                        } else {
+                            *a
+                        }
+                    }
+                    _ => {
+                        if b < *a {
+                            b
+                        } else {
+                            *a
+                        }
+                    }
+                };
+            }
+        }};
+    }
+    match t {
+        HcclDataType::HCCL_DATA_TYPE_FP32 => go!(f32),
+        HcclDataType::HCCL_DATA_TYPE_FP64 => go!(f64),
+        HcclDataType::HCCL_DATA_TYPE_INT8 => go!(i8),
+        HcclDataType::HCCL_DATA_TYPE_UINT8 => go!(u8),
+        HcclDataType::HCCL_DATA_TYPE_INT16 => go!(i16),
+        HcclDataType::HCCL_DATA_TYPE_UINT16 => go!(u16),
+        HcclDataType::HCCL_DATA_TYPE_INT32 => go!(i32),
+        HcclDataType::HCCL_DATA_TYPE_UINT32 => go!(u32),
+        HcclDataType::HCCL_DATA_TYPE_INT64 => go!(i64),
+        _ => go!(u64),
+    }
+}
+
+fn reducible(t: HcclDataType, op: HcclReduceOp) -> bool {
+    element_size(t).is_some()
+        && t != HcclDataType::HCCL_DATA_TYPE_FP16
+        && t != HcclDataType::HCCL_DATA_TYPE_BFP16
+        && op.0 <= HcclReduceOp::HCCL_REDUCE_MIN.0
+}
+
+/// Reduces every rank's send buffer into the receive buffers of `targets` (None = all).
+fn reduce_op(
+    t: HcclDataType,
+    op: HcclReduceOp,
+    count: usize,
+    root: Option<u32>,
+) -> impl FnOnce(&[(usize, usize)]) {
+    move |all: &[(usize, usize)]| {
+        let bytes = count * element_size(t).expect("checked");
+        let mut acc = vec![0u8; bytes.max(1)];
+        // SAFETY: every send buffer holds `count` elements (the callers' promise) and its
+        // rank is blocked in this collective.
+        unsafe {
+            std::ptr::copy_nonoverlapping(all[0].0 as *const u8, acc.as_mut_ptr(), bytes);
+            for &(send, _) in &all[1..] {
+                reduce_into(t, op, acc.as_mut_ptr() as usize, send, count);
+            }
+            for (r, &(_, recv)) in all.iter().enumerate() {
+                if root.is_none() || root == Some(r as u32) {
+                    std::ptr::copy(acc.as_ptr(), recv as *mut u8, bytes);
+                }
+            }
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn HcclAllReduce(
+    send_buf: *mut c_void,
+    recv_buf: *mut c_void,
+    count: u64,
+    data_type: HcclDataType,
+    op: HcclReduceOp,
+    comm: HcclComm,
+    stream: aclrtStream,
+) -> HcclResult {
+    let (c, s) = match prologue(comm, stream) {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    if !reducible(data_type, op) {
+        return HcclResult::HCCL_E_NOT_SUPPORT;
+    }
+    if send_buf.is_null() || recv_buf.is_null() {
+        return HcclResult::HCCL_E_PTR;
+    }
+    let bufs = (send_buf as usize, recv_buf as usize);
+    enqueue(c, &s, move |c| {
+        c.group
+            .collective(c.rank, bufs, reduce_op(data_type, op, count as usize, None))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn HcclReduce(
+    send_buf: *mut c_void,
+    recv_buf: *mut c_void,
+    count: u64,
+    data_type: HcclDataType,
+    op: HcclReduceOp,
+    root: u32,
+    comm: HcclComm,
+    stream: aclrtStream,
+) -> HcclResult {
+    let (c, s) = match prologue(comm, stream) {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    if !reducible(data_type, op) {
+        return HcclResult::HCCL_E_NOT_SUPPORT;
+    }
+    if root >= c.group.size {
+        return HcclResult::HCCL_E_PARA;
+    }
+    if send_buf.is_null() || (recv_buf.is_null() && c.rank == root) {
+        return HcclResult::HCCL_E_PTR;
+    }
+    let bufs = (send_buf as usize, recv_buf as usize);
+    enqueue(c, &s, move |c| {
+        c.group.collective(
+            c.rank,
+            bufs,
+            reduce_op(data_type, op, count as usize, Some(root)),
+        )
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn HcclBroadcast(
+    buf: *mut c_void,
+    count: u64,
+    data_type: HcclDataType,
+    root: u32,
+    comm: HcclComm,
+    stream: aclrtStream,
+) -> HcclResult {
+    let (c, s) = match prologue(comm, stream) {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    let Some(size) = element_size(data_type) else {
+        return HcclResult::HCCL_E_PARA;
+    };
+    if root >= c.group.size {
+        return HcclResult::HCCL_E_PARA;
+    }
+    if buf.is_null() {
+        return HcclResult::HCCL_E_PTR;
+    }
+    let bytes = count as usize * size;
+    let b = buf as usize;
+    enqueue(c, &s, move |c| {
+        c.group.collective(c.rank, (b, b), move |all| {
+            let src = all[root as usize].0;
+            for (r, &(_, dst)) in all.iter().enumerate() {
+                if r != root as usize {
+                    // SAFETY: every rank's buffer holds `bytes` and its rank is blocked here.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes)
+                    };
+                }
+            }
+        })
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn HcclBarrier(comm: HcclComm, stream: aclrtStream) -> HcclResult {
+    let (c, s) = match prologue(comm, stream) {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    enqueue(c, &s, |c| c.group.collective(c.rank, (0, 0), |_| {}))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn HcclGetCommAsyncError(
+    comm: HcclComm,
+    async_error: *mut HcclResult,
+) -> HcclResult {
+    let Some(c) = comm_of(comm) else {
+        return HcclResult::HCCL_E_PARA;
+    };
+    if async_error.is_null() {
+        return HcclResult::HCCL_E_PTR;
+    }
+    // SAFETY: non-null, writable by the caller's promise.
+    unsafe { *async_error = *lock(&c.async_error) };
+    HcclResult::HCCL_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn HcclGetErrorString(code: HcclResult) -> *const c_char {
+    let s: &'static [u8] = match code {
+        HcclResult::HCCL_SUCCESS => b"success\0",
+        HcclResult::HCCL_E_PARA => b"parameter error\0",
+        HcclResult::HCCL_E_PTR => b"empty pointer\0",
+        HcclResult::HCCL_E_MEMORY => b"memory error\0",
+        HcclResult::HCCL_E_INTERNAL => b"internal error\0",
+        HcclResult::HCCL_E_NOT_SUPPORT => b"not supported\0",
+        HcclResult::HCCL_E_NOT_FOUND => b"not found\0",
+        HcclResult::HCCL_E_UNAVAIL => b"resource unavailable\0",
+        HcclResult::HCCL_E_TIMEOUT => b"timeout\0",
+        HcclResult::HCCL_E_RUNTIME => b"runtime error\0",
+        _ => b"unknown HCCL error\0",
+    };
+    s.as_ptr().cast()
+}

@@ -1,0 +1,477 @@
+//! The host emulator: the AscendCL/HCCL subset implemented on CPUs, exported under the C
+//! names (`#[no_mangle]`), so the `extern "C"` declarations of [`crate`] resolve to it
+//! when no CANN toolkit is linked.
+//!
+//! Semantics kept (the ones a pipeline runtime's correctness depends on):
+//! - a stream is a worker thread running its queued work in order;
+//!   `aclrtSynchronizeStream` waits for everything queued before it and reports a failure
+//!   of any of it; events are recorded in stream order and `aclrtStreamWaitEvent` makes a
+//!   stream wait for the event's latest recording;
+//! - "device" memory is host memory (64-byte aligned); copies check `destMax`;
+//! - HCCL (`hccl.rs`): ranks of one process (threads) joined through the root info;
+//!   send/receive complete only when the peer posts the matching call, with a deadlock
+//!   report after a timeout; batches post their items together; collectives reduce.
+//!
+//! Devices: `MPIPE_ASCEND_EMU_DEVICES` (default 8). Errors use the documented codes.
+
+mod hccl;
+
+use crate::bindings::*;
+use std::alloc::Layout;
+use std::collections::HashMap;
+use std::ffi::{c_char, c_void};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+static INITIALIZED: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    static CURRENT_DEVICE: std::cell::Cell<Option<i32>> = const { std::cell::Cell::new(None) };
+}
+
+/// Locks, ignoring poisoning (a panicking task must not wedge the whole emulator).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn device_count() -> u32 {
+    std::env::var("MPIPE_ASCEND_EMU_DEVICES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(8)
+}
+
+// ------------------------------------------------------------------ streams
+
+type Task = Box<dyn FnOnce() -> aclError + Send>;
+
+struct StreamState {
+    queued: u64,
+    done: u64,
+    /// The first failure since the last synchronisation.
+    error: aclError,
+}
+
+pub(crate) struct Stream {
+    tx: Mutex<Option<mpsc::Sender<Task>>>,
+    state: Arc<(Mutex<StreamState>, Condvar)>,
+    worker: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Stream {
+    fn new() -> Stream {
+        let (tx, rx) = mpsc::channel::<Task>();
+        let state = Arc::new((
+            Mutex::new(StreamState {
+                queued: 0,
+                done: 0,
+                error: 0,
+            }),
+            Condvar::new(),
+        ));
+        let st = Arc::clone(&state);
+        let worker = std::thread::Builder::new()
+            .name("ascend-emu-stream".into())
+            .spawn(move || {
+                for task in rx {
+                    let rc = task();
+                    let mut s = lock(&st.0);
+                    s.done += 1;
+                    if rc != ACL_SUCCESS && s.error == ACL_SUCCESS {
+                        s.error = rc;
+                    }
+                    st.1.notify_all();
+                }
+            })
+            .expect("spawn stream worker");
+        Stream {
+            tx: Mutex::new(Some(tx)),
+            state,
+            worker: Mutex::new(Some(worker)),
+        }
+    }
+
+    /// Queues `task` behind the stream's earlier work.
+    pub(crate) fn enqueue(&self, task: Task) -> aclError {
+        let tx = lock(&self.tx);
+        let Some(tx) = tx.as_ref() else {
+            return ACL_ERROR_INVALID_RESOURCE_HANDLE;
+        };
+        lock(&self.state.0).queued += 1;
+        if tx.send(task).is_err() {
+            return ACL_ERROR_RT_INTERNAL_ERROR;
+        }
+        ACL_SUCCESS
+    }
+
+    fn synchronize(&self) -> aclError {
+        let (m, cv) = &*self.state;
+        let mut s = lock(m);
+        let target = s.queued;
+        while s.done < target {
+            s = cv.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+        std::mem::replace(&mut s.error, ACL_SUCCESS)
+    }
+}
+
+/// Live handles, so that stale or foreign pointers are rejected instead of dereferenced.
+fn streams() -> &'static Mutex<HashMap<usize, Arc<Stream>>> {
+    static S: OnceLock<Mutex<HashMap<usize, Arc<Stream>>>> = OnceLock::new();
+    S.get_or_init(Default::default)
+}
+
+pub(crate) fn stream_of(handle: aclrtStream) -> Option<Arc<Stream>> {
+    lock(streams()).get(&(handle as usize)).cloned()
+}
+
+// ------------------------------------------------------------------ events
+
+#[derive(Default)]
+struct EventState {
+    /// How many recordings were queued, and how many have happened.
+    queued: u64,
+    done: u64,
+    at: Option<Instant>,
+}
+
+struct Event(Mutex<EventState>, Condvar);
+
+fn events() -> &'static Mutex<HashMap<usize, Arc<Event>>> {
+    static E: OnceLock<Mutex<HashMap<usize, Arc<Event>>>> = OnceLock::new();
+    E.get_or_init(Default::default)
+}
+
+fn event_of(handle: aclrtEvent) -> Option<Arc<Event>> {
+    lock(events()).get(&(handle as usize)).cloned()
+}
+
+impl Event {
+    fn wait_for(&self, generation: u64) {
+        let mut s = lock(&self.0);
+        while s.done < generation {
+            s = self.1.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+// ------------------------------------------------------------------ memory
+
+fn allocations() -> &'static Mutex<HashMap<usize, Layout>> {
+    static A: OnceLock<Mutex<HashMap<usize, Layout>>> = OnceLock::new();
+    A.get_or_init(Default::default)
+}
+
+fn allocate(ptr: *mut *mut c_void, size: usize) -> aclError {
+    if ptr.is_null() || size == 0 {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    let Ok(layout) = Layout::from_size_align(size, 64) else {
+        return ACL_ERROR_INVALID_PARAM;
+    };
+    // SAFETY: the layout has a non-zero size.
+    let p = unsafe { std::alloc::alloc_zeroed(layout) };
+    if p.is_null() {
+        return ACL_ERROR_BAD_ALLOC;
+    }
+    lock(allocations()).insert(p as usize, layout);
+    // SAFETY: checked non-null above; the caller passes a writable pointer.
+    unsafe { *ptr = p.cast() };
+    ACL_SUCCESS
+}
+
+fn release(ptr: *mut c_void) -> aclError {
+    match lock(allocations()).remove(&(ptr as usize)) {
+        // SAFETY: allocated by `allocate` with this layout, and removed from the table once.
+        Some(layout) => unsafe {
+            std::alloc::dealloc(ptr.cast(), layout);
+            ACL_SUCCESS
+        },
+        None => ACL_ERROR_INVALID_PARAM,
+    }
+}
+
+fn check_copy(
+    dst: *mut c_void,
+    dest_max: usize,
+    src: *const c_void,
+    count: usize,
+    kind: aclrtMemcpyKind,
+) -> aclError {
+    if dst.is_null() || src.is_null() || count > dest_max || kind.0 > 3 {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    ACL_SUCCESS
+}
+
+// ------------------------------------------------------------------ exported functions
+
+#[no_mangle]
+pub extern "C" fn aclInit(_config_path: *const c_char) -> aclError {
+    if INITIALIZED.swap(true, Ordering::SeqCst) {
+        return ACL_ERROR_REPEAT_INITIALIZE;
+    }
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn aclFinalize() -> aclError {
+    if !INITIALIZED.swap(false, Ordering::SeqCst) {
+        return ACL_ERROR_REPEAT_FINALIZE;
+    }
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtSetDevice(device_id: i32) -> aclError {
+    if !INITIALIZED.load(Ordering::SeqCst) {
+        return ACL_ERROR_UNINITIALIZE;
+    }
+    if device_id < 0 || device_id as u32 >= device_count() {
+        return ACL_ERROR_RT_INVALID_DEVICEID;
+    }
+    CURRENT_DEVICE.with(|d| d.set(Some(device_id)));
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtResetDevice(device_id: i32) -> aclError {
+    if device_id < 0 || device_id as u32 >= device_count() {
+        return ACL_ERROR_RT_INVALID_DEVICEID;
+    }
+    CURRENT_DEVICE.with(|d| {
+        if d.get() == Some(device_id) {
+            d.set(None)
+        }
+    });
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtGetDeviceCount(count: *mut u32) -> aclError {
+    if count.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    // SAFETY: non-null, and the caller passes a writable u32.
+    unsafe { *count = device_count() };
+    ACL_SUCCESS
+}
+
+fn require_device() -> aclError {
+    if CURRENT_DEVICE.with(|d| d.get()).is_none() {
+        ACL_ERROR_RT_CONTEXT_NULL
+    } else {
+        ACL_SUCCESS
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtCreateStream(stream: *mut aclrtStream) -> aclError {
+    if stream.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    let rc = require_device();
+    if rc != ACL_SUCCESS {
+        return rc;
+    }
+    let s = Arc::new(Stream::new());
+    let handle = Arc::as_ptr(&s) as usize;
+    lock(streams()).insert(handle, s);
+    // SAFETY: non-null, and the caller passes a writable handle.
+    unsafe { *stream = handle as aclrtStream };
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
+    let Some(s) = lock(streams()).remove(&(stream as usize)) else {
+        return ACL_ERROR_INVALID_PARAM;
+    };
+    // Queued work still runs (as on the device), then the worker ends.
+    lock(&s.tx).take();
+    if let Some(w) = lock(&s.worker).take() {
+        let _ = w.join();
+    }
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
+    match stream_of(stream) {
+        Some(s) => s.synchronize(),
+        None => ACL_ERROR_INVALID_PARAM,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtStreamWaitEvent(stream: aclrtStream, event: aclrtEvent) -> aclError {
+    let (Some(s), Some(e)) = (stream_of(stream), event_of(event)) else {
+        return ACL_ERROR_INVALID_PARAM;
+    };
+    let generation = lock(&e.0).queued;
+    s.enqueue(Box::new(move || {
+        e.wait_for(generation);
+        ACL_SUCCESS
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtCreateEvent(event: *mut aclrtEvent) -> aclError {
+    if event.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    let e = Arc::new(Event(Mutex::new(EventState::default()), Condvar::new()));
+    let handle = Arc::as_ptr(&e) as usize;
+    lock(events()).insert(handle, e);
+    // SAFETY: non-null, and the caller passes a writable handle.
+    unsafe { *event = handle as aclrtEvent };
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtRecordEvent(event: aclrtEvent, stream: aclrtStream) -> aclError {
+    let (Some(s), Some(e)) = (stream_of(stream), event_of(event)) else {
+        return ACL_ERROR_INVALID_PARAM;
+    };
+    let generation = {
+        let mut st = lock(&e.0);
+        st.queued += 1;
+        st.queued
+    };
+    s.enqueue(Box::new(move || {
+        let mut st = lock(&e.0);
+        st.done = st.done.max(generation);
+        st.at = Some(Instant::now());
+        e.1.notify_all();
+        ACL_SUCCESS
+    }))
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtSynchronizeEvent(event: aclrtEvent) -> aclError {
+    let Some(e) = event_of(event) else {
+        return ACL_ERROR_INVALID_PARAM;
+    };
+    let generation = lock(&e.0).queued;
+    e.wait_for(generation);
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtEventElapsedTime(
+    ms: *mut f32,
+    start: aclrtEvent,
+    end: aclrtEvent,
+) -> aclError {
+    let (Some(a), Some(b)) = (event_of(start), event_of(end)) else {
+        return ACL_ERROR_INVALID_PARAM;
+    };
+    if ms.is_null() {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    let (Some(ta), Some(tb)) = (lock(&a.0).at, lock(&b.0).at) else {
+        return ACL_ERROR_RT_PARAM_INVALID;
+    };
+    let d = if tb >= ta {
+        (tb - ta).as_secs_f32()
+    } else {
+        -(ta - tb).as_secs_f32()
+    };
+    // SAFETY: non-null, and the caller passes a writable f32.
+    unsafe { *ms = d * 1000.0 };
+    ACL_SUCCESS
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtDestroyEvent(event: aclrtEvent) -> aclError {
+    match lock(events()).remove(&(event as usize)) {
+        Some(_) => ACL_SUCCESS,
+        None => ACL_ERROR_INVALID_PARAM,
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtMalloc(
+    dev_ptr: *mut *mut c_void,
+    size: usize,
+    _policy: aclrtMemMallocPolicy,
+) -> aclError {
+    allocate(dev_ptr, size)
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtFree(dev_ptr: *mut c_void) -> aclError {
+    release(dev_ptr)
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtMallocHost(host_ptr: *mut *mut c_void, size: usize) -> aclError {
+    allocate(host_ptr, size)
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtFreeHost(host_ptr: *mut c_void) -> aclError {
+    release(host_ptr)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemcpy(
+    dst: *mut c_void,
+    dest_max: usize,
+    src: *const c_void,
+    count: usize,
+    kind: aclrtMemcpyKind,
+) -> aclError {
+    let rc = check_copy(dst, dest_max, src, count, kind);
+    if rc == ACL_SUCCESS {
+        // SAFETY: the caller guarantees `count` readable and writable bytes (checked
+        // against destMax); `copy` allows overlap.
+        unsafe { std::ptr::copy(src.cast::<u8>(), dst.cast::<u8>(), count) };
+    }
+    rc
+}
+
+#[no_mangle]
+pub extern "C" fn aclrtMemcpyAsync(
+    dst: *mut c_void,
+    dest_max: usize,
+    src: *const c_void,
+    count: usize,
+    kind: aclrtMemcpyKind,
+    stream: aclrtStream,
+) -> aclError {
+    let rc = check_copy(dst, dest_max, src, count, kind);
+    if rc != ACL_SUCCESS {
+        return rc;
+    }
+    // As documented: no asynchronous copy within the host.
+    if kind == aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_HOST {
+        return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
+    }
+    let Some(s) = stream_of(stream) else {
+        return ACL_ERROR_INVALID_PARAM;
+    };
+    let (d, sr) = (dst as usize, src as usize);
+    s.enqueue(Box::new(move || {
+        // SAFETY: the caller keeps both buffers alive until the stream reaches this copy.
+        unsafe { std::ptr::copy(sr as *const u8, d as *mut u8, count) };
+        ACL_SUCCESS
+    }))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aclrtMemset(
+    dev_ptr: *mut c_void,
+    max_count: usize,
+    value: i32,
+    count: usize,
+) -> aclError {
+    if dev_ptr.is_null() || count > max_count {
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    // SAFETY: the caller guarantees `count` writable bytes (checked against maxCount).
+    unsafe { std::ptr::write_bytes(dev_ptr.cast::<u8>(), value as u8, count) };
+    ACL_SUCCESS
+}
