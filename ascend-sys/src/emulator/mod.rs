@@ -371,7 +371,10 @@ pub unsafe extern "C" fn aclrtEventElapsedTime(
     if ms.is_null() {
         return ACL_ERROR_INVALID_PARAM;
     }
-    let (Some(ta), Some(tb)) = (lock(&a.0).at, lock(&b.0).at) else {
+    // One lock at a time: `start` and `end` may be the same event.
+    let ta = lock(&a.0).at;
+    let tb = lock(&b.0).at;
+    let (Some(ta), Some(tb)) = (ta, tb) else {
         return ACL_ERROR_RT_PARAM_INVALID;
     };
     let d = if tb >= ta {
