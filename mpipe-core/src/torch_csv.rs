@@ -670,8 +670,10 @@ fn refuse(rank: usize, index: usize, message: impl Into<String>) -> ExportError 
 /// In the with-communication form, a batch (transfers mpipe posts together) has no
 /// spelling in torch's CSV, where every transfer is its own call: its members are
 /// written one after another, receives first on odd ranks and sends first on even
-/// ranks (Megatron's parity rule), so that a neighbour's send meets a receive.
-/// Whether the result still terminates when run unbatched is what
+/// ranks (Megatron's parity rule), so that a neighbour's send meets a receive,
+/// except that a batch following another in the same run leads with a member whose
+/// peer and direction repeat (which is why the lowering started a new batch there),
+/// so that [`Batching::Adjacent`] recovers the batches exactly. Whether the result still terminates when run unbatched is what
 /// `verify(import(csv))` says; [`Batching::Adjacent`] reads the batches back.
 pub fn export(program: &Program, form: Form) -> Result<String, ExportError> {
     let n = program.units.len();
@@ -728,6 +730,8 @@ pub fn export(program: &Program, form: Form) -> Result<String, ExportError> {
     let mut text = String::new();
     for (r, list) in program.programs.iter().enumerate() {
         let mut cells: Vec<String> = Vec::with_capacity(list.len());
+        // (direction, peer) of the previous batch or lone transfer of this run.
+        let mut prev: Vec<Option<(Dir, usize)>> = Vec::new();
         let mut i = 0;
         while i < list.len() {
             // A batch: consecutive transfers with the same batch number.
@@ -742,12 +746,27 @@ pub fn export(program: &Program, form: Form) -> Result<String, ExportError> {
                 }
             }
             let mut members: Vec<usize> = (i..j).collect();
+            let key = |x: usize| match list[x].view() {
+                ActionRef::P2p(p) => Some((p.dir, p.peer)),
+                _ => None,
+            };
             if j - i > 1 {
                 let recv_first = r % 2 == 1;
                 members.sort_by_key(|&x| match list[x].view() {
                     ActionRef::P2p(p) => ((p.dir == Dir::Send) == recv_first, p.peer, x),
                     _ => (true, usize::MAX, x),
                 });
+                // Lead with a member that talks to a peer the previous batch of the
+                // run already did, in the same direction: reading back with
+                // `Batching::Adjacent` then starts a new batch exactly here.
+                if let Some(pos) = members.iter().position(|&x| prev.contains(&key(x))) {
+                    let lead = members.remove(pos);
+                    members.insert(0, lead);
+                }
+            }
+            prev.clear();
+            if key(i).is_some() {
+                prev.extend((i..j).map(key));
             }
             for x in members {
                 if let Some(cell) = export_action(program, &stage_of, home, r, x, form)? {
@@ -796,13 +815,15 @@ fn export_action(
                 Op::B => "I",
                 Op::W => "W",
                 Op::BW => "B",
-                Op::RF => return Err(refuse(
-                    r,
-                    x,
-                    format!(
+                Op::RF => {
+                    return Err(refuse(
+                        r,
+                        x,
+                        format!(
                         "`{a}` recomputes a forward: torch's schedule CSV has no recompute action"
                     ),
-                )),
+                    ))
+                }
             };
             Ok(Some(format!("{k}{kind}{}", c.mb)))
         }

@@ -27,6 +27,7 @@ macro_rules! errln {
 mod commands;
 mod decode;
 mod failure;
+mod interop;
 mod source;
 mod table;
 
@@ -130,6 +131,48 @@ enum Command {
         /// Width of the chart in pixels.
         #[arg(long, default_value_t = 1400.0, allow_negative_numbers = true)]
         width: f64,
+    },
+    /// Read another tool's schedule (PyTorch's pipeline schedule CSV) as a program;
+    /// exit 1 when it breaks a validity rule (a deadlock, most often).
+    Import {
+        /// Format of the input.
+        #[arg(long, value_enum)]
+        format: interop::Format,
+        /// The schedule file, or `-` for standard input.
+        file: String,
+        /// Model profile for the stages' costs (unit costs without one).
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Post consecutive SEND/RECV actions together, in batches (torch posts each
+        /// as its own call; this reads back what `mpipe export` wrote).
+        #[arg(long)]
+        batch_adjacent: bool,
+        /// Write the program here instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
+    /// Write a program (a file, or a derivation) in another tool's schedule format.
+    Export {
+        /// Format of the output.
+        #[arg(long, value_enum)]
+        format: interop::Format,
+        /// Compute actions only (torch derives the communication itself).
+        #[arg(long)]
+        compute_only: bool,
+        /// A program file (`-` for standard input), or with --model a schedule expression.
+        input: String,
+        /// Derive the expression on this profile instead of reading a program file.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Number of pipeline ranks (with --model).
+        #[arg(long, value_parser = count, allow_negative_numbers = true)]
+        ranks: Option<usize>,
+        /// Number of micro-batches per step (with --model).
+        #[arg(long, value_parser = count, allow_negative_numbers = true)]
+        microbatches: Option<usize>,
+        /// Write the schedule here instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
     },
 }
 
@@ -267,6 +310,38 @@ fn main() -> ExitCode {
             output,
             width,
         } => commands::svg(&source, mode.into(), &output, width),
+        Command::Import {
+            format,
+            file,
+            model,
+            batch_adjacent,
+            output,
+        } => interop::import(
+            format,
+            &file,
+            model.as_deref(),
+            batch_adjacent,
+            output.as_deref(),
+        ),
+        Command::Export {
+            format,
+            compute_only,
+            input,
+            model,
+            ranks,
+            microbatches,
+            output,
+        } => interop::export_cmd(
+            format,
+            &interop::ExportSource {
+                input: &input,
+                model: model.as_ref(),
+                ranks,
+                microbatches,
+            },
+            compute_only,
+            output.as_deref(),
+        ),
     };
     match result {
         Ok(code) => ExitCode::from(code),
