@@ -678,3 +678,39 @@ fn a_closed_stdout_is_not_a_panic() {
     assert!(!err.contains("panicked"), "{err}");
     assert!(o.status.code().is_some(), "not killed by a signal");
 }
+
+/// A torch schedule CSV whose order hangs under rendezvous (both ranks send first,
+/// as users report in pytorch/pytorch#172668): import writes the program and exits 1
+/// naming the deadlock, and `check` on the imported program says which rank and
+/// action.
+#[test]
+fn imported_torch_csv_that_deadlocks_is_explained() {
+    let dir = TempDir::new("torch-csv");
+    let csv = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("mpipe-core/tests/torch_csv/deadlock_2ranks.csv");
+    let out = dir.path("imported.json");
+    let o = mpipe(&[
+        "import",
+        "--format",
+        "torch-csv",
+        csv.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ]);
+    assert_status(&o, 1);
+    assert!(
+        out.exists(),
+        "the program is written even though it is invalid"
+    );
+    let o = mpipe(&["check", out.to_str().unwrap()]);
+    assert_status(&o, 1);
+    let err = stderr(&o);
+    assert!(
+        err.contains("rule 5 (termination): rank 0, action 3 `SEND act(llm.0,1)->1`"),
+        "{err}"
+    );
+    assert!(
+        err.contains("rank 1, action 3 `SEND grad(llm.1,0)->0`"),
+        "{err}"
+    );
+}
