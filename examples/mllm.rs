@@ -18,8 +18,8 @@
 //! `WORLD_SIZE` and `MASTER_PORT` in its environment (by that launcher, `mpipe-run`,
 //! torchrun or a Slurm wrapper) runs that one rank (`host::tcp::from_env`); the rank
 //! that computes the loss prints progress lines. `MPIPE_FAULT_RANK=R` (with
-//! `MPIPE_FAULT_STEP=S`, default 1) makes rank R exit with code 3 halfway through
-//! step S, to see the others stop naming it.
+//! `MPIPE_FAULT_STEP=S`, counted from 0, default 1) makes rank R exit with code 3
+//! halfway through step S, to see the others stop naming it.
 //!
 //! **Checkpoints.** `--checkpoint DIR` saves every `--checkpoint-every` steps (each
 //! rank its home units' parameters and Adam state, see
@@ -38,10 +38,10 @@ use mpipe::core::program::Program;
 use mpipe::runtime::checkpoint::Manifest;
 use mpipe::runtime::comm::Comm;
 use mpipe::runtime::exec::{ExecError, Executor};
-use mpipe::runtime::host::default_timeout;
 use mpipe::runtime::host::launch::{launch, Launch};
 use mpipe::runtime::host::tcp::{self, TcpComm};
 use mpipe::runtime::host::threads::ThreadComm;
+use mpipe::runtime::host::{default_timeout, Error, HostComm};
 use mpipe::runtime::{P2p, Step, UnitId};
 use mpipe_mllm::pipeline::{
     check, gather_timeline, outcomes_timeline, param_checksums, real_trace, simulated_trace,
@@ -353,7 +353,7 @@ impl<S: Step + ?Sized> Fault<'_, S> {
     fn tick(&mut self) {
         if self.left == 0 {
             eprintln!(
-                "rank {}: exiting with code 3 in the middle of step {} (MPIPE_FAULT_RANK)",
+                "rank {}: exiting with code 3 in the middle of step {} (counted from 0) on purpose (MPIPE_FAULT_RANK)",
                 self.rank, self.step
             );
             std::process::exit(3);
@@ -420,6 +420,26 @@ fn fault_step(rank: usize) -> Result<Option<u64>> {
     Ok((r == rank).then_some(step))
 }
 
+/// Under `mpipe-run`'s launcher: notes which rank this one's failure came from (the
+/// file the launcher reads to tell the first failure from its consequences).
+///
+/// The communicator notes it too, from the thread that hears of the failure, but
+/// only after waking the rank's waiting call, so a rank that exits at once can be
+/// gone before the note is written; the launcher would then blame it. Writing the
+/// same note here, before exiting, closes that race.
+fn note_blame(comm: &TcpComm) {
+    let (Some(dir), Some(Error::PeerFailed { rank: origin, what })) = (
+        std::env::var_os(tcp::BLAME_DIR_VAR),
+        comm.aborter().failed(),
+    ) else {
+        return;
+    };
+    if origin != comm.rank() {
+        let path = Path::new(&dir).join(tcp::blame_file_name(comm.rank()));
+        let _ = std::fs::write(path, format!("{origin}\n{what}\n"));
+    }
+}
+
 /// One rank of a multi-process run (started by a launcher).
 fn run_rank_process(args: &Args, run: &Run) -> Result<ExitCode> {
     let mut comm = tcp::from_env(run.t.timeout).context("connecting to the other ranks")?;
@@ -446,7 +466,10 @@ fn run_rank_process(args: &Args, run: &Run) -> Result<ExitCode> {
     let first = run.first;
     let print = |rep: &StepReport| {
         let Some(loss) = rep.loss else { return };
-        if rep.step == first || (rep.step + 1) % every == 0 || rep.step + 1 == steps {
+        if rep.step == first
+            || (rep.step + 1).checked_rem(every) == Some(0)
+            || rep.step + 1 == steps
+        {
             println!(
                 "step {}/{steps}  loss {loss:.3}  step time {:.1} ms",
                 rep.step + 1,
@@ -460,6 +483,7 @@ fn run_rank_process(args: &Args, run: &Run) -> Result<ExitCode> {
     let fail = |comm: &mut TcpComm, e: String| {
         eprintln!("{e}");
         comm.abort(&e);
+        note_blame(comm);
         Ok(ExitCode::from(1))
     };
     let outcome = match train_rank(&mut comm, &run.program, &code, &run.t, &run.ck, progress) {

@@ -280,7 +280,7 @@ fn damaged_missing_and_mismatched_checkpoints_are_refused() {
     };
 
     // (damage, the rank whose file it is, what its error says)
-    type Damage = Box<dyn Fn()>;
+    type Damage<'a> = Box<dyn Fn() + 'a>;
     let damages: Vec<(&str, Damage, usize, &str)> = vec![
         (
             "a flipped bit",

@@ -44,9 +44,9 @@
 //! The body: `rank` (`u32`), `world` (`u32`), `step` (`u64`), `data_position`
 //! (`u64`), `fingerprint` (`u64`), the number of units (`u32`), then per unit: its
 //! id (`u32`), its name (a *string*: `u32` byte length, UTF-8), its parameters (a
-//! *vector*: `u64` count, then that many `f32`), and an optimizer flag (`u8`, 0 or
-//! 1) followed, when 1, by the optimizer's step (`u64`), its number of tensors
-//! (`u32`) and each tensor's name (string) and values (vector). Parameters are
+//! *vector*: `u64` count, then that many `f32`), and an optimizer flag (`u8`: 0
+//! for none, or 1 followed by the optimizer's step (`u64`), its number of tensors
+//! (`u32`) and each tensor's name (string) and values (vector)). Parameters are
 //! stored as their exact bits, so a restored run continues bit for bit.
 //!
 //! # Manifest format

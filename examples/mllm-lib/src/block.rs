@@ -84,7 +84,7 @@ impl Block {
         layers: usize,
     ) -> Block {
         assert!(
-            heads > 0 && d % heads == 0,
+            d.checked_rem(heads) == Some(0),
             "width {d} not divisible by {heads} heads"
         );
         let res_std = 1.0 / ((d as f32).sqrt() * (2.0 * layers as f32).sqrt());

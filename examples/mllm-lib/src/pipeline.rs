@@ -257,10 +257,12 @@ fn restore(
                 (Some(m), Some(v)) if m.len() == u.params.len() && v.len() == u.params.len() => {
                     adam.set_unit_state(id, o.step, m, v)
                 }
-                _ => return bad(format!(
+                _ => {
+                    return bad(format!(
                     "unit `{want}`'s optimizer state is not Adam's `m` and `v` of {} values each",
                     u.params.len()
-                )),
+                ))
+                }
             }
         }
     }
@@ -362,7 +364,7 @@ pub fn train_rank<C: Comm>(
             vec![]
         };
         if let Some((dir, every)) = &ck.checkpoint {
-            if *every > 0 && (step + 1) % every == 0 {
+            if (step + 1).checked_rem(*every) == Some(0) {
                 let st = snapshot(rank, program, step + 1, fingerprint, &owned, &model, &adam);
                 match checkpoint::save_set(dir, comm, &st) {
                     Ok(p) => outcome.checkpoints.push(p),

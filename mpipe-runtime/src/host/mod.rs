@@ -188,10 +188,12 @@ impl Inbox {
             st.failure = Some((origin, what.clone()));
         }
         drop(st);
-        self.cv.notify_all();
+        // The launcher reads this note to tell the first failure from its echoes:
+        // write it before waking the waiting call, which may exit at once.
         if let (true, Some(path)) = (first && origin != self.me, &self.blame_file) {
             let _ = std::fs::write(path, format!("{origin}\n{what}\n"));
         }
+        self.cv.notify_all();
     }
 
     fn lock(&self) -> MutexGuard<'_, InboxState> {
