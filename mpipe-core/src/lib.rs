@@ -16,6 +16,7 @@ pub mod derive;
 pub mod expr;
 pub mod generators;
 pub mod lower;
+pub mod megatron;
 pub mod operators;
 pub mod plan;
 pub mod profile;

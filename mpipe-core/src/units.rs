@@ -5,7 +5,14 @@
 //! to stages `1, 2, ..` (the first stage already carries the encoders' output and the
 //! embedding, the last the LM head). Per-stage extras are added to the first and last
 //! stage. Every encoder feeds `llm.0` and lives (has its home) where `llm.0` does.
+//!
+//! A profile with `llm.layout` (a Megatron-LM layout string, [`crate::megatron`])
+//! replaces that rule: stage `k` is the layout's stage `k` (Megatron lists chunk 0 of
+//! every rank, then chunk 1, .., which is the pipeline order), with its `t` layers plus
+//! one layer's cost per `m` (MTP) layer, the first-stage extra on the stage holding
+//! `E` and the last-stage extra on the stage holding `L`. Stages may then be empty.
 
+use crate::megatron::{LayoutError, MegatronLayout};
 use crate::plan::Layout;
 use crate::profile::Profile;
 use crate::program::{Cost, Unit};
@@ -27,6 +34,115 @@ pub enum UnitsError {
     NoRanks,
     #[error("the V-shaped layout needs exactly 2 chunks per rank, got {0}")]
     VShapeChunks(usize),
+    /// `llm.layout` is not a valid Megatron layout string.
+    #[error("llm.layout is not a valid Megatron pipeline layout: {0}")]
+    Layout(LayoutError),
+    /// `llm.layout` has a different number of stages than the schedule.
+    #[error(
+        "llm.layout has {layout} stages but the schedule needs {ranks} ranks x {chunks} chunks = \
+         {stages} stages; {hint}"
+    )]
+    LayoutStages {
+        layout: usize,
+        stages: usize,
+        ranks: usize,
+        chunks: usize,
+        /// How to make them agree.
+        hint: String,
+    },
+    /// `llm.layout` has a different number of transformer layers than `llm.layers`.
+    #[error(
+        "llm.layout has {layout} transformer layers (`t`) but llm.layers = {layers}; \
+         change the layout or llm.layers so they agree"
+    )]
+    LayoutLayers { layout: usize, layers: u32 },
+}
+
+/// What one LLM stage holds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct StageShare {
+    /// Layers costed at the per-layer LLM costs (transformer and MTP layers).
+    layers: usize,
+    /// Whether the first-stage extra (embedding) is on this stage.
+    first: bool,
+    /// Whether the last-stage extra (LM head and loss) is on this stage.
+    last: bool,
+}
+
+/// How to make a layout of `layout` stages fit `ranks x chunks`.
+fn stages_hint(layout: usize, ranks: usize, chunks: usize) -> String {
+    let stages = ranks * chunks;
+    let mut hint = format!(
+        "write the layout with {stages} `|`-separated stages (chunk 0 of ranks 0..{}, then chunk 1, ..)",
+        ranks - 1
+    );
+    if layout > 0 && layout.is_multiple_of(chunks) && layout / chunks != ranks {
+        hint += &format!(", or run it on {} ranks", layout / chunks);
+    }
+    if layout > 0 && layout.is_multiple_of(ranks) && layout / ranks != chunks {
+        let v = layout / ranks;
+        let schedule = if v == 1 {
+            "a one-chunk schedule (such as `1f1b`)".to_string()
+        } else if v == 2 {
+            "a schedule with 2 chunks per rank (such as `interleaved(v = 2)` or `zbv`)".to_string()
+        } else {
+            format!("a schedule with {v} chunks per rank (`interleaved(v = {v})`)")
+        };
+        hint += &format!(", or use {schedule} on {ranks} ranks");
+    }
+    hint
+}
+
+/// Each stage's share of the LLM: from `llm.layout` if present, else the even split.
+fn shares(profile: &Profile, ranks: usize, chunks: usize) -> Result<Vec<StageShare>, UnitsError> {
+    let llm = &profile.llm;
+    let stages = ranks * chunks;
+    let Some(text) = &llm.layout else {
+        if (llm.layers as usize) < stages {
+            return Err(UnitsError::TooFewLayers {
+                layers: llm.layers,
+                stages,
+                ranks,
+                chunks,
+            });
+        }
+        let base = llm.layers as usize / stages;
+        let rem = llm.layers as usize % stages;
+        return Ok((0..stages)
+            .map(|k| StageShare {
+                layers: base + usize::from(k >= 1 && k <= rem),
+                first: k == 0,
+                last: k + 1 == stages,
+            })
+            .collect());
+    };
+    let layout = MegatronLayout::parse(text).map_err(UnitsError::Layout)?;
+    if layout.num_stages() != stages {
+        return Err(UnitsError::LayoutStages {
+            layout: layout.num_stages(),
+            stages,
+            ranks,
+            chunks,
+            hint: stages_hint(layout.num_stages(), ranks, chunks),
+        });
+    }
+    if layout.transformer_layers() != llm.layers as usize {
+        return Err(UnitsError::LayoutLayers {
+            layout: layout.transformer_layers(),
+            layers: llm.layers,
+        });
+    }
+    let (e, l) = (layout.embedding_stage(), layout.loss_stage());
+    Ok(layout
+        .stages()
+        .iter()
+        .enumerate()
+        .map(|(k, s)| StageShare {
+            layers: s.transformer() + s.mtp(),
+            first: k == e,
+            last: k == l,
+        })
+        .collect())
 }
 
 /// Home rank of pipeline stage `k` of `ranks * chunks` under `layout`.
@@ -64,14 +180,7 @@ pub fn build_units(
     }
     let stages = ranks * chunks;
     let llm = &profile.llm;
-    if (llm.layers as usize) < stages {
-        return Err(UnitsError::TooFewLayers {
-            layers: llm.layers,
-            stages,
-            ranks,
-            chunks,
-        });
-    }
+    let shares = shares(profile, ranks, chunks)?;
     let first_home = stage_rank(layout, ranks, 0);
     let mut units = Vec::with_capacity(profile.encoders.len() + stages);
     for e in &profile.encoders {
@@ -91,10 +200,8 @@ pub fn build_units(
             params: e.params,
         });
     }
-    let base = llm.layers as usize / stages;
-    let rem = llm.layers as usize % stages;
-    for k in 0..stages {
-        let layers = (base + usize::from(k >= 1 && k <= rem)) as f64;
+    for (k, share) in shares.iter().enumerate() {
+        let layers = share.layers as f64;
         let mut cost = Cost {
             f: layers * llm.forward,
             b: layers * llm.backward,
@@ -103,8 +210,8 @@ pub fn build_units(
         let mut act = layers * llm.activation;
         let mut params = layers * llm.params;
         let extras = [
-            (k == 0).then_some(&llm.first_stage_extra),
-            (k + 1 == stages).then_some(&llm.last_stage_extra),
+            share.first.then_some(&llm.first_stage_extra),
+            share.last.then_some(&llm.last_stage_extra),
         ];
         for x in extras.into_iter().flatten().flatten() {
             cost.f += x.forward;

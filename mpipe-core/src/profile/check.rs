@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use super::{Profile, ProfileIssue};
+use crate::megatron::MegatronLayout;
 
 /// Every rule broken by `profile`, in key order (the parser fills in lines).
 pub(super) fn issues(profile: &Profile) -> Vec<ProfileIssue> {
@@ -71,6 +72,10 @@ pub(super) fn issues(profile: &Profile) -> Vec<ProfileIssue> {
         }
     }
 
+    if let Some(text) = &llm.layout {
+        check_layout(&mut out, text, llm.layers);
+    }
+
     if let Some(m) = &profile.memory {
         check_positive(&mut out, "memory.limit", m.limit, "memory per rank");
     }
@@ -111,6 +116,30 @@ fn check_positive(out: &mut Vec<ProfileIssue>, path: &str, v: f64, what: &str) {
             path.to_string(),
             format!("found {v}; expected a finite number > 0 ({what})"),
         );
+    }
+}
+
+/// `llm.layout` must be a valid Megatron layout with `layers` transformer layers.
+fn check_layout(out: &mut Vec<ProfileIssue>, text: &str, layers: u32) {
+    match MegatronLayout::parse(text) {
+        Err(e) => push(
+            out,
+            "llm.layout".to_string(),
+            format!("not a valid Megatron pipeline layout: {e}"),
+        ),
+        Ok(layout) => {
+            let t = layout.transformer_layers();
+            if layers > 0 && t != layers as usize {
+                push(
+                    out,
+                    "llm.layout".to_string(),
+                    format!(
+                        "the layout has {t} transformer layers (`t`) but llm.layers = {layers}; \
+                         expected the two to match (change one of them)"
+                    ),
+                );
+            }
+        }
     }
 }
 

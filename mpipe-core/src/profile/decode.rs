@@ -241,6 +241,7 @@ const LLM_KEYS: &[&str] = &[
     "output",
     "first_stage_extra",
     "last_stage_extra",
+    "layout",
 ];
 const EXTRA_KEYS: &[&str] = &["forward", "backward", "weight", "activation", "params"];
 const MEMORY_KEYS: &[&str] = &["limit"];
@@ -261,6 +262,7 @@ fn expectation(key: &str) -> &'static str {
         "first_stage_extra" | "last_stage_extra" => {
             "a table with forward, backward, weight (and optionally activation, params)"
         }
+        "layout" => "a Megatron-LM pipeline layout string, such as \"Et*3|(tt|)*29,m|L\"",
         "limit" => "the memory per rank, a number > 0",
         "latency" => "the fixed time per transfer, a number >= 0",
         "bandwidth" => "the size moved per unit of time, a number > 0",
@@ -609,6 +611,13 @@ impl<'t> Decoder<'t> {
         llm.output = self.f64(&t, "output", false);
         llm.first_stage_extra = self.extra(&t, "first_stage_extra");
         llm.last_stage_extra = self.extra(&t, "last_stage_extra");
+        match self.get(&t, "layout") {
+            Some(SNode {
+                node: Node::Str(s), ..
+            }) => llm.layout = Some(s.clone()),
+            Some(other) => self.wrong_type(&t, "layout", other, expectation("layout")),
+            None => {}
+        }
         llm
     }
 
@@ -636,6 +645,7 @@ fn placeholder_llm() -> LlmProfile {
         output: 0.0,
         first_stage_extra: None,
         last_stage_extra: None,
+        layout: None,
     }
 }
 

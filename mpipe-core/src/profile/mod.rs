@@ -106,6 +106,13 @@ pub struct LlmProfile {
     /// Extra work on the last stage (LM head and loss).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_stage_extra: Option<Extra>,
+    /// How the layers map to stages, as a Megatron-LM `pipeline_model_parallel_layout`
+    /// string (such as `"Et*3|(tt|)*29,m|L"`; see [`crate::megatron`]). When present it
+    /// replaces the even split: it fixes each stage's transformer layers (`t`, which
+    /// must number `layers`; each MTP layer `m` costs one more layer) and the stages
+    /// of the embedding `E` (`first_stage_extra`) and the loss `L` (`last_stage_extra`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<String>,
 }
 
 /// Extra work on one pipeline stage, added to its layers' costs.

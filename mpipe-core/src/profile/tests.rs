@@ -78,6 +78,7 @@ fn spec_profile() -> Profile {
             output: 0.0,
             first_stage_extra: Some(extra(0.3)),
             last_stage_extra: Some(extra(1.5)),
+            layout: None,
         },
         memory: Some(MemoryProfile { limit: 80.0 }),
         link: None,
