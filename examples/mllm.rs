@@ -9,6 +9,7 @@
 //! cargo run --release --example mllm -- --checkpoint ck --checkpoint-every 50
 //! cargo run --release --example mllm -- --resume ck           # continue from ck
 //! cargo run --release --example mllm -- --trace real.json --trace-sim sim.json
+//! cargo run --release --features ascend --example mllm -- --backend ascend --check
 //! ```
 //!
 //! **Ranks.** By default the ranks are threads of this process. With `--processes`
@@ -30,6 +31,12 @@
 //! one track per rank; with `--processes` the ranks send their timings to rank 0,
 //! which writes the file), `--trace-sim FILE` the simulator's prediction of the same
 //! program, for side-by-side viewing in <https://ui.perfetto.dev>.
+//!
+//! **Backends.** `--backend host` (default) is the CPU communicator above;
+//! `--backend ascend` (built with `--features ascend`) runs the ranks as threads
+//! over HCCL through `mpipe_runtime::ascend` (on the ascend-sys emulator when no
+//! CANN toolkit is installed), one device per rank; with `--check` it also compares
+//! every gradient with the host backend's.
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, ValueEnum};
@@ -144,6 +151,18 @@ impl Schedule {
     }
 }
 
+/// The communication backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    /// CPU communicator (threads, or processes over loopback TCP)
+    Host,
+    /// HCCL/AscendCL (threads of this process, one device each; `--features ascend`)
+    Ascend,
+}
+
+const ASCEND_HOW: &str = "--backend ascend needs the `ascend` feature: \
+    cargo run --release --features ascend --example mllm -- --backend ascend";
+
 #[derive(Parser)]
 #[command(about = "Train a small multimodal LLM through compiled pipeline schedules")]
 struct Args {
@@ -181,6 +200,9 @@ struct Args {
     /// Write the simulator's Chrome/Perfetto trace of the same program.
     #[arg(long, value_name = "FILE")]
     trace_sim: Option<PathBuf>,
+    /// The communication backend.
+    #[arg(long, value_enum, default_value = "host")]
+    backend: Backend,
 }
 
 fn config(stages: usize, frozen: bool) -> Config {
@@ -285,13 +307,22 @@ fn checksum_line(program: &Program, params: &[(usize, Vec<f32>)]) -> String {
 
 fn main() -> Result<ExitCode> {
     let args = Args::parse();
+    if args.backend == Backend::Ascend && !cfg!(feature = "ascend") {
+        bail!(ASCEND_HOW);
+    }
+    if args.backend == Backend::Ascend && (args.processes || args.resume.is_some()) {
+        bail!("--backend ascend runs the ranks as threads of this process, without --processes or --resume");
+    }
     if args.check {
         if args.processes {
             bail!("--check runs on threads; leave out --processes");
         }
-        return run_check(args.frozen).map(|()| ExitCode::SUCCESS);
+        return run_check(args.frozen, args.backend).map(|()| ExitCode::SUCCESS);
     }
     let run = Run::new(&args)?;
+    if args.backend == Backend::Ascend {
+        return ascend::train(&run).map(|()| ExitCode::SUCCESS);
+    }
     // A process started by a launcher runs one rank.
     let launched = ["RANK", "WORLD_SIZE", "MASTER_PORT"]
         .iter()
@@ -576,9 +607,9 @@ fn run_threads(args: &Args, run: &Run) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn run_check(frozen: bool) -> Result<()> {
+fn run_check(frozen: bool, backend: Backend) -> Result<()> {
     println!(
-        "one step per schedule vs. the unpipelined step ({} encoder): largest relative difference",
+        "one step per schedule vs. the unpipelined step ({} encoder, {backend:?} backend): largest relative difference",
         if frozen { "frozen" } else { "trainable" }
     );
     let mut worst = 0.0f64;
@@ -586,12 +617,15 @@ fn run_check(frozen: bool) -> Result<()> {
         let (expr, json, chunks) = sched.compiled(frozen);
         let program = Program::from_json(json)?;
         let cfg = config(program.ranks * chunks, frozen);
-        let diffs = check(
-            &program,
-            &|r: usize, e: &mut Executor<'_, ThreadComm, Mllm>| sched.run(frozen, r, e),
-            &cfg,
-            1,
-        )
+        let diffs = match backend {
+            Backend::Host => check(
+                &program,
+                &|r: usize, e: &mut Executor<'_, ThreadComm, Mllm>| sched.run(frozen, r, e),
+                &cfg,
+                1,
+            ),
+            Backend::Ascend => ascend::check(&program, sched, frozen, &cfg, 1),
+        }
         .map_err(|e| anyhow!("{expr}: {e}"))?;
         let shown: Vec<String> = diffs.iter().map(|(u, d)| format!("{u} {d:.1e}")).collect();
         println!("  {expr:<24} {}", shown.join("  "));
@@ -609,4 +643,123 @@ fn run_check(frozen: bool) -> Result<()> {
         bail!("a pipelined gradient differs from the unpipelined one by more than 1e-5");
     }
     Ok(())
+}
+
+/// `--backend ascend`: the same training loop over `mpipe_runtime::ascend::AscendComm`.
+#[cfg(feature = "ascend")]
+mod ascend {
+    use super::*;
+    use mpipe::runtime::ascend::{run_ranks, AscendComm};
+    use mpipe_mllm::pipeline::{rel_diff, train as train_host};
+    use mpipe_mllm::Dataset;
+
+    fn code(
+        sched: Schedule,
+        frozen: bool,
+    ) -> impl Fn(usize, &mut Executor<'_, AscendComm, Mllm>) -> Result<(), ExecError> + Sync {
+        move |r, e| sched.run(frozen, r, e)
+    }
+
+    /// One step on HCCL: `(unit, difference from the unpipelined step)` per trainable
+    /// unit, then `("loss", ..)`, then `("host", largest difference from the host
+    /// backend's gradients)`.
+    pub fn check(
+        program: &Program,
+        sched: Schedule,
+        frozen: bool,
+        cfg: &Config,
+        data_seed: u64,
+    ) -> Result<Vec<(String, f64)>, String> {
+        let t = Train {
+            cfg: cfg.clone(),
+            adam: AdamConfig::default(),
+            data_seed,
+            steps: 1,
+            update: false,
+            timeout: Duration::from_secs(10),
+        };
+        let run = code(sched, frozen);
+        let on = |o: Vec<Result<RankOutcome, String>>| -> Result<Vec<RankOutcome>, String> {
+            o.into_iter().collect()
+        };
+        let hccl = on(run_ranks(program.ranks, |mut c| {
+            train_rank(&mut c, program, &run, &t, &Checkpointing::default(), None)
+        }))?;
+        let host = on(train_host(
+            program,
+            &|r: usize, e: &mut Executor<'_, ThreadComm, Mllm>| sched.run(frozen, r, e),
+            &t,
+            None,
+        ))?;
+        let mut reference = Mllm::new(cfg.clone());
+        let batch = Dataset::new(cfg, data_seed).batch(0, program.microbatches);
+        let (ref_loss, ref_grads) = reference.reference_step(&batch);
+        let mut out = Vec::new();
+        let mut vs_host = 0.0f64;
+        let mut losses = Vec::new();
+        for (a, h) in hccl.iter().zip(&host) {
+            for ((u, g), (_, hg)) in a.grads.iter().zip(&h.grads) {
+                out.push((program.units[*u].name.clone(), rel_diff(g, &ref_grads[*u])));
+                vs_host = vs_host.max(rel_diff(g, hg));
+            }
+            losses.extend(a.losses.iter().copied());
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        let loss = losses.iter().sum::<f32>() / losses.len().max(1) as f32;
+        out.push(("loss".into(), rel_diff(&[loss], &[ref_loss])));
+        out.push(("host".into(), vs_host));
+        Ok(out)
+    }
+
+    /// Trains on HCCL (ranks as threads, one device each).
+    pub fn train(run: &Run) -> Result<()> {
+        println!(
+            "training `{}` on {} ranks over HCCL ({}), {} micro-batches per step, {} steps",
+            run.expr,
+            run.program.ranks,
+            ascend_backend(),
+            run.program.microbatches,
+            run.t.steps
+        );
+        let code = code(run.sched, run.frozen);
+        let outcomes = run_ranks(run.program.ranks, |mut c| {
+            train_rank(&mut c, &run.program, &code, &run.t, &run.ck, None)
+        });
+        let mut params = Vec::new();
+        for o in outcomes {
+            let o = o.map_err(|e| anyhow!(e))?;
+            if !o.losses.is_empty() {
+                let loss = o.losses.iter().sum::<f32>() / o.losses.len() as f32;
+                println!("loss after the last step {loss:.3}");
+            }
+            params.extend(o.params);
+        }
+        params.sort_by_key(|p| p.0);
+        println!("{}", checksum_line(&run.program, &params));
+        Ok(())
+    }
+
+    fn ascend_backend() -> &'static str {
+        mpipe::runtime::ascend::LINKED
+    }
+}
+
+/// `--backend ascend` without the `ascend` feature: say how to build it.
+#[cfg(not(feature = "ascend"))]
+mod ascend {
+    use super::*;
+
+    pub fn check(
+        _: &Program,
+        _: Schedule,
+        _: bool,
+        _: &Config,
+        _: u64,
+    ) -> Result<Vec<(String, f64)>, String> {
+        Err(ASCEND_HOW.into())
+    }
+
+    pub fn train(_: &Run) -> Result<()> {
+        bail!(ASCEND_HOW)
+    }
 }

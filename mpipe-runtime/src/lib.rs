@@ -14,6 +14,8 @@
 //! whole batch (consecutive `SEND`/`RECV` actions with one batch id) at a time, so a
 //! backend can post it as one batched send/receive (HCCL's `HcclBatchSendRecv`).
 
+#[cfg(feature = "ascend")]
+pub mod ascend;
 pub mod checkpoint;
 pub mod comm;
 pub mod exec;

@@ -1,0 +1,929 @@
+//! The Ascend backend: [`AscendComm`], a [`Comm`] over HCCL and AscendCL (through
+//! `ascend-sys`: the real CANN libraries when a toolkit is installed, otherwise its
+//! host emulator, whose HCCL ranks are threads of one process).
+//!
+//! [`safe`] is the safe layer: status codes become an [`AscendError`] naming the call
+//! and the ACL/HCCL error (`HcclSend failed: HCCL_E_PARA (1: parameter error)`), and
+//! devices, streams, events, device buffers and communicators are RAII owners.
+//!
+//! ## One rank
+//! Each rank is bound to one device and holds the world's HCCL communicator and these
+//! streams:
+//! - the **compute stream**, where host-to-device copies of outgoing tensors are
+//!   queued (the model computes on the host; this is where device kernels would go),
+//!   with an **event** recorded after them that the communication streams wait on, so
+//!   no transfer reads a buffer before its copy has landed;
+//! - the **communication stream** for collectives (`HcclBroadcast`, `HcclReduce`,
+//!   `HcclAllReduce`, `HcclBarrier`) on the world communicator, and one stream per
+//!   sub-communicator (see below);
+//! - **point-to-point lanes**: one stream per peer and direction. See "Why lanes".
+//!
+//! ## Point-to-point: lengths, and why lanes
+//! [`Comm::batch`] hands over received tensors of whatever length the sender sent,
+//! but HCCL needs the receive count up front, and the count must match the send's.
+//! The backend therefore sends every message as **two HCCL messages on the same
+//! lane: a 4×u32 header `[tag.kind, tag.unit, tag.mb, len]`, then the `len` f32s**
+//! (no second message when `len` is 0). The receiver receives the header, checks the
+//! tag (HCCL matches by order per pair of ranks, [`Comm`] by `(peer, tag)`: when the
+//! two disagree the receiver fails with [`AscendError::Invalid`] instead of
+//! misdelivering), then posts the data receive with the right count. A per-(peer,
+//! tag) table of lengths from the model's shapes was the alternative; it would tie
+//! the communicator to one model, and gradient messages carry several packed parts.
+//!
+//! The header costs one small message per transfer, and it must not change *when*
+//! things can complete: the lowering's deadlock-freedom argument assumes rendezvous
+//! semantics, where a send completes as soon as its receiver has posted the receive,
+//! whatever else either batch contains. Posting all headers of a batch in one
+//! `HcclBatchSendRecv` and then all data in a second one breaks that (the data send to
+//! `b` would wait for the headers from every other peer, and three ranks can then
+//! wait on each other where the program itself is fine). So each peer and direction
+//! gets its own stream (a lane), sends to a peer are queued on its send lane (header,
+//! data), and each peer's receives are driven by a helper thread (header, read the
+//! length, data): a transfer with `b` waits only for `b`. Everything of the batch is
+//! posted before the rank waits for any of it, so crossing transfers in one batch do
+//! not deadlock, and two ranks that each send to the other in separate batches first
+//! do (and fail with `HCCL_E_TIMEOUT` after the HCCL timeout), as under rendezvous.
+//! A transfer to this rank itself is copied on the host (HCCL rejects it).
+//!
+//! [`AscendComm::batch_sized`] is the plain HCCL path for callers that know the
+//! lengths: one `HcclBatchSendRecv` (at most one send to and one receive from each
+//! peer, matched by order).
+//!
+//! ## Collectives over groups
+//! A collective over the whole world uses the world communicator. Over a smaller
+//! group, the backend makes a sub-communicator the first time the group is used: the
+//! group's first rank calls `HcclGetRootInfo` and sends the bytes to the other members
+//! over the world communicator (as a point-to-point message), and every member calls
+//! `HcclCommInitRootInfo` with its index in the group. Sub-communicators are kept
+//! (one per group) with a stream each. Sums are f32 `HCCL_REDUCE_SUM`; the emulator
+//! sums in group order, so results are deterministic and all-reduce results are
+//! bit-identical on every member (real HCCL's order depends on its algorithm).
+//!
+//! ## Failures
+//! HCCL has no abort. [`Comm::abort`] records the failure on this rank, and every
+//! later call fails with [`AscendError::PeerFailed`]. Ranks created together by
+//! [`AscendComm::world_in_process`] (or [`run_ranks`]) share that record, so their
+//! *later* calls fail at once too; a call already waiting inside HCCL ends only at
+//! HCCL's own timeout (the emulator's `MPIPE_ASCEND_EMU_TIMEOUT_MS`, default 20 s;
+//! on CANN, `HCCL_EXEC_TIMEOUT`). Ranks in other processes learn nothing (they time
+//! out). After an HCCL error the buffers of the failed call are leaked rather than
+//! freed under a transfer that may still be queued.
+//!
+//! ## Start-up
+//! [`AscendComm::world_in_process`] makes `n` ranks as threads of this process (rank
+//! `r` on device `r`). [`AscendComm::from_env`] joins a multi-process world from the
+//! launcher's variables (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`,
+//! `LOCAL_RANK`): rank 0 creates the root info and serves its bytes over TCP on
+//! `MASTER_ADDR:MASTER_PORT`, the others fetch them. The emulator cannot join
+//! processes yet (its root info names an in-process group), so under the emulator
+//! only the thread form works end to end.
+
+pub mod safe;
+
+use crate::comm::{Comm, Tag, Tensor};
+pub use safe::AscendError;
+use safe::{
+    f32_bytes, f32_bytes_mut, DataType, Device, DeviceBuffer, Direction, Event, HcclComm, RootInfo,
+    Stream, ROOT_INFO_BYTES,
+};
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::ThreadId;
+use std::time::{Duration, Instant};
+
+/// What this build links: `"cann"` (the real libraries) or `"emulator"`.
+pub const LINKED: &str = ascend_sys::BACKEND;
+
+/// The first failure of a world: `(rank, what)`.
+type Failure = Arc<Mutex<Option<(usize, String)>>>;
+
+/// The tag of the root-info messages that form sub-communicators (a kind the runtime
+/// does not use).
+const ROOT_INFO_TAG: Tag = Tag::new(0xFE, 0, 0);
+
+/// A collective sub-communicator and its stream.
+struct Sub {
+    stream: Stream,
+    comm: HcclComm,
+}
+
+/// Where a collective's result is, on one rank.
+enum ReadBack {
+    Nothing,
+    Send,
+    Recv,
+}
+
+/// One rank of an HCCL world. See the [module docs](self).
+pub struct AscendComm {
+    rank: usize,
+    world: usize,
+    // Fields drop in order: streams and sub-communicators, then the communicator,
+    // then the device binding.
+    subs: BTreeMap<Vec<usize>, Sub>,
+    send_lanes: Vec<Option<Stream>>,
+    recv_lanes: Vec<Option<Stream>>,
+    coll: Stream,
+    compute: Stream,
+    copied: Event,
+    comm: HcclComm,
+    /// Held while queuing an HCCL call, so the rank's threads never issue calls on
+    /// the communicator concurrently (HCCL does not promise that this is safe).
+    issue: Mutex<()>,
+    failure: Failure,
+    bound: ThreadId,
+    device: Device,
+}
+
+impl std::fmt::Debug for AscendComm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AscendComm")
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("device", &self.device.id())
+            .finish()
+    }
+}
+
+impl AscendComm {
+    /// Binds this thread to `device` and joins the world described by `info` as
+    /// `rank` of `world` (on real HCCL this blocks until every rank has joined).
+    pub fn join(
+        rank: usize,
+        world: usize,
+        device: i32,
+        info: &RootInfo,
+    ) -> Result<AscendComm, AscendError> {
+        Self::join_with(rank, world, device, info, Failure::default())
+    }
+
+    fn join_with(
+        rank: usize,
+        world: usize,
+        device: i32,
+        info: &RootInfo,
+        failure: Failure,
+    ) -> Result<AscendComm, AscendError> {
+        if rank >= world {
+            return Err(AscendError::Setup(format!(
+                "rank {rank} is not in a world of {world}"
+            )));
+        }
+        let device = Device::set(device)?;
+        let comm = HcclComm::init(world as u32, info, rank as u32)?;
+        let lanes = || -> Result<Vec<Option<Stream>>, AscendError> {
+            (0..world)
+                .map(|p| {
+                    if p == rank {
+                        Ok(None)
+                    } else {
+                        Stream::new().map(Some)
+                    }
+                })
+                .collect()
+        };
+        Ok(AscendComm {
+            rank,
+            world,
+            subs: BTreeMap::new(),
+            send_lanes: lanes()?,
+            recv_lanes: lanes()?,
+            coll: Stream::new()?,
+            compute: Stream::new()?,
+            copied: Event::new()?,
+            comm,
+            issue: Mutex::new(()),
+            failure,
+            bound: std::thread::current().id(),
+            device,
+        })
+    }
+
+    /// `n` ranks as threads of this process, rank `r` on device `r`: rank 0's thread
+    /// calls `HcclGetRootInfo`, and every rank's thread `aclrtSetDevice(r)` and
+    /// `HcclCommInitRootInfo` with it. The ranks share their failure record (see
+    /// "Failures"). Move each into its own thread; a communicator re-binds the
+    /// device on whichever thread uses it.
+    pub fn world_in_process(n: usize) -> Result<Vec<AscendComm>, AscendError> {
+        if n == 0 {
+            return Err(AscendError::Setup("a world needs at least one rank".into()));
+        }
+        let devices = safe::device_count()? as usize;
+        if n > devices {
+            return Err(AscendError::Setup(format!(
+                "{n} ranks need {n} devices, this machine has {devices} \
+                 (the emulator's count is MPIPE_ASCEND_EMU_DEVICES)"
+            )));
+        }
+        let info = std::thread::scope(|s| {
+            s.spawn(|| {
+                let _device = Device::set(0)?;
+                RootInfo::new()
+            })
+            .join()
+            .unwrap_or_else(|_| Err(AscendError::Setup("rank 0 panicked".into())))
+        })?;
+        let failure = Failure::default();
+        let results: Vec<Result<AscendComm, AscendError>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..n)
+                .map(|r| {
+                    let (info, failure) = (&info, failure.clone());
+                    s.spawn(move || AscendComm::join_with(r, n, r as i32, info, failure))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(AscendError::Setup("a rank panicked".into())))
+                })
+                .collect()
+        });
+        results.into_iter().collect()
+    }
+
+    /// One rank of a multi-process world from the launcher's variables: `RANK`,
+    /// `WORLD_SIZE`, `MASTER_ADDR` (default `127.0.0.1`), `MASTER_PORT`, and the device
+    /// `LOCAL_RANK` (default `RANK`). Rank 0 creates the root info and serves it on
+    /// `MASTER_ADDR:MASTER_PORT` until every other rank has fetched it; the others
+    /// retry connecting for up to `timeout`.
+    ///
+    /// Under the emulator the processes cannot form one world (its root info names an
+    /// in-process group; see ascend-sys's README): the exchange works, the first
+    /// transfer then times out.
+    pub fn from_env(timeout: Duration) -> Result<AscendComm, AscendError> {
+        let var = |name: &str| {
+            std::env::var(name).map_err(|_| AscendError::Setup(format!("{name} is not set")))
+        };
+        let num = |name: &str, v: String| {
+            v.trim()
+                .parse::<usize>()
+                .map_err(|_| AscendError::Setup(format!("{name}={v:?} is not a number")))
+        };
+        let rank = num("RANK", var("RANK")?)?;
+        let world = num("WORLD_SIZE", var("WORLD_SIZE")?)?;
+        let port = var("MASTER_PORT")?;
+        let host = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
+        let device = match std::env::var("LOCAL_RANK") {
+            Ok(v) => num("LOCAL_RANK", v)?,
+            Err(_) => rank,
+        };
+        let addr = format!("{host}:{}", port.trim())
+            .to_socket_addrs()
+            .map_err(|e| AscendError::Setup(format!("MASTER_ADDR:MASTER_PORT: {e}")))?
+            .next()
+            .ok_or_else(|| AscendError::Setup("MASTER_ADDR resolves to nothing".into()))?;
+        Self::connect(rank, world, device as i32, addr, timeout)
+    }
+
+    /// [`from_env`](AscendComm::from_env) with explicit values: the root info crosses
+    /// a TCP connection to `master` (rank 0 listens there).
+    pub fn connect(
+        rank: usize,
+        world: usize,
+        device: i32,
+        master: SocketAddr,
+        timeout: Duration,
+    ) -> Result<AscendComm, AscendError> {
+        if rank >= world {
+            return Err(AscendError::Setup(format!(
+                "RANK {rank} is not below WORLD_SIZE {world}"
+            )));
+        }
+        let info = if rank == 0 {
+            Device::set(device)?;
+            let info = RootInfo::new()?;
+            let listener = TcpListener::bind(master)
+                .map_err(|e| AscendError::Setup(format!("listening on {master}: {e}")))?;
+            serve_root_info(&listener, &info, world - 1, timeout)?;
+            info
+        } else {
+            fetch_root_info(master, timeout)?
+        };
+        Self::join(rank, world, device, &info)
+    }
+
+    /// The device this rank uses.
+    pub fn device(&self) -> i32 {
+        self.device.id()
+    }
+
+    /// The rank's failure record, if any rank sharing it failed.
+    fn check_failed(&self) -> Result<(), AscendError> {
+        match &*self.failure.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some((rank, what)) => Err(AscendError::PeerFailed {
+                rank: *rank,
+                what: what.clone(),
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks for a recorded failure and binds the calling thread to the device.
+    fn enter(&mut self) -> Result<(), AscendError> {
+        self.check_failed()?;
+        let me = std::thread::current().id();
+        if me != self.bound {
+            self.device.bind_thread()?;
+            self.bound = me;
+        }
+        Ok(())
+    }
+
+    /// An error of a synchronization: HCCL's asynchronous error if there is one.
+    fn sync_error(comm: &HcclComm, e: AscendError, during: impl FnOnce() -> String) -> AscendError {
+        match comm.async_error() {
+            Err(h) => h.during(during),
+            Ok(()) => e,
+        }
+    }
+
+    fn check_peer(&self, peer: usize, what: &str) -> Result<(), AscendError> {
+        if peer >= self.world {
+            return Err(AscendError::Invalid(format!(
+                "{what} rank {peer}: the world has {} ranks",
+                self.world
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sends and receives with lengths both sides know, as one `HcclBatchSendRecv`:
+    /// at most one send to and one receive `(peer, len)` from each peer, matched with
+    /// the peers' calls by order. Returns the received tensors in `recvs` order.
+    pub fn batch_sized(
+        &mut self,
+        sends: &[(usize, &[f32])],
+        recvs: &[(usize, usize)],
+    ) -> Result<Vec<Tensor>, AscendError> {
+        self.enter()?;
+        for &(p, _) in sends {
+            self.check_peer(p, "sending to")?;
+        }
+        for &(p, _) in recvs {
+            self.check_peer(p, "receiving from")?;
+        }
+        let send_bufs = sends
+            .iter()
+            .map(|(_, d)| DeviceBuffer::from_host(f32_bytes(d)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let recv_bufs = recvs
+            .iter()
+            .map(|&(_, n)| DeviceBuffer::new(n * 4))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut items = Vec::new();
+        for ((p, d), b) in sends.iter().zip(&send_bufs) {
+            items.push((Direction::Send, b, d.len(), *p as u32));
+        }
+        for ((p, n), b) in recvs.iter().zip(&recv_bufs) {
+            items.push((Direction::Recv, b, *n, *p as u32));
+        }
+        let result = self
+            .comm
+            .batch_send_recv(&items, DataType::F32, &self.coll)
+            .and_then(|()| {
+                self.coll.synchronize().map_err(|e| {
+                    Self::sync_error(&self.comm, e, || "HcclBatchSendRecv".to_string())
+                })
+            });
+        if let Err(e) = result {
+            std::mem::forget(send_bufs);
+            std::mem::forget(recv_bufs);
+            return Err(e);
+        }
+        recv_bufs
+            .iter()
+            .zip(recvs)
+            .map(|(b, &(_, n))| {
+                let mut out = vec![0f32; n];
+                b.read(f32_bytes_mut(&mut out))?;
+                Ok(out)
+            })
+            .collect()
+    }
+
+    /// The communicator and stream of a collective over `group`, and this rank's and
+    /// `root`'s index in it (validating the group).
+    fn group_comm(
+        &mut self,
+        group: &[usize],
+        root: usize,
+    ) -> Result<(&HcclComm, &Stream, u32), AscendError> {
+        if group.windows(2).any(|w| w[0] >= w[1]) {
+            return Err(AscendError::Invalid(format!(
+                "group {group:?} is not sorted and distinct"
+            )));
+        }
+        if let Some(&p) = group.iter().find(|&&p| p >= self.world) {
+            self.check_peer(p, "a group with")?;
+        }
+        let Some(me) = group.iter().position(|&p| p == self.rank) else {
+            return Err(AscendError::Invalid(format!(
+                "group {group:?} does not contain this rank ({})",
+                self.rank
+            )));
+        };
+        let Some(root_index) = group.iter().position(|&p| p == root) else {
+            return Err(AscendError::Invalid(format!(
+                "group {group:?} does not contain the root {root}"
+            )));
+        };
+        if group.len() == self.world {
+            return Ok((&self.comm, &self.coll, root_index as u32));
+        }
+        if !self.subs.contains_key(group) {
+            let info = if me == 0 {
+                let info = RootInfo::new()?;
+                let words = bytes_to_words(&info.to_bytes());
+                let sends: Vec<(usize, Tag, &[f32])> = group[1..]
+                    .iter()
+                    .map(|&p| (p, ROOT_INFO_TAG, words.as_slice()))
+                    .collect();
+                self.batch_inner(&sends, &[])?;
+                info
+            } else {
+                let got = self.batch_inner(&[], &[(group[0], ROOT_INFO_TAG)])?;
+                RootInfo::from_bytes(&words_to_bytes(&got[0]))?
+            };
+            let comm = HcclComm::init(group.len() as u32, &info, me as u32)?;
+            let stream = Stream::new()?;
+            self.subs.insert(group.to_vec(), Sub { stream, comm });
+        }
+        let sub = &self.subs[group];
+        Ok((&sub.comm, &sub.stream, root_index as u32))
+    }
+
+    /// Runs one collective over `group`: `buf` goes to the device, `queue` queues the
+    /// HCCL call (given the communicator, the stream, the send and receive buffers and
+    /// the root's index), and `read_back` says which buffer (if any) holds this rank's
+    /// result.
+    fn collective(
+        &mut self,
+        (name, tag): (&'static str, Tag),
+        root: usize,
+        group: &[usize],
+        buf: &mut [f32],
+        queue: impl FnOnce(
+            &HcclComm,
+            &Stream,
+            &DeviceBuffer,
+            &DeviceBuffer,
+            u32,
+        ) -> Result<(), AscendError>,
+        read_back: impl FnOnce(usize) -> ReadBack,
+    ) -> Result<(), AscendError> {
+        self.enter()?;
+        let rank = self.rank;
+        let (comm, stream, root_index) = self.group_comm(group, root)?;
+        let send = DeviceBuffer::from_host(f32_bytes(buf))?;
+        let recv = DeviceBuffer::new(std::mem::size_of_val(buf))?;
+        let during = || format!("{name} {tag} over ranks {group:?} (root {root})");
+        let result = queue(comm, stream, &send, &recv, root_index).and_then(|()| {
+            stream
+                .synchronize()
+                .map_err(|e| Self::sync_error(comm, e, during))
+        });
+        if let Err(e) = result {
+            std::mem::forget(send);
+            std::mem::forget(recv);
+            return Err(e);
+        }
+        match read_back(rank) {
+            ReadBack::Nothing => {}
+            ReadBack::Send => send.read(f32_bytes_mut(buf))?,
+            ReadBack::Recv => recv.read(f32_bytes_mut(buf))?,
+        }
+        Ok(())
+    }
+
+    /// [`Comm::batch`] without the entry checks (also used to ship root infos).
+    fn batch_inner(
+        &self,
+        sends: &[(usize, Tag, &[f32])],
+        recvs: &[(usize, Tag)],
+    ) -> Result<Vec<Tensor>, AscendError> {
+        for &(p, t, d) in sends {
+            self.check_peer(p, "sending to")?;
+            if d.len() > u32::MAX as usize {
+                return Err(AscendError::Invalid(format!(
+                    "{t} has {} elements; at most 2^32 - 1 per message",
+                    d.len()
+                )));
+            }
+        }
+        for &(p, _) in recvs {
+            self.check_peer(p, "receiving from")?;
+        }
+        let mut out: Vec<Option<Tensor>> = vec![None; recvs.len()];
+        // Transfers to this rank itself: matched on the host, by tag in order.
+        let mut own: Vec<(Tag, &[f32])> = sends
+            .iter()
+            .filter(|s| s.0 == self.rank)
+            .map(|s| (s.1, s.2))
+            .collect();
+        for (i, &(p, t)) in recvs.iter().enumerate() {
+            if p == self.rank {
+                let Some(k) = own.iter().position(|o| o.0 == t) else {
+                    return Err(AscendError::Invalid(format!(
+                        "RECV {t} from this rank ({p}) without a matching SEND in the same batch"
+                    )));
+                };
+                out[i] = Some(own.remove(k).1.to_vec());
+            }
+        }
+        if let Some((t, _)) = own.first() {
+            return Err(AscendError::Invalid(format!(
+                "SEND {t} to this rank ({}) without a matching RECV in the same batch",
+                self.rank
+            )));
+        }
+
+        // Outgoing: headers and data to the device (data copies on the compute stream,
+        // then an event the send lanes wait for), then header + data per message on
+        // the peer's send lane.
+        let remote: Vec<&(usize, Tag, &[f32])> =
+            sends.iter().filter(|s| s.0 != self.rank).collect();
+        let mut keep: Vec<DeviceBuffer> = Vec::new();
+        let mut queued = Vec::new();
+        let posted = (|| -> Result<(), AscendError> {
+            for &&(p, t, d) in &remote {
+                let header = DeviceBuffer::from_host(&header_bytes(t, d.len()))?;
+                let data = DeviceBuffer::new(std::mem::size_of_val(d))?;
+                // SAFETY of the async copy: `d` is borrowed for this whole call, and
+                // the compute stream is synchronized before the call returns.
+                unsafe { self.compute.copy_to_device_async(&data, f32_bytes(d))? };
+                queued.push((p, t, d.len(), header, data));
+            }
+            self.copied.record(&self.compute)?;
+            for (p, _, len, header, data) in &queued {
+                let lane = self.send_lanes[*p].as_ref().expect("a remote peer");
+                lane.wait_event(&self.copied)?;
+                let _issuing = self.issue.lock().unwrap_or_else(PoisonError::into_inner);
+                self.comm.send(header, 4, DataType::U32, *p as u32, lane)?;
+                if *len > 0 {
+                    self.comm.send(data, *len, DataType::F32, *p as u32, lane)?;
+                }
+            }
+            Ok(())
+        })();
+        let copies = self.compute.synchronize();
+        for (_, _, _, h, d) in queued.drain(..) {
+            keep.push(h);
+            keep.push(d);
+        }
+        if let Err(e) = posted.and(copies) {
+            std::mem::forget(keep);
+            return Err(e);
+        }
+
+        // Incoming: per peer, a helper thread receives header, then data, in order.
+        let mut by_peer: BTreeMap<usize, Vec<(usize, Tag)>> = BTreeMap::new();
+        for (i, &(p, t)) in recvs.iter().enumerate() {
+            if p != self.rank {
+                by_peer.entry(p).or_default().push((i, t));
+            }
+        }
+        let me = self.rank;
+        let (comm, device, lanes) = (&self.comm, self.device.id(), &self.recv_lanes);
+        let issue = &self.issue;
+        let (received, sent) = std::thread::scope(|s| {
+            let handles: Vec<_> = by_peer
+                .iter()
+                .map(|(&p, list)| {
+                    let lane = lanes[p].as_ref().expect("a remote peer");
+                    s.spawn(move || receive_from(comm, issue, device, lane, me, p, list))
+                })
+                .collect();
+            // Meanwhile, wait for the sends (each lane independently).
+            let mut sent = Ok(());
+            for &&(p, t, _) in &remote {
+                let lane = self.send_lanes[p].as_ref().expect("a remote peer");
+                if let Err(e) = lane.synchronize() {
+                    let e = Self::sync_error(comm, e, || format!("SEND {t} to rank {p}"));
+                    sent = sent.and(Err(e));
+                }
+            }
+            let received: Vec<_> = handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(AscendError::Invalid("a receiving thread panicked".into()))
+                    })
+                })
+                .collect();
+            (received, sent)
+        });
+        let mut first_error = sent.err();
+        for r in received {
+            match r {
+                Ok(list) => {
+                    for (i, t) in list {
+                        out[i] = Some(t);
+                    }
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            std::mem::forget(keep);
+            return Err(e);
+        }
+        Ok(out.into_iter().map(Option::unwrap_or_default).collect())
+    }
+}
+
+/// One peer's receives of a batch, in order: header (checked against the tag), then
+/// the data. Runs on a helper thread of the rank.
+fn receive_from(
+    comm: &HcclComm,
+    issue: &Mutex<()>,
+    device: i32,
+    lane: &Stream,
+    me: usize,
+    peer: usize,
+    list: &[(usize, Tag)],
+) -> Result<Vec<(usize, Tensor)>, AscendError> {
+    // Bound for the thread's life (aclrtSetDevice here, aclrtResetDevice on return).
+    let _device = Device::set(device)?;
+    let queue = |buf: &DeviceBuffer, count: usize, t: DataType| {
+        let _issuing = issue.lock().unwrap_or_else(PoisonError::into_inner);
+        comm.recv(buf, count, t, peer as u32, lane)
+    };
+    let mut out = Vec::with_capacity(list.len());
+    for &(i, tag) in list {
+        let during = || format!("RECV {tag} from rank {peer}");
+        let header = DeviceBuffer::new(16)?;
+        queue(&header, 4, DataType::U32)?;
+        if let Err(e) = lane.synchronize() {
+            std::mem::forget(header);
+            return Err(AscendComm::sync_error(comm, e, during));
+        }
+        let mut h = [0u8; 16];
+        header.read(&mut h)?;
+        let (got, len) = parse_header(&h);
+        if got != tag {
+            return Err(AscendError::Invalid(format!(
+                "rank {me} expected {tag} from rank {peer}, which sent {got} first: HCCL \
+                 matches point-to-point messages by order, so each pair of ranks must post \
+                 them in the same order"
+            )));
+        }
+        let mut data = vec![0f32; len];
+        if len > 0 {
+            let buf = DeviceBuffer::new(len * 4)?;
+            queue(&buf, len, DataType::F32)?;
+            if let Err(e) = lane.synchronize() {
+                std::mem::forget(buf);
+                return Err(AscendComm::sync_error(comm, e, during));
+            }
+            buf.read(f32_bytes_mut(&mut data))?;
+        }
+        out.push((i, data));
+    }
+    Ok(out)
+}
+
+fn header_bytes(t: Tag, len: usize) -> [u8; 16] {
+    let mut h = [0u8; 16];
+    for (k, w) in [u32::from(t.kind), t.unit, t.mb, len as u32]
+        .into_iter()
+        .enumerate()
+    {
+        h[4 * k..4 * k + 4].copy_from_slice(&w.to_ne_bytes());
+    }
+    h
+}
+
+fn parse_header(h: &[u8; 16]) -> (Tag, usize) {
+    let w = |k: usize| u32::from_ne_bytes(h[4 * k..4 * k + 4].try_into().expect("4 bytes"));
+    (Tag::new(w(0) as u8, w(1), w(2)), w(3) as usize)
+}
+
+/// Bytes as f32 bit patterns (4 per word; the length is a multiple of 4 here).
+fn bytes_to_words(b: &[u8]) -> Vec<f32> {
+    b.chunks(4)
+        .map(|c| {
+            let mut w = [0u8; 4];
+            w[..c.len()].copy_from_slice(c);
+            f32::from_bits(u32::from_le_bytes(w))
+        })
+        .collect()
+}
+
+fn words_to_bytes(w: &[f32]) -> Vec<u8> {
+    w.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect()
+}
+
+/// Rank 0's side of the start-up: sends the root info to `clients` connections.
+fn serve_root_info(
+    listener: &TcpListener,
+    info: &RootInfo,
+    clients: usize,
+    timeout: Duration,
+) -> Result<(), AscendError> {
+    let bytes = info.to_bytes();
+    let deadline = Instant::now() + timeout;
+    listener
+        .set_nonblocking(true)
+        .map_err(|e| AscendError::Setup(format!("root info store: {e}")))?;
+    let mut served = 0;
+    while served < clients {
+        match listener.accept() {
+            Ok((mut s, _)) => {
+                s.set_nonblocking(false)
+                    .and_then(|()| s.write_all(&bytes))
+                    .map_err(|e| AscendError::Setup(format!("serving the root info: {e}")))?;
+                served += 1;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                if Instant::now() >= deadline {
+                    return Err(AscendError::Setup(format!(
+                        "only {served} of {clients} ranks fetched the root info within {timeout:?}"
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            Err(e) => return Err(AscendError::Setup(format!("root info store: {e}"))),
+        }
+    }
+    Ok(())
+}
+
+/// A non-zero rank's side: fetches the root info from rank 0 (retrying until
+/// `timeout`, as rank 0 may not listen yet).
+fn fetch_root_info(master: SocketAddr, timeout: Duration) -> Result<RootInfo, AscendError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        match TcpStream::connect_timeout(&master, Duration::from_millis(500)) {
+            Ok(mut s) => {
+                let mut bytes = vec![0u8; ROOT_INFO_BYTES];
+                s.set_read_timeout(Some(timeout))
+                    .and_then(|()| s.read_exact(&mut bytes))
+                    .map_err(|e| {
+                        AscendError::Setup(format!("reading the root info from {master}: {e}"))
+                    })?;
+                return RootInfo::from_bytes(&bytes);
+            }
+            Err(e) if Instant::now() >= deadline => {
+                return Err(AscendError::Setup(format!(
+                    "no root info from rank 0 at {master} within {timeout:?}: {e}"
+                )))
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
+
+impl Comm for AscendComm {
+    type Error = AscendError;
+
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn world(&self) -> usize {
+        self.world
+    }
+
+    fn batch(
+        &mut self,
+        sends: &[(usize, Tag, &[f32])],
+        recvs: &[(usize, Tag)],
+    ) -> Result<Vec<Tensor>, AscendError> {
+        self.enter()?;
+        self.batch_inner(sends, recvs)
+    }
+
+    fn broadcast(
+        &mut self,
+        root: usize,
+        group: &[usize],
+        tag: Tag,
+        buf: &mut [f32],
+    ) -> Result<(), AscendError> {
+        self.collective(
+            ("BCAST", tag),
+            root,
+            group,
+            buf,
+            |c, s, send, _, r| c.broadcast(send, send.len() / 4, r, s),
+            |me| {
+                if me == root {
+                    ReadBack::Nothing
+                } else {
+                    ReadBack::Send
+                }
+            },
+        )
+    }
+
+    fn reduce(
+        &mut self,
+        root: usize,
+        group: &[usize],
+        tag: Tag,
+        buf: &mut [f32],
+    ) -> Result<(), AscendError> {
+        self.collective(
+            ("REDUCE", tag),
+            root,
+            group,
+            buf,
+            |c, s, send, recv, r| c.reduce_sum(send, recv, send.len() / 4, r, s),
+            |me| {
+                if me == root {
+                    ReadBack::Recv
+                } else {
+                    ReadBack::Nothing
+                }
+            },
+        )
+    }
+
+    fn all_reduce(
+        &mut self,
+        group: &[usize],
+        tag: Tag,
+        buf: &mut [f32],
+    ) -> Result<(), AscendError> {
+        let root = group.first().copied().unwrap_or(self.rank);
+        self.collective(
+            ("ALL_REDUCE", tag),
+            root,
+            group,
+            buf,
+            |c, s, send, recv, _| c.all_reduce_sum(send, recv, send.len() / 4, s),
+            |_| ReadBack::Recv,
+        )
+    }
+
+    fn barrier(&mut self) -> Result<(), AscendError> {
+        self.enter()?;
+        self.comm.barrier(&self.coll).and_then(|()| {
+            self.coll
+                .synchronize()
+                .map_err(|e| Self::sync_error(&self.comm, e, || "BARRIER".into()))
+        })
+    }
+
+    fn abort(&mut self, what: &str) {
+        let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
+        if f.is_none() {
+            *f = Some((self.rank, what.to_string()));
+        }
+    }
+}
+
+/// Runs `f` on each rank of a new in-process world of `n` ranks (threads, rank `r` on
+/// device `r`) and returns every rank's outcome in rank order. A rank whose `f`
+/// fails or panics is aborted, so the other ranks' later calls fail naming it.
+pub fn run_ranks<F, T, E>(n: usize, f: F) -> Vec<Result<T, String>>
+where
+    F: Fn(AscendComm) -> Result<T, E> + Sync,
+    T: Send,
+    E: Display,
+{
+    let comms = match AscendComm::world_in_process(n) {
+        Ok(c) => c,
+        Err(e) => return (0..n).map(|_| Err(e.to_string())).collect(),
+    };
+    std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|c| {
+                let f = &f;
+                s.spawn(move || {
+                    let (rank, failure) = (c.rank, c.failure.clone());
+                    let out = match catch_unwind(AssertUnwindSafe(|| f(c))) {
+                        Ok(r) => r.map_err(|e| e.to_string()),
+                        Err(p) => Err(format!(
+                            "rank {rank} panicked: {}",
+                            p.downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| p.downcast_ref::<String>().cloned())
+                                .unwrap_or_default()
+                        )),
+                    };
+                    if let Err(e) = &out {
+                        let mut fl = failure.lock().unwrap_or_else(PoisonError::into_inner);
+                        fl.get_or_insert((rank, e.clone()));
+                    }
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a rank thread panicked".into()))
+            })
+            .collect()
+    })
+}

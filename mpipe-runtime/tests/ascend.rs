@@ -1,0 +1,327 @@
+//! The Ascend backend over ascend-sys (the host emulator here: ranks are threads):
+//! point-to-point with the length header, batches, collectives over the world and
+//! over sub-groups, the plain `HcclBatchSendRecv` path, start-up over the TCP store,
+//! failures, and ACL/HCCL codes mapped to typed errors.
+//!
+//! `cargo test --release --features ascend -p mpipe-runtime --test ascend`
+#![cfg(feature = "ascend")]
+
+use mpipe_runtime::ascend::safe::{self, DataType, DeviceBuffer, HcclComm, RootInfo, Stream};
+use mpipe_runtime::ascend::{run_ranks, AscendComm, AscendError};
+use mpipe_runtime::comm::{Comm, Tag};
+use std::sync::Barrier;
+use std::time::{Duration, Instant};
+
+/// Every test of this binary runs with a short HCCL timeout (the emulator's).
+fn setup() {
+    std::env::set_var("MPIPE_ASCEND_EMU_TIMEOUT_MS", "3000");
+}
+
+fn ok<T: std::fmt::Debug>(out: Vec<Result<T, String>>) -> Vec<T> {
+    out.into_iter()
+        .enumerate()
+        .map(|(r, o)| o.unwrap_or_else(|e| panic!("rank {r}: {e}")))
+        .collect()
+}
+
+#[test]
+fn point_to_point_in_order_any_length() {
+    setup();
+    let out = run_ranks(2, |mut c| -> Result<Vec<Vec<f32>>, AscendError> {
+        let t = Tag::act(3, 0);
+        if c.rank() == 0 {
+            c.send(1, t, &[1.0, 2.0, 3.0])?;
+            c.send(1, t, &[])?;
+            c.send(1, t, &vec![0.5; 100_000])?;
+            Ok(vec![])
+        } else {
+            Ok(vec![c.recv(0, t)?, c.recv(0, t)?, c.recv(0, t)?])
+        }
+    });
+    let got = ok(out);
+    assert_eq!(got[1][0], vec![1.0, 2.0, 3.0]);
+    assert!(got[1][1].is_empty());
+    assert_eq!(got[1][2], vec![0.5; 100_000]);
+}
+
+#[test]
+fn batches_cross_ring_and_self() {
+    setup();
+    let n = 4;
+    let out = run_ranks(n, |mut c| -> Result<Vec<Vec<f32>>, AscendError> {
+        let r = c.rank();
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        let a = vec![r as f32; r + 1];
+        let b = vec![10.0 + r as f32; 2];
+        let me = vec![-1.0];
+        // Two messages to the same peer, one to the previous rank, one to itself.
+        c.batch(
+            &[
+                (next, Tag::act(0, 0), &a),
+                (next, Tag::grad(1, 0), &b),
+                (prev, Tag::grad(2, 0), &b),
+                (r, Tag::input(0, 0), &me),
+            ],
+            &[
+                (r, Tag::input(0, 0)),
+                (prev, Tag::act(0, 0)),
+                (prev, Tag::grad(1, 0)),
+                (next, Tag::grad(2, 0)),
+            ],
+        )
+    });
+    for (r, got) in ok(out).into_iter().enumerate() {
+        let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+        assert_eq!(got[0], vec![-1.0]);
+        assert_eq!(got[1], vec![prev as f32; prev + 1]);
+        assert_eq!(got[2], vec![10.0 + prev as f32; 2]);
+        assert_eq!(got[3], vec![10.0 + next as f32; 2]);
+    }
+}
+
+/// A transfer waits only for its own peer: rank 0's batch holds a send to 1 and a
+/// receive from 2, and rank 2 sends only after hearing from rank 1, which receives
+/// from 0 first. A scheme that waited for every length of a batch before posting
+/// its data would deadlock here; rendezvous semantics do not.
+#[test]
+fn a_transfer_waits_only_for_its_peer() {
+    setup();
+    let out = run_ranks(3, |mut c| -> Result<f32, AscendError> {
+        match c.rank() {
+            0 => {
+                let got = c.batch(&[(1, Tag::act(0, 0), &[1.0])], &[(2, Tag::act(2, 0))])?;
+                Ok(got[0][0])
+            }
+            1 => {
+                let x = c.recv(0, Tag::act(0, 0))?;
+                c.send(2, Tag::act(1, 0), &[x[0] + 1.0])?;
+                Ok(0.0)
+            }
+            _ => {
+                let z = c.recv(1, Tag::act(1, 0))?;
+                c.send(0, Tag::act(2, 0), &[z[0] + 1.0])?;
+                Ok(0.0)
+            }
+        }
+    });
+    assert_eq!(ok(out)[0], 3.0);
+}
+
+#[test]
+fn collectives_over_world_and_groups() {
+    setup();
+    let out = run_ranks(4, |mut c| -> Result<Vec<Vec<f32>>, AscendError> {
+        let r = c.rank();
+        let mut res = Vec::new();
+        // World broadcast from rank 2.
+        let mut b = if r == 2 { vec![7.0, 8.0] } else { vec![0.0; 2] };
+        c.broadcast(2, &[0, 1, 2, 3], Tag::params(0), &mut b)?;
+        res.push(b);
+        // Broadcast over a sub-group (a sub-communicator), twice (cached).
+        for k in 0..2 {
+            if r >= 1 {
+                let mut b = if r == 3 {
+                    vec![k as f32; 3]
+                } else {
+                    vec![-1.0; 3]
+                };
+                c.broadcast(3, &[1, 2, 3], Tag::params(1), &mut b)?;
+                res.push(b);
+            }
+        }
+        // Reduce over {0, 2} onto 2.
+        if r % 2 == 0 {
+            let mut g = vec![r as f32 + 1.0; 4];
+            c.reduce(2, &[0, 2], Tag::grads(1), &mut g)?;
+            res.push(g);
+        }
+        // All-reduce over the world, then a barrier.
+        let mut a = vec![r as f32, 1.0];
+        c.all_reduce(&[0, 1, 2, 3], Tag::new(9, 0, 0), &mut a)?;
+        res.push(a);
+        c.barrier()?;
+        Ok(res)
+    });
+    let got = ok(out);
+    for (r, res) in got.iter().enumerate() {
+        assert_eq!(res[0], vec![7.0, 8.0], "rank {r}");
+        assert_eq!(res.last().unwrap(), &vec![6.0, 4.0], "rank {r}");
+        if r >= 1 {
+            assert_eq!(res[1], vec![0.0; 3]);
+            assert_eq!(res[2], vec![1.0; 3]);
+        }
+    }
+    // Rank 2 holds 1 + 3 = 4 after the reduce.
+    assert_eq!(got[2][3], vec![4.0; 4]);
+}
+
+#[test]
+fn batch_sized_is_one_hccl_batch() {
+    setup();
+    let out = run_ranks(3, |mut c| -> Result<Vec<Vec<f32>>, AscendError> {
+        let r = c.rank();
+        let (next, prev) = ((r + 1) % 3, (r + 2) % 3);
+        let mine = vec![r as f32; 5];
+        c.batch_sized(&[(next, &mine)], &[(prev, 5)])
+    });
+    for (r, got) in ok(out).into_iter().enumerate() {
+        assert_eq!(got[0], vec![((r + 2) % 3) as f32; 5]);
+    }
+}
+
+#[test]
+fn order_mismatch_is_reported_not_misdelivered() {
+    setup();
+    let out = run_ranks(2, |mut c| -> Result<(), AscendError> {
+        if c.rank() == 0 {
+            c.batch(
+                &[(1, Tag::act(0, 0), &[1.0]), (1, Tag::act(0, 1), &[2.0])],
+                &[],
+            )?;
+        } else {
+            c.batch(&[], &[(0, Tag::act(0, 1)), (0, Tag::act(0, 0))])?;
+        }
+        Ok(())
+    });
+    let e = out[1].as_ref().unwrap_err();
+    assert!(e.contains("expected act(unit 0, mb 1) from rank 0"), "{e}");
+    assert!(e.contains("by order"), "{e}");
+}
+
+#[test]
+fn separate_crossing_sends_deadlock_and_time_out() {
+    setup();
+    let t0 = Instant::now();
+    let out = run_ranks(2, |mut c| -> Result<(), AscendError> {
+        let peer = 1 - c.rank();
+        c.send(peer, Tag::act(0, 0), &[1.0])?;
+        c.recv(peer, Tag::act(0, 0))?;
+        Ok(())
+    });
+    for o in &out {
+        let e = o.as_ref().unwrap_err();
+        // The first rank to fail is reported by its own error (HCCL_E_TIMEOUT); the
+        // other may instead see it as a failed peer.
+        assert!(e.contains("HCCL_E_TIMEOUT") || e.contains("failed"), "{e}");
+    }
+    assert!(out
+        .iter()
+        .any(|o| o.as_ref().unwrap_err().contains("HCCL_E_TIMEOUT")));
+    assert!(t0.elapsed() < Duration::from_secs(30));
+}
+
+#[test]
+fn abort_fails_later_calls_on_every_rank() {
+    setup();
+    let gate = Barrier::new(2);
+    let out = run_ranks(2, |mut c| -> Result<(), AscendError> {
+        if c.rank() == 0 {
+            c.abort("action 3 `F(llm.0,0)`");
+            let again = c.barrier().unwrap_err();
+            assert!(matches!(again, AscendError::PeerFailed { rank: 0, .. }));
+            gate.wait();
+            Ok(())
+        } else {
+            gate.wait();
+            c.send(0, Tag::act(0, 0), &[1.0])
+        }
+    });
+    assert!(out[0].is_ok());
+    let e = out[1].as_ref().unwrap_err();
+    assert!(e.contains("rank 0 failed: action 3"), "{e}");
+}
+
+#[test]
+fn invalid_calls() {
+    setup();
+    let out = run_ranks(2, |mut c| -> Result<(), AscendError> {
+        let bad = c.send(5, Tag::act(0, 0), &[1.0]).unwrap_err();
+        assert!(matches!(bad, AscendError::Invalid(_)), "{bad}");
+        let bad = c
+            .broadcast(0, &[1, 0], Tag::params(0), &mut [0.0])
+            .unwrap_err();
+        assert!(bad.to_string().contains("not sorted"), "{bad}");
+        let bad = c.recv(c.rank(), Tag::act(0, 0)).unwrap_err();
+        assert!(bad.to_string().contains("same batch"), "{bad}");
+        Ok(())
+    });
+    ok(out);
+}
+
+#[test]
+fn codes_become_typed_errors() {
+    setup();
+    // An AscendCL code.
+    let e = safe::Device::set(100_000).unwrap_err();
+    assert_eq!(e.code_name(), Some("ACL_ERROR_RT_INVALID_DEVICEID"));
+    assert!(matches!(
+        e,
+        AscendError::Acl {
+            call: "aclrtSetDevice",
+            code: 107001,
+            ..
+        }
+    ));
+    assert_eq!(
+        e.to_string(),
+        "aclrtSetDevice failed: ACL_ERROR_RT_INVALID_DEVICEID (107001)"
+    );
+    // HCCL codes: sending to oneself, and a null stream.
+    std::thread::spawn(|| {
+        let _d = safe::Device::set(0).unwrap();
+        let info = RootInfo::new().unwrap();
+        let comm = HcclComm::init(1, &info, 0).unwrap();
+        let s = Stream::new().unwrap();
+        let buf = DeviceBuffer::new(16).unwrap();
+        let e = comm.send(&buf, 4, DataType::F32, 0, &s).unwrap_err();
+        assert_eq!(e.hccl_code(), Some(1));
+        assert_eq!(e.code_name(), Some("HCCL_E_PARA"));
+        assert!(
+            e.to_string()
+                .starts_with("HcclSend failed: HCCL_E_PARA (1: "),
+            "{e}"
+        );
+        let e = safe::hccl("HcclBarrier", ascend_sys::HcclResult::HCCL_E_PTR).unwrap_err();
+        assert_eq!(e.code_name(), Some("HCCL_E_PTR"));
+        assert_eq!(
+            safe::hccl_error_name(ascend_sys::HcclResult(999)),
+            "HCCL_E_UNKNOWN"
+        );
+    })
+    .join()
+    .unwrap();
+}
+
+#[test]
+fn start_up_over_the_tcp_store() {
+    setup();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let master: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let got: Vec<f32> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3)
+            .map(|r| {
+                s.spawn(move || {
+                    let mut c =
+                        AscendComm::connect(r, 3, r as i32, master, Duration::from_secs(10))
+                            .unwrap();
+                    let mut v = vec![r as f32 + 1.0];
+                    c.all_reduce(&[0, 1, 2], Tag::new(9, 0, 0), &mut v).unwrap();
+                    v[0]
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(got, vec![6.0; 3]);
+}
+
+#[test]
+fn world_needs_devices() {
+    setup();
+    let e = AscendComm::world_in_process(10_000).unwrap_err();
+    assert!(matches!(e, AscendError::Setup(_)), "{e}");
+}

@@ -1,0 +1,135 @@
+//! The example model trained through generated schedules on the Ascend backend
+//! (HCCL over ascend-sys; the host emulator here, 4 ranks as threads on 4 devices):
+//! one step's gradients equal the unpipelined step's and the host backend's.
+//!
+//! `cargo test --release --features ascend --test mllm_ascend`
+#![cfg(feature = "ascend")]
+
+use mpipe::core::program::Program;
+use mpipe::runtime::ascend::{run_ranks, AscendComm};
+use mpipe::runtime::exec::Executor;
+use mpipe::runtime::host::threads::ThreadComm;
+use mpipe_mllm::pipeline::{
+    rel_diff, train, train_rank, Checkpointing, RankOutcome, RunRank, Train,
+};
+use mpipe_mllm::{AdamConfig, Config, Dataset, Mllm};
+use std::time::Duration;
+
+macro_rules! schedules {
+    ($m:ident, $profile:literal) => {
+        mod $m {
+            mpipe::schedule! { pub mod s_1f1b { model = $profile; ranks = 4; microbatches = 8; schedule = 1f1b; } }
+            mpipe::schedule! { pub mod s_t1f1b { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b); } }
+            mpipe::schedule! { pub mod s_tzbv { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, zbv); } }
+        }
+    };
+}
+schedules!(trainable, "examples/mllm.toml");
+schedules!(frozen, "examples/mllm-frozen.toml");
+
+type Hccl = Box<dyn RunRank<AscendComm>>;
+type Host = Box<dyn RunRank>;
+
+/// (expression, program JSON, run on HCCL, run on the host, stages per rank)
+fn all(frozen: bool) -> Vec<(&'static str, &'static str, Hccl, Host, usize)> {
+    macro_rules! one {
+        ($set:ident :: $s:ident, $chunks:expr) => {
+            (
+                $set::$s::EXPR,
+                $set::$s::PROGRAM_JSON,
+                Box::new(|r: usize, e: &mut Executor<'_, AscendComm, Mllm>| $set::$s::run(r, e))
+                    as Hccl,
+                Box::new(|r: usize, e: &mut Executor<'_, ThreadComm, Mllm>| $set::$s::run(r, e))
+                    as Host,
+                $chunks,
+            )
+        };
+    }
+    macro_rules! list {
+        ($set:ident) => {
+            vec![
+                one!($set::s_1f1b, 1),
+                one!($set::s_t1f1b, 1),
+                one!($set::s_tzbv, 2),
+            ]
+        };
+    }
+    if frozen {
+        list!(frozen)
+    } else {
+        list!(trainable)
+    }
+}
+
+fn config(stages: usize, frozen: bool) -> Config {
+    Config {
+        layers: 8,
+        vision_layers: 2,
+        stages,
+        trainable_encoder: !frozen,
+        ..Config::default()
+    }
+}
+
+fn outcomes(o: Vec<Result<RankOutcome, String>>) -> Vec<RankOutcome> {
+    o.into_iter()
+        .enumerate()
+        .map(|(r, o)| o.unwrap_or_else(|e| panic!("rank {r}: {e}")))
+        .collect()
+}
+
+#[test]
+fn gradients_on_hccl_equal_the_unpipelined_step_and_the_host_backend() {
+    for frozen in [false, true] {
+        for (expr, json, hccl, host, chunks) in all(frozen) {
+            let program = Program::from_json(json).unwrap();
+            let cfg = config(4 * chunks, frozen);
+            let t = Train {
+                cfg: cfg.clone(),
+                adam: AdamConfig::default(),
+                data_seed: 3,
+                steps: 1,
+                update: false,
+                timeout: Duration::from_secs(10),
+            };
+            let on_hccl = outcomes(run_ranks(program.ranks, |mut c| {
+                train_rank(
+                    &mut c,
+                    &program,
+                    hccl.as_ref(),
+                    &t,
+                    &Checkpointing::default(),
+                    None,
+                )
+            }));
+            let on_host = outcomes(train(&program, host.as_ref(), &t, None));
+            let batch = Dataset::new(&cfg, 3).batch(0, program.microbatches);
+            let (ref_loss, ref_grads) = Mllm::new(cfg.clone()).reference_step(&batch);
+            let mut units = 0;
+            let mut losses = Vec::new();
+            for (a, h) in on_hccl.iter().zip(&on_host) {
+                assert_eq!(a.grads.len(), h.grads.len());
+                for ((u, g), (hu, hg)) in a.grads.iter().zip(&h.grads) {
+                    assert_eq!(u, hu);
+                    let name = &program.units[*u].name;
+                    let d = rel_diff(g, &ref_grads[*u]);
+                    assert!(
+                        d <= 1e-5,
+                        "{expr} (frozen {frozen}): {name} differs by {d:e}"
+                    );
+                    let dh = rel_diff(g, hg);
+                    assert!(
+                        dh <= 1e-5,
+                        "{expr}: {name} differs from the host's by {dh:e}"
+                    );
+                    units += 1;
+                }
+                losses.extend(a.losses.iter().copied());
+            }
+            let trainable = program.units.iter().filter(|u| u.trainable).count();
+            assert_eq!(units, trainable, "{expr}: every trainable unit checked");
+            let loss = losses.iter().sum::<f32>() / losses.len() as f32;
+            assert!(rel_diff(&[loss], &[ref_loss]) <= 1e-5, "{expr}: loss");
+        }
+    }
+}
