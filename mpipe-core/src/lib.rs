@@ -4,6 +4,13 @@
 //! every pipeline rank runs in one training step ([`program`]), prove it valid
 //! ([`verify`]) and predict its time and memory ([`simulate`]).
 //!
+//! The pipeline, on one screen (see [`derive`]): parse ([`expr`]) → build units
+//! ([`units`]) → generate a compute-only [`plan`] ([`generators`]) → map it with
+//! [`operators`] → derive all communication ([`lower`]) → [`verify`] → [`simulate`].
+//! Around it: lower bounds ([`bound`]), charts and traces ([`render`]), loops for code
+//! generation ([`rolled`]), PyTorch schedule CSVs ([`torch_csv`]) and Megatron layer
+//! layouts ([`megatron`]).
+//!
 //! Invariants:
 //! - pure: no I/O in any type or pass; callers read and write files;
 //! - deterministic: the same inputs give byte-identical programs (ordered maps only);
