@@ -4,7 +4,7 @@
 //! every pipeline rank runs in one training step ([`program`]), prove it valid
 //! ([`verify`]) and predict its time and memory ([`simulate`]).
 //!
-//! The pipeline, on one screen (see [`derive`]): parse ([`expr`]) → build units
+//! The pipeline, on one screen (see [`mod@derive`]): parse ([`expr`]) → build units
 //! ([`units`]) → generate a compute-only [`plan`] ([`generators`]) → map it with
 //! [`operators`] → derive all communication ([`lower`]) → [`verify`] → [`simulate`].
 //! Around it: lower bounds ([`bound`]), charts and traces ([`render`]), loops for code
