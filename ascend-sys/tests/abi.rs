@@ -25,7 +25,14 @@ fn header() -> String {
 }
 
 /// Downloads the wheel and extracts the headers; `Err` when that is impossible.
+/// The wheel's header directory, downloaded and extracted once per test binary
+/// (the tests run in parallel; two extracting at once would race).
 fn real_headers() -> Result<PathBuf, String> {
+    static ONCE: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    ONCE.get_or_init(fetch_headers).clone()
+}
+
+fn fetch_headers() -> Result<PathBuf, String> {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("torch-npu-{TORCH_NPU}"));
     let include = dir.join("torch_npu/include");
     if include.join("third_party/hccl/inc/hccl/hccl.h").exists() {
