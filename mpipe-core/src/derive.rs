@@ -13,6 +13,7 @@ use crate::bound::{lower_bound, Bound};
 use crate::expr::{Arg, Expr};
 use crate::generators::{generate, BodyKind, GenError, BODY_NAMES};
 use crate::lower::{lower_prepared, prepare, Placement};
+use crate::operators::split_w::split_w;
 use crate::operators::transpose::{transpose, Backward, Owners};
 use crate::plan::Plan;
 use crate::profile::Profile;
@@ -262,7 +263,8 @@ fn eval(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> 
     }
     match name {
         "transpose" => eval_transpose(req, e, errors),
-        "fill" | "split_w" | "prefetch" | "auto" => {
+        "split_w" => eval_split_w(req, e, errors),
+        "fill" | "prefetch" | "auto" => {
             // Still check the arguments, so every mistake shows at once.
             for a in e
                 .positional()
@@ -361,6 +363,42 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
         (k, _) => k,
     };
     (errors.len() == before).then_some(kind)
+}
+
+fn eval_split_w(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    let pos: Vec<&Expr> = e.positional().collect();
+    for (key, _) in e.keys() {
+        errors.push(err(
+            ErrorKind::BadArgument,
+            key.span,
+            format!(
+                "`split_w` takes no `{}` argument; write `split_w(BODY)`",
+                key.name
+            ),
+        ));
+    }
+    if pos.len() != 1 {
+        errors.push(err(
+            ErrorKind::BadArgument,
+            e.span,
+            format!(
+                "`split_w` takes one body, as in `split_w(1f1b)`; got {} positional argument(s)",
+                pos.len()
+            ),
+        ));
+        for p in &pos {
+            eval(req, p, errors);
+        }
+        return None;
+    }
+    let plan = eval(req, pos[0], errors)?;
+    match split_w(plan) {
+        Ok(plan) => Some(plan),
+        Err(x) => {
+            errors.push(err(ErrorKind::Invalid, e.span, format!("`{e}`: {x}")));
+            None
+        }
+    }
 }
 
 fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
