@@ -267,6 +267,27 @@ fn peer_ok(comm: &Comm, peer: u32) -> bool {
     peer < comm.group.size && peer != comm.rank
 }
 
+/// The checks `HcclSend` and `HcclRecv` share: communicator and stream, data type,
+/// buffer, peer. Returns the buffer's address and size in bytes.
+fn p2p_args(
+    comm: HcclComm,
+    stream: aclrtStream,
+    buf: *mut c_void,
+    count: u64,
+    data_type: HcclDataType,
+    peer: u32,
+) -> Result<(Arc<Comm>, Arc<super::Stream>, usize, usize), HcclResult> {
+    let (c, s) = prologue(comm, stream)?;
+    let size = element_size(data_type).ok_or(HcclResult::HCCL_E_PARA)?;
+    if buf.is_null() && count > 0 {
+        return Err(HcclResult::HCCL_E_PTR);
+    }
+    if !peer_ok(&c, peer) {
+        return Err(HcclResult::HCCL_E_PARA);
+    }
+    Ok((c, s, buf as usize, count as usize * size))
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn HcclGetRootInfo(root_info: *mut HcclRootInfo) -> HcclResult {
     if root_info.is_null() {
@@ -386,20 +407,10 @@ pub extern "C" fn HcclSend(
     comm: HcclComm,
     stream: aclrtStream,
 ) -> HcclResult {
-    let (c, s) = match prologue(comm, stream) {
+    let (c, s, ptr, bytes) = match p2p_args(comm, stream, send_buf, count, data_type, dest_rank) {
         Ok(x) => x,
         Err(e) => return e,
     };
-    let Some(size) = element_size(data_type) else {
-        return HcclResult::HCCL_E_PARA;
-    };
-    if send_buf.is_null() && count > 0 {
-        return HcclResult::HCCL_E_PTR;
-    }
-    if !peer_ok(&c, dest_rank) {
-        return HcclResult::HCCL_E_PARA;
-    }
-    let (ptr, bytes) = (send_buf as usize, count as usize * size);
     enqueue(c, &s, move |c| {
         let taken = c.group.post(c.rank, dest_rank, ptr, bytes);
         c.group.await_taken(c.rank, dest_rank, &taken)
@@ -415,20 +426,10 @@ pub extern "C" fn HcclRecv(
     comm: HcclComm,
     stream: aclrtStream,
 ) -> HcclResult {
-    let (c, s) = match prologue(comm, stream) {
+    let (c, s, ptr, bytes) = match p2p_args(comm, stream, recv_buf, count, data_type, src_rank) {
         Ok(x) => x,
         Err(e) => return e,
     };
-    let Some(size) = element_size(data_type) else {
-        return HcclResult::HCCL_E_PARA;
-    };
-    if recv_buf.is_null() && count > 0 {
-        return HcclResult::HCCL_E_PTR;
-    }
-    if !peer_ok(&c, src_rank) {
-        return HcclResult::HCCL_E_PARA;
-    }
-    let (ptr, bytes) = (recv_buf as usize, count as usize * size);
     enqueue(c, &s, move |c| {
         c.group.receive(src_rank, c.rank, ptr, bytes)
     })
