@@ -1,19 +1,29 @@
-//! HCCL over threads of one process: communicators joined through the root info, send
-//! and receive as rendezvous (the sender's stream waits until the receiver takes the
-//! data), batches, collectives with real reductions, and a deadlock report on timeout
+//! HCCL's rendezvous engine: communicators joined through the root info, send and
+//! receive as rendezvous (the sender's stream waits until the receiver takes the data),
+//! batches, collectives with real reductions, and a deadlock report on timeout
 //! (`MPIPE_ASCEND_EMU_TIMEOUT_MS`, default 20000).
+//!
+//! A group lives in the process that made its root info. Ranks that are threads of
+//! that process operate on it directly; ranks in other processes reach it through
+//! [`super::hub`], whose serving threads call the same [`Group`] methods for them.
 
+use super::hub::{self, Remote};
 use super::{lock, stream_of};
 use crate::bindings::*;
 use std::collections::{HashMap, VecDeque};
 use std::ffi::{c_char, c_void};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-const MAGIC: &[u8; 8] = b"MPIPEEMU";
+pub(super) const MAGIC: &[u8; 8] = b"MPIPEEMU";
 
-fn timeout() -> Duration {
+/// Root info layout: `MAGIC`, group id (`u64`, the making process's id in the high
+/// half), then the serving address as a NUL-terminated string (empty: threads only).
+const ADDR_AT: usize = 16;
+
+pub(super) fn timeout() -> Duration {
     let ms = std::env::var("MPIPE_ASCEND_EMU_TIMEOUT_MS")
         .ok()
         .and_then(|v| v.parse().ok());
@@ -34,9 +44,12 @@ struct Collective {
     arrived: Vec<Option<(usize, usize)>>,
 }
 
-struct Group {
-    size: u32,
+pub(super) struct Group {
+    pub(super) size: u32,
     joined: Mutex<u32>,
+    /// Open connections of ranks in other processes.
+    remote_lanes: Mutex<u32>,
+    remote_closed: Condvar,
     /// (src, dst) -> sends posted in order.
     posts: Mutex<HashMap<(u32, u32), VecDeque<Post>>>,
     posted: Condvar,
@@ -44,10 +57,172 @@ struct Group {
     collective_done: Condvar,
 }
 
+/// How a rank reaches its group.
+enum Link {
+    /// The group is in this process.
+    Local(Arc<Group>),
+    /// The group is served by another process.
+    Remote(Remote),
+}
+
 struct Comm {
-    group: Arc<Group>,
+    link: Link,
+    size: u32,
     rank: u32,
     async_error: Mutex<HcclResult>,
+}
+
+impl Comm {
+    fn send(&self, peer: u32, addr: usize, bytes: usize) -> HcclResult {
+        match &self.link {
+            Link::Local(g) => g.send(self.rank, peer, addr, bytes),
+            Link::Remote(r) => r.send(peer, addr, bytes),
+        }
+    }
+
+    fn receive(&self, peer: u32, addr: usize, bytes: usize) -> HcclResult {
+        match &self.link {
+            Link::Local(g) => g.receive(peer, self.rank, addr, bytes),
+            Link::Remote(r) => r.receive(peer, addr, bytes),
+        }
+    }
+
+    fn batch(&self, sends: &[(u32, usize, usize)], recvs: &[(u32, usize, usize)]) -> HcclResult {
+        match &self.link {
+            Link::Local(g) => g.batch(self.rank, sends, recvs),
+            Link::Remote(r) => r.batch(sends, recvs),
+        }
+    }
+
+    fn collective(&self, coll: CollOp, input: usize, output: usize) -> HcclResult {
+        match &self.link {
+            Link::Local(g) => coll.run(g, self.rank, input, output),
+            Link::Remote(r) => r.collective(coll, input, output),
+        }
+    }
+}
+
+/// The group `id`, made with `n_ranks` ranks by the first rank to join (`join`), or
+/// only looked up (another lane of a rank already joined).
+pub(super) fn join_group(id: u64, n_ranks: u32, join: bool) -> Result<Arc<Group>, HcclResult> {
+    let mut g = lock(groups());
+    if !join {
+        return g.get(&id).cloned().ok_or(HcclResult::HCCL_E_PARA);
+    }
+    let group = g.entry(id).or_insert_with(|| {
+        Arc::new(Group {
+            size: n_ranks,
+            joined: Mutex::new(0),
+            remote_lanes: Mutex::new(0),
+            remote_closed: Condvar::new(),
+            posts: Mutex::default(),
+            posted: Condvar::new(),
+            collective: Mutex::default(),
+            collective_done: Condvar::new(),
+        })
+    });
+    if group.size != n_ranks {
+        return Err(HcclResult::HCCL_E_PARA);
+    }
+    *lock(&group.joined) += 1;
+    Ok(Arc::clone(group))
+}
+
+/// A collective operation, as both the in-process ranks and the wire describe it.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum CollOp {
+    AllReduce {
+        t: HcclDataType,
+        op: HcclReduceOp,
+        count: usize,
+    },
+    Reduce {
+        t: HcclDataType,
+        op: HcclReduceOp,
+        count: usize,
+        root: u32,
+    },
+    Broadcast {
+        t: HcclDataType,
+        count: usize,
+        root: u32,
+    },
+    Barrier,
+}
+
+impl CollOp {
+    fn elements(&self) -> usize {
+        match *self {
+            CollOp::AllReduce { t, count, .. }
+            | CollOp::Reduce { t, count, .. }
+            | CollOp::Broadcast { t, count, .. } => count * element_size(t).unwrap_or(0),
+            CollOp::Barrier => 0,
+        }
+    }
+
+    /// Bytes of one rank's input.
+    pub(super) fn input_bytes(&self) -> usize {
+        self.elements()
+    }
+
+    /// Bytes of one rank's output.
+    pub(super) fn output_bytes(&self) -> usize {
+        self.elements()
+    }
+
+    /// Whether input and output are the same buffer.
+    pub(super) fn in_place(&self) -> bool {
+        matches!(self, CollOp::Broadcast { .. })
+    }
+
+    pub(super) fn root(&self) -> u32 {
+        match *self {
+            CollOp::Reduce { root, .. } | CollOp::Broadcast { root, .. } => root,
+            _ => 0,
+        }
+    }
+
+    /// Whether the operation writes `rank`'s output.
+    pub(super) fn writes(&self, rank: u32) -> bool {
+        match *self {
+            CollOp::AllReduce { .. } => true,
+            CollOp::Reduce { root, .. } => rank == root,
+            CollOp::Broadcast { root, .. } => rank != root,
+            CollOp::Barrier => false,
+        }
+    }
+
+    /// Runs the operation for `rank` of `group` (blocking until every rank arrives).
+    pub(super) fn run(&self, group: &Group, rank: u32, input: usize, output: usize) -> HcclResult {
+        match *self {
+            CollOp::AllReduce { t, op, count } => {
+                group.collective(rank, (input, output), reduce_op(t, op, count, None))
+            }
+            CollOp::Reduce { t, op, count, root } => {
+                group.collective(rank, (input, output), reduce_op(t, op, count, Some(root)))
+            }
+            CollOp::Broadcast { root, .. } => {
+                let bytes = self.elements();
+                group.collective(rank, (input, input), move |all| {
+                    let src = all[root as usize].0;
+                    for (r, &(_, dst)) in all.iter().enumerate() {
+                        if r != root as usize {
+                            // SAFETY: every rank's buffer holds `bytes` and its rank is
+                            // blocked in this collective.
+                            unsafe {
+                                std::ptr::copy_nonoverlapping(
+                                    src as *const u8,
+                                    dst as *mut u8,
+                                    bytes,
+                                )
+                            };
+                        }
+                    }
+                })
+            }
+            CollOp::Barrier => group.collective(rank, (0, 0), |_| {}),
+        }
+    }
 }
 
 fn groups() -> &'static Mutex<HashMap<u64, Arc<Group>>> {
@@ -64,7 +239,7 @@ fn comm_of(handle: HcclComm) -> Option<Arc<Comm>> {
     lock(comms()).get(&(handle as usize)).cloned()
 }
 
-fn element_size(t: HcclDataType) -> Option<usize> {
+pub(super) fn element_size(t: HcclDataType) -> Option<usize> {
     Some(match t {
         HcclDataType::HCCL_DATA_TYPE_INT8 | HcclDataType::HCCL_DATA_TYPE_UINT8 => 1,
         HcclDataType::HCCL_DATA_TYPE_INT16
@@ -93,6 +268,67 @@ fn record(comm: &Comm, rc: HcclResult) -> aclError {
 }
 
 impl Group {
+    pub(super) fn remote_opened(&self) {
+        *lock(&self.remote_lanes) += 1;
+    }
+
+    pub(super) fn remote_closed(&self) {
+        *lock(&self.remote_lanes) -= 1;
+        self.remote_closed.notify_all();
+    }
+
+    /// Waits (up to the timeout) until no rank of another process is connected, so
+    /// that this process does not exit under a reply the group still owes.
+    fn await_remote_lanes(&self) {
+        let deadline = Instant::now() + timeout();
+        let mut open = lock(&self.remote_lanes);
+        while *open > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                return;
+            }
+            open = self
+                .remote_closed
+                .wait_timeout(open, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+    }
+
+    /// An unbatched send: posts it and waits for the receiver.
+    pub(super) fn send(&self, src: u32, dst: u32, ptr: usize, bytes: usize) -> HcclResult {
+        let taken = self.post(src, dst, ptr, bytes);
+        self.await_taken(src, dst, &taken)
+    }
+
+    /// A batch of `rank`: posts every send, then takes every receive, then waits for
+    /// the sends to be taken. Items are (peer, address, length).
+    pub(super) fn batch(
+        &self,
+        rank: u32,
+        sends: &[(u32, usize, usize)],
+        recvs: &[(u32, usize, usize)],
+    ) -> HcclResult {
+        let posted: Vec<_> = sends
+            .iter()
+            .map(|&(peer, ptr, bytes)| (peer, self.post(rank, peer, ptr, bytes)))
+            .collect();
+        let mut rc = HcclResult::HCCL_SUCCESS;
+        for &(peer, ptr, bytes) in recvs {
+            let r = self.receive(peer, rank, ptr, bytes);
+            if rc == HcclResult::HCCL_SUCCESS {
+                rc = r;
+            }
+        }
+        for (peer, taken) in &posted {
+            let r = self.await_taken(rank, *peer, taken);
+            if rc == HcclResult::HCCL_SUCCESS {
+                rc = r;
+            }
+        }
+        rc
+    }
+
     /// Posts a send; returns the slot the receiver fills.
     fn post(
         &self,
@@ -152,7 +388,7 @@ impl Group {
     }
 
     /// Takes the oldest send from `src` to `dst` and copies it into `dst_ptr`.
-    fn receive(&self, src: u32, dst: u32, dst_ptr: usize, bytes: usize) -> HcclResult {
+    pub(super) fn receive(&self, src: u32, dst: u32, dst_ptr: usize, bytes: usize) -> HcclResult {
         let deadline = Instant::now() + timeout();
         let mut posts = lock(&self.posts);
         loop {
@@ -264,7 +500,7 @@ fn enqueue(
 }
 
 fn peer_ok(comm: &Comm, peer: u32) -> bool {
-    peer < comm.group.size && peer != comm.rank
+    peer < comm.size && peer != comm.rank
 }
 
 /// The checks `HcclSend` and `HcclRecv` share: communicator and stream, data type,
@@ -295,19 +531,34 @@ pub unsafe extern "C" fn HcclGetRootInfo(root_info: *mut HcclRootInfo) -> HcclRe
     }
     static NEXT: AtomicU64 = AtomicU64::new(1);
     let id = (u64::from(std::process::id()) << 32) | NEXT.fetch_add(1, Ordering::SeqCst);
+    let addr = hub::address().map(|a| a.to_string()).unwrap_or_default();
     let mut info = HcclRootInfo {
         internal: [0; HCCL_ROOT_INFO_BYTES as usize],
     };
-    for (d, s) in info
-        .internal
-        .iter_mut()
-        .zip(MAGIC.iter().chain(id.to_le_bytes().iter()))
-    {
+    let id_bytes = id.to_le_bytes();
+    let bytes = MAGIC.iter().chain(&id_bytes).chain(addr.as_bytes());
+    for (d, s) in info.internal.iter_mut().zip(bytes) {
         *d = *s as c_char;
     }
     // SAFETY: non-null, and the caller passes a writable HcclRootInfo.
     unsafe { *root_info = info };
     HcclResult::HCCL_SUCCESS
+}
+
+/// The group id and serving address of a root info made by [`HcclGetRootInfo`].
+fn parse_root_info(info: &HcclRootInfo) -> Option<(u64, Option<SocketAddr>)> {
+    let bytes: Vec<u8> = info.internal.iter().map(|&c| c as u8).collect();
+    if &bytes[..8] != MAGIC {
+        return None;
+    }
+    let id = u64::from_le_bytes(bytes[8..ADDR_AT].try_into().ok()?);
+    let rest = &bytes[ADDR_AT..];
+    let end = rest.iter().position(|&b| b == 0)?;
+    let addr = match end {
+        0 => None,
+        _ => Some(std::str::from_utf8(&rest[..end]).ok()?.parse().ok()?),
+    };
+    Some((id, addr))
 }
 
 #[no_mangle]
@@ -324,36 +575,29 @@ pub unsafe extern "C" fn HcclCommInitRootInfo(
         return HcclResult::HCCL_E_PARA;
     }
     // SAFETY: non-null; the caller passes a readable HcclRootInfo.
-    let bytes: Vec<u8> = unsafe {
-        (&(*root_info).internal)[..16]
-            .iter()
-            .map(|&c| c as u8)
-            .collect()
-    };
-    if &bytes[..8] != MAGIC {
+    let Some((id, addr)) = parse_root_info(unsafe { &*root_info }) else {
         return HcclResult::HCCL_E_PARA;
-    }
-    let id = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
-    let group = {
-        let mut g = lock(groups());
-        let group = g.entry(id).or_insert_with(|| {
-            Arc::new(Group {
-                size: n_ranks,
-                joined: Mutex::new(0),
-                posts: Mutex::default(),
-                posted: Condvar::new(),
-                collective: Mutex::default(),
-                collective_done: Condvar::new(),
-            })
-        });
-        if group.size != n_ranks {
+    };
+    let made_here = id >> 32 == u64::from(std::process::id());
+    let link = match (made_here, addr) {
+        (true, _) => match join_group(id, n_ranks, true) {
+            Ok(g) => Link::Local(g),
+            Err(rc) => return rc,
+        },
+        (false, Some(addr)) => match Remote::join(addr, id, n_ranks, rank) {
+            Ok(r) => Link::Remote(r),
+            Err(rc) => return rc,
+        },
+        (false, None) => {
+            eprintln!(
+                "ascend-sys emulator: the root info was made by another process that could                  not listen (see MPIPE_ASCEND_EMU_HOST)"
+            );
             return HcclResult::HCCL_E_PARA;
         }
-        *lock(&group.joined) += 1;
-        Arc::clone(group)
     };
     let c = Arc::new(Comm {
-        group,
+        link,
+        size: n_ranks,
         rank,
         async_error: Mutex::new(HcclResult::HCCL_SUCCESS),
     });
@@ -366,10 +610,13 @@ pub unsafe extern "C" fn HcclCommInitRootInfo(
 
 #[no_mangle]
 pub extern "C" fn HcclCommDestroy(comm: HcclComm) -> HcclResult {
-    match lock(comms()).remove(&(comm as usize)) {
-        Some(_) => HcclResult::HCCL_SUCCESS,
-        None => HcclResult::HCCL_E_PARA,
+    let Some(c) = lock(comms()).remove(&(comm as usize)) else {
+        return HcclResult::HCCL_E_PARA;
+    };
+    if let Link::Local(g) = &c.link {
+        g.await_remote_lanes();
     }
+    HcclResult::HCCL_SUCCESS
 }
 
 #[no_mangle]
@@ -381,7 +628,7 @@ pub unsafe extern "C" fn HcclGetRankSize(comm: HcclComm, rank_size: *mut u32) ->
         return HcclResult::HCCL_E_PTR;
     }
     // SAFETY: non-null, writable by the caller's promise.
-    unsafe { *rank_size = c.group.size };
+    unsafe { *rank_size = c.size };
     HcclResult::HCCL_SUCCESS
 }
 
@@ -411,10 +658,7 @@ pub extern "C" fn HcclSend(
         Ok(x) => x,
         Err(e) => return e,
     };
-    enqueue(c, &s, move |c| {
-        let taken = c.group.post(c.rank, dest_rank, ptr, bytes);
-        c.group.await_taken(c.rank, dest_rank, &taken)
-    })
+    enqueue(c, &s, move |c| c.send(dest_rank, ptr, bytes))
 }
 
 #[no_mangle]
@@ -430,9 +674,7 @@ pub extern "C" fn HcclRecv(
         Ok(x) => x,
         Err(e) => return e,
     };
-    enqueue(c, &s, move |c| {
-        c.group.receive(src_rank, c.rank, ptr, bytes)
-    })
+    enqueue(c, &s, move |c| c.receive(src_rank, ptr, bytes))
 }
 
 #[no_mangle]
@@ -476,26 +718,7 @@ pub unsafe extern "C" fn HcclBatchSendRecv(
         }
         list.push(entry);
     }
-    enqueue(c, &s, move |c| {
-        let posted: Vec<_> = sends
-            .iter()
-            .map(|&(peer, ptr, bytes)| (peer, c.group.post(c.rank, peer, ptr, bytes)))
-            .collect();
-        let mut rc = HcclResult::HCCL_SUCCESS;
-        for &(peer, ptr, bytes) in &recvs {
-            let r = c.group.receive(peer, c.rank, ptr, bytes);
-            if rc == HcclResult::HCCL_SUCCESS {
-                rc = r;
-            }
-        }
-        for (peer, taken) in &posted {
-            let r = c.group.await_taken(c.rank, *peer, taken);
-            if rc == HcclResult::HCCL_SUCCESS {
-                rc = r;
-            }
-        }
-        rc
-    })
+    enqueue(c, &s, move |c| c.batch(&sends, &recvs))
 }
 
 /// Element-wise `acc = op(acc, x)` over `count` elements of `t` at raw addresses.
@@ -601,11 +824,13 @@ pub extern "C" fn HcclAllReduce(
     if send_buf.is_null() || recv_buf.is_null() {
         return HcclResult::HCCL_E_PTR;
     }
-    let bufs = (send_buf as usize, recv_buf as usize);
-    enqueue(c, &s, move |c| {
-        c.group
-            .collective(c.rank, bufs, reduce_op(data_type, op, count as usize, None))
-    })
+    let coll = CollOp::AllReduce {
+        t: data_type,
+        op,
+        count: count as usize,
+    };
+    let (input, output) = (send_buf as usize, recv_buf as usize);
+    enqueue(c, &s, move |c| c.collective(coll, input, output))
 }
 
 #[no_mangle]
@@ -626,20 +851,20 @@ pub extern "C" fn HcclReduce(
     if !reducible(data_type, op) {
         return HcclResult::HCCL_E_NOT_SUPPORT;
     }
-    if root >= c.group.size {
+    if root >= c.size {
         return HcclResult::HCCL_E_PARA;
     }
     if send_buf.is_null() || (recv_buf.is_null() && c.rank == root) {
         return HcclResult::HCCL_E_PTR;
     }
-    let bufs = (send_buf as usize, recv_buf as usize);
-    enqueue(c, &s, move |c| {
-        c.group.collective(
-            c.rank,
-            bufs,
-            reduce_op(data_type, op, count as usize, Some(root)),
-        )
-    })
+    let coll = CollOp::Reduce {
+        t: data_type,
+        op,
+        count: count as usize,
+        root,
+    };
+    let (input, output) = (send_buf as usize, recv_buf as usize);
+    enqueue(c, &s, move |c| c.collective(coll, input, output))
 }
 
 #[no_mangle]
@@ -655,30 +880,19 @@ pub extern "C" fn HcclBroadcast(
         Ok(x) => x,
         Err(e) => return e,
     };
-    let Some(size) = element_size(data_type) else {
-        return HcclResult::HCCL_E_PARA;
-    };
-    if root >= c.group.size {
+    if element_size(data_type).is_none() || root >= c.size {
         return HcclResult::HCCL_E_PARA;
     }
     if buf.is_null() {
         return HcclResult::HCCL_E_PTR;
     }
-    let bytes = count as usize * size;
+    let coll = CollOp::Broadcast {
+        t: data_type,
+        count: count as usize,
+        root,
+    };
     let b = buf as usize;
-    enqueue(c, &s, move |c| {
-        c.group.collective(c.rank, (b, b), move |all| {
-            let src = all[root as usize].0;
-            for (r, &(_, dst)) in all.iter().enumerate() {
-                if r != root as usize {
-                    // SAFETY: every rank's buffer holds `bytes` and its rank is blocked here.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, bytes)
-                    };
-                }
-            }
-        })
-    })
+    enqueue(c, &s, move |c| c.collective(coll, b, b))
 }
 
 #[no_mangle]
@@ -687,7 +901,7 @@ pub extern "C" fn HcclBarrier(comm: HcclComm, stream: aclrtStream) -> HcclResult
         Ok(x) => x,
         Err(e) => return e,
     };
-    enqueue(c, &s, |c| c.group.collective(c.rank, (0, 0), |_| {}))
+    enqueue(c, &s, |c| c.collective(CollOp::Barrier, 0, 0))
 }
 
 #[no_mangle]

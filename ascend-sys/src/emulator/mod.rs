@@ -15,6 +15,7 @@
 //! Devices: `MPIPE_ASCEND_EMU_DEVICES` (default 8). Errors use the documented codes.
 
 mod hccl;
+mod hub;
 
 use crate::bindings::*;
 use std::alloc::Layout;
