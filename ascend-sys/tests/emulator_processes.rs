@@ -175,7 +175,7 @@ unsafe fn collectives(rank: u32, n: u32, comm: HcclComm, st: aclrtStream) {
         let partner = rank ^ 1;
         let mut mine = [rank as f32 * 10.0; 3];
         let mut theirs = [0f32; 3];
-        if rank % 2 == 0 {
+        if rank.is_multiple_of(2) {
             assert_eq!(
                 HcclSend(mine.as_mut_ptr().cast(), 3, F32, partner, comm, st),
                 HcclResult::HCCL_SUCCESS
