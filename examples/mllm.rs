@@ -33,10 +33,12 @@
 //! program, for side-by-side viewing in <https://ui.perfetto.dev>.
 //!
 //! **Backends.** `--backend host` (default) is the CPU communicator above;
-//! `--backend ascend` (built with `--features ascend`) runs the ranks as threads
-//! over HCCL through `mpipe_runtime::ascend` (on the ascend-sys emulator when no
-//! CANN toolkit is installed), one device per rank; with `--check` it also compares
-//! every gradient with the host backend's.
+//! `--backend ascend` (built with `--features ascend`) runs the ranks over HCCL
+//! through `mpipe_runtime::ascend` (on the ascend-sys emulator when no CANN toolkit
+//! is installed), one device per rank: as threads, or with `--processes` one process
+//! per device as on a cluster (each joins through `AscendComm::from_env`). With
+//! `--check` the Ascend backend always runs one process per device, and every
+//! gradient is compared with the host backend's and the unpipelined step's.
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, ValueEnum};
@@ -203,6 +205,10 @@ struct Args {
     /// The communication backend.
     #[arg(long, value_enum, default_value = "host")]
     backend: Backend,
+    /// (internal) `--check` on the Ascend backend: this process is one rank of the
+    /// check; it writes its gradients into DIR.
+    #[arg(long, value_name = "DIR", hide = true)]
+    check_out: Option<PathBuf>,
 }
 
 fn config(stages: usize, frozen: bool) -> Config {
@@ -310,23 +316,33 @@ fn main() -> Result<ExitCode> {
     if args.backend == Backend::Ascend && !cfg!(feature = "ascend") {
         bail!(ASCEND_HOW);
     }
-    if args.backend == Backend::Ascend && (args.processes || args.resume.is_some()) {
-        bail!("--backend ascend runs the ranks as threads of this process, without --processes or --resume");
-    }
-    if args.check {
-        if args.processes {
-            bail!("--check runs on threads; leave out --processes");
-        }
-        return run_check(args.frozen, args.backend).map(|()| ExitCode::SUCCESS);
-    }
-    let run = Run::new(&args)?;
-    if args.backend == Backend::Ascend {
-        return ascend::train(&run).map(|()| ExitCode::SUCCESS);
+    if args.backend == Backend::Ascend && args.resume.is_some() {
+        bail!("--backend ascend does not resume from checkpoints yet; leave out --resume");
     }
     // A process started by a launcher runs one rank.
     let launched = ["RANK", "WORLD_SIZE", "MASTER_PORT"]
         .iter()
         .all(|v| std::env::var_os(v).is_some());
+    if let Some(dir) = &args.check_out {
+        return ascend::check_rank(args.schedule, args.frozen, dir).map(|()| ExitCode::SUCCESS);
+    }
+    if args.check {
+        if args.processes {
+            bail!(
+                "--check chooses its ranks itself (threads on the host backend, processes on \
+                 the Ascend backend); leave out --processes"
+            );
+        }
+        return run_check(args.frozen, args.backend).map(|()| ExitCode::SUCCESS);
+    }
+    let run = Run::new(&args)?;
+    if args.backend == Backend::Ascend {
+        return match (launched && !args.processes, args.processes) {
+            (true, _) => ascend::train_rank_process(&run),
+            (false, true) => run_processes(&run),
+            (false, false) => ascend::train(&run).map(|()| ExitCode::SUCCESS),
+        };
+    }
     if launched && !args.processes {
         return run_rank_process(&args, &run);
     }
@@ -357,7 +373,7 @@ fn run_processes(run: &Run) -> Result<ExitCode> {
         .filter(|a| a != "--processes")
         .collect();
     println!(
-        "training `{}` on {} ranks as processes (loopback TCP), {} micro-batches per step, steps {}..{}",
+        "training `{}` on {} ranks as processes, {} micro-batches per step, steps {}..{}",
         run.expr, run.program.ranks, run.program.microbatches, run.first, run.t.steps
     );
     let report = launch(&Launch {
@@ -607,10 +623,17 @@ fn run_threads(args: &Args, run: &Run) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The data stream of `--check`'s step.
+const CHECK_SEED: u64 = 1;
+
 fn run_check(frozen: bool, backend: Backend) -> Result<()> {
     println!(
-        "one step per schedule vs. the unpipelined step ({} encoder, {backend:?} backend): largest relative difference",
-        if frozen { "frozen" } else { "trainable" }
+        "one step per schedule vs. the unpipelined step ({} encoder, {}): largest relative difference",
+        if frozen { "frozen" } else { "trainable" },
+        match backend {
+            Backend::Host => "host backend, ranks as threads",
+            Backend::Ascend => "Ascend backend, one process per device",
+        }
     );
     let mut worst = 0.0f64;
     for sched in ALL {
@@ -622,9 +645,9 @@ fn run_check(frozen: bool, backend: Backend) -> Result<()> {
                 &program,
                 &|r: usize, e: &mut Executor<'_, ThreadComm, Mllm>| sched.run(frozen, r, e),
                 &cfg,
-                1,
+                CHECK_SEED,
             ),
-            Backend::Ascend => ascend::check(&program, sched, frozen, &cfg, 1),
+            Backend::Ascend => ascend::check(&program, sched, frozen, &cfg),
         }
         .map_err(|e| anyhow!("{expr}: {e}"))?;
         let shown: Vec<String> = diffs.iter().map(|(u, d)| format!("{u} {d:.1e}")).collect();
@@ -652,6 +675,7 @@ mod ascend {
     use mpipe::runtime::ascend::{run_ranks, AscendComm};
     use mpipe_mllm::pipeline::{rel_diff, train as train_host};
     use mpipe_mllm::Dataset;
+    use serde::{Deserialize, Serialize};
 
     fn code(
         sched: Schedule,
@@ -660,46 +684,149 @@ mod ascend {
         move |r, e| sched.run(frozen, r, e)
     }
 
-    /// One step on HCCL: `(unit, difference from the unpipelined step)` per trainable
-    /// unit, then `("loss", ..)`, then `("host", largest difference from the host
-    /// backend's gradients)`.
+    /// One step without an update (the check's training options).
+    fn check_train(cfg: &Config) -> Train {
+        Train {
+            cfg: cfg.clone(),
+            adam: AdamConfig::default(),
+            data_seed: CHECK_SEED,
+            steps: 1,
+            update: false,
+            timeout: Duration::from_secs(30),
+        }
+    }
+
+    /// What one rank of the check reports to the process that compares.
+    #[derive(Serialize, Deserialize)]
+    struct RankGrads {
+        rank: usize,
+        grads: Vec<(usize, Vec<f32>)>,
+        losses: Vec<f32>,
+    }
+
+    fn grads_file(dir: &Path, rank: usize) -> PathBuf {
+        dir.join(format!("rank-{rank}.json"))
+    }
+
+    /// One rank of `--check` (a process started by [`check`]): joins the world from
+    /// the launcher's variables, runs the step, writes its gradients into `dir`.
+    pub fn check_rank(sched: Schedule, frozen: bool, dir: &Path) -> Result<()> {
+        let (expr, json, chunks) = sched.compiled(frozen);
+        let program = Program::from_json(json).context("the compiled program")?;
+        let t = check_train(&config(program.ranks * chunks, frozen));
+        let mut comm = AscendComm::from_env(t.timeout).context("joining the HCCL world")?;
+        let o = train_rank(
+            &mut comm,
+            &program,
+            &code(sched, frozen),
+            &t,
+            &Checkpointing::default(),
+            None,
+        )
+        .map_err(|e| anyhow!("{expr}: {e}"))?;
+        let out = RankGrads {
+            rank: o.rank,
+            grads: o.grads,
+            losses: o.losses,
+        };
+        let path = grads_file(dir, out.rank);
+        std::fs::write(&path, serde_json::to_string(&out)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(())
+    }
+
+    /// Runs the step as one process per device (this program again, through the
+    /// launcher) and collects every rank's gradients.
+    fn check_processes(
+        program: &Program,
+        sched: Schedule,
+        frozen: bool,
+    ) -> Result<Vec<RankGrads>, String> {
+        let dir = std::env::temp_dir().join(format!(
+            "mpipe-ascend-check-{}-{}",
+            std::process::id(),
+            sched as u8
+        ));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let exe = std::env::current_exe().map_err(|e| format!("finding this program: {e}"))?;
+        let name = sched
+            .to_possible_value()
+            .map(|v| v.get_name().to_string())
+            .unwrap_or_default();
+        let mut args: Vec<OsString> = ["--backend", "ascend", "--schedule", &name, "--check-out"]
+            .iter()
+            .map(OsString::from)
+            .collect();
+        args.push(dir.clone().into_os_string());
+        if frozen {
+            args.push("--frozen".into());
+        }
+        let report = launch(&Launch {
+            ranks: program.ranks,
+            port: None,
+            grace: Duration::from_secs(10),
+            program: exe.into_os_string(),
+            args,
+        });
+        let read = |r: usize| -> Result<RankGrads, String> {
+            let path = grads_file(&dir, r);
+            let text = std::fs::read_to_string(&path)
+                .map_err(|e| format!("rank {r} wrote no gradients ({}: {e})", path.display()))?;
+            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+        };
+        let out = match report {
+            Err(e) => Err(e),
+            Ok(rep) if rep.code != 0 => Err(format!(
+                "rank {} failed (exits: {:?})",
+                rep.first_failure.map_or("?".into(), |r| r.to_string()),
+                rep.exits
+            )),
+            Ok(_) => (0..program.ranks).map(read).collect(),
+        };
+        let _ = std::fs::remove_dir_all(&dir);
+        out
+    }
+
+    /// One step on HCCL, one process per device: `(unit, difference from the
+    /// unpipelined step)` per trainable unit, then `("loss", ..)`, then `("host",
+    /// largest difference from the host backend's gradients)`.
     pub fn check(
         program: &Program,
         sched: Schedule,
         frozen: bool,
         cfg: &Config,
-        data_seed: u64,
     ) -> Result<Vec<(String, f64)>, String> {
-        let t = Train {
-            cfg: cfg.clone(),
-            adam: AdamConfig::default(),
-            data_seed,
-            steps: 1,
-            update: false,
-            timeout: Duration::from_secs(10),
-        };
-        let run = code(sched, frozen);
-        let on = |o: Vec<Result<RankOutcome, String>>| -> Result<Vec<RankOutcome>, String> {
-            o.into_iter().collect()
-        };
-        let hccl = on(run_ranks(program.ranks, |mut c| {
-            train_rank(&mut c, program, &run, &t, &Checkpointing::default(), None)
-        }))?;
-        let host = on(train_host(
+        let t = check_train(cfg);
+        let hccl = check_processes(program, sched, frozen)?;
+        let host: Vec<RankOutcome> = train_host(
             program,
             &|r: usize, e: &mut Executor<'_, ThreadComm, Mllm>| sched.run(frozen, r, e),
             &t,
             None,
-        ))?;
+        )
+        .into_iter()
+        .collect::<Result<_, _>>()?;
         let mut reference = Mllm::new(cfg.clone());
-        let batch = Dataset::new(cfg, data_seed).batch(0, program.microbatches);
+        let batch = Dataset::new(cfg, CHECK_SEED).batch(0, program.microbatches);
         let (ref_loss, ref_grads) = reference.reference_step(&batch);
         let mut out = Vec::new();
         let mut vs_host = 0.0f64;
         let mut losses = Vec::new();
         for (a, h) in hccl.iter().zip(&host) {
+            if a.grads.len() != h.grads.len() {
+                return Err(format!(
+                    "rank {} reports {} gradients on HCCL and {} on the host",
+                    a.rank,
+                    a.grads.len(),
+                    h.grads.len()
+                ));
+            }
             for ((u, g), (_, hg)) in a.grads.iter().zip(&h.grads) {
-                out.push((program.units[*u].name.clone(), rel_diff(g, &ref_grads[*u])));
+                let unit = program
+                    .units
+                    .get(*u)
+                    .ok_or_else(|| format!("rank {} reports unknown unit {u}", a.rank))?;
+                out.push((unit.name.to_string(), rel_diff(g, &ref_grads[*u])));
                 vs_host = vs_host.max(rel_diff(g, hg));
             }
             losses.extend(a.losses.iter().copied());
@@ -739,6 +866,33 @@ mod ascend {
         Ok(())
     }
 
+    /// One rank of `--backend ascend --processes` (started by the launcher): one
+    /// process, one device, joined through `MASTER_ADDR:MASTER_PORT`.
+    pub fn train_rank_process(run: &Run) -> Result<ExitCode> {
+        let mut comm = AscendComm::from_env(run.t.timeout).context("joining the HCCL world")?;
+        let rank = comm.rank();
+        let code = code(run.sched, run.frozen);
+        let o = match train_rank(&mut comm, &run.program, &code, &run.t, &run.ck, None) {
+            Ok(o) => o,
+            Err(e) => {
+                eprintln!("{e}");
+                comm.abort(&e.to_string());
+                return Ok(ExitCode::from(1));
+            }
+        };
+        if !o.losses.is_empty() {
+            let loss = o.losses.iter().sum::<f32>() / o.losses.len() as f32;
+            println!("loss after the last step {loss:.3}");
+        }
+        println!(
+            "rank {rank} on device {} ({}): {}",
+            comm.device(),
+            ascend_backend(),
+            checksum_line(&run.program, &o.params)
+        );
+        Ok(ExitCode::SUCCESS)
+    }
+
     fn ascend_backend() -> &'static str {
         mpipe::runtime::ascend::LINKED
     }
@@ -754,12 +908,19 @@ mod ascend {
         _: Schedule,
         _: bool,
         _: &Config,
-        _: u64,
     ) -> Result<Vec<(String, f64)>, String> {
         Err(ASCEND_HOW.into())
     }
 
+    pub fn check_rank(_: Schedule, _: bool, _: &Path) -> Result<()> {
+        bail!(ASCEND_HOW)
+    }
+
     pub fn train(_: &Run) -> Result<()> {
+        bail!(ASCEND_HOW)
+    }
+
+    pub fn train_rank_process(_: &Run) -> Result<ExitCode> {
         bail!(ASCEND_HOW)
     }
 }

@@ -1,6 +1,7 @@
 //! The example model trained through generated schedules on the Ascend backend
-//! (HCCL over ascend-sys; the host emulator here, 4 ranks as threads on 4 devices):
-//! one step's gradients equal the unpipelined step's and the host backend's.
+//! (HCCL over ascend-sys; the host emulator here, 4 ranks on 4 devices): one step's
+//! gradients equal the unpipelined step's and the host backend's, with the ranks as
+//! threads and, through the built example, as one process per device.
 //!
 //! `cargo test --release --features ascend --test mllm_ascend`
 #![cfg(feature = "ascend")]
@@ -13,7 +14,11 @@ use mpipe_mllm::pipeline::{
     rel_diff, train, train_rank, Checkpointing, RankOutcome, RunRank, Train,
 };
 use mpipe_mllm::{AdamConfig, Config, Dataset, Mllm};
+use std::collections::BTreeSet;
+use std::process::Command;
 use std::time::Duration;
+
+mod common;
 
 macro_rules! schedules {
     ($m:ident, $profile:literal) => {
@@ -132,4 +137,75 @@ fn gradients_on_hccl_equal_the_unpipelined_step_and_the_host_backend() {
             assert!(rel_diff(&[loss], &[ref_loss]) <= 1e-5, "{expr}: loss");
         }
     }
+}
+
+fn run_example(args: &[&str]) -> (bool, String) {
+    let out = Command::new(common::example(&["ascend"]))
+        .args(args)
+        .env_remove("RANK")
+        .env_remove("WORLD_SIZE")
+        .env_remove("MASTER_PORT")
+        .output()
+        .expect("the example runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// `examples/mllm.rs --backend ascend --check`: 4 emulated devices as 4 processes, the
+/// same gradients as the host backend and the unpipelined step, for every schedule.
+#[test]
+fn example_check_runs_one_process_per_device() {
+    for frozen in [false, true] {
+        let mut args = vec!["--backend", "ascend", "--check"];
+        if frozen {
+            args.push("--frozen");
+        }
+        let (ok, text) = run_example(&args);
+        assert!(ok, "{text}");
+        assert!(text.contains("one process per device"), "{text}");
+        for expr in ["1f1b", "transpose(vision, 1f1b)", "transpose(vision, zbv)"] {
+            let row = text
+                .lines()
+                .find(|l| l.trim_start().starts_with(&format!("{expr} ")))
+                .unwrap_or_else(|| panic!("no row for {expr}:\n{text}"));
+            let diffs: Vec<f64> = row
+                .split_whitespace()
+                .filter_map(|w| w.parse::<f64>().ok())
+                .collect();
+            assert!(diffs.len() >= 6, "{row}");
+            assert!(diffs.iter().all(|d| *d <= 1e-5), "{row}");
+        }
+        assert!(text.contains("(within 1e-5)"), "{text}");
+    }
+}
+
+/// Training as one process per device ends with the parameters of the thread run,
+/// bit for bit, and each rank names its own device.
+#[test]
+fn example_trains_as_processes_like_threads() {
+    let common = ["--backend", "ascend", "--steps", "5", "--schedule", "zbv-t"];
+    let sums = |text: &str| -> BTreeSet<String> {
+        text.lines()
+            .filter_map(|l| l.split("parameter checksums: ").nth(1))
+            .flat_map(|s| s.split_whitespace().map(String::from))
+            .collect()
+    };
+    let (ok, threads) = run_example(&common);
+    assert!(ok, "{threads}");
+    let mut args = common.to_vec();
+    args.push("--processes");
+    let (ok, procs) = run_example(&args);
+    assert!(ok, "{procs}");
+    for r in 0..4 {
+        assert!(
+            procs.contains(&format!("rank {r} on device {r}")),
+            "{procs}"
+        );
+    }
+    assert_eq!(sums(&threads), sums(&procs));
+    assert_eq!(sums(&threads).len(), 9, "vision and 8 LLM stages");
 }

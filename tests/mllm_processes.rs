@@ -29,6 +29,8 @@ use std::process::{Command, Output};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+mod common;
+
 mpipe::schedule! { mod t1f1b { model = "examples/mllm.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b); } }
 mpipe::schedule! { mod tzbv { model = "examples/mllm.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, zbv); } }
 
@@ -241,42 +243,9 @@ fn the_trace_of_a_real_step_follows_the_program() {
 // ---------------------------------------------------------------------------
 // Separate processes: the built example.
 
-/// The `mllm` example next to this test's binary (`target/PROFILE/examples/mllm`),
-/// brought up to date with `cargo build --example mllm` first (a no-op when
-/// `cargo test` has built it).
 fn example() -> &'static Path {
     static EXE: OnceLock<PathBuf> = OnceLock::new();
-    EXE.get_or_init(|| {
-        let me = std::env::current_exe().unwrap();
-        let profile_dir = me.parent().and_then(Path::parent).unwrap().to_path_buf();
-        let exe = profile_dir
-            .join("examples")
-            .join(format!("mllm{}", std::env::consts::EXE_SUFFIX));
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-        let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--quiet", "--example", "mllm"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"));
-        match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") => {}
-            Some("release") => {
-                cmd.arg("--release");
-            }
-            Some(p) => {
-                cmd.args(["--profile", p]);
-            }
-            None => {}
-        }
-        if let Some(target) = profile_dir.parent() {
-            cmd.arg("--target-dir").arg(target);
-        }
-        let built = cmd.status().map(|s| s.success()).unwrap_or(false);
-        assert!(
-            built || exe.exists(),
-            "cannot build the mllm example ({})",
-            exe.display()
-        );
-        exe
-    })
+    EXE.get_or_init(|| common::example(&[]))
 }
 
 /// Runs the example with `args` and extra environment; returns its output and

@@ -1,6 +1,6 @@
 //! The Ascend backend: [`AscendComm`], a [`Comm`] over HCCL and AscendCL (through
 //! `ascend-sys`: the real CANN libraries when a toolkit is installed, otherwise its
-//! host emulator, whose HCCL ranks are threads of one process).
+//! host emulator, whose HCCL ranks are threads or processes, one device each).
 //!
 //! [`safe`] is the safe layer: status codes become an [`AscendError`] naming the call
 //! and the ACL/HCCL error (`HcclSend failed: HCCL_E_PARA (1: parameter error)`), and
@@ -74,9 +74,8 @@
 //! `r` on device `r`). [`AscendComm::from_env`] joins a multi-process world from the
 //! launcher's variables (`RANK`, `WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`,
 //! `LOCAL_RANK`): rank 0 creates the root info and serves its bytes over TCP on
-//! `MASTER_ADDR:MASTER_PORT`, the others fetch them. The emulator cannot join
-//! processes yet (its root info names an in-process group), so under the emulator
-//! only the thread form works end to end.
+//! `MASTER_ADDR:MASTER_PORT`, the others fetch them. Both work on the emulator (its
+//! root info carries the address of the process that serves the group).
 
 pub mod safe;
 
@@ -252,9 +251,8 @@ impl AscendComm {
     /// `MASTER_ADDR:MASTER_PORT` until every other rank has fetched it; the others
     /// retry connecting for up to `timeout`.
     ///
-    /// Under the emulator the processes cannot form one world (its root info names an
-    /// in-process group; see ascend-sys's README): the exchange works, the first
-    /// transfer then times out.
+    ///
+    /// On the emulator this is one process per emulated device, as on a cluster.
     pub fn from_env(timeout: Duration) -> Result<AscendComm, AscendError> {
         let var = |name: &str| {
             std::env::var(name).map_err(|_| AscendError::Setup(format!("{name} is not set")))
