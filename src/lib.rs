@@ -10,3 +10,8 @@ extern crate self as mpipe;
 pub use mpipe_core as core;
 pub use mpipe_macros::schedule;
 pub use mpipe_runtime as runtime;
+
+/// The Rust examples of the user guide (`docs/guide/`), compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../docs/guide/driver.md")]
+pub struct GuideDriverDoctests;
