@@ -157,6 +157,11 @@ fn load_program(src: &Source, errors: &mut Vec<syn::Error>) -> Option<(Derived, 
     let params = resident_params(&program);
     Some((
         Derived {
+            expr: program
+                .source
+                .as_ref()
+                .map(|s| s.expr.clone())
+                .unwrap_or_default(),
             program,
             report,
             bound,

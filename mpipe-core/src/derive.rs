@@ -73,6 +73,9 @@ pub struct Derived {
     /// Per rank: parameter memory resident during the step (home units plus units
     /// broadcast to or replicated on the rank).
     pub params: Vec<f64>,
+    /// The expression derived, in canonical form: the one given, or the one `auto`
+    /// chose (also the program's `source.expr`).
+    pub expr: String,
 }
 
 /// The inputs of one derivation.
@@ -116,14 +119,33 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
     if !errors.is_empty() {
         return Err(errors);
     }
-    let plan = eval(req, expr, &mut errors);
-    let plan = match plan {
-        Some(plan) if errors.is_empty() => plan,
-        _ => return Err(errors),
-    };
-    let text = expr.to_string();
-    let (program, report) = best_lowering(req, &plan, &text)
-        .map_err(|m| vec![err(ErrorKind::Invalid, expr.span, m)])?;
+    if expr.name() == "auto" {
+        return crate::search::auto(req, expr);
+    }
+    let plan = plan_of(req, expr)?;
+    finish(req, &plan, &expr.to_string(), expr.span)
+}
+
+/// Evaluate `expr` to its plan (every error found, with its span).
+pub(crate) fn plan_of(req: &Request, expr: &Expr) -> Result<Plan, Vec<DeriveError>> {
+    let mut errors = Vec::new();
+    match eval(req, expr, &mut errors) {
+        Some(plan) if errors.is_empty() => Ok(plan),
+        _ => Err(errors),
+    }
+}
+
+/// Lower, verify and simulate the plan of expression `text` (errors point at `span`),
+/// and check it against the memory limit.
+pub(crate) fn finish(
+    req: &Request,
+    plan: &Plan,
+    text: &str,
+    span: Span,
+) -> Result<Derived, Vec<DeriveError>> {
+    let mut errors = Vec::new();
+    let (program, report) =
+        best_lowering(req, plan, text).map_err(|m| vec![err(ErrorKind::Invalid, span, m)])?;
     // Rule 5 (termination under rendezvous) holds: `best_lowering` ran it to the end.
     let violations = verify_static(&program);
     if !violations.is_empty() {
@@ -132,7 +154,7 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
             .map(|v| {
                 err(
                     ErrorKind::Invalid,
-                    expr.span,
+                    span,
                     format!("derived program is invalid (a bug in mpipe, please report it): {v}"),
                 )
             })
@@ -144,7 +166,7 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
             if act + par > limit {
                 errors.push(err(
                     ErrorKind::Memory,
-                    expr.span,
+                    span,
                     format!(
                         "`{text}` needs {:.2} memory on rank {r} (activations {act:.2} + parameters {par:.2}), \
                          over memory.limit = {limit}; use a schedule that keeps fewer micro-batches in flight \
@@ -164,6 +186,7 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
         report,
         bound,
         params,
+        expr: text.to_string(),
     })
 }
 
@@ -264,12 +287,17 @@ fn eval(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> 
     match name {
         "transpose" => eval_transpose(req, e, errors),
         "split_w" => eval_split_w(req, e, errors),
-        "fill" | "prefetch" | "auto" => {
+        "auto" => {
+            errors.push(err(
+                ErrorKind::BadArgument,
+                e.span,
+                "`auto` stands for a whole schedule and cannot be an operator's argument; write `auto` alone",
+            ));
+            None
+        }
+        "fill" | "prefetch" => {
             // Still check the arguments, so every mistake shows at once.
-            for a in e
-                .positional()
-                .skip(usize::from(name == "fill" || name == "prefetch"))
-            {
+            for a in e.positional().skip(1) {
                 eval(req, a, errors);
             }
             errors.push(err(

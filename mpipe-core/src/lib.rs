@@ -30,6 +30,7 @@ pub mod profile;
 pub mod program;
 pub mod render;
 pub mod rolled;
+pub mod search;
 pub mod simulate;
 pub mod timeline;
 pub mod torch_csv;

@@ -184,9 +184,15 @@ pub fn derive_one(
         microbatches,
     };
     let d = derive_str(&req, expr).map_err(|es| expr_failure(expr, &es))?;
+    // `auto` (the only expression derived as another) names its choice.
+    let written = mpipe_core::expr::parse_str(expr).map(|e| e.to_string());
+    let label = match written {
+        Ok(w) if w != d.expr => format!("{w} = {}", d.expr),
+        _ => expr.to_string(),
+    };
     Ok(Loaded {
         program: d.program,
-        label: expr.to_string(),
+        label,
         comm: req.sim_options(Mode::Rendezvous).comm,
         bound: d.bound,
         params: d.params,

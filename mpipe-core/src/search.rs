@@ -1,0 +1,224 @@
+//! `auto`: the fastest expression of the algebra for a profile, found by search.
+//!
+//! The search space ([`candidates`]) is every body generator (`1f1b`, `gpipe`, `zbh1`,
+//! `zbv`, `dualpipev`, `interleaved(v = 2..4)`), the fused-backward bodies also under
+//! `split_w`, and for each encoder of the profile every placement the operators offer:
+//! inline (the body's own), `transpose` with each owner mode and, for a trainable
+//! encoder, each backward mode (modes that cannot differ, such as owners when
+//! micro-batches <= ranks, are enumerated once). Every peer schedule the evaluation
+//! compares against is in it, so `auto` is never slower than any of them.
+//!
+//! The search is exact over that space and cheap: each candidate's plan is evaluated
+//! and timed ideally (no communication, asynchronous transfers), which no program of
+//! the plan can beat; candidates are then derived in full (lowered, verified,
+//! simulated, checked against the memory limit) in order of that ideal time, and the
+//! search stops at the first candidate whose ideal time is no better than the best
+//! simulated time found. Ties go to the lower peak memory, then to the earlier
+//! candidate, so the answer is deterministic.
+
+use crate::analysis::{dependencies, timing};
+use crate::derive::{finish, plan_of, DeriveError, Derived, ErrorKind, Request};
+use crate::expr::{parse_str, Expr};
+use crate::profile::Profile;
+
+/// Bodies whose backward is fused (`BW`), which `split_w` can split.
+const FUSED: [&str; 5] = [
+    "1f1b",
+    "gpipe",
+    "interleaved(v = 2)",
+    "interleaved(v = 3)",
+    "interleaved(v = 4)",
+];
+/// Bodies that already split `B` from `W`.
+const SPLIT: [&str; 3] = ["zbh1", "zbv", "dualpipev"];
+
+/// Every expression `auto` considers for `profile` on `ranks` x `microbatches`, in the
+/// order that breaks ties.
+pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<String> {
+    let mut bodies: Vec<(String, bool)> = Vec::new();
+    for b in FUSED {
+        bodies.push((b.to_string(), true));
+    }
+    for b in SPLIT {
+        bodies.push((b.to_string(), false));
+    }
+    for b in FUSED {
+        bodies.push((format!("split_w({b})"), false));
+    }
+    // Per encoder: `None` inline, or the transpose arguments after the body.
+    let mut placements: Vec<Vec<Option<String>>> = Vec::new();
+    for enc in &profile.encoders {
+        let mut opts = vec![None, Some(String::new())];
+        if microbatches > ranks {
+            opts.push(Some(", owners = min".into()));
+        }
+        if enc.trainable {
+            let more: Vec<_> = opts
+                .iter()
+                .flatten()
+                .map(|o| Some(format!("{o}, backward = central")))
+                .collect();
+            opts.extend(more);
+        }
+        placements.push(opts);
+    }
+    let mut combos: Vec<Vec<Option<String>>> = vec![Vec::new()];
+    for opts in &placements {
+        combos = combos
+            .into_iter()
+            .flat_map(|c| {
+                opts.iter().map(move |o| {
+                    let mut c = c.clone();
+                    c.push(o.clone());
+                    c
+                })
+            })
+            .collect();
+    }
+    let wrap = |body: &str, combo: &[Option<String>]| -> String {
+        let mut e = body.to_string();
+        for (enc, o) in profile.encoders.iter().zip(combo) {
+            if let Some(args) = o {
+                e = format!("transpose({}, {e}{args})", enc.name);
+            }
+        }
+        e
+    };
+    let mut out = Vec::new();
+    for combo in &combos {
+        let moved = combo.iter().any(Option::is_some);
+        for (body, fused) in &bodies {
+            out.push(wrap(body, combo));
+            // split_w outside the encoders' placement too: it then also splits a
+            // trainable encoder's backward.
+            if *fused && moved {
+                out.push(format!("split_w({})", wrap(body, combo)));
+            }
+        }
+    }
+    out
+}
+
+/// One step of the search, for reports and tests.
+#[derive(Clone, Debug)]
+pub struct Tried {
+    /// The candidate, in canonical form.
+    pub expr: String,
+    /// Its plan's ideal time, if the plan could be built.
+    pub ideal: Option<f64>,
+    /// Its simulated time, if it was derived in full and fits the memory limit.
+    pub makespan: Option<f64>,
+}
+
+/// The result of a search: the winner and what was tried.
+#[derive(Clone, Debug)]
+pub struct Search {
+    pub best: Derived,
+    pub tried: Vec<Tried>,
+}
+
+/// Run the search for `req`. Fails only when no candidate can be derived (then the
+/// errors of the fastest-looking candidate say why, e.g. memory over the limit).
+pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
+    let mut tried: Vec<Tried> = Vec::new();
+    let mut planned = Vec::new();
+    let mut plan_errors = None;
+    for (i, text) in candidates(req.profile, req.ranks, req.microbatches)
+        .into_iter()
+        .enumerate()
+    {
+        let Ok(expr) = parse_str(&text) else {
+            continue;
+        };
+        let text = expr.to_string();
+        let plan = plan_of(req, &expr)
+            .map_err(|es| {
+                plan_errors.get_or_insert(es);
+            })
+            .ok();
+        let ideal = plan.and_then(|plan| {
+            let deps = dependencies(&plan).ok()?;
+            let span = timing(&plan, &deps).ok()?.makespan();
+            Some((span, plan))
+        });
+        tried.push(Tried {
+            expr: text.clone(),
+            ideal: ideal.as_ref().map(|(s, _)| *s),
+            makespan: None,
+        });
+        if let Some((span, plan)) = ideal {
+            planned.push((span, i, tried.len() - 1, expr, plan));
+        }
+    }
+    planned.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    let mut best: Option<(f64, f64, usize, Derived)> = None;
+    let mut first_errors = None;
+    for (ideal, order, slot, expr, plan) in planned {
+        if let Some((span, ..)) = &best {
+            if ideal > *span * (1.0 + 1e-12) {
+                break;
+            }
+        }
+        match finish(req, &plan, &tried[slot].expr, expr.span) {
+            Ok(d) => {
+                tried[slot].makespan = Some(d.report.makespan);
+                let peak = d
+                    .report
+                    .peak_memory
+                    .iter()
+                    .zip(&d.params)
+                    .map(|(a, p)| a + p)
+                    .fold(0.0, f64::max);
+                let key = (d.report.makespan, peak, order);
+                let better = best.as_ref().is_none_or(|(s, p, o, _)| {
+                    key.0
+                        .total_cmp(s)
+                        .then(key.1.total_cmp(p))
+                        .then(key.2.cmp(o))
+                        .is_lt()
+                });
+                if better {
+                    best = Some((key.0, key.1, key.2, d));
+                }
+            }
+            Err(es) => {
+                first_errors.get_or_insert(es);
+            }
+        }
+    }
+    match best {
+        Some((.., d)) => Ok(Search { best: d, tried }),
+        None => Err(first_errors.or(plan_errors).unwrap_or_default()),
+    }
+}
+
+/// `auto` in an expression: the search's winner, with its expression in
+/// [`Derived::expr`]. `expr` is the `auto` node (for error spans).
+pub(crate) fn auto(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
+    if !expr.args.is_empty() {
+        return Err(vec![DeriveError {
+            message: "`auto` takes no arguments; write `auto`".into(),
+            span: expr.span,
+            kind: ErrorKind::BadArgument,
+        }]);
+    }
+    match search(req) {
+        Ok(s) => Ok(s.best),
+        Err(es) if es.is_empty() => Err(vec![DeriveError {
+            message: "`auto` found no schedule for this profile, ranks and micro-batches".into(),
+            span: expr.span,
+            kind: ErrorKind::Profile,
+        }]),
+        Err(es) => Err(es
+            .into_iter()
+            .map(|e| DeriveError {
+                message: format!(
+                    "`auto` found no schedule that derives; the first failure: {}",
+                    e.message
+                ),
+                span: expr.span,
+                kind: e.kind,
+            })
+            .collect()),
+    }
+}
