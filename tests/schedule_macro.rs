@@ -25,6 +25,7 @@ mpipe::schedule! { mod transpose_s { model = "profiles/encoder-heavy.toml"; rank
 mpipe::schedule! { mod transpose_central { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b, backward = central, owners = min); } }
 mpipe::schedule! { mod transpose_zbv { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, zbv); } }
 mpipe::schedule! { mod from_file { program = "tests/profiles/tiny-program.json"; } }
+mpipe::schedule! { mod auto_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = auto; } }
 
 /// The calls the derived program implies for `rank`: one per compute or collective
 /// action, one per batch of point-to-point actions.
@@ -128,8 +129,34 @@ fn generated_code_runs_the_derived_program() {
         transpose_s,
         transpose_central,
         transpose_zbv,
-        from_file
+        from_file,
+        auto_s
     );
+}
+
+/// `schedule = auto` searches at compile time; `EXPR` names the choice, and it is at
+/// least as fast as every schedule written out above (checked at compile time).
+#[test]
+fn auto_chooses_at_compile_time() {
+    assert_ne!(auto_s::EXPR, "auto");
+    mpipe::core::expr::parse_str(auto_s::EXPR).expect("a parsable expression");
+    const {
+        assert!(auto_s::MAKESPAN <= one_f_one_b::MAKESPAN);
+        assert!(auto_s::MAKESPAN <= zbh1_s::MAKESPAN);
+        assert!(auto_s::MAKESPAN <= transpose_s::MAKESPAN);
+        assert!(auto_s::MAKESPAN <= transpose_zbv::MAKESPAN);
+    };
+    let profile = mpipe::core::profile::Profile::from_toml_str(include_str!(
+        "../profiles/encoder-heavy.toml"
+    ))
+    .unwrap();
+    let req = mpipe::core::derive::Request {
+        profile: &profile,
+        ranks: 4,
+        microbatches: 8,
+    };
+    let d = mpipe::core::derive::derive_str(&req, auto_s::EXPR).unwrap();
+    assert_eq!(Program::from_json(auto_s::PROGRAM_JSON).unwrap(), d.program);
 }
 
 /// The compile-time derivation equals a run-time one (the macro adds nothing).

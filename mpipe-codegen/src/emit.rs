@@ -102,7 +102,7 @@ pub fn module(input: &Input, facts: &Facts) -> TokenStream {
         pub const RANKS: usize = #ranks;
         /// Micro-batches per step.
         pub const MICROBATCHES: usize = #microbatches;
-        /// The schedule expression, in canonical form.
+        /// The schedule expression, in canonical form (for `auto`, the one it chose).
         pub const EXPR: &str = #expr;
         /// Unit names, indexed by `UnitId`.
         pub const UNITS: [&str; #n_units] = [#(#unit_names),*];
