@@ -35,6 +35,7 @@ const CHARTS: &[(&str, &str)] = &[
     ("zbv", "zbv.svg"),
     ("dualpipev", "dualpipev.svg"),
     ("transpose(vision, 1f1b)", "transpose-1f1b.svg"),
+    ("fill(vision, 1f1b)", "fill-1f1b.svg"),
     (
         "transpose(vision, 1f1b, backward = central)",
         "transpose-1f1b-central.svg",

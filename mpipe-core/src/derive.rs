@@ -13,6 +13,7 @@ use crate::bound::{lower_bound, Bound};
 use crate::expr::{Arg, Expr};
 use crate::generators::{generate, BodyKind, GenError, BODY_NAMES};
 use crate::lower::{lower_prepared, prepare, Placement};
+use crate::operators::fill::fill;
 use crate::operators::split_w::split_w;
 use crate::operators::transpose::{transpose, Backward, Owners};
 use crate::plan::Plan;
@@ -295,7 +296,8 @@ fn eval(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> 
             ));
             None
         }
-        "fill" | "prefetch" => {
+        "fill" => eval_fill(req, e, errors),
+        "prefetch" => {
             // Still check the arguments, so every mistake shows at once.
             for a in e.positional().skip(1) {
                 eval(req, a, errors);
@@ -481,34 +483,81 @@ fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opt
         return None;
     }
     let (enc, body) = (pos[0], pos[1]);
-    let names: Vec<&str> = req
-        .profile
-        .encoders
-        .iter()
-        .map(|x| x.name.as_str())
-        .collect();
-    if !enc.args.is_empty() || !names.contains(&enc.name()) {
-        let listing = if names.is_empty() {
-            "the profile has no encoders ([[encoder]] tables)".to_string()
-        } else {
-            format!("the profile's encoders are: {}", names.join(", "))
-        };
-        let hint = did_you_mean(enc.name(), &names)
-            .map(|s| format!(" (did you mean `{s}`?)"))
-            .unwrap_or_default();
-        errors.push(err(
-            ErrorKind::UnknownName,
-            enc.span,
-            format!("unknown encoder `{enc}`{hint}; {listing}"),
-        ));
-        ok = false;
-    }
+    ok &= check_encoder(req, enc, errors);
     let plan = eval(req, body, errors)?;
     if !ok {
         return None;
     }
     let id = plan.unit_id(enc.name())?;
     match transpose(plan, id, owners, backward) {
+        Ok(plan) => Some(plan),
+        Err(x) => {
+            errors.push(err(ErrorKind::Invalid, e.span, format!("`{e}`: {x}")));
+            None
+        }
+    }
+}
+
+/// Whether `enc` names an encoder of the profile (else an error says which do).
+fn check_encoder(req: &Request, enc: &Expr, errors: &mut Vec<DeriveError>) -> bool {
+    let names: Vec<&str> = req
+        .profile
+        .encoders
+        .iter()
+        .map(|x| x.name.as_str())
+        .collect();
+    if enc.args.is_empty() && names.contains(&enc.name()) {
+        return true;
+    }
+    let listing = if names.is_empty() {
+        "the profile has no encoders ([[encoder]] tables)".to_string()
+    } else {
+        format!("the profile's encoders are: {}", names.join(", "))
+    };
+    let hint = did_you_mean(enc.name(), &names)
+        .map(|s| format!(" (did you mean `{s}`?)"))
+        .unwrap_or_default();
+    errors.push(err(
+        ErrorKind::UnknownName,
+        enc.span,
+        format!("unknown encoder `{enc}`{hint}; {listing}"),
+    ));
+    false
+}
+
+fn eval_fill(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    let pos: Vec<&Expr> = e.positional().collect();
+    let mut ok = true;
+    for (key, _) in e.keys() {
+        errors.push(err(
+            ErrorKind::BadArgument,
+            key.span,
+            format!(
+                "`fill` takes no `{}` argument; write `fill(ENCODER, BODY)`",
+                key.name
+            ),
+        ));
+        ok = false;
+    }
+    if pos.len() != 2 {
+        errors.push(err(
+            ErrorKind::BadArgument,
+            e.span,
+            format!("`fill` takes an encoder and a body, as in `fill(vision, zbv)`; got {} positional argument(s)", pos.len()),
+        ));
+        for p in pos.iter().skip(1) {
+            eval(req, p, errors);
+        }
+        return None;
+    }
+    ok &= check_encoder(req, pos[0], errors);
+    let plan = eval(req, pos[1], errors)?;
+    if !ok {
+        return None;
+    }
+    let id = plan.unit_id(pos[0].name())?;
+    let link = req.profile.link.as_ref().map(|l| (l.latency, l.bandwidth));
+    match fill(plan, id, link) {
         Ok(plan) => Some(plan),
         Err(x) => {
             errors.push(err(ErrorKind::Invalid, e.span, format!("`{e}`: {x}")));

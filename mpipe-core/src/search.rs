@@ -5,7 +5,7 @@
 //! `split_w`, and for each encoder of the profile every placement the operators offer:
 //! inline (the body's own), `transpose` with each owner mode and, for a trainable
 //! encoder, each backward mode (modes that cannot differ, such as owners when
-//! micro-batches <= ranks, are enumerated once). Every peer schedule the evaluation
+//! micro-batches <= ranks, are enumerated once), and `fill`. Every peer schedule the evaluation
 //! compares against is in it, so `auto` is never slower than any of them.
 //!
 //! The search is exact over that space and cheap: each candidate's plan is evaluated
@@ -45,24 +45,26 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
     for b in FUSED {
         bodies.push((format!("split_w({b})"), false));
     }
-    // Per encoder: `None` inline, or the transpose arguments after the body.
-    let mut placements: Vec<Vec<Option<String>>> = Vec::new();
+    // Per encoder: `None` inline, else the operator placing it and the arguments
+    // after the body.
+    let mut placements: Vec<Vec<Option<(&str, String)>>> = Vec::new();
     for enc in &profile.encoders {
-        let mut opts = vec![None, Some(String::new())];
+        let mut opts = vec![None, Some(("transpose", String::new()))];
         if microbatches > ranks {
-            opts.push(Some(", owners = min".into()));
+            opts.push(Some(("transpose", ", owners = min".into())));
         }
         if enc.trainable {
             let more: Vec<_> = opts
                 .iter()
                 .flatten()
-                .map(|o| Some(format!("{o}, backward = central")))
+                .map(|(op, o)| Some((*op, format!("{o}, backward = central"))))
                 .collect();
             opts.extend(more);
         }
+        opts.push(Some(("fill", String::new())));
         placements.push(opts);
     }
-    let mut combos: Vec<Vec<Option<String>>> = vec![Vec::new()];
+    let mut combos: Vec<Vec<Option<(&str, String)>>> = vec![Vec::new()];
     for opts in &placements {
         combos = combos
             .into_iter()
@@ -75,11 +77,11 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
             })
             .collect();
     }
-    let wrap = |body: &str, combo: &[Option<String>]| -> String {
+    let wrap = |body: &str, combo: &[Option<(&str, String)>]| -> String {
         let mut e = body.to_string();
         for (enc, o) in profile.encoders.iter().zip(combo) {
-            if let Some(args) = o {
-                e = format!("transpose({}, {e}{args})", enc.name);
+            if let Some((op, args)) = o {
+                e = format!("{op}({}, {e}{args})", enc.name);
             }
         }
         e

@@ -4,7 +4,8 @@
 //! per-layer costs in 0.05..5 with zero weight-gradient costs now and then, random
 //! activations, optional first/last stage extras, sometimes a link), a rank count in
 //! 1..=16, a micro-batch count in 1..=64, a body schedule and an operator stack
-//! (`transpose` with every `owners` / `backward` choice, nested for two encoders), and
+//! (`transpose` with every `owners` / `backward` choice, nested for two encoders;
+//! `fill` alone, over `transpose` and under it, nested for two encoders), and
 //! checks that the derivation either succeeds or fails only because the body needs
 //! other micro-batch counts; and, on success, that the program
 //!
@@ -285,6 +286,15 @@ enum Wrap {
         outer_opts: TOpts,
         inner_opts: TOpts,
     },
+    /// `fill(ENCODERS[enc], INNER)` where INNER is the body (`inner` 0), or with two
+    /// encoders `transpose(other, BODY, ..)` (1), `fill(other, BODY)` (2), or
+    /// `transpose(enc, BODY, ..)` (3, the same encoder: `fill` replaces it); or
+    /// `transpose(enc, fill(other, BODY), ..)` (4).
+    Fill {
+        enc: usize,
+        inner: u8,
+        opts: TOpts,
+    },
 }
 
 impl Wrap {
@@ -305,6 +315,17 @@ impl Wrap {
                 inner_opts.args(),
                 outer_opts.args()
             ),
+            Wrap::Fill { enc, inner, opts } => {
+                let (me, other) = (ENCODER_NAMES[enc], ENCODER_NAMES[1 - enc]);
+                let a = opts.args();
+                match inner {
+                    1 => format!("fill({me}, transpose({other}, {body}{a}))"),
+                    2 => format!("fill({me}, fill({other}, {body}))"),
+                    3 => format!("fill({me}, transpose({me}, {body}{a}))"),
+                    4 => format!("transpose({me}, fill({other}, {body}){a})"),
+                    _ => format!("fill({me}, {body})"),
+                }
+            }
         }
     }
 }
@@ -371,6 +392,7 @@ enum Wraps {
     None,
     Single,
     Nested,
+    Fill,
 }
 
 fn case(
@@ -384,10 +406,10 @@ fn case(
         1..=max_ranks,
         (any::<bool>(), 0..max_mbs, 1usize..=4),
         0..BODIES.len(),
-        (any::<bool>(), topts(), topts()),
+        (any::<bool>(), topts(), topts(), 0u8..5),
     )
         .prop_map(
-            move |(profile, ranks, (mode, raw, k), body, (first, o1, o2))| {
+            move |(profile, ranks, (mode, raw, k), body, (first, o1, o2, inner))| {
                 let n = profile.encoders.len();
                 let wrap = match (wraps, n) {
                     (Wraps::None, _) | (_, 0) => Wrap::None,
@@ -399,6 +421,16 @@ fn case(
                         outer: usize::from(first),
                         outer_opts: o1,
                         inner_opts: o2,
+                    },
+                    (Wraps::Fill, 1) => Wrap::Fill {
+                        enc: 0,
+                        inner: if inner == 3 { 3 } else { 0 },
+                        opts: o1,
+                    },
+                    (Wraps::Fill, _) => Wrap::Fill {
+                        enc: usize::from(first),
+                        inner,
+                        opts: o1,
                     },
                 };
                 Case {
@@ -737,6 +769,12 @@ proptest! {
     fn nested_transpose_derives_valid_programs(case in case(2..=2, Wraps::Nested, 16, 64)) {
         check(&case)?;
     }
+
+    /// `fill` around every body, alone and composed with `transpose` and `fill`.
+    #[test]
+    fn fill_derives_valid_programs(case in case(1..=2, Wraps::Fill, 16, 64)) {
+        check(&case)?;
+    }
 }
 
 proptest! {
@@ -744,7 +782,8 @@ proptest! {
 
     /// Small sizes, exhaustively over the expressions: every body x every operator
     /// stack (none; `transpose` of each encoder with all 9 option spellings; both
-    /// nestings with the 4 distinct option pairs on each level).
+    /// nestings with the 4 distinct option pairs on each level; `fill` of each
+    /// encoder alone, over and under `transpose`, and nested).
     #[test]
     fn every_expression_on_small_pipelines(
         base in case(2..=2, Wraps::None, 6, 24),
@@ -764,6 +803,11 @@ proptest! {
                 for &inner_opts in &distinct {
                     wraps.push(Wrap::Nested { outer, outer_opts, inner_opts });
                 }
+            }
+        }
+        for enc in 0..2 {
+            for inner in 0..5 {
+                wraps.push(Wrap::Fill { enc, inner, opts: TOpts { owners: 2, backward: 2 } });
             }
         }
         for body in 0..BODIES.len() {

@@ -1,0 +1,271 @@
+//! `fill(ENCODER, BODY)`: the encoder's work, micro-batch by micro-batch, into the idle
+//! time of the body as the cost model predicts it, on any rank.
+//!
+//! The encoder's tasks are taken out of the body and put back one micro-batch at a
+//! time, in micro-batch order:
+//!
+//! 1. **Forward of micro-batch `j`.** Its deadline is the start, in the plan's ideal
+//!    timing, of the first task that reads its output (the first stage's forward),
+//!    less the transfer time when it runs on another rank. Every rank's idle gaps in
+//!    that timing are candidates; a forward that fits a gap before its deadline
+//!    delays nothing (ideal timing is as-soon-as-possible and the forward reads only
+//!    the raw micro-batch), so it goes into the fitting gap that starts latest (the
+//!    shortest time its output is held), lower rank first on ties. Gaps shrink as
+//!    they fill; the timing is not recomputed.
+//! 2. **No gap fits** (the first micro-batch always; later ones when the body has no
+//!    idle time left before the deadline): the forward goes, on each rank in turn,
+//!    as late in the rank's order as still ends before the deadline, the plan is
+//!    timed once per rank, and the rank giving the shortest step wins (among those
+//!    within the profile's memory limit, when any is). The timing is then
+//!    recomputed for the later micro-batches.
+//! 3. **Backward** (trainable encoder): on the rank of its forward (whose activations
+//!    it reads), after the gradient arrives. Three placements are timed and the
+//!    fastest within the memory limit wins: into the first gap after the gradient
+//!    that holds it, else at the end ("gaps"); as soon as the gradient is ready
+//!    ("eager"); after the rank's other work ("deferred").
+//!
+//! The lowering then adds the transfers of the encoder's outputs and gradients, and,
+//! for forwards away from the encoder's home, the parameter broadcast and gradient
+//! reduction. Composition is plain: the body may be any expression, including
+//! `transpose` of the same encoder (whose placement `fill` replaces) or `fill` of
+//! another encoder (whose placed tasks are then part of the body).
+
+use super::insert_all;
+use crate::analysis::{dependencies, dependencies_lenient, peak_memory, timing, PlanError, Timing};
+use crate::plan::{Plan, Task, UnitId};
+use crate::program::Op;
+
+/// The communication cost model the deadlines account for: `(latency, bandwidth)`.
+pub type Link = Option<(f64, f64)>;
+
+/// Re-place encoder `enc`'s work in `plan` (see the module documentation).
+pub fn fill(mut plan: Plan, enc: UnitId, link: Link) -> Result<Plan, PlanError> {
+    let m = plan.microbatches;
+    for list in &mut plan.order {
+        list.retain(|t| t.unit != enc);
+    }
+    plan.input_ships.retain(|s| s.unit != enc);
+    let consumers = plan.successors(enc);
+    let c_f = plan.units[enc].cost.f;
+    let send = link.map_or(0.0, |(lat, bw)| lat + plan.units[enc].bytes / bw);
+
+    let mut time = timing(&plan, &dependencies_lenient(&plan)?)?;
+    let mut gaps = Gaps::of(&plan, &time);
+    let mut pending: Vec<Vec<(usize, Task)>> = vec![Vec::new(); plan.ranks];
+    for mb in 0..m {
+        let task = Task::new(Op::F, enc, mb);
+        let index = plan.locate();
+        // The first reader of this micro-batch's output: its time and rank.
+        let reader = consumers
+            .iter()
+            .filter_map(|&c| index.get(Op::F, c, mb))
+            .map(|(q, j)| (time.start[q][j], q))
+            .min_by(|a, b| a.0.total_cmp(&b.0));
+        let Some((deadline, home)) = reader else {
+            // Nobody reads it (cannot happen for an encoder): keep it at its home.
+            let r = plan.units[enc].home;
+            pending[r].push((0, task));
+            continue;
+        };
+        if let Some((r, pos)) = gaps.take(c_f, deadline, home, send) {
+            pending[r].push((pos, task));
+            continue;
+        }
+        flush(&mut plan, &mut pending);
+        plan = fallback(plan, task, deadline, home, send)?;
+        time = timing(&plan, &dependencies_lenient(&plan)?)?;
+        gaps = Gaps::of(&plan, &time);
+    }
+    flush(&mut plan, &mut pending);
+    if !plan.units[enc].trainable {
+        return Ok(plan);
+    }
+    place_backward(plan, enc)
+}
+
+fn flush(plan: &mut Plan, pending: &mut [Vec<(usize, Task)>]) {
+    for (r, items) in pending.iter_mut().enumerate() {
+        insert_all(&mut plan.order[r], std::mem::take(items));
+    }
+}
+
+/// Idle gaps of every rank in a timing: `(insert position, free from, free until)`.
+struct Gaps {
+    gaps: Vec<Vec<(usize, f64, f64)>>,
+}
+
+impl Gaps {
+    fn of(plan: &Plan, time: &Timing) -> Gaps {
+        let gaps = (0..plan.ranks)
+            .map(|r| {
+                let n = plan.order[r].len();
+                let mut g = Vec::with_capacity(n + 1);
+                for k in 0..=n {
+                    let from = if k == 0 { 0.0 } else { time.end[r][k - 1] };
+                    let until = if k == n {
+                        f64::INFINITY
+                    } else {
+                        time.start[r][k]
+                    };
+                    if until > from {
+                        g.push((k, from, until));
+                    }
+                }
+                g
+            })
+            .collect();
+        Gaps { gaps }
+    }
+
+    /// Takes room for a task of length `cost` that must end by `deadline` (by
+    /// `deadline - send` away from rank `home`): the fitting gap that starts latest.
+    fn take(&mut self, cost: f64, deadline: f64, home: usize, send: f64) -> Option<(usize, usize)> {
+        let eps = 1e-9 * deadline.abs().max(1.0);
+        let mut best: Option<(f64, usize, usize)> = None;
+        for (r, list) in self.gaps.iter().enumerate() {
+            let due = if r == home { deadline } else { deadline - send };
+            for (g, &(_, from, until)) in list.iter().enumerate() {
+                if from + cost <= until.min(due) + eps && best.is_none_or(|(f, ..)| from > f) {
+                    best = Some((from, r, g));
+                }
+            }
+        }
+        let (_, r, g) = best?;
+        let gap = &mut self.gaps[r][g];
+        gap.1 += cost;
+        Some((r, gap.0))
+    }
+}
+
+/// Places `task` (no gap fits) on the rank where it lengthens the step least.
+fn fallback(
+    plan: Plan,
+    task: Task,
+    deadline: f64,
+    home: usize,
+    send: f64,
+) -> Result<Plan, PlanError> {
+    let time = timing(&plan, &dependencies_lenient(&plan)?)?;
+    let cost = task.op.cost(&plan.units[task.unit].cost);
+    let fits = |p: &Plan| {
+        plan.memory_limit
+            .is_none_or(|limit| peak_memory(p).into_iter().all(|x| x <= limit))
+    };
+    let mut best: Option<(bool, f64, Plan)> = None;
+    for r in 0..plan.ranks {
+        let due = if r == home { deadline } else { deadline - send };
+        let pos = time.end[r].partition_point(|&e| e <= due - cost);
+        let mut candidate = plan.clone();
+        candidate.order[r].insert(pos, task);
+        let Ok(deps) = dependencies_lenient(&candidate) else {
+            continue;
+        };
+        let Ok(t) = timing(&candidate, &deps) else {
+            continue;
+        };
+        let (ok, span) = (fits(&candidate), t.makespan());
+        let better = best
+            .as_ref()
+            .is_none_or(|(b_ok, b_span, _)| (ok && !b_ok) || (ok == *b_ok && span < *b_span));
+        if better {
+            best = Some((ok, span, candidate));
+        }
+    }
+    match best {
+        Some((.., p)) => Ok(p),
+        None => {
+            // Every insertion cycles (cannot happen: the position ends before the
+            // reader starts); put it right before its reader on the home rank.
+            let mut p = plan;
+            let index = p.locate();
+            let pos = p
+                .successors(task.unit)
+                .into_iter()
+                .filter_map(|c| index.get(Op::F, c, task.mb))
+                .find(|&(q, _)| q == home)
+                .map_or(0, |(_, j)| j);
+            p.order[home].insert(pos, task);
+            Ok(p)
+        }
+    }
+}
+
+/// A trainable encoder's backwards: the fastest of three placements (see the module
+/// documentation) within the memory limit.
+fn place_backward(plan: Plan, enc: UnitId) -> Result<Plan, PlanError> {
+    let span =
+        |p: &Plan| -> Result<f64, PlanError> { Ok(timing(p, &dependencies(p)?)?.makespan()) };
+    let fits = |p: &Plan| {
+        p.memory_limit
+            .is_none_or(|limit| peak_memory(p).into_iter().all(|x| x <= limit))
+    };
+    let time = timing(&plan, &dependencies_lenient(&plan)?)?;
+    let index = plan.locate();
+    let consumers = plan.successors(enc);
+    let c_bw = Op::BW.cost(&plan.units[enc].cost);
+    // (rank of the forward, gradient ready time, micro-batch), in ready order.
+    let mut work: Vec<(usize, f64, usize)> = (0..plan.microbatches)
+        .filter_map(|mb| {
+            let (r, _) = index.get(Op::F, enc, mb)?;
+            let ready = consumers
+                .iter()
+                .filter_map(|&c| index.get(Op::B, c, mb).or_else(|| index.get(Op::BW, c, mb)))
+                .map(|(q, j)| time.end[q][j])
+                .fold(0.0, f64::max);
+            Some((r, ready, mb))
+        })
+        .collect();
+    work.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.2.cmp(&b.2)));
+
+    let mut candidates = Vec::new();
+    for rule in [Rule::Gaps, Rule::Eager, Rule::Deferred] {
+        let mut p = plan.clone();
+        let mut gaps = Gaps::of(&plan, &time);
+        let mut inserts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); plan.ranks];
+        for &(r, ready, mb) in &work {
+            let n = plan.order[r].len();
+            let own_f = index.get(Op::F, enc, mb).map_or(0, |(_, j)| j + 1);
+            let pos = match rule {
+                Rule::Deferred => n,
+                Rule::Eager => time.start[r].partition_point(|&s| s < ready).max(own_f),
+                Rule::Gaps => {
+                    let list = &mut gaps.gaps[r];
+                    let eps = 1e-9 * ready.abs().max(1.0);
+                    let slot = list.iter_mut().find(|(k, from, until)| {
+                        *k >= own_f && from.max(ready) + c_bw <= *until + eps
+                    });
+                    match slot {
+                        Some(g) => {
+                            g.1 = g.1.max(ready) + c_bw;
+                            g.0
+                        }
+                        None => n,
+                    }
+                }
+            };
+            inserts[r].push((pos, Task::new(Op::BW, enc, mb)));
+        }
+        for (r, items) in inserts.into_iter().enumerate() {
+            insert_all(&mut p.order[r], items);
+        }
+        let s = span(&p)?;
+        let peak = peak_memory(&p).into_iter().fold(0.0, f64::max);
+        candidates.push((fits(&p), s, peak, p));
+    }
+    let best = candidates
+        .into_iter()
+        .min_by(|a, b| {
+            b.0.cmp(&a.0)
+                .then(a.1.total_cmp(&b.1))
+                .then(a.2.total_cmp(&b.2))
+        })
+        .map(|(.., p)| p);
+    Ok(best.unwrap_or(plan))
+}
+
+#[derive(Clone, Copy)]
+enum Rule {
+    Gaps,
+    Eager,
+    Deferred,
+}
