@@ -77,25 +77,54 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
             })
             .collect();
     }
-    let wrap = |body: &str, combo: &[Option<(&str, String)>]| -> String {
+    // The operators apply innermost first, and the order matters (the outer one
+    // places its encoder around the inner one's work): every order is a candidate.
+    let orders = permutations(profile.encoders.len());
+    let wrap = |body: &str, combo: &[Option<(&str, String)>], order: &[usize]| -> String {
         let mut e = body.to_string();
-        for (enc, o) in profile.encoders.iter().zip(combo) {
-            if let Some((op, args)) = o {
-                e = format!("{op}({}, {e}{args})", enc.name);
+        for &i in order {
+            if let Some((op, args)) = &combo[i] {
+                e = format!("{op}({}, {e}{args})", profile.encoders[i].name);
             }
         }
         e
     };
     let mut out = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
     for combo in &combos {
-        let moved = combo.iter().any(Option::is_some);
-        for (body, fused) in &bodies {
-            out.push(wrap(body, combo));
-            // split_w outside the encoders' placement too: it then also splits a
-            // trainable encoder's backward.
-            if *fused && moved {
-                out.push(format!("split_w({})", wrap(body, combo)));
+        let moved = combo.iter().filter(|o| o.is_some()).count();
+        for order in &orders {
+            // With fewer than two placed encoders the order changes nothing.
+            if moved < 2 && order != &orders[0] {
+                continue;
             }
+            for (body, fused) in &bodies {
+                let e = wrap(body, combo, order);
+                // split_w outside the encoders' placement too: it then also splits
+                // a trainable encoder's backward.
+                let outer = (*fused && moved > 0).then(|| format!("split_w({e})"));
+                for x in std::iter::once(e).chain(outer) {
+                    if seen.insert(x.clone()) {
+                        out.push(x);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every order of `0..n`, the identity first.
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![Vec::new()];
+    }
+    let mut out = Vec::new();
+    for rest in permutations(n - 1) {
+        for at in (0..=rest.len()).rev() {
+            let mut p = rest.clone();
+            p.insert(at, n - 1);
+            out.push(p);
         }
     }
     out

@@ -17,11 +17,19 @@ fn peers(profile: &Profile) -> Vec<String> {
     let bodies = ["1f1b", "interleaved(v = 2)", "zbh1", "zbv", "dualpipev"];
     let mut out: Vec<String> = bodies.iter().map(|b| b.to_string()).collect();
     for b in bodies {
+        // Every encoder transposed, in either nesting order.
         let mut e = b.to_string();
         for enc in &profile.encoders {
             e = format!("transpose({}, {e})", enc.name);
         }
         out.push(e);
+        if profile.encoders.len() == 2 {
+            let mut e = b.to_string();
+            for enc in profile.encoders.iter().rev() {
+                e = format!("transpose({}, {e})", enc.name);
+            }
+            out.push(e);
+        }
     }
     out
 }
