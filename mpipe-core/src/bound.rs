@@ -1,20 +1,84 @@
-//! Lower bounds on the makespan of any program for a set of units: what every figure
-//! can be read against.
+//! Lower bounds on the makespan of a step: what every figure can be read against.
 //!
-//! - **work / ranks**: the least compute one step needs (every unit's `F`, plus `B`
-//!   and `W` where the unit needs them; no recomputation), spread perfectly over the
-//!   ranks. No schedule can finish earlier, since a rank computes one thing at a time.
-//! - **chain**: one micro-batch's dependency chain — the slowest encoder's forward, every
-//!   stage's forward, every stage's input-gradient backward in reverse, then the
-//!   shortest closing step (an encoder's backward or the first stage's `W`). Its tasks
-//!   depend on each other, so no schedule finishes before it does.
+//! A step runs, for each of `m` micro-batches, every unit's forward `F`, the
+//! input-gradient backward `B` of every unit that needs one, and the weight-gradient
+//! `W` of every trainable unit (a fused `BW` is a `B` then a `W`). The data
+//! dependencies are those of program-format.md: a unit's `F` after its inputs' `F`s,
+//! its `B` after its own `F` and its successors' `B`s, its `W` after its `B`. A rank
+//! runs one task at a time. Costs are the units' (recomputation only adds work and
+//! communication only adds time, so ignoring both keeps every bound valid).
 //!
-//! The bound is the larger of the two; it holds for every schedule, so a schedule
-//! at the bound is optimal.
+//! From the unit graph: the **release** of a task type, the least time from the
+//! step's start before any such task can start (`rF(u)` = the longest chain of
+//! forwards into `u`; `rB(u)` = after `F(u)` and after every successor's `B`;
+//! `rW(u) = rB(u) + B(u)`), and its **tail**, the least time from its end to the
+//! step's end (the longest chain of tasks that must follow it: the successors'
+//! forwards, the unit's own backward, the predecessors' backwards, a final `W`).
+//!
+//! Four bounds, each a theorem:
+//!
+//! - **work**: `T >= (total work) / p`. The ranks run one task at a time.
+//! - **chain**: `T >= max_u rF(u) + F(u) + tail(F(u))`. One micro-batch's tasks on
+//!   that path depend on each other.
+//!
+//! The other two hold for every *pipeline-parallel* program: one in which each LLM
+//! stage unit (`llm.N`, as model-format.md names them) computes only on its home rank,
+//! while encoders may compute anywhere. Every program mpipe derives is one.
+//!
+//! - **rank**: for each rank `r` with stage set `S_r`,
+//!   `T >= R_r + L_r + Q_r`, where `L_r = m * sum_{u in S_r} work(u)` is the rank's
+//!   own stage work, `R_r = min_{u in S_r} rF(u)` the earliest any of it can start and
+//!   `Q_r` the least tail of any of its tasks. *Proof:* rank `r` runs all of `L_r`,
+//!   one task at a time, none of it before `R_r`, and the step lasts at least `Q_r`
+//!   past the end of the last of it.
+//! - **ramp**: `p T >= work + I_start + I_end` with
+//!   `I_start = max(0, sum_r R_r - E_F)` and
+//!   `I_end = max(0, sum_r max(0, Q'_r - W_r) - E_B)`, where `W_r` is the
+//!   weight-gradient work of `S_r`, `Q'_r` the least tail of the `F`s and `B`s of
+//!   `S_r`, `E_F` the encoder (non-stage) work released before `max_r R_r`, and `E_B`
+//!   the encoder work whose tail is shorter than `max_r Q'_r`.
+//!   *Proof:* before `R_r`, rank `r` can run no task of its own stages, and no other
+//!   rank's (pipeline-parallel), so only encoder tasks released by then; the windows
+//!   `[0, R_r)` therefore hold at least `sum_r R_r - E_F` of idle time. In the last
+//!   `Q'_r` of the step, rank `r` can run no `F` or `B` of its stages (their tails
+//!   are at least `Q'_r`), only its own `W`s and encoder tasks with a shorter tail;
+//!   so those windows hold at least `sum_r max(0, Q'_r - W_r) - E_B` of idle time.
+//!   The two windows of a rank do not overlap: some `F` or `B` of `S_r` starts at or
+//!   after `R_r` and ends at or before `T - Q'_r`. Busy plus idle time is `p T`.
+//!
+//! The bound is the largest of the four. A schedule at the bound is optimal among
+//! pipeline-parallel programs for these units; `tests/bound.rs` checks every bound
+//! against the optimum found by exhaustive search on small cases. The units depend
+//! on how the LLM is split into stages (one per rank, several in a loop, two in a
+//! V), so [`profile_bound`] takes the least bound over the splits the algebra uses:
+//! the figure every schedule of a profile is compared with.
 
-use crate::plan::needs_backward;
+use crate::plan::{needs_backward, Layout};
+use crate::profile::Profile;
 use crate::program::Unit;
+use crate::units::build_units;
 use serde::Serialize;
+
+/// The splits of the LLM into stages that the algebra's bodies use: 1-4 chunks per
+/// rank in a loop (`1f1b` .. `interleaved(v = 4)`), 2 in a V (`zbv`, `dualpipev`).
+const SPLITS: [(usize, Layout); 5] = [
+    (1, Layout::Looped),
+    (2, Layout::Looped),
+    (3, Layout::Looped),
+    (4, Layout::Looped),
+    (2, Layout::VShape),
+];
+
+/// A bound for `profile` on `ranks` x `microbatches` that holds whichever of the
+/// algebra's stage splits a program uses: the least of the splits' bounds. `None`
+/// when the profile cannot be split over the ranks at all.
+pub fn profile_bound(profile: &Profile, ranks: usize, microbatches: usize) -> Option<Bound> {
+    SPLITS
+        .iter()
+        .filter_map(|&(chunks, layout)| build_units(profile, ranks, chunks, layout).ok())
+        .map(|units| lower_bound(&units, ranks, microbatches))
+        .min_by(|a, b| a.value().total_cmp(&b.value()))
+}
 
 /// The lower bounds of one step.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
@@ -23,59 +87,187 @@ pub struct Bound {
     pub work: f64,
     /// The longest single micro-batch dependency chain.
     pub chain: f64,
+    /// The busiest rank's own stage work between its earliest start and its least
+    /// tail (pipeline-parallel programs).
+    pub rank: f64,
+    /// Total work plus the idle time the pipeline's ramp-up and ramp-down force,
+    /// over the ranks (pipeline-parallel programs).
+    pub ramp: f64,
 }
 
 impl Bound {
-    /// The sharper of the two bounds.
+    /// The sharpest of the bounds.
     pub fn value(&self) -> f64 {
-        self.work.max(self.chain)
+        self.work.max(self.chain).max(self.rank).max(self.ramp)
     }
 }
 
-/// Bounds for `units` (topological order: units without inputs are encoders or the
-/// pipeline's head, the rest a chain) run with `microbatches` on `ranks` ranks.
-pub fn lower_bound(units: &[Unit], ranks: usize, microbatches: usize) -> Bound {
-    let need = needs_backward(units);
-    let mut work = 0.0;
-    for (u, unit) in units.iter().enumerate() {
-        work += unit.cost.f;
-        if need[u] {
-            work += unit.cost.b;
-        }
-        if unit.trainable {
-            work += unit.cost.w;
-        }
-    }
-    let work = work * microbatches as f64 / ranks.max(1) as f64;
-    // Longest path through F's, then back through B's, computed over the unit DAG.
-    let index = |name: &str| units.iter().position(|u| u.name == name);
-    let mut fdone = vec![0.0f64; units.len()];
-    for (u, unit) in units.iter().enumerate() {
-        let ready = unit
-            .inputs
+/// Whether `unit` is an LLM stage (pinned to its home in a pipeline-parallel program).
+pub fn is_stage(unit: &Unit) -> bool {
+    unit.name
+        .strip_prefix("llm.")
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Release times and tails of every unit's task types.
+struct Chains {
+    need: Vec<bool>,
+    f: Vec<f64>,
+    b: Vec<f64>,
+    w: Vec<f64>,
+    r_f: Vec<f64>,
+    r_b: Vec<f64>,
+    q_f: Vec<f64>,
+    q_b: Vec<f64>,
+}
+
+impl Chains {
+    fn of(units: &[Unit]) -> Chains {
+        let n = units.len();
+        let need = needs_backward(units);
+        let f: Vec<f64> = units.iter().map(|u| u.cost.f).collect();
+        let b: Vec<f64> = (0..n)
+            .map(|u| if need[u] { units[u].cost.b } else { 0.0 })
+            .collect();
+        let w: Vec<f64> = (0..n)
+            .map(|u| {
+                if units[u].trainable {
+                    units[u].cost.w
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let index = |name: &str| units.iter().position(|u| u.name == name);
+        let inputs: Vec<Vec<usize>> = units
             .iter()
-            .filter_map(|n| index(n))
-            .map(|p| fdone[p])
-            .fold(0.0, f64::max);
-        fdone[u] = ready + unit.cost.f;
+            .map(|u| u.inputs.iter().filter_map(|x| index(x)).collect())
+            .collect();
+        let succs: Vec<Vec<usize>> = (0..n)
+            .map(|u| (0..n).filter(|&s| inputs[s].contains(&u)).collect())
+            .collect();
+        // Units are in topological order: forwards forwards, backwards backwards.
+        let mut r_f = vec![0.0f64; n];
+        for u in 0..n {
+            r_f[u] = inputs[u].iter().map(|&p| r_f[p] + f[p]).fold(0.0, f64::max);
+        }
+        let mut r_b = vec![0.0f64; n];
+        let mut q_f = vec![0.0f64; n];
+        for u in (0..n).rev() {
+            r_b[u] = succs[u]
+                .iter()
+                .filter(|&&s| need[s])
+                .map(|&s| r_b[s] + b[s])
+                .fold(r_f[u] + f[u], f64::max);
+        }
+        let mut q_b = vec![0.0f64; n];
+        for u in 0..n {
+            // After B(u): W(u), and the inputs' backwards.
+            q_b[u] = inputs[u]
+                .iter()
+                .filter(|&&p| need[p])
+                .map(|&p| b[p] + q_b[p])
+                .fold(w[u], f64::max);
+        }
+        for u in (0..n).rev() {
+            // After F(u): the successors' forwards, and the unit's own backward.
+            let own = if need[u] { b[u] + q_b[u] } else { 0.0 };
+            q_f[u] = succs[u].iter().map(|&s| f[s] + q_f[s]).fold(own, f64::max);
+        }
+        Chains {
+            need,
+            f,
+            b,
+            w,
+            r_f,
+            r_b,
+            q_f,
+            q_b,
+        }
     }
-    let mut bdone = vec![0.0f64; units.len()];
-    let mut chain = fdone.iter().copied().fold(0.0, f64::max);
-    for u in (0..units.len()).rev() {
-        if !need[u] {
+
+    fn work(&self, u: usize) -> f64 {
+        self.f[u] + self.b[u] + self.w[u]
+    }
+}
+
+/// Bounds for `units` (in topological order, with their homes) run with
+/// `microbatches` on `ranks` ranks.
+pub fn lower_bound(units: &[Unit], ranks: usize, microbatches: usize) -> Bound {
+    let c = Chains::of(units);
+    let m = microbatches as f64;
+    let p = ranks.max(1);
+    let n = units.len();
+    let total: f64 = (0..n).map(|u| c.work(u)).sum::<f64>() * m;
+    let work = total / p as f64;
+    let chain = (0..n)
+        .map(|u| c.r_f[u] + c.f[u] + c.q_f[u])
+        .fold(0.0, f64::max);
+
+    let stages: Vec<usize> = (0..n).filter(|&u| is_stage(&units[u])).collect();
+    let (mut rank, mut start_windows, mut end_windows) = (0.0f64, 0.0, 0.0);
+    let (mut r_max, mut q_max) = (0.0f64, 0.0f64);
+    for r in 0..p {
+        let own: Vec<usize> = stages
+            .iter()
+            .copied()
+            .filter(|&u| units[u].home == r)
+            .collect();
+        if own.is_empty() {
             continue;
         }
-        let succ = (0..units.len())
-            .filter(|&s| need[s] && units[s].inputs.iter().any(|n| *n == units[u].name))
-            .map(|s| bdone[s])
-            .fold(fdone[u], f64::max);
-        bdone[u] = succ + units[u].cost.b;
-        let tail = if units[u].trainable {
-            units[u].cost.w
-        } else {
-            0.0
-        };
-        chain = chain.max(bdone[u] + tail);
+        let l_r: f64 = own.iter().map(|&u| c.work(u)).sum::<f64>() * m;
+        let w_r: f64 = own.iter().map(|&u| c.w[u]).sum::<f64>() * m;
+        let r_r = own.iter().map(|&u| c.r_f[u]).fold(f64::INFINITY, f64::min);
+        // The least tail of the rank's tasks (a trainable unit's W has none), and of
+        // its F and B tasks.
+        let q_r = own
+            .iter()
+            .map(|&u| match (units[u].trainable, c.need[u]) {
+                (true, _) => 0.0,
+                (false, true) => c.q_b[u],
+                (false, false) => c.q_f[u],
+            })
+            .fold(f64::INFINITY, f64::min);
+        let q_fb_r = own
+            .iter()
+            .map(|&u| if c.need[u] { c.q_b[u] } else { c.q_f[u] })
+            .fold(f64::INFINITY, f64::min);
+        rank = rank.max(r_r + l_r + q_r);
+        start_windows += r_r;
+        end_windows += (q_fb_r - w_r).max(0.0);
+        r_max = r_max.max(r_r);
+        q_max = q_max.max(q_fb_r);
     }
-    Bound { work, chain }
+    // Encoder (non-stage) work that could run in a start window (released before the
+    // latest window ends) or an end window (tail shorter than the longest one).
+    let (mut e_f, mut e_b) = (0.0, 0.0);
+    for u in (0..n).filter(|u| !stages.contains(u)) {
+        let in_start = [
+            (c.r_f[u], c.f[u]),
+            (c.r_b[u], c.b[u]),
+            (c.r_b[u] + c.b[u], c.w[u]),
+        ];
+        e_f += in_start
+            .iter()
+            .filter(|(release, _)| *release < r_max)
+            .map(|(_, x)| x)
+            .sum::<f64>()
+            * m;
+        let in_end = [(c.q_f[u], c.f[u]), (c.q_b[u], c.b[u]), (0.0, c.w[u])];
+        e_b += in_end
+            .iter()
+            .filter(|(tail, _)| *tail < q_max)
+            .map(|(_, x)| x)
+            .sum::<f64>()
+            * m;
+    }
+    let idle = (start_windows - e_f).max(0.0) + (end_windows - e_b).max(0.0);
+    let ramp = (total + idle) / p as f64;
+    Bound {
+        work,
+        chain,
+        rank,
+        ramp,
+    }
 }

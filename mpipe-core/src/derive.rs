@@ -9,7 +9,7 @@
 //! the sub-expression at fault, and evaluation goes on past an error where it can, so
 //! a user sees every mistake at once.
 
-use crate::bound::{lower_bound, Bound};
+use crate::bound::{lower_bound, profile_bound, Bound};
 use crate::expr::{Arg, Expr};
 use crate::generators::{generate, BodyKind, GenError, BODY_NAMES};
 use crate::lower::{lower_prepared, prepare, Placement};
@@ -181,7 +181,13 @@ pub(crate) fn finish(
     if !errors.is_empty() {
         return Err(errors);
     }
-    let bound = lower_bound(&program.units, req.ranks, req.microbatches);
+    // Against the least bound over the stage splits, so that every schedule of the
+    // profile is read against the same figure.
+    let own = lower_bound(&program.units, req.ranks, req.microbatches);
+    let bound = match profile_bound(req.profile, req.ranks, req.microbatches) {
+        Some(b) if b.value() < own.value() => b,
+        _ => own,
+    };
     Ok(Derived {
         program,
         report,

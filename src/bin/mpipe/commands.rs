@@ -238,12 +238,14 @@ pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure
     }
     out!("{}", t.render());
     outln!(
-        "makespan {}   bubble {}   lower bound {} (work/ranks {}, chain {})   makespan/bound {:.3}",
+        "makespan {}   bubble {}   lower bound {} (work/ranks {}, chain {}, rank {}, ramp {})   makespan/bound {:.3}",
         num(r.makespan),
         pct(r.bubble),
         num(bound),
         num(loaded.bound.work),
         num(loaded.bound.chain),
+        num(loaded.bound.rank),
+        num(loaded.bound.ramp),
         if bound > 0.0 { r.makespan / bound } else { 1.0 },
     );
     let limit = loaded
