@@ -54,13 +54,14 @@
 //! the figure every schedule of a profile is compared with.
 
 use crate::plan::{needs_backward, Layout};
-use crate::profile::Profile;
+use crate::profile::{Profile, Split};
 use crate::program::Unit;
 use crate::units::build_units;
 use serde::Serialize;
 
 /// The splits of the LLM into stages that the algebra's bodies use: 1-4 chunks per
-/// rank in a loop (`1f1b` .. `interleaved(v = 4)`), 2 in a V (`zbv`, `dualpipev`).
+/// rank in a loop (`1f1b` .. `interleaved(v = 4)`), 2 in a V (`zbv`, `dualpipev`);
+/// each with the layers split evenly per stage or balanced per rank (`balance`).
 const SPLITS: [(usize, Layout); 5] = [
     (1, Layout::Looped),
     (2, Layout::Looped),
@@ -73,9 +74,24 @@ const SPLITS: [(usize, Layout); 5] = [
 /// algebra's stage splits a program uses: the least of the splits' bounds. `None`
 /// when the profile cannot be split over the ranks at all.
 pub fn profile_bound(profile: &Profile, ranks: usize, microbatches: usize) -> Option<Bound> {
-    SPLITS
+    // Both ways of splitting layers (`balance` chooses the other one), unless the
+    // profile fixes the split with a layout.
+    let mut profiles = vec![profile.clone()];
+    if profile.llm.layout.is_none() {
+        let mut balanced = profile.clone();
+        balanced.llm.split = match profile.llm.split {
+            Split::Even => Split::Balanced,
+            Split::Balanced => Split::Even,
+        };
+        profiles.push(balanced);
+    }
+    profiles
         .iter()
-        .filter_map(|&(chunks, layout)| build_units(profile, ranks, chunks, layout).ok())
+        .flat_map(|p| {
+            SPLITS
+                .iter()
+                .filter_map(move |&(chunks, layout)| build_units(p, ranks, chunks, layout).ok())
+        })
         .map(|units| lower_bound(&units, ranks, microbatches))
         .min_by(|a, b| a.value().total_cmp(&b.value()))
 }

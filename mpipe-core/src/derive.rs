@@ -24,7 +24,14 @@ use crate::verify::verify_static;
 use proc_macro2::Span;
 
 /// Operator names the language reserves.
-pub const OPERATOR_NAMES: [&str; 5] = ["transpose", "fill", "split_w", "prefetch", "auto"];
+pub const OPERATOR_NAMES: [&str; 6] = [
+    "transpose",
+    "fill",
+    "split_w",
+    "balance",
+    "prefetch",
+    "auto",
+];
 
 /// One derivation error: what is wrong, where, and how to fix it.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -303,6 +310,7 @@ fn eval(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> 
             None
         }
         "fill" => eval_fill(req, e, errors),
+        "balance" => eval_balance(req, e, errors),
         "prefetch" => {
             // Still check the arguments, so every mistake shows at once.
             for a in e.positional().skip(1) {
@@ -529,6 +537,49 @@ fn check_encoder(req: &Request, enc: &Expr, errors: &mut Vec<DeriveError>) -> bo
         format!("unknown encoder `{enc}`{hint}; {listing}"),
     ));
     false
+}
+
+/// `balance(BODY)`: `BODY` with the LLM's layers split so that every rank's work is
+/// as even as possible (see [`crate::units`]) instead of evenly per stage.
+fn eval_balance(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    let pos: Vec<&Expr> = e.positional().collect();
+    for (key, _) in e.keys() {
+        errors.push(err(
+            ErrorKind::BadArgument,
+            key.span,
+            format!(
+                "`balance` takes no `{}` argument; write `balance(BODY)`",
+                key.name
+            ),
+        ));
+    }
+    if pos.len() != 1 {
+        errors.push(err(
+            ErrorKind::BadArgument,
+            e.span,
+            format!(
+                "`balance` takes one body, as in `balance(zbv)`; got {} positional argument(s)",
+                pos.len()
+            ),
+        ));
+        return None;
+    }
+    if req.profile.llm.layout.is_some() {
+        errors.push(err(
+            ErrorKind::BadArgument,
+            e.head.span,
+            "`balance` chooses the stage split, but the profile fixes it with `llm.layout`; \
+             drop one of the two",
+        ));
+        return None;
+    }
+    let mut profile = req.profile.clone();
+    profile.llm.split = crate::profile::Split::Balanced;
+    let inner = Request {
+        profile: &profile,
+        ..*req
+    };
+    eval(&inner, pos[0], errors)
 }
 
 fn eval_fill(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {

@@ -20,6 +20,7 @@
 pub mod analysis;
 pub mod bound;
 pub mod derive;
+pub mod evaluation;
 pub mod expr;
 pub mod generators;
 pub mod lower;

@@ -5,7 +5,8 @@
 //! `split_w`, and for each encoder of the profile every placement the operators offer:
 //! inline (the body's own), `transpose` with each owner mode and, for a trainable
 //! encoder, each backward mode (modes that cannot differ, such as owners when
-//! micro-batches <= ranks, are enumerated once), and `fill`. Every peer schedule the evaluation
+//! micro-batches <= ranks, are enumerated once), and `fill`; every candidate also
+//! under `balance` (unless the profile fixes the split with `llm.layout`). Every peer schedule the evaluation
 //! compares against is in it, so `auto` is never slower than any of them.
 //!
 //! The search is exact over that space and cheap: each candidate's plan is evaluated
@@ -104,8 +105,17 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
                 // a trainable encoder's backward.
                 let outer = (*fused && moved > 0).then(|| format!("split_w({e})"));
                 for x in std::iter::once(e).chain(outer) {
-                    if seen.insert(x.clone()) {
-                        out.push(x);
+                    // And each with the layers balanced over the ranks, unless the
+                    // profile fixes the split.
+                    let balanced = profile
+                        .llm
+                        .layout
+                        .is_none()
+                        .then(|| format!("balance({x})"));
+                    for y in std::iter::once(x).chain(balanced) {
+                        if seen.insert(y.clone()) {
+                            out.push(y);
+                        }
                     }
                 }
             }

@@ -14,7 +14,7 @@
 
 use crate::megatron::{LayoutError, MegatronLayout};
 use crate::plan::Layout;
-use crate::profile::Profile;
+use crate::profile::{Profile, Split};
 use crate::program::{Cost, Unit};
 
 /// Why the profile cannot be split as asked.
@@ -93,8 +93,65 @@ fn stages_hint(layout: usize, ranks: usize, chunks: usize) -> String {
     hint
 }
 
-/// Each stage's share of the LLM: from `llm.layout` if present, else the even split.
-fn shares(profile: &Profile, ranks: usize, chunks: usize) -> Result<Vec<StageShare>, UnitsError> {
+/// The default split: every stage gets one layer, then each further layer goes to a
+/// stage of the rank with the least work so far (its stages' `F + B + W`, counting
+/// the first stage's and last stage's extras), which minimises the busiest rank's
+/// work since the layers are alike. Ties go to ranks `1, 2, .., p - 1` before rank 0
+/// (which holds the most activations under 1F1B and the encoders when inline), and
+/// within a rank to its stage with the fewest layers, the later one on ties.
+fn balanced(profile: &Profile, ranks: usize, chunks: usize, layout: Layout) -> Vec<StageShare> {
+    let llm = &profile.llm;
+    let stages = ranks * chunks;
+    let per_layer = llm.forward + llm.backward + llm.weight;
+    let extra = |x: &Option<crate::profile::Extra>| {
+        x.as_ref()
+            .map_or(0.0, |x| x.forward + x.backward + x.weight)
+    };
+    let mut layers = vec![1usize; stages];
+    let mut load = vec![0.0f64; ranks];
+    for k in 0..stages {
+        let r = stage_rank(layout, ranks, k);
+        load[r] += per_layer;
+        if k == 0 {
+            load[r] += extra(&llm.first_stage_extra);
+        }
+        if k + 1 == stages {
+            load[r] += extra(&llm.last_stage_extra);
+        }
+    }
+    let preference: Vec<usize> = (1..ranks).chain(std::iter::once(0)).collect();
+    for _ in stages..llm.layers as usize {
+        let r = preference
+            .iter()
+            .copied()
+            .min_by(|&a, &b| load[a].total_cmp(&load[b]))
+            .unwrap_or(0);
+        let k = (0..stages)
+            .filter(|&k| stage_rank(layout, ranks, k) == r)
+            .min_by(|&a, &b| layers[a].cmp(&layers[b]).then(b.cmp(&a)))
+            .unwrap_or(0);
+        layers[k] += 1;
+        load[r] += per_layer;
+    }
+    layers
+        .into_iter()
+        .enumerate()
+        .map(|(k, layers)| StageShare {
+            layers,
+            first: k == 0,
+            last: k + 1 == stages,
+        })
+        .collect()
+}
+
+/// Each stage's share of the LLM: from `llm.layout` if present, else the even split
+/// or [`balanced`], as `llm.split` says.
+fn shares(
+    profile: &Profile,
+    ranks: usize,
+    chunks: usize,
+    layout: Layout,
+) -> Result<Vec<StageShare>, UnitsError> {
     let llm = &profile.llm;
     let stages = ranks * chunks;
     let Some(text) = &llm.layout else {
@@ -105,6 +162,9 @@ fn shares(profile: &Profile, ranks: usize, chunks: usize) -> Result<Vec<StageSha
                 ranks,
                 chunks,
             });
+        }
+        if llm.split == Split::Balanced {
+            return Ok(balanced(profile, ranks, chunks, layout));
         }
         let base = llm.layers as usize / stages;
         let rem = llm.layers as usize % stages;
@@ -180,7 +240,7 @@ pub fn build_units(
     }
     let stages = ranks * chunks;
     let llm = &profile.llm;
-    let shares = shares(profile, ranks, chunks)?;
+    let shares = shares(profile, ranks, chunks, layout)?;
     let first_home = stage_rank(layout, ranks, 0);
     let mut units = Vec::with_capacity(profile.encoders.len() + stages);
     for e in &profile.encoders {

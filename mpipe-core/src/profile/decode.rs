@@ -646,6 +646,7 @@ fn placeholder_llm() -> LlmProfile {
         first_stage_extra: None,
         last_stage_extra: None,
         layout: None,
+        split: Default::default(),
     }
 }
 

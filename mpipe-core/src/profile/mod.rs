@@ -80,6 +80,17 @@ pub struct EncoderProfile {
 }
 
 /// The LLM body. Costs are per layer.
+/// How the LLM's layers are split into stages when the profile gives no `layout`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Split {
+    /// Every stage the same number of layers; the remainder to stages `1, 2, ..`.
+    #[default]
+    Even,
+    /// Layers placed so that every rank's work (`F + B + W`, with the first and last
+    /// stages' extras) is as even as possible.
+    Balanced,
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LlmProfile {
@@ -113,6 +124,10 @@ pub struct LlmProfile {
     /// of the embedding `E` (`first_stage_extra`) and the loss `L` (`last_stage_extra`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<String>,
+    /// How layers are split into stages without a `layout`: evenly per stage (the
+    /// default), or balanced per rank (the `balance(BODY)` operator sets this).
+    #[serde(skip)]
+    pub split: Split,
 }
 
 /// Extra work on one pipeline stage, added to its layers' costs.

@@ -79,6 +79,7 @@ fn spec_profile() -> Profile {
             first_stage_extra: Some(extra(0.3)),
             last_stage_extra: Some(extra(1.5)),
             layout: None,
+            split: Default::default(),
         },
         memory: Some(MemoryProfile { limit: 80.0 }),
         link: None,

@@ -26,6 +26,7 @@ macro_rules! errln {
 
 mod commands;
 mod decode;
+mod evaluate;
 mod failure;
 mod interop;
 mod source;
@@ -106,6 +107,27 @@ enum Command {
         /// Print the comparison as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Evaluate profiles: every peer schedule (each body with the encoders inline,
+    /// and transposed), the best mpipe schedule (`auto`), the lower bound, the
+    /// speedups; optionally the Gantt charts of the baseline and the winner.
+    Evaluate {
+        /// Model profiles; each is evaluated at the size its
+        /// `# evaluate: ranks = R, microbatches = M` line gives.
+        #[arg(required = true)]
+        profiles: Vec<PathBuf>,
+        /// Evaluate every profile on this many ranks instead (with --microbatches).
+        #[arg(long, value_parser = count, allow_negative_numbers = true, requires = "microbatches")]
+        ranks: Option<usize>,
+        /// Micro-batches per step instead of each profile's own (with --ranks).
+        #[arg(long, value_parser = count, allow_negative_numbers = true, requires = "ranks")]
+        microbatches: Option<usize>,
+        /// Write DIR/PROFILE-1f1b.svg and DIR/PROFILE-best.svg.
+        #[arg(long, value_name = "DIR")]
+        svg_dir: Option<PathBuf>,
+        /// Print Markdown tables (for a README).
+        #[arg(long)]
+        markdown: bool,
     },
     /// Write a Chrome/Perfetto trace of the simulated step (one track per rank).
     Trace {
@@ -299,6 +321,18 @@ fn main() -> ExitCode {
             mode,
             json,
         } => commands::compare(&model, ranks, microbatches, &exprs, mode.into(), json),
+        Command::Evaluate {
+            profiles,
+            ranks,
+            microbatches,
+            svg_dir,
+            markdown,
+        } => evaluate::evaluate(&evaluate::Options {
+            profiles: &profiles,
+            size: ranks.zip(microbatches),
+            svg_dir: svg_dir.as_deref(),
+            markdown,
+        }),
         Command::Trace {
             source,
             mode,
