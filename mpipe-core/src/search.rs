@@ -20,6 +20,7 @@
 use crate::analysis::{dependencies, timing};
 use crate::derive::{finish, plan_of, DeriveError, Derived, ErrorKind, Request};
 use crate::expr::{parse_str, Expr};
+use crate::plan::Plan;
 use crate::profile::Profile;
 
 /// Bodies whose backward is fused (`BW`), which `split_w` can split.
@@ -140,6 +141,55 @@ fn permutations(n: usize) -> Vec<Vec<usize>> {
     out
 }
 
+/// Each candidate's canonical text (`None` if it does not parse) and, if its plan can
+/// be built, the plan and its ideal time; on every core, in candidate order.
+#[allow(clippy::type_complexity)]
+fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64, Plan)>)> {
+    let one = |text: &String| {
+        let Ok(expr) = parse_str(text) else {
+            return (None, None);
+        };
+        let ideal = plan_of(req, &expr).ok().and_then(|plan| {
+            let deps = dependencies(&plan).ok()?;
+            let span = timing(&plan, &deps).ok()?.makespan();
+            Some((span, plan))
+        });
+        (Some(expr.to_string()), ideal)
+    };
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 8)
+        .min(texts.len().max(1));
+    if threads == 1 {
+        return texts.iter().map(one).collect();
+    }
+    let mut slots: Vec<Option<(Option<String>, Option<(f64, Plan)>)>> =
+        (0..texts.len()).map(|_| None).collect();
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let one = &one;
+                s.spawn(move || {
+                    (t..texts.len())
+                        .step_by(threads)
+                        .map(|i| (i, one(&texts[i])))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        for h in handles {
+            // A panicking worker leaves its candidates out (they count as failed).
+            for (i, r) in h.join().unwrap_or_default() {
+                slots[i] = Some(r);
+            }
+        }
+    });
+    slots
+        .into_iter()
+        .map(|r| r.unwrap_or((None, None)))
+        .collect()
+}
+
 /// One step of the search, for reports and tests.
 #[derive(Clone, Debug)]
 pub struct Tried {
@@ -161,46 +211,43 @@ pub struct Search {
 /// Run the search for `req`. Fails only when no candidate can be derived (then the
 /// errors of the fastest-looking candidate say why, e.g. memory over the limit).
 pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
+    let texts = candidates(req.profile, req.ranks, req.microbatches);
+    let timed = plan_all(req, &texts);
     let mut tried: Vec<Tried> = Vec::new();
     let mut planned = Vec::new();
-    let mut plan_errors = None;
-    for (i, text) in candidates(req.profile, req.ranks, req.microbatches)
-        .into_iter()
-        .enumerate()
-    {
-        let Ok(expr) = parse_str(&text) else {
+    for (i, (text, ideal)) in timed.into_iter().enumerate() {
+        let Some(text) = text else {
             continue;
         };
-        let text = expr.to_string();
-        let plan = plan_of(req, &expr)
-            .map_err(|es| {
-                plan_errors.get_or_insert(es);
-            })
-            .ok();
-        let ideal = plan.and_then(|plan| {
-            let deps = dependencies(&plan).ok()?;
-            let span = timing(&plan, &deps).ok()?.makespan();
-            Some((span, plan))
-        });
         tried.push(Tried {
-            expr: text.clone(),
+            expr: text,
             ideal: ideal.as_ref().map(|(s, _)| *s),
             makespan: None,
         });
         if let Some((span, plan)) = ideal {
-            planned.push((span, i, tried.len() - 1, expr, plan));
+            planned.push((span, i, tried.len() - 1, plan));
         }
     }
+    // Why no candidate has a plan, from the first one (on this thread: errors carry
+    // spans, which stay on the thread that made them).
+    let plan_errors = || {
+        texts
+            .first()
+            .and_then(|t| parse_str(t).ok())
+            .and_then(|e| plan_of(req, &e).err())
+    };
     planned.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let mut best: Option<(f64, f64, usize, Derived)> = None;
     let mut first_errors = None;
-    for (ideal, order, slot, expr, plan) in planned {
+    for (ideal, order, slot, plan) in planned {
         if let Some((span, ..)) = &best {
             if ideal > *span * (1.0 + 1e-12) {
                 break;
             }
         }
-        match finish(req, &plan, &tried[slot].expr, expr.span) {
+        let span = parse_str(&tried[slot].expr)
+            .map_or_else(|_| proc_macro2::Span::call_site(), |e| e.span);
+        match finish(req, &plan, &tried[slot].expr, span) {
             Ok(d) => {
                 tried[slot].makespan = Some(d.report.makespan);
                 let peak = d
@@ -229,7 +276,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     }
     match best {
         Some((.., d)) => Ok(Search { best: d, tried }),
-        None => Err(first_errors.or(plan_errors).unwrap_or_default()),
+        None => Err(first_errors.or_else(plan_errors).unwrap_or_default()),
     }
 }
 
