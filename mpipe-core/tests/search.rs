@@ -5,11 +5,12 @@
 //! -- --ignored --nocapture` (the number of random cases).
 
 use mpipe_core::derive::{derive_str, Request};
+use mpipe_core::evaluation::intended_size;
 use mpipe_core::profile::Profile;
 use mpipe_core::search::{candidates, search};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
-use proptest::test_runner::{Config, TestRunner};
+use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
 
 /// The peer schedules of the evaluation: each body with every encoder inline, and
 /// with every encoder transposed.
@@ -188,10 +189,14 @@ fn ratio_to_bound_report() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100);
-    let mut runner = TestRunner::new(Config {
-        cases: n,
-        ..Config::default()
-    });
+    // A fixed seed, so that the README's figures can be reproduced.
+    let mut runner = TestRunner::new_with_rng(
+        Config {
+            cases: n,
+            ..Config::default()
+        },
+        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
+    );
     let mut rows: Vec<(f64, f64, String, usize, usize)> = Vec::new();
     for _ in 0..n {
         let (text, p, m): (String, usize, usize) =
@@ -225,6 +230,39 @@ fn ratio_to_bound_report() {
             worst.3,
             worst.4,
             worst.2
+        );
+    }
+}
+
+/// The evaluation profiles at their intended sizes, where micro-batches >= 2 x ranks:
+/// `auto`'s distance to the lower bound stays at most what the README reports (a
+/// regression guard; issue 6 asks for 1.05, which profiles (b) and (c) do not reach
+/// yet).
+#[test]
+fn auto_keeps_its_reported_distance_to_the_bound() {
+    let cases = [
+        (
+            include_str!("../../profiles/eval-b-qwen2vl72b-frozen.toml"),
+            1.068,
+        ),
+        (include_str!("../../profiles/eval-b-qwen2vl72b.toml"), 1.086),
+        (include_str!("../../profiles/eval-c-omni.toml"), 1.116),
+    ];
+    for (text, reported) in cases {
+        let profile = Profile::from_toml_str(text).unwrap();
+        let (p, m) = intended_size(text).expect("an evaluate line");
+        assert!(m >= 2 * p);
+        let req = Request {
+            profile: &profile,
+            ranks: p,
+            microbatches: m,
+        };
+        let d = derive_str(&req, "auto").unwrap();
+        let ratio = d.report.makespan / d.bound.value();
+        assert!(
+            ratio <= reported + 0.0005,
+            "`{}`: {ratio:.4} of the bound, the README says {reported}",
+            d.expr
         );
     }
 }

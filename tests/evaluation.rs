@@ -1,0 +1,100 @@
+//! The evaluation the README shows: `mpipe evaluate profiles/eval-*.toml --svg-dir
+//! docs/eval --markdown` must print the README's summary table and draw its charts as
+//! committed, so neither can go stale. After a change to the algebra, regenerate with
+//!
+//! ```sh
+//! MPIPE_BLESS=1 cargo test --release --test evaluation
+//! ```
+//!
+//! (it rewrites `docs/eval/` and prints the table to paste into the README), and
+//! review the new figures.
+//!
+//! (`mpipe-core/tests/search.rs` checks that the best schedule is never slower than
+//! any peer on these profiles, and that its distance to the bound does not grow.)
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn eval_profiles() -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root().join("profiles"))
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("eval-") && n.ends_with(".toml"))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn evaluate(svg_dir: &Path) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_mpipe"));
+    cmd.arg("evaluate")
+        .args(eval_profiles())
+        .arg("--svg-dir")
+        .arg(svg_dir)
+        .arg("--markdown")
+        .current_dir(root());
+    let out = cmd.output().expect("mpipe evaluate runs");
+    assert!(
+        out.status.success(),
+        "mpipe evaluate failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("UTF-8")
+}
+
+/// The summary table: the Markdown lines after the last blank line.
+fn summary(markdown: &str) -> Vec<String> {
+    let lines: Vec<&str> = markdown.lines().collect();
+    let start = lines
+        .iter()
+        .rposition(|l| l.trim().is_empty())
+        .map_or(0, |i| i + 1);
+    lines[start..].iter().map(|l| l.to_string()).collect()
+}
+
+#[test]
+fn the_readme_shows_what_mpipe_evaluate_prints_and_draws() {
+    let bless = std::env::var_os("MPIPE_BLESS").is_some();
+    let dir = std::env::temp_dir().join(format!("mpipe-eval-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let markdown = evaluate(&dir);
+    let committed = root().join("docs/eval");
+    let mut stale = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_owned();
+        let new = std::fs::read(&path).unwrap();
+        let old_path = committed.join(&name);
+        if bless {
+            std::fs::create_dir_all(&committed).unwrap();
+            std::fs::write(&old_path, &new).unwrap();
+        } else if std::fs::read(&old_path).ok().as_deref() != Some(&new[..]) {
+            stale.push(old_path.display().to_string());
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let table = summary(&markdown);
+    let missing: Vec<&String> = table
+        .iter()
+        .filter(|l| !readme.contains(l.as_str()))
+        .collect();
+    if bless {
+        println!("the README's evaluation table:\n{}", table.join("\n"));
+        return;
+    }
+    assert!(
+        stale.is_empty() && missing.is_empty(),
+        "the evaluation changed; regenerate with `MPIPE_BLESS=1 cargo test --release --test \
+         evaluation -- --nocapture`, paste the printed table into README.md and review.\n\
+         stale charts: {stale:?}\nREADME lacks: {missing:#?}"
+    );
+}
