@@ -47,7 +47,8 @@ pub fn schedule(tokens: TokenStream) -> TokenStream {
             ranks,
             microbatches,
         };
-        match derive(&req, expr) {
+        // `auto` searches on this thread: proc_macro2 works only here inside a macro.
+        match mpipe_core::search::serially(|| derive(&req, expr)) {
             Ok(d) => derived = Some(d),
             Err(es) => errors.extend(es.into_iter().map(|e| syn::Error::new(e.span, e.message))),
         }

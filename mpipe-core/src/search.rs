@@ -22,6 +22,7 @@ use crate::derive::{finish, plan_of, DeriveError, Derived, ErrorKind, Request};
 use crate::expr::{parse_str, Expr};
 use crate::plan::Plan;
 use crate::profile::Profile;
+use std::cell::Cell;
 
 /// Bodies whose backward is fused (`BW`), which `split_w` can split.
 const FUSED: [&str; 5] = [
@@ -141,6 +142,20 @@ fn permutations(n: usize) -> Vec<Vec<usize>> {
     out
 }
 
+thread_local! {
+    static SERIAL: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with the search on this thread only. A procedural macro must use this:
+/// inside one, `proc_macro2` (which the expression parser uses) works only on the
+/// thread the compiler called the macro on.
+pub fn serially<T>(f: impl FnOnce() -> T) -> T {
+    let before = SERIAL.with(|s| s.replace(true));
+    let out = f();
+    SERIAL.with(|s| s.set(before));
+    out
+}
+
 /// Each candidate's canonical text (`None` if it does not parse) and, if its plan can
 /// be built, the plan and its ideal time; on every core, in candidate order.
 #[allow(clippy::type_complexity)]
@@ -156,10 +171,14 @@ fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64
         });
         (Some(expr.to_string()), ideal)
     };
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .clamp(1, 8)
-        .min(texts.len().max(1));
+    let threads = if SERIAL.with(Cell::get) {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 8)
+            .min(texts.len().max(1))
+    };
     if threads == 1 {
         return texts.iter().map(one).collect();
     }

@@ -32,14 +32,16 @@ pub fn evaluate(o: &Options) -> Result<u8, Failure> {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let (ranks, mbs) = match o.size.or_else(|| intended_size(&text)) {
             Some(s) => s,
-            None => return Err(Failure::input(
-                "usage",
-                format!(
+            None => {
+                return Err(Failure::input(
+                    "usage",
+                    format!(
                     "{} does not say its size (a line `# evaluate: ranks = R, microbatches = M`); \
                          give --ranks and --microbatches",
                     path.display()
                 ),
-            )),
+                ))
+            }
         };
         let name = path
             .file_stem()
