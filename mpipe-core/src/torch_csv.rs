@@ -653,6 +653,61 @@ fn rebatch(list: Vec<Action>) -> Vec<Action> {
     out
 }
 
+/// The encoder units (reading the raw micro-batch, not `llm.N`) of `program`, if each
+/// runs only on the first stage's rank and only compute: those torch's stage 0 can
+/// hold. An encoder placed elsewhere (by `transpose` or `fill`) is refused.
+fn inline_encoders(program: &Program) -> Result<Vec<&str>, ExportError> {
+    let first = program.units.iter().find(|u| u.name == stage_name(0));
+    let mut out = Vec::new();
+    for u in &program.units {
+        if !u.inputs.is_empty() || u.name.starts_with("llm.") {
+            continue;
+        }
+        let Some(first) = first else {
+            continue;
+        };
+        let actions = || {
+            program.programs.iter().enumerate().flat_map(|(r, list)| {
+                list.iter()
+                    .enumerate()
+                    .filter(|(_, a)| a.unit() == u.name.as_str())
+                    .map(move |(x, a)| (r, x, a))
+            })
+        };
+        // Name a compute action away from home if there is one (else a transfer).
+        let away = actions()
+            .find(|(r, _, a)| *r != first.home && matches!(a.view(), ActionRef::Compute(_)))
+            .or_else(|| actions().find(|(r, ..)| *r != first.home));
+        if let Some((r, x, a)) = away {
+            return Err(refuse(
+                r,
+                x,
+                format!(
+                    "unit `{}` is an encoder placed away from the first stage's rank (by \
+                     transpose or fill; `{a}` runs on rank {r}): torch's schedule CSV has no \
+                     action for it (an encoder inline on rank {} is folded into stage 0)",
+                    u.name, first.home
+                ),
+            ));
+        }
+        let moved =
+            actions().find(|(.., a)| !matches!(a.view(), ActionRef::Compute(c) if c.op != Op::RF));
+        if let Some((r, x, a)) = moved {
+            return Err(refuse(
+                r,
+                x,
+                format!(
+                    "`{a}` moves or recomputes encoder `{}`: torch's schedule CSV has no action \
+                     for it",
+                    u.name
+                ),
+            ));
+        }
+        out.push(u.name.as_str());
+    }
+    Ok(out)
+}
+
 fn refuse(rank: usize, index: usize, message: impl Into<String>) -> ExportError {
     ExportError {
         rank: Some(rank),
@@ -664,8 +719,10 @@ fn refuse(rank: usize, index: usize, message: impl Into<String>) -> ExportError 
 /// Write `program` as a torch schedule CSV in `form` (canonical form: see the module
 /// doc). Only programs torch's vocabulary can express are written: units `llm.0 ..`
 /// in a chain, compute `F`, `B` (as `I`), `W`, `BW` (as `B`), transfers of
-/// activations to the next stage's rank and of gradients to the previous one.
-/// Anything else is refused with the reason.
+/// activations to the next stage's rank and of gradients to the previous one, and
+/// encoders inline on the first stage's rank, which are folded into stage 0 (torch's
+/// stage 0 module holds them; their actions are not written, and importing the file
+/// gives the program without them). Anything else is refused with the reason.
 ///
 /// In the with-communication form, a batch (transfers mpipe posts together) has no
 /// spelling in torch's CSV, where every transfer is its own call: its members are
@@ -677,56 +734,39 @@ fn refuse(rank: usize, index: usize, message: impl Into<String>) -> ExportError 
 /// `verify(import(csv))` says; [`Batching::Adjacent`] reads the batches back.
 pub fn export(program: &Program, form: Form) -> Result<String, ExportError> {
     let n = program.units.len();
+    // Encoders inline on the first stage's rank are folded into stage 0: torch's stage
+    // 0 module holds them, and their work is part of its `F` and `B`.
+    let folded = inline_encoders(program)?;
     // Stage index of each unit, or why it has none.
     let mut stage_of = std::collections::BTreeMap::new();
+    let mut units_of_stages: Vec<usize> = Vec::new();
+    let mut prev: Option<&str> = None;
     for (i, u) in program.units.iter().enumerate() {
-        let chain = if i == 0 {
-            u.inputs.is_empty()
-        } else {
-            u.inputs.len() == 1 && u.inputs[0] == program.units[i - 1].name
+        if folded.contains(&u.name.as_str()) {
+            continue;
+        }
+        let chain = match prev {
+            None => u.inputs.iter().all(|x| folded.contains(&x.as_str())),
+            Some(p) => u.inputs.len() == 1 && u.inputs[0] == p,
         };
         if u.name != stage_name(stage_of.len()) || !chain {
-            let why = if u.inputs.is_empty() && !u.name.starts_with("llm.") {
-                let first = program
-                    .units
-                    .iter()
-                    .find(|s| s.inputs.contains(&u.name))
-                    .map(|s| s.home);
-                let away = program.programs.iter().enumerate().any(|(r, l)| {
-                    Some(r) != first && l.iter().any(|a| a.unit() == u.name.as_str())
-                });
-                if away {
-                    format!(
-                        "unit `{}` is an encoder placed by transpose (its work runs on ranks \
-                         other than the first stage's): torch's schedule CSV has no action for it",
-                        u.name
-                    )
-                } else {
-                    format!(
-                        "unit `{}` is an encoder (inline on the first stage's rank): torch's \
-                         schedule CSV has no action for it; fold it into the first stage's \
-                         module and derive from a profile without it",
-                        u.name
-                    )
-                }
-            } else {
-                format!(
+            return Err(ExportError {
+                rank: None,
+                index: None,
+                message: format!(
                     "unit `{}` (unit {i}) is not pipeline stage `{}` reading the previous \
                      stage: torch's schedule CSV names only a chain of stages 0 .. {}",
                     u.name,
                     stage_name(stage_of.len()),
                     n.saturating_sub(1)
-                )
-            };
-            return Err(ExportError {
-                rank: None,
-                index: None,
-                message: why,
+                ),
             });
         }
-        stage_of.insert(u.name.as_str(), i);
+        stage_of.insert(u.name.as_str(), stage_of.len());
+        units_of_stages.push(i);
+        prev = Some(u.name.as_str());
     }
-    let home = |k: usize| program.units[k].home;
+    let home = |k: usize| program.units[units_of_stages[k]].home;
     let mut text = String::new();
     for (r, list) in program.programs.iter().enumerate() {
         let mut cells: Vec<String> = Vec::with_capacity(list.len());
@@ -797,6 +837,10 @@ fn export_action(
             .ok_or_else(|| refuse(r, x, format!("`{a}` names unknown unit `{u}`")))
     };
     match a.view() {
+        ActionRef::Compute(c) if !stage_of.contains_key(c.unit) && c.op != Op::RF => {
+            // An inline encoder's work (checked by `inline_encoders`): part of stage 0.
+            Ok(None)
+        }
         ActionRef::Compute(c) => {
             let k = stage(c.unit)?;
             if home(k) != r {
@@ -846,7 +890,7 @@ fn export_action(
                 ));
             }
             let k = stage(p.unit)?;
-            let last = program.units.len() - 1;
+            let last = stage_of.len() - 1;
             // (stage the action is written on, kind, expected peer, own stage's rank)
             let (at_stage, kind, other) = match (p.tensor, p.dir) {
                 (Tensor::Act, Dir::Send) if k < last => (k, "SEND_F", k + 1),

@@ -239,6 +239,48 @@ fn generators_round_trip_compute_only() {
     }
 }
 
+/// An encoder inline on the first stage's rank is folded into stage 0: the file is
+/// the one of the same program without the encoder, for every body.
+#[test]
+fn export_folds_an_inline_encoder_into_stage_0() {
+    let with = Profile::from_toml_str(
+        "[[encoder]]\nname = \"vision\"\nlayers = 2\nforward = 3.0\nbackward = 3.0\nweight = 1.0\n\
+         activation = 1.0\ntrainable = true\n\n\
+         [llm]\nlayers = 8\nforward = 1.0\nbackward = 1.0\nweight = 1.0\nactivation = 1.0\n",
+    )
+    .unwrap();
+    let without = llm_only(8);
+    for expr in [
+        "1f1b",
+        "gpipe",
+        "zbh1",
+        "interleaved(v = 2)",
+        "zbv",
+        "dualpipev",
+    ] {
+        let p = derived(&with, 4, 8, expr);
+        // The program with the encoder's unit and actions taken out writes the same.
+        let mut stripped = p.clone();
+        stripped.units.retain(|u| u.name != "vision");
+        stripped.units[0].inputs.clear();
+        for list in &mut stripped.programs {
+            list.retain(|a| a.unit() != "vision");
+        }
+        for form in [Form::ComputeOnly, Form::WithComm] {
+            assert_eq!(
+                export(&p, form).unwrap(),
+                export(&stripped, form).unwrap(),
+                "{expr} {form:?}"
+            );
+        }
+        // Bodies whose order does not depend on the costs: the LLM alone's file.
+        if expr != "zbv" && expr != "dualpipev" {
+            let b = export(&derived(&without, 4, 8, expr), Form::ComputeOnly).unwrap();
+            assert_eq!(export(&p, Form::ComputeOnly).unwrap(), b, "{expr}");
+        }
+    }
+}
+
 #[test]
 fn export_refuses_what_torch_cannot_express() {
     let profile = Profile::from_toml_str(
@@ -251,15 +293,18 @@ fn export_refuses_what_torch_cannot_express() {
     let e = export(&p, Form::WithComm).unwrap_err();
     assert!(
         e.message
-            .contains("unit `vision` is an encoder placed by transpose"),
+            .contains("unit `vision` is an encoder placed away from the first stage's rank"),
         "{e}"
     );
     assert!(e
         .message
         .contains("torch's schedule CSV has no action for it"));
-    let p = derived(&profile, 4, 8, "1f1b");
-    let e = export(&p, Form::ComputeOnly).unwrap_err();
-    assert!(e.message.contains("inline"), "{e}");
+    let e = export(
+        &derived(&profile, 4, 8, "fill(vision, 1f1b)"),
+        Form::ComputeOnly,
+    )
+    .unwrap_err();
+    assert!(e.message.contains("placed away"), "{e}");
     // Recompute and collectives are refused with the rank and action.
     let mut p = derived(&llm_only(8), 4, 8, "1f1b");
     p.programs[1].insert(
