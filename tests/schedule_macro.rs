@@ -134,6 +134,12 @@ fn generated_code_runs_the_derived_program() {
     );
 }
 
+/// The encoder-heavy profile the modules above are derived from.
+fn heavy() -> mpipe::core::profile::Profile {
+    mpipe::core::profile::Profile::from_toml_str(include_str!("../profiles/encoder-heavy.toml"))
+        .unwrap()
+}
+
 /// `schedule = auto` searches at compile time; `EXPR` names the choice, and it is at
 /// least as fast as every schedule written out above (checked at compile time).
 #[test]
@@ -146,10 +152,7 @@ fn auto_chooses_at_compile_time() {
         assert!(auto_s::MAKESPAN <= transpose_s::MAKESPAN);
         assert!(auto_s::MAKESPAN <= transpose_zbv::MAKESPAN);
     };
-    let profile = mpipe::core::profile::Profile::from_toml_str(include_str!(
-        "../profiles/encoder-heavy.toml"
-    ))
-    .unwrap();
+    let profile = heavy();
     let req = mpipe::core::derive::Request {
         profile: &profile,
         ranks: 4,
@@ -162,10 +165,7 @@ fn auto_chooses_at_compile_time() {
 /// The compile-time derivation equals a run-time one (the macro adds nothing).
 #[test]
 fn compile_time_program_equals_run_time_derivation() {
-    let profile = mpipe::core::profile::Profile::from_toml_str(include_str!(
-        "../profiles/encoder-heavy.toml"
-    ))
-    .unwrap();
+    let profile = heavy();
     let req = mpipe::core::derive::Request {
         profile: &profile,
         ranks: 4,

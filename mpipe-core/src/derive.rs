@@ -409,33 +409,56 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
     (errors.len() == before).then_some(kind)
 }
 
-fn eval_split_w(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    let pos: Vec<&Expr> = e.positional().collect();
+/// Reports every `key = value` argument of `e`, an operator written `usage`; whether
+/// there were none.
+fn no_keys(e: &Expr, usage: &str, errors: &mut Vec<DeriveError>) -> bool {
+    let mut none = true;
     for (key, _) in e.keys() {
         errors.push(err(
             ErrorKind::BadArgument,
             key.span,
             format!(
-                "`split_w` takes no `{}` argument; write `split_w(BODY)`",
+                "`{}` takes no `{}` argument; write `{usage}`",
+                e.name(),
                 key.name
             ),
         ));
+        none = false;
     }
-    if pos.len() != 1 {
-        errors.push(err(
-            ErrorKind::BadArgument,
-            e.span,
-            format!(
-                "`split_w` takes one body, as in `split_w(1f1b)`; got {} positional argument(s)",
-                pos.len()
-            ),
-        ));
-        for p in &pos {
-            eval(req, p, errors);
-        }
-        return None;
+    none
+}
+
+/// The one positional argument (a body) of an operator (`example` shows its use), or
+/// an error; the arguments are still evaluated, so their mistakes show too.
+fn one_body<'e>(
+    req: &Request,
+    e: &'e Expr,
+    example: &str,
+    errors: &mut Vec<DeriveError>,
+) -> Option<&'e Expr> {
+    let pos: Vec<&Expr> = e.positional().collect();
+    if let [body] = pos[..] {
+        return Some(body);
     }
-    let plan = eval(req, pos[0], errors)?;
+    errors.push(err(
+        ErrorKind::BadArgument,
+        e.span,
+        format!(
+            "`{}` takes one body, as in `{example}`; got {} positional argument(s)",
+            e.name(),
+            pos.len()
+        ),
+    ));
+    for p in &pos {
+        eval(req, p, errors);
+    }
+    None
+}
+
+fn eval_split_w(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    no_keys(e, "split_w(BODY)", errors);
+    let body = one_body(req, e, "split_w(1f1b)", errors)?;
+    let plan = eval(req, body, errors)?;
     match split_w(plan) {
         Ok(plan) => Some(plan),
         Err(x) => {
@@ -485,18 +508,7 @@ fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opt
             ok = false;
         }
     }
-    if pos.len() != 2 {
-        errors.push(err(
-            ErrorKind::BadArgument,
-            e.span,
-            format!("`transpose` takes an encoder and a body, as in `transpose(vision, 1f1b)`; got {} positional argument(s)", pos.len()),
-        ));
-        for p in pos.iter().skip(1) {
-            eval(req, p, errors);
-        }
-        return None;
-    }
-    let (enc, body) = (pos[0], pos[1]);
+    let (enc, body) = encoder_and_body(req, e, &pos, "transpose(vision, 1f1b)", errors)?;
     ok &= check_encoder(req, enc, errors);
     let plan = eval(req, body, errors)?;
     if !ok {
@@ -510,6 +522,33 @@ fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opt
             None
         }
     }
+}
+
+/// The two positional arguments of an encoder operator (`example` shows its use), or
+/// an error; the extra arguments are still evaluated, so their mistakes show too.
+fn encoder_and_body<'e>(
+    req: &Request,
+    e: &Expr,
+    pos: &[&'e Expr],
+    example: &str,
+    errors: &mut Vec<DeriveError>,
+) -> Option<(&'e Expr, &'e Expr)> {
+    if let [enc, body] = pos {
+        return Some((enc, body));
+    }
+    errors.push(err(
+        ErrorKind::BadArgument,
+        e.span,
+        format!(
+            "`{}` takes an encoder and a body, as in `{example}`; got {} positional argument(s)",
+            e.name(),
+            pos.len()
+        ),
+    ));
+    for p in pos.iter().skip(1) {
+        eval(req, p, errors);
+    }
+    None
 }
 
 /// Whether `enc` names an encoder of the profile (else an error says which do).
@@ -542,28 +581,8 @@ fn check_encoder(req: &Request, enc: &Expr, errors: &mut Vec<DeriveError>) -> bo
 /// `balance(BODY)`: `BODY` with the LLM's layers split so that every rank's work is
 /// as even as possible (see [`crate::units`]) instead of evenly per stage.
 fn eval_balance(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    let pos: Vec<&Expr> = e.positional().collect();
-    for (key, _) in e.keys() {
-        errors.push(err(
-            ErrorKind::BadArgument,
-            key.span,
-            format!(
-                "`balance` takes no `{}` argument; write `balance(BODY)`",
-                key.name
-            ),
-        ));
-    }
-    if pos.len() != 1 {
-        errors.push(err(
-            ErrorKind::BadArgument,
-            e.span,
-            format!(
-                "`balance` takes one body, as in `balance(zbv)`; got {} positional argument(s)",
-                pos.len()
-            ),
-        ));
-        return None;
-    }
+    no_keys(e, "balance(BODY)", errors);
+    let body = one_body(req, e, "balance(zbv)", errors)?;
     if req.profile.llm.layout.is_some() {
         errors.push(err(
             ErrorKind::BadArgument,
@@ -579,40 +598,19 @@ fn eval_balance(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Optio
         profile: &profile,
         ..*req
     };
-    eval(&inner, pos[0], errors)
+    eval(&inner, body, errors)
 }
 
 fn eval_fill(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
     let pos: Vec<&Expr> = e.positional().collect();
-    let mut ok = true;
-    for (key, _) in e.keys() {
-        errors.push(err(
-            ErrorKind::BadArgument,
-            key.span,
-            format!(
-                "`fill` takes no `{}` argument; write `fill(ENCODER, BODY)`",
-                key.name
-            ),
-        ));
-        ok = false;
-    }
-    if pos.len() != 2 {
-        errors.push(err(
-            ErrorKind::BadArgument,
-            e.span,
-            format!("`fill` takes an encoder and a body, as in `fill(vision, zbv)`; got {} positional argument(s)", pos.len()),
-        ));
-        for p in pos.iter().skip(1) {
-            eval(req, p, errors);
-        }
-        return None;
-    }
-    ok &= check_encoder(req, pos[0], errors);
-    let plan = eval(req, pos[1], errors)?;
+    let mut ok = no_keys(e, "fill(ENCODER, BODY)", errors);
+    let (enc, body) = encoder_and_body(req, e, &pos, "fill(vision, zbv)", errors)?;
+    ok &= check_encoder(req, enc, errors);
+    let plan = eval(req, body, errors)?;
     if !ok {
         return None;
     }
-    let id = plan.unit_id(pos[0].name())?;
+    let id = plan.unit_id(enc.name())?;
     let link = req.profile.link.as_ref().map(|l| (l.latency, l.bandwidth));
     match fill(plan, id, link) {
         Ok(plan) => Some(plan),

@@ -239,16 +239,21 @@ fn generators_round_trip_compute_only() {
     }
 }
 
-/// An encoder inline on the first stage's rank is folded into stage 0: the file is
-/// the one of the same program without the encoder, for every body.
-#[test]
-fn export_folds_an_inline_encoder_into_stage_0() {
-    let with = Profile::from_toml_str(
+/// A trainable 2-layer `vision` encoder before an 8-layer LLM.
+fn with_vision() -> Profile {
+    Profile::from_toml_str(
         "[[encoder]]\nname = \"vision\"\nlayers = 2\nforward = 3.0\nbackward = 3.0\nweight = 1.0\n\
          activation = 1.0\ntrainable = true\n\n\
          [llm]\nlayers = 8\nforward = 1.0\nbackward = 1.0\nweight = 1.0\nactivation = 1.0\n",
     )
-    .unwrap();
+    .unwrap()
+}
+
+/// An encoder inline on the first stage's rank is folded into stage 0: the file is
+/// the one of the same program without the encoder, for every body.
+#[test]
+fn export_folds_an_inline_encoder_into_stage_0() {
+    let with = with_vision();
     let without = llm_only(8);
     for expr in [
         "1f1b",
@@ -283,12 +288,7 @@ fn export_folds_an_inline_encoder_into_stage_0() {
 
 #[test]
 fn export_refuses_what_torch_cannot_express() {
-    let profile = Profile::from_toml_str(
-        "[[encoder]]\nname = \"vision\"\nlayers = 2\nforward = 3.0\nbackward = 3.0\nweight = 1.0\n\
-         activation = 1.0\ntrainable = true\n\n\
-         [llm]\nlayers = 8\nforward = 1.0\nbackward = 1.0\nweight = 1.0\nactivation = 1.0\n",
-    )
-    .unwrap();
+    let profile = with_vision();
     let p = derived(&profile, 4, 8, "transpose(vision, 1f1b)");
     let e = export(&p, Form::WithComm).unwrap_err();
     assert!(
