@@ -24,6 +24,10 @@
 //!    that holds it, else at the end ("gaps"); as soon as the gradient is ready
 //!    ("eager"); after the rank's other work ("deferred").
 //!
+//! Promise: the result's ideal (communication-free) step is never longer than the
+//! body's; if the placement comes out longer (the greedy choices are made one
+//! micro-batch at a time), the body's own placement is kept.
+//!
 //! The lowering then adds the transfers of the encoder's outputs and gradients, and,
 //! for forwards away from the encoder's home, the parameter broadcast and gradient
 //! reduction. Composition is plain: the body may be any expression, including
@@ -38,8 +42,21 @@ use crate::program::Op;
 /// The communication cost model the deadlines account for: `(latency, bandwidth)`.
 pub type Link = Option<(f64, f64)>;
 
-/// Re-place encoder `enc`'s work in `plan` (see the module documentation).
-pub fn fill(mut plan: Plan, enc: UnitId, link: Link) -> Result<Plan, PlanError> {
+/// Re-place encoder `enc`'s work in `plan` (see the module documentation). Never a
+/// longer ideal step than `plan`: if the placement comes out longer, `plan` is kept.
+pub fn fill(plan: Plan, enc: UnitId, link: Link) -> Result<Plan, PlanError> {
+    let span =
+        |p: &Plan| -> Result<f64, PlanError> { Ok(timing(p, &dependencies(p)?)?.makespan()) };
+    let before = span(&plan)?;
+    let filled = place(plan.clone(), enc, link)?;
+    Ok(if span(&filled)? <= before {
+        filled
+    } else {
+        plan
+    })
+}
+
+fn place(mut plan: Plan, enc: UnitId, link: Link) -> Result<Plan, PlanError> {
     let m = plan.microbatches;
     for list in &mut plan.order {
         list.retain(|t| t.unit != enc);
