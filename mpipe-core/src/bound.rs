@@ -61,7 +61,7 @@ use serde::Serialize;
 
 /// The splits of the LLM into stages that the algebra's bodies use: 1-4 chunks per
 /// rank in a loop (`1f1b` .. `interleaved(v = 4)`), 2 in a V (`zbv`, `dualpipev`);
-/// each with the layers split evenly per stage or balanced per rank (`balance`).
+/// each with the same layers per stage or the same work per stage (`balance`).
 const SPLITS: [(usize, Layout); 5] = [
     (1, Layout::Looped),
     (2, Layout::Looped),

@@ -578,7 +578,7 @@ fn check_encoder(req: &Request, enc: &Expr, errors: &mut Vec<DeriveError>) -> bo
     false
 }
 
-/// `balance(BODY)`: `BODY` with the LLM's layers split so that every rank's work is
+/// `balance(BODY)`: `BODY` with the LLM's layers split so that every stage's work is
 /// as even as possible (see [`crate::units`]) instead of evenly per stage.
 fn eval_balance(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
     no_keys(e, "balance(BODY)", errors);

@@ -107,7 +107,7 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
                 // a trainable encoder's backward.
                 let outer = (*fused && moved > 0).then(|| format!("split_w({e})"));
                 for x in std::iter::once(e).chain(outer) {
-                    // And each with the layers balanced over the ranks, unless the
+                    // And each with the stages' work balanced, unless the
                     // profile fixes the split.
                     let balanced = profile
                         .llm

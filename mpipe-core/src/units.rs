@@ -93,13 +93,14 @@ fn stages_hint(layout: usize, ranks: usize, chunks: usize) -> String {
     hint
 }
 
-/// The default split: every stage gets one layer, then each further layer goes to a
-/// stage of the rank with the least work so far (its stages' `F + B + W`, counting
-/// the first stage's and last stage's extras), which minimises the busiest rank's
-/// work since the layers are alike. Ties go to ranks `1, 2, .., p - 1` before rank 0
-/// (which holds the most activations under 1F1B and the encoders when inline), and
-/// within a rank to its stage with the fewest layers, the later one on ties.
-fn balanced(profile: &Profile, ranks: usize, chunks: usize, layout: Layout) -> Vec<StageShare> {
+/// The balanced split (`balance`): every stage gets one layer, then each further
+/// layer goes to the stage with the least work so far (`F + B + W`, counting the
+/// first stage's embedding and the last stage's LM head), which minimises the
+/// longest stage since the layers are alike; ties go to stages `1, 2, ..` before
+/// stage 0, as in the even split. Equal stages keep the pipeline's steady state free
+/// of stage-length bubbles, and give every rank (which holds `chunks` stages) an even
+/// share.
+fn balanced(profile: &Profile, ranks: usize, chunks: usize) -> Vec<StageShare> {
     let llm = &profile.llm;
     let stages = ranks * chunks;
     let per_layer = llm.forward + llm.backward + llm.weight;
@@ -108,30 +109,28 @@ fn balanced(profile: &Profile, ranks: usize, chunks: usize, layout: Layout) -> V
             .map_or(0.0, |x| x.forward + x.backward + x.weight)
     };
     let mut layers = vec![1usize; stages];
-    let mut load = vec![0.0f64; ranks];
-    for k in 0..stages {
-        let r = stage_rank(layout, ranks, k);
-        load[r] += per_layer;
-        if k == 0 {
-            load[r] += extra(&llm.first_stage_extra);
-        }
-        if k + 1 == stages {
-            load[r] += extra(&llm.last_stage_extra);
-        }
-    }
-    let preference: Vec<usize> = (1..ranks).chain(std::iter::once(0)).collect();
+    let mut time: Vec<f64> = (0..stages)
+        .map(|k| {
+            let mut t = per_layer;
+            if k == 0 {
+                t += extra(&llm.first_stage_extra);
+            }
+            if k + 1 == stages {
+                t += extra(&llm.last_stage_extra);
+            }
+            t
+        })
+        .collect();
+    // Ties: stages 1, 2, .. before stage 0 (as the even split).
+    let preference: Vec<usize> = (1..stages).chain(std::iter::once(0)).collect();
     for _ in stages..llm.layers as usize {
-        let r = preference
+        let k = preference
             .iter()
             .copied()
-            .min_by(|&a, &b| load[a].total_cmp(&load[b]))
-            .unwrap_or(0);
-        let k = (0..stages)
-            .filter(|&k| stage_rank(layout, ranks, k) == r)
-            .min_by(|&a, &b| layers[a].cmp(&layers[b]).then(b.cmp(&a)))
+            .min_by(|&a, &b| time[a].total_cmp(&time[b]))
             .unwrap_or(0);
         layers[k] += 1;
-        load[r] += per_layer;
+        time[k] += per_layer;
     }
     layers
         .into_iter()
@@ -146,12 +145,7 @@ fn balanced(profile: &Profile, ranks: usize, chunks: usize, layout: Layout) -> V
 
 /// Each stage's share of the LLM: from `llm.layout` if present, else the even split
 /// or [`balanced`], as `llm.split` says.
-fn shares(
-    profile: &Profile,
-    ranks: usize,
-    chunks: usize,
-    layout: Layout,
-) -> Result<Vec<StageShare>, UnitsError> {
+fn shares(profile: &Profile, ranks: usize, chunks: usize) -> Result<Vec<StageShare>, UnitsError> {
     let llm = &profile.llm;
     let stages = ranks * chunks;
     let Some(text) = &llm.layout else {
@@ -164,7 +158,7 @@ fn shares(
             });
         }
         if llm.split == Split::Balanced {
-            return Ok(balanced(profile, ranks, chunks, layout));
+            return Ok(balanced(profile, ranks, chunks));
         }
         let base = llm.layers as usize / stages;
         let rem = llm.layers as usize % stages;
@@ -240,7 +234,7 @@ pub fn build_units(
     }
     let stages = ranks * chunks;
     let llm = &profile.llm;
-    let shares = shares(profile, ranks, chunks, layout)?;
+    let shares = shares(profile, ranks, chunks)?;
     let first_home = stage_rank(layout, ranks, 0);
     let mut units = Vec::with_capacity(profile.encoders.len() + stages);
     for e in &profile.encoders {

@@ -81,5 +81,9 @@ fn fill_spreads_a_heavy_encoder_over_the_warm_up() {
     };
     let inline = derive_str(&req, "1f1b").unwrap().report.makespan;
     let d = derive_str(&req, "fill(vision, 1f1b)").unwrap();
-    assert!(d.report.makespan < 0.6 * inline, "{} vs {inline}", d.report.makespan);
+    assert!(
+        d.report.makespan < 0.6 * inline,
+        "{} vs {inline}",
+        d.report.makespan
+    );
 }

@@ -86,7 +86,7 @@ pub enum Split {
     /// Every stage the same number of layers; the remainder to stages `1, 2, ..`.
     #[default]
     Even,
-    /// Layers placed so that every rank's work (`F + B + W`, with the first and last
+    /// Layers placed so that every stage's work (`F + B + W`, with the first and last
     /// stages' extras) is as even as possible.
     Balanced,
 }
@@ -125,7 +125,7 @@ pub struct LlmProfile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layout: Option<String>,
     /// How layers are split into stages without a `layout`: evenly per stage (the
-    /// default), or balanced per rank (the `balance(BODY)` operator sets this).
+    /// default), or balanced per stage (the `balance(BODY)` operator sets this).
     #[serde(skip)]
     pub split: Split,
 }
