@@ -714,3 +714,81 @@ fn imported_torch_csv_that_deadlocks_is_explained() {
         "{err}"
     );
 }
+
+/// `auto` in `compare`: the row names the choice, and the JSON gives it as `expr`.
+#[test]
+fn compare_names_what_auto_chose() {
+    let h = heavy();
+    let o = mpipe(&[
+        "compare",
+        "--model",
+        &h,
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "1f1b",
+        "auto",
+    ]);
+    assert_status(&o, 0);
+    let row = stdout(&o)
+        .lines()
+        .find(|l| l.starts_with("auto = "))
+        .map(str::to_string)
+        .unwrap_or_else(|| panic!("no auto row:\n{}", stdout(&o)));
+    let o = mpipe(&[
+        "compare",
+        "--model",
+        &h,
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "auto",
+        "--json",
+    ]);
+    assert_status(&o, 0);
+    let v = json(&stdout(&o));
+    let expr = v["schedules"][0]["expr"].as_str().unwrap().to_string();
+    assert_ne!(expr, "auto");
+    assert!(
+        row.starts_with(&format!("auto = {expr} ")),
+        "{row} vs {expr}"
+    );
+    // The choice derives on its own to the same step time.
+    let o = mpipe(&[
+        "simulate",
+        "--model",
+        &h,
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        &expr,
+        "--json",
+    ]);
+    assert_status(&o, 0);
+    assert_eq!(json(&stdout(&o))["makespan"], v["schedules"][0]["makespan"]);
+}
+
+/// `mpipe evaluate` on a profile without an `# evaluate:` line needs a size.
+#[test]
+fn evaluate_needs_a_size() {
+    let o = mpipe(&["evaluate", &heavy()]);
+    assert_status(&o, 2);
+    assert!(
+        stderr(&o).contains("--ranks and --microbatches"),
+        "{}",
+        stderr(&o)
+    );
+    let o = mpipe(&[
+        "evaluate",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+    ]);
+    assert_status(&o, 0);
+    assert!(stdout(&o).contains("auto = "), "{}", stdout(&o));
+}

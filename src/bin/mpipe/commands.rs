@@ -165,6 +165,8 @@ pub fn check(file: &str, mode: Mode, as_json: bool) -> Result<u8, Failure> {
 fn report_json(l: &Loaded, r: &SimReport, mode: Mode) -> Value {
     json!({
         "schedule": l.label,
+        // The expression derived (for `auto`, the one it chose), if any.
+        "expr": l.program.source.as_ref().map(|s| s.expr.as_str()),
         "ranks": l.program.ranks,
         "microbatches": l.program.microbatches,
         "mode": mode_name(mode),
