@@ -26,7 +26,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// Every chart of the guide: the expression, and the file under `docs/guide/img/`.
-/// Drawn on `docs/guide/examples/small-mllm.toml`, 4 ranks x 8 micro-batches.
+/// Drawn on `docs/guide/examples/small-mllm.toml`, 4 ranks x 8 micro-batches, except
+/// `prefetch`, which needs a frozen encoder: on `frozen-mllm.toml`, 4 x 16.
 const CHARTS: &[(&str, &str)] = &[
     ("gpipe", "gpipe.svg"),
     ("1f1b", "1f1b.svg"),
@@ -36,6 +37,7 @@ const CHARTS: &[(&str, &str)] = &[
     ("dualpipev", "dualpipev.svg"),
     ("transpose(vision, 1f1b)", "transpose-1f1b.svg"),
     ("fill(vision, 1f1b)", "fill-1f1b.svg"),
+    ("prefetch(vision, zbh1)", "prefetch-zbh1.svg"),
     (
         "transpose(vision, 1f1b, backward = central)",
         "transpose-1f1b-central.svg",
@@ -53,6 +55,8 @@ const PROFILE: &str = "docs/guide/examples/small-mllm.toml";
 const RANKS: &str = "4";
 const MICROBATCHES: &str = "8";
 const WIDTH: &str = "900";
+/// The profile and micro-batches of the `prefetch` chart.
+const FROZEN: (&str, &str) = ("docs/guide/examples/frozen-mllm.toml", "16");
 
 const REGENERATE: &str = "regenerate the charts with `MPIPE_BLESS=1 cargo test --release \
                           --test guide`, look at them, and commit docs/guide/img/";
@@ -82,10 +86,15 @@ fn scratch(name: &str) -> PathBuf {
 /// Draw `expr` with the guide's settings into `out`; the binary's exit status and
 /// messages on failure.
 fn draw(expr: &str, out: &Path) -> Result<(), String> {
+    let (profile, microbatches) = if expr.starts_with("prefetch") {
+        FROZEN
+    } else {
+        (PROFILE, MICROBATCHES)
+    };
     let output = Command::new(env!("CARGO_BIN_EXE_mpipe"))
         .current_dir(root())
-        .args(["svg", "--model", PROFILE, "--ranks", RANKS])
-        .args(["--microbatches", MICROBATCHES, "--width", WIDTH])
+        .args(["svg", "--model", profile, "--ranks", RANKS])
+        .args(["--microbatches", microbatches, "--width", WIDTH])
         .arg(expr)
         .arg("-o")
         .arg(out)

@@ -47,8 +47,18 @@ pub fn schedule(tokens: TokenStream) -> TokenStream {
             ranks,
             microbatches,
         };
-        // `auto` searches on this thread: proc_macro2 works only here inside a macro.
-        match mpipe_core::search::serially(|| derive(&req, expr)) {
+        // `auto` searches on this thread (proc_macro2 works only here inside a
+        // macro), among the schedules the macro can emit.
+        match mpipe_core::search::for_macro(|| derive(&req, expr)) {
+            Ok(d) if !d.program.prefetch.is_empty() => errors.push(syn::Error::new(
+                expr.span,
+                format!(
+                    "`{}` prefetches encoder forwards for the next step, which generated code \
+                     cannot run yet (the runtime's `Step` has no next-step forward); simulate \
+                     it with `mpipe`, and emit `fill` or `transpose` instead",
+                    d.expr
+                ),
+            )),
             Ok(d) => derived = Some(d),
             Err(es) => errors.extend(es.into_iter().map(|e| syn::Error::new(e.span, e.message))),
         }

@@ -109,6 +109,12 @@ fn resolve(plan: &Plan, lenient: bool) -> Result<Deps, PlanError> {
             match t.op {
                 Op::F | Op::RF => {
                     for &p in &inputs[t.unit] {
+                        // Left by the previous step (see `Plan::prefetch`).
+                        if !plan.prefetch.is_empty()
+                            && plan.prefetch.binary_search(&(p, t.mb)).is_ok()
+                        {
+                            continue;
+                        }
                         let dep = match find(&index, r, i, &[Op::F, Op::RF], p, t.mb) {
                             Ok(dep) => dep,
                             Err(false) if lenient => continue,

@@ -14,6 +14,9 @@
 //! `rW(u) = rB(u) + B(u)`), and its **tail**, the least time from its end to the
 //! step's end (the longest chain of tasks that must follow it: the successors'
 //! forwards, the unit's own backward, the predecessors' backwards, a final `W`).
+//! A frozen encoder's forward may be prefetched (computed in the previous step, see
+//! `Program::prefetch`), so it counts in neither: its readers are released at 0 and
+//! its own forward has no tail.
 //!
 //! Four bounds, each a theorem:
 //!
@@ -162,10 +165,20 @@ impl Chains {
         let succs: Vec<Vec<usize>> = (0..n)
             .map(|u| (0..n).filter(|&s| inputs[s].contains(&u)).collect())
             .collect();
+        // A frozen encoder (no inputs, no backward, not a stage) may be prefetched:
+        // its output for this step can come from the previous one, so it delays
+        // nothing and nothing in this step has to follow it.
+        let free: Vec<bool> = (0..n)
+            .map(|u| inputs[u].is_empty() && !need[u] && !is_stage(&units[u]))
+            .collect();
         // Units are in topological order: forwards forwards, backwards backwards.
         let mut r_f = vec![0.0f64; n];
         for u in 0..n {
-            r_f[u] = inputs[u].iter().map(|&p| r_f[p] + f[p]).fold(0.0, f64::max);
+            r_f[u] = inputs[u]
+                .iter()
+                .filter(|&&p| !free[p])
+                .map(|&p| r_f[p] + f[p])
+                .fold(0.0, f64::max);
         }
         let mut r_b = vec![0.0f64; n];
         let mut q_f = vec![0.0f64; n];
@@ -187,6 +200,9 @@ impl Chains {
         }
         for u in (0..n).rev() {
             // After F(u): the successors' forwards, and the unit's own backward.
+            if free[u] {
+                continue;
+            }
             let own = if need[u] { b[u] + q_b[u] } else { 0.0 };
             q_f[u] = succs[u].iter().map(|&s| f[s] + q_f[s]).fold(own, f64::max);
         }

@@ -14,6 +14,7 @@ use crate::expr::{Arg, Expr};
 use crate::generators::{generate, BodyKind, GenError, BODY_NAMES};
 use crate::lower::{lower_prepared, prepare, Placement};
 use crate::operators::fill::fill;
+use crate::operators::prefetch::prefetch;
 use crate::operators::split_w::split_w;
 use crate::operators::transpose::{transpose, Backward, Owners};
 use crate::plan::Plan;
@@ -311,18 +312,7 @@ fn eval(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> 
         }
         "fill" => eval_fill(req, e, errors),
         "balance" => eval_balance(req, e, errors),
-        "prefetch" => {
-            // Still check the arguments, so every mistake shows at once.
-            for a in e.positional().skip(1) {
-                eval(req, a, errors);
-            }
-            errors.push(err(
-                ErrorKind::NotAvailable,
-                e.head.span,
-                format!("`{name}` is part of the language but not available yet (it lands with the work beyond transpose); use `transpose` or a body schedule for now"),
-            ));
-            None
-        }
+        "prefetch" => eval_prefetch(req, e, errors),
         _ => {
             let mut all: Vec<&str> = BODY_NAMES.to_vec();
             all.extend(OPERATOR_NAMES);
@@ -599,6 +589,37 @@ fn eval_balance(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Optio
         ..*req
     };
     eval(&inner, body, errors)
+}
+
+fn eval_prefetch(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    let pos: Vec<&Expr> = e.positional().collect();
+    let mut ok = no_keys(e, "prefetch(ENCODER, BODY)", errors);
+    let (enc, body) = encoder_and_body(req, e, &pos, "prefetch(vision, zbv)", errors)?;
+    ok &= check_encoder(req, enc, errors);
+    let plan = eval(req, body, errors)?;
+    if !ok {
+        return None;
+    }
+    let id = plan.unit_id(enc.name())?;
+    if plan.needs_backward()[id] {
+        errors.push(err(
+            ErrorKind::BadArgument,
+            enc.span,
+            format!(
+                "`prefetch` needs a frozen encoder, and `{}` is trainable: its forward for the \
+                 next step would read parameters this step updates; use `fill` or `transpose`",
+                enc.name()
+            ),
+        ));
+        return None;
+    }
+    match prefetch(plan, id) {
+        Ok(plan) => Some(plan),
+        Err(x) => {
+            errors.push(err(ErrorKind::Invalid, e.span, format!("`{e}`: {x}")));
+            None
+        }
+    }
 }
 
 fn eval_fill(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {

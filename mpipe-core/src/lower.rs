@@ -29,7 +29,7 @@
 
 use crate::analysis::{dependencies, timing, PlanError, Timing};
 use crate::plan::Plan;
-use crate::program::{Action, Dir, Name, Op, Program, Source, Tensor, FORMAT};
+use crate::program::{Action, Dir, Name, Op, Prefetch, Program, Source, Tensor, FORMAT};
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
@@ -191,6 +191,7 @@ pub fn lower_prepared(
         list.extend(reduces.iter().filter(|a| member(a, r)).cloned());
         programs.push(list);
     }
+    let prefetch = prefetch_transfers(plan, &names, &mut programs);
     Ok(Program {
         format: FORMAT.to_string(),
         ranks: p,
@@ -200,7 +201,54 @@ pub fn lower_prepared(
         source: expr.map(|e| Source {
             expr: e.to_string(),
         }),
+        prefetch,
     })
+}
+
+/// The transfers of prefetched forwards (see [`Plan::prefetch`]): the activation of
+/// each goes from the rank that computes it to every rank that reads it, for the next
+/// step. They come after everything else, one at a time, in one global order (the
+/// plan's prefetch order, then the reader's rank): every rank finishes the rest of
+/// the step (which terminates without them), and then the first unfinished transfer
+/// in that order has both its ends next in their lists, so each one completes.
+fn prefetch_transfers(plan: &Plan, names: &[Name], programs: &mut [Vec<Action>]) -> Vec<Prefetch> {
+    let index = plan.locate();
+    let mut out = Vec::with_capacity(plan.prefetch.len());
+    for &(u, mb) in &plan.prefetch {
+        out.push(Prefetch {
+            unit: names[u].clone(),
+            mb,
+        });
+        let Some((q, _)) = index.get(Op::F, u, mb) else {
+            continue;
+        };
+        let mut readers: Vec<usize> = plan
+            .successors(u)
+            .into_iter()
+            .filter_map(|s| index.get(Op::F, s, mb).or_else(|| index.get(Op::RF, s, mb)))
+            .map(|(r, _)| r)
+            .filter(|&r| r != q)
+            .collect();
+        readers.sort_unstable();
+        readers.dedup();
+        for r in readers {
+            programs[q].push(Action::SEND {
+                tensor: Tensor::Act,
+                unit: names[u].clone(),
+                mb,
+                peer: r,
+                batch: None,
+            });
+            programs[r].push(Action::RECV {
+                tensor: Tensor::Act,
+                unit: names[u].clone(),
+                mb,
+                peer: q,
+                batch: None,
+            });
+        }
+    }
+    out
 }
 
 /// How a transfer's key time (and so its place on both ranks) is chosen.

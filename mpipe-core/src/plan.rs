@@ -63,6 +63,10 @@ pub struct Plan {
     pub order: Vec<Vec<Task>>,
     /// Raw-input transfers to emit (kept sorted).
     pub input_ships: Vec<InputShip>,
+    /// Forwards `(unit, mb)` whose task in this plan computes the next step's
+    /// micro-batch (`prefetch`; kept sorted): this step's readers use the copy the
+    /// previous step left, so they do not depend on the task.
+    pub prefetch: Vec<(UnitId, usize)>,
     /// The profile's per-rank memory limit, for operators choosing between
     /// placements (the derivation checks the final program exactly).
     pub memory_limit: Option<f64>,

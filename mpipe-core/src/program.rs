@@ -32,6 +32,22 @@ pub struct Program {
     /// Where the program came from (written by the derivation, ignored by readers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub source: Option<Source>,
+    /// Extension: forwards that run one step ahead. For each entry, the `F` of
+    /// `(unit, mb)` in this program, and the transfers of its activation, compute the
+    /// *next* step's micro-batch `mb`; this step's readers of that activation use the
+    /// copy the previous step left (on the rank that computed it or received it).
+    /// Only frozen units qualify (the next step's forward must not read parameters
+    /// this step updates). Absent or empty: every action belongs to this step, as in
+    /// the base format.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prefetch: Vec<Prefetch>,
+}
+
+/// One forward computed for the next step (see [`Program::prefetch`]).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Prefetch {
+    pub unit: Name,
+    pub mb: usize,
 }
 
 /// Provenance of a derived program: an extension key, ignored by other readers.

@@ -5,7 +5,8 @@
 //! `split_w`, and for each encoder of the profile every placement the operators offer:
 //! inline (the body's own), `transpose` with each owner mode and, for a trainable
 //! encoder, each backward mode (modes that cannot differ, such as owners when
-//! micro-batches <= ranks, are enumerated once), and `fill`; every candidate also
+//! micro-batches <= ranks, are enumerated once), `fill`, and for a frozen encoder
+//! `prefetch`; every candidate also
 //! under `balance` (unless the profile fixes the split with `llm.layout`). Every peer schedule the evaluation
 //! compares against is in it, so `auto` is never slower than any of them.
 //!
@@ -65,6 +66,10 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
             opts.extend(more);
         }
         opts.push(Some(("fill", String::new())));
+        if !enc.trainable && !FOR_MACRO.with(Cell::get) {
+            // A frozen encoder's forwards may also run a step ahead.
+            opts.push(Some(("prefetch", String::new())));
+        }
         placements.push(opts);
     }
     let mut combos: Vec<Vec<Option<(&str, String)>>> = vec![Vec::new()];
@@ -86,8 +91,9 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
     let wrap = |body: &str, combo: &[Option<(&str, String)>], order: &[usize]| -> String {
         let mut e = body.to_string();
         for &i in order {
+            let name = &profile.encoders[i].name;
             if let Some((op, args)) = &combo[i] {
-                e = format!("{op}({}, {e}{args})", profile.encoders[i].name);
+                e = format!("{op}({name}, {e}{args})");
             }
         }
         e
@@ -143,16 +149,18 @@ fn permutations(n: usize) -> Vec<Vec<usize>> {
 }
 
 thread_local! {
-    static SERIAL: Cell<bool> = const { Cell::new(false) };
+    /// Set by [`for_macro`]: search on this thread only, without `prefetch`.
+    static FOR_MACRO: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Runs `f` with the search on this thread only. A procedural macro must use this:
-/// inside one, `proc_macro2` (which the expression parser uses) works only on the
-/// thread the compiler called the macro on.
-pub fn serially<T>(f: impl FnOnce() -> T) -> T {
-    let before = SERIAL.with(|s| s.replace(true));
+/// Runs `f` with the search as `schedule!` needs it: on this thread only (inside a
+/// procedural macro, `proc_macro2`, which the expression parser uses, works only on
+/// the thread the compiler called the macro on), and among the schedules the macro
+/// can emit (not `prefetch`, whose next-step forwards the runtime cannot run yet).
+pub fn for_macro<T>(f: impl FnOnce() -> T) -> T {
+    let before = FOR_MACRO.with(|s| s.replace(true));
     let out = f();
-    SERIAL.with(|s| s.set(before));
+    FOR_MACRO.with(|s| s.set(before));
     out
 }
 
@@ -171,7 +179,7 @@ fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64
         });
         (Some(expr.to_string()), ideal)
     };
-    let threads = if SERIAL.with(Cell::get) {
+    let threads = if FOR_MACRO.with(Cell::get) {
         1
     } else {
         std::thread::available_parallelism()

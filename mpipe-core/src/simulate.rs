@@ -1133,6 +1133,7 @@ pub(crate) mod tests {
             units,
             programs: lists.iter().map(|l| acts(l)).collect(),
             source: None,
+            prefetch: Vec::new(),
         }
     }
 

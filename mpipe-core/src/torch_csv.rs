@@ -427,6 +427,7 @@ pub fn import_with(text: &str, opts: &ImportOptions) -> Result<Program, ImportEr
             encoders: vec![],
             order,
             input_ships: vec![],
+            prefetch: vec![],
             memory_limit: opts
                 .profile
                 .and_then(|p| p.memory.as_ref().map(|m| m.limit)),
@@ -544,6 +545,7 @@ pub fn import_with(text: &str, opts: &ImportOptions) -> Result<Program, ImportEr
         units,
         programs,
         source: None,
+        prefetch: Vec::new(),
     })
 }
 
@@ -734,6 +736,17 @@ fn refuse(rank: usize, index: usize, message: impl Into<String>) -> ExportError 
 /// `verify(import(csv))` says; [`Batching::Adjacent`] reads the batches back.
 pub fn export(program: &Program, form: Form) -> Result<String, ExportError> {
     let n = program.units.len();
+    if let Some(e) = program.prefetch.first() {
+        return Err(ExportError {
+            rank: None,
+            index: None,
+            message: format!(
+                "the program computes forwards for the next step (`prefetch`, such as \
+                 F({},{})): torch's schedule CSV has no step index",
+                e.unit, e.mb
+            ),
+        });
+    }
     // Encoders inline on the first stage's rank are folded into stage 0: torch's stage
     // 0 module holds them, and their work is part of its `F` and `B`.
     let folded = inline_encoders(program)?;

@@ -707,7 +707,80 @@ impl<'p> Checker<'p> {
 
     // -- rule 2, and rule 3's "send after the producer" ---------------------
 
+    /// `(rank, unit, mb)` cells whose activation the previous step left on the rank:
+    /// the prefetched forwards' (see [`Program::prefetch`]), on every rank that
+    /// computes or receives them. Also checks the entries themselves (rule 2).
+    fn prefetched(&mut self) -> std::collections::BTreeSet<(usize, u32, usize)> {
+        let mut cells = std::collections::BTreeSet::new();
+        if self.p.prefetch.is_empty() {
+            return cells;
+        }
+        let mut wanted = std::collections::BTreeSet::new();
+        for e in &self.p.prefetch {
+            let Some(u) = self.p.units.iter().position(|x| *x.name == *e.unit) else {
+                self.push(
+                    Rule::LocalData,
+                    None,
+                    None,
+                    format!("`prefetch` names unknown unit `{}`", e.unit),
+                );
+                continue;
+            };
+            if e.mb >= self.m {
+                self.push(
+                    Rule::LocalData,
+                    None,
+                    None,
+                    format!(
+                        "`prefetch` names micro-batch {} of `{}`, beyond the step's {}",
+                        e.mb, e.unit, self.m
+                    ),
+                );
+                continue;
+            }
+            if self.p.units[u].trainable || self.needs_bwd.get(u).copied().unwrap_or(false) {
+                self.push(
+                    Rule::LocalData,
+                    None,
+                    None,
+                    format!(
+                        "`prefetch` names `{}`, which has a backward: only a frozen unit's \
+                         forward can run a step ahead (the next step's would read parameters \
+                         this step updates)",
+                        e.unit
+                    ),
+                );
+                continue;
+            }
+            wanted.insert((u as u32, e.mb));
+        }
+        for (r, list) in self.acts.iter().enumerate() {
+            for a in list {
+                let (unit, mb) = match *a {
+                    V::Compute {
+                        op: Op::F,
+                        unit,
+                        mb,
+                    } => (unit, mb),
+                    V::P2p {
+                        dir: Dir::Recv,
+                        tensor: Tensor::Act,
+                        unit,
+                        mb,
+                        ..
+                    } => (unit, mb),
+                    _ => continue,
+                };
+                if wanted.contains(&(unit, mb)) {
+                    cells.insert((r, unit, mb));
+                }
+            }
+        }
+        cells
+    }
+
     fn local_data(&mut self) {
+        let left = self.prefetched();
         const FWD: u8 = 1;
         const BWD: u8 = 2;
         const BONLY: u8 = 4;
@@ -730,7 +803,9 @@ impl<'p> Checker<'p> {
                         match op {
                             Op::F | Op::RF => {
                                 for &q in &self.inputs[unit as usize] {
-                                    if seen[q as usize * m + mb] & (FWD | RACT) == 0 {
+                                    if seen[q as usize * m + mb] & (FWD | RACT) == 0
+                                        && !left.contains(&(r, q, mb))
+                                    {
                                         let q = self.unit_name(q);
                                         found.push((
                                             Rule::LocalData,
@@ -1937,6 +2012,7 @@ mod tests {
                     units,
                     programs: lists,
                     source: None,
+                    prefetch: Vec::new(),
                 };
                 for mode in [Mode::Rendezvous, Mode::Eager] {
                     let vs = verify_mode(&p, mode);

@@ -705,6 +705,7 @@ fn crossing(batch: bool) -> Program {
         units: vec![frozen("x", 0), frozen("y", 1)],
         programs: vec![list(0, "x", "y"), list(1, "y", "x")],
         source: None,
+        prefetch: Vec::new(),
     }
 }
 

@@ -282,6 +282,7 @@ fn program(lists: Vec<Vec<Action>>) -> Program {
         units: units(),
         programs: lists,
         source: None,
+        prefetch: Vec::new(),
     }
 }
 

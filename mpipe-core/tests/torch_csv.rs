@@ -305,6 +305,13 @@ fn export_refuses_what_torch_cannot_express() {
     )
     .unwrap_err();
     assert!(e.message.contains("placed away"), "{e}");
+    let mut frozen = profile.clone();
+    frozen.encoders[0].trainable = false;
+    frozen.encoders[0].weight = None;
+    let p = derived(&frozen, 4, 8, "prefetch(vision, 1f1b)");
+    assert!(!p.prefetch.is_empty());
+    let e = export(&p, Form::ComputeOnly).unwrap_err();
+    assert!(e.message.contains("no step index"), "{e}");
     // Recompute and collectives are refused with the rank and action.
     let mut p = derived(&llm_only(8), 4, 8, "1f1b");
     p.programs[1].insert(

@@ -112,6 +112,7 @@ fn program(ranks: usize, m: usize, units: Vec<Unit>, lists: Vec<Vec<Action>>) ->
         units,
         programs: lists,
         source: None,
+        prefetch: Vec::new(),
     }
 }
 

@@ -161,6 +161,7 @@ pub fn generate(
         encoders,
         order: body,
         input_ships: vec![],
+        prefetch: vec![],
         memory_limit: profile.memory.as_ref().map(|m| m.limit),
     };
     let encs = plan.encoders.clone();

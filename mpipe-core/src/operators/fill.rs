@@ -107,12 +107,12 @@ fn flush(plan: &mut Plan, pending: &mut [Vec<(usize, Task)>]) {
 }
 
 /// Idle gaps of every rank in a timing: `(insert position, free from, free until)`.
-struct Gaps {
+pub(super) struct Gaps {
     gaps: Vec<Vec<(usize, f64, f64)>>,
 }
 
 impl Gaps {
-    fn of(plan: &Plan, time: &Timing) -> Gaps {
+    pub(super) fn of(plan: &Plan, time: &Timing) -> Gaps {
         let gaps = (0..plan.ranks)
             .map(|r| {
                 let n = plan.order[r].len();
@@ -136,7 +136,13 @@ impl Gaps {
 
     /// Takes room for a task of length `cost` that must end by `deadline` (by
     /// `deadline - send` away from rank `home`): the fitting gap that starts latest.
-    fn take(&mut self, cost: f64, deadline: f64, home: usize, send: f64) -> Option<(usize, usize)> {
+    pub(super) fn take(
+        &mut self,
+        cost: f64,
+        deadline: f64,
+        home: usize,
+        send: f64,
+    ) -> Option<(usize, usize)> {
         let eps = 1e-9 * deadline.abs().max(1.0);
         let mut best: Option<(f64, usize, usize)> = None;
         for (r, list) in self.gaps.iter().enumerate() {

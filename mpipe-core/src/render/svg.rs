@@ -40,7 +40,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write;
 
 use super::{fmt_num, placed, unit_looks, UnitLook};
-use crate::program::{ActionRef, Op, Program};
+use crate::program::{Action, ActionRef, Op, Program, Tensor};
 use crate::timeline::Timeline;
 
 /// Layout and text of a Gantt chart.
@@ -479,10 +479,29 @@ pub fn gantt_svg(p: &Program, t: &Timeline, opts: &SvgOptions) -> String {
         let y = y_of(r);
         let x0 = x_of(s.start);
         let w = (x_of(s.end) - x0).max(0.0);
+        // Work for the next step (`Program::prefetch`) says so.
+        let hit = |unit: &str, mb: usize| p.prefetch.iter().any(|e| &*e.unit == unit && e.mb == mb);
+        let ahead = match a {
+            Action::F { unit, mb }
+            | Action::SEND {
+                tensor: Tensor::Act,
+                unit,
+                mb,
+                ..
+            }
+            | Action::RECV {
+                tensor: Tensor::Act,
+                unit,
+                mb,
+                ..
+            } => !p.prefetch.is_empty() && hit(unit, *mb),
+            _ => false,
+        };
         let tip = |what: &str| {
             format!(
-                "{} · rank {r} · {what}{} → {} ({})",
+                "{}{} · rank {r} · {what}{} → {} ({})",
                 a,
+                if ahead { " for the next step" } else { "" },
                 tm(s.start),
                 tm(s.end),
                 tm(s.end - s.start)

@@ -87,6 +87,7 @@ pub fn small_program() -> Program {
         ],
         programs: vec![r0, r1],
         source: None,
+        prefetch: Vec::new(),
     }
 }
 
@@ -358,6 +359,7 @@ pub fn big_example(
         units,
         programs,
         source: None,
+        prefetch: Vec::new(),
     };
     (p, Timeline { ranks: slots })
 }
