@@ -9,6 +9,7 @@
 //! the sub-expression at fault, and evaluation goes on past an error where it can, so
 //! a user sees every mistake at once.
 
+use crate::analysis::PlanError;
 use crate::bound::{lower_bound, profile_bound, Bound};
 use crate::expr::{Arg, Expr};
 use crate::generators::{generate, BodyKind, GenError, BODY_NAMES};
@@ -17,7 +18,7 @@ use crate::operators::fill::fill;
 use crate::operators::prefetch::prefetch;
 use crate::operators::split_w::split_w;
 use crate::operators::transpose::{transpose, Backward, Owners};
-use crate::plan::Plan;
+use crate::plan::{Plan, UnitId};
 use crate::profile::Profile;
 use crate::program::{ActionRef, Program};
 use crate::simulate::{simulate, CommModel, Mode, SimOptions, SimReport};
@@ -85,6 +86,19 @@ pub struct Derived {
     /// The expression derived, in canonical form: the one given, or the one `auto`
     /// chose (also the program's `source.expr`).
     pub expr: String,
+}
+
+impl Derived {
+    /// The largest, over the ranks, of peak activations plus resident parameters:
+    /// what `memory.limit` is compared with.
+    pub fn peak_with_params(&self) -> f64 {
+        self.report
+            .peak_memory
+            .iter()
+            .zip(&self.params)
+            .map(|(a, p)| a + p)
+            .fold(0.0, f64::max)
+    }
 }
 
 /// The inputs of one derivation.
@@ -449,13 +463,7 @@ fn eval_split_w(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Optio
     no_keys(e, "split_w(BODY)", errors);
     let body = one_body(req, e, "split_w(1f1b)", errors)?;
     let plan = eval(req, body, errors)?;
-    match split_w(plan) {
-        Ok(plan) => Some(plan),
-        Err(x) => {
-            errors.push(err(ErrorKind::Invalid, e.span, format!("`{e}`: {x}")));
-            None
-        }
-    }
+    applied(e, split_w(plan), errors)
 }
 
 fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
@@ -505,13 +513,7 @@ fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opt
         return None;
     }
     let id = plan.unit_id(enc.name())?;
-    match transpose(plan, id, owners, backward) {
-        Ok(plan) => Some(plan),
-        Err(x) => {
-            errors.push(err(ErrorKind::Invalid, e.span, format!("`{e}`: {x}")));
-            None
-        }
-    }
+    applied(e, transpose(plan, id, owners, backward), errors)
 }
 
 /// The two positional arguments of an encoder operator (`example` shows its use), or
@@ -592,15 +594,13 @@ fn eval_balance(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Optio
 }
 
 fn eval_prefetch(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    let pos: Vec<&Expr> = e.positional().collect();
-    let mut ok = no_keys(e, "prefetch(ENCODER, BODY)", errors);
-    let (enc, body) = encoder_and_body(req, e, &pos, "prefetch(vision, zbv)", errors)?;
-    ok &= check_encoder(req, enc, errors);
-    let plan = eval(req, body, errors)?;
-    if !ok {
-        return None;
-    }
-    let id = plan.unit_id(enc.name())?;
+    let (enc, id, plan) = encoder_operator(
+        req,
+        e,
+        "prefetch(ENCODER, BODY)",
+        "prefetch(vision, zbv)",
+        errors,
+    )?;
     if plan.needs_backward()[id] {
         errors.push(err(
             ErrorKind::BadArgument,
@@ -613,33 +613,43 @@ fn eval_prefetch(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opti
         ));
         return None;
     }
-    match prefetch(plan, id) {
-        Ok(plan) => Some(plan),
-        Err(x) => {
-            errors.push(err(ErrorKind::Invalid, e.span, format!("`{e}`: {x}")));
-            None
-        }
-    }
+    applied(e, prefetch(plan, id), errors)
 }
 
 fn eval_fill(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    let (_, id, plan) =
+        encoder_operator(req, e, "fill(ENCODER, BODY)", "fill(vision, zbv)", errors)?;
+    let link = req.profile.link.as_ref().map(|l| (l.latency, l.bandwidth));
+    applied(e, fill(plan, id, link), errors)
+}
+
+/// The plan operator `e` produced, or its failure reported at `e` (a bug in mpipe:
+/// operators keep plans valid).
+fn applied(e: &Expr, r: Result<Plan, PlanError>, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    r.map_err(|x| errors.push(err(ErrorKind::Invalid, e.span, format!("`{e}`: {x}"))))
+        .ok()
+}
+
+/// An encoder operator `e`, written `usage` (`example` shows its use), that takes no
+/// keys: its encoder argument, the encoder's unit and the evaluated body; every
+/// mistake is reported.
+fn encoder_operator<'e>(
+    req: &Request,
+    e: &'e Expr,
+    usage: &str,
+    example: &str,
+    errors: &mut Vec<DeriveError>,
+) -> Option<(&'e Expr, UnitId, Plan)> {
     let pos: Vec<&Expr> = e.positional().collect();
-    let mut ok = no_keys(e, "fill(ENCODER, BODY)", errors);
-    let (enc, body) = encoder_and_body(req, e, &pos, "fill(vision, zbv)", errors)?;
+    let mut ok = no_keys(e, usage, errors);
+    let (enc, body) = encoder_and_body(req, e, &pos, example, errors)?;
     ok &= check_encoder(req, enc, errors);
     let plan = eval(req, body, errors)?;
     if !ok {
         return None;
     }
     let id = plan.unit_id(enc.name())?;
-    let link = req.profile.link.as_ref().map(|l| (l.latency, l.bandwidth));
-    match fill(plan, id, link) {
-        Ok(plan) => Some(plan),
-        Err(x) => {
-            errors.push(err(ErrorKind::Invalid, e.span, format!("`{e}`: {x}")));
-            None
-        }
-    }
+    Some((enc, id, plan))
 }
 
 /// The closest candidate within edit distance 2, if any.

@@ -7,6 +7,8 @@
 //! The pipeline, on one screen (see [`mod@derive`]): parse ([`expr`]) → build units
 //! ([`units`]) → generate a compute-only [`plan`] ([`generators`]) → map it with
 //! [`operators`] → derive all communication ([`lower`]) → [`verify`] → [`simulate`].
+//! `auto` searches the algebra for the fastest expression ([`search`]), and
+//! [`evaluation`] sets it against the peer schedules and the lower bound.
 //! Around it: lower bounds ([`bound`]), charts and traces ([`render`]), loops for code
 //! generation ([`rolled`]), PyTorch schedule CSVs ([`torch_csv`]) and Megatron layer
 //! layouts ([`megatron`]).
@@ -15,7 +17,9 @@
 //! - pure: no I/O in any type or pass; callers read and write files;
 //! - deterministic: the same inputs give byte-identical programs (ordered maps only);
 //! - the verifier and simulator read only a [`program::Program`], so they judge
-//!   hand-written programs exactly as derived ones.
+//!   hand-written programs exactly as derived ones;
+//! - the search is the one place that runs threads (candidates' plans in parallel;
+//!   [`search::for_macro`] keeps it on one thread inside a procedural macro).
 
 pub mod analysis;
 pub mod bound;

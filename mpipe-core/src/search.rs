@@ -277,14 +277,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         match finish(req, &plan, &tried[slot].expr, span) {
             Ok(d) => {
                 tried[slot].makespan = Some(d.report.makespan);
-                let peak = d
-                    .report
-                    .peak_memory
-                    .iter()
-                    .zip(&d.params)
-                    .map(|(a, p)| a + p)
-                    .fold(0.0, f64::max);
-                let key = (d.report.makespan, peak, order);
+                let key = (d.report.makespan, d.peak_with_params(), order);
                 let better = best.as_ref().is_none_or(|(s, p, o, _)| {
                     key.0
                         .total_cmp(s)

@@ -5,7 +5,6 @@
 use crate::failure::Failure;
 use crate::source::{conditions, load_profile};
 use crate::table::{num, pct, Table};
-use mpipe_core::derive::Derived;
 use mpipe_core::evaluation::{evaluate as run_evaluation, intended_size, Evaluation, Row};
 use mpipe_core::render::svg::{gantt_svg, SvgOptions};
 use mpipe_core::simulate::Mode;
@@ -89,16 +88,6 @@ fn speedup(base: Option<f64>, t: Option<f64>) -> String {
     }
 }
 
-/// Peak of activations plus resident parameters over the ranks.
-fn peak(d: &Derived) -> f64 {
-    d.report
-        .peak_memory
-        .iter()
-        .zip(&d.params)
-        .map(|(a, p)| a + p)
-        .fold(0.0, f64::max)
-}
-
 fn why(row: &Row) -> String {
     match &row.outcome {
         Ok(_) => String::new(),
@@ -155,7 +144,7 @@ fn print_profile(name: &str, e: &Evaluation, conditions: &str, markdown: bool) {
                 num(d.report.makespan),
                 speedup(base, Some(d.report.makespan)),
                 ratio(Some(d.report.makespan), bound),
-                num(peak(d)),
+                num(d.peak_with_params()),
                 String::new(),
             ],
             Err(_) => vec![
