@@ -35,6 +35,7 @@ const CHARTS: &[(&str, &str)] = &[
     ("zbh1", "zbh1.svg"),
     ("zbv", "zbv.svg"),
     ("dualpipev", "dualpipev.svg"),
+    ("zb2p", "zb2p.svg"),
     ("transpose(vision, 1f1b)", "transpose-1f1b.svg"),
     ("fill(vision, 1f1b)", "fill-1f1b.svg"),
     ("prefetch(vision, zbh1)", "prefetch-zbh1.svg"),

@@ -157,6 +157,7 @@ fn auto_chooses_at_compile_time() {
         profile: &profile,
         ranks: 4,
         microbatches: 8,
+        mode: Default::default(),
     };
     let d = mpipe::core::derive::derive_str(&req, auto_s::EXPR).unwrap();
     assert_eq!(Program::from_json(auto_s::PROGRAM_JSON).unwrap(), d.program);
@@ -170,6 +171,7 @@ fn compile_time_program_equals_run_time_derivation() {
         profile: &profile,
         ranks: 4,
         microbatches: 8,
+        mode: Default::default(),
     };
     for (json, expr) in [
         (one_f_one_b::PROGRAM_JSON, "1f1b"),

@@ -46,6 +46,7 @@ pub fn schedule(tokens: TokenStream) -> TokenStream {
             profile,
             ranks,
             microbatches,
+            mode: Default::default(),
         };
         // `auto` searches on this thread (proc_macro2 works only here inside a
         // macro), among the schedules the macro can emit.

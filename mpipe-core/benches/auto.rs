@@ -28,6 +28,7 @@ fn bench(c: &mut Criterion) {
                 profile: &profile,
                 ranks,
                 microbatches,
+                mode: Default::default(),
             };
             g.bench_function(format!("{name} {ranks}x{microbatches}"), |b| {
                 b.iter(|| search(&req).map(|s| s.best.report.makespan))

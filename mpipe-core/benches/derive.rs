@@ -31,6 +31,7 @@ fn bench(c: &mut Criterion) {
         profile: &profile,
         ranks: 64,
         microbatches: 1024,
+        mode: Default::default(),
     };
     let mut g = c.benchmark_group("derive+verify+simulate 64x1024");
     g.sample_size(10);

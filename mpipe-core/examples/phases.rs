@@ -39,6 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         profile: &prof,
         ranks: 64,
         microbatches: 1024,
+        mode: Default::default(),
     };
     for e in ["zbv", "transpose(vision, zbv)", "1f1b"] {
         let t = Instant::now();

@@ -9,7 +9,7 @@
 //! the sub-expression at fault, and evaluation goes on past an error where it can, so
 //! a user sees every mistake at once.
 
-use crate::analysis::PlanError;
+use crate::analysis::{PlanError, Timing};
 use crate::bound::{lower_bound, profile_bound, Bound};
 use crate::expr::{Arg, Expr};
 use crate::generators::{generate, BodyKind, GenError, BODY_NAMES};
@@ -107,6 +107,11 @@ pub struct Request<'a> {
     pub profile: &'a Profile,
     pub ranks: usize,
     pub microbatches: usize,
+    /// The semantics the program is timed under, and so chosen for (its transfers'
+    /// placement, `auto`'s choice): rendezvous (the default, what mpipe's runtime
+    /// does) or eager (sends that never wait, as with asynchronous point-to-point
+    /// on a communication stream). Every program derived terminates under both.
+    pub mode: Mode,
 }
 
 impl Request<'_> {
@@ -219,17 +224,17 @@ pub(crate) fn finish(
     })
 }
 
-/// Lower `plan` with both placement rules and keep the program that runs faster
-/// under the default (rendezvous) semantics. Both are correct; they differ in where
-/// each transfer meets. Ready-time placement is skipped when meeting-point placement
-/// already reaches the plan's ideal (communication-free) timing, which no program
+/// Lower `plan` with every placement rule and keep the program that runs faster
+/// under the request's semantics (rendezvous unless asked otherwise). All are
+/// correct; they differ in where each transfer meets. The search stops once a
+/// program reaches the plan's ideal (communication-free) timing, which no program
 /// of the plan can beat.
 fn best_lowering(req: &Request, plan: &Plan, text: &str) -> Result<(Program, SimReport), String> {
     let prepared = prepare(plan).map_err(|e| e.to_string())?;
     let target = prepared.time.makespan() * (1.0 + 1e-12);
-    let opts = req.sim_options(Mode::Rendezvous);
+    let opts = req.sim_options(req.mode);
     let mut best: Option<(Program, SimReport)> = None;
-    for placement in [Placement::Meet, Placement::Ready] {
+    for placement in [Placement::Meet, Placement::Ready, Placement::Critical] {
         if best.as_ref().is_some_and(|(_, b)| b.makespan <= target) {
             break;
         }
@@ -244,7 +249,85 @@ fn best_lowering(req: &Request, plan: &Plan, text: &str) -> Result<(Program, Sim
             best = Some((program, report));
         }
     }
+    // Re-place the transfers against the times the best program actually ran at:
+    // waiting shifts the timeline, and meeting points chosen on the shifted one
+    // fit it better. A few rounds, keeping the fastest program.
+    for _ in 0..ROUNDS {
+        let Some((program, report)) = &best else {
+            break;
+        };
+        if report.makespan <= target {
+            break;
+        }
+        let Some(time) = simulated_timing(plan, program, report, &prepared.time) else {
+            break;
+        };
+        let again = prepared.retimed(time);
+        let mut improved = false;
+        for placement in [Placement::Meet, Placement::Ready, Placement::Critical] {
+            let Ok(program) = lower_prepared(plan, &again, Some(text), placement) else {
+                continue;
+            };
+            let Ok(report) = simulate(&program, &opts) else {
+                continue;
+            };
+            if best
+                .as_ref()
+                .is_none_or(|(_, b)| report.makespan < b.makespan)
+            {
+                best = Some((program, report));
+                improved = true;
+            }
+        }
+        if !improved {
+            break;
+        }
+    }
     best.ok_or_else(|| "no lowering".to_string())
+}
+
+/// Rounds of re-placement against simulated times.
+const ROUNDS: usize = 8;
+
+/// The compute tasks' times in a simulation of `program` (a lowering of `plan`), as a
+/// [`Timing`] of the plan: settle order by end, then start, then the ideal order.
+fn simulated_timing(
+    plan: &Plan,
+    program: &Program,
+    report: &SimReport,
+    ideal: &Timing,
+) -> Option<Timing> {
+    let mut start: Vec<Vec<f64>> = Vec::with_capacity(plan.ranks);
+    let mut end: Vec<Vec<f64>> = Vec::with_capacity(plan.ranks);
+    for (r, list) in program.programs.iter().enumerate() {
+        let slots = report.timeline.ranks.get(r)?;
+        let (mut s, mut e) = (Vec::new(), Vec::new());
+        for (a, slot) in list.iter().zip(slots) {
+            if matches!(a.view(), ActionRef::Compute(_)) {
+                s.push(slot.start);
+                e.push(slot.end);
+            }
+        }
+        if s.len() != plan.order[r].len() {
+            return None;
+        }
+        start.push(s);
+        end.push(e);
+    }
+    let mut all: Vec<(usize, usize)> = (0..plan.ranks)
+        .flat_map(|r| (0..plan.order[r].len()).map(move |i| (r, i)))
+        .collect();
+    all.sort_by(|&(a, i), &(b, j)| {
+        end[a][i]
+            .total_cmp(&end[b][j])
+            .then(start[a][i].total_cmp(&start[b][j]))
+            .then(ideal.seq[a][i].cmp(&ideal.seq[b][j]))
+    });
+    let mut seq: Vec<Vec<usize>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
+    for (k, (r, i)) in all.into_iter().enumerate() {
+        seq[r][i] = k;
+    }
+    Some(Timing { start, end, seq })
 }
 
 /// Parse `text` and derive it. Parse errors come back as [`ErrorKind::BadArgument`].
@@ -356,12 +439,16 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
         "zbv" => BodyKind::ZbV,
         "dualpipev" => BodyKind::DualPipeV,
         "interleaved" => BodyKind::Interleaved { v: 2 },
+        "zb2p" => BodyKind::Zb2p {
+            v: 1,
+            vshape: false,
+        },
         _ => return None,
     };
-    let keys: &[&str] = if e.name() == "interleaved" {
-        &["v"]
-    } else {
-        &[]
+    let keys: &[&str] = match e.name() {
+        "interleaved" => &["v"],
+        "zb2p" => &["v", "layout"],
+        _ => &[],
     };
     let before = errors.len();
     for a in &e.args {
@@ -408,6 +495,45 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
                 return None;
             }
         },
+        (BodyKind::Zb2p { .. }, v) => {
+            let vshape = match e.find_key("layout") {
+                None => false,
+                Some(l) => match l.as_name() {
+                    Some("looped") => false,
+                    Some("v") => true,
+                    _ => {
+                        errors.push(err(
+                            ErrorKind::BadArgument,
+                            l.span(),
+                            format!("bad value `{l}` for `layout`; expected one of: looped, v"),
+                        ));
+                        return None;
+                    }
+                },
+            };
+            let chunks = match (v.map(|v| (v, v.as_int())), vshape) {
+                (None, false) => 1,
+                (None, true) | (Some((_, Some(2))), true) => 2,
+                (Some((_, Some(n))), false) if n >= 1 => n as usize,
+                (Some((v, _)), true) => {
+                    errors.push(err(
+                        ErrorKind::BadArgument,
+                        v.span(),
+                        format!("`layout = v` has 2 chunks per rank; drop `v = {v}`"),
+                    ));
+                    return None;
+                }
+                (Some((v, _)), false) => {
+                    errors.push(err(
+                        ErrorKind::BadArgument,
+                        v.span(),
+                        format!("`v` is the number of chunks per rank, an integer >= 1, got `{v}`"),
+                    ));
+                    return None;
+                }
+            };
+            BodyKind::Zb2p { v: chunks, vshape }
+        }
         (k, _) => k,
     };
     (errors.len() == before).then_some(kind)

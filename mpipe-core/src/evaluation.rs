@@ -9,6 +9,7 @@
 use crate::bound::{profile_bound, Bound};
 use crate::derive::{derive_str, DeriveError, Derived, Request};
 use crate::profile::Profile;
+use crate::simulate::Mode;
 
 /// The bodies of the peer schedules, the baseline first.
 pub const PEER_BODIES: [&str; 5] = ["1f1b", "interleaved(v = 2)", "zbh1", "zbv", "dualpipev"];
@@ -86,12 +87,14 @@ impl Evaluation {
     }
 }
 
-/// Evaluate `profile` on `ranks` x `microbatches`.
-pub fn evaluate(profile: &Profile, ranks: usize, microbatches: usize) -> Evaluation {
+/// Evaluate `profile` on `ranks` x `microbatches`, every program derived for and
+/// timed under `mode`.
+pub fn evaluate(profile: &Profile, ranks: usize, microbatches: usize, mode: Mode) -> Evaluation {
     let req = Request {
         profile,
         ranks,
         microbatches,
+        mode,
     };
     let row = |expr: String| Row {
         outcome: derive_str(&req, &expr),

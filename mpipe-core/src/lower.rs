@@ -145,6 +145,19 @@ pub fn prepare(plan: &Plan) -> Result<Prepared, LowerError> {
     })
 }
 
+impl Prepared {
+    /// The same transfers, placed against another timing of the plan's tasks (for
+    /// example the one a simulation of a first lowering measured). `time` must
+    /// respect the plan's dependencies: every consumer starts no earlier than its
+    /// producers end, and `seq` is a topological order consistent with the times.
+    pub fn retimed(&self, time: Timing) -> Prepared {
+        Prepared {
+            time,
+            transfers: self.transfers.clone(),
+        }
+    }
+}
+
 /// Lower a prepared plan with the given placement rule.
 pub fn lower_prepared(
     plan: &Plan,
@@ -262,6 +275,10 @@ pub enum Placement {
     /// which both ranks lose the least time meeting (under rendezvous the first to
     /// arrive waits for the other).
     Meet,
+    /// Like `Meet`, but a rank's lost time weighs by how critical the rank is: by
+    /// `1 / (slack + makespan / 100)`, its slack being the makespan less its busy
+    /// time. A rank with work to spare waits for a busy one, not the other way round.
+    Critical,
 }
 
 /// At most this many candidate meeting points are tried per rank and transfer.
@@ -285,13 +302,30 @@ fn place(
         let g = time.start[r].get(k).copied().unwrap_or(f64::INFINITY);
         (e, g)
     };
+    // How much each rank's lost time costs (Critical), else 1.
+    let weight: Vec<f64> = match strategy {
+        Placement::Critical => {
+            let span = time.makespan();
+            (0..p)
+                .map(|r| {
+                    let busy: f64 = time.start[r]
+                        .iter()
+                        .zip(&time.end[r])
+                        .map(|(s, e)| e - s)
+                        .sum();
+                    1.0 / ((span - busy).max(0.0) + span / 100.0 + f64::MIN_POSITIVE)
+                })
+                .collect()
+        }
+        _ => vec![1.0; p],
+    };
     let mut items: Vec<Vec<Item>> = (0..p).map(|_| Vec::new()).collect();
     for &((tensor, unit, mb, to), (from, j, i)) in transfers {
         let ready = time.end[from][j];
         let need = time.start[to][i];
         let tau = match strategy {
             Placement::Ready => ready,
-            Placement::Meet => {
+            Placement::Meet | Placement::Critical => {
                 // Candidate slots on each side: those whose gap opens within
                 // [ready, need], at most CANDIDATES of them.
                 let window = |r: usize, first: usize| {
@@ -314,7 +348,7 @@ fn place(
                     let (es, gs) = gap(from, local(from, s0, s1, t));
                     let (er, gr) = gap(to, local(to, r0, r1, t));
                     let meet = es.max(er);
-                    (meet - gs).max(0.0) + (meet - gr).max(0.0)
+                    weight[from] * (meet - gs).max(0.0) + weight[to] * (meet - gr).max(0.0)
                 };
                 let mut best = (cost(ready), ready);
                 let candidates = time.end[from][s0..s1].iter().chain(&time.end[to][r0..r1]);
@@ -347,7 +381,7 @@ fn place(
         });
         let lo = match strategy {
             Placement::Ready => time.start[to].partition_point(|&s| s < tau),
-            Placement::Meet => slot_at(to, tau),
+            Placement::Meet | Placement::Critical => slot_at(to, tau),
         };
         items[to].push(Item {
             key,

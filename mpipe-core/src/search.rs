@@ -34,7 +34,14 @@ const FUSED: [&str; 5] = [
     "interleaved(v = 4)",
 ];
 /// Bodies that already split `B` from `W`.
-const SPLIT: [&str; 3] = ["zbh1", "zbv", "dualpipev"];
+const SPLIT: [&str; 6] = [
+    "zbh1",
+    "zbv",
+    "dualpipev",
+    "zb2p",
+    "zb2p(v = 2)",
+    "zb2p(layout = v)",
+];
 
 /// Every expression `auto` considers for `profile` on `ranks` x `microbatches`, in the
 /// order that breaks ties.

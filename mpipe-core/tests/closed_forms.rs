@@ -40,6 +40,7 @@ fn run(profile: &Profile, p: usize, m: usize, expr: &str) -> Figures {
         profile,
         ranks: p,
         microbatches: m,
+        mode: Default::default(),
     };
     let d = derive_str(&req, expr).unwrap_or_else(|e| panic!("{expr} p={p} m={m}: {e:?}"));
     Figures {

@@ -25,13 +25,18 @@ fn profile(layers: u32, ef: f64, trainable: bool, f: f64, b: f64, w: f64) -> Pro
     .unwrap()
 }
 
-const BODIES: [BodyKind; 6] = [
+const BODIES: [BodyKind; 8] = [
     BodyKind::GPipe,
     BodyKind::OneFOneB,
     BodyKind::Interleaved { v: 2 },
     BodyKind::ZbH1,
     BodyKind::ZbV,
     BodyKind::DualPipeV,
+    BodyKind::Zb2p {
+        v: 1,
+        vshape: false,
+    },
+    BodyKind::Zb2p { v: 2, vshape: true },
 ];
 
 proptest! {
@@ -78,6 +83,7 @@ fn fill_spreads_a_heavy_encoder_over_the_warm_up() {
         profile: &prof,
         ranks: 4,
         microbatches: 4,
+        mode: Default::default(),
     };
     let inline = derive_str(&req, "1f1b").unwrap().report.makespan;
     let d = derive_str(&req, "fill(vision, 1f1b)").unwrap();

@@ -505,6 +505,7 @@ fn derived_programs_with_a_layout_verify() {
             profile: &p,
             ranks,
             microbatches: 4,
+            mode: Default::default(),
         };
         let d = derive_str(&req, expr).unwrap_or_else(|e| panic!("{expr}: {e:?}"));
         assert!(verify(&d.program).is_empty(), "{expr}");
@@ -515,6 +516,7 @@ fn derived_programs_with_a_layout_verify() {
         profile: &p,
         ranks: 4,
         microbatches: 4,
+        mode: Default::default(),
     };
     let d = derive_str(&req, "1f1b").unwrap();
     assert!(verify(&d.program).is_empty());
@@ -523,6 +525,7 @@ fn derived_programs_with_a_layout_verify() {
         profile: &p,
         ranks: 2,
         microbatches: 4,
+        mode: Default::default(),
     };
     let errs = derive_str(&req, "1f1b").unwrap_err();
     let text = format!("{errs:?}");

@@ -106,6 +106,7 @@ fn bases() -> &'static [Base] {
                     profile: &profile,
                     ranks,
                     microbatches,
+                    mode: Default::default(),
                 };
                 let label = format!("`{expr}` on {ranks} ranks, {microbatches} micro-batches");
                 let d = derive_str(&req, expr)

@@ -26,13 +26,21 @@ fn span(p: &Plan) -> f64 {
     timing(p, &dependencies(p).unwrap()).unwrap().makespan()
 }
 
-const BODIES: [(BodyKind, &str); 6] = [
+const BODIES: [(BodyKind, &str); 8] = [
     (BodyKind::GPipe, "gpipe"),
     (BodyKind::OneFOneB, "1f1b"),
     (BodyKind::Interleaved { v: 2 }, "interleaved(v = 2)"),
     (BodyKind::ZbH1, "zbh1"),
     (BodyKind::ZbV, "zbv"),
     (BodyKind::DualPipeV, "dualpipev"),
+    (
+        BodyKind::Zb2p {
+            v: 1,
+            vshape: false,
+        },
+        "zb2p",
+    ),
+    (BodyKind::Zb2p { v: 2, vshape: true }, "zb2p(layout = v)"),
 ];
 
 fn runs(p: &Program) -> Result<(), TestCaseError> {
@@ -58,7 +66,7 @@ proptest! {
     ) {
         let m = 2 * p * k;
         let prof = frozen(layers, ef, f, b, w);
-        let req = Request { profile: &prof, ranks: p, microbatches: m };
+        let req = Request { profile: &prof, ranks: p, microbatches: m, mode: Default::default() };
         for (kind, name) in BODIES {
             let body = generate(kind, &prof, p, m).unwrap();
             let pre = prefetch(body.clone(), 0).unwrap();
@@ -90,6 +98,7 @@ fn heavy() -> (Profile, Program) {
         profile: &prof,
         ranks: 4,
         microbatches: 16,
+        mode: Default::default(),
     };
     let base = derive_str(&req, "zbh1").unwrap();
     let d = derive_str(&req, "prefetch(vision, zbh1)").unwrap();
@@ -161,6 +170,7 @@ fn only_frozen_units_can_be_prefetched() {
         profile: &prof,
         ranks: 2,
         microbatches: 4,
+        mode: Default::default(),
     };
     let e = derive_str(&req, "prefetch(vision, 1f1b)").unwrap_err();
     assert_eq!(e[0].kind, ErrorKind::BadArgument);

@@ -545,6 +545,7 @@ fn derive_case(case: &Case, profile: &Profile) -> Result<Derived, Vec<(ErrorKind
         profile,
         ranks: case.ranks,
         microbatches: case.mbs,
+        mode: Default::default(),
     };
     derive_str(&req, &case.expr())
         .map_err(|es| es.into_iter().map(|e| (e.kind, e.message)).collect())
@@ -562,6 +563,7 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
         profile: &profile,
         ranks: case.ranks,
         microbatches: case.mbs,
+        mode: Default::default(),
     };
     let d = match derive_case(case, &profile) {
         Err(errors) => {

@@ -46,6 +46,7 @@ fn derive(profile: &Profile, ranks: usize, microbatches: usize, expr: &str) -> D
         profile,
         ranks,
         microbatches,
+        mode: Default::default(),
     };
     derive_str(&req, expr).unwrap_or_else(|e| panic!("{expr} ({ranks} x {microbatches}): {e:?}"))
 }
@@ -165,6 +166,7 @@ fn derived_programs_round_trip() {
                 profile,
                 ranks: p,
                 microbatches: m,
+                mode: Default::default(),
             };
             let d = match derive_str(&req, &expr) {
                 Ok(d) => d,
@@ -234,7 +236,7 @@ proptest! {
     #[test]
     fn random_derivations_round_trip((expr, text, ranks, mbs) in derivation_case()) {
         let profile = Profile::from_toml_str(&text).unwrap();
-        let req = Request { profile: &profile, ranks, microbatches: mbs };
+        let req = Request { profile: &profile, ranks, microbatches: mbs, mode: Default::default() };
         match derive_str(&req, &expr) {
             Ok(d) => {
                 check_derived(&d, &req)?;

@@ -41,6 +41,7 @@ fn auto_and_peers(profile: &Profile, p: usize, m: usize) -> (f64, String, f64, V
         profile,
         ranks: p,
         microbatches: m,
+        mode: Default::default(),
     };
     let auto = derive_str(&req, "auto").unwrap_or_else(|e| panic!("auto: {e:?}"));
     let peers = peers(profile)
@@ -94,6 +95,7 @@ fn the_search_is_deterministic_and_its_space_holds_every_peer() {
         profile: &profile,
         ranks: 8,
         microbatches: 16,
+        mode: Default::default(),
     };
     let a = search(&req).unwrap();
     let b = search(&req).unwrap();
@@ -126,6 +128,7 @@ fn auto_inside_an_operator_is_an_error() {
         profile: &profile,
         ranks: 4,
         microbatches: 4,
+        mode: Default::default(),
     };
     let e = derive_str(&req, "transpose(vision, auto)").unwrap_err();
     assert!(
@@ -256,6 +259,7 @@ fn auto_keeps_its_reported_distance_to_the_bound() {
             profile: &profile,
             ranks: p,
             microbatches: m,
+            mode: Default::default(),
         };
         let d = derive_str(&req, "auto").unwrap();
         let ratio = d.report.makespan / d.bound.value();

@@ -25,13 +25,21 @@ fn profile(f: f64, b: f64, w: f64, enc: bool) -> Profile {
     .unwrap()
 }
 
-const BODIES: [(BodyKind, &str); 6] = [
+const BODIES: [(BodyKind, &str); 8] = [
     (BodyKind::GPipe, "gpipe"),
     (BodyKind::OneFOneB, "1f1b"),
     (BodyKind::Interleaved { v: 2 }, "interleaved(v = 2)"),
     (BodyKind::ZbH1, "zbh1"),
     (BodyKind::ZbV, "zbv"),
     (BodyKind::DualPipeV, "dualpipev"),
+    (
+        BodyKind::Zb2p {
+            v: 1,
+            vshape: false,
+        },
+        "zb2p",
+    ),
+    (BodyKind::Zb2p { v: 2, vshape: true }, "zb2p(layout = v)"),
 ];
 
 proptest! {
@@ -47,7 +55,7 @@ proptest! {
             let body = generate(kind, &prof, p, m).unwrap();
             let split = split_w(body.clone()).unwrap();
             prop_assert!(span(&split) <= span(&body) * (1.0 + 1e-12), "{name}: {} > {}", span(&split), span(&body));
-            let req = Request { profile: &prof, ranks: p, microbatches: m };
+            let req = Request { profile: &prof, ranks: p, microbatches: m, mode: Default::default() };
             let d = derive_str(&req, &format!("split_w({name})"));
             prop_assert!(d.is_ok(), "split_w({name}) p={p} m={m}: {:?}", d.err().map(|e| e[0].message.clone()));
         }
@@ -80,6 +88,7 @@ fn bad_arguments_are_reported() {
         profile: &prof,
         ranks: 2,
         microbatches: 4,
+        mode: Default::default(),
     };
     for expr in ["split_w", "split_w(1f1b, zbv)", "split_w(1f1b, v = 2)"] {
         let errs = derive_str(&req, expr).unwrap_err();

@@ -181,6 +181,7 @@ fn derived(profile: &Profile, ranks: usize, m: usize, expr: &str) -> Program {
         profile,
         ranks,
         microbatches: m,
+        mode: Default::default(),
     };
     let mut p = derive_str(&req, expr)
         .unwrap_or_else(|e| panic!("{expr}: {e:?}"))

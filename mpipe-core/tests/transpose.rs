@@ -12,6 +12,7 @@ fn makespan(profile: &Profile, p: usize, m: usize, expr: &str) -> f64 {
         profile,
         ranks: p,
         microbatches: m,
+        mode: Default::default(),
     };
     derive_str(&req, expr)
         .unwrap_or_else(|e| panic!("{expr}: {e:?}"))

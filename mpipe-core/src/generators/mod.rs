@@ -11,6 +11,7 @@ mod dualpipev;
 mod gpipe;
 mod interleaved;
 mod onef1b;
+mod zb2p;
 mod zbh1;
 mod zbv;
 
@@ -34,15 +35,28 @@ pub enum BodyKind {
     ZbV,
     /// DeepSeek's DualPipeV (DualPipe folded into a V).
     DualPipeV,
+    /// Zero Bubble's ZB-2p: greedy list scheduling of split `B`/`W` under twice
+    /// 1F1B's activation budget, `v` chunks per rank looped, or two in a V.
+    Zb2p { v: usize, vshape: bool },
 }
 
 /// Names of the body generators, as the expression language spells them.
-pub const BODY_NAMES: [&str; 6] = ["gpipe", "1f1b", "interleaved", "zbh1", "zbv", "dualpipev"];
+pub const BODY_NAMES: [&str; 7] = [
+    "gpipe",
+    "1f1b",
+    "interleaved",
+    "zbh1",
+    "zbv",
+    "dualpipev",
+    "zb2p",
+];
 
 impl BodyKind {
     pub fn layout(self) -> Layout {
         match self {
-            BodyKind::ZbV | BodyKind::DualPipeV => Layout::VShape,
+            BodyKind::ZbV | BodyKind::DualPipeV | BodyKind::Zb2p { vshape: true, .. } => {
+                Layout::VShape
+            }
             _ => Layout::Looped,
         }
     }
@@ -50,7 +64,7 @@ impl BodyKind {
     /// Stages (chunks) per rank.
     pub fn chunks(self) -> usize {
         match self {
-            BodyKind::Interleaved { v } => v,
+            BodyKind::Interleaved { v } | BodyKind::Zb2p { v, .. } => v,
             BodyKind::ZbV | BodyKind::DualPipeV => 2,
             _ => 1,
         }
@@ -65,6 +79,9 @@ impl BodyKind {
             BodyKind::ZbH1 => "zbh1".into(),
             BodyKind::ZbV => "zbv".into(),
             BodyKind::DualPipeV => "dualpipev".into(),
+            BodyKind::Zb2p { vshape: true, .. } => "zb2p(layout = v)".into(),
+            BodyKind::Zb2p { v: 1, .. } => "zb2p".into(),
+            BodyKind::Zb2p { v, .. } => format!("zb2p(v = {v})"),
         }
     }
 }
@@ -94,6 +111,8 @@ pub struct Ctx<'a> {
     /// Stage `k`'s unit id, in pipeline order.
     pub stages: &'a [UnitId],
     pub units: &'a [Unit],
+    /// The profile's `memory.limit` (activations plus resident parameters), if any.
+    pub memory_limit: Option<f64>,
 }
 
 impl Ctx<'_> {
@@ -144,6 +163,7 @@ pub fn generate(
         microbatches,
         stages: &stages,
         units: &units,
+        memory_limit: profile.memory.as_ref().map(|m| m.limit),
     };
     let body = match kind {
         BodyKind::GPipe => gpipe::order(&ctx),
@@ -152,6 +172,7 @@ pub fn generate(
         BodyKind::ZbH1 => zbh1::order(&ctx),
         BodyKind::ZbV => zbv::order(&ctx),
         BodyKind::DualPipeV => dualpipev::order(&ctx),
+        BodyKind::Zb2p { v, .. } => zb2p::order(&ctx, v),
     };
     let mut plan = Plan {
         ranks,

@@ -196,7 +196,7 @@ fn warn_if_invalid(l: &Loaded, mode: Mode) {
 }
 
 pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure> {
-    let loaded = load(s)?;
+    let loaded = load(s, mode)?;
     let r =
         run(&loaded.program, &loaded.options(mode)).map_err(|e| sim_failure(&loaded.label, e))?;
     warn_if_invalid(&loaded, mode);
@@ -276,7 +276,7 @@ pub fn compare(
     // Every expression in order: its figures, or why it failed.
     let mut results: Vec<(&str, Outcome)> = Vec::new();
     for e in exprs {
-        let r = derive_one(&profile, ranks, mbs, e).and_then(|l| {
+        let r = derive_one(&profile, ranks, mbs, e, mode).and_then(|l| {
             run(&l.program, &l.options(mode))
                 .map(|r| (l, r))
                 .map_err(|x| sim_failure(e, x))
@@ -449,7 +449,7 @@ fn failure_note(f: &Failure) -> String {
 }
 
 pub fn trace(s: &SourceArgs, mode: Mode, output: &Path) -> Result<u8, Failure> {
-    let loaded = load(s)?;
+    let loaded = load(s, mode)?;
     let r =
         run(&loaded.program, &loaded.options(mode)).map_err(|e| sim_failure(&loaded.label, e))?;
     warn_if_invalid(&loaded, mode);
@@ -482,7 +482,7 @@ pub fn svg(s: &SourceArgs, mode: Mode, output: &Path, width: f64) -> Result<u8, 
             format!("--width must be a positive number of pixels, got {width}"),
         ));
     }
-    let loaded = load(s)?;
+    let loaded = load(s, mode)?;
     let r =
         run(&loaded.program, &loaded.options(mode)).map_err(|e| sim_failure(&loaded.label, e))?;
     warn_if_invalid(&loaded, mode);

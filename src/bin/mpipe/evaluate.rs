@@ -16,6 +16,8 @@ pub struct Options<'a> {
     pub size: Option<(usize, usize)>,
     pub svg_dir: Option<&'a Path>,
     pub markdown: bool,
+    /// The semantics programs are derived for and timed under.
+    pub mode: Mode,
 }
 
 /// One evaluated profile.
@@ -51,7 +53,7 @@ pub fn evaluate(o: &Options) -> Result<u8, Failure> {
             "evaluating {} on {ranks} ranks x {mbs} micro-batches ...",
             path.display()
         );
-        let eval = run_evaluation(&profile, ranks, mbs);
+        let eval = run_evaluation(&profile, ranks, mbs, o.mode);
         let comm = profile
             .link
             .as_ref()
@@ -59,18 +61,13 @@ pub fn evaluate(o: &Options) -> Result<u8, Failure> {
                 latency: l.latency,
                 bandwidth: l.bandwidth,
             });
-        print_profile(
-            &name,
-            &eval,
-            &conditions(Mode::Rendezvous, comm),
-            o.markdown,
-        );
+        print_profile(&name, &eval, &conditions(o.mode, comm), o.markdown);
         if let Some(dir) = o.svg_dir {
             charts(dir, &name, &eval)?;
         }
         done.push(Done { name, eval });
     }
-    print_summary(&done, o.markdown);
+    print_summary(&done, o.markdown, o.mode);
     Ok(0)
 }
 
@@ -170,7 +167,7 @@ fn print_profile(name: &str, e: &Evaluation, conditions: &str, markdown: bool) {
     }
 }
 
-fn print_summary(done: &[Done], markdown: bool) {
+fn print_summary(done: &[Done], markdown: bool, mode: Mode) {
     let header = [
         "profile",
         "size",
@@ -215,7 +212,11 @@ fn print_summary(done: &[Done], markdown: bool) {
             outln!("| {} |", r.join(" | "));
         }
     } else {
-        outln!("\nsummary (simulated step time; rendezvous semantics, each profile's link)");
+        let mode = match mode {
+            Mode::Rendezvous => "rendezvous",
+            Mode::Eager => "eager",
+        };
+        outln!("\nsummary (simulated step time; {mode} semantics, each profile's link)");
         let mut t = Table::new(&header);
         t.left(3);
         t.left(4);

@@ -3,6 +3,7 @@
 
 use crate::failure::{Failure, Problem};
 use crate::source::{derive_one, file_label, load_inputs, load_profile, read_program};
+use mpipe_core::simulate::Mode;
 use mpipe_core::torch_csv::{export, import_with, Batching, Form, ImportOptions};
 use mpipe_core::verify::verify;
 use serde_json::json;
@@ -148,7 +149,7 @@ pub fn export_cmd(
                 ));
             };
             let profile = load_inputs(model, ranks, mbs, &[src.input])?;
-            let loaded = derive_one(&profile, ranks, mbs, src.input)?;
+            let loaded = derive_one(&profile, ranks, mbs, src.input, Mode::Rendezvous)?;
             (loaded.program, format!("`{}`", src.input))
         }
         None => {

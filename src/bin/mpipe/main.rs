@@ -128,6 +128,9 @@ enum Command {
         /// Print Markdown tables (for a README).
         #[arg(long)]
         markdown: bool,
+        /// Execution semantics every program is derived for and timed under.
+        #[arg(long, value_enum, default_value_t = ModeArg::Rendezvous)]
+        mode: ModeArg,
     },
     /// Write a Chrome/Perfetto trace of the simulated step (one track per rank).
     Trace {
@@ -327,11 +330,13 @@ fn main() -> ExitCode {
             microbatches,
             svg_dir,
             markdown,
+            mode,
         } => evaluate::evaluate(&evaluate::Options {
             profiles: &profiles,
             size: ranks.zip(microbatches),
             svg_dir: svg_dir.as_deref(),
             markdown,
+            mode: mode.into(),
         }),
         Command::Trace {
             source,

@@ -177,11 +177,13 @@ pub fn derive_one(
     ranks: usize,
     microbatches: usize,
     expr: &str,
+    mode: Mode,
 ) -> Result<Loaded, Failure> {
     let req = Request {
         profile,
         ranks,
         microbatches,
+        mode,
     };
     let d = derive_str(&req, expr).map_err(|es| expr_failure(expr, &es))?;
     // `auto` (the only expression derived as another) names its choice.
@@ -227,7 +229,7 @@ pub fn load_inputs(
 
 pub fn derive_schedule(s: &ScheduleArgs) -> Result<Loaded, Failure> {
     let profile = load_inputs(&s.model, s.ranks, s.microbatches, &[&s.expr])?;
-    derive_one(&profile, s.ranks, s.microbatches, &s.expr)
+    derive_one(&profile, s.ranks, s.microbatches, &s.expr, Mode::Rendezvous)
 }
 
 /// How a program file is named in messages (`-` is standard input).
@@ -308,7 +310,9 @@ pub fn read_program(file: &str) -> Result<Program, Failure> {
     })
 }
 
-pub fn load(s: &SourceArgs) -> Result<Loaded, Failure> {
+/// Read the program file, or derive the expression for `mode` (the semantics it is
+/// then timed under).
+pub fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
     let mut all = Collect::default();
     let loaded = if let Some(file) = &s.program {
         let program = all.take(read_program(file));
@@ -336,7 +340,7 @@ pub fn load(s: &SourceArgs) -> Result<Loaded, Failure> {
             ));
         };
         all.take(load_inputs(model, ranks, mbs, &[expr]))
-            .and_then(|profile| all.take(derive_one(&profile, ranks, mbs, expr)))
+            .and_then(|profile| all.take(derive_one(&profile, ranks, mbs, expr, mode)))
     };
     let mut comm = None;
     if s.latency.is_some() || s.bandwidth.is_some() {

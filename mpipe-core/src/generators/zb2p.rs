@@ -1,0 +1,223 @@
+//! ZB-2p: Zero Bubble's automatic schedule under a budget of twice 1F1B's activation
+//! memory, built by greedy list scheduling on the stages' own costs.
+//!
+//! The stages (`v` chunks per rank, looped as in `interleaved`, or two in a V as in
+//! `zbv` with `layout = v`) are scheduled as the cost model predicts them to run,
+//! communication left out. Whenever a rank is free,
+//! it runs, among the tasks whose inputs have arrived:
+//!
+//! 1. an input-gradient backward `B` (it is on the critical path: the previous stage
+//!    waits for it), the one ready longest first;
+//! 2. else a forward `F`, the lowest micro-batch first and, among its chunks, the
+//!    deepest, as long as the rank holds fewer than `2 p v` chunk activations
+//!    (`2 p` stages' worth, twice what 1F1B's first rank holds) and their memory
+//!    stays within `memory.limit` less the parameters homed on the rank;
+//! 3. else a weight-gradient `W`, in the order of their `B`s (it frees an activation);
+//! 4. else it waits for the next arrival.
+//!
+//! With the `W`s free to move, the first rank keeps computing forwards until the
+//! first gradient comes back and the last ranks fill their cool-down with `W`s, so
+//! the step comes close to the rank bound of `bound.rs` (the work of the busiest
+//! rank after its first input arrives). The costs are the units', so the schedule
+//! adapts to unequal stages (the LM head, `balance`). Deterministic: ties go to the
+//! lower rank, then to the rules above.
+
+use super::Ctx;
+use crate::plan::Task;
+use crate::program::Op;
+
+/// The schedule of the context's stages, `v` per rank, each on its unit's home
+/// rank (looped or in a V, as the units were built).
+pub fn order(ctx: &Ctx, v: usize) -> Vec<Vec<Task>> {
+    let (p, m) = (ctx.ranks, ctx.microbatches);
+    let s = ctx.stages.len();
+    debug_assert_eq!(s, p * v);
+    let home = |k: usize| ctx.units[ctx.stages[k]].home;
+    let mine: Vec<Vec<usize>> = (0..p)
+        .map(|r| (0..s).filter(|&k| home(k) == r).collect())
+        .collect();
+    let cost = |k: usize| &ctx.units[ctx.stages[k]].cost;
+    let trainable = |k: usize| ctx.units[ctx.stages[k]].trainable;
+    // Admission: a micro-batch enters a rank at its first stage there, reserving
+    // the activations of all the rank's stages for it; at most `2 p` at a time and
+    // within the room. The oldest micro-batch in flight is never refused (a rank
+    // with nothing reserved admits), and the deeper stages of an admitted one
+    // never wait for memory, so the schedule always completes.
+    let cap = 2 * p;
+    // Memory left for activations on each rank: the limit less the parameters of
+    // the units homed there (encoders included, as they start inline).
+    let room: Vec<f64> = (0..p)
+        .map(|r| {
+            let params: f64 = ctx
+                .units
+                .iter()
+                .filter(|u| u.home == r)
+                .map(|u| u.params)
+                .sum();
+            ctx.memory_limit.map_or(f64::INFINITY, |l| l - params)
+        })
+        .collect();
+    // A stage's activation; the first stage's also counts the encoders' (they start
+    // inline, just before it, and are held until their backward after its `B`).
+    let encoders: f64 = ctx
+        .units
+        .iter()
+        .enumerate()
+        .filter(|(u, x)| !ctx.stages.contains(u) && x.trainable)
+        .map(|(_, x)| x.act)
+        .sum();
+    let act = |k: usize| ctx.units[ctx.stages[k]].act + if k == 0 { encoders } else { 0.0 };
+    let first: Vec<usize> = mine
+        .iter()
+        .map(|ks| ks.iter().copied().min().unwrap_or(0))
+        .collect();
+    let footprint: Vec<f64> = mine
+        .iter()
+        .map(|ks| ks.iter().map(|&k| act(k)).sum())
+        .collect();
+    let mut reserved = vec![0.0f64; p];
+    // Per rank: admitted micro-batches in flight, and each one's stages not done.
+    let mut live = vec![0usize; p];
+    let mut left: Vec<Vec<usize>> = vec![vec![0; m]; p];
+    // Completion times (None: not yet scheduled).
+    let mut f_end: Vec<Vec<Option<f64>>> = vec![vec![None; m]; s];
+    let mut b_end: Vec<Vec<Option<f64>>> = vec![vec![None; m]; s];
+    // Per rank: the next micro-batch of each of its stages to forward and to
+    // backward (each stage runs its micro-batches in order), pending Ws, clock.
+    let mut next_f = vec![0usize; s];
+    let mut next_b = vec![0usize; s];
+    let mut pending_w: Vec<std::collections::VecDeque<(usize, usize)>> =
+        vec![Default::default(); p];
+    let mut clock = vec![0.0f64; p];
+    let mut out: Vec<Vec<Task>> = vec![Vec::with_capacity(3 * m * v); p];
+    let total: usize = (0..s).map(|k| if trainable(k) { 3 } else { 2 } * m).sum();
+    let mut placed = 0;
+    let f_ready = |f_end: &Vec<Vec<Option<f64>>>, k: usize, i: usize| -> Option<f64> {
+        if k == 0 {
+            Some(0.0)
+        } else {
+            f_end[k - 1][i]
+        }
+    };
+    let b_ready = |f_end: &Vec<Vec<Option<f64>>>,
+                   b_end: &Vec<Vec<Option<f64>>>,
+                   k: usize,
+                   i: usize|
+     -> Option<f64> {
+        let own = f_end[k][i]?;
+        if k + 1 == s {
+            Some(own)
+        } else {
+            b_end[k + 1][i].map(|t| t.max(own))
+        }
+    };
+    // Stage `k` of micro-batch `i` is done on rank `r`: its activation is free.
+    let release = |reserved: &mut Vec<f64>,
+                   live: &mut Vec<usize>,
+                   left: &mut Vec<Vec<usize>>,
+                   r: usize,
+                   k: usize,
+                   i: usize| {
+        reserved[r] -= act(k);
+        left[r][i] -= 1;
+        if left[r][i] == 0 {
+            live[r] -= 1;
+        }
+    };
+    while placed < total {
+        // Each rank's choice: (start time, task); the earliest start wins.
+        let mut best: Option<(f64, usize, Task)> = None;
+        for r in 0..p {
+            let t0 = clock[r];
+            // Ready times of the candidates of each kind.
+            let mut b_cand: Option<(f64, usize, usize)> = None; // (ready, mb, stage)
+            let mut f_cand: Option<(f64, usize, usize)> = None; // (ready, mb, deeper)
+            for &k in &mine[r] {
+                let i = next_b[k];
+                if i < m {
+                    if let Some(at) = b_ready(&f_end, &b_end, k, i) {
+                        let key = (at.max(t0), i, k);
+                        if b_cand.is_none_or(|c| (key.0, key.1, key.2) < c) {
+                            b_cand = Some(key);
+                        }
+                    }
+                }
+                let i = next_f[k];
+                let admits = k != first[r]
+                    || (live[r] < cap && (live[r] == 0 || reserved[r] + footprint[r] <= room[r]));
+                if i < m && admits {
+                    if let Some(at) = f_ready(&f_end, k, i) {
+                        let key = (at.max(t0), i, s - k);
+                        if f_cand.is_none_or(|c| key < c) {
+                            f_cand = Some(key);
+                        }
+                    }
+                }
+            }
+            let w_cand = pending_w[r].front().copied();
+            // At the rank's clock: B, then F, then W; else the earliest arrival.
+            let pick = match (b_cand, f_cand, w_cand) {
+                (Some((at, i, k)), _, _) if at <= t0 => (at, Task::new(Op::B, ctx.stages[k], i)),
+                (_, Some((at, i, d)), _) if at <= t0 => {
+                    (at, Task::new(Op::F, ctx.stages[s - d], i))
+                }
+                (_, _, Some((k, i))) => (t0, Task::new(Op::W, ctx.stages[k], i)),
+                (b, f, None) => {
+                    let bt = b.map(|(at, i, k)| (at, Task::new(Op::B, ctx.stages[k], i)));
+                    let ft = f.map(|(at, i, d)| (at, Task::new(Op::F, ctx.stages[s - d], i)));
+                    match (bt, ft) {
+                        (Some(b), Some(f)) => {
+                            if b.0 <= f.0 {
+                                b
+                            } else {
+                                f
+                            }
+                        }
+                        (Some(x), None) | (None, Some(x)) => x,
+                        (None, None) => continue,
+                    }
+                }
+            };
+            if best.as_ref().is_none_or(|(at, _, _)| pick.0 < *at) {
+                best = Some((pick.0, r, pick.1));
+            }
+        }
+        // Some rank can always move: the earliest unfinished chain is ready.
+        let Some((at, r, task)) = best else {
+            break;
+        };
+        let k = ctx.stages.iter().position(|&u| u == task.unit).unwrap_or(0);
+        let c = cost(k);
+        debug_assert_eq!(home(k), r);
+        let end = at + task.op.cost(c);
+        match task.op {
+            Op::F => {
+                f_end[k][task.mb] = Some(end);
+                next_f[k] += 1;
+                if k == first[r] {
+                    live[r] += 1;
+                    reserved[r] += footprint[r];
+                    left[r][task.mb] = mine[r].len();
+                }
+            }
+            Op::B if trainable(k) => {
+                b_end[k][task.mb] = Some(end);
+                next_b[k] += 1;
+                pending_w[r].push_back((k, task.mb));
+            }
+            Op::B => {
+                b_end[k][task.mb] = Some(end);
+                next_b[k] += 1;
+                release(&mut reserved, &mut live, &mut left, r, k, task.mb);
+            }
+            _ => {
+                pending_w[r].pop_front();
+                release(&mut reserved, &mut live, &mut left, r, k, task.mb);
+            }
+        }
+        clock[r] = end;
+        out[r].push(task);
+        placed += 1;
+    }
+    out
+}

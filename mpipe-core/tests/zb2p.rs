@@ -1,0 +1,119 @@
+//! `zb2p`: the greedy zero-bubble body. On uniform stages it is never ideally
+//! slower than ZB-H1 and reaches `m (F + B + W) + (p - 1) F` (the rank bound of
+//! `bound.rs`) where ZB-H1 takes `(p - 1)(B - W)` more; it stays within its
+//! activation budget and the memory limit, and its programs are valid.
+
+use mpipe_core::analysis::{dependencies, timing};
+use mpipe_core::bound::lower_bound;
+use mpipe_core::derive::{derive_str, ErrorKind, Request};
+use mpipe_core::generators::{generate, BodyKind};
+use mpipe_core::plan::Plan;
+use mpipe_core::profile::Profile;
+use proptest::prelude::*;
+
+fn span(p: &Plan) -> f64 {
+    timing(p, &dependencies(p).unwrap()).unwrap().makespan()
+}
+
+fn llm(f: f64, b: f64, w: f64, layers: usize, limit: Option<f64>) -> Profile {
+    let memory = limit.map_or(String::new(), |l| format!("\n[memory]\nlimit = {l}\n"));
+    Profile::from_toml_str(&format!(
+        "[llm]\nlayers = {layers}\nforward = {f}\nbackward = {b}\nweight = {w}\nactivation = 1.0\n{memory}"
+    ))
+    .unwrap()
+}
+
+const ZB2P: BodyKind = BodyKind::Zb2p {
+    v: 1,
+    vshape: false,
+};
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    /// Uniform stages: the ideal step is never above ZB-H1's (and, as a check of the
+    /// bound, never below it).
+    #[test]
+    fn uniform_stages_reach_the_rank_bound(
+        f in 0.2f64..2.0, b in 0.2f64..2.0, w in 0.2f64..2.0,
+        p in prop::sample::select(vec![2usize, 4, 8]), k in 2usize..5,
+    ) {
+        let m = k * p;
+        let prof = llm(f, b, w, p, None);
+        let plan = generate(ZB2P, &prof, p, m).unwrap();
+        let bound = lower_bound(&plan.units, p, m).value();
+        let got = span(&plan);
+        prop_assert!(got >= bound * (1.0 - 1e-9), "below the bound: {got} < {bound}");
+        let zbh1 = span(&generate(BodyKind::ZbH1, &prof, p, m).unwrap());
+        prop_assert!(got <= zbh1 * (1.0 + 1e-9), "slower than zbh1: {got} > {zbh1}");
+    }
+
+    /// Every shape derives a valid program that runs, within the memory limit.
+    #[test]
+    fn programs_are_valid_and_fit(
+        f in 0.2f64..2.0, b in 0.2f64..2.0, w in 0.05f64..2.0,
+        p in prop::sample::select(vec![2usize, 4]), m in 1usize..17, tight: bool,
+    ) {
+        // Tight: room for about p stage activations besides the parameters.
+        let limit = tight.then_some(p as f64 * 2.0 + 1.0);
+        let prof = llm(f, b, w, 4 * p, limit);
+        for text in ["zb2p", "zb2p(v = 2)", "zb2p(layout = v)"] {
+            let req = Request { profile: &prof, ranks: p, microbatches: m, mode: Default::default() };
+            let d = derive_str(&req, text);
+            prop_assert!(d.is_ok(), "{text} p={p} m={m}: {:?}", d.err().map(|e| e[0].message.clone()));
+            let d = d.unwrap();
+            if let Some(l) = limit {
+                prop_assert!(d.peak_with_params() <= l + 1e-9);
+            }
+        }
+    }
+}
+
+/// Uniform stages, closed forms: ZB-H1 takes `m (F + B + W) + (p - 1)(F + B - W)`,
+/// zb2p only `m (F + B + W) + (p - 1) F`, the last rank's wait for its first input.
+#[test]
+fn zb2p_beats_zbh1_on_uniform_stages() {
+    let (p, m) = (4, 16);
+    let prof = llm(1.0, 1.0, 0.5, p, None);
+    let zb2p = span(&generate(ZB2P, &prof, p, m).unwrap());
+    let zbh1 = span(&generate(BodyKind::ZbH1, &prof, p, m).unwrap());
+    assert_eq!(zb2p, 2.5 * m as f64 + (p - 1) as f64);
+    assert_eq!(zbh1, 2.5 * m as f64 + 1.5 * (p - 1) as f64);
+}
+
+/// Without a limit, no rank holds more than `2 p` stage activations.
+#[test]
+fn activations_stay_within_twice_1f1b() {
+    let (p, m) = (4, 32);
+    let prof = llm(1.0, 2.0, 0.5, p, None);
+    let req = Request {
+        profile: &prof,
+        ranks: p,
+        microbatches: m,
+        mode: Default::default(),
+    };
+    let d = derive_str(&req, "zb2p").unwrap();
+    for (r, peak) in d.report.peak_memory.iter().enumerate() {
+        assert!(*peak <= 2.0 * p as f64, "rank {r} holds {peak}");
+    }
+}
+
+#[test]
+fn bad_arguments_are_reported() {
+    let prof = llm(1.0, 1.0, 1.0, 8, None);
+    let req = Request {
+        profile: &prof,
+        ranks: 4,
+        microbatches: 8,
+        mode: Default::default(),
+    };
+    for (text, says) in [
+        ("zb2p(v = 0)", "integer >= 1"),
+        ("zb2p(layout = w)", "expected one of: looped, v"),
+        ("zb2p(layout = v, v = 3)", "2 chunks per rank"),
+        ("zb2p(chunks = 2)", "unknown argument `chunks`"),
+    ] {
+        let e = derive_str(&req, text).unwrap_err();
+        assert_eq!(e[0].kind, ErrorKind::BadArgument, "{text}");
+        assert!(e[0].message.contains(says), "{text}: {}", e[0].message);
+    }
+}
