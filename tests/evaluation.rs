@@ -33,14 +33,13 @@ fn eval_profiles() -> Vec<PathBuf> {
     v
 }
 
-fn evaluate(svg_dir: &Path) -> String {
+fn evaluate(svg_dir: Option<&Path>, mode: &str) -> String {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_mpipe"));
-    cmd.arg("evaluate")
-        .args(eval_profiles())
-        .arg("--svg-dir")
-        .arg(svg_dir)
-        .arg("--markdown")
-        .current_dir(root());
+    cmd.arg("evaluate").args(eval_profiles());
+    if let Some(dir) = svg_dir {
+        cmd.arg("--svg-dir").arg(dir);
+    }
+    cmd.args(["--markdown", "--mode", mode]).current_dir(root());
     let out = cmd.output().expect("mpipe evaluate runs");
     assert!(
         out.status.success(),
@@ -65,7 +64,7 @@ fn the_readme_shows_what_mpipe_evaluate_prints_and_draws() {
     let bless = std::env::var_os("MPIPE_BLESS").is_some();
     let dir = std::env::temp_dir().join(format!("mpipe-eval-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
-    let markdown = evaluate(&dir);
+    let markdown = evaluate(Some(&dir), "rendezvous");
     let committed = root().join("docs/eval");
     let mut stale = Vec::new();
     for entry in std::fs::read_dir(&dir).unwrap() {
@@ -96,5 +95,27 @@ fn the_readme_shows_what_mpipe_evaluate_prints_and_draws() {
         "the evaluation changed; regenerate with `MPIPE_BLESS=1 cargo test --release --test \
          evaluation -- --nocapture`, paste the printed table into README.md and review.\n\
          stale charts: {stale:?}\nREADME lacks: {missing:#?}"
+    );
+}
+
+/// The README's second table: the same evaluation with every program derived for
+/// and timed under eager semantics (sends that never wait).
+#[test]
+fn the_readme_shows_the_evaluation_under_eager_semantics() {
+    let table = summary(&evaluate(None, "eager"));
+    if std::env::var_os("MPIPE_BLESS").is_some() {
+        println!("the README's eager evaluation table:\n{}", table.join("\n"));
+        return;
+    }
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let missing: Vec<&String> = table
+        .iter()
+        .filter(|l| !readme.contains(l.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "the eager evaluation changed; regenerate with `MPIPE_BLESS=1 cargo test --release \
+         --test evaluation -- --nocapture`, paste the printed table into README.md and \
+         review.\nREADME lacks: {missing:#?}"
     );
 }

@@ -13,7 +13,7 @@ use crate::analysis::{PlanError, Timing};
 use crate::bound::{lower_bound, profile_bound, Bound};
 use crate::expr::{Arg, Expr};
 use crate::generators::{generate, BodyKind, GenError, BODY_NAMES};
-use crate::lower::{lower_prepared, prepare, Placement};
+use crate::lower::{assemble, placement_of, prepare, Placed, Placement};
 use crate::operators::fill::fill;
 use crate::operators::prefetch::prefetch;
 use crate::operators::split_w::split_w;
@@ -21,17 +21,19 @@ use crate::operators::transpose::{transpose, Backward, Owners};
 use crate::plan::{Plan, UnitId};
 use crate::profile::Profile;
 use crate::program::{ActionRef, Program};
+use crate::refine::refine;
 use crate::simulate::{simulate, CommModel, Mode, SimOptions, SimReport};
 use crate::verify::verify_static;
 use proc_macro2::Span;
 
 /// Operator names the language reserves.
-pub const OPERATOR_NAMES: [&str; 6] = [
+pub const OPERATOR_NAMES: [&str; 7] = [
     "transpose",
     "fill",
     "split_w",
     "balance",
     "prefetch",
+    "refine",
     "auto",
 ];
 
@@ -147,11 +149,33 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
     if !errors.is_empty() {
         return Err(errors);
     }
-    if expr.name() == "auto" {
-        return crate::search::auto(req, expr);
+    match expr.name() {
+        "auto" => crate::search::auto(req, expr),
+        "refine" => {
+            let mut errors = Vec::new();
+            no_keys(expr, "refine(SCHEDULE)", &mut errors);
+            let inner = one_body(req, expr, "refine(zbh1)", &mut errors);
+            match inner {
+                Some(x) if matches!(x.name(), "auto" | "refine") => errors.push(err(
+                    ErrorKind::BadArgument,
+                    x.span,
+                    format!("`refine` takes a schedule expression, not `{}` (`auto` refines its choice already)", x.name()),
+                )),
+                _ => {}
+            }
+            let plan = inner.and_then(|x| eval(req, x, &mut errors));
+            match plan {
+                Some(plan) if errors.is_empty() => {
+                    finish(req, &plan, &expr.to_string(), expr.span, true)
+                }
+                _ => Err(errors),
+            }
+        }
+        _ => {
+            let plan = plan_of(req, expr)?;
+            finish(req, &plan, &expr.to_string(), expr.span, false)
+        }
     }
-    let plan = plan_of(req, expr)?;
-    finish(req, &plan, &expr.to_string(), expr.span)
 }
 
 /// Evaluate `expr` to its plan (every error found, with its span).
@@ -165,16 +189,28 @@ pub(crate) fn plan_of(req: &Request, expr: &Expr) -> Result<Plan, Vec<DeriveErro
 
 /// Lower, verify and simulate the plan of expression `text` (errors point at `span`),
 /// and check it against the memory limit.
+/// `refine`: also refine the transfers' placement by simulation ([`crate::refine`]).
 pub(crate) fn finish(
     req: &Request,
     plan: &Plan,
     text: &str,
     span: Span,
+    refine: bool,
 ) -> Result<Derived, Vec<DeriveError>> {
     let mut errors = Vec::new();
-    let (program, report) =
-        best_lowering(req, plan, text).map_err(|m| vec![err(ErrorKind::Invalid, span, m)])?;
-    // Rule 5 (termination under rendezvous) holds: `best_lowering` ran it to the end.
+    let (program, report) = best_lowering(req, plan, text, refine)
+        .map_err(|m| vec![err(ErrorKind::Invalid, span, m)])?;
+    // Rule 5 (termination under rendezvous) holds: `best_lowering` ran it to the end,
+    // under rendezvous unless the request asked for eager semantics; then check it.
+    if req.mode != Mode::Rendezvous {
+        if let Err(e) = simulate(&program, &req.sim_options(Mode::Rendezvous)) {
+            return Err(vec![err(
+                ErrorKind::Invalid,
+                span,
+                format!("derived program does not run under rendezvous (a bug in mpipe, please report it): {e}"),
+            )]);
+        }
+    }
     let violations = verify_static(&program);
     if !violations.is_empty() {
         return Err(violations
@@ -226,37 +262,46 @@ pub(crate) fn finish(
 
 /// Lower `plan` with every placement rule and keep the program that runs faster
 /// under the request's semantics (rendezvous unless asked otherwise). All are
-/// correct; they differ in where each transfer meets. The search stops once a
-/// program reaches the plan's ideal (communication-free) timing, which no program
-/// of the plan can beat.
-fn best_lowering(req: &Request, plan: &Plan, text: &str) -> Result<(Program, SimReport), String> {
+/// correct; they differ in where each transfer meets. The best placement is then
+/// re-placed against the times its simulation measured, and refined move by move
+/// ([`crate::refine`]). Every step stops once a program reaches the plan's ideal
+/// (communication-free) timing, which no program of the plan can beat.
+fn best_lowering(
+    req: &Request,
+    plan: &Plan,
+    text: &str,
+    refine_too: bool,
+) -> Result<(Program, SimReport), String> {
     let prepared = prepare(plan).map_err(|e| e.to_string())?;
     let target = prepared.time.makespan() * (1.0 + 1e-12);
     let opts = req.sim_options(req.mode);
-    let mut best: Option<(Program, SimReport)> = None;
-    for placement in [Placement::Meet, Placement::Ready, Placement::Critical] {
-        if best.as_ref().is_some_and(|(_, b)| b.makespan <= target) {
+    let mut best: Option<(Vec<Vec<Placed>>, Program, SimReport)> = None;
+    let done = |best: &Option<(Vec<Vec<Placed>>, Program, SimReport)>| {
+        best.as_ref().is_some_and(|(_, _, b)| b.makespan <= target)
+    };
+    for placement in PLACEMENTS {
+        if done(&best) {
             break;
         }
-        let program =
-            lower_prepared(plan, &prepared, Some(text), placement).map_err(|e| e.to_string())?;
+        let at = placement_of(plan, &prepared, placement).map_err(|e| e.to_string())?;
+        let program = assemble(plan, &at, Some(text));
         let report =
             simulate(&program, &opts).map_err(|e| format!("derived program does not run: {e}"))?;
         if best
             .as_ref()
-            .is_none_or(|(_, b)| report.makespan < b.makespan)
+            .is_none_or(|(_, _, b)| report.makespan < b.makespan)
         {
-            best = Some((program, report));
+            best = Some((at, program, report));
         }
     }
     // Re-place the transfers against the times the best program actually ran at:
     // waiting shifts the timeline, and meeting points chosen on the shifted one
     // fit it better. A few rounds, keeping the fastest program.
     for _ in 0..ROUNDS {
-        let Some((program, report)) = &best else {
+        let Some((_, program, report)) = &best else {
             break;
         };
-        if report.makespan <= target {
+        if done(&best) {
             break;
         }
         let Some(time) = simulated_timing(plan, program, report, &prepared.time) else {
@@ -264,18 +309,19 @@ fn best_lowering(req: &Request, plan: &Plan, text: &str) -> Result<(Program, Sim
         };
         let again = prepared.retimed(time);
         let mut improved = false;
-        for placement in [Placement::Meet, Placement::Ready, Placement::Critical] {
-            let Ok(program) = lower_prepared(plan, &again, Some(text), placement) else {
+        for placement in PLACEMENTS {
+            let Ok(at) = placement_of(plan, &again, placement) else {
                 continue;
             };
+            let program = assemble(plan, &at, Some(text));
             let Ok(report) = simulate(&program, &opts) else {
                 continue;
             };
             if best
                 .as_ref()
-                .is_none_or(|(_, b)| report.makespan < b.makespan)
+                .is_none_or(|(_, _, b)| report.makespan < b.makespan)
             {
-                best = Some((program, report));
+                best = Some((at, program, report));
                 improved = true;
             }
         }
@@ -283,8 +329,29 @@ fn best_lowering(req: &Request, plan: &Plan, text: &str) -> Result<(Program, Sim
             break;
         }
     }
-    best.ok_or_else(|| "no lowering".to_string())
+    let (at, program, report) = best.ok_or_else(|| "no lowering".to_string())?;
+    if report.makespan <= target || !refine_too {
+        return Ok((program, report));
+    }
+    let budget = REFINE_BUDGET
+        .min(REFINE_ACTIONS / program.programs.iter().map(Vec::len).sum::<usize>().max(1));
+    Ok(refine(
+        plan,
+        at,
+        (program, report),
+        Some(text),
+        &opts,
+        budget,
+    ))
 }
+
+/// The placement rules tried, in order.
+const PLACEMENTS: [Placement; 3] = [Placement::Meet, Placement::Ready, Placement::Critical];
+
+/// Simulations refinement may spend: at most this many, and fewer for large
+/// programs (about this many actions simulated in all).
+const REFINE_BUDGET: usize = 300;
+const REFINE_ACTIONS: usize = 1_500_000;
 
 /// Rounds of re-placement against simulated times.
 const ROUNDS: usize = 8;
@@ -399,11 +466,18 @@ fn eval(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> 
     match name {
         "transpose" => eval_transpose(req, e, errors),
         "split_w" => eval_split_w(req, e, errors),
-        "auto" => {
+        "auto" | "refine" => {
             errors.push(err(
                 ErrorKind::BadArgument,
                 e.span,
-                "`auto` stands for a whole schedule and cannot be an operator's argument; write `auto` alone",
+                format!(
+                    "`{name}` stands for a whole schedule and cannot be an operator's argument; {}",
+                    if name == "auto" {
+                        "write `auto` alone"
+                    } else {
+                        "write it outermost, as in `refine(zbh1)`"
+                    }
+                ),
             ));
             None
         }

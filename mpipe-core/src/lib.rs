@@ -6,7 +6,9 @@
 //!
 //! The pipeline, on one screen (see [`mod@derive`]): parse ([`expr`]) → build units
 //! ([`units`]) → generate a compute-only [`plan`] ([`generators`]) → map it with
-//! [`operators`] → derive all communication ([`lower`]) → [`verify`] → [`simulate`].
+//! [`operators`] → derive all communication ([`lower`]; `refine(...)` then moves
+//! transfers where a simulation shows ranks waiting, [`refine`]) → [`verify`] →
+//! [`simulate`].
 //! `auto` searches the algebra for the fastest expression ([`search`]), and
 //! [`evaluation`] sets it against the peer schedules and the lower bound.
 //! Around it: lower bounds ([`bound`]), charts and traces ([`render`]), loops for code
@@ -33,6 +35,7 @@ pub mod operators;
 pub mod plan;
 pub mod profile;
 pub mod program;
+pub mod refine;
 pub mod render;
 pub mod rolled;
 pub mod search;

@@ -54,8 +54,26 @@ struct Item {
     key: Key,
     lo: usize,
     hi: usize,
+    /// The slots the dependencies allow (`lo..=hi` is the placement rule's choice
+    /// within them): a `SEND` after its producer, a `RECV` before its consumer.
+    min: usize,
+    max: usize,
     dir: Dir,
     peer: usize,
+    /// The transfer's index in the prepared list (both ends share it).
+    id: usize,
+}
+
+/// One end of a transfer as placed on its rank: posted just before compute task
+/// `slot` (at the end for `slot == len`); `min..=max` are the slots its
+/// dependencies allow, `id` names the transfer (both ends share it).
+#[derive(Clone, Debug)]
+pub(crate) struct Placed {
+    pub slot: usize,
+    pub action: Action,
+    pub min: usize,
+    pub max: usize,
+    pub id: usize,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -165,7 +183,29 @@ pub fn lower_prepared(
     expr: Option<&str>,
     placement: Placement,
 ) -> Result<Program, LowerError> {
+    let at = placement_of(plan, prepared, placement)?;
+    Ok(assemble(plan, &at, expr))
+}
+
+/// The placement of every transfer's ends under `placement`.
+pub(crate) fn placement_of(
+    plan: &Plan,
+    prepared: &Prepared,
+    placement: Placement,
+) -> Result<Vec<Vec<Placed>>, LowerError> {
     let (time, transfers) = (&prepared.time, &prepared.transfers);
+    match place(plan, time, transfers, placement) {
+        Ok(at) => Ok(at),
+        // The meeting-point heuristic may, with zero-cost tasks, ask for an order
+        // the constraints forbid; the ready-time rule is always feasible.
+        Err(_) => place(plan, time, transfers, Placement::Ready),
+    }
+}
+
+/// The program of `plan` with its transfers placed as `at` says (per rank in key
+/// order, slots non-decreasing): compute in the plan's order, transfers before the
+/// compute task of their slot, those sharing a slot batched.
+pub(crate) fn assemble(plan: &Plan, at: &[Vec<Placed>], expr: Option<&str>) -> Program {
     let p = plan.ranks;
     let names: Vec<Name> = plan
         .units
@@ -173,26 +213,18 @@ pub fn lower_prepared(
         .map(|u| Name::from(u.name.as_str()))
         .collect();
     let name = |u: usize| names[u].clone();
-
-    let at = match place(plan, time, transfers, placement) {
-        Ok(at) => at,
-        // The meeting-point heuristic may, with zero-cost tasks, ask for an order
-        // the constraints forbid; the ready-time rule is always feasible.
-        Err(_) => place(plan, time, transfers, Placement::Ready)?,
-    };
-
     let (bcasts, reduces) = collectives(plan);
     let mut programs = Vec::with_capacity(p);
-    for (r, at) in at.into_iter().enumerate() {
+    for (r, at) in at.iter().enumerate() {
         let n = plan.order[r].len();
         let mut list = Vec::with_capacity(n * 2);
         list.extend(bcasts.iter().filter(|a| member(a, r)).cloned());
         let mut batch = 0u64;
-        let mut comm = at.into_iter().peekable();
+        let mut comm = at.iter().peekable();
         let mut group = Vec::new();
         for k in 0..=n {
-            while let Some((_, a)) = comm.next_if(|(slot, _)| *slot == k) {
-                group.push(a);
+            while let Some(x) = comm.next_if(|x| x.slot == k) {
+                group.push(x.action.clone());
             }
             if !group.is_empty() {
                 push_batched(&mut list, &mut group, &mut batch);
@@ -205,7 +237,7 @@ pub fn lower_prepared(
         programs.push(list);
     }
     let prefetch = prefetch_transfers(plan, &names, &mut programs);
-    Ok(Program {
+    Program {
         format: FORMAT.to_string(),
         ranks: p,
         microbatches: plan.microbatches,
@@ -215,7 +247,7 @@ pub fn lower_prepared(
             expr: e.to_string(),
         }),
         prefetch,
-    })
+    }
 }
 
 /// The transfers of prefetched forwards (see [`Plan::prefetch`]): the activation of
@@ -284,15 +316,14 @@ pub enum Placement {
 /// At most this many candidate meeting points are tried per rank and transfer.
 const CANDIDATES: usize = 4;
 
-/// Place every transfer's two ends: `result[rank]` lists `(slot, action)` in key
-/// order, slots non-decreasing; the action is posted just before compute task
-/// `slot` (or at the end, for `slot == len`).
+/// Place every transfer's two ends: `result[rank]` lists them in key order, slots
+/// non-decreasing.
 fn place(
     plan: &Plan,
     time: &Timing,
     transfers: &[(TransferId, Ends)],
     strategy: Placement,
-) -> Result<Vec<Vec<(usize, Action)>>, LowerError> {
+) -> Result<Vec<Vec<Placed>>, LowerError> {
     let p = plan.ranks;
 
     // Slot of rank r at time t: after every task that ends by t.
@@ -320,7 +351,7 @@ fn place(
         _ => vec![1.0; p],
     };
     let mut items: Vec<Vec<Item>> = (0..p).map(|_| Vec::new()).collect();
-    for &((tensor, unit, mb, to), (from, j, i)) in transfers {
+    for (id, &((tensor, unit, mb, to), (from, j, i))) in transfers.iter().enumerate() {
         let ready = time.end[from][j];
         let need = time.start[to][i];
         let tau = match strategy {
@@ -376,8 +407,11 @@ fn place(
             key,
             lo: slot_at(from, tau).max(j + 1),
             hi: plan.order[from].len(),
+            min: j + 1,
+            max: plan.order[from].len(),
             dir: Dir::Send,
             peer: to,
+            id,
         });
         let lo = match strategy {
             Placement::Ready => time.start[to].partition_point(|&s| s < tau),
@@ -387,15 +421,18 @@ fn place(
             key,
             lo: lo.min(i),
             hi: i,
+            min: 0,
+            max: i,
             dir: Dir::Recv,
             peer: from,
+            id,
         });
     }
     let mut out = Vec::with_capacity(p);
     for (r, mut its) in items.into_iter().enumerate() {
         // Keys are unique per rank (one end of each transfer), so unstable is exact.
         its.sort_unstable_by(|a, b| a.key.cmp(&b.key));
-        let mut at: Vec<(usize, Action)> = Vec::with_capacity(its.len());
+        let mut at: Vec<Placed> = Vec::with_capacity(its.len());
         let mut slot = 0;
         for it in its {
             slot = slot.max(it.lo);
@@ -416,7 +453,13 @@ fn place(
                     limit: it.hi,
                 });
             }
-            at.push((slot, action));
+            at.push(Placed {
+                slot,
+                action,
+                min: it.min,
+                max: it.max,
+                id: it.id,
+            });
         }
         out.push(at);
     }

@@ -25,6 +25,10 @@ use crate::plan::Plan;
 use crate::profile::Profile;
 use std::cell::Cell;
 
+/// Candidates whose transfers `auto` refines by simulation (the fastest before
+/// refinement).
+const FINALISTS: usize = 3;
+
 /// Bodies whose backward is fused (`BW`), which `split_w` can split.
 const FUSED: [&str; 5] = [
     "1f1b",
@@ -273,6 +277,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     planned.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
     let mut best: Option<(f64, f64, usize, Derived)> = None;
     let mut first_errors = None;
+    let mut finalists = Vec::new();
     for (ideal, order, slot, plan) in planned {
         if let Some((span, ..)) = &best {
             if ideal > *span * (1.0 + 1e-12) {
@@ -281,8 +286,9 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         }
         let span = parse_str(&tried[slot].expr)
             .map_or_else(|_| proc_macro2::Span::call_site(), |e| e.span);
-        match finish(req, &plan, &tried[slot].expr, span) {
+        match finish(req, &plan, &tried[slot].expr, span, false) {
             Ok(d) => {
+                finalists.push((d.report.makespan, d.peak_with_params(), order, slot, plan));
                 tried[slot].makespan = Some(d.report.makespan);
                 let key = (d.report.makespan, d.peak_with_params(), order);
                 let better = best.as_ref().is_none_or(|(s, p, o, _)| {
@@ -301,7 +307,37 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             }
         }
     }
-    match best {
+    // Refine the transfers of the fastest few by simulation (never slower), and
+    // keep the fastest refined program: `refine(EXPR)` names it.
+    finalists.sort_by(|a, b| {
+        a.0.total_cmp(&b.0)
+            .then(a.1.total_cmp(&b.1))
+            .then(a.2.cmp(&b.2))
+    });
+    let mut refined: Option<(f64, f64, usize, Derived)> = None;
+    for (_, _, order, slot, plan) in finalists.into_iter().take(FINALISTS) {
+        let text = format!("refine({})", tried[slot].expr);
+        let span = proc_macro2::Span::call_site();
+        if let Ok(d) = finish(req, &plan, &text, span, true) {
+            let key = (d.report.makespan, d.peak_with_params(), order);
+            let better = refined.as_ref().is_none_or(|(s, p, o, _)| {
+                key.0
+                    .total_cmp(s)
+                    .then(key.1.total_cmp(p))
+                    .then(key.2.cmp(o))
+                    .is_lt()
+            });
+            if better {
+                refined = Some((key.0, key.1, key.2, d));
+            }
+        }
+    }
+    // Only a strict gain is worth the longer name.
+    let winner = match (refined, best) {
+        (Some(r), Some(b)) if r.0 < b.0 => Some(r),
+        (_, b) => b,
+    };
+    match winner {
         Some((.., d)) => Ok(Search { best: d, tried }),
         None => Err(first_errors.or_else(plan_errors).unwrap_or_default()),
     }

@@ -1,0 +1,236 @@
+//! Refinement of a lowering by simulation: move transfers where ranks wait.
+//!
+//! Under rendezvous a transfer completes when both of its ends have been reached,
+//! so the first rank to arrive waits. The lowering places each end from the plan's
+//! ideal timing; once ranks wait the timeline shifts and some meetings land badly.
+//! [`refine`] simulates the program, takes the ends where a rank waited longest,
+//! and tries two moves for each: post it one compute task *later* on its own rank
+//! (the rank computes instead of waiting), or post the other end one compute task
+//! *earlier* (the partner arrives sooner). A move is kept when the program's
+//! makespan (then the sum of the ranks' finishing times) goes down.
+//!
+//! Moves keep every rank's transfers in the lowering's key order (an end moves
+//! together with the ends that share its slot and come after it, or before it), and
+//! keep each end within the slots its dependencies allow (a `SEND` after its
+//! producer, a `RECV` before its consumer). The deadlock-freedom argument of
+//! [`crate::lower`] depends only on that order, so every refined program terminates
+//! under rendezvous, like the one it came from.
+
+use crate::lower::{assemble, Placed};
+use crate::plan::Plan;
+use crate::program::{Action, ActionRef, Program};
+use crate::simulate::{simulate, SimOptions, SimReport};
+
+/// Improve `at` (a placement of `plan`'s transfers) for `opts` with at most `budget`
+/// simulations; returns the best program found and its report. `start` is `at`'s
+/// program and report.
+pub(crate) fn refine(
+    plan: &Plan,
+    mut at: Vec<Vec<Placed>>,
+    start: (Program, SimReport),
+    expr: Option<&str>,
+    opts: &SimOptions,
+    budget: usize,
+) -> (Program, SimReport) {
+    let (mut program, mut report) = start;
+    let mut spent = 0;
+    let score = |r: &SimReport| (r.makespan, ends(r));
+    let mut best = score(&report);
+    while spent < budget {
+        let waits = waits(&program, &report, &at);
+        let mut improved = false;
+        for (r, q) in waits {
+            let partner = other_end(&at, r, q);
+            let moves = [
+                Some((r, q, Move::Later)),
+                partner.map(|(s, k)| (s, k, Move::Earlier)),
+            ];
+            for (s, k, dir) in moves.into_iter().flatten() {
+                if spent >= budget {
+                    break;
+                }
+                let Some(undo) = shift(&mut at, s, k, dir) else {
+                    continue;
+                };
+                spent += 1;
+                let candidate = assemble(plan, &at, expr);
+                let kept = simulate(&candidate, opts).ok().filter(|rep| {
+                    let sc = score(rep);
+                    sc.0 < best.0 || (sc.0 == best.0 && sc.1 < best.1)
+                });
+                match kept {
+                    Some(rep) => {
+                        best = score(&rep);
+                        program = candidate;
+                        report = rep;
+                        improved = true;
+                        break;
+                    }
+                    None => {
+                        for (r, i, slot) in undo {
+                            at[r][i].slot = slot;
+                        }
+                    }
+                }
+            }
+            if improved {
+                break;
+            }
+        }
+        if !improved {
+            break;
+        }
+    }
+    (program, report)
+}
+
+#[derive(Clone, Copy)]
+enum Move {
+    Later,
+    Earlier,
+}
+
+/// Sum of the ranks' finishing times: progress where the makespan does not move.
+fn ends(r: &SimReport) -> f64 {
+    r.timeline
+        .ranks
+        .iter()
+        .map(|l| l.last().map_or(0.0, |s| s.end))
+        .sum()
+}
+
+/// Every placed end `(rank, index in at[rank])` at which its rank waited, the
+/// longest wait first (ties by rank and index, so the order is deterministic).
+fn waits(program: &Program, report: &SimReport, at: &[Vec<Placed>]) -> Vec<(usize, usize)> {
+    let mut out: Vec<(f64, usize, usize)> = Vec::new();
+    for (r, list) in program.programs.iter().enumerate() {
+        let Some(slots) = report.timeline.ranks.get(r) else {
+            continue;
+        };
+        // Walk the list and the placement together: the k-th point-to-point action
+        // of the rank's list is some end of at[r] (the prefetch transfers, at the
+        // end, are not placed and not moved).
+        let mut compute = 0usize;
+        for (a, s) in list.iter().zip(slots) {
+            match a.view() {
+                ActionRef::Compute(_) => compute += 1,
+                ActionRef::P2p(_) => {
+                    // The end of this action: same slot (compute count) and action.
+                    let from = at[r].partition_point(|x| x.slot < compute);
+                    let here = at[r][from..]
+                        .iter()
+                        .take_while(|x| x.slot == compute)
+                        .position(|x| same(&x.action, a))
+                        .map(|i| from + i);
+                    if let Some(q) = here {
+                        let wait = s.end - s.start;
+                        if wait > 0.0 {
+                            out.push((wait, r, q));
+                        }
+                    }
+                }
+                ActionRef::Coll(_) => {}
+            }
+        }
+    }
+    out.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    out.into_iter().map(|(_, r, q)| (r, q)).collect()
+}
+
+/// Whether `a` (placed, no batch) and `b` (in a program, maybe batched) are the same
+/// transfer end.
+fn same(a: &Action, b: &Action) -> bool {
+    match (a, b) {
+        (
+            Action::SEND {
+                tensor: t1,
+                unit: u1,
+                mb: m1,
+                peer: p1,
+                ..
+            },
+            Action::SEND {
+                tensor: t2,
+                unit: u2,
+                mb: m2,
+                peer: p2,
+                ..
+            },
+        )
+        | (
+            Action::RECV {
+                tensor: t1,
+                unit: u1,
+                mb: m1,
+                peer: p1,
+                ..
+            },
+            Action::RECV {
+                tensor: t2,
+                unit: u2,
+                mb: m2,
+                peer: p2,
+                ..
+            },
+        ) => t1 == t2 && u1 == u2 && m1 == m2 && p1 == p2,
+        _ => false,
+    }
+}
+
+/// The other end of the transfer placed at `at[r][q]`.
+fn other_end(at: &[Vec<Placed>], r: usize, q: usize) -> Option<(usize, usize)> {
+    let id = at[r][q].id;
+    let peer = match &at[r][q].action {
+        Action::SEND { peer, .. } | Action::RECV { peer, .. } => *peer,
+        _ => return None,
+    };
+    at.get(peer)?
+        .iter()
+        .position(|x| x.id == id)
+        .map(|k| (peer, k))
+}
+
+/// Move end `at[r][q]` one slot in `dir`, together with the ends of its slot that
+/// must move with it to keep the key order. Returns the old slots (to undo), or
+/// `None` (and changes nothing) if a dependency forbids the move.
+fn shift(
+    at: &mut [Vec<Placed>],
+    r: usize,
+    q: usize,
+    dir: Move,
+) -> Option<Vec<(usize, usize, usize)>> {
+    let list = &at[r];
+    let slot = list[q].slot;
+    let range = match dir {
+        // q and the ends after it in the same slot.
+        Move::Later => q..list[q..].iter().take_while(|x| x.slot == slot).count() + q,
+        // The ends before q in the same slot, and q.
+        Move::Earlier => {
+            if slot == 0 {
+                return None;
+            }
+            q - list[..q]
+                .iter()
+                .rev()
+                .take_while(|x| x.slot == slot)
+                .count()..q + 1
+        }
+    };
+    let allowed = list[range.clone()].iter().all(|x| match dir {
+        Move::Later => x.slot < x.max,
+        Move::Earlier => x.slot > x.min,
+    });
+    if !allowed {
+        return None;
+    }
+    let mut undo = Vec::with_capacity(range.len());
+    for i in range {
+        let x = &mut at[r][i];
+        undo.push((r, i, x.slot));
+        x.slot = match dir {
+            Move::Later => x.slot + 1,
+            Move::Earlier => x.slot - 1,
+        };
+    }
+    Some(undo)
+}
