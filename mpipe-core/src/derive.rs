@@ -586,27 +586,25 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
                 },
             };
             let chunks = match (v.map(|v| (v, v.as_int())), vshape) {
-                (None, false) => 1,
-                (None, true) | (Some((_, Some(2))), true) => 2,
-                (Some((_, Some(n))), false) if n >= 1 => n as usize,
-                (Some((v, _)), true) => {
-                    errors.push(err(
-                        ErrorKind::BadArgument,
-                        v.span(),
-                        format!("`layout = v` has 2 chunks per rank; drop `v = {v}`"),
-                    ));
-                    return None;
-                }
-                (Some((v, _)), false) => {
-                    errors.push(err(
-                        ErrorKind::BadArgument,
-                        v.span(),
-                        format!("`v` is the number of chunks per rank, an integer >= 1, got `{v}`"),
-                    ));
-                    return None;
-                }
+                (None, false) => Ok(1),
+                (None, true) | (Some((_, Some(2))), true) => Ok(2),
+                (Some((_, Some(n))), false) if n >= 1 => Ok(n as usize),
+                (Some((v, _)), true) => Err((
+                    v,
+                    format!("`layout = v` has 2 chunks per rank; drop `v = {v}`"),
+                )),
+                (Some((v, _)), false) => Err((
+                    v,
+                    format!("`v` is the number of chunks per rank, an integer >= 1, got `{v}`"),
+                )),
             };
-            BodyKind::Zb2p { v: chunks, vshape }
+            match chunks {
+                Ok(chunks) => BodyKind::Zb2p { v: chunks, vshape },
+                Err((v, message)) => {
+                    errors.push(err(ErrorKind::BadArgument, v.span(), message));
+                    return None;
+                }
+            }
         }
         (k, _) => k,
     };

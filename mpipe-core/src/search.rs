@@ -290,17 +290,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             Ok(d) => {
                 finalists.push((d.report.makespan, d.peak_with_params(), order, slot, plan));
                 tried[slot].makespan = Some(d.report.makespan);
-                let key = (d.report.makespan, d.peak_with_params(), order);
-                let better = best.as_ref().is_none_or(|(s, p, o, _)| {
-                    key.0
-                        .total_cmp(s)
-                        .then(key.1.total_cmp(p))
-                        .then(key.2.cmp(o))
-                        .is_lt()
-                });
-                if better {
-                    best = Some((key.0, key.1, key.2, d));
-                }
+                keep_better(&mut best, d, order);
             }
             Err(es) => {
                 first_errors.get_or_insert(es);
@@ -319,17 +309,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         let text = format!("refine({})", tried[slot].expr);
         let span = proc_macro2::Span::call_site();
         if let Ok(d) = finish(req, &plan, &text, span, true) {
-            let key = (d.report.makespan, d.peak_with_params(), order);
-            let better = refined.as_ref().is_none_or(|(s, p, o, _)| {
-                key.0
-                    .total_cmp(s)
-                    .then(key.1.total_cmp(p))
-                    .then(key.2.cmp(o))
-                    .is_lt()
-            });
-            if better {
-                refined = Some((key.0, key.1, key.2, d));
-            }
+            keep_better(&mut refined, d, order);
         }
     }
     // Only a strict gain is worth the longer name.
@@ -340,6 +320,22 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     match winner {
         Some((.., d)) => Ok(Search { best: d, tried }),
         None => Err(first_errors.or_else(plan_errors).unwrap_or_default()),
+    }
+}
+
+/// Keep `d` (the candidate at `order`) in `best` if it is faster, or as fast with
+/// less peak memory, or as both with an earlier candidate.
+fn keep_better(best: &mut Option<(f64, f64, usize, Derived)>, d: Derived, order: usize) {
+    let key = (d.report.makespan, d.peak_with_params(), order);
+    let better = best.as_ref().is_none_or(|(s, p, o, _)| {
+        key.0
+            .total_cmp(s)
+            .then(key.1.total_cmp(p))
+            .then(key.2.cmp(o))
+            .is_lt()
+    });
+    if better {
+        *best = Some((key.0, key.1, key.2, d));
     }
 }
 
