@@ -687,8 +687,8 @@ fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opt
                 })
         };
         let r = match key.name.as_str() {
-            "owners" => choice(&["round_robin", "min"])
-                .map(|i| owners = [Owners::RoundRobin, Owners::Min][i]),
+            "owners" => choice(&["round_robin", "min", "spare"])
+                .map(|i| owners = [Owners::RoundRobin, Owners::Min, Owners::Spare][i]),
             "backward" => choice(&["local", "central"])
                 .map(|i| backward = [Backward::Local, Backward::Central][i]),
             other => Err(err(

@@ -1,9 +1,10 @@
 //! `auto`: the fastest expression of the algebra for a profile, found by search.
 //!
 //! The search space ([`candidates`]) is every body generator (`1f1b`, `gpipe`, `zbh1`,
-//! `zbv`, `dualpipev`, `interleaved(v = 2..4)`), the fused-backward bodies also under
-//! `split_w`, and for each encoder of the profile every placement the operators offer:
-//! inline (the body's own), `transpose` with each owner mode and, for a trainable
+//! `zbv`, `dualpipev`, `interleaved(v = 2..4)` and `v = 5..8` where the chunks split
+//! the layers evenly, `zb2p` with one chunk, two looped and two in a V), the
+//! fused-backward bodies also under `split_w`, and for each encoder of the profile every placement the operators offer:
+//! inline (the body's own), `transpose` with each owner mode (`spare` too) and, for a trainable
 //! encoder, each backward mode (modes that cannot differ, such as owners when
 //! micro-batches <= ranks, are enumerated once), `fill`, and for a frozen encoder
 //! `prefetch`; every candidate also
@@ -37,6 +38,10 @@ const FUSED: [&str; 5] = [
     "interleaved(v = 3)",
     "interleaved(v = 4)",
 ];
+/// Chunks per rank `auto` goes up to beyond `interleaved(v = 4)`, where they divide
+/// the layers evenly.
+const MAX_CHUNKS: usize = 8;
+
 /// Bodies that already split `B` from `W`.
 const SPLIT: [&str; 6] = [
     "zbh1",
@@ -50,21 +55,37 @@ const SPLIT: [&str; 6] = [
 /// Every expression `auto` considers for `profile` on `ranks` x `microbatches`, in the
 /// order that breaks ties.
 pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<String> {
+    // More chunks where they split the layers exactly: finer tasks wait less for
+    // their neighbours under rendezvous, and equal chunks keep the loop even.
+    let layers = profile.llm.layers as usize;
+    let fused: Vec<String> = FUSED
+        .iter()
+        .map(|b| b.to_string())
+        .chain(
+            (5..=MAX_CHUNKS)
+                .filter(|v| ranks > 0 && layers.is_multiple_of(ranks * v))
+                .map(|v| format!("interleaved(v = {v})")),
+        )
+        .collect();
     let mut bodies: Vec<(String, bool)> = Vec::new();
-    for b in FUSED {
-        bodies.push((b.to_string(), true));
+    for b in &fused {
+        bodies.push((b.clone(), true));
     }
     for b in SPLIT {
         bodies.push((b.to_string(), false));
     }
-    for b in FUSED {
+    for b in &fused {
         bodies.push((format!("split_w({b})"), false));
     }
     // Per encoder: `None` inline, else the operator placing it and the arguments
     // after the body.
     let mut placements: Vec<Vec<Option<(&str, String)>>> = Vec::new();
     for enc in &profile.encoders {
-        let mut opts = vec![None, Some(("transpose", String::new()))];
+        let mut opts = vec![
+            None,
+            Some(("transpose", String::new())),
+            Some(("transpose", ", owners = spare".into())),
+        ];
         if microbatches > ranks {
             opts.push(Some(("transpose", ", owners = min".into())));
         }

@@ -247,7 +247,7 @@ fn topts() -> impl Strategy<Value = TOpts> {
 impl TOpts {
     fn all() -> Vec<TOpts> {
         let mut v = Vec::new();
-        for owners in 0..3 {
+        for owners in 0..4 {
             for backward in 0..3 {
                 v.push(TOpts { owners, backward });
             }
@@ -260,6 +260,7 @@ impl TOpts {
         match self.owners {
             1 => s.push_str(", owners = round_robin"),
             2 => s.push_str(", owners = min"),
+            3 => s.push_str(", owners = spare"),
             _ => {}
         }
         match self.backward {

@@ -112,3 +112,36 @@ proptest! {
         }
     }
 }
+
+/// `owners = spare` keeps the encoder off the rank whose stages carry the most work:
+/// with an LM head on the last stage, no encoder task lands on the last rank, and
+/// every other rank owns some.
+#[test]
+fn spare_owners_avoid_the_busiest_rank() {
+    let profile = Profile::from_toml_str(
+        "[[encoder]]\nname = \"vision\"\nlayers = 4\nforward = 1.0\nbackward = 1.0\nweight = 0.5\n\
+         activation = 0.1\ntrainable = true\n\n[llm]\nlayers = 8\nforward = 1.0\nbackward = 1.0\n\
+         weight = 1.0\nactivation = 1.0\nlast_stage_extra = { forward = 2.0, backward = 2.0, weight = 2.0 }\n",
+    )
+    .unwrap();
+    let (p, m) = (4, 16);
+    let req = Request {
+        profile: &profile,
+        ranks: p,
+        microbatches: m,
+        mode: Default::default(),
+    };
+    let d = derive_str(&req, "transpose(vision, 1f1b, owners = spare)").unwrap();
+    let owns = |r: usize| {
+        d.program.programs[r].iter().any(|a| matches!(a, mpipe_core::program::Action::F { unit, .. } if unit.as_ref() == "vision"))
+    };
+    assert!(!owns(p - 1), "the last rank (LM head) got encoder work");
+    for r in 0..p - 1 {
+        assert!(owns(r), "rank {r} owns no encoder work");
+    }
+    // Round robin puts some on the last rank.
+    let rr = derive_str(&req, "transpose(vision, 1f1b)").unwrap();
+    assert!(rr.program.programs[p - 1].iter().any(
+        |a| matches!(a, mpipe_core::program::Action::F { unit, .. } if unit.as_ref() == "vision")
+    ));
+}

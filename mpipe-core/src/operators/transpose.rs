@@ -29,6 +29,9 @@ pub enum Owners {
     #[default]
     RoundRobin,
     Min,
+    /// Round robin over the ranks with spare time: all but those whose stages carry
+    /// the most work (the step's bottleneck, which encoder work would lengthen).
+    Spare,
 }
 
 /// Where a trainable encoder's backward runs.
@@ -49,10 +52,37 @@ pub fn transpose(
     let (p, m) = (plan.ranks, plan.microbatches);
     let first = plan.stages[0];
     let r0 = plan.units[first].home;
-    let n = p.min(m);
+    // The ranks that own micro-batches, in turn from the first stage's.
+    let ring: Vec<usize> = match owners {
+        Owners::Spare => {
+            let work: Vec<f64> = (0..p)
+                .map(|r| {
+                    plan.stages
+                        .iter()
+                        .filter(|&&u| plan.units[u].home == r)
+                        .map(|&u| {
+                            plan.units[u].cost.f + plan.units[u].cost.b + plan.units[u].cost.w
+                        })
+                        .sum()
+                })
+                .collect();
+            let most = work.iter().copied().fold(0.0, f64::max);
+            let spare: Vec<usize> = (0..p)
+                .map(|i| (r0 + i) % p)
+                .filter(|&r| work[r] < most * (1.0 - 1e-9))
+                .collect();
+            if spare.is_empty() {
+                (0..p).map(|i| (r0 + i) % p).collect()
+            } else {
+                spare
+            }
+        }
+        _ => (0..p).map(|i| (r0 + i) % p).collect(),
+    };
+    let n = ring.len().min(m);
     let owner = |mb: usize| match owners {
-        Owners::RoundRobin => (r0 + mb % n) % p,
-        Owners::Min if mb < n => (r0 + mb) % p,
+        Owners::RoundRobin | Owners::Spare => ring[mb % n],
+        Owners::Min if mb < n => ring[mb],
         Owners::Min => r0,
     };
     let trainable = plan.units[enc].trainable;
@@ -75,7 +105,7 @@ pub fn transpose(
     insert_all(&mut plan.order[r0], inline);
 
     // 2. Round robin: later forwards as late as still meets the first stage's need.
-    if owners == Owners::RoundRobin && m > n {
+    if owners != Owners::Min && m > n {
         let timed = timing(&plan, &dependencies_lenient(&plan)?)?;
         let index = plan.locate();
         let mut inserts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
