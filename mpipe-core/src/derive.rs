@@ -354,7 +354,7 @@ const REFINE_BUDGET: usize = 300;
 const REFINE_ACTIONS: usize = 1_500_000;
 
 /// Rounds of re-placement against simulated times.
-const ROUNDS: usize = 8;
+const ROUNDS: usize = 2;
 
 /// The compute tasks' times in a simulation of `program` (a lowering of `plan`), as a
 /// [`Timing`] of the plan: settle order by end, then start, then the ideal order.

@@ -9,9 +9,10 @@
 //! 1. an input-gradient backward `B` (it is on the critical path: the previous stage
 //!    waits for it), the one ready longest first;
 //! 2. else a forward `F`, the lowest micro-batch first and, among its chunks, the
-//!    deepest, as long as the rank holds fewer than `2 p v` chunk activations
-//!    (`2 p` stages' worth, twice what 1F1B's first rank holds) and their memory
-//!    stays within `memory.limit` less the parameters homed on the rank;
+//!    deepest. A micro-batch is admitted to a rank by the forward of the rank's
+//!    first stage, which reserves the activations of all the rank's stages for it:
+//!    at most `2 p` micro-batches at a time (twice what 1F1B's first rank holds),
+//!    and within `memory.limit` less the parameters homed on the rank;
 //! 3. else a weight-gradient `W`, in the order of their `B`s (it frees an activation);
 //! 4. else it waits for the next arrival.
 //!
@@ -182,7 +183,9 @@ pub fn order(ctx: &Ctx, v: usize) -> Vec<Vec<Task>> {
                 best = Some((pick.0, r, pick.1));
             }
         }
-        // Some rank can always move: the earliest unfinished chain is ready.
+        // Some rank can always move (the oldest micro-batch in flight is never
+        // refused). Were none to, the plan would come out incomplete and the
+        // verifier's coverage rule would name the missing work: never a hang.
         let Some((at, r, task)) = best else {
             break;
         };
