@@ -25,6 +25,8 @@ mpipe::schedule! { mod transpose_s { model = "profiles/encoder-heavy.toml"; rank
 mpipe::schedule! { mod transpose_central { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b, backward = central, owners = min); } }
 mpipe::schedule! { mod transpose_zbv { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, zbv); } }
 mpipe::schedule! { mod from_file { program = "tests/profiles/tiny-program.json"; } }
+mpipe::schedule! { mod zb2p_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = zb2p(v = 2); } }
+mpipe::schedule! { mod refine_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = refine(transpose(vision, zb2p, owners = spare)); } }
 mpipe::schedule! { mod auto_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = auto; } }
 
 /// The calls the derived program implies for `rank`: one per compute or collective
@@ -130,6 +132,8 @@ fn generated_code_runs_the_derived_program() {
         transpose_central,
         transpose_zbv,
         from_file,
+        zb2p_s,
+        refine_s,
         auto_s
     );
 }
