@@ -157,12 +157,7 @@ fn auto_chooses_at_compile_time() {
         assert!(auto_s::MAKESPAN <= transpose_zbv::MAKESPAN);
     };
     let profile = heavy();
-    let req = mpipe::core::derive::Request {
-        profile: &profile,
-        ranks: 4,
-        microbatches: 8,
-        mode: Default::default(),
-    };
+    let req = mpipe::core::derive::Request::new(&profile, 4, 8);
     let d = mpipe::core::derive::derive_str(&req, auto_s::EXPR).unwrap();
     assert_eq!(Program::from_json(auto_s::PROGRAM_JSON).unwrap(), d.program);
 }
@@ -171,12 +166,7 @@ fn auto_chooses_at_compile_time() {
 #[test]
 fn compile_time_program_equals_run_time_derivation() {
     let profile = heavy();
-    let req = mpipe::core::derive::Request {
-        profile: &profile,
-        ranks: 4,
-        microbatches: 8,
-        mode: Default::default(),
-    };
+    let req = mpipe::core::derive::Request::new(&profile, 4, 8);
     for (json, expr) in [
         (one_f_one_b::PROGRAM_JSON, "1f1b"),
         (zbv_s::PROGRAM_JSON, "zbv"),

@@ -42,12 +42,7 @@ pub fn schedule(tokens: TokenStream) -> TokenStream {
     if let (Some((profile, _)), Some((ranks, _)), Some((microbatches, _)), Some(expr)) =
         (&profile, input.ranks, input.microbatches, &expr)
     {
-        let req = Request {
-            profile,
-            ranks,
-            microbatches,
-            mode: Default::default(),
-        };
+        let req = Request::new(profile, ranks, microbatches);
         // `auto` searches on this thread (proc_macro2 works only here inside a
         // macro), among the schedules the macro can emit.
         match mpipe_core::search::for_macro(|| derive(&req, expr)) {

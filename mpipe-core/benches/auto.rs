@@ -24,12 +24,7 @@ fn bench(c: &mut Criterion) {
     for (name, text) in PROFILES {
         let profile = Profile::from_toml_str(text).expect("profile parses");
         for (ranks, microbatches) in [(8, 64), (16, 128)] {
-            let req = Request {
-                profile: &profile,
-                ranks,
-                microbatches,
-                mode: Default::default(),
-            };
+            let req = Request::new(&profile, ranks, microbatches);
             g.bench_function(format!("{name} {ranks}x{microbatches}"), |b| {
                 b.iter(|| search(&req).map(|s| s.best.report.makespan))
             });

@@ -27,12 +27,7 @@ activation = 1.0
 
 fn bench(c: &mut Criterion) {
     let profile = Profile::from_toml_str(PROFILE).expect("bench profile parses");
-    let req = Request {
-        profile: &profile,
-        ranks: 64,
-        microbatches: 1024,
-        mode: Default::default(),
-    };
+    let req = Request::new(&profile, 64, 1024);
     let mut g = c.benchmark_group("derive+verify+simulate 64x1024");
     g.sample_size(10);
     for expr in ["zbv", "transpose(vision, zbv)", "1f1b"] {

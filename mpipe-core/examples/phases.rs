@@ -35,12 +35,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let _ = verify(&prog);
         println!("verify: {:?}", t.elapsed());
     }
-    let req = mpipe_core::derive::Request {
-        profile: &prof,
-        ranks: 64,
-        microbatches: 1024,
-        mode: Default::default(),
-    };
+    let req = mpipe_core::derive::Request::new(&prof, 64, 1024);
     for e in ["zbv", "transpose(vision, zbv)", "1f1b"] {
         let t = Instant::now();
         let d = mpipe_core::derive::derive_str(&req, e).map_err(|e| format!("{e:?}"))?;

@@ -116,7 +116,17 @@ pub struct Request<'a> {
     pub mode: Mode,
 }
 
-impl Request<'_> {
+impl<'a> Request<'a> {
+    /// A request timed under the default (rendezvous) semantics.
+    pub fn new(profile: &'a Profile, ranks: usize, microbatches: usize) -> Request<'a> {
+        Request {
+            profile,
+            ranks,
+            microbatches,
+            mode: Mode::Rendezvous,
+        }
+    }
+
     /// Simulation options implied by the profile (its link, if any), under `mode`.
     pub fn sim_options(&self, mode: Mode) -> SimOptions {
         SimOptions {

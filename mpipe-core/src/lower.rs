@@ -277,20 +277,16 @@ fn prefetch_transfers(plan: &Plan, names: &[Name], programs: &mut [Vec<Action>])
         readers.sort_unstable();
         readers.dedup();
         for r in readers {
-            programs[q].push(Action::SEND {
-                tensor: Tensor::Act,
-                unit: names[u].clone(),
+            let unit = names[u].clone();
+            programs[q].push(Action::p2p(
+                Dir::Send,
+                Tensor::Act,
+                unit.clone(),
                 mb,
-                peer: r,
-                batch: None,
-            });
-            programs[r].push(Action::RECV {
-                tensor: Tensor::Act,
-                unit: names[u].clone(),
-                mb,
-                peer: q,
-                batch: None,
-            });
+                r,
+                None,
+            ));
+            programs[r].push(Action::p2p(Dir::Recv, Tensor::Act, unit, mb, q, None));
         }
     }
     out

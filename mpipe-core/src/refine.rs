@@ -18,7 +18,7 @@
 
 use crate::lower::{assemble, Placed};
 use crate::plan::Plan;
-use crate::program::{Action, ActionRef, Program};
+use crate::program::{Action, ActionRef, P2pRef, Program};
 use crate::simulate::{simulate, SimOptions, SimReport};
 
 /// Improve `at` (a placement of `plan`'s transfers) for `opts` with at most `budget`
@@ -140,39 +140,10 @@ fn waits(program: &Program, report: &SimReport, at: &[Vec<Placed>]) -> Vec<(usiz
 /// Whether `a` (placed, no batch) and `b` (in a program, maybe batched) are the same
 /// transfer end.
 fn same(a: &Action, b: &Action) -> bool {
-    match (a, b) {
-        (
-            Action::SEND {
-                tensor: t1,
-                unit: u1,
-                mb: m1,
-                peer: p1,
-                ..
-            },
-            Action::SEND {
-                tensor: t2,
-                unit: u2,
-                mb: m2,
-                peer: p2,
-                ..
-            },
-        )
-        | (
-            Action::RECV {
-                tensor: t1,
-                unit: u1,
-                mb: m1,
-                peer: p1,
-                ..
-            },
-            Action::RECV {
-                tensor: t2,
-                unit: u2,
-                mb: m2,
-                peer: p2,
-                ..
-            },
-        ) => t1 == t2 && u1 == u2 && m1 == m2 && p1 == p2,
+    match (a.view(), b.view()) {
+        (ActionRef::P2p(x), ActionRef::P2p(y)) => {
+            P2pRef { batch: None, ..x } == P2pRef { batch: None, ..y }
+        }
         _ => false,
     }
 }

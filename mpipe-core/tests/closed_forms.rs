@@ -36,12 +36,7 @@ struct Figures {
 }
 
 fn run(profile: &Profile, p: usize, m: usize, expr: &str) -> Figures {
-    let req = Request {
-        profile,
-        ranks: p,
-        microbatches: m,
-        mode: Default::default(),
-    };
+    let req = Request::new(profile, p, m);
     let d = derive_str(&req, expr).unwrap_or_else(|e| panic!("{expr} p={p} m={m}: {e:?}"));
     Figures {
         makespan: d.report.makespan,

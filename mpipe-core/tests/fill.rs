@@ -2,6 +2,9 @@
 //! where the body put it), and where the body's warm-up leaves idle ranks it moves
 //! the encoder's work there.
 
+mod common;
+
+use common::BODIES;
 use mpipe_core::analysis::{dependencies, timing};
 use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::generators::{generate, BodyKind};
@@ -24,20 +27,6 @@ fn profile(layers: u32, ef: f64, trainable: bool, f: f64, b: f64, w: f64) -> Pro
     ))
     .unwrap()
 }
-
-const BODIES: [BodyKind; 8] = [
-    BodyKind::GPipe,
-    BodyKind::OneFOneB,
-    BodyKind::Interleaved { v: 2 },
-    BodyKind::ZbH1,
-    BodyKind::ZbV,
-    BodyKind::DualPipeV,
-    BodyKind::Zb2p {
-        v: 1,
-        vshape: false,
-    },
-    BodyKind::Zb2p { v: 2, vshape: true },
-];
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
@@ -79,12 +68,7 @@ fn fill_spreads_a_heavy_encoder_over_the_warm_up() {
     assert_eq!(span(&body), 4.0 * 24.0 + 30.0);
     assert_eq!(span(&filled), 24.0 + 7.0 * 6.0);
     // And the derivation agrees once communication is lowered.
-    let req = Request {
-        profile: &prof,
-        ranks: 4,
-        microbatches: 4,
-        mode: Default::default(),
-    };
+    let req = Request::new(&prof, 4, 4);
     let inline = derive_str(&req, "1f1b").unwrap().report.makespan;
     let d = derive_str(&req, "fill(vision, 1f1b)").unwrap();
     assert!(

@@ -501,32 +501,17 @@ fn derived_programs_with_a_layout_verify() {
         (2, "interleaved(v = 2)"),
         (2, "zbv"),
     ] {
-        let req = Request {
-            profile: &p,
-            ranks,
-            microbatches: 4,
-            mode: Default::default(),
-        };
+        let req = Request::new(&p, ranks, 4);
         let d = derive_str(&req, expr).unwrap_or_else(|e| panic!("{expr}: {e:?}"));
         assert!(verify(&d.program).is_empty(), "{expr}");
     }
     // Empty stages too.
     let p = with_layout("E|t*4|t*4|L");
-    let req = Request {
-        profile: &p,
-        ranks: 4,
-        microbatches: 4,
-        mode: Default::default(),
-    };
+    let req = Request::new(&p, 4, 4);
     let d = derive_str(&req, "1f1b").unwrap();
     assert!(verify(&d.program).is_empty());
     // And a mismatch reaches the user through derivation.
-    let req = Request {
-        profile: &p,
-        ranks: 2,
-        microbatches: 4,
-        mode: Default::default(),
-    };
+    let req = Request::new(&p, 2, 4);
     let errs = derive_str(&req, "1f1b").unwrap_err();
     let text = format!("{errs:?}");
     assert!(text.contains("llm.layout has 4 stages"), "{text}");

@@ -102,12 +102,7 @@ fn bases() -> &'static [Base] {
         let mut out = Vec::new();
         for (ranks, microbatches) in SIZES {
             for expr in EXPRS {
-                let req = Request {
-                    profile: &profile,
-                    ranks,
-                    microbatches,
-                    mode: Default::default(),
-                };
+                let req = Request::new(&profile, ranks, microbatches);
                 let label = format!("`{expr}` on {ranks} ranks, {microbatches} micro-batches");
                 let d = derive_str(&req, expr)
                     .unwrap_or_else(|e| panic!("{label}: derivation fails: {e:#?}"));

@@ -2,9 +2,12 @@
 //! programs verify and run under both semantics, the ideal step never grows, and the
 //! verifier rejects what would read data the previous step did not leave.
 
+mod common;
+
+use common::BODIES;
 use mpipe_core::analysis::{dependencies, timing};
 use mpipe_core::derive::{derive_str, ErrorKind, Request};
-use mpipe_core::generators::{generate, BodyKind};
+use mpipe_core::generators::generate;
 use mpipe_core::operators::prefetch::prefetch;
 use mpipe_core::plan::Plan;
 use mpipe_core::profile::Profile;
@@ -25,23 +28,6 @@ fn frozen(layers: u32, ef: f64, f: f64, b: f64, w: f64) -> Profile {
 fn span(p: &Plan) -> f64 {
     timing(p, &dependencies(p).unwrap()).unwrap().makespan()
 }
-
-const BODIES: [(BodyKind, &str); 8] = [
-    (BodyKind::GPipe, "gpipe"),
-    (BodyKind::OneFOneB, "1f1b"),
-    (BodyKind::Interleaved { v: 2 }, "interleaved(v = 2)"),
-    (BodyKind::ZbH1, "zbh1"),
-    (BodyKind::ZbV, "zbv"),
-    (BodyKind::DualPipeV, "dualpipev"),
-    (
-        BodyKind::Zb2p {
-            v: 1,
-            vshape: false,
-        },
-        "zb2p",
-    ),
-    (BodyKind::Zb2p { v: 2, vshape: true }, "zb2p(layout = v)"),
-];
 
 fn runs(p: &Program) -> Result<(), TestCaseError> {
     for mode in [Mode::Rendezvous, Mode::Eager] {
@@ -66,8 +52,9 @@ proptest! {
     ) {
         let m = 2 * p * k;
         let prof = frozen(layers, ef, f, b, w);
-        let req = Request { profile: &prof, ranks: p, microbatches: m, mode: Default::default() };
-        for (kind, name) in BODIES {
+        let req = Request::new(&prof, p, m);
+        for kind in BODIES {
+            let name = &kind.expr();
             let body = generate(kind, &prof, p, m).unwrap();
             let pre = prefetch(body.clone(), 0).unwrap();
             prop_assert!(span(&pre) <= span(&body) * (1.0 + 1e-12));
@@ -94,12 +81,7 @@ proptest! {
 /// (224 -> 134 under rendezvous, within 5% of the bound).
 fn heavy() -> (Profile, Program) {
     let prof = frozen(8, 1.0, 0.5, 0.5, 0.5);
-    let req = Request {
-        profile: &prof,
-        ranks: 4,
-        microbatches: 16,
-        mode: Default::default(),
-    };
+    let req = Request::new(&prof, 4, 16);
     let base = derive_str(&req, "zbh1").unwrap();
     let d = derive_str(&req, "prefetch(vision, zbh1)").unwrap();
     assert!(!d.program.prefetch.is_empty());
@@ -166,12 +148,7 @@ fn only_frozen_units_can_be_prefetched() {
          weight = 1.0\nactivation = 1.0\n",
     )
     .unwrap();
-    let req = Request {
-        profile: &prof,
-        ranks: 2,
-        microbatches: 4,
-        mode: Default::default(),
-    };
+    let req = Request::new(&prof, 2, 4);
     let e = derive_str(&req, "prefetch(vision, 1f1b)").unwrap_err();
     assert_eq!(e[0].kind, ErrorKind::BadArgument);
     assert!(

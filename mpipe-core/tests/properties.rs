@@ -542,12 +542,7 @@ fn coverage_problems(p: &Program) -> Vec<String> {
 }
 
 fn derive_case(case: &Case, profile: &Profile) -> Result<Derived, Vec<(ErrorKind, String)>> {
-    let req = Request {
-        profile,
-        ranks: case.ranks,
-        microbatches: case.mbs,
-        mode: Default::default(),
-    };
+    let req = Request::new(profile, case.ranks, case.mbs);
     derive_str(&req, &case.expr())
         .map_err(|es| es.into_iter().map(|e| (e.kind, e.message)).collect())
 }
@@ -560,12 +555,7 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
             format!("test bug: the generated profile is rejected: {e}"),
         )
     })?;
-    let req = Request {
-        profile: &profile,
-        ranks: case.ranks,
-        microbatches: case.mbs,
-        mode: Default::default(),
-    };
+    let req = Request::new(&profile, case.ranks, case.mbs);
     let d = match derive_case(case, &profile) {
         Err(errors) => {
             if errors.iter().any(|(k, _)| *k != ErrorKind::Microbatches) {

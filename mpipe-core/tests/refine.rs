@@ -47,7 +47,7 @@ proptest! {
     ) {
         let m = 2 * p * k;
         let prof = profile(f, b, w, last, Some((ef, trainable)), link);
-        let req = Request { profile: &prof, ranks: p, microbatches: m, mode: Mode::Rendezvous };
+        let req = Request::new(&prof, p, m);
         for body in BODIES {
             let plain = derive_str(&req, body).unwrap();
             let text = format!("refine({body})");
@@ -77,12 +77,7 @@ fn refine_gains_on_profile_b_and_auto_names_it() {
     let text = include_str!("../../profiles/eval-b-qwen2vl72b-frozen.toml");
     let prof = Profile::from_toml_str(text).unwrap();
     let (p, m) = intended_size(text).unwrap();
-    let req = Request {
-        profile: &prof,
-        ranks: p,
-        microbatches: m,
-        mode: Mode::Rendezvous,
-    };
+    let req = Request::new(&prof, p, m);
     let auto = derive_str(&req, "auto").unwrap();
     let inner = auto
         .expr
@@ -98,12 +93,7 @@ fn refine_gains_on_profile_b_and_auto_names_it() {
 #[test]
 fn refine_takes_one_schedule_at_the_top() {
     let prof = profile(1.0, 1.0, 1.0, 0.0, None, false);
-    let req = Request {
-        profile: &prof,
-        ranks: 2,
-        microbatches: 4,
-        mode: Mode::Rendezvous,
-    };
+    let req = Request::new(&prof, 2, 4);
     for (text, says) in [
         ("refine(auto)", "not `auto`"),
         ("refine(refine(1f1b))", "not `refine`"),

@@ -42,12 +42,7 @@ fn encoder_heavy_32(trainable: bool) -> Profile {
 }
 
 fn derive(profile: &Profile, ranks: usize, microbatches: usize, expr: &str) -> Derived {
-    let req = Request {
-        profile,
-        ranks,
-        microbatches,
-        mode: Default::default(),
-    };
+    let req = Request::new(profile, ranks, microbatches);
     derive_str(&req, expr).unwrap_or_else(|e| panic!("{expr} ({ranks} x {microbatches}): {e:?}"))
 }
 
@@ -162,12 +157,7 @@ fn derived_programs_round_trip() {
     let mut checked = 0;
     for (profile, p, m) in cases {
         for expr in all_exprs() {
-            let req = Request {
-                profile,
-                ranks: p,
-                microbatches: m,
-                mode: Default::default(),
-            };
+            let req = Request::new(profile, p, m);
             let d = match derive_str(&req, &expr) {
                 Ok(d) => d,
                 Err(es) if es.iter().all(|e| e.kind == ErrorKind::Microbatches) => continue,
@@ -236,7 +226,7 @@ proptest! {
     #[test]
     fn random_derivations_round_trip((expr, text, ranks, mbs) in derivation_case()) {
         let profile = Profile::from_toml_str(&text).unwrap();
-        let req = Request { profile: &profile, ranks, microbatches: mbs, mode: Default::default() };
+        let req = Request::new(&profile, ranks, mbs);
         match derive_str(&req, &expr) {
             Ok(d) => {
                 check_derived(&d, &req)?;

@@ -37,12 +37,7 @@ fn peers(profile: &Profile) -> Vec<String> {
 
 /// `auto`'s step time, and every derivable peer's.
 fn auto_and_peers(profile: &Profile, p: usize, m: usize) -> (f64, String, f64, Vec<(String, f64)>) {
-    let req = Request {
-        profile,
-        ranks: p,
-        microbatches: m,
-        mode: Default::default(),
-    };
+    let req = Request::new(profile, p, m);
     let auto = derive_str(&req, "auto").unwrap_or_else(|e| panic!("auto: {e:?}"));
     let peers = peers(profile)
         .into_iter()
@@ -91,12 +86,7 @@ fn auto_is_never_slower_than_a_peer_on_the_shipped_profiles() {
 #[test]
 fn the_search_is_deterministic_and_its_space_holds_every_peer() {
     let profile = Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();
-    let req = Request {
-        profile: &profile,
-        ranks: 8,
-        microbatches: 16,
-        mode: Default::default(),
-    };
+    let req = Request::new(&profile, 8, 16);
     let a = search(&req).unwrap();
     let b = search(&req).unwrap();
     assert_eq!(a.best.expr, b.best.expr);
@@ -124,12 +114,7 @@ fn the_search_is_deterministic_and_its_space_holds_every_peer() {
 fn auto_inside_an_operator_is_an_error() {
     let profile =
         Profile::from_toml_str(include_str!("../../profiles/encoder-heavy.toml")).unwrap();
-    let req = Request {
-        profile: &profile,
-        ranks: 4,
-        microbatches: 4,
-        mode: Default::default(),
-    };
+    let req = Request::new(&profile, 4, 4);
     let e = derive_str(&req, "transpose(vision, auto)").unwrap_err();
     assert!(
         e[0].message.contains("write `auto` alone"),
@@ -255,12 +240,7 @@ fn auto_keeps_its_reported_distance_to_the_bound() {
         let profile = Profile::from_toml_str(text).unwrap();
         let (p, m) = intended_size(text).expect("an evaluate line");
         assert!(m >= 2 * p);
-        let req = Request {
-            profile: &profile,
-            ranks: p,
-            microbatches: m,
-            mode: Default::default(),
-        };
+        let req = Request::new(&profile, p, m);
         let d = derive_str(&req, "auto").unwrap();
         let ratio = d.report.makespan / d.bound.value();
         assert!(

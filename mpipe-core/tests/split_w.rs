@@ -1,6 +1,9 @@
 //! `split_w(BODY)`: every body's split program is valid and its ideal step is never
 //! longer than the body's; on 1F1B it recovers ZB-H1's gain.
 
+mod common;
+
+use common::BODIES;
 use mpipe_core::analysis::{dependencies, timing};
 use mpipe_core::derive::{derive_str, ErrorKind, Request};
 use mpipe_core::generators::{generate, BodyKind};
@@ -25,23 +28,6 @@ fn profile(f: f64, b: f64, w: f64, enc: bool) -> Profile {
     .unwrap()
 }
 
-const BODIES: [(BodyKind, &str); 8] = [
-    (BodyKind::GPipe, "gpipe"),
-    (BodyKind::OneFOneB, "1f1b"),
-    (BodyKind::Interleaved { v: 2 }, "interleaved(v = 2)"),
-    (BodyKind::ZbH1, "zbh1"),
-    (BodyKind::ZbV, "zbv"),
-    (BodyKind::DualPipeV, "dualpipev"),
-    (
-        BodyKind::Zb2p {
-            v: 1,
-            vshape: false,
-        },
-        "zb2p",
-    ),
-    (BodyKind::Zb2p { v: 2, vshape: true }, "zb2p(layout = v)"),
-];
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
     #[test]
@@ -51,11 +37,12 @@ proptest! {
     ) {
         let m = 2 * p * k;
         let prof = profile(f, b, w, enc);
-        for (kind, name) in BODIES {
+        for kind in BODIES {
+            let name = &kind.expr();
             let body = generate(kind, &prof, p, m).unwrap();
             let split = split_w(body.clone()).unwrap();
             prop_assert!(span(&split) <= span(&body) * (1.0 + 1e-12), "{name}: {} > {}", span(&split), span(&body));
-            let req = Request { profile: &prof, ranks: p, microbatches: m, mode: Default::default() };
+            let req = Request::new(&prof, p, m);
             let d = derive_str(&req, &format!("split_w({name})"));
             prop_assert!(d.is_ok(), "split_w({name}) p={p} m={m}: {:?}", d.err().map(|e| e[0].message.clone()));
         }
@@ -84,12 +71,7 @@ fn split_1f1b_reaches_zbh1() {
 #[test]
 fn bad_arguments_are_reported() {
     let prof = profile(1.0, 1.0, 1.0, false);
-    let req = Request {
-        profile: &prof,
-        ranks: 2,
-        microbatches: 4,
-        mode: Default::default(),
-    };
+    let req = Request::new(&prof, 2, 4);
     for expr in ["split_w", "split_w(1f1b, zbv)", "split_w(1f1b, v = 2)"] {
         let errs = derive_str(&req, expr).unwrap_err();
         assert!(

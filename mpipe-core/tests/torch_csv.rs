@@ -177,12 +177,7 @@ const BODIES: [&str; 6] = [
 ];
 
 fn derived(profile: &Profile, ranks: usize, m: usize, expr: &str) -> Program {
-    let req = Request {
-        profile,
-        ranks,
-        microbatches: m,
-        mode: Default::default(),
-    };
+    let req = Request::new(profile, ranks, m);
     let mut p = derive_str(&req, expr)
         .unwrap_or_else(|e| panic!("{expr}: {e:?}"))
         .program;

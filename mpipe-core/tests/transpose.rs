@@ -8,12 +8,7 @@ use mpipe_core::profile::Profile;
 use proptest::prelude::*;
 
 fn makespan(profile: &Profile, p: usize, m: usize, expr: &str) -> f64 {
-    let req = Request {
-        profile,
-        ranks: p,
-        microbatches: m,
-        mode: Default::default(),
-    };
+    let req = Request::new(profile, p, m);
     derive_str(&req, expr)
         .unwrap_or_else(|e| panic!("{expr}: {e:?}"))
         .report
@@ -125,12 +120,7 @@ fn spare_owners_avoid_the_busiest_rank() {
     )
     .unwrap();
     let (p, m) = (4, 16);
-    let req = Request {
-        profile: &profile,
-        ranks: p,
-        microbatches: m,
-        mode: Default::default(),
-    };
+    let req = Request::new(&profile, p, m);
     let d = derive_str(&req, "transpose(vision, 1f1b, owners = spare)").unwrap();
     let owns = |r: usize| {
         d.program.programs[r].iter().any(|a| matches!(a, mpipe_core::program::Action::F { unit, .. } if unit.as_ref() == "vision"))

@@ -57,7 +57,7 @@ proptest! {
         let limit = tight.then_some(p as f64 * 2.0 + 1.0);
         let prof = llm(f, b, w, 4 * p, limit);
         for text in ["zb2p", "zb2p(v = 2)", "zb2p(layout = v)"] {
-            let req = Request { profile: &prof, ranks: p, microbatches: m, mode: Default::default() };
+            let req = Request::new(&prof, p, m);
             let d = derive_str(&req, text);
             prop_assert!(d.is_ok(), "{text} p={p} m={m}: {:?}", d.err().map(|e| e[0].message.clone()));
             let d = d.unwrap();
@@ -85,12 +85,7 @@ fn zb2p_beats_zbh1_on_uniform_stages() {
 fn activations_stay_within_twice_1f1b() {
     let (p, m) = (4, 32);
     let prof = llm(1.0, 2.0, 0.5, p, None);
-    let req = Request {
-        profile: &prof,
-        ranks: p,
-        microbatches: m,
-        mode: Default::default(),
-    };
+    let req = Request::new(&prof, p, m);
     let d = derive_str(&req, "zb2p").unwrap();
     for (r, peak) in d.report.peak_memory.iter().enumerate() {
         assert!(*peak <= 2.0 * p as f64, "rank {r} holds {peak}");
@@ -100,12 +95,7 @@ fn activations_stay_within_twice_1f1b() {
 #[test]
 fn bad_arguments_are_reported() {
     let prof = llm(1.0, 1.0, 1.0, 8, None);
-    let req = Request {
-        profile: &prof,
-        ranks: 4,
-        microbatches: 8,
-        mode: Default::default(),
-    };
+    let req = Request::new(&prof, 4, 8);
     for (text, says) in [
         ("zb2p(v = 0)", "integer >= 1"),
         ("zb2p(layout = w)", "expected one of: looped, v"),

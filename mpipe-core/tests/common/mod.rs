@@ -1,0 +1,19 @@
+//! What several test files share.
+
+use mpipe_core::generators::BodyKind;
+
+/// One of each body generator (default arguments; `zb2p` both looped and in a V),
+/// for the operators' property tests. `BodyKind::expr` gives each one's text.
+pub const BODIES: [BodyKind; 8] = [
+    BodyKind::GPipe,
+    BodyKind::OneFOneB,
+    BodyKind::Interleaved { v: 2 },
+    BodyKind::ZbH1,
+    BodyKind::ZbV,
+    BodyKind::DualPipeV,
+    BodyKind::Zb2p {
+        v: 1,
+        vshape: false,
+    },
+    BodyKind::Zb2p { v: 2, vshape: true },
+];
