@@ -28,13 +28,22 @@
 //! stage unit (`llm.N`, as model-format.md names them) computes only on its home rank,
 //! while encoders may compute anywhere. Every program mpipe derives is one.
 //!
-//! - **rank**: for each rank `r` with stage set `S_r`,
-//!   `T >= R_r + L_r + Q_r`, where `L_r = m * sum_{u in S_r} work(u)` is the rank's
-//!   own stage work, `R_r = min_{u in S_r} rF(u)` the earliest any of it can start and
-//!   `Q_r` the least tail of any of its tasks. *Proof:* rank `r` runs all of `L_r`,
-//!   one task at a time, none of it before `R_r`, and the step lasts at least `Q_r`
-//!   past the end of the last of it.
-//! - **ramp**: `p T >= work + I_start + I_end` with
+//! - **rank** (a one-machine relaxation): each rank `r` runs its stages' tasks
+//!   one at a time, and each task type `j` of them (a unit's `F`, `B` or `W`) has a
+//!   release `rho_j`, a total work `m * cost_j` over the micro-batches and a tail
+//!   `tau_j`. For any release `a` and tail `b`, let `J(a, b)` be the types with
+//!   `rho_j >= a` and `tau_j >= b`; then `T >= a + sum_{j in J(a, b)} m cost_j + b`
+//!   (the largest over `a`, `b` and ranks, for non-empty `J`). *Proof:* no task of
+//!   `J(a, b)` starts before `a`, and only rank `r` runs them (pipeline-parallel),
+//!   one at a time, so the last of them ends at `a + sum` or later; it has a tail of
+//!   at least `b`, so the step lasts at least `b` more. With `a` and `b` the least
+//!   release and tail this is the rank's whole stage work from its first possible
+//!   start; a larger `a` sees what the whole-work form cannot: in a V, the rank
+//!   holding the first and the last stage can do little but the first stage's
+//!   forwards until a micro-batch has passed every stage, and the last stage's work
+//!   (with an LM head, the heaviest) is all still ahead of it then.
+//! - **ramp**: with `S_r` the stages of rank `r` and `R_r` the least release of
+//!   their forwards, `p T >= work + I_start + I_end` where
 //!   `I_start = max(0, sum_r R_r - E_F)` and
 //!   `I_end = max(0, sum_r max(0, Q'_r - W_r) - E_B)`, where `W_r` is the
 //!   weight-gradient work of `S_r`, `Q'_r` the least tail of the `F`s and `B`s of
@@ -106,8 +115,8 @@ pub struct Bound {
     pub work: f64,
     /// The longest single micro-batch dependency chain.
     pub chain: f64,
-    /// The busiest rank's own stage work between its earliest start and its least
-    /// tail (pipeline-parallel programs).
+    /// The busiest rank's own stage work released after some point, from that point
+    /// to the least tail of that work (pipeline-parallel programs).
     pub rank: f64,
     /// Total work plus the idle time the pipeline's ramp-up and ramp-down force,
     /// over the ranks (pipeline-parallel programs).
@@ -131,6 +140,7 @@ pub fn is_stage(unit: &Unit) -> bool {
 /// Release times and tails of every unit's task types.
 struct Chains {
     need: Vec<bool>,
+    trainable: Vec<bool>,
     f: Vec<f64>,
     b: Vec<f64>,
     w: Vec<f64>,
@@ -208,6 +218,7 @@ impl Chains {
         }
         Chains {
             need,
+            trainable: units.iter().map(|u| u.trainable).collect(),
             f,
             b,
             w,
@@ -218,9 +229,42 @@ impl Chains {
         }
     }
 
+    /// The task types of `units` (F; B if needed; W if trainable) as `(release,
+    /// work of all `m` micro-batches, tail)`.
+    fn task_types(&self, units: &[usize], m: f64) -> Vec<(f64, f64, f64)> {
+        let mut jobs = Vec::with_capacity(3 * units.len());
+        for &u in units {
+            jobs.push((self.r_f[u], self.f[u] * m, self.q_f[u]));
+            if self.need[u] {
+                jobs.push((self.r_b[u], self.b[u] * m, self.q_b[u]));
+            }
+            if self.trainable[u] {
+                jobs.push((self.r_b[u] + self.b[u], self.w[u] * m, 0.0));
+            }
+        }
+        jobs
+    }
+
     fn work(&self, u: usize) -> f64 {
         self.f[u] + self.b[u] + self.w[u]
     }
+}
+
+/// The one-machine bound of a rank's task types `(release, work, tail)`: the
+/// largest `a + (work of the types released at or after a, with tails of at least
+/// b) + b` over the releases `a` and tails `b` of the types (0 for none).
+fn window_bound(jobs: &[(f64, f64, f64)]) -> f64 {
+    let mut best = 0.0f64;
+    for &(a, ..) in jobs {
+        for &(.., b) in jobs {
+            let mut chosen = jobs.iter().filter(|j| j.0 >= a && j.2 >= b).peekable();
+            if chosen.peek().is_none() {
+                continue;
+            }
+            best = best.max(a + chosen.map(|j| j.1).sum::<f64>() + b);
+        }
+    }
+    best
 }
 
 /// Bounds for `units` (in topological order, with their homes) run with
@@ -248,24 +292,13 @@ pub fn lower_bound(units: &[Unit], ranks: usize, microbatches: usize) -> Bound {
         if own.is_empty() {
             continue;
         }
-        let l_r: f64 = own.iter().map(|&u| c.work(u)).sum::<f64>() * m;
         let w_r: f64 = own.iter().map(|&u| c.w[u]).sum::<f64>() * m;
         let r_r = own.iter().map(|&u| c.r_f[u]).fold(f64::INFINITY, f64::min);
-        // The least tail of the rank's tasks (a trainable unit's W has none), and of
-        // its F and B tasks.
-        let q_r = own
-            .iter()
-            .map(|&u| match (units[u].trainable, c.need[u]) {
-                (true, _) => 0.0,
-                (false, true) => c.q_b[u],
-                (false, false) => c.q_f[u],
-            })
-            .fold(f64::INFINITY, f64::min);
         let q_fb_r = own
             .iter()
             .map(|&u| if c.need[u] { c.q_b[u] } else { c.q_f[u] })
             .fold(f64::INFINITY, f64::min);
-        rank = rank.max(r_r + l_r + q_r);
+        rank = rank.max(window_bound(&c.task_types(&own, m)));
         start_windows += r_r;
         end_windows += (q_fb_r - w_r).max(0.0);
         r_max = r_max.max(r_r);

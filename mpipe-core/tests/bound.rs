@@ -258,3 +258,47 @@ fn the_rank_bound_is_tight_on_an_unbalanced_pipeline() {
     assert_eq!(b.rank, 20.0);
     assert_eq!(opt, 20.0);
 }
+
+/// A V whose last stage (with the LM head) is heavy: the rank holding the first and
+/// the last stage cannot start the last stage before one micro-batch has passed
+/// through every stage, whatever else it does, so the one-machine window bound (the
+/// work released after that point) is sharper than the rank's total work, and a
+/// schedule reaches it. (The exhaustive search is too slow for a V with two
+/// micro-batches; the schedule is written out instead.)
+#[test]
+fn the_window_bound_sees_the_v_shapes_late_last_stage() {
+    // Forward-only stages (frozen, no backward) behind a free encoder.
+    let units = vec![
+        unit("vision", &[], 0, false, (0.0, 0.0, 0.0)),
+        unit("llm.0", &["vision"], 0, false, (1.0, 0.0, 0.0)),
+        unit("llm.1", &["llm.0"], 1, false, (1.0, 0.0, 0.0)),
+        unit("llm.2", &["llm.1"], 1, false, (1.0, 0.0, 0.0)),
+        unit("llm.3", &["llm.2"], 0, false, (4.0, 0.0, 0.0)),
+    ];
+    let b = lower_bound(&units, 2, 2);
+    // Rank 0's total work is 2 x (1 + 4) = 10 from time 0; but llm.3's forward
+    // cannot start before 3, and rank 0 still has both of its forwards then.
+    assert_eq!(b.rank, 11.0, "{b:?}");
+    assert!(b.work < 11.0 && b.chain < 11.0 && b.ramp < 11.0, "{b:?}");
+    // A schedule of 11: `tasks` numbers each micro-batch's tasks as the encoder's
+    // forward, the stages' forwards, then each stage's B and W from the last stage
+    // down (all of cost 0 here).
+    let (ts, _) = tasks(&units, 2, 2);
+    let per_mb = ts.len() / 2;
+    let f = |mb: usize, k: usize| mb * per_mb + 1 + k;
+    let b_ = |mb: usize, k: usize| mb * per_mb + 5 + 2 * (3 - k);
+    let tail = |mb: usize, k: usize| [b_(mb, k), b_(mb, k) + 1];
+    let mut rank0 = vec![0, f(0, 0), per_mb, f(1, 0), f(0, 3)];
+    rank0.extend(tail(0, 3));
+    rank0.push(f(1, 3));
+    rank0.extend(tail(1, 3));
+    rank0.extend(tail(0, 0));
+    rank0.extend(tail(1, 0));
+    let mut rank1 = vec![f(0, 1), f(0, 2), f(1, 1), f(1, 2)];
+    for mb in 0..2 {
+        rank1.extend(tail(mb, 2));
+        rank1.extend(tail(mb, 1));
+    }
+    assert_eq!(rank0.len() + rank1.len(), ts.len());
+    assert_eq!(makespan(&ts, &[rank0, rank1]), Some(11.0));
+}
