@@ -11,10 +11,11 @@
 
 use crate::analysis::{PlanError, Timing};
 use crate::bound::{lower_bound, profile_bound, Bound};
-use crate::expr::{Arg, Expr};
+use crate::expr::{Arg, Expr, Value};
 use crate::generators::{generate, BodyKind, GenError, BODY_NAMES};
 use crate::lower::{assemble, placement_of, prepare, Placed, Placement};
 use crate::operators::fill::fill;
+use crate::operators::host::{host, Host};
 use crate::operators::prefetch::prefetch;
 use crate::operators::split_w::split_w;
 use crate::operators::transpose::{transpose, Backward, Owners};
@@ -27,9 +28,10 @@ use crate::verify::verify_static;
 use proc_macro2::Span;
 
 /// Operator names the language reserves.
-pub const OPERATOR_NAMES: [&str; 7] = [
+pub const OPERATOR_NAMES: [&str; 8] = [
     "transpose",
     "fill",
+    "host",
     "split_w",
     "balance",
     "prefetch",
@@ -492,6 +494,7 @@ fn eval(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> 
             None
         }
         "fill" => eval_fill(req, e, errors),
+        "host" => eval_host(req, e, errors),
         "balance" => eval_balance(req, e, errors),
         "prefetch" => eval_prefetch(req, e, errors),
         _ => {
@@ -526,12 +529,13 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
         "zb2p" => BodyKind::Zb2p {
             v: 1,
             vshape: false,
+            lockstep: false,
         },
         _ => return None,
     };
     let keys: &[&str] = match e.name() {
         "interleaved" => &["v"],
-        "zb2p" => &["v", "layout"],
+        "zb2p" => &["v", "layout", "costs"],
         _ => &[],
     };
     let before = errors.len();
@@ -595,6 +599,21 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
                     }
                 },
             };
+            let lockstep = match e.find_key("costs") {
+                None => false,
+                Some(c) => match c.as_name() {
+                    Some("profile") => false,
+                    Some("unit") => true,
+                    _ => {
+                        errors.push(err(
+                            ErrorKind::BadArgument,
+                            c.span(),
+                            format!("bad value `{c}` for `costs`; expected one of: profile, unit"),
+                        ));
+                        return None;
+                    }
+                },
+            };
             let chunks = match (v.map(|v| (v, v.as_int())), vshape) {
                 (None, false) => Ok(1),
                 (None, true) | (Some((_, Some(2))), true) => Ok(2),
@@ -609,7 +628,11 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
                 )),
             };
             match chunks {
-                Ok(chunks) => BodyKind::Zb2p { v: chunks, vshape },
+                Ok(chunks) => BodyKind::Zb2p {
+                    v: chunks,
+                    vshape,
+                    lockstep,
+                },
                 Err((v, message)) => {
                     errors.push(err(ErrorKind::BadArgument, v.span(), message));
                     return None;
@@ -829,6 +852,57 @@ fn eval_fill(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<P
         encoder_operator(req, e, "fill(ENCODER, BODY)", "fill(vision, zbv)", errors)?;
     let link = req.profile.link.as_ref().map(|l| (l.latency, l.bandwidth));
     applied(e, fill(plan, id, link), errors)
+}
+
+/// `host(ENCODER, BODY, rank = N | spare)`; `rank` defaults to `spare`.
+fn eval_host(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    let pos: Vec<&Expr> = e.positional().collect();
+    let mut ok = true;
+    let mut to = Host::Spare;
+    for (key, value) in e.keys() {
+        let r = match (key.name.as_str(), value) {
+            ("rank", Value::Int { value: n, span }) => match usize::try_from(*n) {
+                Ok(n) if n < req.ranks => {
+                    to = Host::Rank(n);
+                    Ok(())
+                }
+                _ => Err(err(
+                    ErrorKind::BadArgument,
+                    *span,
+                    format!(
+                        "rank {n} does not exist: the request has {} ranks (0..{}); \
+                         or write `rank = spare`",
+                        req.ranks,
+                        req.ranks.saturating_sub(1)
+                    ),
+                )),
+            },
+            ("rank", Value::Name(id)) if id.name == "spare" => Ok(()),
+            ("rank", v) => Err(err(
+                ErrorKind::BadArgument,
+                v.span(),
+                format!("bad value `{v}` for `rank`; expected a rank number or `spare`"),
+            )),
+            (other, _) => Err(err(
+                ErrorKind::BadArgument,
+                key.span,
+                format!("unknown argument `{other}` of `host`; expected: rank"),
+            )),
+        };
+        if let Err(x) = r {
+            errors.push(x);
+            ok = false;
+        }
+    }
+    let (enc, body) = encoder_and_body(req, e, &pos, "host(audio, zbv, rank = 2)", errors)?;
+    ok &= check_encoder(req, enc, errors);
+    let plan = eval(req, body, errors)?;
+    if !ok {
+        return None;
+    }
+    let id = plan.unit_id(enc.name())?;
+    let link = req.profile.link.as_ref().map(|l| (l.latency, l.bandwidth));
+    applied(e, host(plan, id, to, link), errors)
 }
 
 /// The plan operator `e` produced, or its failure reported at `e` (a bug in mpipe:

@@ -2,7 +2,8 @@
 //!
 //! The search space ([`candidates`]) is every body generator (`1f1b`, `gpipe`, `zbh1`,
 //! `zbv`, `dualpipev`, `interleaved(v = 2..4)` and `v = 5..8` where the chunks split
-//! the layers evenly, `zb2p` with one chunk, two looped and two in a V), the
+//! the layers evenly, `zb2p` with one chunk (also in lockstep, `costs = unit`), two
+//! looped and two in a V), the
 //! fused-backward bodies also under `split_w`, and for each encoder of the profile every placement the operators offer:
 //! inline (the body's own), `transpose` with each owner mode (`spare` too) and, for a trainable
 //! encoder, each backward mode (modes that cannot differ, such as owners when
@@ -43,11 +44,12 @@ const FUSED: [&str; 5] = [
 const MAX_CHUNKS: usize = 8;
 
 /// Bodies that already split `B` from `W`.
-const SPLIT: [&str; 6] = [
+const SPLIT: [&str; 7] = [
     "zbh1",
     "zbv",
     "dualpipev",
     "zb2p",
+    "zb2p(costs = unit)",
     "zb2p(v = 2)",
     "zb2p(layout = v)",
 ];

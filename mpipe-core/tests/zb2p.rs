@@ -26,6 +26,7 @@ fn llm(f: f64, b: f64, w: f64, layers: usize, limit: Option<f64>) -> Profile {
 const ZB2P: BodyKind = BodyKind::Zb2p {
     v: 1,
     vshape: false,
+    lockstep: false,
 };
 
 proptest! {

@@ -36,8 +36,13 @@ pub enum BodyKind {
     /// DeepSeek's DualPipeV (DualPipe folded into a V).
     DualPipeV,
     /// Zero Bubble's ZB-2p: greedy list scheduling of split `B`/`W` under twice
-    /// 1F1B's activation budget, `v` chunks per rank looped, or two in a V.
-    Zb2p { v: usize, vshape: bool },
+    /// 1F1B's activation budget, `v` chunks per rank looped, or two in a V;
+    /// `lockstep` schedules as if every task took the same time.
+    Zb2p {
+        v: usize,
+        vshape: bool,
+        lockstep: bool,
+    },
 }
 
 /// Names of the body generators, as the expression language spells them.
@@ -79,9 +84,26 @@ impl BodyKind {
             BodyKind::ZbH1 => "zbh1".into(),
             BodyKind::ZbV => "zbv".into(),
             BodyKind::DualPipeV => "dualpipev".into(),
-            BodyKind::Zb2p { vshape: true, .. } => "zb2p(layout = v)".into(),
-            BodyKind::Zb2p { v: 1, .. } => "zb2p".into(),
-            BodyKind::Zb2p { v, .. } => format!("zb2p(v = {v})"),
+            BodyKind::Zb2p {
+                v,
+                vshape,
+                lockstep,
+            } => {
+                let mut args = Vec::new();
+                if vshape {
+                    args.push("layout = v".to_string());
+                } else if v != 1 {
+                    args.push(format!("v = {v}"));
+                }
+                if lockstep {
+                    args.push("costs = unit".into());
+                }
+                if args.is_empty() {
+                    "zb2p".into()
+                } else {
+                    format!("zb2p({})", args.join(", "))
+                }
+            }
         }
     }
 }
@@ -172,7 +194,7 @@ pub fn generate(
         BodyKind::ZbH1 => zbh1::order(&ctx),
         BodyKind::ZbV => zbv::order(&ctx),
         BodyKind::DualPipeV => dualpipev::order(&ctx),
-        BodyKind::Zb2p { v, .. } => zb2p::order(&ctx, v),
+        BodyKind::Zb2p { v, lockstep, .. } => zb2p::order(&ctx, v, lockstep),
     };
     let mut plan = Plan {
         ranks,

@@ -25,11 +25,11 @@
 
 use super::Ctx;
 use crate::plan::Task;
-use crate::program::Op;
+use crate::program::{Cost, Op};
 
 /// The schedule of the context's stages, `v` per rank, each on its unit's home
 /// rank (looped or in a V, as the units were built).
-pub fn order(ctx: &Ctx, v: usize) -> Vec<Vec<Task>> {
+pub fn order(ctx: &Ctx, v: usize, lockstep: bool) -> Vec<Vec<Task>> {
     let (p, m) = (ctx.ranks, ctx.microbatches);
     let s = ctx.stages.len();
     debug_assert_eq!(s, p * v);
@@ -37,7 +37,18 @@ pub fn order(ctx: &Ctx, v: usize) -> Vec<Vec<Task>> {
     let mine: Vec<Vec<usize>> = (0..p)
         .map(|r| (0..s).filter(|&k| home(k) == r).collect())
         .collect();
-    let cost = |k: usize| &ctx.units[ctx.stages[k]].cost;
+    let unit = Cost {
+        f: 1.0,
+        b: 1.0,
+        w: 1.0,
+    };
+    let cost = |k: usize| {
+        if lockstep {
+            unit
+        } else {
+            ctx.units[ctx.stages[k]].cost
+        }
+    };
     let trainable = |k: usize| ctx.units[ctx.stages[k]].trainable;
     // Admission: a micro-batch enters a rank at its first stage there, reserving
     // the activations of all the rank's stages for it; at most `2 p` at a time and
@@ -192,7 +203,7 @@ pub fn order(ctx: &Ctx, v: usize) -> Vec<Vec<Task>> {
         let k = ctx.stages.iter().position(|&u| u == task.unit).unwrap_or(0);
         let c = cost(k);
         debug_assert_eq!(home(k), r);
-        let end = at + task.op.cost(c);
+        let end = at + task.op.cost(&c);
         match task.op {
             Op::F => {
                 f_end[k][task.mb] = Some(end);

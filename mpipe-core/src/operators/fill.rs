@@ -48,7 +48,7 @@ pub fn fill(plan: Plan, enc: UnitId, link: Link) -> Result<Plan, PlanError> {
     let span =
         |p: &Plan| -> Result<f64, PlanError> { Ok(timing(p, &dependencies(p)?)?.makespan()) };
     let before = span(&plan)?;
-    let filled = place(plan.clone(), enc, link)?;
+    let filled = place(plan.clone(), enc, link, None)?;
     Ok(if span(&filled)? <= before {
         filled
     } else {
@@ -56,7 +56,14 @@ pub fn fill(plan: Plan, enc: UnitId, link: Link) -> Result<Plan, PlanError> {
     })
 }
 
-fn place(mut plan: Plan, enc: UnitId, link: Link) -> Result<Plan, PlanError> {
+/// Takes `enc`'s tasks out of `plan` and puts them back one micro-batch at a time
+/// (steps 1-3 of the module documentation), on any rank, or only on rank `only`.
+pub(super) fn place(
+    mut plan: Plan,
+    enc: UnitId,
+    link: Link,
+    only: Option<usize>,
+) -> Result<Plan, PlanError> {
     let m = plan.microbatches;
     for list in &mut plan.order {
         list.retain(|t| t.unit != enc);
@@ -67,7 +74,7 @@ fn place(mut plan: Plan, enc: UnitId, link: Link) -> Result<Plan, PlanError> {
     let send = link.map_or(0.0, |(lat, bw)| lat + plan.units[enc].bytes / bw);
 
     let mut time = timing(&plan, &dependencies_lenient(&plan)?)?;
-    let mut gaps = Gaps::of(&plan, &time);
+    let mut gaps = Gaps::of(&plan, &time).only(only);
     let mut pending: Vec<Vec<(usize, Task)>> = vec![Vec::new(); plan.ranks];
     for mb in 0..m {
         let task = Task::new(Op::F, enc, mb);
@@ -80,7 +87,7 @@ fn place(mut plan: Plan, enc: UnitId, link: Link) -> Result<Plan, PlanError> {
             .min_by(|a, b| a.0.total_cmp(&b.0));
         let Some((deadline, home)) = reader else {
             // Nobody reads it (cannot happen for an encoder): keep it at its home.
-            let r = plan.units[enc].home;
+            let r = only.unwrap_or(plan.units[enc].home);
             pending[r].push((0, task));
             continue;
         };
@@ -89,9 +96,9 @@ fn place(mut plan: Plan, enc: UnitId, link: Link) -> Result<Plan, PlanError> {
             continue;
         }
         flush(&mut plan, &mut pending);
-        plan = fallback(plan, task, deadline, home, send)?;
+        plan = fallback(plan, task, deadline, home, send, only)?;
         time = timing(&plan, &dependencies_lenient(&plan)?)?;
-        gaps = Gaps::of(&plan, &time);
+        gaps = Gaps::of(&plan, &time).only(only);
     }
     flush(&mut plan, &mut pending);
     if !plan.units[enc].trainable {
@@ -134,6 +141,18 @@ impl Gaps {
         Gaps { gaps }
     }
 
+    /// Keeps only rank `only`'s gaps (all of them for `None`).
+    pub(super) fn only(mut self, only: Option<usize>) -> Gaps {
+        if let Some(keep) = only {
+            for (r, list) in self.gaps.iter_mut().enumerate() {
+                if r != keep {
+                    list.clear();
+                }
+            }
+        }
+        self
+    }
+
     /// Takes room for a task of length `cost` that must end by `deadline` (by
     /// `deadline - send` away from rank `home`): the fitting gap that starts latest.
     pub(super) fn take(
@@ -160,13 +179,15 @@ impl Gaps {
     }
 }
 
-/// Places `task` (no gap fits) on the rank where it lengthens the step least.
+/// Places `task` (no gap fits) on the rank where it lengthens the step least (on
+/// rank `only`, if given).
 fn fallback(
     plan: Plan,
     task: Task,
     deadline: f64,
     home: usize,
     send: f64,
+    only: Option<usize>,
 ) -> Result<Plan, PlanError> {
     let time = timing(&plan, &dependencies_lenient(&plan)?)?;
     let cost = task.op.cost(&plan.units[task.unit].cost);
@@ -175,7 +196,7 @@ fn fallback(
             .is_none_or(|limit| peak_memory(p).into_iter().all(|x| x <= limit))
     };
     let mut best: Option<(bool, f64, Plan)> = None;
-    for r in 0..plan.ranks {
+    for r in (0..plan.ranks).filter(|&r| only.is_none_or(|o| o == r)) {
         let due = if r == home { deadline } else { deadline - send };
         let pos = time.end[r].partition_point(|&e| e <= due - cost);
         let mut candidate = plan.clone();
@@ -198,8 +219,13 @@ fn fallback(
         Some((.., p)) => Ok(p),
         None => {
             // Every insertion cycles (cannot happen: the position ends before the
-            // reader starts); put it right before its reader on the home rank.
+            // reader starts); put it right before its reader on the reader's rank, or
+            // first on rank `only`.
             let mut p = plan;
+            if let Some(r) = only {
+                p.order[r].insert(0, task);
+                return Ok(p);
+            }
             let index = p.locate();
             let pos = p
                 .successors(task.unit)

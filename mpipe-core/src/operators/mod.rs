@@ -2,6 +2,7 @@
 //! `transpose(vision, split_w(zbv))` needs no special case.
 
 pub mod fill;
+pub mod host;
 pub mod prefetch;
 pub mod split_w;
 pub mod transpose;

@@ -14,6 +14,11 @@ pub const BODIES: [BodyKind; 8] = [
     BodyKind::Zb2p {
         v: 1,
         vshape: false,
+        lockstep: false,
     },
-    BodyKind::Zb2p { v: 2, vshape: true },
+    BodyKind::Zb2p {
+        v: 2,
+        vshape: true,
+        lockstep: false,
+    },
 ];
