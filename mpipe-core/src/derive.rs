@@ -358,7 +358,12 @@ fn best_lowering(
 }
 
 /// The placement rules tried, in order.
-const PLACEMENTS: [Placement; 3] = [Placement::Meet, Placement::Ready, Placement::Critical];
+const PLACEMENTS: [Placement; 4] = [
+    Placement::Meet,
+    Placement::Ready,
+    Placement::Critical,
+    Placement::Late,
+];
 
 /// Simulations refinement may spend: at most this many, and fewer for large
 /// programs (about this many actions simulated in all).

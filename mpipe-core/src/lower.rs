@@ -307,6 +307,10 @@ pub enum Placement {
     /// `1 / (slack + makespan / 100)`, its slack being the makespan less its busy
     /// time. A rank with work to spare waits for a busy one, not the other way round.
     Critical,
+    /// The consumer's ideal start: each receive right before the task that reads it,
+    /// the sender waiting if it is early. Where the producer has time to spare, no
+    /// receive can hold its consumer's rank up for a later tensor.
+    Late,
 }
 
 /// At most this many candidate meeting points are tried per rank and transfer.
@@ -352,6 +356,7 @@ fn place(
         let need = time.start[to][i];
         let tau = match strategy {
             Placement::Ready => ready,
+            Placement::Late => need.max(ready),
             Placement::Meet | Placement::Critical => {
                 // Candidate slots on each side: those whose gap opens within
                 // [ready, need], at most CANDIDATES of them.
@@ -412,6 +417,7 @@ fn place(
         let lo = match strategy {
             Placement::Ready => time.start[to].partition_point(|&s| s < tau),
             Placement::Meet | Placement::Critical => slot_at(to, tau),
+            Placement::Late => i,
         };
         items[to].push(Item {
             key,

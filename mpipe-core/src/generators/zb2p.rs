@@ -22,6 +22,15 @@
 //! rank after its first input arrives). The costs are the units', so the schedule
 //! adapts to unequal stages (the LM head, `balance`). Deterministic: ties go to the
 //! lower rank, then to the rules above.
+//!
+//! **Lockstep** (`costs = unit`): the same rules run as if every task took one time
+//! unit. Neighbouring ranks then finish their tasks together and hand over at
+//! once, the order ZB-H2-style hand-made schedules have; on the real costs the
+//! step can idle more in the ideal timing, but under rendezvous transfers (a send
+//! blocks until its receiver posts the receive) an order that keeps neighbours in
+//! step waits less than one tuned to exact costs that the waiting then upsets.
+//! `auto` tries both; on profile (c) the lockstep order, with `balance` and the
+//! vision encoder prefetched, is the fastest schedule under rendezvous.
 
 use super::Ctx;
 use crate::plan::Task;
