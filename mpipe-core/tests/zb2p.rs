@@ -108,3 +108,14 @@ fn bad_arguments_are_reported() {
         assert!(e[0].message.contains(says), "{text}: {}", e[0].message);
     }
 }
+
+/// A case random testing found: with `B` nine times `F` the greedy order came out
+/// behind ZB-H1's (45.05 against 44.82); `zb2p` now takes ZB-H1's order there.
+#[test]
+fn zb2p_is_never_behind_zbh1_when_backward_dominates() {
+    let (p, m) = (4, 16);
+    let prof = llm(0.2, 1.8269358798418538, 0.43179304533085616, p, None);
+    let got = span(&generate(ZB2P, &prof, p, m).unwrap());
+    let zbh1 = span(&generate(BodyKind::ZbH1, &prof, p, m).unwrap());
+    assert!(got <= zbh1 * (1.0 + 1e-9), "{got} > {zbh1}");
+}

@@ -196,6 +196,16 @@ pub fn generate(
         BodyKind::DualPipeV => dualpipev::order(&ctx),
         BodyKind::Zb2p { v, lockstep, .. } => zb2p::order(&ctx, v, lockstep),
     };
+    // ZB-2p with one chunk is never behind ZB-H1 (see below).
+    let zbh1_order = matches!(
+        kind,
+        BodyKind::Zb2p {
+            v: 1,
+            vshape: false,
+            lockstep: false,
+        }
+    )
+    .then(|| zbh1::order(&ctx));
     let mut plan = Plan {
         ranks,
         microbatches,
@@ -207,6 +217,37 @@ pub fn generate(
         prefetch: vec![],
         memory_limit: profile.memory.as_ref().map(|m| m.limit),
     };
+    if let Some(order) = zbh1_order {
+        // The greedy order can come out behind ZB-H1's (when `B` is several times
+        // `F`): then ZB-H1's order, if it fits the memory limit (ZB-2p's admission
+        // follows the limit; ZB-H1 holds its `p - r` micro-batches regardless).
+        let zbh1 = Plan {
+            order,
+            ..plan.clone()
+        };
+        let span = |p: &Plan| {
+            crate::analysis::dependencies(p)
+                .and_then(|d| crate::analysis::timing(p, &d))
+                .map_or(f64::INFINITY, |t| t.makespan())
+        };
+        let fits = |p: &Plan| {
+            let peaks = crate::analysis::peak_memory(p);
+            p.memory_limit.is_none_or(|limit| {
+                peaks.iter().enumerate().all(|(r, peak)| {
+                    let params: f64 = p
+                        .units
+                        .iter()
+                        .filter(|u| u.home == r)
+                        .map(|u| u.params)
+                        .sum();
+                    peak + params <= limit
+                })
+            })
+        };
+        if span(&zbh1) < span(&plan) && fits(&zbh1) {
+            plan = zbh1;
+        }
+    }
     let encs = plan.encoders.clone();
     for e in encs {
         inline_encoder(&mut plan, e);

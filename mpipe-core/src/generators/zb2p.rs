@@ -21,7 +21,10 @@
 //! the step comes close to the rank bound of `bound.rs` (the work of the busiest
 //! rank after its first input arrives). The costs are the units', so the schedule
 //! adapts to unequal stages (the LM head, `balance`). Deterministic: ties go to the
-//! lower rank, then to the rules above.
+//! lower rank, then to the rules above. Greedy is not optimal: with one chunk and
+//! `B` several times `F` its order can come out behind ZB-H1's, and then
+//! [`generate`](super::generate) takes ZB-H1's order instead where it fits the
+//! memory limit.
 //!
 //! **Lockstep** (`costs = unit`): the same rules run as if every task took one time
 //! unit. Neighbouring ranks then finish their tasks together and hand over at
