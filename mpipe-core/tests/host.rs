@@ -175,3 +175,22 @@ fn the_host_rank_carries_the_encoders_memory() {
         "{errors:?}"
     );
 }
+
+/// On profile (c), where the trainable audio encoder's parameter state takes 70 ms
+/// to broadcast, hosting it beats spreading it (the guide quotes these figures).
+#[test]
+fn hosting_beats_spreading_when_parameters_are_dear() {
+    let profile = Profile::from_toml_str(include_str!("../../profiles/eval-c-omni.toml")).unwrap();
+    let req = Request::new(&profile, 8, 16);
+    let t = |expr: &str| {
+        derive_str(&req, expr)
+            .unwrap_or_else(|e| panic!("{expr}: {e:?}"))
+            .report
+            .makespan
+    };
+    let host = t("prefetch(vision, host(audio, zb2p(layout = v), rank = 2))");
+    let transpose = t("prefetch(vision, transpose(audio, zb2p(layout = v), owners = spare))");
+    let fill = t("prefetch(vision, fill(audio, zb2p(layout = v)))");
+    assert!(host < transpose && host < fill, "{host} {transpose} {fill}");
+    assert!((host - 3528.522).abs() < 1.0, "{host}");
+}
