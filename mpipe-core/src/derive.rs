@@ -535,12 +535,13 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
             v: 1,
             vshape: false,
             lockstep: false,
+            spread: false,
         },
         _ => return None,
     };
     let keys: &[&str] = match e.name() {
         "interleaved" => &["v"],
-        "zb2p" => &["v", "layout", "costs"],
+        "zb2p" => &["v", "layout", "costs", "encoders"],
         _ => &[],
     };
     let before = errors.len();
@@ -619,6 +620,23 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
                     }
                 },
             };
+            let spread = match e.find_key("encoders") {
+                None => false,
+                Some(c) => {
+                    match c.as_name() {
+                        Some("inline") => false,
+                        Some("spread") => true,
+                        _ => {
+                            errors.push(err(
+                            ErrorKind::BadArgument,
+                            c.span(),
+                            format!("bad value `{c}` for `encoders`; expected one of: inline, spread"),
+                        ));
+                            return None;
+                        }
+                    }
+                }
+            };
             let chunks = match (v.map(|v| (v, v.as_int())), vshape) {
                 (None, false) => Ok(1),
                 (None, true) | (Some((_, Some(2))), true) => Ok(2),
@@ -637,6 +655,7 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
                     v: chunks,
                     vshape,
                     lockstep,
+                    spread,
                 },
                 Err((v, message)) => {
                     errors.push(err(ErrorKind::BadArgument, v.span(), message));

@@ -3,7 +3,8 @@
 //! The search space ([`candidates`]) is every body generator (`1f1b`, `gpipe`, `zbh1`,
 //! `zbv`, `dualpipev`, `interleaved(v = 2..4)` and `v = 5..8` where the chunks split
 //! the layers evenly, `zb2p` with one chunk (also in lockstep, `costs = unit`), two
-//! looped and two in a V), the
+//! looped and two in a V, and `zb2p(encoders = spread)`, which places the encoders
+//! itself, in three forms), the
 //! fused-backward bodies also under `split_w`, and for each encoder of the profile every placement the operators offer:
 //! inline (the body's own), `transpose` with each owner mode (`spare` too) and, for a trainable
 //! encoder, each backward mode (modes that cannot differ, such as owners when
@@ -52,6 +53,14 @@ const SPLIT: [&str; 7] = [
     "zb2p(costs = unit)",
     "zb2p(v = 2)",
     "zb2p(layout = v)",
+];
+
+/// Bodies that place the encoders themselves (on every rank), tried with no
+/// operator moving an encoder.
+const WOVEN: [&str; 3] = [
+    "zb2p(encoders = spread)",
+    "zb2p(encoders = spread, costs = unit)",
+    "zb2p(encoders = spread, layout = v)",
 ];
 
 /// Every expression `auto` considers for `profile` on `ranks` x `microbatches`, in the
@@ -159,6 +168,20 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
                             out.push(y);
                         }
                     }
+                }
+            }
+        }
+    }
+    if !profile.encoders.is_empty() {
+        for body in WOVEN {
+            let balanced = profile
+                .llm
+                .layout
+                .is_none()
+                .then(|| format!("balance({body})"));
+            for y in std::iter::once(body.to_string()).chain(balanced) {
+                if seen.insert(y.clone()) {
+                    out.push(y);
                 }
             }
         }

@@ -27,6 +27,7 @@ const ZB2P: BodyKind = BodyKind::Zb2p {
     v: 1,
     vshape: false,
     lockstep: false,
+    spread: false,
 };
 
 proptest! {
@@ -102,6 +103,8 @@ fn bad_arguments_are_reported() {
         ("zb2p(layout = w)", "expected one of: looped, v"),
         ("zb2p(layout = v, v = 3)", "2 chunks per rank"),
         ("zb2p(chunks = 2)", "unknown argument `chunks`"),
+        ("zb2p(costs = fast)", "expected one of: profile, unit"),
+        ("zb2p(encoders = all)", "expected one of: inline, spread"),
     ] {
         let e = derive_str(&req, text).unwrap_err();
         assert_eq!(e[0].kind, ErrorKind::BadArgument, "{text}");
@@ -118,4 +121,98 @@ fn zb2p_is_never_behind_zbh1_when_backward_dominates() {
     let got = span(&generate(ZB2P, &prof, p, m).unwrap());
     let zbh1 = span(&generate(BodyKind::ZbH1, &prof, p, m).unwrap());
     assert!(got <= zbh1 * (1.0 + 1e-9), "{got} > {zbh1}");
+}
+
+/// One or two encoders before a 16-layer LLM: `vision` (trainable or not, its
+/// weight per micro-batch against one stage's set by `heavy`) and, optionally, a
+/// trainable `audio`.
+fn mllm(heavy: f64, trainable: bool, audio: bool, limit: Option<f64>) -> Profile {
+    let memory = limit.map_or(String::new(), |l| format!("\n[memory]\nlimit = {l}\n"));
+    let audio = if audio {
+        "[[encoder]]\nname = \"audio\"\nlayers = 2\nforward = 0.5\nbackward = 0.5\nweight = 0.5\n\
+         activation = 0.2\nparams = 1.0\ntrainable = true\n\n"
+    } else {
+        ""
+    };
+    Profile::from_toml_str(&format!(
+        "[[encoder]]\nname = \"vision\"\nlayers = 4\nforward = {heavy}\nbackward = {heavy}\n\
+         weight = {heavy}\nactivation = 0.2\nparams = 1.0\ntrainable = {trainable}\n\n{audio}\
+         [llm]\nlayers = 16\nforward = 1.0\nbackward = 1.0\nweight = 1.0\nactivation = 1.0\n\
+         params = 0.25\nlast_stage_extra = {{ forward = 1.0, backward = 1.0, weight = 1.0 }}\n{memory}"
+    ))
+    .unwrap()
+}
+
+const SPREAD: [&str; 3] = [
+    "zb2p(encoders = spread)",
+    "zb2p(encoders = spread, costs = unit)",
+    "zb2p(encoders = spread, layout = v)",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Woven encoders: every form derives a valid program that runs (the
+    /// derivation verifies it), within the memory limit when there is one; a limit
+    /// too tight for the body is a memory error, never another failure.
+    #[test]
+    fn spread_programs_are_valid(
+        heavy in 0.1f64..2.0, trainable: bool, audio: bool,
+        p in prop::sample::select(vec![2usize, 4]), m in 1usize..17, tight: bool,
+    ) {
+        let limit = tight.then_some(p as f64 * 8.0);
+        let prof = mllm(heavy, trainable, audio, limit);
+        let req = Request::new(&prof, p, m);
+        for text in SPREAD {
+            match derive_str(&req, text) {
+                Ok(d) => {
+                    if let Some(l) = limit {
+                        prop_assert!(d.peak_with_params() <= l + 1e-9);
+                    }
+                }
+                Err(e) => prop_assert!(
+                    e.iter().all(|x| x.kind == ErrorKind::Memory),
+                    "{text} p={p} m={m}: {:?}", e
+                ),
+            }
+        }
+    }
+}
+
+/// Where the encoder weighs as much as a stage, weaving spreads it over the ranks
+/// (every rank computes some of it) and, with asynchronous sends, beats both the
+/// encoder inline and `fill` on the same body.
+#[test]
+fn spread_shares_a_heavy_encoder_out() {
+    let prof = mllm(1.0, true, false, None);
+    let (p, m) = (4, 16);
+    let mut req = Request::new(&prof, p, m);
+    req.mode = mpipe_core::simulate::Mode::Eager;
+    let t = |text: &str| derive_str(&req, text).unwrap();
+    let spread = t("zb2p(encoders = spread)");
+    for r in 0..p {
+        assert!(
+            spread.program.programs[r].iter().any(|a| matches!(
+                a.view(),
+                mpipe_core::program::ActionRef::Compute(c) if c.unit == "vision"
+            )),
+            "rank {r} computes none of the encoder"
+        );
+    }
+    let inline = t("zb2p").report.makespan;
+    let fill = t("fill(vision, zb2p)").report.makespan;
+    let s = spread.report.makespan;
+    assert!(
+        s < inline && s < fill,
+        "spread {s}, inline {inline}, fill {fill}"
+    );
+}
+
+#[test]
+fn spread_expressions_read_back() {
+    for text in SPREAD {
+        let prof = mllm(1.0, true, false, None);
+        let req = Request::new(&prof, 4, 8);
+        assert_eq!(derive_str(&req, text).unwrap().expr, text);
+    }
 }

@@ -37,11 +37,13 @@ pub enum BodyKind {
     DualPipeV,
     /// Zero Bubble's ZB-2p: greedy list scheduling of split `B`/`W` under twice
     /// 1F1B's activation budget, `v` chunks per rank looped, or two in a V;
-    /// `lockstep` schedules as if every task took the same time.
+    /// `lockstep` schedules as if every task took the same time; `spread` weaves
+    /// the encoders' work into the schedule on every rank instead of inline.
     Zb2p {
         v: usize,
         vshape: bool,
         lockstep: bool,
+        spread: bool,
     },
 }
 
@@ -88,6 +90,7 @@ impl BodyKind {
                 v,
                 vshape,
                 lockstep,
+                spread,
             } => {
                 let mut args = Vec::new();
                 if vshape {
@@ -97,6 +100,9 @@ impl BodyKind {
                 }
                 if lockstep {
                     args.push("costs = unit".into());
+                }
+                if spread {
+                    args.push("encoders = spread".into());
                 }
                 if args.is_empty() {
                     "zb2p".into()
@@ -194,7 +200,16 @@ pub fn generate(
         BodyKind::ZbH1 => zbh1::order(&ctx),
         BodyKind::ZbV => zbv::order(&ctx),
         BodyKind::DualPipeV => dualpipev::order(&ctx),
-        BodyKind::Zb2p { v, lockstep, .. } => zb2p::order(&ctx, v, lockstep),
+        BodyKind::Zb2p {
+            v,
+            lockstep,
+            spread,
+            ..
+        } => zb2p::order(&ctx, v, lockstep, spread),
+    };
+    let woven = match kind {
+        BodyKind::Zb2p { spread: true, .. } => zb2p::feeding(&ctx),
+        _ => Vec::new(),
     };
     // ZB-2p with one chunk is never behind ZB-H1 (see below).
     let zbh1_order = matches!(
@@ -203,6 +218,7 @@ pub fn generate(
             v: 1,
             vshape: false,
             lockstep: false,
+            spread: false,
         }
     )
     .then(|| zbh1::order(&ctx));
@@ -248,7 +264,12 @@ pub fn generate(
             plan = zbh1;
         }
     }
-    let encs = plan.encoders.clone();
+    let encs: Vec<UnitId> = plan
+        .encoders
+        .iter()
+        .copied()
+        .filter(|e| !woven.contains(e))
+        .collect();
     for e in encs {
         inline_encoder(&mut plan, e);
     }

@@ -15,10 +15,12 @@ pub const BODIES: [BodyKind; 8] = [
         v: 1,
         vshape: false,
         lockstep: false,
+        spread: false,
     },
     BodyKind::Zb2p {
         v: 2,
         vshape: true,
         lockstep: false,
+        spread: false,
     },
 ];
