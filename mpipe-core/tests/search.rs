@@ -250,3 +250,18 @@ fn auto_is_within_five_percent_of_the_bound_where_microbatches_are_twice_the_ran
         assert!(ratio <= 1.05, "`{}`: {ratio:.4} of the bound", d.expr);
     }
 }
+
+/// `profiles/qwen2vl-7b.toml` at its intended 8 x 32, where the trainable ViT weighs
+/// about one stage: with asynchronous sends `auto` weaves the encoder into the
+/// schedule (`zb2p(encoders = spread)`), 1.062 of the bound (the guide quotes it).
+#[test]
+fn auto_weaves_a_stage_sized_encoder_under_eager_semantics() {
+    let text = include_str!("../../profiles/qwen2vl-7b.toml");
+    let profile = Profile::from_toml_str(text).unwrap();
+    let mut req = Request::new(&profile, 8, 32);
+    req.mode = mpipe_core::simulate::Mode::Eager;
+    let d = derive_str(&req, "auto").unwrap();
+    assert!(d.expr.contains("encoders = spread"), "{}", d.expr);
+    let ratio = d.report.makespan / d.bound.value();
+    assert!(ratio <= 1.0625, "{}: {ratio:.4}", d.expr);
+}
