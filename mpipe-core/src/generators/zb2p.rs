@@ -204,35 +204,29 @@ pub fn order(ctx: &Ctx, v: usize, lockstep: bool, spread: bool) -> Vec<Vec<Task>
             let enc_f = enc.next_forward(r, r == home(0), next_f[0], reserved[r], room[r]);
             let enc_bw = enc.next_backward(r, &b_end[0]);
             // At the rank's clock: B, then an encoder forward the first stage is
-            // about to read, then F, then any encoder forward, then W or an encoder
-            // backward; else the earliest arrival.
-            let pick = match (b_cand, f_cand, w_cand) {
-                (Some((at, i, k)), _, _) if at <= t0 => (at, Task::new(Op::B, ctx.stages[k], i)),
-                _ if enc_f.is_some_and(|(_, urgent)| urgent) => {
-                    (t0, enc_f.map_or(Task::new(Op::F, 0, 0), |(t, _)| t))
-                }
-                (_, Some((at, i, d)), _) if at <= t0 => {
-                    (at, Task::new(Op::F, ctx.stages[s - d], i))
-                }
-                _ if enc_f.is_some() => (t0, enc_f.map_or(Task::new(Op::F, 0, 0), |(t, _)| t)),
-                _ if enc_bw.is_some_and(|(at, _)| at <= t0) => {
-                    let (at, t) = enc_bw.unwrap_or((t0, Task::new(Op::BW, 0, 0)));
-                    (at.max(t0), t)
-                }
-                (_, _, Some((k, i))) => (t0, Task::new(Op::W, ctx.stages[k], i)),
-                (b, f, None) => {
-                    let bt = b.map(|(at, i, k)| (at, Task::new(Op::B, ctx.stages[k], i)));
-                    let ft = f.map(|(at, i, d)| (at, Task::new(Op::F, ctx.stages[s - d], i)));
-                    let et = enc_bw.map(|(at, t)| (at.max(t0), t));
-                    match [bt, ft, et]
+            // about to read, then F, then any encoder forward, then an encoder
+            // backward or a W; else the earliest arrival.
+            let b_task = b_cand.map(|(at, i, k)| (at, Task::new(Op::B, ctx.stages[k], i)));
+            let f_task = f_cand.map(|(at, i, d)| (at, Task::new(Op::F, ctx.stages[s - d], i)));
+            let bw_task = enc_bw.map(|(at, t)| (at.max(t0), t));
+            let now = |c: Option<(f64, Task)>| c.filter(|(at, _)| *at <= t0);
+            let urgent = enc_f.filter(|(_, u)| *u).map(|(t, _)| (t0, t));
+            let filler = enc_f.map(|(t, _)| (t0, t));
+            let w_task = w_cand.map(|(k, i)| (t0, Task::new(Op::W, ctx.stages[k], i)));
+            let pick = now(b_task)
+                .or(urgent)
+                .or(now(f_task))
+                .or(filler)
+                .or(now(bw_task))
+                .or(w_task)
+                .or_else(|| {
+                    [b_task, f_task, bw_task]
                         .into_iter()
                         .flatten()
                         .min_by(|a, b| a.0.total_cmp(&b.0))
-                    {
-                        Some(x) => x,
-                        None => continue,
-                    }
-                }
+                });
+            let Some(pick) = pick else {
+                continue;
             };
             if best.as_ref().is_none_or(|(at, _, _)| pick.0 < *at) {
                 best = Some((pick.0, r, pick.1));
