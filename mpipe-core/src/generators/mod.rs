@@ -234,35 +234,7 @@ pub fn generate(
         memory_limit: profile.memory.as_ref().map(|m| m.limit),
     };
     if let Some(order) = zbh1_order {
-        // The greedy order can come out behind ZB-H1's (when `B` is several times
-        // `F`): then ZB-H1's order, if it fits the memory limit (ZB-2p's admission
-        // follows the limit; ZB-H1 holds its `p - r` micro-batches regardless).
-        let zbh1 = Plan {
-            order,
-            ..plan.clone()
-        };
-        let span = |p: &Plan| {
-            crate::analysis::dependencies(p)
-                .and_then(|d| crate::analysis::timing(p, &d))
-                .map_or(f64::INFINITY, |t| t.makespan())
-        };
-        let fits = |p: &Plan| {
-            let peaks = crate::analysis::peak_memory(p);
-            p.memory_limit.is_none_or(|limit| {
-                peaks.iter().enumerate().all(|(r, peak)| {
-                    let params: f64 = p
-                        .units
-                        .iter()
-                        .filter(|u| u.home == r)
-                        .map(|u| u.params)
-                        .sum();
-                    peak + params <= limit
-                })
-            })
-        };
-        if span(&zbh1) < span(&plan) && fits(&zbh1) {
-            plan = zbh1;
-        }
+        plan = zb2p::no_worse_than_zbh1(plan, order);
     }
     let encs: Vec<UnitId> = plan
         .encoders

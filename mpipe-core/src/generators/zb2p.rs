@@ -45,7 +45,8 @@
 //! rendezvous the many encoder transfers between ranks cost more than it gains.
 
 use super::Ctx;
-use crate::plan::Task;
+use crate::analysis::{dependencies, peak_memory, timing};
+use crate::plan::{Plan, Task};
 use crate::program::{Cost, Op};
 
 /// The schedule of the context's stages, `v` per rank, each on its unit's home
@@ -453,6 +454,42 @@ impl Spread {
                 Some(at + bw)
             }
         }
+    }
+}
+
+/// `plan` (ZB-2p with one chunk, encoders not yet inlined), or the same with ZB-H1's
+/// `order` if that is shorter in the ideal timing and fits the memory limit. The
+/// greedy order can come out behind ZB-H1's when `B` is several times `F`; ZB-2p's
+/// admission follows the limit, while ZB-H1 holds its `p - r` micro-batches
+/// regardless, hence the check.
+pub fn no_worse_than_zbh1(plan: Plan, order: Vec<Vec<Task>>) -> Plan {
+    let zbh1 = Plan {
+        order,
+        ..plan.clone()
+    };
+    let span = |p: &Plan| {
+        dependencies(p)
+            .and_then(|d| timing(p, &d))
+            .map_or(f64::INFINITY, |t| t.makespan())
+    };
+    let fits = |p: &Plan| {
+        let peaks = peak_memory(p);
+        p.memory_limit.is_none_or(|limit| {
+            peaks.iter().enumerate().all(|(r, peak)| {
+                let params: f64 = p
+                    .units
+                    .iter()
+                    .filter(|u| u.home == r)
+                    .map(|u| u.params)
+                    .sum();
+                peak + params <= limit
+            })
+        })
+    };
+    if span(&zbh1) < span(&plan) && fits(&zbh1) {
+        zbh1
+    } else {
+        plan
     }
 }
 
