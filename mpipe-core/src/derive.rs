@@ -590,52 +590,14 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
             }
         },
         (BodyKind::Zb2p { .. }, v) => {
-            let vshape = match e.find_key("layout") {
-                None => false,
-                Some(l) => match l.as_name() {
-                    Some("looped") => false,
-                    Some("v") => true,
-                    _ => {
-                        errors.push(err(
-                            ErrorKind::BadArgument,
-                            l.span(),
-                            format!("bad value `{l}` for `layout`; expected one of: looped, v"),
-                        ));
-                        return None;
-                    }
-                },
-            };
-            let lockstep = match e.find_key("costs") {
-                None => false,
-                Some(c) => match c.as_name() {
-                    Some("profile") => false,
-                    Some("unit") => true,
-                    _ => {
-                        errors.push(err(
-                            ErrorKind::BadArgument,
-                            c.span(),
-                            format!("bad value `{c}` for `costs`; expected one of: profile, unit"),
-                        ));
-                        return None;
-                    }
-                },
-            };
-            let spread = match e.find_key("encoders") {
-                None => false,
-                Some(c) => {
-                    match c.as_name() {
-                        Some("inline") => false,
-                        Some("spread") => true,
-                        _ => {
-                            errors.push(err(
-                            ErrorKind::BadArgument,
-                            c.span(),
-                            format!("bad value `{c}` for `encoders`; expected one of: inline, spread"),
-                        ));
-                            return None;
-                        }
-                    }
-                }
+            // All three are read (and their mistakes reported) before giving up.
+            let keys = (
+                two_way(e, "layout", ["looped", "v"], errors),
+                two_way(e, "costs", ["profile", "unit"], errors),
+                two_way(e, "encoders", ["inline", "spread"], errors),
+            );
+            let (Some(vshape), Some(lockstep), Some(spread)) = keys else {
+                return None;
             };
             let chunks = match (v.map(|v| (v, v.as_int())), vshape) {
                 (None, false) => Ok(1),
@@ -666,6 +628,29 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
         (k, _) => k,
     };
     (errors.len() == before).then_some(kind)
+}
+
+/// The value of `e`'s two-way `key`: `false` for `names[0]` (or when absent),
+/// `true` for `names[1]`; `None` (reported) for anything else.
+fn two_way(e: &Expr, key: &str, names: [&str; 2], errors: &mut Vec<DeriveError>) -> Option<bool> {
+    let Some(value) = e.find_key(key) else {
+        return Some(false);
+    };
+    match value.as_name() {
+        Some(n) if n == names[0] => Some(false),
+        Some(n) if n == names[1] => Some(true),
+        _ => {
+            errors.push(err(
+                ErrorKind::BadArgument,
+                value.span(),
+                format!(
+                    "bad value `{value}` for `{key}`; expected one of: {}, {}",
+                    names[0], names[1]
+                ),
+            ));
+            None
+        }
+    }
 }
 
 /// Reports every `key = value` argument of `e`, an operator written `usage`; whether

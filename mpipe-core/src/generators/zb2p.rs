@@ -82,13 +82,8 @@ pub fn order(ctx: &Ctx, v: usize, lockstep: bool, spread: bool) -> Vec<Vec<Task>
     // the units homed there (encoders included, as they start inline).
     let room: Vec<f64> = (0..p)
         .map(|r| {
-            let params: f64 = ctx
-                .units
-                .iter()
-                .filter(|u| u.home == r)
-                .map(|u| u.params)
-                .sum();
-            ctx.memory_limit.map_or(f64::INFINITY, |l| l - params)
+            ctx.memory_limit
+                .map_or(f64::INFINITY, |l| l - homed_params(ctx.units, r))
         })
         .collect();
     // A stage's activation; the first stage's also counts the encoders' (they start
@@ -475,15 +470,10 @@ pub fn no_worse_than_zbh1(plan: Plan, order: Vec<Vec<Task>>) -> Plan {
     let fits = |p: &Plan| {
         let peaks = peak_memory(p);
         p.memory_limit.is_none_or(|limit| {
-            peaks.iter().enumerate().all(|(r, peak)| {
-                let params: f64 = p
-                    .units
-                    .iter()
-                    .filter(|u| u.home == r)
-                    .map(|u| u.params)
-                    .sum();
-                peak + params <= limit
-            })
+            peaks
+                .iter()
+                .enumerate()
+                .all(|(r, peak)| peak + homed_params(&p.units, r) <= limit)
         })
     };
     if span(&zbh1) < span(&plan) && fits(&zbh1) {
@@ -491,6 +481,11 @@ pub fn no_worse_than_zbh1(plan: Plan, order: Vec<Vec<Task>>) -> Plan {
     } else {
         plan
     }
+}
+
+/// The parameters of the units homed on rank `r`.
+fn homed_params(units: &[crate::program::Unit], r: usize) -> f64 {
+    units.iter().filter(|u| u.home == r).map(|u| u.params).sum()
 }
 
 /// The encoders whose output the first stage reads (those `encoders = spread`
