@@ -260,7 +260,7 @@ pub fn from_env(timeout: Duration) -> Result<TcpComm, Error> {
     // Under mpipe-run: note whom this rank blames if another rank fails first.
     let blame = std::env::var_os(BLAME_DIR_VAR)
         .map(|d| std::path::PathBuf::from(d).join(blame_file_name(rank)));
-    connect_noting_blame(rank, world, master, timeout, blame)
+    connect_noting_blame(rank, world, master, None, timeout, blame)
 }
 
 /// The environment variable naming the directory where ranks started by `mpipe-run`
@@ -283,13 +283,17 @@ pub fn connect(
     master: SocketAddr,
     timeout: Duration,
 ) -> Result<TcpComm, Error> {
-    connect_noting_blame(rank, world, master, timeout, None)
+    connect_noting_blame(rank, world, master, None, timeout, None)
 }
 
+/// [`connect`], with rank 0's master listener already bound (`bound`, by the
+/// caller, at `master`) when given: then no other process can take the port
+/// between choosing it and listening on it.
 fn connect_noting_blame(
     rank: usize,
     world: usize,
     master: SocketAddr,
+    bound: Option<TcpListener>,
     timeout: Duration,
     blame: Option<std::path::PathBuf>,
 ) -> Result<TcpComm, Error> {
@@ -314,7 +318,7 @@ fn connect_noting_blame(
             .map_err(|e| Error::io(format!("rank {rank}: listener address"), e))?
             .port();
         let ports = if rank == 0 {
-            serve_table(master, world, port, deadline, timeout)?
+            serve_table(master, bound, world, port, deadline, timeout)?
         } else {
             register(rank, world, master, port, deadline, timeout)?
         };
@@ -379,17 +383,21 @@ fn peer_hello(rank: usize, world: usize) -> Vec<u8> {
 /// table.
 fn serve_table(
     master: SocketAddr,
+    bound: Option<TcpListener>,
     world: usize,
     my_port: u16,
     deadline: Instant,
     timeout: Duration,
 ) -> Result<Vec<u16>, Error> {
-    let listener = TcpListener::bind(master).map_err(|e| {
-        Error::io(
-            format!("rank 0: cannot listen on {master} (MASTER_ADDR:MASTER_PORT)"),
-            e,
-        )
-    })?;
+    let listener = match bound {
+        Some(l) => l,
+        None => TcpListener::bind(master).map_err(|e| {
+            Error::io(
+                format!("rank 0: cannot listen on {master} (MASTER_ADDR:MASTER_PORT)"),
+                e,
+            )
+        })?,
+    };
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::io("set_nonblocking", e))?;
@@ -602,13 +610,22 @@ pub fn free_port() -> Result<u16, Error> {
         .map_err(|e| Error::io("listener address", e))
 }
 
-/// Connects `n` ranks as threads of this process (each calling [`connect`] with a
-/// master port picked free), for tests and single-process runs over real sockets.
+/// Connects `n` ranks as threads of this process, for tests and single-process runs
+/// over real sockets. Rank 0's master listener is bound (to a free port) before
+/// any rank starts, so concurrent worlds never share a master port.
 pub fn world(n: usize, timeout: Duration) -> Result<Vec<TcpComm>, Error> {
-    let master = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .map_err(|e| Error::io("binding 127.0.0.1:0", e))?;
+    let master = listener
+        .local_addr()
+        .map_err(|e| Error::io("listener address", e))?;
+    let mut bound = Some(listener);
     let comms: Vec<Result<TcpComm, Error>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
-            .map(|r| s.spawn(move || connect(r, n, master, timeout)))
+            .map(|r| {
+                let mine = if r == 0 { bound.take() } else { None };
+                s.spawn(move || connect_noting_blame(r, n, master, mine, timeout, None))
+            })
             .collect();
         handles
             .into_iter()
