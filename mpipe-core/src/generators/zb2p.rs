@@ -37,7 +37,7 @@
 //!
 //! **Woven encoders** (`encoders = spread`): instead of running inline before the
 //! first stage, the encoders' forwards and backwards join the list schedule on
-//! every rank, in quotas that even out each rank's total work (see [`Spread`]).
+//! every rank, in quotas that even out each rank's total work (see `Spread`).
 //! The other bodies and `fill` place an encoder into a finished schedule's gaps;
 //! here the stages make room for it as they are scheduled. With asynchronous sends
 //! (`--mode eager`) this is the fastest schedule for a Qwen2-VL-7B-class model whose
