@@ -707,7 +707,6 @@ fn eval_split_w(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Optio
 }
 
 fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    let pos: Vec<&Expr> = e.positional().collect();
     let mut ok = true;
     let mut owners = Owners::default();
     let mut backward = Backward::default();
@@ -746,13 +745,7 @@ fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opt
             ok = false;
         }
     }
-    let (enc, body) = encoder_and_body(req, e, &pos, "transpose(vision, 1f1b)", errors)?;
-    ok &= check_encoder(req, enc, errors);
-    let plan = eval(req, body, errors)?;
-    if !ok {
-        return None;
-    }
-    let id = plan.unit_id(enc.name())?;
+    let (_, id, plan) = encoder_and_plan(req, e, "transpose(vision, 1f1b)", ok, errors)?;
     applied(e, transpose(plan, id, owners, backward), errors)
 }
 
@@ -859,13 +852,11 @@ fn eval_prefetch(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opti
 fn eval_fill(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
     let (_, id, plan) =
         encoder_operator(req, e, "fill(ENCODER, BODY)", "fill(vision, zbv)", errors)?;
-    let link = req.profile.link.as_ref().map(|l| (l.latency, l.bandwidth));
-    applied(e, fill(plan, id, link), errors)
+    applied(e, fill(plan, id, link(req)), errors)
 }
 
 /// `host(ENCODER, BODY, rank = N | spare)`; `rank` defaults to `spare`.
 fn eval_host(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    let pos: Vec<&Expr> = e.positional().collect();
     let mut ok = true;
     let mut to = Host::Spare;
     for (key, value) in e.keys() {
@@ -903,15 +894,8 @@ fn eval_host(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<P
             ok = false;
         }
     }
-    let (enc, body) = encoder_and_body(req, e, &pos, "host(audio, zbv, rank = 2)", errors)?;
-    ok &= check_encoder(req, enc, errors);
-    let plan = eval(req, body, errors)?;
-    if !ok {
-        return None;
-    }
-    let id = plan.unit_id(enc.name())?;
-    let link = req.profile.link.as_ref().map(|l| (l.latency, l.bandwidth));
-    applied(e, host(plan, id, to, link), errors)
+    let (_, id, plan) = encoder_and_plan(req, e, "host(audio, zbv, rank = 2)", ok, errors)?;
+    applied(e, host(plan, id, to, link(req)), errors)
 }
 
 /// The plan operator `e` produced, or its failure reported at `e` (a bug in mpipe:
@@ -931,16 +915,34 @@ fn encoder_operator<'e>(
     example: &str,
     errors: &mut Vec<DeriveError>,
 ) -> Option<(&'e Expr, UnitId, Plan)> {
+    let keys_ok = no_keys(e, usage, errors);
+    encoder_and_plan(req, e, example, keys_ok, errors)
+}
+
+/// An encoder operator's encoder argument, the encoder's unit and the evaluated
+/// body (`example` shows its use), or `None` once every mistake is reported;
+/// `keys_ok` says whether its `key = value` arguments were good.
+fn encoder_and_plan<'e>(
+    req: &Request,
+    e: &'e Expr,
+    example: &str,
+    keys_ok: bool,
+    errors: &mut Vec<DeriveError>,
+) -> Option<(&'e Expr, UnitId, Plan)> {
     let pos: Vec<&Expr> = e.positional().collect();
-    let mut ok = no_keys(e, usage, errors);
     let (enc, body) = encoder_and_body(req, e, &pos, example, errors)?;
-    ok &= check_encoder(req, enc, errors);
+    let ok = check_encoder(req, enc, errors) && keys_ok;
     let plan = eval(req, body, errors)?;
     if !ok {
         return None;
     }
     let id = plan.unit_id(enc.name())?;
     Some((enc, id, plan))
+}
+
+/// The profile's link as operators take it: `(latency, bandwidth)`.
+fn link(req: &Request) -> crate::operators::fill::Link {
+    req.profile.link.as_ref().map(|l| (l.latency, l.bandwidth))
 }
 
 /// The closest candidate within edit distance 2, if any.
