@@ -12,8 +12,9 @@
 use crate::analysis::{PlanError, Timing};
 use crate::bound::{lower_bound, profile_bound, Bound};
 use crate::expr::{Arg, Expr, Value};
-use crate::generators::{generate, BodyKind, GenError, BODY_NAMES};
+use crate::generators::{generate, BodyKind, GenError, Weave, BODY_NAMES};
 use crate::lower::{assemble, placement_of, prepare, Placed, Placement};
+use crate::operators::chain::{chain, ChainError};
 use crate::operators::fill::fill;
 use crate::operators::host::{host, Host};
 use crate::operators::prefetch::prefetch;
@@ -28,9 +29,10 @@ use crate::verify::verify_static;
 use proc_macro2::Span;
 
 /// Operator names the language reserves.
-pub const OPERATOR_NAMES: [&str; 8] = [
+pub const OPERATOR_NAMES: [&str; 9] = [
     "transpose",
     "fill",
+    "chain",
     "host",
     "split_w",
     "balance",
@@ -358,7 +360,8 @@ fn best_lowering(
 }
 
 /// The placement rules tried, in order.
-const PLACEMENTS: [Placement; 4] = [
+const PLACEMENTS: [Placement; 5] = [
+    Placement::Join,
     Placement::Meet,
     Placement::Ready,
     Placement::Critical,
@@ -499,6 +502,7 @@ fn eval(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> 
             None
         }
         "fill" => eval_fill(req, e, errors),
+        "chain" => eval_chain(req, e, errors),
         "host" => eval_host(req, e, errors),
         "balance" => eval_balance(req, e, errors),
         "prefetch" => eval_prefetch(req, e, errors),
@@ -535,7 +539,7 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
             v: 1,
             vshape: false,
             lockstep: false,
-            spread: false,
+            encoders: Weave::Inline,
         },
         _ => return None,
     };
@@ -592,11 +596,11 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
         (BodyKind::Zb2p { .. }, v) => {
             // All three are read (and their mistakes reported) before giving up.
             let keys = (
-                two_way(e, "layout", ["looped", "v"], errors),
-                two_way(e, "costs", ["profile", "unit"], errors),
-                two_way(e, "encoders", ["inline", "spread"], errors),
+                one_of(e, "layout", &["looped", "v"], errors).map(|i| i == 1),
+                one_of(e, "costs", &["profile", "unit"], errors).map(|i| i == 1),
+                one_of(e, "encoders", &Weave::NAMES, errors),
             );
-            let (Some(vshape), Some(lockstep), Some(spread)) = keys else {
+            let (Some(vshape), Some(lockstep), Some(weave)) = keys else {
                 return None;
             };
             let chunks = match (v.map(|v| (v, v.as_int())), vshape) {
@@ -617,7 +621,7 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
                     v: chunks,
                     vshape,
                     lockstep,
-                    spread,
+                    encoders: [Weave::Inline, Weave::Spread, Weave::Chain][weave],
                 },
                 Err((v, message)) => {
                     errors.push(err(ErrorKind::BadArgument, v.span(), message));
@@ -630,27 +634,26 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
     (errors.len() == before).then_some(kind)
 }
 
-/// The value of `e`'s two-way `key`: `false` for `names[0]` (or when absent),
-/// `true` for `names[1]`; `None` (reported) for anything else.
-fn two_way(e: &Expr, key: &str, names: [&str; 2], errors: &mut Vec<DeriveError>) -> Option<bool> {
+/// The value of `e`'s `key`, one of `names`: its index (0, the default, when the
+/// key is absent); `None` (reported) for anything else.
+fn one_of(e: &Expr, key: &str, names: &[&str], errors: &mut Vec<DeriveError>) -> Option<usize> {
     let Some(value) = e.find_key(key) else {
-        return Some(false);
+        return Some(0);
     };
-    match value.as_name() {
-        Some(n) if n == names[0] => Some(false),
-        Some(n) if n == names[1] => Some(true),
-        _ => {
-            errors.push(err(
-                ErrorKind::BadArgument,
-                value.span(),
-                format!(
-                    "bad value `{value}` for `{key}`; expected one of: {}, {}",
-                    names[0], names[1]
-                ),
-            ));
-            None
-        }
+    let found = value
+        .as_name()
+        .and_then(|n| names.iter().position(|x| *x == n));
+    if found.is_none() {
+        errors.push(err(
+            ErrorKind::BadArgument,
+            value.span(),
+            format!(
+                "bad value `{value}` for `{key}`; expected one of: {}",
+                names.join(", ")
+            ),
+        ));
     }
+    found
 }
 
 /// Reports every `key = value` argument of `e`, an operator written `usage`; whether
@@ -853,6 +856,28 @@ fn eval_fill(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<P
     let (_, id, plan) =
         encoder_operator(req, e, "fill(ENCODER, BODY)", "fill(vision, zbv)", errors)?;
     applied(e, fill(plan, id, link(req)), errors)
+}
+
+/// `chain(ENCODER, BODY)`: the encoder cut into per-rank layer chunks placed into
+/// the body's idle time.
+fn eval_chain(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    let (enc, id, plan) = encoder_operator(
+        req,
+        e,
+        "chain(ENCODER, BODY)",
+        "chain(vision, zb2p(costs = unit))",
+        errors,
+    )?;
+    let spec = req.profile.encoders.iter().find(|x| x.name == enc.name())?;
+    chain(plan, id, spec, link(req))
+        .map_err(|x| {
+            let span = match x {
+                ChainError::NotFeeding(_) => enc.span,
+                ChainError::Plan(_) => e.span,
+            };
+            errors.push(err(ErrorKind::Invalid, span, format!("`{e}`: {x}")))
+        })
+        .ok()
 }
 
 /// `host(ENCODER, BODY, rank = N | spare)`; `rank` defaults to `spare`.

@@ -311,6 +311,56 @@ pub enum Placement {
     /// the sender waiting if it is early. Where the producer has time to spare, no
     /// receive can hold its consumer's rank up for a later tensor.
     Late,
+    /// Like `Meet`, then a transfer whose meeting would cost time joins a meeting the
+    /// same two ranks hold anyway for a transfer with less room to move (one whose
+    /// window from ready time to need is narrower), if that meeting falls within its
+    /// own window: they are posted as one batch, so the transfer costs no wait of
+    /// its own. An encoder's transfers, with much room, ride along with the LLM's.
+    Join,
+}
+
+/// [`Placement::Join`]'s second pass over `taus` (each transfer's meeting time and
+/// its cost there): narrowest windows first, each transfer that costs time moves to
+/// the meeting time, within its window, of an already settled transfer between the
+/// same two ranks (the nearest to its own), if there is one.
+fn join(time: &Timing, transfers: &[(TransferId, Ends)], taus: &mut [(f64, f64)]) {
+    let window = |id: usize| {
+        let ((_, _, _, to), (from, j, i)) = transfers[id];
+        (
+            time.end[from][j],
+            time.start[to][i],
+            from.min(to),
+            from.max(to),
+        )
+    };
+    let mut by_width: Vec<usize> = (0..transfers.len()).collect();
+    by_width.sort_by(|&a, &b| {
+        let (ra, na, ..) = window(a);
+        let (rb, nb, ..) = window(b);
+        (na - ra).total_cmp(&(nb - rb)).then(a.cmp(&b))
+    });
+    // Settled meeting times per pair of ranks, sorted.
+    let mut settled: std::collections::BTreeMap<(usize, usize), Vec<f64>> = Default::default();
+    for id in by_width {
+        let (ready, need, lo, hi) = window(id);
+        let times = settled.entry((lo, hi)).or_default();
+        let (own, cost) = taus[id];
+        if cost > 0.0 {
+            let k = times.partition_point(|&t| t < own);
+            let near = [k.checked_sub(1), Some(k)]
+                .into_iter()
+                .flatten()
+                .filter_map(|k| times.get(k).copied())
+                .filter(|&t| t >= ready && t <= need)
+                .min_by(|a, b| (a - own).abs().total_cmp(&(b - own).abs()));
+            if let Some(t) = near {
+                taus[id] = (t, 0.0);
+            }
+        }
+        let t = taus[id].0;
+        let k = times.partition_point(|&x| x < t);
+        times.insert(k, t);
+    }
 }
 
 /// At most this many candidate meeting points are tried per rank and transfer.
@@ -350,14 +400,15 @@ fn place(
         }
         _ => vec![1.0; p],
     };
-    let mut items: Vec<Vec<Item>> = (0..p).map(|_| Vec::new()).collect();
-    for (id, &((tensor, unit, mb, to), (from, j, i))) in transfers.iter().enumerate() {
+    // Each transfer's meeting time, and what meeting then costs (Meet, Critical, Join).
+    let mut taus: Vec<(f64, f64)> = Vec::with_capacity(transfers.len());
+    for &((_, _, _, to), (from, j, i)) in transfers {
         let ready = time.end[from][j];
         let need = time.start[to][i];
-        let tau = match strategy {
-            Placement::Ready => ready,
-            Placement::Late => need.max(ready),
-            Placement::Meet | Placement::Critical => {
+        taus.push(match strategy {
+            Placement::Ready => (ready, 0.0),
+            Placement::Late => (need.max(ready), 0.0),
+            Placement::Meet | Placement::Critical | Placement::Join => {
                 // Candidate slots on each side: those whose gap opens within
                 // [ready, need], at most CANDIDATES of them.
                 let window = |r: usize, first: usize| {
@@ -393,9 +444,16 @@ fn place(
                         best = (c, t);
                     }
                 }
-                best.1
+                (best.1, best.0)
             }
-        };
+        });
+    }
+    if strategy == Placement::Join {
+        join(time, transfers, &mut taus);
+    }
+    let mut items: Vec<Vec<Item>> = (0..p).map(|_| Vec::new()).collect();
+    for (id, &((tensor, unit, mb, to), (from, j, i))) in transfers.iter().enumerate() {
+        let tau = taus[id].0;
         let key = Key {
             time: tau,
             seq: time.seq[from][j],
@@ -416,7 +474,7 @@ fn place(
         });
         let lo = match strategy {
             Placement::Ready => time.start[to].partition_point(|&s| s < tau),
-            Placement::Meet | Placement::Critical => slot_at(to, tau),
+            Placement::Meet | Placement::Critical | Placement::Join => slot_at(to, tau),
             Placement::Late => i,
         };
         items[to].push(Item {

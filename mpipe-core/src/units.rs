@@ -14,7 +14,7 @@
 
 use crate::megatron::{LayoutError, MegatronLayout};
 use crate::plan::Layout;
-use crate::profile::{Profile, Split};
+use crate::profile::{EncoderProfile, Profile, Split};
 use crate::program::{Cost, Unit};
 
 /// Why the profile cannot be split as asked.
@@ -291,4 +291,63 @@ pub fn build_units(
         });
     }
     Ok(units)
+}
+
+/// An encoder cut into layer chunks, one per rank, chained into the first stage.
+///
+/// The layers are shared out by water-filling: layer by layer, to the rank whose work
+/// per micro-batch (`load`, plus its chunk so far) is least, the lower rank on ties.
+/// Each rank's layers form one chunk, a unit homed on that rank (`vision.0`,
+/// `vision.1`, .. in data order) with the profile's per-layer costs and activations
+/// times its layers, and its share of the parameters. The chunks run from the rank
+/// after the first stage's (`first_home`; rank `p - 1` when that is rank 0) down to
+/// the first stage's rank, so each hands its output to a neighbour, in the
+/// direction the LLM's gradients flow, and the last one feeds the first stage on
+/// its own rank; ranks given no layers are skipped. A chunk's output is costed at
+/// the encoder's `output` size (the profile has no other figure for a layer's
+/// output). The result is never empty (an encoder has at least one layer).
+pub fn encoder_chunks(spec: &EncoderProfile, load: &[f64], first_home: usize) -> Vec<Unit> {
+    let ranks = load.len();
+    let mut load = load.to_vec();
+    let per_layer = spec.forward
+        + if spec.trainable {
+            spec.backward + spec.weight.unwrap_or(0.0)
+        } else {
+            0.0
+        };
+    let mut layers = vec![0u32; ranks];
+    for _ in 0..spec.layers {
+        let r = (0..ranks)
+            .min_by(|&a, &b| load[a].total_cmp(&load[b]).then(a.cmp(&b)))
+            .unwrap_or(0);
+        load[r] += per_layer;
+        layers[r] += 1;
+    }
+    let path = (0..ranks)
+        .rev()
+        .map(|d| (first_home + d) % ranks)
+        .filter(|&r| layers[r] > 0);
+    path.enumerate()
+        .map(|(j, r)| {
+            let n = f64::from(layers[r]);
+            Unit {
+                name: format!("{}.{j}", spec.name),
+                inputs: if j == 0 {
+                    vec![]
+                } else {
+                    vec![format!("{}.{}", spec.name, j - 1)]
+                },
+                home: r,
+                trainable: spec.trainable,
+                cost: Cost {
+                    f: n * spec.forward,
+                    b: n * spec.backward,
+                    w: n * spec.weight.unwrap_or(0.0),
+                },
+                act: n * spec.activation,
+                bytes: spec.output,
+                params: spec.params * n / f64::from(spec.layers),
+            }
+        })
+        .collect()
 }

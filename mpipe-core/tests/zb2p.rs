@@ -6,7 +6,7 @@
 use mpipe_core::analysis::{dependencies, timing};
 use mpipe_core::bound::lower_bound;
 use mpipe_core::derive::{derive_str, ErrorKind, Request};
-use mpipe_core::generators::{generate, BodyKind};
+use mpipe_core::generators::{generate, BodyKind, Weave};
 use mpipe_core::plan::Plan;
 use mpipe_core::profile::Profile;
 use proptest::prelude::*;
@@ -27,7 +27,7 @@ const ZB2P: BodyKind = BodyKind::Zb2p {
     v: 1,
     vshape: false,
     lockstep: false,
-    spread: false,
+    encoders: Weave::Inline,
 };
 
 proptest! {

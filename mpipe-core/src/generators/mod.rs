@@ -7,6 +7,7 @@
 //! backward just after the first stage's backward), the usual placement that
 //! operators such as `transpose` then change.
 
+mod chain;
 mod dualpipev;
 mod gpipe;
 mod interleaved;
@@ -37,14 +38,36 @@ pub enum BodyKind {
     DualPipeV,
     /// Zero Bubble's ZB-2p: greedy list scheduling of split `B`/`W` under twice
     /// 1F1B's activation budget, `v` chunks per rank looped, or two in a V;
-    /// `lockstep` schedules as if every task took the same time; `spread` weaves
-    /// the encoders' work into the schedule on every rank instead of inline.
+    /// `lockstep` schedules as if every task took the same time; `encoders` says
+    /// where the encoders' work goes.
     Zb2p {
         v: usize,
         vshape: bool,
         lockstep: bool,
-        spread: bool,
+        encoders: Weave,
     },
+}
+
+/// Where `zb2p` puts the encoders that feed the first stage (`encoders = ..`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Weave {
+    /// Inline on the first stage's rank, as every other body does.
+    #[default]
+    Inline,
+    /// Whole micro-batches of encoder work woven into the schedule on every rank.
+    Spread,
+    /// The heaviest encoder cut into layer chunks, one per rank, that run as a
+    /// pipeline of their own into the first stage (see [`chain`]).
+    Chain,
+}
+
+impl Weave {
+    /// The value's spelling in `encoders = ..`.
+    pub const NAMES: [&'static str; 3] = ["inline", "spread", "chain"];
+
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
 }
 
 /// Names of the body generators, as the expression language spells them.
@@ -90,7 +113,7 @@ impl BodyKind {
                 v,
                 vshape,
                 lockstep,
-                spread,
+                encoders,
             } => {
                 let mut args = Vec::new();
                 if vshape {
@@ -101,8 +124,8 @@ impl BodyKind {
                 if lockstep {
                     args.push("costs = unit".into());
                 }
-                if spread {
-                    args.push("encoders = spread".into());
+                if encoders != Weave::Inline {
+                    args.push(format!("encoders = {}", encoders.name()));
                 }
                 if args.is_empty() {
                     "zb2p".into()
@@ -184,12 +207,30 @@ pub fn generate(
     }
     let units = build_units(profile, ranks, kind.chunks(), kind.layout())?;
     let n_enc = profile.encoders.len();
-    let encoders: Vec<UnitId> = (0..n_enc).collect();
-    let stages: Vec<UnitId> = (n_enc..units.len()).collect();
+    let chained = match kind {
+        BodyKind::Zb2p {
+            encoders: Weave::Chain,
+            ..
+        } => chain::cut(profile, &units, ranks),
+        _ => None,
+    };
+    // The units, the encoders left to place, the LLM stages and the stages the body
+    // schedules (the chunks of a chained encoder come first).
+    let (units, encoders, stages, scheduled) = match chained {
+        Some(c) => {
+            let scheduled: Vec<UnitId> = c.chunks.iter().chain(&c.stages).copied().collect();
+            (c.units, c.encoders, c.stages, scheduled)
+        }
+        None => {
+            let stages: Vec<UnitId> = (n_enc..units.len()).collect();
+            (units, (0..n_enc).collect(), stages.clone(), stages)
+        }
+    };
+    let entry = scheduled.len() - stages.len();
     let ctx = Ctx {
         ranks,
         microbatches,
-        stages: &stages,
+        stages: &scheduled,
         units: &units,
         memory_limit: profile.memory.as_ref().map(|m| m.limit),
     };
@@ -201,14 +242,14 @@ pub fn generate(
         BodyKind::ZbV => zbv::order(&ctx),
         BodyKind::DualPipeV => dualpipev::order(&ctx),
         BodyKind::Zb2p {
-            v,
-            lockstep,
-            spread,
-            ..
-        } => zb2p::order(&ctx, v, lockstep, spread),
+            lockstep, encoders, ..
+        } => zb2p::order(&ctx, entry, lockstep, encoders == Weave::Spread),
     };
     let woven = match kind {
-        BodyKind::Zb2p { spread: true, .. } => zb2p::feeding(&ctx),
+        BodyKind::Zb2p {
+            encoders: Weave::Spread,
+            ..
+        } => zb2p::feeding(&ctx),
         _ => Vec::new(),
     };
     // ZB-2p with one chunk is never behind ZB-H1 (see below).
@@ -218,7 +259,7 @@ pub fn generate(
             v: 1,
             vshape: false,
             lockstep: false,
-            spread: false,
+            encoders: Weave::Inline,
         }
     )
     .then(|| zbh1::order(&ctx));
@@ -227,7 +268,11 @@ pub fn generate(
         microbatches,
         units,
         stages,
-        encoders,
+        encoders: scheduled[..entry]
+            .iter()
+            .chain(&encoders)
+            .copied()
+            .collect(),
         order: body,
         input_ships: vec![],
         prefetch: vec![],
@@ -240,7 +285,7 @@ pub fn generate(
         .encoders
         .iter()
         .copied()
-        .filter(|e| !woven.contains(e))
+        .filter(|e| !woven.contains(e) && !scheduled.contains(e))
         .collect();
     for e in encs {
         inline_encoder(&mut plan, e);

@@ -49,12 +49,12 @@ use crate::analysis::{dependencies, peak_memory, timing};
 use crate::plan::{Plan, Task};
 use crate::program::{Cost, Op};
 
-/// The schedule of the context's stages, `v` per rank, each on its unit's home
-/// rank (looped or in a V, as the units were built).
-pub fn order(ctx: &Ctx, v: usize, lockstep: bool, spread: bool) -> Vec<Vec<Task>> {
+/// The schedule of the context's stages, each on its unit's home rank (looped or in
+/// a V, as the units were built). The LLM starts at stage `entry`; the stages before
+/// it are a chained encoder's chunks (`encoders = chain`).
+pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<Task>> {
     let (p, m) = (ctx.ranks, ctx.microbatches);
     let s = ctx.stages.len();
-    debug_assert_eq!(s, p * v);
     let home = |k: usize| ctx.units[ctx.stages[k]].home;
     let mine: Vec<Vec<usize>> = (0..p)
         .map(|r| (0..s).filter(|&k| home(k) == r).collect())
@@ -64,20 +64,49 @@ pub fn order(ctx: &Ctx, v: usize, lockstep: bool, spread: bool) -> Vec<Vec<Task>
         b: 1.0,
         w: 1.0,
     };
+    // In lockstep, a chunk of a chained encoder counts in units of a stage's forward.
+    let scale = ctx.stages[entry..]
+        .iter()
+        .map(|&u| ctx.units[u].cost.f)
+        .sum::<f64>()
+        / (s - entry).max(1) as f64;
     let cost = |k: usize| {
-        if lockstep {
-            unit
-        } else {
-            ctx.units[ctx.stages[k]].cost
+        let c = ctx.units[ctx.stages[k]].cost;
+        match (lockstep, k < entry) {
+            (false, _) => c,
+            (true, false) => unit,
+            (true, true) => Cost {
+                f: c.f / scale,
+                b: c.b / scale,
+                w: c.w / scale,
+            },
         }
     };
     let trainable = |k: usize| ctx.units[ctx.stages[k]].trainable;
+    // A frozen chunk of a chained encoder has no backward: its forward is all.
+    let need = crate::plan::needs_backward(ctx.units);
+    let needs_b = |k: usize| need[ctx.stages[k]];
     // Admission: a micro-batch enters a rank at its first stage there, reserving
     // the activations of all the rank's stages for it; at most `2 p` at a time and
     // within the room. The oldest micro-batch in flight is never refused (a rank
     // with nothing reserved admits), and the deeper stages of an admitted one
     // never wait for memory, so the schedule always completes.
-    let cap = 2 * p;
+    // Lockstep with a chained encoder (attaching): each LLM task takes one of its
+    // rank's chunk tasks along, of the same kind where one is ready (a chunk's share
+    // of F, B and W is close to its rank's stages'), in no time of the lockstep's,
+    // so every rank's round is its stage task plus its chunk's: the chunks share
+    // out the encoder so that these rounds come out even. Micro-batches are then
+    // admitted by the stages alone, and a chunk's activations are reserved on their
+    // own, within the room.
+    let attach = lockstep && entry > 0;
+    let apart = |k: usize| attach && k < entry;
+    // Woven, a chained encoder lengthens each micro-batch's round trip by its
+    // chunks, and the cap grows with it.
+    let cap = if attach {
+        2 * p
+    } else {
+        2 * p * s / (s - entry).max(1)
+    };
     // Memory left for activations on each rank: the limit less the parameters of
     // the units homed there (encoders included, as they start inline).
     let room: Vec<f64> = (0..p)
@@ -95,14 +124,19 @@ pub fn order(ctx: &Ctx, v: usize, lockstep: bool, spread: bool) -> Vec<Vec<Task>
         .filter(|(u, x)| !spread && !ctx.stages.contains(u) && x.trainable)
         .map(|(_, x)| x.act)
         .sum();
-    let act = |k: usize| ctx.units[ctx.stages[k]].act + if k == 0 { encoders } else { 0.0 };
+    let act = |k: usize| {
+        if !needs_b(k) {
+            return 0.0;
+        }
+        ctx.units[ctx.stages[k]].act + if k == entry { encoders } else { 0.0 }
+    };
     let first: Vec<usize> = mine
         .iter()
-        .map(|ks| ks.iter().copied().min().unwrap_or(0))
+        .map(|ks| ks.iter().copied().filter(|&k| !apart(k)).min().unwrap_or(0))
         .collect();
     let footprint: Vec<f64> = mine
         .iter()
-        .map(|ks| ks.iter().map(|&k| act(k)).sum())
+        .map(|ks| ks.iter().filter(|&&k| !apart(k)).map(|&k| act(k)).sum())
         .collect();
     let mut reserved = vec![0.0f64; p];
     // Per rank: admitted micro-batches in flight, and each one's stages not done.
@@ -118,10 +152,14 @@ pub fn order(ctx: &Ctx, v: usize, lockstep: bool, spread: bool) -> Vec<Vec<Task>
     let mut pending_w: Vec<std::collections::VecDeque<(usize, usize)>> =
         vec![Default::default(); p];
     let mut clock = vec![0.0f64; p];
-    let mut out: Vec<Vec<Task>> = vec![Vec::with_capacity(3 * m * v); p];
+    let mut out: Vec<Vec<Task>> = vec![Vec::with_capacity(3 * m * s / p.max(1)); p];
     let mut enc = Spread::new(ctx, spread, &mine, lockstep);
     let total: usize = (0..s)
-        .map(|k| if trainable(k) { 3 } else { 2 } * m)
+        .map(|k| match (needs_b(k), trainable(k)) {
+            (false, _) => m,
+            (true, false) => 2 * m,
+            (true, true) => 3 * m,
+        })
         .sum::<usize>()
         + enc.tasks();
     let mut placed = 0;
@@ -133,7 +171,7 @@ pub fn order(ctx: &Ctx, v: usize, lockstep: bool, spread: bool) -> Vec<Vec<Task>
         }
     };
     let enc_ready = |enc: &Spread, k: usize, i: usize| -> Option<f64> {
-        if k == 0 {
+        if k == entry {
             enc.outputs(i)
         } else {
             Some(0.0)
@@ -164,48 +202,121 @@ pub fn order(ctx: &Ctx, v: usize, lockstep: bool, spread: bool) -> Vec<Vec<Task>
             live[r] -= 1;
         }
     };
+    // Attaching (see `attach` above): a chunk's `W`s wait apart from the stages'.
+    let mut chunk_w: Vec<std::collections::VecDeque<(usize, usize)>> = vec![Default::default(); p];
+    let admits = |live: &[usize], reserved: &[f64], r: usize, k: usize| {
+        if apart(k) {
+            return reserved[r] == 0.0 || reserved[r] + act(k) <= room[r];
+        }
+        k != first[r] || (live[r] < cap && (live[r] == 0 || reserved[r] + footprint[r] <= room[r]))
+    };
+    #[allow(clippy::too_many_arguments)]
+    let along_with = |r: usize,
+                      op: Op,
+                      end: f64,
+                      next_f: &[usize],
+                      next_b: &[usize],
+                      f_end: &Vec<Vec<Option<f64>>>,
+                      b_end: &Vec<Vec<Option<f64>>>,
+                      cw: &std::collections::VecDeque<(usize, usize)>,
+                      live: &[usize],
+                      reserved: &[f64]|
+     -> Option<Task> {
+        let k = *mine[r].iter().find(|&&k| k < entry)?;
+        let b = Some(next_b[k])
+            .filter(|&i| i < m && needs_b(k))
+            .filter(|&i| b_ready(f_end, b_end, k, i).is_some_and(|t| t <= end))
+            .map(|i| Task::new(Op::B, ctx.stages[k], i));
+        let f = Some(next_f[k])
+            .filter(|&i| i < m && admits(live, reserved, r, k))
+            .filter(|&i| f_ready(f_end, k, i).is_some_and(|t| t <= end))
+            .map(|i| Task::new(Op::F, ctx.stages[k], i));
+        let w = cw.front().map(|&(k, i)| Task::new(Op::W, ctx.stages[k], i));
+        let same = match op {
+            Op::F => f,
+            Op::B => b,
+            _ => w,
+        };
+        same.or(b).or(f).or(w)
+    };
     while placed < total {
         // Each rank's choice: (start time, task); the earliest start wins.
         let mut best: Option<(f64, usize, Task)> = None;
         for r in 0..p {
             let t0 = clock[r];
-            // Ready times of the candidates of each kind.
-            let mut b_cand: Option<(f64, usize, usize)> = None; // (ready, mb, stage)
-            let mut f_cand: Option<(f64, usize, usize)> = None; // (ready, mb, deeper)
-            for &k in &mine[r] {
-                let i = next_b[k];
-                if i < m {
-                    if let Some(at) = b_ready(&f_end, &b_end, k, i) {
-                        let key = (at.max(t0), i, k);
-                        if b_cand.is_none_or(|c| (key.0, key.1, key.2) < c) {
-                            b_cand = Some(key);
+            // Ready times of the candidates of each kind: the LLM's stages and the
+            // chunks apart when attaching, all together otherwise.
+            let cands = |chunks: bool| {
+                let mut b_cand: Option<(f64, usize, usize)> = None; // (ready, mb, stage)
+                let mut f_cand: Option<(f64, usize, usize)> = None; // (ready, mb, deeper)
+                for &k in mine[r]
+                    .iter()
+                    .filter(|&&k| !attach || (k < entry) == chunks)
+                {
+                    let i = next_b[k];
+                    if i < m && needs_b(k) {
+                        if let Some(at) = b_ready(&f_end, &b_end, k, i) {
+                            let key = (at.max(t0), i, k);
+                            if b_cand.is_none_or(|c| key < c) {
+                                b_cand = Some(key);
+                            }
+                        }
+                    }
+                    let i = next_f[k];
+                    if i < m && admits(&live, &reserved, r, k) {
+                        let ready = f_ready(&f_end, k, i)
+                            .and_then(|a| enc_ready(&enc, k, i).map(|b| a.max(b)));
+                        if let Some(at) = ready {
+                            let key = (at.max(t0), i, s - k);
+                            if f_cand.is_none_or(|c| key < c) {
+                                f_cand = Some(key);
+                            }
                         }
                     }
                 }
-                let i = next_f[k];
-                let admits = k != first[r]
-                    || (live[r] < cap && (live[r] == 0 || reserved[r] + footprint[r] <= room[r]));
-                if i < m && admits {
-                    let ready =
-                        f_ready(&f_end, k, i).and_then(|a| enc_ready(&enc, k, i).map(|b| a.max(b)));
-                    if let Some(at) = ready {
-                        let key = (at.max(t0), i, s - k);
-                        if f_cand.is_none_or(|c| key < c) {
-                            f_cand = Some(key);
-                        }
+                let b_task = b_cand.map(|(at, i, k)| (at, Task::new(Op::B, ctx.stages[k], i)));
+                let f_task = f_cand.map(|(at, i, d)| (at, Task::new(Op::F, ctx.stages[s - d], i)));
+                (b_task, f_task)
+            };
+            let now = |c: Option<(f64, Task)>| c.filter(|(at, _)| *at <= t0);
+            if attach {
+                // The LLM's tasks first (each then takes a chunk's task along),
+                // a chunk's task alone only when the rank has no LLM task to run.
+                let (b_task, f_task) = cands(false);
+                let (cb_task, cf_task) = cands(true);
+                let w_task = pending_w[r]
+                    .front()
+                    .map(|&(k, i)| (t0, Task::new(Op::W, ctx.stages[k], i)));
+                let cw_task = chunk_w[r]
+                    .front()
+                    .map(|&(k, i)| (t0, Task::new(Op::W, ctx.stages[k], i)));
+                let pick = now(b_task)
+                    .or(now(f_task))
+                    .or(w_task)
+                    .or(now(cb_task))
+                    .or(now(cf_task))
+                    .or(cw_task)
+                    .or_else(|| {
+                        [b_task, f_task, cb_task, cf_task]
+                            .into_iter()
+                            .flatten()
+                            .min_by(|a, b| a.0.total_cmp(&b.0))
+                    });
+                if let Some(pick) = pick {
+                    if best.as_ref().is_none_or(|(at, _, _)| pick.0 < *at) {
+                        best = Some((pick.0, r, pick.1));
                     }
                 }
+                continue;
             }
+            let (b_task, f_task) = cands(false);
             let w_cand = pending_w[r].front().copied();
-            let enc_f = enc.next_forward(r, r == home(0), next_f[0], reserved[r], room[r]);
-            let enc_bw = enc.next_backward(r, &b_end[0]);
+            let enc_f = enc.next_forward(r, r == home(entry), next_f[entry], reserved[r], room[r]);
+            let enc_bw = enc.next_backward(r, &b_end[entry]);
             // At the rank's clock: B, then an encoder forward the first stage is
             // about to read, then F, then any encoder forward, then an encoder
             // backward or a W; else the earliest arrival.
-            let b_task = b_cand.map(|(at, i, k)| (at, Task::new(Op::B, ctx.stages[k], i)));
-            let f_task = f_cand.map(|(at, i, d)| (at, Task::new(Op::F, ctx.stages[s - d], i)));
             let bw_task = enc_bw.map(|(at, t)| (at.max(t0), t));
-            let now = |c: Option<(f64, Task)>| c.filter(|(at, _)| *at <= t0);
             let urgent = enc_f.filter(|(_, u)| *u).map(|(t, _)| (t0, t));
             let filler = enc_f.map(|(t, _)| (t0, t));
             let w_task = w_cand.map(|(k, i)| (t0, Task::new(Op::W, ctx.stages[k], i)));
@@ -245,38 +356,81 @@ pub fn order(ctx: &Ctx, v: usize, lockstep: bool, spread: bool) -> Vec<Vec<Task>
             placed += 1;
             continue;
         }
-        let k = ctx.stages.iter().position(|&u| u == task.unit).unwrap_or(0);
-        let c = cost(k);
-        debug_assert_eq!(home(k), r);
-        let end = at + task.op.cost(&c);
-        match task.op {
-            Op::F => {
-                f_end[k][task.mb] = Some(end);
-                next_f[k] += 1;
-                if k == first[r] {
-                    live[r] += 1;
-                    reserved[r] += footprint[r];
-                    left[r][task.mb] = mine[r].len();
+        // The task, then (attaching) a chunk's task it takes along.
+        let mut todo = Some((at, task, false));
+        while let Some((at, task, along)) = todo.take() {
+            let k = ctx.stages.iter().position(|&u| u == task.unit).unwrap_or(0);
+            debug_assert_eq!(home(k), r);
+            let end = if along {
+                at
+            } else {
+                at + task.op.cost(&cost(k))
+            };
+            match task.op {
+                Op::F if apart(k) => {
+                    f_end[k][task.mb] = Some(end);
+                    next_f[k] += 1;
+                    reserved[r] += act(k);
+                }
+                Op::F => {
+                    f_end[k][task.mb] = Some(end);
+                    next_f[k] += 1;
+                    if k == first[r] {
+                        live[r] += 1;
+                        reserved[r] += footprint[r];
+                        left[r][task.mb] =
+                            mine[r].iter().filter(|&&k| needs_b(k) && !apart(k)).count();
+                        if left[r][task.mb] == 0 {
+                            live[r] -= 1;
+                        }
+                    }
+                }
+                Op::B if trainable(k) => {
+                    b_end[k][task.mb] = Some(end);
+                    next_b[k] += 1;
+                    if apart(k) {
+                        chunk_w[r].push_back((k, task.mb));
+                    } else {
+                        pending_w[r].push_back((k, task.mb));
+                    }
+                }
+                Op::B => {
+                    b_end[k][task.mb] = Some(end);
+                    next_b[k] += 1;
+                    if apart(k) {
+                        reserved[r] -= act(k);
+                    } else {
+                        release(&mut reserved, &mut live, &mut left, r, k, task.mb);
+                    }
+                }
+                _ if apart(k) => {
+                    chunk_w[r].pop_front();
+                    reserved[r] -= act(k);
+                }
+                _ => {
+                    pending_w[r].pop_front();
+                    release(&mut reserved, &mut live, &mut left, r, k, task.mb);
                 }
             }
-            Op::B if trainable(k) => {
-                b_end[k][task.mb] = Some(end);
-                next_b[k] += 1;
-                pending_w[r].push_back((k, task.mb));
-            }
-            Op::B => {
-                b_end[k][task.mb] = Some(end);
-                next_b[k] += 1;
-                release(&mut reserved, &mut live, &mut left, r, k, task.mb);
-            }
-            _ => {
-                pending_w[r].pop_front();
-                release(&mut reserved, &mut live, &mut left, r, k, task.mb);
+            clock[r] = end;
+            out[r].push(task);
+            placed += 1;
+            if attach && !along && k >= entry {
+                todo = along_with(
+                    r,
+                    task.op,
+                    end,
+                    &next_f,
+                    &next_b,
+                    &f_end,
+                    &b_end,
+                    &chunk_w[r],
+                    &live,
+                    &reserved,
+                )
+                .map(|t| (end, t, true));
             }
         }
-        clock[r] = end;
-        out[r].push(task);
-        placed += 1;
     }
     out
 }

@@ -1,6 +1,7 @@
 //! Operators: functions from plan to plan. Composition is function composition, so
 //! `transpose(vision, split_w(zbv))` needs no special case.
 
+pub mod chain;
 pub mod fill;
 pub mod host;
 pub mod prefetch;

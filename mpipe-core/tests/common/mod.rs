@@ -1,6 +1,6 @@
 //! What several test files share.
 
-use mpipe_core::generators::BodyKind;
+use mpipe_core::generators::{BodyKind, Weave};
 
 /// One of each body generator (default arguments; `zb2p` both looped and in a V),
 /// for the operators' property tests. `BodyKind::expr` gives each one's text.
@@ -15,12 +15,12 @@ pub const BODIES: [BodyKind; 8] = [
         v: 1,
         vshape: false,
         lockstep: false,
-        spread: false,
+        encoders: Weave::Inline,
     },
     BodyKind::Zb2p {
         v: 2,
         vshape: true,
         lockstep: false,
-        spread: false,
+        encoders: Weave::Inline,
     },
 ];

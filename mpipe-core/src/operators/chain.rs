@@ -1,0 +1,286 @@
+//! `chain(ENCODER, BODY)`: the encoder cut into layer chunks, one per rank, whose
+//! work goes into the body's idle time as its timing predicts it.
+//!
+//! The body's plan is taken as it is (its stages, their order, any other encoder's
+//! placement); the encoder's own tasks are taken out and the encoder is replaced by
+//! the chunks of [`crate::units::encoder_chunks`], shared out so that each rank's
+//! work (the body's tasks on it plus its chunk) is as even as the layers allow. The
+//! chunks form a pipeline into the first stage, each handing its output to a
+//! neighbour; each computes on its home rank, so nothing is broadcast or reduced.
+//!
+//! Placement, in the body's ideal timing (retimed whenever a task had to push
+//! others):
+//!
+//! 1. **Forwards**, micro-batch by micro-batch, chunk by chunk along the chain: each
+//!    goes into the earliest idle gap of its rank that starts after its input is
+//!    ready (the previous chunk's end plus a transfer) and ends by its deadline
+//!    (the first stage's forward of that micro-batch, less what the later chunks
+//!    and transfers need). A forward no gap holds goes where it is ready, pushing
+//!    the rank's later tasks.
+//! 2. **Backwards** (trainable encoder), in the order the first stage's backwards
+//!    end, chunk by chunk back along the chain: the input-gradient `B` into the
+//!    earliest gap after the gradient is ready, the weight-gradient `W` into the
+//!    earliest gap after its `B` (the gap after a rank's last task always holds
+//!    them).
+//!
+//! This is `fill` at a finer grain and without the collectives: with the body in
+//! lockstep (`zb2p(costs = unit)`), whose transfers meet on time under rendezvous,
+//! the chunks' small tasks fill the gaps that the ranks with less LLM work have
+//! anyway, and their transfers ride along with the LLM's between the same
+//! neighbours.
+
+use super::fill::Link;
+use super::insert_all;
+use crate::analysis::{dependencies_lenient, timing, PlanError, Timing};
+use crate::plan::{Plan, Task, UnitId};
+use crate::profile::EncoderProfile;
+use crate::program::{Op, Unit};
+use crate::units::encoder_chunks;
+
+/// Why `chain` cannot apply.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ChainError {
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(
+        "`{0}` does not feed the first stage in this body (only the first stage may read it), \
+         so it cannot be chained into it"
+    )]
+    NotFeeding(String),
+}
+
+/// Replace encoder `enc` of `plan` (described by `spec`) by its chunks and place
+/// their work (see the module documentation).
+pub fn chain(
+    plan: Plan,
+    enc: UnitId,
+    spec: &EncoderProfile,
+    link: Link,
+) -> Result<Plan, ChainError> {
+    let first = plan.stages.first().copied().unwrap_or(0);
+    if plan.successors(enc) != [first] {
+        return Err(ChainError::NotFeeding(plan.units[enc].name.clone()));
+    }
+    // Each rank's work per micro-batch, the encoder's left out.
+    let m = plan.microbatches.max(1) as f64;
+    let mut load = vec![0.0f64; plan.ranks];
+    for (r, list) in plan.order.iter().enumerate() {
+        for t in list.iter().filter(|t| t.unit != enc) {
+            load[r] += t.op.cost(&plan.units[t.unit].cost) / m;
+        }
+    }
+    let first_home = plan.units[first].home;
+    let chunks = encoder_chunks(spec, &load, first_home);
+    let n = chunks.len();
+    let mut plan = replace_unit(plan, enc, chunks);
+    let first = plan.stages[0];
+    let trainable = plan.units[0].trainable;
+    let send = |u: UnitId| link.map_or(0.0, |(lat, bw)| lat + plan.units[u].bytes / bw);
+    let sends: Vec<f64> = (0..n).map(send).collect();
+    let home: Vec<usize> = (0..n).map(|c| plan.units[c].home).collect();
+    let hop = |c: usize, to: usize| if home[c] == to { 0.0 } else { sends[c] };
+    let costs: Vec<crate::program::Cost> = (0..n).map(|c| plan.units[c].cost).collect();
+    let cost = |c: usize, op: Op| op.cost(&costs[c]);
+
+    let mut time = retime(&plan)?;
+    let mut gaps = Gaps::of(&plan, &time);
+    let mut pending: Vec<Vec<(usize, Task)>> = vec![Vec::new(); plan.ranks];
+    for mb in 0..plan.microbatches {
+        let reader = plan
+            .locate()
+            .get(Op::F, first, mb)
+            .map_or(f64::INFINITY, |(q, j)| time.start[q][j] - hop(n - 1, q));
+        // Latest end of each chunk that leaves the later ones their time.
+        let mut due = vec![reader; n];
+        for c in (0..n - 1).rev() {
+            due[c] = due[c + 1] - cost(c + 1, Op::F) - hop(c, home[c + 1]);
+        }
+        let mut ready = 0.0;
+        for c in 0..n {
+            let task = Task::new(Op::F, c, mb);
+            let end = match gaps.take(home[c], cost(c, Op::F), ready, due[c], 0) {
+                Some((pos, end)) => {
+                    pending[home[c]].push((pos, task));
+                    end
+                }
+                None => {
+                    flush(&mut plan, &mut pending);
+                    time = retime(&plan)?;
+                    // Where it is ready, but before its reader on the same rank.
+                    let mut pos = time.start[home[c]].partition_point(|&s| s < ready);
+                    if c + 1 == n {
+                        if let Some((q, j)) = plan.locate().get(Op::F, first, mb) {
+                            if q == home[c] {
+                                pos = pos.min(j);
+                            }
+                        }
+                    }
+                    let list = &mut plan.order[home[c]];
+                    list.insert(pos.min(list.len()), task);
+                    time = retime(&plan)?;
+                    gaps = Gaps::of(&plan, &time);
+                    end_of(&plan, &time, task)
+                }
+            };
+            ready = end + if c + 1 < n { hop(c, home[c + 1]) } else { 0.0 };
+        }
+    }
+    flush(&mut plan, &mut pending);
+    if !trainable {
+        return Ok(plan);
+    }
+    time = retime(&plan)?;
+    gaps = Gaps::of(&plan, &time);
+    let index = plan.locate();
+    let mut order: Vec<(f64, usize)> = (0..plan.microbatches)
+        .map(|mb| {
+            let at = index
+                .get(Op::B, first, mb)
+                .or_else(|| index.get(Op::BW, first, mb))
+                .map_or(f64::INFINITY, |(q, j)| time.end[q][j] + hop(n - 1, q));
+            (at, mb)
+        })
+        .collect();
+    order.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    for (mut ready, mb) in order {
+        for c in (0..n).rev() {
+            let r = home[c];
+            let after = index.get(Op::F, c, mb).map_or(0, |(_, j)| j + 1);
+            let (pos, end) = gaps
+                .take(r, cost(c, Op::B), ready, f64::INFINITY, after)
+                .unwrap_or((plan.order[r].len(), ready));
+            pending[r].push((pos, Task::new(Op::B, c, mb)));
+            let (w_pos, _) = gaps
+                .take(r, cost(c, Op::W), end, f64::INFINITY, pos)
+                .unwrap_or((plan.order[r].len(), end));
+            pending[r].push((w_pos, Task::new(Op::W, c, mb)));
+            if c > 0 {
+                ready = end + hop(c, home[c - 1]);
+            }
+        }
+    }
+    flush(&mut plan, &mut pending);
+    Ok(plan)
+}
+
+/// `plan` with unit `enc` replaced by `chunks` (first, in data order): ids remapped,
+/// the readers of `enc` reading the last chunk, `enc`'s tasks, input transfers and
+/// prefetched forwards dropped.
+fn replace_unit(plan: Plan, enc: UnitId, chunks: Vec<Unit>) -> Plan {
+    let n = chunks.len();
+    let old = &plan.units[enc].name;
+    let last = chunks[n - 1].name.clone();
+    let id = |u: UnitId| if u < enc { u + n } else { u + n - 1 };
+    let mut units = chunks;
+    for (u, unit) in plan.units.iter().enumerate() {
+        if u == enc {
+            continue;
+        }
+        let mut unit = unit.clone();
+        for input in &mut unit.inputs {
+            if input == old {
+                input.clone_from(&last);
+            }
+        }
+        units.push(unit);
+    }
+    let order = plan
+        .order
+        .iter()
+        .map(|list| {
+            list.iter()
+                .filter(|t| t.unit != enc)
+                .map(|t| Task::new(t.op, id(t.unit), t.mb))
+                .collect()
+        })
+        .collect();
+    let mut input_ships: Vec<_> = plan
+        .input_ships
+        .iter()
+        .filter(|s| s.unit != enc)
+        .map(|s| crate::plan::InputShip {
+            unit: id(s.unit),
+            ..*s
+        })
+        .collect();
+    input_ships.sort();
+    let prefetch = plan
+        .prefetch
+        .iter()
+        .filter(|&&(u, _)| u != enc)
+        .map(|&(u, mb)| (id(u), mb))
+        .collect();
+    Plan {
+        units,
+        stages: plan.stages.iter().map(|&u| id(u)).collect(),
+        encoders: (0..n)
+            .chain(plan.encoders.iter().filter(|&&u| u != enc).map(|&u| id(u)))
+            .collect(),
+        order,
+        input_ships,
+        prefetch,
+        ..plan
+    }
+}
+
+fn retime(plan: &Plan) -> Result<Timing, PlanError> {
+    timing(plan, &dependencies_lenient(plan)?)
+}
+
+fn flush(plan: &mut Plan, pending: &mut [Vec<(usize, Task)>]) {
+    for (r, items) in pending.iter_mut().enumerate() {
+        insert_all(&mut plan.order[r], std::mem::take(items));
+    }
+}
+
+/// When `task` ends in `time` (0 if it is not in the plan).
+fn end_of(plan: &Plan, time: &Timing, task: Task) -> f64 {
+    plan.locate()
+        .get(task.op, task.unit, task.mb)
+        .map_or(0.0, |(r, j)| time.end[r][j])
+}
+
+/// Idle gaps of every rank: `(insert position, free from, free until)`, the last one
+/// (after the rank's last task) open-ended.
+struct Gaps {
+    gaps: Vec<Vec<(usize, f64, f64)>>,
+}
+
+impl Gaps {
+    fn of(plan: &Plan, time: &Timing) -> Gaps {
+        let gaps = (0..plan.ranks)
+            .map(|r| {
+                let n = plan.order[r].len();
+                (0..=n)
+                    .filter_map(|k| {
+                        let from = if k == 0 { 0.0 } else { time.end[r][k - 1] };
+                        let until = time.start[r].get(k).copied().unwrap_or(f64::INFINITY);
+                        (until > from).then_some((k, from, until))
+                    })
+                    .collect()
+            })
+            .collect();
+        Gaps { gaps }
+    }
+
+    /// Takes room on rank `r` for a task of length `cost` that may start at `ready`
+    /// and must end by `due`, at insert position `after` or later: the earliest such
+    /// gap. Returns the insert position and the task's end. The gap keeps what is
+    /// left after the task.
+    fn take(
+        &mut self,
+        r: usize,
+        cost: f64,
+        ready: f64,
+        due: f64,
+        after: usize,
+    ) -> Option<(usize, f64)> {
+        let eps = 1e-9 * ready.abs().max(1.0);
+        let gap = self.gaps[r].iter_mut().find(|(k, from, until)| {
+            *k >= after && from.max(ready) + cost <= until.min(due) + eps
+        })?;
+        let end = gap.1.max(ready) + cost;
+        gap.1 = end;
+        Some((gap.0, end))
+    }
+}
