@@ -961,7 +961,20 @@ fn encoder_and_plan<'e>(
     if !ok {
         return None;
     }
-    let id = plan.unit_id(enc.name())?;
+    let Some(id) = plan.unit_id(enc.name()) else {
+        // The body cut the encoder into chunks (`chain`, `zb2p(encoders = chain)`).
+        errors.push(err(
+            ErrorKind::BadArgument,
+            enc.span,
+            format!(
+                "`{enc}` is no longer one unit in this body: it was cut into layer chunks \
+                 (`{enc}.0`, `{enc}.1`, ..) by `chain` or `zb2p(encoders = chain)`; apply \
+                 `{}` to a body that keeps the encoder whole",
+                e.name()
+            ),
+        ));
+        return None;
+    };
     Some((enc, id, plan))
 }
 

@@ -95,18 +95,11 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
     // rank's chunk tasks along, of the same kind where one is ready (a chunk's share
     // of F, B and W is close to its rank's stages'), in no time of the lockstep's,
     // so every rank's round is its stage task plus its chunk's: the chunks share
-    // out the encoder so that these rounds come out even. Micro-batches are then
-    // admitted by the stages alone, and a chunk's activations are reserved on their
-    // own, within the room.
+    // out the encoder so that these rounds come out even.
     let attach = lockstep && entry > 0;
-    let apart = |k: usize| attach && k < entry;
-    // Woven, a chained encoder lengthens each micro-batch's round trip by its
-    // chunks, and the cap grows with it.
-    let cap = if attach {
-        2 * p
-    } else {
-        2 * p * s / (s - entry).max(1)
-    };
+    // A chained encoder lengthens each micro-batch's round trip by its chunks, and
+    // the cap grows with it.
+    let cap = 2 * p * s / (s - entry).max(1);
     // Memory left for activations on each rank: the limit less the parameters of
     // the units homed there (encoders included, as they start inline).
     let room: Vec<f64> = (0..p)
@@ -132,11 +125,11 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
     };
     let first: Vec<usize> = mine
         .iter()
-        .map(|ks| ks.iter().copied().filter(|&k| !apart(k)).min().unwrap_or(0))
+        .map(|ks| ks.iter().copied().min().unwrap_or(0))
         .collect();
     let footprint: Vec<f64> = mine
         .iter()
-        .map(|ks| ks.iter().filter(|&&k| !apart(k)).map(|&k| act(k)).sum())
+        .map(|ks| ks.iter().map(|&k| act(k)).sum())
         .collect();
     let mut reserved = vec![0.0f64; p];
     // Per rank: admitted micro-batches in flight, and each one's stages not done.
@@ -205,9 +198,6 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
     // Attaching (see `attach` above): a chunk's `W`s wait apart from the stages'.
     let mut chunk_w: Vec<std::collections::VecDeque<(usize, usize)>> = vec![Default::default(); p];
     let admits = |live: &[usize], reserved: &[f64], r: usize, k: usize| {
-        if apart(k) {
-            return reserved[r] == 0.0 || reserved[r] + act(k) <= room[r];
-        }
         k != first[r] || (live[r] < cap && (live[r] == 0 || reserved[r] + footprint[r] <= room[r]))
     };
     #[allow(clippy::too_many_arguments)]
@@ -367,19 +357,13 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
                 at + task.op.cost(&cost(k))
             };
             match task.op {
-                Op::F if apart(k) => {
-                    f_end[k][task.mb] = Some(end);
-                    next_f[k] += 1;
-                    reserved[r] += act(k);
-                }
                 Op::F => {
                     f_end[k][task.mb] = Some(end);
                     next_f[k] += 1;
                     if k == first[r] {
                         live[r] += 1;
                         reserved[r] += footprint[r];
-                        left[r][task.mb] =
-                            mine[r].iter().filter(|&&k| needs_b(k) && !apart(k)).count();
+                        left[r][task.mb] = mine[r].iter().filter(|&&k| needs_b(k)).count();
                         if left[r][task.mb] == 0 {
                             live[r] -= 1;
                         }
@@ -388,7 +372,7 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
                 Op::B if trainable(k) => {
                     b_end[k][task.mb] = Some(end);
                     next_b[k] += 1;
-                    if apart(k) {
+                    if attach && k < entry {
                         chunk_w[r].push_back((k, task.mb));
                     } else {
                         pending_w[r].push_back((k, task.mb));
@@ -397,18 +381,14 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
                 Op::B => {
                     b_end[k][task.mb] = Some(end);
                     next_b[k] += 1;
-                    if apart(k) {
-                        reserved[r] -= act(k);
-                    } else {
-                        release(&mut reserved, &mut live, &mut left, r, k, task.mb);
-                    }
-                }
-                _ if apart(k) => {
-                    chunk_w[r].pop_front();
-                    reserved[r] -= act(k);
+                    release(&mut reserved, &mut live, &mut left, r, k, task.mb);
                 }
                 _ => {
-                    pending_w[r].pop_front();
+                    if attach && k < entry {
+                        chunk_w[r].pop_front();
+                    } else {
+                        pending_w[r].pop_front();
+                    }
                     release(&mut reserved, &mut live, &mut left, r, k, task.mb);
                 }
             }

@@ -86,44 +86,72 @@ pub fn chain(
     let mut gaps = Gaps::of(&plan, &time);
     let mut pending: Vec<Vec<(usize, Task)>> = vec![Vec::new(); plan.ranks];
     for mb in 0..plan.microbatches {
-        let reader = plan
-            .locate()
-            .get(Op::F, first, mb)
-            .map_or(f64::INFINITY, |(q, j)| time.start[q][j] - hop(n - 1, q));
-        // Latest end of each chunk that leaves the later ones their time.
-        let mut due = vec![reader; n];
-        for c in (0..n - 1).rev() {
-            due[c] = due[c + 1] - cost(c + 1, Op::F) - hop(c, home[c + 1]);
-        }
+        // Latest end of each chunk that leaves the later ones (and the transfers)
+        // their time before the first stage reads the output, in `time`.
+        let dues = |plan: &Plan, time: &Timing| {
+            let reader = plan
+                .locate()
+                .get(Op::F, first, mb)
+                .map_or(f64::INFINITY, |(q, j)| time.start[q][j] - hop(n - 1, q));
+            let mut due = vec![reader; n];
+            for c in (0..n - 1).rev() {
+                due[c] = due[c + 1] - cost(c + 1, Op::F) - hop(c, home[c + 1]);
+            }
+            due
+        };
+        // 1. Every chunk into a gap, in chain order.
+        let due = dues(&plan, &time);
+        let mut trial = gaps.clone();
+        let mut items = Vec::with_capacity(n);
         let mut ready = 0.0;
         for c in 0..n {
-            let task = Task::new(Op::F, c, mb);
-            let end = match gaps.take(home[c], cost(c, Op::F), ready, due[c], 0) {
-                Some((pos, end)) => {
-                    pending[home[c]].push((pos, task));
-                    end
-                }
-                None => {
-                    flush(&mut plan, &mut pending);
-                    time = retime(&plan)?;
-                    // Where it is ready, but before its reader on the same rank.
-                    let mut pos = time.start[home[c]].partition_point(|&s| s < ready);
-                    if c + 1 == n {
-                        if let Some((q, j)) = plan.locate().get(Op::F, first, mb) {
-                            if q == home[c] {
-                                pos = pos.min(j);
-                            }
-                        }
-                    }
-                    let list = &mut plan.order[home[c]];
-                    list.insert(pos.min(list.len()), task);
-                    time = retime(&plan)?;
-                    gaps = Gaps::of(&plan, &time);
-                    end_of(&plan, &time, task)
-                }
+            let Some((pos, end)) = trial.take(home[c], cost(c, Op::F), ready, due[c], 0) else {
+                break;
             };
+            items.push((home[c], pos, Task::new(Op::F, c, mb)));
             ready = end + if c + 1 < n { hop(c, home[c + 1]) } else { 0.0 };
         }
+        if items.len() == n {
+            gaps = trial;
+            for (r, pos, task) in items {
+                pending[r].push((pos, task));
+            }
+            continue;
+        }
+        // 2. Else each chunk as late as its deadline allows, pushing what follows.
+        flush(&mut plan, &mut pending);
+        time = retime(&plan)?;
+        let due = dues(&plan, &time);
+        let reader = plan.locate().get(Op::F, first, mb);
+        let before = plan.order.clone();
+        for c in 0..n {
+            let r = home[c];
+            let mut pos = time.end[r].partition_point(|&e| e <= due[c] - cost(c, Op::F));
+            if let Some((q, j)) = reader.filter(|&(q, _)| q == r) {
+                debug_assert_eq!(q, r);
+                pos = pos.min(j);
+            }
+            pending[r].push((pos, Task::new(Op::F, c, mb)));
+        }
+        flush(&mut plan, &mut pending);
+        time = match retime(&plan) {
+            Ok(t) => t,
+            Err(_) => {
+                // 3. Else (a cycle through the pushed tasks) ahead of everything but
+                // the chunks' earlier forwards: the chain's forwards never wait for
+                // anything else.
+                plan.order = before;
+                for (c, &r) in home.iter().enumerate() {
+                    let lead = plan.order[r]
+                        .iter()
+                        .take_while(|t| t.op == Op::F && t.unit < n)
+                        .count();
+                    plan.order[r].insert(lead, Task::new(Op::F, c, mb));
+                }
+                retime(&plan)?
+            }
+        };
+        gaps = Gaps::of(&plan, &time);
     }
     flush(&mut plan, &mut pending);
     if !trainable {
@@ -233,15 +261,9 @@ fn flush(plan: &mut Plan, pending: &mut [Vec<(usize, Task)>]) {
     }
 }
 
-/// When `task` ends in `time` (0 if it is not in the plan).
-fn end_of(plan: &Plan, time: &Timing, task: Task) -> f64 {
-    plan.locate()
-        .get(task.op, task.unit, task.mb)
-        .map_or(0.0, |(r, j)| time.end[r][j])
-}
-
 /// Idle gaps of every rank: `(insert position, free from, free until)`, the last one
 /// (after the rank's last task) open-ended.
+#[derive(Clone)]
 struct Gaps {
     gaps: Vec<Vec<(usize, f64, f64)>>,
 }

@@ -15,9 +15,11 @@
 //!   timeline shorter than the program) is not drawn, and extra slots are ignored.
 //!
 //! How units are classified, shared by both renderers:
-//! - an *encoder* is a unit whose `inputs` is empty and whose name does not start
-//!   with `llm.`; every other unit (pipeline stages, chunks, projectors, and units
-//!   the program does not declare) belongs to the LLM family;
+//! - an *encoder* is a unit whose name does not start with `llm.` and whose
+//!   `inputs` are all encoders (none, for a whole encoder; the previous chunk, for
+//!   a chunk of an encoder cut by `chain`); every other unit (pipeline stages,
+//!   chunks, projectors, and units the program does not declare) belongs to the
+//!   LLM family;
 //! - a *chunk*: when several units named `llm.K` share a home rank (virtual
 //!   stages of an interleaved or V schedule), the one with the smallest `K` is
 //!   chunk 0 on that rank, the next chunk 1, and so on.
@@ -53,9 +55,18 @@ impl UnitLook {
     };
 }
 
-/// Whether `u` is an encoder: it reads the raw micro-batch and is not an LLM stage.
-pub(crate) fn is_encoder(u: &Unit) -> bool {
-    u.inputs.is_empty() && !u.name.starts_with("llm.")
+/// Which units are encoders: not LLM stages, and reading only the raw micro-batch
+/// or other encoders (declared before them).
+pub(crate) fn encoders(units: &[Unit]) -> Vec<bool> {
+    let mut out: Vec<bool> = Vec::with_capacity(units.len());
+    for u in units {
+        let upstream = u
+            .inputs
+            .iter()
+            .all(|x| units.iter().zip(&out).any(|(v, &enc)| enc && v.name == *x));
+        out.push(upstream && !u.name.starts_with("llm."));
+    }
+    out
 }
 
 /// The look of every declared unit, by name.
@@ -80,10 +91,11 @@ pub(crate) fn unit_looks(p: &Program) -> BTreeMap<&str, UnitLook> {
         }
     }
     let mut looks = BTreeMap::new();
+    let encoder = encoders(&p.units);
     for (i, u) in p.units.iter().enumerate() {
         let (chunk, chunks) = chunk_of.get(&i).copied().unwrap_or((0, 1));
         looks.entry(u.name.as_str()).or_insert(UnitLook {
-            encoder: is_encoder(u),
+            encoder: encoder[i],
             chunk,
             chunks,
         });
