@@ -3,8 +3,8 @@
 //! The search space ([`candidates`]) is every body generator (`1f1b`, `gpipe`, `zbh1`,
 //! `zbv`, `dualpipev`, `interleaved(v = 2..4)` and `v = 5..8` where the chunks split
 //! the layers evenly, `zb2p` with one chunk (also in lockstep, `costs = unit`), two
-//! looped and two in a V, and `zb2p(encoders = spread)`, which places the encoders
-//! itself, in three forms), the
+//! looped and two in a V, and `zb2p(encoders = spread)` and `zb2p(encoders =
+//! chain)`, which place the encoders themselves, in five forms), the
 //! fused-backward bodies also under `split_w`, and for each encoder of the profile every placement the operators offer:
 //! inline (the body's own), `transpose` with each owner mode (`spare` too) and, for a trainable
 //! encoder, each backward mode (modes that cannot differ, such as owners when
@@ -57,10 +57,12 @@ const SPLIT: [&str; 7] = [
 
 /// Bodies that place the encoders themselves (on every rank), tried with no
 /// operator moving an encoder.
-const WOVEN: [&str; 3] = [
+const WOVEN: [&str; 5] = [
     "zb2p(encoders = spread)",
     "zb2p(encoders = spread, costs = unit)",
     "zb2p(encoders = spread, layout = v)",
+    "zb2p(encoders = chain)",
+    "zb2p(encoders = chain, costs = unit)",
 ];
 
 /// Every expression `auto` considers for `profile` on `ranks` x `microbatches`, in the

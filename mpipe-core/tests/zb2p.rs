@@ -104,7 +104,10 @@ fn bad_arguments_are_reported() {
         ("zb2p(layout = v, v = 3)", "2 chunks per rank"),
         ("zb2p(chunks = 2)", "unknown argument `chunks`"),
         ("zb2p(costs = fast)", "expected one of: profile, unit"),
-        ("zb2p(encoders = all)", "expected one of: inline, spread"),
+        (
+            "zb2p(encoders = all)",
+            "expected one of: inline, spread, chain",
+        ),
     ] {
         let e = derive_str(&req, text).unwrap_err();
         assert_eq!(e[0].kind, ErrorKind::BadArgument, "{text}");
@@ -143,16 +146,20 @@ fn mllm(heavy: f64, trainable: bool, audio: bool, limit: Option<f64>) -> Profile
     .unwrap()
 }
 
-const SPREAD: [&str; 3] = [
+const SPREAD: [&str; 7] = [
     "zb2p(encoders = spread)",
     "zb2p(encoders = spread, costs = unit)",
     "zb2p(encoders = spread, layout = v)",
+    "zb2p(encoders = chain)",
+    "zb2p(encoders = chain, costs = unit)",
+    "zb2p(encoders = chain, layout = v)",
+    "zb2p(v = 2, encoders = chain, costs = unit)",
 ];
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 
-    /// Woven encoders: every form derives a valid program that runs (the
+    /// Woven and chained encoders: every form derives a valid program that runs (the
     /// derivation verifies it), within the memory limit when there is one; a limit
     /// too tight for the body is a memory error, never another failure.
     #[test]
