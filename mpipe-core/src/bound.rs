@@ -62,8 +62,10 @@
 //! pipeline-parallel programs for these units; `tests/bound.rs` checks every bound
 //! against the optimum found by exhaustive search on small cases. The units depend
 //! on how the LLM is split into stages (one per rank, several in a loop, two in a
-//! V), so [`profile_bound`] takes the least bound over the splits the algebra uses:
-//! the figure every schedule of a profile is compared with.
+//! V), so [`profile_bound`] takes the least bound over the splits the algebra uses,
+//! each also with every encoder cut layer by layer (which bounds every program that
+//! cuts an encoder into chunks): the figure every schedule of a profile is compared
+//! with.
 
 use crate::plan::{needs_backward, Layout};
 use crate::profile::{Profile, Split};
@@ -103,9 +105,56 @@ pub fn profile_bound(profile: &Profile, ranks: usize, microbatches: usize) -> Op
             SPLITS
                 .iter()
                 .filter_map(move |&(chunks, layout)| build_units(p, ranks, chunks, layout).ok())
+                .flat_map(move |units| [layer_by_layer(p, &units), units])
         })
         .map(|units| lower_bound(&units, ranks, microbatches))
         .min_by(|a, b| a.value().total_cmp(&b.value()))
+}
+
+/// `units` with every encoder cut into one unit per layer, chained in data order,
+/// the last feeding the encoder's readers. A program that cuts an encoder into
+/// chunks of several layers (`chain`, `zb2p(encoders = chain)`) runs each chunk's
+/// layers back to back, which a per-layer program may also do, so a bound on every
+/// per-layer program holds for every chunking (and for the whole encoder): the
+/// finer units only relax the order (a layer's `W` may follow its own `B` rather
+/// than the whole encoder's).
+fn layer_by_layer(profile: &Profile, units: &[Unit]) -> Vec<Unit> {
+    let n_enc = profile.encoders.len();
+    let mut out = Vec::with_capacity(units.len());
+    let mut last: Vec<(String, String)> = Vec::new();
+    for (spec, whole) in profile.encoders.iter().zip(units) {
+        let l = spec.layers.max(1);
+        for j in 0..l {
+            let share = 1.0 / f64::from(l);
+            out.push(Unit {
+                name: format!("{}.{j}", whole.name),
+                inputs: if j == 0 {
+                    vec![]
+                } else {
+                    vec![format!("{}.{}", whole.name, j - 1)]
+                },
+                cost: crate::program::Cost {
+                    f: whole.cost.f * share,
+                    b: whole.cost.b * share,
+                    w: whole.cost.w * share,
+                },
+                act: whole.act * share,
+                params: whole.params * share,
+                ..whole.clone()
+            });
+        }
+        last.push((whole.name.clone(), format!("{}.{}", whole.name, l - 1)));
+    }
+    for u in &units[n_enc.min(units.len())..] {
+        let mut u = u.clone();
+        for input in &mut u.inputs {
+            if let Some((_, to)) = last.iter().find(|(from, _)| from == input) {
+                input.clone_from(to);
+            }
+        }
+        out.push(u);
+    }
+    out
 }
 
 /// The lower bounds of one step.

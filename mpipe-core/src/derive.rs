@@ -361,11 +361,11 @@ fn best_lowering(
 
 /// The placement rules tried, in order.
 const PLACEMENTS: [Placement; 5] = [
-    Placement::Join,
     Placement::Meet,
     Placement::Ready,
     Placement::Critical,
     Placement::Late,
+    Placement::Join,
 ];
 
 /// Simulations refinement may spend: at most this many, and fewer for large
