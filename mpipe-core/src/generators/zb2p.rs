@@ -203,7 +203,7 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
     #[allow(clippy::too_many_arguments)]
     let along_with = |r: usize,
                       op: Op,
-                      end: f64,
+                      start: f64,
                       next_f: &[usize],
                       next_b: &[usize],
                       f_end: &Vec<Vec<Option<f64>>>,
@@ -215,11 +215,11 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
         let k = *mine[r].iter().find(|&&k| k < entry)?;
         let b = Some(next_b[k])
             .filter(|&i| i < m && needs_b(k))
-            .filter(|&i| b_ready(f_end, b_end, k, i).is_some_and(|t| t <= end))
+            .filter(|&i| b_ready(f_end, b_end, k, i).is_some_and(|t| t <= start))
             .map(|i| Task::new(Op::B, ctx.stages[k], i));
         let f = Some(next_f[k])
             .filter(|&i| i < m && admits(live, reserved, r, k))
-            .filter(|&i| f_ready(f_end, k, i).is_some_and(|t| t <= end))
+            .filter(|&i| f_ready(f_end, k, i).is_some_and(|t| t <= start))
             .map(|i| Task::new(Op::F, ctx.stages[k], i));
         let w = cw.front().map(|&(k, i)| Task::new(Op::W, ctx.stages[k], i));
         let same = match op {
@@ -399,7 +399,7 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
                 todo = along_with(
                     r,
                     task.op,
-                    end,
+                    at,
                     &next_f,
                     &next_b,
                     &f_end,
