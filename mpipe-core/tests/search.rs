@@ -255,7 +255,7 @@ fn auto_is_within_five_percent_of_the_bound_where_microbatches_are_twice_the_ran
 /// about one stage: with asynchronous sends `auto` cuts the encoder into a chain of
 /// layer chunks woven into the schedule (`zb2p(encoders = chain)`), within 5% of
 /// the bound (1.048; the guide quotes it). Under rendezvous (the spec's default)
-/// the lockstep form of the chain is the fastest, 1.139 (a regression guard; issue
+/// the lockstep form of the chain is the fastest, 1.100 (a regression guard; issue
 /// 6 asks for 1.05 there too).
 #[test]
 fn auto_chains_a_stage_sized_encoder() {
@@ -276,5 +276,5 @@ fn auto_chains_a_stage_sized_encoder() {
         d.expr
     );
     let ratio = d.report.makespan / d.bound.value();
-    assert!(ratio <= 1.1395, "{}: {ratio:.4}", d.expr);
+    assert!(ratio <= 1.1005, "{}: {ratio:.4}", d.expr);
 }
