@@ -238,21 +238,13 @@ pub fn build_units(
     let first_home = stage_rank(layout, ranks, 0);
     let mut units = Vec::with_capacity(profile.encoders.len() + stages);
     for e in &profile.encoders {
-        let l = e.layers as f64;
-        units.push(Unit {
-            name: e.name.clone(),
-            inputs: vec![],
-            home: first_home,
-            trainable: e.trainable,
-            cost: Cost {
-                f: l * e.forward,
-                b: l * e.backward,
-                w: l * e.weight.unwrap_or(0.0),
-            },
-            act: l * e.activation,
-            bytes: e.output,
-            params: e.params,
-        });
+        units.push(encoder_unit(
+            e,
+            e.layers,
+            e.name.clone(),
+            vec![],
+            first_home,
+        ));
     }
     for (k, share) in shares.iter().enumerate() {
         let layers = share.layers as f64;
@@ -317,9 +309,7 @@ pub fn encoder_chunks(spec: &EncoderProfile, load: &[f64], first_home: usize) ->
         };
     let mut layers = vec![0u32; ranks];
     for _ in 0..spec.layers {
-        let r = (0..ranks)
-            .min_by(|&a, &b| load[a].total_cmp(&load[b]).then(a.cmp(&b)))
-            .unwrap_or(0);
+        let r = least_loaded(&load);
         load[r] += per_layer;
         layers[r] += 1;
     }
@@ -329,25 +319,46 @@ pub fn encoder_chunks(spec: &EncoderProfile, load: &[f64], first_home: usize) ->
         .filter(|&r| layers[r] > 0);
     path.enumerate()
         .map(|(j, r)| {
-            let n = f64::from(layers[r]);
-            Unit {
-                name: format!("{}.{j}", spec.name),
-                inputs: if j == 0 {
-                    vec![]
-                } else {
-                    vec![format!("{}.{}", spec.name, j - 1)]
-                },
-                home: r,
-                trainable: spec.trainable,
-                cost: Cost {
-                    f: n * spec.forward,
-                    b: n * spec.backward,
-                    w: n * spec.weight.unwrap_or(0.0),
-                },
-                act: n * spec.activation,
-                bytes: spec.output,
-                params: spec.params * n / f64::from(spec.layers),
-            }
+            let inputs = if j == 0 {
+                vec![]
+            } else {
+                vec![format!("{}.{}", spec.name, j - 1)]
+            };
+            encoder_unit(spec, layers[r], format!("{}.{j}", spec.name), inputs, r)
         })
         .collect()
+}
+
+/// `layers` of encoder `spec` as one unit: the per-layer costs and activations
+/// times the layers, their share of the parameters, the encoder's output size.
+fn encoder_unit(
+    spec: &EncoderProfile,
+    layers: u32,
+    name: String,
+    inputs: Vec<String>,
+    home: usize,
+) -> Unit {
+    let n = f64::from(layers);
+    Unit {
+        name,
+        inputs,
+        home,
+        trainable: spec.trainable,
+        cost: Cost {
+            f: n * spec.forward,
+            b: n * spec.backward,
+            w: n * spec.weight.unwrap_or(0.0),
+        },
+        act: n * spec.activation,
+        bytes: spec.output,
+        params: spec.params * n / f64::from(spec.layers.max(1)),
+    }
+}
+
+/// The rank with the least `load`, the lowest on ties (0 when there is none): where
+/// water-filling puts the next piece of work.
+pub(crate) fn least_loaded(load: &[f64]) -> usize {
+    (0..load.len())
+        .min_by(|&a, &b| load[a].total_cmp(&load[b]).then(a.cmp(&b)))
+        .unwrap_or(0)
 }

@@ -489,9 +489,7 @@ impl Spread {
                     0.0
                 };
             for _ in 0..m {
-                let r = (0..p)
-                    .min_by(|&a, &b| load[a].total_cmp(&load[b]).then(a.cmp(&b)))
-                    .unwrap_or(0);
+                let r = crate::units::least_loaded(&load);
                 load[r] += work;
                 quota[r] += 1;
             }

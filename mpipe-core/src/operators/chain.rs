@@ -29,7 +29,7 @@
 //! anyway, and their transfers ride along with the LLM's between the same
 //! neighbours.
 
-use super::fill::Link;
+use super::fill::{Gaps, Link};
 use super::insert_all;
 use crate::analysis::{dependencies_lenient, timing, PlanError, Timing};
 use crate::plan::{Plan, Task, UnitId};
@@ -105,7 +105,8 @@ pub fn chain(
         let mut items = Vec::with_capacity(n);
         let mut ready = 0.0;
         for c in 0..n {
-            let Some((pos, end)) = trial.take(home[c], cost(c, Op::F), ready, due[c], 0) else {
+            let Some((pos, end)) = trial.take_earliest(home[c], cost(c, Op::F), ready, due[c], 0)
+            else {
                 break;
             };
             items.push((home[c], pos, Task::new(Op::F, c, mb)));
@@ -175,11 +176,11 @@ pub fn chain(
             let r = home[c];
             let after = index.get(Op::F, c, mb).map_or(0, |(_, j)| j + 1);
             let (pos, end) = gaps
-                .take(r, cost(c, Op::B), ready, f64::INFINITY, after)
+                .take_earliest(r, cost(c, Op::B), ready, f64::INFINITY, after)
                 .unwrap_or((plan.order[r].len(), ready));
             pending[r].push((pos, Task::new(Op::B, c, mb)));
             let (w_pos, _) = gaps
-                .take(r, cost(c, Op::W), end, f64::INFINITY, pos)
+                .take_earliest(r, cost(c, Op::W), end, f64::INFINITY, pos)
                 .unwrap_or((plan.order[r].len(), end));
             pending[r].push((w_pos, Task::new(Op::W, c, mb)));
             if c > 0 {
@@ -258,51 +259,5 @@ fn retime(plan: &Plan) -> Result<Timing, PlanError> {
 fn flush(plan: &mut Plan, pending: &mut [Vec<(usize, Task)>]) {
     for (r, items) in pending.iter_mut().enumerate() {
         insert_all(&mut plan.order[r], std::mem::take(items));
-    }
-}
-
-/// Idle gaps of every rank: `(insert position, free from, free until)`, the last one
-/// (after the rank's last task) open-ended.
-#[derive(Clone)]
-struct Gaps {
-    gaps: Vec<Vec<(usize, f64, f64)>>,
-}
-
-impl Gaps {
-    fn of(plan: &Plan, time: &Timing) -> Gaps {
-        let gaps = (0..plan.ranks)
-            .map(|r| {
-                let n = plan.order[r].len();
-                (0..=n)
-                    .filter_map(|k| {
-                        let from = if k == 0 { 0.0 } else { time.end[r][k - 1] };
-                        let until = time.start[r].get(k).copied().unwrap_or(f64::INFINITY);
-                        (until > from).then_some((k, from, until))
-                    })
-                    .collect()
-            })
-            .collect();
-        Gaps { gaps }
-    }
-
-    /// Takes room on rank `r` for a task of length `cost` that may start at `ready`
-    /// and must end by `due`, at insert position `after` or later: the earliest such
-    /// gap. Returns the insert position and the task's end. The gap keeps what is
-    /// left after the task.
-    fn take(
-        &mut self,
-        r: usize,
-        cost: f64,
-        ready: f64,
-        due: f64,
-        after: usize,
-    ) -> Option<(usize, f64)> {
-        let eps = 1e-9 * ready.abs().max(1.0);
-        let gap = self.gaps[r].iter_mut().find(|(k, from, until)| {
-            *k >= after && from.max(ready) + cost <= until.min(due) + eps
-        })?;
-        let end = gap.1.max(ready) + cost;
-        gap.1 = end;
-        Some((gap.0, end))
     }
 }

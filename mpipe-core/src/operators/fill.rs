@@ -113,7 +113,9 @@ fn flush(plan: &mut Plan, pending: &mut [Vec<(usize, Task)>]) {
     }
 }
 
-/// Idle gaps of every rank in a timing: `(insert position, free from, free until)`.
+/// Idle gaps of every rank in a timing: `(insert position, free from, free until)`,
+/// the last one (after the rank's last task) open-ended.
+#[derive(Clone)]
 pub(super) struct Gaps {
     gaps: Vec<Vec<(usize, f64, f64)>>,
 }
@@ -151,6 +153,27 @@ impl Gaps {
             }
         }
         self
+    }
+
+    /// Takes room on rank `r` for a task of length `cost` that may start at `ready`
+    /// and must end by `due`, at insert position `after` or later: the earliest such
+    /// gap. Returns the insert position and the task's end; the gap keeps what is
+    /// left after the task.
+    pub(super) fn take_earliest(
+        &mut self,
+        r: usize,
+        cost: f64,
+        ready: f64,
+        due: f64,
+        after: usize,
+    ) -> Option<(usize, f64)> {
+        let eps = 1e-9 * ready.abs().max(1.0);
+        let gap = self.gaps[r].iter_mut().find(|(k, from, until)| {
+            *k >= after && from.max(ready) + cost <= until.min(due) + eps
+        })?;
+        let end = gap.1.max(ready) + cost;
+        gap.1 = end;
+        Some((gap.0, end))
     }
 
     /// Takes room for a task of length `cost` that must end by `deadline` (by
