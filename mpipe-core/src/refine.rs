@@ -3,7 +3,7 @@
 //! Under rendezvous a transfer completes when both of its ends have been reached,
 //! so the first rank to arrive waits. The lowering places each end from the plan's
 //! ideal timing; once ranks wait the timeline shifts and some meetings land badly.
-//! [`refine`] simulates the program, takes the ends where a rank waited longest,
+//! `refine` simulates the program, takes the ends where a rank waited longest,
 //! and tries two moves for each: post it one compute task *later* on its own rank
 //! (the rank computes instead of waiting), or post the other end one compute task
 //! *earlier* (the partner arrives sooner). A move is kept when the program's

@@ -57,7 +57,7 @@ pub enum Weave {
     /// Whole micro-batches of encoder work woven into the schedule on every rank.
     Spread,
     /// The heaviest encoder cut into layer chunks, one per rank, that run as a
-    /// pipeline of their own into the first stage (see [`chain`]).
+    /// pipeline of their own into the first stage (see [`crate::units::encoder_chunks`]).
     Chain,
 }
 

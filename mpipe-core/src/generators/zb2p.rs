@@ -39,10 +39,22 @@
 //! first stage, the encoders' forwards and backwards join the list schedule on
 //! every rank, in quotas that even out each rank's total work (see `Spread`).
 //! The other bodies and `fill` place an encoder into a finished schedule's gaps;
-//! here the stages make room for it as they are scheduled. With asynchronous sends
-//! (`--mode eager`) this is the fastest schedule for a Qwen2-VL-7B-class model whose
-//! trainable ViT weighs about one stage (1.06 of the bound against 1.14); under
-//! rendezvous the many encoder transfers between ranks cost more than it gains.
+//! here the stages make room for it as they are scheduled. Under rendezvous its
+//! many encoder transfers between distant ranks cost more than it gains.
+//!
+//! **Chained encoders** (`encoders = chain`): the heaviest encoder feeding the first
+//! stage is cut into per-rank layer chunks ([`crate::units::encoder_chunks`]) that
+//! are scheduled as stages in front of the LLM's (`entry` marks where the LLM
+//! starts), so every encoder transfer is between neighbours and nothing is
+//! broadcast. The cap on micro-batches in flight grows with the longer round trip.
+//! In lockstep the chunks are *attached*: each LLM task takes one of its rank's
+//! chunk tasks along, in no lockstep time, if that task's input came from an
+//! earlier round (else the chain would cross every rank within one round, and in
+//! real time each rank would wait for the one before); a chunk task runs alone only
+//! when its rank has no LLM task to run. For a Qwen2-VL-7B-class model whose
+//! trainable ViT weighs about one stage, the woven chain is within 5% of the bound
+//! with asynchronous sends (1.048) and the attached one is the fastest schedule
+//! under rendezvous (1.100).
 
 use super::Ctx;
 use crate::analysis::{dependencies, peak_memory, timing};
