@@ -212,6 +212,11 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
     let admits = |live: &[usize], reserved: &[f64], r: usize, k: usize| {
         k != first[r] || (live[r] < cap && (live[r] == 0 || reserved[r] + footprint[r] <= room[r]))
     };
+    // Attaching: the chunk task rank `r` takes along with an LLM task of kind `op`
+    // starting at `start` (lockstep time): of the same kind where one is ready,
+    // else a B, an F or a W. Ready means its input came from an earlier round (done
+    // by `start`), so the chain advances one rank per round, as it does in real
+    // time.
     #[allow(clippy::too_many_arguments)]
     let along_with = |r: usize,
                       op: Op,
