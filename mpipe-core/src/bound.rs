@@ -70,7 +70,7 @@
 use crate::plan::{needs_backward, Layout};
 use crate::profile::{Profile, Split};
 use crate::program::Unit;
-use crate::units::build_units;
+use crate::units::{build_units, layer_chunks, replace_with_chunks};
 use serde::Serialize;
 
 /// The splits of the LLM into stages that the algebra's bodies use: 1-4 chunks per
@@ -119,40 +119,12 @@ pub fn profile_bound(profile: &Profile, ranks: usize, microbatches: usize) -> Op
 /// finer units only relax the order (a layer's `W` may follow its own `B` rather
 /// than the whole encoder's).
 fn layer_by_layer(profile: &Profile, units: &[Unit]) -> Vec<Unit> {
-    let n_enc = profile.encoders.len();
-    let mut out = Vec::with_capacity(units.len());
-    let mut last: Vec<(String, String)> = Vec::new();
-    for (spec, whole) in profile.encoders.iter().zip(units) {
-        let l = spec.layers.max(1);
-        for j in 0..l {
-            let share = 1.0 / f64::from(l);
-            out.push(Unit {
-                name: format!("{}.{j}", whole.name),
-                inputs: if j == 0 {
-                    vec![]
-                } else {
-                    vec![format!("{}.{}", whole.name, j - 1)]
-                },
-                cost: crate::program::Cost {
-                    f: whole.cost.f * share,
-                    b: whole.cost.b * share,
-                    w: whole.cost.w * share,
-                },
-                act: whole.act * share,
-                params: whole.params * share,
-                ..whole.clone()
-            });
+    let mut out = units.to_vec();
+    for spec in &profile.encoders {
+        if let Some(e) = out.iter().position(|u| u.name == spec.name) {
+            let home = out[e].home;
+            out = replace_with_chunks(&out, e, layer_chunks(spec, home));
         }
-        last.push((whole.name.clone(), format!("{}.{}", whole.name, l - 1)));
-    }
-    for u in &units[n_enc.min(units.len())..] {
-        let mut u = u.clone();
-        for input in &mut u.inputs {
-            if let Some((_, to)) = last.iter().find(|(from, _)| from == input) {
-                input.clone_from(to);
-            }
-        }
-        out.push(u);
     }
     out
 }

@@ -80,6 +80,21 @@ pub struct Unit {
     pub params: f64,
 }
 
+impl Unit {
+    /// One micro-batch's compute on this unit: `F`, plus `B + W` if it is trainable.
+    /// That is all of it for an encoder (its backward runs only when it is trained)
+    /// and for an LLM stage (always trained); a frozen unit downstream of a trained
+    /// one would also run a `B`, which this leaves out.
+    pub fn work(&self) -> f64 {
+        self.cost.f
+            + if self.trainable {
+                self.cost.b + self.cost.w
+            } else {
+                0.0
+            }
+    }
+}
+
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
 }

@@ -318,15 +318,49 @@ pub fn encoder_chunks(spec: &EncoderProfile, load: &[f64], first_home: usize) ->
         .map(|d| (first_home + d) % ranks)
         .filter(|&r| layers[r] > 0);
     path.enumerate()
-        .map(|(j, r)| {
-            let inputs = if j == 0 {
-                vec![]
-            } else {
-                vec![format!("{}.{}", spec.name, j - 1)]
-            };
-            encoder_unit(spec, layers[r], format!("{}.{j}", spec.name), inputs, r)
-        })
+        .map(|(j, r)| chunk(spec, j, layers[r], r))
         .collect()
+}
+
+/// Encoder `spec` cut into one chunk per layer, all on rank `home` (what bounds
+/// every way of chunking it, see [`crate::bound`]).
+pub(crate) fn layer_chunks(spec: &EncoderProfile, home: usize) -> Vec<Unit> {
+    (0..spec.layers.max(1) as usize)
+        .map(|j| chunk(spec, j, 1, home))
+        .collect()
+}
+
+/// Chunk `j` of encoder `spec` (`vision.j`), of `layers` layers on rank `home`: it
+/// reads the previous chunk, the first one the raw micro-batch.
+fn chunk(spec: &EncoderProfile, j: usize, layers: u32, home: usize) -> Unit {
+    let inputs = if j == 0 {
+        vec![]
+    } else {
+        vec![format!("{}.{}", spec.name, j - 1)]
+    };
+    encoder_unit(spec, layers, format!("{}.{j}", spec.name), inputs, home)
+}
+
+/// `units` with unit `e` replaced by `chunks` (a chain in data order), which come
+/// first; the other units keep their order, and the readers of `e` read the last
+/// chunk instead. Topological order is kept (the chunks read nothing else).
+pub fn replace_with_chunks(units: &[Unit], e: usize, chunks: Vec<Unit>) -> Vec<Unit> {
+    let old = &units[e].name;
+    let last = chunks.last().map(|c| c.name.clone());
+    let mut out = chunks;
+    for (i, u) in units.iter().enumerate() {
+        if i == e {
+            continue;
+        }
+        let mut u = u.clone();
+        if let Some(last) = &last {
+            for input in u.inputs.iter_mut().filter(|x| *x == old) {
+                input.clone_from(last);
+            }
+        }
+        out.push(u);
+    }
+    out
 }
 
 /// `layers` of encoder `spec` as one unit: the per-layer costs and activations

@@ -11,7 +11,7 @@
 use crate::plan::UnitId;
 use crate::profile::Profile;
 use crate::program::Unit;
-use crate::units::encoder_chunks;
+use crate::units::{encoder_chunks, replace_with_chunks};
 
 /// The units with one encoder cut into chunks.
 pub struct Chained {
@@ -31,48 +31,26 @@ pub struct Chained {
 pub fn cut(profile: &Profile, units: &[Unit], ranks: usize) -> Option<Chained> {
     let n_enc = profile.encoders.len();
     let first = units.get(n_enc)?;
-    let work = |u: &Unit| {
-        u.cost.f
-            + if u.trainable {
-                u.cost.b + u.cost.w
-            } else {
-                0.0
-            }
-    };
     let e = (0..n_enc)
         .filter(|&i| first.inputs.contains(&units[i].name))
-        .max_by(|&a, &b| work(&units[a]).total_cmp(&work(&units[b])).then(b.cmp(&a)))?;
+        .max_by(|&a, &b| units[a].work().total_cmp(&units[b].work()).then(b.cmp(&a)))?;
     let spec = &profile.encoders[e];
     // Each rank's work per micro-batch before the chunks.
     let mut load = vec![0.0f64; ranks];
     for (i, u) in units.iter().enumerate() {
         if i >= n_enc {
-            load[u.home] += u.cost.f + u.cost.b + u.cost.w;
+            load[u.home] += u.work();
         } else if i != e {
-            load[first.home] += work(u);
+            load[first.home] += u.work();
         }
     }
-    let mut out = encoder_chunks(spec, &load, first.home);
-    let chunks: Vec<UnitId> = (0..out.len()).collect();
-    let last = out.last().map(|u| u.name.clone())?;
-    let encoders: Vec<UnitId> = (out.len()..out.len() + n_enc - 1).collect();
-    out.extend(
-        units[..n_enc]
-            .iter()
-            .enumerate()
-            .filter(|&(i, _)| i != e)
-            .map(|(_, u)| u.clone()),
-    );
-    let stages: Vec<UnitId> = (out.len()..out.len() + units.len() - n_enc).collect();
-    for u in &units[n_enc..] {
-        let mut u = u.clone();
-        for input in &mut u.inputs {
-            if *input == spec.name {
-                input.clone_from(&last);
-            }
-        }
-        out.push(u);
-    }
+    let chunks = encoder_chunks(spec, &load, first.home);
+    let n = chunks.len();
+    // Chunks first, then the other encoders, then the stages.
+    let out = replace_with_chunks(units, e, chunks);
+    let chunks: Vec<UnitId> = (0..n).collect();
+    let encoders: Vec<UnitId> = (n..n + n_enc - 1).collect();
+    let stages: Vec<UnitId> = (n + n_enc - 1..out.len()).collect();
     Some(Chained {
         units: out,
         chunks,

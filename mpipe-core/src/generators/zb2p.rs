@@ -98,17 +98,17 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
     // A frozen chunk of a chained encoder has no backward: its forward is all.
     let need = crate::plan::needs_backward(ctx.units);
     let needs_b = |k: usize| need[ctx.stages[k]];
-    // Admission: a micro-batch enters a rank at its first stage there, reserving
-    // the activations of all the rank's stages for it; at most `2 p` at a time and
-    // within the room. The oldest micro-batch in flight is never refused (a rank
-    // with nothing reserved admits), and the deeper stages of an admitted one
-    // never wait for memory, so the schedule always completes.
     // Lockstep with a chained encoder (attaching): each LLM task takes one of its
     // rank's chunk tasks along, of the same kind where one is ready (a chunk's share
     // of F, B and W is close to its rank's stages'), in no time of the lockstep's,
     // so every rank's round is its stage task plus its chunk's: the chunks share
     // out the encoder so that these rounds come out even.
     let attach = lockstep && entry > 0;
+    // Admission: a micro-batch enters a rank at its first stage there, reserving
+    // the activations of all the rank's stages for it; at most `2 p` at a time and
+    // within the room. The oldest micro-batch in flight is never refused (a rank
+    // with nothing reserved admits), and the deeper stages of an admitted one
+    // never wait for memory, so the schedule always completes.
     // A chained encoder lengthens each micro-batch's round trip by its chunks, and
     // the cap grows with it.
     let cap = 2 * p * s / (s - entry).max(1);
@@ -488,23 +488,14 @@ impl Spread {
             .map(|r| {
                 mine[r]
                     .iter()
-                    .map(|&k| {
-                        let c = ctx.units[ctx.stages[k]].cost;
-                        c.f + c.b + c.w
-                    })
+                    .map(|&k| ctx.units[ctx.stages[k]].work())
                     .sum::<f64>()
                     * m as f64
             })
             .collect();
         let mut quota = vec![0usize; p];
         for &(e, ..) in &encs {
-            let c = ctx.units[e].cost;
-            let work = c.f
-                + if ctx.units[e].trainable {
-                    c.b + c.w
-                } else {
-                    0.0
-                };
+            let work = ctx.units[e].work();
             for _ in 0..m {
                 let r = crate::units::least_loaded(&load);
                 load[r] += work;

@@ -29,13 +29,12 @@
 //! anyway, and their transfers ride along with the LLM's between the same
 //! neighbours.
 
-use super::fill::{Gaps, Link};
-use super::insert_all;
+use super::fill::{flush, Gaps, Link};
 use crate::analysis::{dependencies_lenient, timing, PlanError, Timing};
 use crate::plan::{Plan, Task, UnitId};
 use crate::profile::EncoderProfile;
 use crate::program::{Op, Unit};
-use crate::units::encoder_chunks;
+use crate::units::{encoder_chunks, replace_with_chunks};
 
 /// Why `chain` cannot apply.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -197,22 +196,8 @@ pub fn chain(
 /// prefetched forwards dropped.
 fn replace_unit(plan: Plan, enc: UnitId, chunks: Vec<Unit>) -> Plan {
     let n = chunks.len();
-    let old = &plan.units[enc].name;
-    let last = chunks[n - 1].name.clone();
     let id = |u: UnitId| if u < enc { u + n } else { u + n - 1 };
-    let mut units = chunks;
-    for (u, unit) in plan.units.iter().enumerate() {
-        if u == enc {
-            continue;
-        }
-        let mut unit = unit.clone();
-        for input in &mut unit.inputs {
-            if input == old {
-                input.clone_from(&last);
-            }
-        }
-        units.push(unit);
-    }
+    let units = replace_with_chunks(&plan.units, enc, chunks);
     let order = plan
         .order
         .iter()
@@ -254,10 +239,4 @@ fn replace_unit(plan: Plan, enc: UnitId, chunks: Vec<Unit>) -> Plan {
 
 fn retime(plan: &Plan) -> Result<Timing, PlanError> {
     timing(plan, &dependencies_lenient(plan)?)
-}
-
-fn flush(plan: &mut Plan, pending: &mut [Vec<(usize, Task)>]) {
-    for (r, items) in pending.iter_mut().enumerate() {
-        insert_all(&mut plan.order[r], std::mem::take(items));
-    }
 }

@@ -107,7 +107,9 @@ pub(super) fn place(
     place_backward(plan, enc)
 }
 
-fn flush(plan: &mut Plan, pending: &mut [Vec<(usize, Task)>]) {
+/// Inserts every rank's pending `(position, task)` pairs into its order (positions
+/// refer to the order as it was), leaving `pending` empty.
+pub(super) fn flush(plan: &mut Plan, pending: &mut [Vec<(usize, Task)>]) {
     for (r, items) in pending.iter_mut().enumerate() {
         insert_all(&mut plan.order[r], std::mem::take(items));
     }
