@@ -50,7 +50,7 @@ use mpipe::runtime::exec::{ExecError, Executor};
 use mpipe::runtime::host::launch::{launch, Launch};
 use mpipe::runtime::host::tcp::{self, TcpComm};
 use mpipe::runtime::host::threads::ThreadComm;
-use mpipe::runtime::host::{default_timeout, Error, HostComm};
+use mpipe::runtime::host::{default_timeout, Error, HostComm, Mode};
 use mpipe::runtime::{P2p, Step, UnitId};
 use mpipe_mllm::pipeline::{
     check, gather_timeline, outcomes_timeline, param_checksums, real_trace, simulated_trace,
@@ -165,6 +165,22 @@ enum Backend {
 const ASCEND_HOW: &str = "--backend ascend needs the `ascend` feature: \
     cargo run --release --features ascend --example mllm -- --backend ascend";
 
+/// `--comm`: the host backend's point-to-point semantics.
+#[derive(Clone, Copy, ValueEnum)]
+enum CommMode {
+    Rendezvous,
+    Eager,
+}
+
+impl From<CommMode> for Mode {
+    fn from(m: CommMode) -> Mode {
+        match m {
+            CommMode::Rendezvous => Mode::Rendezvous,
+            CommMode::Eager => Mode::Eager,
+        }
+    }
+}
+
 #[derive(Parser)]
 #[command(about = "Train a small multimodal LLM through compiled pipeline schedules")]
 struct Args {
@@ -205,6 +221,11 @@ struct Args {
     /// The communication backend.
     #[arg(long, value_enum, default_value = "host")]
     backend: Backend,
+    /// Point-to-point semantics on the host backend: `eager` sends complete into the
+    /// receiver's buffer (the semantics `mpipe derive --mode eager` times programs
+    /// under); `rendezvous` sends wait for their receive, as HCCL's do.
+    #[arg(long, value_enum, default_value = "rendezvous")]
+    comm: CommMode,
     /// (internal) `--check` on the Ascend backend: this process is one rank of the
     /// check; it writes its gradients into DIR.
     #[arg(long, value_name = "DIR", hide = true)]
@@ -248,6 +269,7 @@ impl Run {
             steps: args.steps,
             update: true,
             timeout: default_timeout(),
+            mode: args.comm.into(),
         };
         let ck = Checkpointing {
             checkpoint: args.checkpoint.clone().map(|d| (d, args.checkpoint_every)),
@@ -319,6 +341,9 @@ fn main() -> Result<ExitCode> {
     if args.backend == Backend::Ascend && args.resume.is_some() {
         bail!("--backend ascend does not resume from checkpoints yet; leave out --resume");
     }
+    if args.backend == Backend::Ascend && matches!(args.comm, CommMode::Eager) {
+        bail!("--comm eager is a host-backend mode; HCCL's transfers are rendezvous: leave out --comm eager");
+    }
     // A process started by a launcher runs one rank.
     let launched = ["RANK", "WORLD_SIZE", "MASTER_PORT"]
         .iter()
@@ -373,8 +398,13 @@ fn run_processes(run: &Run) -> Result<ExitCode> {
         .filter(|a| a != "--processes")
         .collect();
     println!(
-        "training `{}` on {} ranks as processes, {} micro-batches per step, steps {}..{}",
-        run.expr, run.program.ranks, run.program.microbatches, run.first, run.t.steps
+        "training `{}` on {} ranks as processes, {} micro-batches per step, steps {}..{}{}",
+        run.expr,
+        run.program.ranks,
+        run.program.microbatches,
+        run.first,
+        run.t.steps,
+        transfers(run.t.mode)
     );
     let report = launch(&Launch {
         ranks: run.program.ranks,
@@ -490,6 +520,7 @@ fn note_blame(comm: &TcpComm) {
 /// One rank of a multi-process run (started by a launcher).
 fn run_rank_process(args: &Args, run: &Run) -> Result<ExitCode> {
     let mut comm = tcp::from_env(run.t.timeout).context("connecting to the other ranks")?;
+    comm.set_mode(run.t.mode);
     let rank = comm.rank();
     let fault = fault_step(rank)?;
     let calls = AtomicU64::new(run.first);
@@ -556,11 +587,24 @@ fn run_rank_process(args: &Args, run: &Run) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// How the banner names the transfers' semantics: nothing for the default.
+fn transfers(mode: Mode) -> &'static str {
+    match mode {
+        Mode::Rendezvous => "",
+        Mode::Eager => ", eager transfers",
+    }
+}
+
 /// Ranks as threads, with a progress bar.
 fn run_threads(args: &Args, run: &Run) -> Result<ExitCode> {
     println!(
-        "training `{}` on {} ranks, {} micro-batches per step, steps {}..{}",
-        run.expr, run.program.ranks, run.program.microbatches, run.first, run.t.steps
+        "training `{}` on {} ranks, {} micro-batches per step, steps {}..{}{}",
+        run.expr,
+        run.program.ranks,
+        run.program.microbatches,
+        run.first,
+        run.t.steps,
+        transfers(run.t.mode)
     );
     let bar = ProgressBar::new(run.t.steps);
     bar.set_position(run.first);
@@ -693,6 +737,7 @@ mod ascend {
             steps: 1,
             update: false,
             timeout: Duration::from_secs(30),
+            mode: Mode::Rendezvous,
         }
     }
 

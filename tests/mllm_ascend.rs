@@ -10,6 +10,7 @@ use mpipe::core::program::Program;
 use mpipe::runtime::ascend::{run_ranks, AscendComm};
 use mpipe::runtime::exec::Executor;
 use mpipe::runtime::host::threads::ThreadComm;
+use mpipe::runtime::host::Mode;
 use mpipe_mllm::pipeline::{
     rel_diff, train, train_rank, Checkpointing, RankOutcome, RunRank, Train,
 };
@@ -96,6 +97,7 @@ fn gradients_on_hccl_equal_the_unpipelined_step_and_the_host_backend() {
                 steps: 1,
                 update: false,
                 timeout: Duration::from_secs(10),
+                mode: Mode::Rendezvous,
             };
             let on_hccl = outcomes(run_ranks(program.ranks, |mut c| {
                 train_rank(

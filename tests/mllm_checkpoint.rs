@@ -9,6 +9,7 @@ use mpipe::core::program::Program;
 use mpipe::runtime::checkpoint::{self, Manifest};
 use mpipe::runtime::exec::{ExecError, Executor};
 use mpipe::runtime::host::threads::ThreadComm;
+use mpipe::runtime::host::Mode;
 use mpipe_mllm::pipeline::{train, train_with, Checkpointing, RankOutcome, RunRank, Train};
 use mpipe_mllm::{AdamConfig, Config, Mllm};
 use std::path::{Path, PathBuf};
@@ -74,6 +75,7 @@ fn training(c: &Case, steps: u64) -> Train {
         steps,
         update: true,
         timeout: Duration::from_secs(10),
+        mode: Mode::Rendezvous,
     }
 }
 

@@ -6,6 +6,7 @@
 use mpipe::core::program::Program;
 use mpipe::runtime::exec::{ExecError, Executor};
 use mpipe::runtime::host::threads::ThreadComm;
+use mpipe::runtime::host::Mode;
 use mpipe_mllm::pipeline::{check, train, RunRank, Train};
 use mpipe_mllm::{AdamConfig, Config, Mllm};
 use std::time::{Duration, Instant};
@@ -131,6 +132,7 @@ fn short_run(expr_index: usize, steps: u64) -> (Vec<f32>, Vec<Vec<f64>>, Vec<f64
         steps,
         update: true,
         timeout: Duration::from_secs(10),
+        mode: Mode::Rendezvous,
     };
     let (tx, rx) = std::sync::mpsc::channel();
     let outcomes = train(&program, run.as_ref(), &t, Some(tx));
@@ -171,6 +173,7 @@ fn every_action_runs_in_program_order() {
             steps: 1,
             update: false,
             timeout: Duration::from_secs(10),
+            mode: Mode::Rendezvous,
         };
         for (rank, o) in train(&program, run.as_ref(), &t, None)
             .into_iter()
@@ -201,6 +204,7 @@ fn a_failing_rank_stops_the_others_with_its_name() {
         steps: 3,
         update: true,
         timeout: Duration::from_secs(30),
+        mode: Mode::Rendezvous,
     };
     let run = |rank: usize, exec: &mut Executor<'_, ThreadComm, Mllm>| -> Result<(), ExecError> {
         if rank == 2 {
@@ -220,6 +224,45 @@ fn a_failing_rank_stops_the_others_with_its_name() {
         assert!(
             err.contains("rank 2") || err.contains("injected"),
             "rank {rank}: {err}"
+        );
+    }
+}
+
+#[test]
+fn eager_transfers_train_exactly_as_rendezvous_ones() {
+    // The same program under both point-to-point semantics: only when transfers
+    // complete changes, so two steps give bit-identical gradients, parameters and
+    // losses, and every action still runs.
+    for (expr, json, run, chunks, _) in all(false) {
+        let program = Program::from_json(json).unwrap();
+        let outcome = |mode: Mode| {
+            let t = Train {
+                cfg: config(4 * chunks, false),
+                adam: AdamConfig {
+                    lr: 3e-3,
+                    ..AdamConfig::default()
+                },
+                data_seed: 1,
+                steps: 2,
+                update: true,
+                timeout: Duration::from_secs(10),
+                mode,
+            };
+            train(&program, run.as_ref(), &t, None)
+                .into_iter()
+                .map(|o| o.unwrap_or_else(|e| panic!("{expr} ({mode:?}): {e}")))
+                .collect::<Vec<_>>()
+        };
+        let (a, b) = (outcome(Mode::Rendezvous), outcome(Mode::Eager));
+        for (x, y) in a.iter().zip(&b) {
+            assert_eq!(x.grads, y.grads, "{expr}: rank {} gradients", x.rank);
+            assert_eq!(x.params, y.params, "{expr}: rank {} parameters", x.rank);
+            assert_eq!(x.losses, y.losses, "{expr}: rank {} losses", x.rank);
+            assert_eq!(x.slots.len(), program.programs[x.rank].len(), "{expr}");
+        }
+        assert!(
+            a.iter().any(|o| !o.grads.is_empty()),
+            "{expr}: gradients compared"
         );
     }
 }

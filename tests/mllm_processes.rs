@@ -17,6 +17,7 @@ use mpipe::core::program::{ActionRef, CollKind, Dir, Program};
 use mpipe::runtime::exec::Executor;
 use mpipe::runtime::host::tcp::{self, TcpComm};
 use mpipe::runtime::host::threads::ThreadComm;
+use mpipe::runtime::host::Mode;
 use mpipe_mllm::pipeline::{
     gather_timeline, outcomes_timeline, param_checksums, real_trace, train, train_rank,
     Checkpointing, RankOutcome, Train,
@@ -52,6 +53,7 @@ fn example_training(chunks: usize, steps: u64) -> Train {
         steps,
         update: true,
         timeout: Duration::from_secs(10),
+        mode: Mode::Rendezvous,
     }
 }
 

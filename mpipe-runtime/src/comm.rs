@@ -5,7 +5,8 @@
 //! [`Comm`] is what a backend implements: the host backends ([`crate::host::threads`],
 //! ranks as threads; [`crate::host::tcp`], ranks as processes over loopback TCP) and,
 //! later, an HCCL one. The semantics are those of program-format.md, "Execution
-//! semantics", mode *rendezvous*:
+//! semantics", mode *rendezvous* (the host backends can also run mode *eager*, see
+//! [`crate::host`]):
 //!
 //! - a send completes only once its receiver has posted the matching receive (it
 //!   never completes "into a buffer"), so a program that deadlocks under rendezvous

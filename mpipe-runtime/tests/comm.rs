@@ -1,4 +1,4 @@
-//! The host communication backends: rendezvous transfers, batches, collectives,
+//! The host communication backends: rendezvous (and eager) transfers, batches, collectives,
 //! timeouts and failure propagation, over threads and over loopback TCP, plus the
 //! `mpipe-run` launcher on a real multi-process run.
 
@@ -6,7 +6,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mpipe_runtime::comm::{Comm, Error, Tag};
-use mpipe_runtime::host::{tcp, threads, HostComm};
+use mpipe_runtime::host::{tcp, threads, HostComm, Mode};
 
 const T: Duration = Duration::from_secs(5);
 
@@ -58,6 +58,14 @@ macro_rules! both {
             $( #[test] fn $name() { super::$name::<super::Threads>() } )*
         }
         mod tcp_backend {
+            $( #[test] fn $name() { super::$name::<super::Tcp>() } )*
+        }
+    };
+    (@eager $($name:ident),* $(,)?) => {
+        mod threads_backend_eager {
+            $( #[test] fn $name() { super::$name::<super::Threads>() } )*
+        }
+        mod tcp_backend_eager {
             $( #[test] fn $name() { super::$name::<super::Tcp>() } )*
         }
     };
@@ -643,4 +651,134 @@ fn mpipe_run_usage_errors() {
     let (code, _, stderr, _) = mpipe_run(&["--", "true"]);
     assert_eq!(code, 2);
     assert!(stderr.contains("-n"), "{stderr}");
+}
+
+both!(
+    @eager
+    eager_sends_do_not_wait,
+    eager_crossing_sends_complete_in_order,
+    eager_collectives_still_meet,
+    rendezvous_sender_to_eager_receiver_times_out,
+);
+
+fn eager<C: HostComm>(mut c: C) -> C {
+    c.set_mode(Mode::Eager);
+    c
+}
+
+fn eager_sends_do_not_wait<B: Backend>() {
+    let out = B::run(2, T, |c| {
+        let mut c = eager(c);
+        if c.rank() == 0 {
+            let t = Instant::now();
+            c.send(1, Tag::act(0, 0), &[1.0, 2.0])?;
+            Ok(t.elapsed())
+        } else {
+            std::thread::sleep(Duration::from_millis(200));
+            assert_eq!(c.recv(0, Tag::act(0, 0))?, vec![1.0, 2.0]);
+            Ok(Duration::ZERO)
+        }
+    });
+    let out = unwrap_all(out);
+    assert!(
+        out[0] < Duration::from_millis(150),
+        "the eager send waited {:?} for its receiver",
+        out[0]
+    );
+}
+
+fn eager_crossing_sends_complete_in_order<B: Backend>() {
+    // What deadlocks under rendezvous (`separate_crossing_sends_deadlock_and_time_out`)
+    // completes when sends are eager; repeated tags still match first in, first out.
+    let out = B::run(3, T, |c| {
+        let mut c = eager(c);
+        let (r, n) = (c.rank(), c.world());
+        for k in 0..4u32 {
+            for peer in (0..n).filter(|&p| p != r) {
+                c.send(peer, Tag::act(1, 0), &[(r * 100) as f32 + k as f32])?;
+            }
+        }
+        let mut got = Vec::new();
+        for peer in (0..n).filter(|&p| p != r) {
+            for _ in 0..4 {
+                got.push(c.recv(peer, Tag::act(1, 0))?[0]);
+            }
+        }
+        Ok(got)
+    });
+    let out = unwrap_all(out);
+    for (r, got) in out.iter().enumerate() {
+        let want: Vec<f32> = (0..3)
+            .filter(|&p| p != r)
+            .flat_map(|p| (0..4).map(move |k| (p * 100 + k) as f32))
+            .collect();
+        assert_eq!(got, &want, "rank {r}");
+    }
+}
+
+fn eager_collectives_still_meet<B: Backend>() {
+    let out = B::run(3, T, |c| {
+        let mut c = eager(c);
+        let mut buf = vec![c.rank() as f32 + 1.0; 4];
+        c.all_reduce(&[0, 1, 2], Tag::grads(3), &mut buf)?;
+        let mut b = vec![if c.rank() == 1 { 7.0 } else { 0.0 }; 2];
+        c.broadcast(1, &[0, 1, 2], Tag::params(3), &mut b)?;
+        c.barrier()?;
+        Ok((buf, b))
+    });
+    for (buf, b) in unwrap_all(out) {
+        assert_eq!(buf, vec![6.0; 4]);
+        assert_eq!(b, vec![7.0; 2]);
+    }
+}
+
+fn rendezvous_sender_to_eager_receiver_times_out<B: Backend>() {
+    // Every rank must use the same mode: a rendezvous send waits for a receive the
+    // eager receiver never announces, and the timeout names it.
+    let out = B::run(2, Duration::from_millis(300), |mut c| {
+        if c.rank() == 0 {
+            Ok(c.send(1, Tag::act(2, 5), &[1.0]).map_err(|e| e.to_string()))
+        } else {
+            let mut c = eager(c);
+            Ok(c.recv(0, Tag::act(2, 5))
+                .map(|_| ())
+                .map_err(|e| e.to_string()))
+        }
+    });
+    let out = unwrap_all(out);
+    let sender = out[0].as_ref().unwrap_err();
+    assert!(
+        sender.starts_with("timed out after 300ms waiting for SEND act(unit 2, mb 5) to rank 1"),
+        "{sender}"
+    );
+    assert!(out[1].is_err(), "the receive cannot complete: {:?}", out[1]);
+}
+
+#[test]
+fn comm_mode_comes_from_the_environment_and_bad_values_are_refused() {
+    let selftest = env!("CARGO_BIN_EXE_comm-selftest");
+    let run = |mode: &str| {
+        Command::new(env!("CARGO_BIN_EXE_mpipe-run"))
+            .args(["-n", "3", "--", selftest, "ring"])
+            .env("MPIPE_COMM_TIMEOUT", "8")
+            .env("MPIPE_COMM_MODE", mode)
+            .output()
+            .expect("run mpipe-run")
+    };
+    let ok = run("eager");
+    let stdout = String::from_utf8_lossy(&ok.stdout);
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(stdout.contains("rank 2: ok (eager)"), "{stdout}");
+    let bad = run("async");
+    let stderr = String::from_utf8_lossy(&bad.stderr);
+    assert_ne!(bad.status.code(), Some(0));
+    assert!(
+        stderr.contains("MPIPE_COMM_MODE=\"async\": expected `rendezvous` or `eager`"),
+        "{stderr}"
+    );
 }

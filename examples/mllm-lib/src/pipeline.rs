@@ -39,6 +39,7 @@ use mpipe_runtime::checkpoint::{
 use mpipe_runtime::comm::{Comm, Tag};
 use mpipe_runtime::exec::{ExecError, Executor};
 use mpipe_runtime::host::threads::{run_ranks, ThreadComm};
+use mpipe_runtime::host::{HostComm, Mode};
 use mpipe_runtime::model::Model;
 use std::fmt;
 use std::path::PathBuf;
@@ -109,6 +110,10 @@ pub struct Train {
     /// Skip the optimizer (a gradient check wants the raw gradients).
     pub update: bool,
     pub timeout: Duration,
+    /// Point-to-point semantics of the ranks' transfers: rendezvous, or eager
+    /// (sends complete into the receiver's buffer, as a program derived with
+    /// `--mode eager` is timed).
+    pub mode: Mode,
 }
 
 /// Saving and resuming ([`train_with`], [`train_rank`]).
@@ -429,6 +434,7 @@ pub fn train_with(
     });
     let report = report.as_ref().map(|f| f as &(dyn Fn(&StepReport) + Sync));
     run_ranks(program.ranks, t.timeout, |mut comm: ThreadComm| {
+        comm.set_mode(t.mode);
         train_rank(&mut comm, program, run, t, ck, report)
     })
 }
@@ -466,6 +472,7 @@ pub fn check(
         steps: 1,
         update: false,
         timeout: Duration::from_secs(10),
+        mode: Mode::Rendezvous,
     };
     let outcomes = train(program, run, &t, None);
     let mut reference = Mllm::new(cfg.clone());

@@ -10,7 +10,8 @@
 //!   sleep for a minute without communicating (hung ranks, for the launcher to
 //!   kill).
 //!
-//! The timeout is `MPIPE_COMM_TIMEOUT` seconds (default 10).
+//! The timeout is `MPIPE_COMM_TIMEOUT` seconds (default 10); the transfers' mode is
+//! `MPIPE_COMM_MODE` (`rendezvous`, the default, or `eager`; `ok (eager)` then).
 
 use std::process::ExitCode;
 
@@ -107,7 +108,10 @@ fn main() -> ExitCode {
     }
     match ring(&mut c) {
         Ok(()) => {
-            println!("rank {r}: ok");
+            match c.mode() {
+                mpipe_runtime::host::Mode::Rendezvous => println!("rank {r}: ok"),
+                mpipe_runtime::host::Mode::Eager => println!("rank {r}: ok (eager)"),
+            }
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -13,6 +13,14 @@
 //!   messages.
 //! - **Batches** post every receive's *ready* first, then ship each send as soon as
 //!   its *ready* is there, and return when all are done.
+//! - **Eager mode** ([`HostComm::set_mode`], or `MPIPE_COMM_MODE=eager` for
+//!   [`tcp::from_env`]): point-to-point sends ship their data at once and complete
+//!   (the receiver's inbox buffers it, as a communication stream with its own buffers
+//!   would), and receives wait for the data only: program-format.md's *eager*
+//!   semantics, which a program derived with `--mode eager` is timed under.
+//!   Collectives stay rendezvous, as the spec says. Every rank of a world must use
+//!   the same mode: a rendezvous send to an eager receiver waits for a *ready* that
+//!   never comes, and fails with a timeout naming it.
 //! - **Collectives** are built on the same transfers: `broadcast` is the root sending
 //!   to every member; `reduce` is every member sending to the root, which sums in
 //!   group order; `all_reduce` is a reduce onto the group's first rank followed by a
@@ -37,6 +45,7 @@ use std::time::{Duration, Instant};
 
 pub use crate::comm::Error;
 use crate::comm::{Comm, Tag, Tensor};
+pub use mpipe_core::simulate::Mode;
 
 pub mod launch;
 pub mod tcp;
@@ -63,6 +72,26 @@ pub trait HostComm: Comm<Error = Error> + Send {
     fn timeout(&self) -> Duration;
     /// Changes the bound on every blocking wait.
     fn set_timeout(&mut self, timeout: Duration);
+    /// The semantics of point-to-point transfers (rendezvous unless set).
+    fn mode(&self) -> Mode;
+    /// Sets the semantics of point-to-point transfers; every rank of the world must
+    /// set the same (see the module doc).
+    fn set_mode(&mut self, mode: Mode);
+}
+
+/// The point-to-point semantics a world runs under: `MPIPE_COMM_MODE` (`rendezvous`,
+/// the default, or `eager`). An unknown value is an error, never a silent default.
+pub fn default_mode() -> Result<Mode, Error> {
+    match std::env::var("MPIPE_COMM_MODE") {
+        Err(_) => Ok(Mode::Rendezvous),
+        Ok(v) => match v.trim() {
+            "" | "rendezvous" => Ok(Mode::Rendezvous),
+            "eager" => Ok(Mode::Eager),
+            other => Err(Error::Setup(format!(
+                "MPIPE_COMM_MODE={other:?}: expected `rendezvous` or `eager`"
+            ))),
+        },
+    }
 }
 
 /// The operation a message belongs to; part of the matching key.
@@ -330,6 +359,8 @@ pub(crate) struct Endpoint {
     rank: usize,
     world: usize,
     timeout: Duration,
+    /// Point-to-point semantics: rendezvous, or eager (sends never wait).
+    mode: Mode,
     inbox: Arc<Inbox>,
     link: Arc<dyn Link>,
     /// Closed already (abruptly).
@@ -368,6 +399,7 @@ impl Endpoint {
             rank,
             world,
             timeout,
+            mode: Mode::Rendezvous,
             inbox,
             link,
             finished: false,
@@ -385,6 +417,12 @@ impl Endpoint {
     }
     pub(crate) fn set_timeout(&mut self, timeout: Duration) {
         self.timeout = timeout;
+    }
+    pub(crate) fn mode(&self) -> Mode {
+        self.mode
+    }
+    pub(crate) fn set_mode(&mut self, mode: Mode) {
+        self.mode = mode;
     }
 
     pub(crate) fn aborter(&self) -> Aborter {
@@ -444,7 +482,9 @@ impl Endpoint {
     }
 
     /// Posts every receive, ships every send once its receive is posted, and waits
-    /// for all. `ctx` names the collective, if any, for error messages.
+    /// for all. `ctx` names the collective, if any, for error messages. Point-to-point
+    /// transfers (no `ctx`) in eager mode ship every send at once and post no
+    /// receive: only the data is waited for.
     fn exchange(
         &self,
         sends: &[SendOf<'_>],
@@ -472,10 +512,17 @@ impl Endpoint {
             }
         };
         let deadline = Instant::now() + self.timeout;
-        for &(peer, chan) in recvs {
-            self.deliver(peer, &Msg::Ready(chan))?;
+        let eager = ctx.is_none() && self.mode == Mode::Eager;
+        if eager {
+            for &(peer, chan, data) in sends {
+                self.deliver(peer, &Msg::Data(chan, data))?;
+            }
+        } else {
+            for &(peer, chan) in recvs {
+                self.deliver(peer, &Msg::Ready(chan))?;
+            }
         }
-        let mut sent = vec![false; sends.len()];
+        let mut sent = vec![eager; sends.len()];
         let mut got: Vec<Option<Tensor>> = vec![None; recvs.len()];
         let mut st = self.inbox.lock();
         loop {
@@ -840,6 +887,12 @@ macro_rules! host_comm {
             }
             fn set_timeout(&mut self, timeout: std::time::Duration) {
                 self.ep.set_timeout(timeout)
+            }
+            fn mode(&self) -> $crate::host::Mode {
+                self.ep.mode()
+            }
+            fn set_mode(&mut self, mode: $crate::host::Mode) {
+                self.ep.set_mode(mode)
             }
         }
     };

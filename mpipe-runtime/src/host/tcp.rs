@@ -226,7 +226,8 @@ fn read_loop(peer: usize, stream: TcpStream, inbox: Arc<Inbox>) {
 }
 
 /// Connects this process as rank `RANK` of `WORLD_SIZE`, meeting the others through
-/// `MASTER_ADDR` (default `127.0.0.1`; must be a loopback address) and `MASTER_PORT`.
+/// `MASTER_ADDR` (default `127.0.0.1`; must be a loopback address) and `MASTER_PORT`,
+/// in the point-to-point mode `MPIPE_COMM_MODE` names ([`super::default_mode`]).
 /// See [`connect`].
 pub fn from_env(timeout: Duration) -> Result<TcpComm, Error> {
     let var = |name: &str| {
@@ -260,7 +261,10 @@ pub fn from_env(timeout: Duration) -> Result<TcpComm, Error> {
     // Under mpipe-run: note whom this rank blames if another rank fails first.
     let blame = std::env::var_os(BLAME_DIR_VAR)
         .map(|d| std::path::PathBuf::from(d).join(blame_file_name(rank)));
-    connect_noting_blame(rank, world, master, None, timeout, blame)
+    let mode = super::default_mode()?;
+    let mut comm = connect_noting_blame(rank, world, master, None, timeout, blame)?;
+    comm.ep.set_mode(mode);
+    Ok(comm)
 }
 
 /// The environment variable naming the directory where ranks started by `mpipe-run`
