@@ -256,6 +256,18 @@ struct Run {
 }
 
 impl Run {
+    /// The line a host run starts with; `how` says how the ranks run.
+    fn banner(&self, how: &str) -> String {
+        let transfers = match self.t.mode {
+            Mode::Rendezvous => "",
+            Mode::Eager => ", eager transfers",
+        };
+        format!(
+            "training `{}` on {} ranks{how}, {} micro-batches per step, steps {}..{}{transfers}",
+            self.expr, self.program.ranks, self.program.microbatches, self.first, self.t.steps
+        )
+    }
+
     fn new(args: &Args) -> Result<Run> {
         let (expr, json, chunks) = args.schedule.compiled(args.frozen);
         let program = Program::from_json(json).context("the compiled program")?;
@@ -397,15 +409,7 @@ fn run_processes(run: &Run) -> Result<ExitCode> {
         .skip(1)
         .filter(|a| a != "--processes")
         .collect();
-    println!(
-        "training `{}` on {} ranks as processes, {} micro-batches per step, steps {}..{}{}",
-        run.expr,
-        run.program.ranks,
-        run.program.microbatches,
-        run.first,
-        run.t.steps,
-        transfers(run.t.mode)
-    );
+    println!("{}", run.banner(" as processes"));
     let report = launch(&Launch {
         ranks: run.program.ranks,
         port: None,
@@ -587,25 +591,9 @@ fn run_rank_process(args: &Args, run: &Run) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// How the banner names the transfers' semantics: nothing for the default.
-fn transfers(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Rendezvous => "",
-        Mode::Eager => ", eager transfers",
-    }
-}
-
 /// Ranks as threads, with a progress bar.
 fn run_threads(args: &Args, run: &Run) -> Result<ExitCode> {
-    println!(
-        "training `{}` on {} ranks, {} micro-batches per step, steps {}..{}{}",
-        run.expr,
-        run.program.ranks,
-        run.program.microbatches,
-        run.first,
-        run.t.steps,
-        transfers(run.t.mode)
-    );
+    println!("{}", run.banner(""));
     let bar = ProgressBar::new(run.t.steps);
     bar.set_position(run.first);
     bar.set_style(
