@@ -27,6 +27,9 @@ mpipe::schedule! { mod transpose_zbv { model = "profiles/encoder-heavy.toml"; ra
 mpipe::schedule! { mod from_file { program = "tests/profiles/tiny-program.json"; } }
 mpipe::schedule! { mod zb2p_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = zb2p(v = 2); } }
 mpipe::schedule! { mod refine_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = refine(transpose(vision, zb2p, owners = spare)); } }
+mpipe::schedule! { mod inter_eager { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, interleaved(v = 2)); mode = eager; } }
+mpipe::schedule! { mod inter_rdv { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, interleaved(v = 2)); mode = rendezvous; } }
+mpipe::schedule! { mod from_file_eager { program = "tests/profiles/tiny-program.json"; mode = eager; } }
 mpipe::schedule! { mod auto_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = auto; } }
 
 /// The calls the derived program implies for `rank`: one per compute or collective
@@ -134,7 +137,55 @@ fn generated_code_runs_the_derived_program() {
         from_file,
         zb2p_s,
         refine_s,
-        auto_s
+        auto_s,
+        inter_eager,
+        from_file_eager
+    );
+}
+
+/// `mode = eager` derives for, and times under, eager transfers; the default and
+/// `mode = rendezvous` are the same thing.
+#[test]
+fn mode_chooses_the_semantics_a_schedule_is_derived_for() {
+    use mpipe::core::derive::{derive_str, Request};
+    use mpipe::core::simulate::{simulate, Mode, SimOptions};
+    assert_eq!(inter_eager::MODE, Mode::Eager);
+    assert_eq!(inter_rdv::MODE, Mode::Rendezvous);
+    assert_eq!(one_f_one_b::MODE, Mode::Rendezvous);
+    let profile = heavy();
+    let expr = "transpose(vision, interleaved(v = 2))";
+    for (mode, json, makespan) in [
+        (
+            Mode::Eager,
+            inter_eager::PROGRAM_JSON,
+            inter_eager::MAKESPAN,
+        ),
+        (
+            Mode::Rendezvous,
+            inter_rdv::PROGRAM_JSON,
+            inter_rdv::MAKESPAN,
+        ),
+    ] {
+        let req = Request {
+            mode,
+            ..Request::new(&profile, 4, 8)
+        };
+        let d = derive_str(&req, expr).unwrap();
+        assert_eq!(Program::from_json(json).unwrap(), d.program, "{mode:?}");
+        assert_eq!(makespan, d.report.makespan, "{mode:?}");
+    }
+    // Here asynchronous sends are worth something, so the two differ.
+    const { assert!(inter_eager::MAKESPAN < inter_rdv::MAKESPAN) };
+    // A program file is timed under the mode given too.
+    let p = Program::from_json(from_file_eager::PROGRAM_JSON).unwrap();
+    let eager = SimOptions {
+        mode: Mode::Eager,
+        ..SimOptions::default()
+    };
+    assert_eq!(from_file_eager::MODE, Mode::Eager);
+    assert_eq!(
+        from_file_eager::MAKESPAN,
+        simulate(&p, &eager).unwrap().makespan
     );
 }
 

@@ -58,6 +58,7 @@ pub fn module(input: &Input, facts: &Facts) -> TokenStream {
     });
     let n_units = unit_names.len();
     let makespan = d.report.makespan;
+    let mode = mode_tokens(input);
     let bubble = d.report.bubble;
     let bound = d.bound.value();
     let peaks = d
@@ -110,7 +111,11 @@ pub fn module(input: &Input, facts: &Facts) -> TokenStream {
         pub mod units {
             #(#unit_consts)*
         }
-        /// Predicted step time (rendezvous semantics, the profile's link model).
+        /// The transfer semantics the schedule was chosen for and is timed under
+        /// (`mode = ...`; run the ranks' transfers with the same, e.g.
+        /// `HostComm::set_mode(MODE)` on the host backend).
+        pub const MODE: ::mpipe::core::simulate::Mode = #mode;
+        /// Predicted step time (under `MODE`, the profile's link model).
         pub const MAKESPAN: f64 = #makespan;
         /// Predicted bubble ratio.
         pub const BUBBLE: f64 = #bubble;
@@ -138,6 +143,7 @@ pub fn module(input: &Input, facts: &Facts) -> TokenStream {
 pub fn fallback(input: &Input) -> TokenStream {
     let ranks = input.ranks.map_or(1, |(r, _)| r);
     let mbs = input.microbatches.map_or(1, |(m, _)| m);
+    let mode = mode_tokens(input);
     let rank_fns = (0..ranks).map(|r| {
         let name = format_ident!("rank_{}", r);
         quote! {
@@ -155,6 +161,7 @@ pub fn fallback(input: &Input) -> TokenStream {
             pub const EXPR: &str = "";
             pub const UNITS: [&str; 0] = [];
             pub mod units {}
+            pub const MODE: ::mpipe::core::simulate::Mode = #mode;
             pub const MAKESPAN: f64 = 0.0;
             pub const BUBBLE: f64 = 0.0;
             pub const LOWER_BOUND: f64 = 0.0;
@@ -168,6 +175,16 @@ pub fn fallback(input: &Input) -> TokenStream {
             }
         },
     )
+}
+
+/// The path of the input's `mode`.
+fn mode_tokens(input: &Input) -> TokenStream {
+    match input.mode {
+        mpipe_core::simulate::Mode::Rendezvous => {
+            quote! { ::mpipe::core::simulate::Mode::Rendezvous }
+        }
+        mpipe_core::simulate::Mode::Eager => quote! { ::mpipe::core::simulate::Mode::Eager },
+    }
 }
 
 /// `llm.0` -> `LLM_0`, `vision` -> `VISION`.

@@ -7,7 +7,7 @@ use mpipe_core::bound::lower_bound;
 use mpipe_core::derive::{derive, resident_params, Derived, Request};
 use mpipe_core::profile::{Profile, ProfileFormat};
 use mpipe_core::program::Program;
-use mpipe_core::simulate::{simulate, SimOptions};
+use mpipe_core::simulate::{simulate, Mode, SimOptions};
 use mpipe_core::verify::verify;
 use proc_macro2::TokenStream;
 use std::path::PathBuf;
@@ -21,7 +21,7 @@ pub fn schedule(tokens: TokenStream) -> TokenStream {
     };
     let mut errors = input.errors.clone();
     if let Some(src) = &input.program {
-        let loaded = load_program(src, &mut errors);
+        let loaded = load_program(src, input.mode, &mut errors);
         return finish(&input, loaded, errors);
     }
     let profile = input
@@ -42,7 +42,10 @@ pub fn schedule(tokens: TokenStream) -> TokenStream {
     if let (Some((profile, _)), Some((ranks, _)), Some((microbatches, _)), Some(expr)) =
         (&profile, input.ranks, input.microbatches, &expr)
     {
-        let req = Request::new(profile, ranks, microbatches);
+        let req = Request {
+            mode: input.mode,
+            ..Request::new(profile, ranks, microbatches)
+        };
         // `auto` searches on this thread (proc_macro2 works only here inside a
         // macro), among the schedules the macro can emit.
         match mpipe_core::search::for_macro(|| derive(&req, expr)) {
@@ -125,8 +128,12 @@ fn read(lit: &LitStr, what: &str, errors: &mut Vec<syn::Error>) -> Option<(Strin
     }
 }
 
-/// Read a program, verify it (rules 1-5) and simulate it.
-fn load_program(src: &Source, errors: &mut Vec<syn::Error>) -> Option<(Derived, Option<PathBuf>)> {
+/// Read a program, verify it (rules 1-5) and simulate it under `mode`.
+fn load_program(
+    src: &Source,
+    mode: Mode,
+    errors: &mut Vec<syn::Error>,
+) -> Option<(Derived, Option<PathBuf>)> {
     let (text, path) = text(src, "program", errors)?;
     let lit = src.lit();
     let name = match src {
@@ -150,7 +157,11 @@ fn load_program(src: &Source, errors: &mut Vec<syn::Error>) -> Option<(Derived, 
         }
         return None;
     }
-    let report = match simulate(&program, &SimOptions::default()) {
+    let opts = SimOptions {
+        mode,
+        ..SimOptions::default()
+    };
+    let report = match simulate(&program, &opts) {
         Ok(r) => r,
         Err(e) => {
             errors.push(syn::Error::new(

@@ -3,19 +3,23 @@
 //! Keys: `model` (a path string, relative to the calling crate's manifest
 //! directory), `ranks`, `microbatches` (integers) and `schedule` (an expression in
 //! the language of `shared/spec/model-format.md`, kept as tokens so its errors point
-//! into it). Every problem is collected; parsing goes on past each one.
+//! into it); optionally `mode` (`rendezvous`, the default, or `eager`: the transfer
+//! semantics the schedule is chosen for and timed under). Every problem is
+//! collected; parsing goes on past each one.
 
+use mpipe_core::simulate::Mode;
 use proc_macro2::{Span, TokenStream, TokenTree};
 use syn::parse::{Parse, ParseStream};
 use syn::{Attribute, Ident, LitInt, LitStr, Token, Visibility};
 
 /// The keys `schedule!` understands.
-pub const KEYS: [&str; 7] = [
+pub const KEYS: [&str; 8] = [
     "model",
     "model_toml",
     "ranks",
     "microbatches",
     "schedule",
+    "mode",
     "program",
     "program_json",
 ];
@@ -49,6 +53,8 @@ pub struct Input {
     pub schedule: Option<TokenStream>,
     /// A program (`mpipe-program/1` JSON) to compile instead of deriving one.
     pub program: Option<Source>,
+    /// The transfer semantics the schedule is chosen for and timed under.
+    pub mode: Mode,
     pub errors: Vec<syn::Error>,
 }
 
@@ -71,6 +77,7 @@ impl Parse for Input {
             microbatches: None,
             schedule: None,
             program: None,
+            mode: Mode::Rendezvous,
             errors: Vec::new(),
         };
         let mut seen: Vec<String> = Vec::new();
@@ -139,6 +146,15 @@ impl Parse for Input {
                     )),
                 },
                 "schedule" => out.schedule = Some(value),
+                "mode" => match syn::parse2::<Ident>(value.clone()) {
+                    Ok(id) if id == "rendezvous" => out.mode = Mode::Rendezvous,
+                    Ok(id) if id == "eager" => out.mode = Mode::Eager,
+                    _ => out.errors.push(syn::Error::new_spanned(
+                        value,
+                        "`mode` is `rendezvous` (the default: a send waits for its receive, as HCCL's do) \
+                         or `eager` (a send never waits), e.g. `mode = eager;`",
+                    )),
+                },
                 "program" => match syn::parse2::<LitStr>(value) {
                     Ok(s) => out.program = Some(Source::File(s)),
                     Err(e) => out.errors.push(syn::Error::new(

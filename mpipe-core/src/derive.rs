@@ -985,25 +985,30 @@ fn link(req: &Request) -> crate::operators::fill::Link {
 
 /// The closest candidate within edit distance 2, if any.
 pub fn did_you_mean<'a>(word: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    // The nearest; on a tie, the first in `candidates` (their order is the caller's
+    // preference, e.g. the order keys are documented in).
     candidates
         .iter()
-        .map(|c| (edit_distance(word, c), *c))
-        .filter(|&(d, _)| d <= 2)
+        .enumerate()
+        .map(|(i, c)| (crate::profile::edit_distance(word, c), i, *c))
+        .filter(|&(d, ..)| d <= 2)
         .min()
-        .map(|(_, c)| c)
+        .map(|(.., c)| c)
 }
 
-fn edit_distance(a: &str, b: &str) -> usize {
-    let b: Vec<char> = b.chars().collect();
-    let mut prev: Vec<usize> = (0..=b.len()).collect();
-    for (i, ca) in a.chars().enumerate() {
-        let mut cur = vec![i + 1; b.len() + 1];
-        for (j, &cb) in b.iter().enumerate() {
-            cur[j + 1] = (prev[j] + usize::from(ca != cb))
-                .min(prev[j + 1] + 1)
-                .min(cur[j] + 1);
-        }
-        prev = cur;
+#[cfg(test)]
+mod tests {
+    use super::did_you_mean;
+
+    #[test]
+    fn did_you_mean_counts_a_swap_as_one_edit_and_breaks_ties_by_order() {
+        let keys = ["model", "model_toml", "ranks", "mode"];
+        // `modle` is one swap from `model` and one deletion from `mode`: the tie
+        // goes to the key listed first.
+        assert_eq!(did_you_mean("modle", &keys), Some("model"));
+        assert_eq!(did_you_mean("modle", &["mode", "model"]), Some("mode"));
+        assert_eq!(did_you_mean("rnaks", &keys), Some("ranks"));
+        assert_eq!(did_you_mean("moed", &keys), Some("mode"));
+        assert_eq!(did_you_mean("schedule", &keys), None);
     }
-    prev[b.len()]
 }

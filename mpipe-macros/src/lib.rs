@@ -21,7 +21,9 @@
 ///
 /// Keys: `model = "path"` or `model_toml = "inline TOML"`, `ranks`, `microbatches`,
 /// `schedule = EXPR`; or `program = "path.json"` / `program_json = "..."` to compile a
-/// hand-written program instead (verified, rules 1-5).
+/// hand-written program instead (verified, rules 1-5). Optionally `mode = eager`
+/// (default `rendezvous`): the transfer semantics the schedule is chosen for and
+/// timed under (`MODE`, `MAKESPAN`); run the ranks' transfers with the same.
 #[proc_macro]
 pub fn schedule(input: proc_macro::TokenStream) -> proc_macro::TokenStream {
     mpipe_codegen::schedule(input.into()).into()

@@ -5,6 +5,7 @@ mpipe::schedule! {
         ranks = 0;
         microbatches = eight;
         schedule = 1f1b(v = );
+        mode = async;
     }
 }
 

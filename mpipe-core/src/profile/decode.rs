@@ -688,8 +688,9 @@ fn did_you_mean<'k>(key: &str, valid: &[&'k str]) -> Option<&'k str> {
 }
 
 /// Optimal-string-alignment distance: insertions, deletions, substitutions and
-/// transpositions of adjacent characters each cost 1.
-fn edit_distance(a: &str, b: &str) -> usize {
+/// transpositions of adjacent characters each cost 1 (a swap of two neighbouring
+/// characters is the commonest typo). Also behind [`crate::derive::did_you_mean`].
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     let a: Vec<char> = a.chars().collect();
     let b: Vec<char> = b.chars().collect();
     let w = b.len() + 1;

@@ -25,6 +25,7 @@
 
 mod check;
 mod decode;
+pub(crate) use decode::edit_distance;
 #[cfg(test)]
 mod tests;
 
