@@ -739,7 +739,10 @@ fn rendezvous_sender_to_eager_receiver_times_out<B: Backend>() {
         if c.rank() == 0 {
             Ok(c.send(1, Tag::act(2, 5), &[1.0]).map_err(|e| e.to_string()))
         } else {
+            // The receiver waits longer, so the sender's timeout is what ends the
+            // test (not the receiver leaving first).
             let mut c = eager(c);
+            c.set_timeout(Duration::from_secs(5));
             Ok(c.recv(0, Tag::act(2, 5))
                 .map(|_| ())
                 .map_err(|e| e.to_string()))
