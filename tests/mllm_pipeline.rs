@@ -119,10 +119,9 @@ fn pipelined_gradients_equal_the_unpipelined_step() {
     }
 }
 
-fn short_run(expr_index: usize, steps: u64) -> (Vec<f32>, Vec<Vec<f64>>, Vec<f64>, Program) {
-    let (_, json, run, chunks, predicted) = all(false).swap_remove(expr_index);
-    let program = Program::from_json(json).unwrap();
-    let t = Train {
+/// Training `steps` steps with updates, transfers in `mode`.
+fn training(chunks: usize, steps: u64, mode: Mode) -> Train {
+    Train {
         cfg: config(4 * chunks, false),
         adam: AdamConfig {
             lr: 3e-3,
@@ -132,8 +131,14 @@ fn short_run(expr_index: usize, steps: u64) -> (Vec<f32>, Vec<Vec<f64>>, Vec<f64
         steps,
         update: true,
         timeout: Duration::from_secs(10),
-        mode: Mode::Rendezvous,
-    };
+        mode,
+    }
+}
+
+fn short_run(expr_index: usize, steps: u64) -> (Vec<f32>, Vec<Vec<f64>>, Vec<f64>, Program) {
+    let (_, json, run, chunks, predicted) = all(false).swap_remove(expr_index);
+    let program = Program::from_json(json).unwrap();
+    let t = training(chunks, steps, Mode::Rendezvous);
     let (tx, rx) = std::sync::mpsc::channel();
     let outcomes = train(&program, run.as_ref(), &t, Some(tx));
     let losses: Vec<f32> = rx.try_iter().filter_map(|r| r.loss).collect();
@@ -236,18 +241,7 @@ fn eager_transfers_train_exactly_as_rendezvous_ones() {
     for (expr, json, run, chunks, _) in all(false) {
         let program = Program::from_json(json).unwrap();
         let outcome = |mode: Mode| {
-            let t = Train {
-                cfg: config(4 * chunks, false),
-                adam: AdamConfig {
-                    lr: 3e-3,
-                    ..AdamConfig::default()
-                },
-                data_seed: 1,
-                steps: 2,
-                update: true,
-                timeout: Duration::from_secs(10),
-                mode,
-            };
+            let t = training(chunks, 2, mode);
             train(&program, run.as_ref(), &t, None)
                 .into_iter()
                 .map(|o| o.unwrap_or_else(|e| panic!("{expr} ({mode:?}): {e}")))

@@ -179,12 +179,8 @@ pub fn fallback(input: &Input) -> TokenStream {
 
 /// The path of the input's `mode`.
 fn mode_tokens(input: &Input) -> TokenStream {
-    match input.mode {
-        mpipe_core::simulate::Mode::Rendezvous => {
-            quote! { ::mpipe::core::simulate::Mode::Rendezvous }
-        }
-        mpipe_core::simulate::Mode::Eager => quote! { ::mpipe::core::simulate::Mode::Eager },
-    }
+    let variant = format_ident!("{}", format!("{:?}", input.mode));
+    quote! { ::mpipe::core::simulate::Mode::#variant }
 }
 
 /// `llm.0` -> `LLM_0`, `vision` -> `VISION`.

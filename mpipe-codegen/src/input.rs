@@ -146,10 +146,12 @@ impl Parse for Input {
                     )),
                 },
                 "schedule" => out.schedule = Some(value),
-                "mode" => match syn::parse2::<Ident>(value.clone()) {
-                    Ok(id) if id == "rendezvous" => out.mode = Mode::Rendezvous,
-                    Ok(id) if id == "eager" => out.mode = Mode::Eager,
-                    _ => out.errors.push(syn::Error::new_spanned(
+                "mode" => match syn::parse2::<Ident>(value.clone())
+                    .ok()
+                    .and_then(|id| Mode::from_name(&id.to_string()))
+                {
+                    Some(mode) => out.mode = mode,
+                    None => out.errors.push(syn::Error::new_spanned(
                         value,
                         "`mode` is `rendezvous` (the default: a send waits for its receive, as HCCL's do) \
                          or `eager` (a send never waits), e.g. `mode = eager;`",

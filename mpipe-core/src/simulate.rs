@@ -72,6 +72,28 @@ pub enum Mode {
     Eager,
 }
 
+impl Mode {
+    /// The modes by name, as program-format.md and every front end spell them.
+    pub const NAMES: [(&'static str, Mode); 2] =
+        [("rendezvous", Mode::Rendezvous), ("eager", Mode::Eager)];
+
+    /// The mode's name: `rendezvous` or `eager`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mode::Rendezvous => "rendezvous",
+            Mode::Eager => "eager",
+        }
+    }
+
+    /// The mode named `name`, if any.
+    pub fn from_name(name: &str) -> Option<Mode> {
+        Mode::NAMES
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, m)| m)
+    }
+}
+
 /// Communication cost model: a transfer of `bytes` takes `latency + bytes / bandwidth`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct CommModel {

@@ -84,13 +84,13 @@ pub trait HostComm: Comm<Error = Error> + Send {
 pub fn default_mode() -> Result<Mode, Error> {
     match std::env::var("MPIPE_COMM_MODE") {
         Err(_) => Ok(Mode::Rendezvous),
-        Ok(v) => match v.trim() {
-            "" | "rendezvous" => Ok(Mode::Rendezvous),
-            "eager" => Ok(Mode::Eager),
-            other => Err(Error::Setup(format!(
-                "MPIPE_COMM_MODE={other:?}: expected `rendezvous` or `eager`"
-            ))),
-        },
+        Ok(v) if v.trim().is_empty() => Ok(Mode::Rendezvous),
+        Ok(v) => Mode::from_name(v.trim()).ok_or_else(|| {
+            Error::Setup(format!(
+                "MPIPE_COMM_MODE={:?}: expected `rendezvous` or `eager`",
+                v.trim()
+            ))
+        }),
     }
 }
 

@@ -36,13 +36,6 @@ fn pretty(v: &Value) -> String {
     serde_json::to_string_pretty(v).unwrap_or_default()
 }
 
-fn mode_name(mode: Mode) -> &'static str {
-    match mode {
-        Mode::Rendezvous => "rendezvous",
-        Mode::Eager => "eager",
-    }
-}
-
 fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
@@ -153,7 +146,7 @@ pub fn check(file: &str, mode: Mode, as_json: bool) -> Result<u8, Failure> {
         errln!(
             "{label}: invalid, {} (termination checked under {} semantics):",
             plural(violations.len(), "violation", "violations"),
-            mode_name(mode)
+            mode.name()
         );
         for v in &violations {
             errln!("  {v}");
@@ -169,7 +162,7 @@ fn report_json(l: &Loaded, r: &SimReport, mode: Mode) -> Value {
         "expr": l.program.source.as_ref().map(|s| s.expr.as_str()),
         "ranks": l.program.ranks,
         "microbatches": l.program.microbatches,
-        "mode": mode_name(mode),
+        "mode": mode.name(),
         "makespan": r.makespan,
         "bubble": r.bubble,
         "peak_memory": r.peak_memory,
@@ -315,7 +308,7 @@ pub fn compare(
                 "model": model.display().to_string(),
                 "ranks": ranks,
                 "microbatches": mbs,
-                "mode": mode_name(mode),
+                "mode": mode.name(),
                 "baseline": baseline.map(|(e, _)| e),
                 "schedules": schedules,
                 "errors": errors,

@@ -212,10 +212,7 @@ fn print_summary(done: &[Done], markdown: bool, mode: Mode) {
             outln!("| {} |", r.join(" | "));
         }
     } else {
-        let mode = match mode {
-            Mode::Rendezvous => "rendezvous",
-            Mode::Eager => "eager",
-        };
+        let mode = mode.name();
         outln!("\nsummary (simulated step time; {mode} semantics, each profile's link)");
         let mut t = Table::new(&header);
         t.left(3);
