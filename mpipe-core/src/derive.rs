@@ -472,7 +472,7 @@ fn eval(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> 
                     GenError::Microbatches { .. } | GenError::NoMicrobatches => {
                         ErrorKind::Microbatches
                     }
-                    GenError::Chunks(_) => ErrorKind::BadArgument,
+                    GenError::Chunks(_) | GenError::Ramp(_) => ErrorKind::BadArgument,
                     GenError::Units(_) => ErrorKind::Profile,
                 };
                 errors.push(err(kind, e.span, format!("`{e}`: {g}")));
@@ -621,7 +621,7 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
                     v: chunks,
                     vshape,
                     lockstep,
-                    encoders: [Weave::Inline, Weave::Spread, Weave::Chain][weave],
+                    encoders: Weave::ALL[weave],
                 },
                 Err((v, message)) => {
                     errors.push(err(ErrorKind::BadArgument, v.span(), message));

@@ -3,8 +3,9 @@
 //! The search space ([`candidates`]) is every body generator (`1f1b`, `gpipe`, `zbh1`,
 //! `zbv`, `dualpipev`, `interleaved(v = 2..4)` and `v = 5..8` where the chunks split
 //! the layers evenly, `zb2p` with one chunk (also in lockstep, `costs = unit`), two
-//! looped and two in a V, and `zb2p(encoders = spread)` and `zb2p(encoders =
-//! chain)`, which place the encoders themselves, in five forms), the
+//! looped and two in a V, and `zb2p(encoders = spread | chain | ramp)`, which place
+//! the encoders themselves, in seven forms, `ramp` never under `balance` as it
+//! chooses the split itself), the
 //! fused-backward bodies also under `split_w`, and for each encoder of the profile every placement the operators offer:
 //! inline (the body's own), `transpose` with each owner mode (`spare` too) and, for a trainable
 //! encoder, each backward mode (modes that cannot differ, such as owners when
@@ -63,6 +64,13 @@ const WOVEN: [&str; 5] = [
     "zb2p(encoders = spread, layout = v)",
     "zb2p(encoders = chain)",
     "zb2p(encoders = chain, costs = unit)",
+];
+
+/// Woven bodies that choose the stage split themselves: not under `balance`, and
+/// not when the profile fixes the split.
+const RAMP: [&str; 2] = [
+    "zb2p(encoders = ramp)",
+    "zb2p(encoders = ramp, costs = unit)",
 ];
 
 /// Every expression `auto` considers for `profile` on `ranks` x `microbatches`, in the
@@ -186,6 +194,9 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
                     out.push(y);
                 }
             }
+        }
+        if profile.llm.layout.is_none() {
+            out.extend(RAMP.iter().map(|b| b.to_string()));
         }
     }
     out

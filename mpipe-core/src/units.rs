@@ -299,20 +299,37 @@ pub fn build_units(
 /// the encoder's `output` size (the profile has no other figure for a layer's
 /// output). The result is never empty (an encoder has at least one layer).
 pub fn encoder_chunks(spec: &EncoderProfile, load: &[f64], first_home: usize) -> Vec<Unit> {
-    let ranks = load.len();
+    chunks_of(spec, &water_fill(spec, load), first_home)
+}
+
+/// How many of encoder `spec`'s layers each rank takes, by water-filling on `load`
+/// (see [`encoder_chunks`]).
+pub(crate) fn water_fill(spec: &EncoderProfile, load: &[f64]) -> Vec<u32> {
     let mut load = load.to_vec();
-    let per_layer = spec.forward
-        + if spec.trainable {
-            spec.backward + spec.weight.unwrap_or(0.0)
-        } else {
-            0.0
-        };
-    let mut layers = vec![0u32; ranks];
+    let per_layer = encoder_layer_work(spec);
+    let mut layers = vec![0u32; load.len()];
     for _ in 0..spec.layers {
         let r = least_loaded(&load);
         load[r] += per_layer;
         layers[r] += 1;
     }
+    layers
+}
+
+/// One layer of encoder `spec`'s work per micro-batch: `F`, and `B + W` if it trains.
+pub(crate) fn encoder_layer_work(spec: &EncoderProfile) -> f64 {
+    spec.forward
+        + if spec.trainable {
+            spec.backward + spec.weight.unwrap_or(0.0)
+        } else {
+            0.0
+        }
+}
+
+/// Encoder `spec` cut into chunks of `layers[r]` layers on rank `r`, chained as
+/// [`encoder_chunks`] says (ranks with no layers skipped).
+pub fn chunks_of(spec: &EncoderProfile, layers: &[u32], first_home: usize) -> Vec<Unit> {
+    let ranks = layers.len();
     let path = (0..ranks)
         .rev()
         .map(|d| (first_home + d) % ranks)

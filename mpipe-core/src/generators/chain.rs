@@ -11,7 +11,7 @@
 use crate::plan::UnitId;
 use crate::profile::Profile;
 use crate::program::Unit;
-use crate::units::{encoder_chunks, replace_with_chunks};
+use crate::units::{chunks_of, encoder_layer_work, replace_with_chunks, water_fill};
 
 /// The units with one encoder cut into chunks.
 pub struct Chained {
@@ -27,24 +27,23 @@ pub struct Chained {
 
 /// Cut the heaviest encoder feeding the first stage into chunks over `ranks` ranks.
 /// `units` are [`crate::units::build_units`]'s: the profile's encoders, in order, then
-/// the stages. `None` when no encoder feeds the first stage.
-pub fn cut(profile: &Profile, units: &[Unit], ranks: usize) -> Option<Chained> {
+/// the stages. The chunk sizes are `layers` (per rank) if given, else water-filled on
+/// each rank's work. `None` when no encoder feeds the first stage.
+pub fn cut(
+    profile: &Profile,
+    units: &[Unit],
+    ranks: usize,
+    layers: Option<&[u32]>,
+) -> Option<Chained> {
     let n_enc = profile.encoders.len();
     let first = units.get(n_enc)?;
-    let e = (0..n_enc)
-        .filter(|&i| first.inputs.contains(&units[i].name))
-        .max_by(|&a, &b| units[a].work().total_cmp(&units[b].work()).then(b.cmp(&a)))?;
+    let e = chained_encoder(units, n_enc)?;
     let spec = &profile.encoders[e];
-    // Each rank's work per micro-batch before the chunks.
-    let mut load = vec![0.0f64; ranks];
-    for (i, u) in units.iter().enumerate() {
-        if i >= n_enc {
-            load[u.home] += u.work();
-        } else if i != e {
-            load[first.home] += u.work();
-        }
-    }
-    let chunks = encoder_chunks(spec, &load, first.home);
+    let layers = match layers {
+        Some(l) => l.to_vec(),
+        None => water_fill(spec, &load_before_chunks(units, n_enc, e, ranks)),
+    };
+    let chunks = chunks_of(spec, &layers, first.home);
     let n = chunks.len();
     // Chunks first, then the other encoders, then the stages.
     let out = replace_with_chunks(units, e, chunks);
@@ -56,5 +55,237 @@ pub fn cut(profile: &Profile, units: &[Unit], ranks: usize) -> Option<Chained> {
         chunks,
         encoders,
         stages,
+    })
+}
+
+/// The encoder a chain cuts: the heaviest one feeding the first stage (`units[n_enc]`),
+/// the earlier on ties.
+fn chained_encoder(units: &[Unit], n_enc: usize) -> Option<usize> {
+    let first = units.get(n_enc)?;
+    (0..n_enc)
+        .filter(|&i| first.inputs.contains(&units[i].name))
+        .max_by(|&a, &b| units[a].work().total_cmp(&units[b].work()).then(b.cmp(&a)))
+}
+
+/// Each rank's work per micro-batch before encoder `e`'s chunks: its stages, and the
+/// other encoders on the first stage's rank.
+fn load_before_chunks(units: &[Unit], n_enc: usize, e: usize, ranks: usize) -> Vec<f64> {
+    let first_home = units[n_enc].home;
+    let mut load = vec![0.0f64; ranks];
+    for (i, u) in units.iter().enumerate() {
+        if i >= n_enc {
+            load[u.home] += u.work();
+        } else if i != e {
+            load[first_home] += u.work();
+        }
+    }
+    load
+}
+
+/// A stage split of the LLM and chunk sizes of its chained encoder chosen together
+/// (`zb2p(encoders = ramp)`), with the step time the model below predicts for them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RampSplit {
+    /// Transformer layers of each stage (one stage per rank, in pipeline order).
+    pub llm: Vec<usize>,
+    /// Encoder layers of each rank's chunk.
+    pub chunks: Vec<u32>,
+    /// The predicted step time.
+    pub floor: f64,
+}
+
+impl RampSplit {
+    /// The split as an `llm.layout` string (`E` on the first stage, `L` on the last).
+    pub fn layout(&self) -> String {
+        let stages: Vec<String> = self.llm.iter().map(|&l| "t".repeat(l)).collect();
+        format!("E{}L", stages.join("|"))
+    }
+}
+
+/// What the ramp model reads from a profile, per micro-batch.
+struct RampCosts {
+    ranks: usize,
+    microbatches: f64,
+    /// An LLM layer's `F` and `F + B + W`.
+    layer_f: f64,
+    layer_work: f64,
+    /// A chained-encoder layer's `F` and its work ([`encoder_layer_work`]).
+    enc_f: f64,
+    enc_work: f64,
+    /// Extra `F` and work on the first rank (embedding, other encoders inline) and
+    /// on the last (LM head).
+    first_f: f64,
+    first_work: f64,
+    last_f: f64,
+    last_work: f64,
+    /// One hop of the LLM's hidden state and of a chunk's output.
+    hop: f64,
+    enc_hop: f64,
+}
+
+impl RampCosts {
+    /// The step time a chained split would take if nothing but the warm-up ramp
+    /// idled: rank `r`'s first LLM forward can start no earlier than `R_r` (micro-batch
+    /// 0 through every chunk, then through stages `0..r`); before it, the rank can
+    /// only run its chunk's forwards, of the micro-batches the chunks upstream have
+    /// passed on by then (they flow at the pace of the slowest upstream chunk). It
+    /// predicts rank `r` to end at `R_r - fill_r + work_r`, and the step at the
+    /// latest. The cool-down is left out: the `W`s deferred there fill it. This is a
+    /// model, not a bound: `zb2p`'s list schedule with asynchronous sends comes within
+    /// a few milliseconds of it on Qwen2-VL-7B (`profiles/qwen2vl-7b.toml`).
+    fn floor(&self, llm: &[usize], chunks: &[u32]) -> f64 {
+        let p = self.ranks;
+        let m = self.microbatches;
+        let mut ramp = chunks
+            .iter()
+            .map(|&n| f64::from(n) * self.enc_f)
+            .sum::<f64>()
+            + chunks.iter().filter(|&&n| n > 0).count().saturating_sub(1) as f64 * self.enc_hop;
+        let mut end = 0.0f64;
+        for r in 0..p {
+            let n = f64::from(chunks[r]);
+            let upstream = chunks[r + 1..]
+                .iter()
+                .map(|&q| f64::from(q) * self.enc_f)
+                .fold(0.0, f64::max);
+            let ready = if upstream > 0.0 {
+                (ramp / upstream).min(m)
+            } else {
+                m
+            };
+            let fill = (n * self.enc_f * ready).min(ramp);
+            let mut work = llm[r] as f64 * self.layer_work + n * self.enc_work;
+            let mut f = llm[r] as f64 * self.layer_f;
+            if r == 0 {
+                work += self.first_work;
+                f += self.first_f;
+            }
+            if r + 1 == p {
+                work += self.last_work;
+                f += self.last_f;
+            }
+            end = end.max(ramp - fill + m * work);
+            ramp += f + self.hop;
+        }
+        end
+    }
+}
+
+/// The stage split and chunk sizes for `zb2p(encoders = ramp)`, one stage per rank.
+///
+/// With the balanced split and water-filled chunks every rank's total work is even,
+/// but the middle ranks, whose chunks are small, idle through most of their warm-up
+/// ramp: on Qwen2-VL-7B (8 x 32) that idling is what keeps the step 4.8% above the
+/// bound even with asynchronous sends. Here the split and the chunks are chosen
+/// together to minimise [`RampCosts::floor`]: a local search from the balanced
+/// split with water-filled chunks, whose moves shift one LLM layer from one rank to
+/// another together with up to a stage's worth of encoder layers back, or one to
+/// three encoder layers alone; it takes the best move while one improves the
+/// prediction by more than a microsecond. Every stage keeps at least one layer.
+/// Deterministic (the first best move in rank order). `None` when the units have
+/// no encoder to chain or the LLM has fewer layers than ranks.
+pub fn ramp_split(
+    profile: &Profile,
+    units: &[Unit],
+    ranks: usize,
+    microbatches: usize,
+) -> Option<RampSplit> {
+    let n_enc = profile.encoders.len();
+    let e = chained_encoder(units, n_enc)?;
+    let llm = &profile.llm;
+    if ranks < 2 || (llm.layers as usize) < ranks || units.len() != n_enc + ranks {
+        return None;
+    }
+    let spec = &profile.encoders[e];
+    let extra = |x: &Option<crate::profile::Extra>| {
+        x.as_ref().map_or((0.0, 0.0), |x| {
+            (x.forward, x.forward + x.backward + x.weight)
+        })
+    };
+    let (ef, ew) = extra(&llm.first_stage_extra);
+    let (lf, lw) = extra(&llm.last_stage_extra);
+    let others = (0..n_enc).filter(|&i| i != e).map(|i| &units[i]);
+    let (of, ow) = others.fold((0.0, 0.0), |(f, w), u| (f + u.cost.f, w + u.work()));
+    let hop = |bytes: f64| {
+        profile.link.as_ref().map_or(0.0, |l| {
+            l.latency
+                + if l.bandwidth > 0.0 {
+                    bytes / l.bandwidth
+                } else {
+                    0.0
+                }
+        })
+    };
+    let costs = RampCosts {
+        ranks,
+        microbatches: microbatches as f64,
+        layer_f: llm.forward,
+        layer_work: llm.forward + llm.backward + llm.weight,
+        enc_f: spec.forward,
+        enc_work: encoder_layer_work(spec),
+        first_f: ef + of,
+        first_work: ew + ow,
+        last_f: lf,
+        last_work: lw,
+        hop: hop(llm.output),
+        enc_hop: hop(spec.output),
+    };
+    // Start: the stages' layers as built (read back from their work), the chunks
+    // water-filled.
+    let per_layer = costs.layer_work;
+    if per_layer <= 0.0 {
+        return None;
+    }
+    let mut split: Vec<usize> = units[n_enc..]
+        .iter()
+        .enumerate()
+        .map(|(k, u)| {
+            let first = if k == 0 { ew } else { 0.0 };
+            let last = if k + 1 == ranks { lw } else { 0.0 };
+            ((u.work() - first - last) / per_layer).round().max(0.0) as usize
+        })
+        .collect();
+    if split.iter().sum::<usize>() != llm.layers as usize || split.contains(&0) {
+        return None;
+    }
+    let mut chunks = water_fill(spec, &load_before_chunks(units, n_enc, e, ranks));
+    let mut best = costs.floor(&split, &chunks);
+    // Encoder layers worth one LLM layer, and a few more.
+    let trade = (per_layer / costs.enc_work.max(1e-9)).ceil() as u32 + 2;
+    loop {
+        let mut step: Option<(f64, Vec<usize>, Vec<u32>)> = None;
+        let mut consider = |l: Vec<usize>, c: Vec<u32>| {
+            let f = costs.floor(&l, &c);
+            if f < best - 1e-3 && step.as_ref().is_none_or(|s| f < s.0) {
+                step = Some((f, l, c));
+            }
+        };
+        for a in 0..ranks {
+            for b in (0..ranks).filter(|&b| b != a) {
+                if split[a] > 1 {
+                    for k in 0..=trade.min(chunks[b]) {
+                        let (mut l, mut c) = (split.clone(), chunks.clone());
+                        l[a] -= 1;
+                        l[b] += 1;
+                        c[b] -= k;
+                        c[a] += k;
+                        consider(l, c);
+                    }
+                }
+                for k in 1..=3.min(chunks[a]) {
+                    let mut c = chunks.clone();
+                    c[a] -= k;
+                    c[b] += k;
+                    consider(split.clone(), c);
+                }
+            }
+        }
+        let Some((f, l, c)) = step else { break };
+        (best, split, chunks) = (f, l, c);
+    }
+    Some(RampSplit {
+        llm: split,
+        chunks,
+        floor: best,
     })
 }

@@ -59,11 +59,17 @@ pub enum Weave {
     /// The heaviest encoder cut into layer chunks, one per rank, that run as a
     /// pipeline of their own into the first stage (see [`crate::units::encoder_chunks`]).
     Chain,
+    /// Chained as `Chain`, with the LLM's stage split and the chunk sizes chosen
+    /// together so that the chunks' forwards fill each rank's warm-up ramp
+    /// ([`chain::ramp_split`]); one stage per rank.
+    Ramp,
 }
 
 impl Weave {
     /// The value's spelling in `encoders = ..`.
-    pub const NAMES: [&'static str; 3] = ["inline", "spread", "chain"];
+    pub const NAMES: [&'static str; 4] = ["inline", "spread", "chain", "ramp"];
+    /// The values, in the order of [`Weave::NAMES`].
+    pub const ALL: [Weave; 4] = [Weave::Inline, Weave::Spread, Weave::Chain, Weave::Ramp];
 
     pub fn name(self) -> &'static str {
         Self::NAMES[self as usize]
@@ -153,6 +159,10 @@ pub enum GenError {
     Chunks(usize),
     #[error("at least one micro-batch is needed")]
     NoMicrobatches,
+    #[error(
+        "`zb2p(encoders = ramp)` chooses the stage split itself, with one stage per rank: {0}"
+    )]
+    Ramp(&'static str),
 }
 
 /// What a generator sees.
@@ -211,7 +221,31 @@ pub fn generate(
         BodyKind::Zb2p {
             encoders: Weave::Chain,
             ..
-        } => chain::cut(profile, &units, ranks),
+        } => chain::cut(profile, &units, ranks, None),
+        BodyKind::Zb2p {
+            encoders: Weave::Ramp,
+            v,
+            vshape,
+            ..
+        } => {
+            if v != 1 || vshape {
+                return Err(GenError::Ramp("drop `v` and `layout`"));
+            }
+            if profile.llm.layout.is_some() {
+                return Err(GenError::Ramp(
+                    "the profile fixes it with `llm.layout`; use `encoders = chain`",
+                ));
+            }
+            match chain::ramp_split(profile, &units, ranks, microbatches) {
+                Some(split) => {
+                    let mut own = profile.clone();
+                    own.llm.layout = Some(split.layout());
+                    let units = build_units(&own, ranks, 1, kind.layout())?;
+                    chain::cut(&own, &units, ranks, Some(&split.chunks))
+                }
+                None => chain::cut(profile, &units, ranks, None),
+            }
+        }
         _ => None,
     };
     // The units, the encoders left to place, the LLM stages and the stages the body
