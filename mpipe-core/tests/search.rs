@@ -253,8 +253,9 @@ fn auto_is_within_five_percent_of_the_bound_where_microbatches_are_twice_the_ran
 
 /// `profiles/qwen2vl-7b.toml` at its intended 8 x 32, where the trainable ViT weighs
 /// about one stage: with asynchronous sends `auto` cuts the encoder into a chain of
-/// layer chunks woven into the schedule (`zb2p(encoders = chain)`), within 5% of
-/// the bound (1.048; the guide quotes it). Under rendezvous (the spec's default)
+/// layer chunks woven into the schedule, with the stage split and chunk sizes
+/// chosen together (`zb2p(encoders = ramp)`), within 5% of the bound (1.037; the
+/// guide quotes it). Under rendezvous (the spec's default)
 /// the lockstep form of the chain is the fastest, 1.100 (a regression guard; issue
 /// 6 asks for 1.05 there too).
 #[test]
@@ -264,9 +265,9 @@ fn auto_chains_a_stage_sized_encoder() {
     let mut req = Request::new(&profile, 8, 32);
     req.mode = mpipe_core::simulate::Mode::Eager;
     let d = derive_str(&req, "auto").unwrap();
-    assert!(d.expr.contains("encoders = chain"), "{}", d.expr);
+    assert!(d.expr.contains("encoders = ramp"), "{}", d.expr);
     let ratio = d.report.makespan / d.bound.value();
-    assert!(ratio <= 1.05, "{}: {ratio:.4}", d.expr);
+    assert!(ratio <= 1.0375, "{}: {ratio:.4}", d.expr);
 
     req.mode = mpipe_core::simulate::Mode::Rendezvous;
     let d = derive_str(&req, "auto").unwrap();

@@ -92,6 +92,9 @@ pub struct RampSplit {
     pub chunks: Vec<u32>,
     /// The predicted step time.
     pub floor: f64,
+    /// The prediction for where the search started: the units' own split with
+    /// water-filled chunks (what `encoders = chain` runs). Never below `floor`.
+    pub start: f64,
 }
 
 impl RampSplit {
@@ -249,7 +252,8 @@ pub fn ramp_split(
         return None;
     }
     let mut chunks = water_fill(spec, &load_before_chunks(units, n_enc, e, ranks));
-    let mut best = costs.floor(&split, &chunks);
+    let start = costs.floor(&split, &chunks);
+    let mut best = start;
     // Encoder layers worth one LLM layer, and a few more.
     let trade = (per_layer / costs.enc_work.max(1e-9)).ceil() as u32 + 2;
     loop {
@@ -287,5 +291,6 @@ pub fn ramp_split(
         llm: split,
         chunks,
         floor: best,
+        start,
     })
 }

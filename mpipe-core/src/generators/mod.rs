@@ -16,6 +16,8 @@ mod zb2p;
 mod zbh1;
 mod zbv;
 
+pub use chain::{ramp_split, RampSplit};
+
 use crate::plan::{Layout, Plan, Task, UnitId};
 use crate::profile::Profile;
 use crate::program::{Op, Unit};
