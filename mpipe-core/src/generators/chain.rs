@@ -11,6 +11,7 @@
 use crate::plan::UnitId;
 use crate::profile::Profile;
 use crate::program::Unit;
+use crate::simulate::CommModel;
 use crate::units::{chunks_of, encoder_layer_work, replace_with_chunks, water_fill};
 
 /// The units with one encoder cut into chunks.
@@ -209,16 +210,12 @@ pub fn ramp_split(
     let (lf, lw) = extra(&llm.last_stage_extra);
     let others = (0..n_enc).filter(|&i| i != e).map(|i| &units[i]);
     let (of, ow) = others.fold((0.0, 0.0), |(f, w), u| (f + u.cost.f, w + u.work()));
-    let hop = |bytes: f64| {
-        profile.link.as_ref().map_or(0.0, |l| {
-            l.latency
-                + if l.bandwidth > 0.0 {
-                    bytes / l.bandwidth
-                } else {
-                    0.0
-                }
-        })
-    };
+    // The simulator's cost of one transfer (the profile checks the bandwidth > 0).
+    let link = profile.link.as_ref().map(|l| CommModel {
+        latency: l.latency,
+        bandwidth: l.bandwidth,
+    });
+    let hop = |bytes: f64| link.map_or(0.0, |c| c.transfer_time(bytes));
     let costs = RampCosts {
         ranks,
         microbatches: microbatches as f64,
