@@ -968,7 +968,7 @@ fn encoder_and_plan<'e>(
             enc.span,
             format!(
                 "`{enc}` is no longer one unit in this body: it was cut into layer chunks \
-                 (`{enc}.0`, `{enc}.1`, ..) by `chain` or `zb2p(encoders = chain)`; apply \
+                 (`{enc}.0`, `{enc}.1`, ..) by `chain` or `zb2p(encoders = chain | ramp)`; apply \
                  `{}` to a body that keeps the encoder whole",
                 e.name()
             ),
