@@ -30,6 +30,7 @@ mpipe::schedule! { mod refine_s { model = "profiles/encoder-heavy.toml"; ranks =
 mpipe::schedule! { mod inter_eager { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, interleaved(v = 2)); mode = eager; } }
 mpipe::schedule! { mod inter_rdv { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, interleaved(v = 2)); mode = rendezvous; } }
 mpipe::schedule! { mod from_file_eager { program = "tests/profiles/tiny-program.json"; mode = eager; } }
+mpipe::schedule! { mod layers_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = refine(layers(transpose(vision, zbh1))); } }
 mpipe::schedule! { mod auto_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = auto; } }
 
 /// The calls the derived program implies for `rank`: one per compute or collective
@@ -137,6 +138,7 @@ fn generated_code_runs_the_derived_program() {
         from_file,
         zb2p_s,
         refine_s,
+        layers_s,
         auto_s,
         inter_eager,
         from_file_eager
@@ -230,6 +232,10 @@ fn compile_time_program_equals_run_time_derivation() {
     assert_eq!(transpose_s::UNITS[0], "vision");
     assert_eq!(transpose_s::units::VISION, 0);
     assert_eq!(transpose_s::units::LLM_0, 1);
+    // Cut layer by layer, units are named by model layer.
+    assert!(layers_s::UNITS.contains(&"llm/0"));
+    assert!(layers_s::UNITS.contains(&"vision/0"));
+    let _ = layers_s::units::LLM_0;
     let d = mpipe::core::derive::derive_str(&req, "transpose(vision, 1f1b)").unwrap();
     assert_eq!(transpose_s::MAKESPAN, d.report.makespan);
     assert_eq!(transpose_s::PEAK_MEMORY.to_vec(), d.report.peak_memory);

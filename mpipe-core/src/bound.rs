@@ -25,8 +25,9 @@
 //!   that path depend on each other.
 //!
 //! The other two hold for every *pipeline-parallel* program: one in which each LLM
-//! stage unit (`llm.N`, as model-format.md names them) computes only on its home rank,
-//! while encoders may compute anywhere. Every program mpipe derives is one.
+//! stage unit (`llm.N`, as model-format.md names them, or a layer of one, `llm/N`, as
+//! `layers` cuts them) computes only on its home rank, while encoders may compute
+//! anywhere. Every program mpipe derives is one.
 //!
 //! - **rank** (a one-machine relaxation): each rank `r` runs its stages' tasks
 //!   one at a time, and each task type `j` of them (a unit's `F`, `B` or `W`) has a
@@ -151,11 +152,16 @@ impl Bound {
     }
 }
 
-/// Whether `unit` is an LLM stage (pinned to its home in a pipeline-parallel program).
+/// Whether `unit` is part of the LLM pinned to its home in a pipeline-parallel
+/// program: a stage (`llm.N`) or, cut by `layers`, one of its layers (`llm/N`,
+/// `llm/first_stage_extra`, `llm/last_stage_extra`).
 pub fn is_stage(unit: &Unit) -> bool {
-    unit.name
-        .strip_prefix("llm.")
-        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+    let digits = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
+    unit.name.strip_prefix("llm.").is_some_and(digits)
+        || unit
+            .name
+            .strip_prefix("llm/")
+            .is_some_and(|n| digits(n) || n == "first_stage_extra" || n == "last_stage_extra")
 }
 
 /// Release times and tails of every unit's task types.

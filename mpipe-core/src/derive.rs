@@ -17,6 +17,7 @@ use crate::lower::{assemble, placement_of, prepare, Placed, Placement};
 use crate::operators::chain::{chain, ChainError};
 use crate::operators::fill::fill;
 use crate::operators::host::{host, Host};
+use crate::operators::layers::layers;
 use crate::operators::prefetch::prefetch;
 use crate::operators::split_w::split_w;
 use crate::operators::transpose::{transpose, Backward, Owners};
@@ -29,7 +30,7 @@ use crate::verify::verify_static;
 use proc_macro2::Span;
 
 /// Operator names the language reserves.
-pub const OPERATOR_NAMES: [&str; 9] = [
+pub const OPERATOR_NAMES: [&str; 10] = [
     "transpose",
     "fill",
     "chain",
@@ -37,6 +38,7 @@ pub const OPERATOR_NAMES: [&str; 9] = [
     "split_w",
     "balance",
     "prefetch",
+    "layers",
     "refine",
     "auto",
 ];
@@ -486,6 +488,7 @@ fn eval(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> 
     match name {
         "transpose" => eval_transpose(req, e, errors),
         "split_w" => eval_split_w(req, e, errors),
+        "layers" => eval_layers(req, e, errors),
         "auto" | "refine" => {
             errors.push(err(
                 ErrorKind::BadArgument,
@@ -685,7 +688,7 @@ fn one_body<'e>(
 ) -> Option<&'e Expr> {
     let pos: Vec<&Expr> = e.positional().collect();
     if let [body] = pos[..] {
-        return Some(body);
+        return outermost_layers(e, body, errors).then_some(body);
     }
     errors.push(err(
         ErrorKind::BadArgument,
@@ -700,6 +703,13 @@ fn one_body<'e>(
         eval(req, p, errors);
     }
     None
+}
+
+fn eval_layers(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    no_keys(e, "layers(SCHEDULE)", errors);
+    let body = one_body(req, e, "layers(zbh1)", errors)?;
+    let plan = eval(req, body, errors)?;
+    Some(layers(plan, req.profile))
 }
 
 fn eval_split_w(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
@@ -762,7 +772,7 @@ fn encoder_and_body<'e>(
     errors: &mut Vec<DeriveError>,
 ) -> Option<(&'e Expr, &'e Expr)> {
     if let [enc, body] = pos {
-        return Some((enc, body));
+        return outermost_layers(e, body, errors).then_some((enc, body));
     }
     errors.push(err(
         ErrorKind::BadArgument,
@@ -777,6 +787,24 @@ fn encoder_and_body<'e>(
         eval(req, p, errors);
     }
     None
+}
+
+/// `layers` cuts units into layers, after which no operator finds the units it
+/// names: it goes around a whole schedule (only `refine` may go around it). False,
+/// with an error, when `body` (an argument of `e`) is a `layers`.
+fn outermost_layers(e: &Expr, body: &Expr, errors: &mut Vec<DeriveError>) -> bool {
+    if body.name() != "layers" || matches!(e.name(), "layers" | "refine") {
+        return true;
+    }
+    errors.push(err(
+        ErrorKind::BadArgument,
+        body.span,
+        format!(
+            "`layers` must be outermost (only `refine` may go around it): write `layers({name}(..))`, not `{name}(.., layers(..))`",
+            name = e.name()
+        ),
+    ));
+    false
 }
 
 /// Whether `enc` names an encoder of the profile (else an error says which do).

@@ -25,8 +25,10 @@
 use crate::analysis::{dependencies, timing};
 use crate::derive::{finish, plan_of, DeriveError, Derived, ErrorKind, Request};
 use crate::expr::{parse_str, Expr};
+use crate::operators::layers::layers;
 use crate::plan::Plan;
 use crate::profile::Profile;
+use crate::simulate::Mode;
 use std::cell::Cell;
 
 /// Candidates whose transfers `auto` refines by simulation (the fastest before
@@ -364,11 +366,27 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             .then(a.2.cmp(&b.2))
     });
     let mut refined: Option<(f64, f64, usize, Derived)> = None;
+    let span = proc_macro2::Span::call_site();
     for (_, _, order, slot, plan) in finalists.into_iter().take(FINALISTS) {
         let text = format!("refine({})", tried[slot].expr);
-        let span = proc_macro2::Span::call_site();
         if let Ok(d) = finish(req, &plan, &text, span, true) {
             keep_better(&mut refined, d, order);
+        }
+        // Under rendezvous, the same layer by layer (see `operators::layers`): its
+        // ideal time is the plan's, but transfers find better meeting points.
+        if req.mode == Mode::Rendezvous {
+            let fine = layers(plan, req.profile);
+            for refine in [false, true] {
+                let inner = format!("layers({})", tried[slot].expr);
+                let text = if refine {
+                    format!("refine({inner})")
+                } else {
+                    inner
+                };
+                if let Ok(d) = finish(req, &fine, &text, span, refine) {
+                    keep_better(&mut refined, d, order);
+                }
+            }
         }
     }
     // Only a strict gain is worth the longer name.

@@ -4,6 +4,7 @@
 pub mod chain;
 pub mod fill;
 pub mod host;
+pub mod layers;
 pub mod prefetch;
 pub mod split_w;
 pub mod transpose;

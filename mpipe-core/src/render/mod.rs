@@ -15,7 +15,8 @@
 //!   timeline shorter than the program) is not drawn, and extra slots are ignored.
 //!
 //! How units are classified, shared by both renderers:
-//! - an *encoder* is a unit whose name does not start with `llm.` and whose
+//! - an *encoder* is a unit whose name does not start with `llm.` or `llm/` (a layer
+//!   of the LLM, as `layers` names them) and whose
 //!   `inputs` are all encoders (none, for a whole encoder; the previous chunk, for
 //!   a chunk of an encoder cut by `chain`); every other unit (pipeline stages,
 //!   chunks, projectors, and units the program does not declare) belongs to the
@@ -64,7 +65,7 @@ pub(crate) fn encoders(units: &[Unit]) -> Vec<bool> {
             .inputs
             .iter()
             .all(|x| units.iter().zip(&out).any(|(v, &enc)| enc && v.name == *x));
-        out.push(upstream && !u.name.starts_with("llm."));
+        out.push(upstream && !u.name.starts_with("llm.") && !u.name.starts_with("llm/"));
     }
     out
 }

@@ -2,8 +2,9 @@
 //!
 //! [`gantt_svg`] draws the figure pipeline-parallelism papers draw: one row per
 //! rank (rank 0 on top, labelled `rank 0`, `rank 1`...), time on the x axis with a
-//! tick axis, and one box per compute action from its start to its end, coloured
-//! by kind:
+//! tick axis, and one box per compute action from its start to its end (a run of
+//! layer tasks of a program cut by `layers` drawn as one box, see [`runs`]),
+//! coloured by kind:
 //!
 //! | kind | LLM family | encoder |
 //! | --- | --- | --- |
@@ -41,7 +42,7 @@ use std::fmt::Write;
 
 use super::{fmt_num, placed, unit_looks, UnitLook};
 use crate::program::{Action, ActionRef, Op, Program, Tensor};
-use crate::timeline::Timeline;
+use crate::timeline::{Slot, Timeline};
 
 /// Layout and text of a Gantt chart.
 #[derive(Clone, Debug, PartialEq)]
@@ -241,6 +242,72 @@ fn label_size_for(w: f64, digits: usize) -> f64 {
 struct LegendItem {
     fills: Vec<Fill>,
     text: String,
+}
+
+/// One drawn box: an action with its slot, or a run of layer tasks drawn as one
+/// (`last` the run's last unit, `slot` from its first start to its last end).
+struct Drawn<'a> {
+    rank: usize,
+    action: &'a Action,
+    slot: Slot,
+    last: Option<&'a str>,
+}
+
+/// The model part a layer unit of `layers` belongs to (`llm` for `llm/12`).
+fn layer_part(unit: &str) -> Option<&str> {
+    unit.rsplit_once('/').map(|(part, _)| part)
+}
+
+/// Every placed action as drawn: consecutive compute actions of one rank with the
+/// same kind and micro-batch, on layer units of the same model part, each starting
+/// when the one before ends (transfers between them that did not wait are not
+/// drawn), as one box.
+fn runs<'a>(p: &'a Program, t: &'a Timeline) -> Vec<Drawn<'a>> {
+    let mut out: Vec<Drawn<'a>> = Vec::new();
+    // Index in `out` of the run that the next compute action may extend.
+    let mut open: Option<usize> = None;
+    for (r, a, s) in placed(p, t) {
+        let next = match a.view() {
+            ActionRef::Compute(c) => c,
+            _ => {
+                if s.end > s.start || out.last().is_some_and(|d| d.rank != r) {
+                    open = None;
+                }
+                out.push(Drawn {
+                    rank: r,
+                    action: a,
+                    slot: s,
+                    last: None,
+                });
+                continue;
+            }
+        };
+        if let Some(i) = open {
+            let d = &out[i];
+            if let ActionRef::Compute(c) = d.action.view() {
+                let joins = d.rank == r
+                    && c.op == next.op
+                    && c.mb == next.mb
+                    && layer_part(c.unit).is_some()
+                    && layer_part(c.unit) == layer_part(next.unit)
+                    && d.slot.end == s.start;
+                if joins {
+                    let d = &mut out[i];
+                    d.slot.end = s.end;
+                    d.last = Some(next.unit);
+                    continue;
+                }
+            }
+        }
+        open = Some(out.len());
+        out.push(Drawn {
+            rank: r,
+            action: a,
+            slot: s,
+            last: None,
+        });
+    }
+    out
 }
 
 /// Render the Gantt chart of program `p` executed as timeline `t` (see the module
@@ -451,12 +518,16 @@ pub fn gantt_svg(p: &Program, t: &Timeline, opts: &SvgOptions) -> String {
     // One label size for the whole chart (mixed sizes read badly): the largest
     // that fits at least half of the boxes, and no labels at all if that is
     // below a legible minimum.
+    // A model cut layer by layer (`layers`) is drawn a box per stage task: the runs
+    // of one rank's layer tasks of one kind, micro-batch and model part that follow
+    // each other without a wait between them are one box.
+    let drawn = runs(p, t);
     let label_size = {
         let mut widths: Vec<f64> = Vec::new();
         let mut digits = 1;
-        for (_, a, s) in placed(p, t) {
-            if let ActionRef::Compute(c) = a.view() {
-                widths.push(box_width((s.end - s.start) * scale));
+        for d in &drawn {
+            if let ActionRef::Compute(c) = d.action.view() {
+                widths.push(box_width((d.slot.end - d.slot.start) * scale));
                 digits = digits.max(c.mb.to_string().len());
             }
         }
@@ -465,7 +536,8 @@ pub fn gantt_svg(p: &Program, t: &Timeline, opts: &SvgOptions) -> String {
         (row_h * 0.46).min(14.0).min(label_size_for(median, digits))
     };
     let mut current_rank = usize::MAX;
-    for (r, a, s) in placed(p, t) {
+    for d in &drawn {
+        let (r, a, s) = (d.rank, d.action, d.slot);
         if r != current_rank {
             if current_rank != usize::MAX {
                 o.push_str("</g>\n");
@@ -497,10 +569,19 @@ pub fn gantt_svg(p: &Program, t: &Timeline, opts: &SvgOptions) -> String {
             } => !p.prefetch.is_empty() && hit(unit, *mb),
             _ => false,
         };
+        let name = match d.last {
+            Some(last) => match a.view() {
+                ActionRef::Compute(c) => {
+                    format!("{}({}..{}, {})", c.op.as_str(), c.unit, last, c.mb)
+                }
+                _ => a.to_string(),
+            },
+            None => a.to_string(),
+        };
         let tip = |what: &str| {
             format!(
                 "{}{} · rank {r} · {what}{} → {} ({})",
-                a,
+                name,
                 if ahead { " for the next step" } else { "" },
                 tm(s.start),
                 tm(s.end),
