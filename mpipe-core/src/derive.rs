@@ -24,7 +24,7 @@ use crate::operators::transpose::{transpose, Backward, Owners};
 use crate::plan::{Plan, UnitId};
 use crate::profile::Profile;
 use crate::program::{ActionRef, Program};
-use crate::refine::refine;
+use crate::refine::{refine, settle_w};
 use crate::simulate::{simulate, CommModel, Mode, SimOptions, SimReport};
 use crate::verify::verify_static;
 use proc_macro2::Span;
@@ -351,14 +351,25 @@ fn best_lowering(
     }
     let budget = REFINE_BUDGET
         .min(REFINE_ACTIONS / program.programs.iter().map(Vec::len).sum::<usize>().max(1));
-    Ok(refine(
-        plan,
-        at,
-        (program, report),
-        Some(text),
-        &opts,
-        budget,
-    ))
+    let moved = refine(plan, at, (program, report), Some(text), &opts, budget);
+    if moved.1.makespan <= target {
+        return Ok(moved);
+    }
+    // Then weight gradients into the waits left, within the memory limit (moving
+    // parameters nowhere: the resident parameters stay the program's).
+    let params = resident_params(&moved.0);
+    let limit = req.profile.memory.as_ref().map(|m| m.limit);
+    let fits = |rep: &SimReport| {
+        limit.is_none_or(|l| {
+            rep.peak_memory
+                .iter()
+                .zip(&params)
+                .all(|(act, par)| act + par <= l)
+        })
+    };
+    let budget =
+        W_BUDGET.min(W_ACTIONS / moved.0.programs.iter().map(Vec::len).sum::<usize>().max(1));
+    Ok(settle_w(moved, &opts, &fits, budget))
 }
 
 /// The placement rules tried, in order.
@@ -374,6 +385,11 @@ const PLACEMENTS: [Placement; 5] = [
 /// programs (about this many actions simulated in all).
 const REFINE_BUDGET: usize = 300;
 const REFINE_ACTIONS: usize = 1_500_000;
+
+/// Simulations `refine` may spend moving weight gradients ([`settle_w`]): at most
+/// this many, and fewer for large programs (about this many actions in all).
+const W_BUDGET: usize = 2000;
+const W_ACTIONS: usize = 10_000_000;
 
 /// Rounds of re-placement against simulated times.
 const ROUNDS: usize = 2;

@@ -1,4 +1,5 @@
-//! Refinement of a lowering by simulation: move transfers where ranks wait.
+//! Refinement of a lowering by simulation: move transfers where ranks wait, then
+//! weight gradients into the waits that are left ([`settle_w`]).
 //!
 //! Under rendezvous a transfer completes when both of its ends have been reached,
 //! so the first rank to arrive waits. The lowering places each end from the plan's
@@ -204,4 +205,206 @@ fn shift(
         };
     }
     Some(undo)
+}
+
+/// Weight gradients moved where ranks wait: the second half of `refine`.
+///
+/// A `W` feeds nothing (only the step's end waits for it), so it may run anywhere
+/// after its own `B` on its rank. Where a simulation shows a rank waiting in a
+/// transfer, two moves can turn the wait into work:
+///
+/// - *fill*: a `W` the waiting rank runs after the transfer, whose `B` comes before
+///   it, moves to just before the transfer (the rank computes while its partner is
+///   still busy, and has that much less to do afterwards);
+/// - *make way*: a `W` the partner runs shortly before the transfer moves to just
+///   after it (the partner arrives sooner, and runs the `W` once both have moved on).
+///
+/// Of the `W`s that fit (at most twice the wait), the one closest to the wait is
+/// tried. A move is kept when the makespan (then the sum of the ranks' finishing
+/// times) goes down and every rank stays within `fits` (the memory limit: a `W`
+/// moved later holds its activation longer). Transfers keep their order on every
+/// rank, so the deadlock-freedom argument of [`crate::lower`] still holds.
+pub(crate) fn settle_w(
+    start: (Program, SimReport),
+    opts: &SimOptions,
+    fits: &dyn Fn(&SimReport) -> bool,
+    budget: usize,
+) -> (Program, SimReport) {
+    let (mut program, mut report) = start;
+    let score = |r: &SimReport| (r.makespan, ends(r));
+    let mut best = score(&report);
+    let mut spent = 0;
+    let cost = |p: &Program, a: &Action| match a.view() {
+        ActionRef::Compute(c) => p
+            .units
+            .iter()
+            .find(|u| u.name == c.unit)
+            .map_or(0.0, |u| c.op.cost(&u.cost)),
+        _ => 0.0,
+    };
+    while spent < budget {
+        let mut improved = false;
+        let mut tried = 0;
+        for (wait, r, i) in transfer_waits(&program, &report) {
+            if tried >= MOVES_PER_ROUND || spent >= budget {
+                break;
+            }
+            let candidates = [
+                fill_move(&program, r, i, wait, &cost),
+                make_way_move(&program, &report, r, i, &cost),
+            ];
+            for (rank, from, to) in candidates.into_iter().flatten() {
+                if spent >= budget {
+                    break;
+                }
+                tried += 1;
+                spent += 1;
+                let mut next = program.clone();
+                let w = next.programs[rank].remove(from);
+                next.programs[rank].insert(to, w);
+                let kept = simulate(&next, opts).ok().filter(|rep| {
+                    let sc = score(rep);
+                    (sc.0 < best.0 || (sc.0 == best.0 && sc.1 < best.1)) && fits(rep)
+                });
+                if let Some(rep) = kept {
+                    best = score(&rep);
+                    program = next;
+                    report = rep;
+                    improved = true;
+                    break;
+                }
+            }
+            if improved {
+                break;
+            }
+        }
+        if !improved {
+            break;
+        }
+    }
+    (program, report)
+}
+
+/// Candidate moves tried per round before `settle_w` gives up.
+const MOVES_PER_ROUND: usize = 800;
+
+/// Every point-to-point action a rank spent time in, `(time, rank, index)`, the
+/// longest first (ties by rank and index).
+fn transfer_waits(program: &Program, report: &SimReport) -> Vec<(f64, usize, usize)> {
+    let mut out = Vec::new();
+    for (r, list) in program.programs.iter().enumerate() {
+        let Some(slots) = report.timeline.ranks.get(r) else {
+            continue;
+        };
+        for (i, (a, s)) in list.iter().zip(slots).enumerate() {
+            if matches!(a.view(), ActionRef::P2p(_)) && s.end > s.start {
+                out.push((s.end - s.start, r, i));
+            }
+        }
+    }
+    out.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    out
+}
+
+/// The first and last index of the batch (or single transfer) at `list[i]`.
+fn batch_bounds(list: &[Action], i: usize) -> (usize, usize) {
+    let batch = |a: &Action| match a {
+        Action::SEND { batch, .. } | Action::RECV { batch, .. } => *batch,
+        _ => None,
+    };
+    let Some(b) = batch(&list[i]) else {
+        return (i, i);
+    };
+    let mut lo = i;
+    while lo > 0 && batch(&list[lo - 1]) == Some(b) {
+        lo -= 1;
+    }
+    let mut hi = i;
+    while hi + 1 < list.len() && batch(&list[hi + 1]) == Some(b) {
+        hi += 1;
+    }
+    (lo, hi)
+}
+
+/// Of the `W`s in `range` of `list` whose cost is at most twice `wait`, the one
+/// closest to `wait` (the earliest on ties) that `ok` accepts.
+fn closest_w(
+    program: &Program,
+    list: &[Action],
+    range: std::ops::Range<usize>,
+    wait: f64,
+    ok: &dyn Fn(usize) -> bool,
+    cost: &dyn Fn(&Program, &Action) -> f64,
+) -> Option<usize> {
+    let mut best: Option<(f64, usize)> = None;
+    for j in range {
+        let is_w = matches!(list[j].view(), ActionRef::Compute(c) if c.op == crate::program::Op::W);
+        if !is_w {
+            continue;
+        }
+        let c = cost(program, &list[j]);
+        if c > 2.0 * wait || !ok(j) {
+            continue;
+        }
+        let gap = (c - wait).abs();
+        if best.is_none_or(|(g, _)| gap < g) {
+            best = Some((gap, j));
+        }
+    }
+    best.map(|(_, j)| j)
+}
+
+/// Fill: a `W` of rank `r` after the batch at `i`, whose `B` is before the batch,
+/// to just before the batch: `(rank, from, to)`.
+fn fill_move(
+    program: &Program,
+    r: usize,
+    i: usize,
+    wait: f64,
+    cost: &dyn Fn(&Program, &Action) -> f64,
+) -> Option<(usize, usize, usize)> {
+    let list = &program.programs[r];
+    let (lo, hi) = batch_bounds(list, i);
+    let b_before = |j: usize| {
+        let ActionRef::Compute(w) = list[j].view() else {
+            return false;
+        };
+        list[..lo].iter().any(|a| {
+            matches!(a.view(), ActionRef::Compute(b) if b.op == crate::program::Op::B && b.unit == w.unit && b.mb == w.mb)
+        })
+    };
+    let j = closest_w(program, list, hi + 1..list.len(), wait, &b_before, cost)?;
+    Some((r, j, lo))
+}
+
+/// Make way: the partner of the transfer at `program.programs[r][i]`, if it arrived
+/// later than `r`, moves a `W` it runs before the transfer (within the tasks since
+/// its previous transfer) to just after the batch: `(rank, from, to)`.
+fn make_way_move(
+    program: &Program,
+    report: &SimReport,
+    r: usize,
+    i: usize,
+    cost: &dyn Fn(&Program, &Action) -> f64,
+) -> Option<(usize, usize, usize)> {
+    let ActionRef::P2p(me) = program.programs[r][i].view() else {
+        return None;
+    };
+    let list = program.programs.get(me.peer)?;
+    let k = list.iter().position(|a| {
+        matches!(a.view(), ActionRef::P2p(x) if x.peer == r && x.dir != me.dir
+            && x.tensor == me.tensor && x.unit == me.unit && x.mb == me.mb)
+    })?;
+    let late = report.timeline.ranks[me.peer][k].start - report.timeline.ranks[r][i].start;
+    if late <= 0.0 {
+        return None;
+    }
+    let (lo, hi) = batch_bounds(list, k);
+    let since = list[..lo]
+        .iter()
+        .rposition(|a| !matches!(a.view(), ActionRef::Compute(_)))
+        .map_or(0, |x| x + 1);
+    let j = closest_w(program, list, since..lo, late, &|_| true, cost)?;
+    // After removing `j` (before the batch), the batch ends at `hi - 1`.
+    Some((me.peer, j, hi))
 }

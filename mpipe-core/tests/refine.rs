@@ -110,3 +110,38 @@ fn refine_takes_one_schedule_at_the_top() {
         );
     }
 }
+
+/// Evaluation profile (a) layer by layer: after the transfers, `refine` moves weight
+/// gradients into the waits left (and out of the way of late partners), 3% off the
+/// step; every moved `W` still follows its `B` (the derivation verifies the program).
+#[test]
+fn refine_moves_weight_gradients_into_waits() {
+    let text = include_str!("../../profiles/eval-a-internvit6b.toml");
+    let prof = Profile::from_toml_str(text).unwrap();
+    let req = Request::new(&prof, 4, 4);
+    let plain = derive_str(&req, "layers(balance(zb2p(encoders = chain)))").unwrap();
+    let refined = derive_str(&req, "refine(layers(balance(zb2p(encoders = chain))))").unwrap();
+    assert!(
+        refined.report.makespan < 0.97 * plain.report.makespan,
+        "{} against {}",
+        refined.report.makespan,
+        plain.report.makespan
+    );
+    let compute = |p: &mpipe_core::program::Program| -> Vec<Vec<String>> {
+        p.programs
+            .iter()
+            .map(|l| {
+                l.iter()
+                    .filter(|a| matches!(a.view(), mpipe_core::program::ActionRef::Compute(_)))
+                    .map(|a| a.to_string())
+                    .collect()
+            })
+            .collect()
+    };
+    assert_ne!(
+        compute(&plain.program),
+        compute(&refined.program),
+        "no W moved"
+    );
+    assert!(verify(&refined.program).is_empty());
+}
