@@ -56,7 +56,7 @@
 //! with asynchronous sends (1.048; 1.037 with `encoders = ramp`, whose stage split
 //! and chunk sizes are chosen together, see [`super::chain::ramp_split`]); under
 //! rendezvous the lockstep form of the ramp, computed layer by layer
-//! ([`crate::operators::layers`]) and refined, is the fastest (1.076).
+//! ([`crate::operators::layers`]) and refined, is the fastest (1.078).
 
 use super::Ctx;
 use crate::analysis::{dependencies, peak_memory, timing};
