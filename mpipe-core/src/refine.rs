@@ -234,12 +234,14 @@ pub(crate) fn settle_w(
     let score = |r: &SimReport| (r.makespan, ends(r));
     let mut best = score(&report);
     let mut spent = 0;
-    let cost = |p: &Program, a: &Action| match a.view() {
-        ActionRef::Compute(c) => p
-            .units
-            .iter()
-            .find(|u| u.name == c.unit)
-            .map_or(0.0, |u| c.op.cost(&u.cost)),
+    // Moves never change the units: their costs, looked up by name once.
+    let costs: std::collections::BTreeMap<String, crate::program::Cost> = program
+        .units
+        .iter()
+        .map(|u| (u.name.clone(), u.cost))
+        .collect();
+    let cost = |a: &Action| match a.view() {
+        ActionRef::Compute(c) => costs.get(c.unit).map_or(0.0, |x| c.op.cost(x)),
         _ => 0.0,
     };
     while spent < budget {
@@ -329,12 +331,11 @@ fn batch_bounds(list: &[Action], i: usize) -> (usize, usize) {
 /// Of the `W`s in `range` of `list` whose cost is at most twice `wait`, the one
 /// closest to `wait` (the earliest on ties) that `ok` accepts.
 fn closest_w(
-    program: &Program,
     list: &[Action],
     range: std::ops::Range<usize>,
     wait: f64,
     ok: &dyn Fn(usize) -> bool,
-    cost: &dyn Fn(&Program, &Action) -> f64,
+    cost: &dyn Fn(&Action) -> f64,
 ) -> Option<usize> {
     let mut best: Option<(f64, usize)> = None;
     for j in range {
@@ -342,7 +343,7 @@ fn closest_w(
         if !is_w {
             continue;
         }
-        let c = cost(program, &list[j]);
+        let c = cost(&list[j]);
         if c > 2.0 * wait || !ok(j) {
             continue;
         }
@@ -361,7 +362,7 @@ fn fill_move(
     r: usize,
     i: usize,
     wait: f64,
-    cost: &dyn Fn(&Program, &Action) -> f64,
+    cost: &dyn Fn(&Action) -> f64,
 ) -> Option<(usize, usize, usize)> {
     let list = &program.programs[r];
     let (lo, hi) = batch_bounds(list, i);
@@ -373,7 +374,7 @@ fn fill_move(
             matches!(a.view(), ActionRef::Compute(b) if b.op == crate::program::Op::B && b.unit == w.unit && b.mb == w.mb)
         })
     };
-    let j = closest_w(program, list, hi + 1..list.len(), wait, &b_before, cost)?;
+    let j = closest_w(list, hi + 1..list.len(), wait, &b_before, cost)?;
     Some((r, j, lo))
 }
 
@@ -385,7 +386,7 @@ fn make_way_move(
     report: &SimReport,
     r: usize,
     i: usize,
-    cost: &dyn Fn(&Program, &Action) -> f64,
+    cost: &dyn Fn(&Action) -> f64,
 ) -> Option<(usize, usize, usize)> {
     let ActionRef::P2p(me) = program.programs[r][i].view() else {
         return None;
@@ -404,7 +405,7 @@ fn make_way_move(
         .iter()
         .rposition(|a| !matches!(a.view(), ActionRef::Compute(_)))
         .map_or(0, |x| x + 1);
-    let j = closest_w(program, list, since..lo, late, &|_| true, cost)?;
+    let j = closest_w(list, since..lo, late, &|_| true, cost)?;
     // After removing `j` (before the batch), the batch ends at `hi - 1`.
     Some((me.peer, j, hi))
 }
