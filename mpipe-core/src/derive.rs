@@ -288,9 +288,28 @@ fn best_lowering(
     text: &str,
     refine_too: bool,
 ) -> Result<(Program, SimReport), String> {
+    let limit = req.profile.memory.as_ref().map(|m| m.limit);
+    best_lowering_with(
+        plan,
+        Some(text),
+        &req.sim_options(req.mode),
+        limit,
+        refine_too,
+    )
+}
+
+/// [`best_lowering`] without a profile: simulate under `opts`, and let weight
+/// gradients move only while every rank's activations plus resident parameters stay
+/// within `limit` (anywhere when `None`). `expr` is recorded as the programs' source.
+pub(crate) fn best_lowering_with(
+    plan: &Plan,
+    text: Option<&str>,
+    opts: &SimOptions,
+    limit: Option<f64>,
+    refine_too: bool,
+) -> Result<(Program, SimReport), String> {
     let prepared = prepare(plan).map_err(|e| e.to_string())?;
     let target = prepared.time.makespan() * (1.0 + 1e-12);
-    let opts = req.sim_options(req.mode);
     let mut best: Option<(Vec<Vec<Placed>>, Program, SimReport)> = None;
     let done = |best: &Option<(Vec<Vec<Placed>>, Program, SimReport)>| {
         best.as_ref().is_some_and(|(_, _, b)| b.makespan <= target)
@@ -300,9 +319,9 @@ fn best_lowering(
             break;
         }
         let at = placement_of(plan, &prepared, placement).map_err(|e| e.to_string())?;
-        let program = assemble(plan, &at, Some(text));
+        let program = assemble(plan, &at, text);
         let report =
-            simulate(&program, &opts).map_err(|e| format!("derived program does not run: {e}"))?;
+            simulate(&program, opts).map_err(|e| format!("derived program does not run: {e}"))?;
         if best
             .as_ref()
             .is_none_or(|(_, _, b)| report.makespan < b.makespan)
@@ -329,8 +348,8 @@ fn best_lowering(
             let Ok(at) = placement_of(plan, &again, placement) else {
                 continue;
             };
-            let program = assemble(plan, &at, Some(text));
-            let Ok(report) = simulate(&program, &opts) else {
+            let program = assemble(plan, &at, text);
+            let Ok(report) = simulate(&program, opts) else {
                 continue;
             };
             if best
@@ -351,14 +370,13 @@ fn best_lowering(
     }
     let budget = REFINE_BUDGET
         .min(REFINE_ACTIONS / program.programs.iter().map(Vec::len).sum::<usize>().max(1));
-    let moved = refine(plan, at, (program, report), Some(text), &opts, budget);
+    let moved = refine(plan, at, (program, report), text, opts, budget);
     if moved.1.makespan <= target {
         return Ok(moved);
     }
     // Then weight gradients into the waits left, within the memory limit (moving
     // parameters nowhere: the resident parameters stay the program's).
     let params = resident_params(&moved.0);
-    let limit = req.profile.memory.as_ref().map(|m| m.limit);
     let fits = |rep: &SimReport| {
         limit.is_none_or(|l| {
             rep.peak_memory
@@ -372,7 +390,7 @@ fn best_lowering(
     if budget < W_MIN {
         return Ok(moved);
     }
-    Ok(settle_w(moved, &opts, &fits, budget))
+    Ok(settle_w(moved, opts, &fits, budget))
 }
 
 /// The placement rules tried, in order.

@@ -36,6 +36,7 @@ pub mod plan;
 pub mod profile;
 pub mod program;
 pub mod refine;
+pub mod relower;
 pub mod render;
 pub mod rolled;
 pub mod search;

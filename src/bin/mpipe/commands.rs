@@ -1,8 +1,10 @@
 //! One function per subcommand.
 
+use crate::failure::Collect;
 use crate::failure::{Failure, Problem, MAX_SHOWN};
 use crate::source::{
-    conditions, derive_one, derive_schedule, file_label, load, load_inputs, read_program, Loaded,
+    conditions, derive_one, derive_schedule, file_label, link_override, load, load_inputs,
+    load_profile, read_program, Loaded,
 };
 use crate::table::{num, pct, Table};
 use crate::{ScheduleArgs, SourceArgs};
@@ -506,5 +508,69 @@ pub fn svg(s: &SourceArgs, mode: Mode, output: &Path, width: f64) -> Result<u8, 
         pct(r.bubble),
         loaded.conditions(mode)
     );
+    Ok(0)
+}
+
+/// `mpipe refine FILE`: derive the program's transfers again from its compute order
+/// (see `mpipe_core::relower`), write the result, and say on standard error what it
+/// gained. The link and the memory limit come from `--model`, if given, with
+/// `--latency` / `--bandwidth` overriding the link.
+pub fn refine(
+    file: &str,
+    model: Option<&Path>,
+    latency: Option<f64>,
+    bandwidth: Option<f64>,
+    mode: Mode,
+    output: Option<&Path>,
+) -> Result<u8, Failure> {
+    let label = file_label(file);
+    let mut all = Collect::default();
+    let program = all.take(read_program(file));
+    let profile = model.and_then(|m| all.take(load_profile(m)));
+    let base = profile.as_ref().and_then(|p| {
+        p.link.as_ref().map(|l| mpipe_core::simulate::CommModel {
+            latency: l.latency,
+            bandwidth: l.bandwidth,
+        })
+    });
+    let comm = link_override(base, latency, bandwidth, &mut all);
+    all.finish()?;
+    let Some(program) = program else {
+        return Err(Failure::input("internal", "no program was loaded"));
+    };
+    let limit = profile
+        .as_ref()
+        .and_then(|p| p.memory.as_ref().map(|m| m.limit));
+    let opts = SimOptions { mode, comm };
+    let r = mpipe_core::relower::relower(&program, &opts, limit)
+        .map_err(|e| Failure::plain(1, "refine", format!("cannot refine {label}: {e}")))?;
+    write(output, &r.program.to_json())?;
+    let under = conditions(mode, comm);
+    let after = num(r.report.makespan);
+    let what = match (r.before, r.kept_input, &r.input_problem) {
+        (Some(b), true, _) => format!(
+            "already as fast as mpipe's placement (makespan {}); written unchanged",
+            num(b)
+        ),
+        (Some(b), false, _) => format!(
+            "makespan {} -> {after} ({} faster)",
+            num(b),
+            pct(1.0 - r.report.makespan / b)
+        ),
+        (None, _, problem) => format!(
+            "the input cannot run as it is ({}; `mpipe check` says where); with its transfers derived again, makespan {after}",
+            problem.as_deref().unwrap_or("invalid")
+        ),
+    };
+    let place = match output {
+        Some(p) => format!(", written to {}", p.display()),
+        None => String::new(),
+    };
+    errln!("refined {label}: {what}; {under}{place}");
+    if !r.kept_input {
+        errln!(
+            "kept: each rank's compute, forwards and backwards in the same order (weight gradients may move); placed again: every transfer"
+        );
+    }
     Ok(0)
 }

@@ -157,6 +157,27 @@ enum Command {
         #[arg(long, default_value_t = 1400.0, allow_negative_numbers = true)]
         width: f64,
     },
+    /// Derive a program's transfers again from its compute order (mpipe's placement
+    /// and refinement): faster under rendezvous, and an order that hangs runs.
+    Refine {
+        /// Program file, or `-` for standard input.
+        file: String,
+        /// Take the link model and the memory limit from this profile.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// Communication latency per transfer (overrides the profile's [link]).
+        #[arg(long, allow_negative_numbers = true)]
+        latency: Option<f64>,
+        /// Link bandwidth, in the profile's size unit per time unit (overrides [link]).
+        #[arg(long, allow_negative_numbers = true)]
+        bandwidth: Option<f64>,
+        /// Execution semantics the transfers are placed for and timed under.
+        #[arg(long, value_enum, default_value_t = ModeArg::Rendezvous)]
+        mode: ModeArg,
+        /// Write the program here instead of standard output.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+    },
     /// Read another tool's schedule (PyTorch's pipeline schedule CSV) as a program;
     /// exit 1 when it breaks a validity rule (a deadlock, most often).
     Import {
@@ -349,6 +370,21 @@ fn main() -> ExitCode {
             output,
             width,
         } => commands::svg(&source, mode.into(), &output, width),
+        Command::Refine {
+            file,
+            model,
+            latency,
+            bandwidth,
+            mode,
+            output,
+        } => commands::refine(
+            &file,
+            model.as_deref(),
+            latency,
+            bandwidth,
+            mode.into(),
+            output.as_deref(),
+        ),
         Command::Import {
             format,
             file,

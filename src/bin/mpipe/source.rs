@@ -342,36 +342,46 @@ pub fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
         all.take(load_inputs(model, ranks, mbs, &[expr]))
             .and_then(|profile| all.take(derive_one(&profile, ranks, mbs, expr, mode)))
     };
-    let mut comm = None;
-    if s.latency.is_some() || s.bandwidth.is_some() {
-        let base = loaded.as_ref().and_then(|l| l.comm).unwrap_or(CommModel {
-            latency: 0.0,
-            bandwidth: f64::INFINITY,
-        });
-        let bandwidth = s.bandwidth.unwrap_or(base.bandwidth);
-        let latency = s.latency.unwrap_or(base.latency);
-        if bandwidth <= 0.0 || bandwidth.is_nan() {
-            all.add(Failure::input(
-                "usage",
-                format!("--bandwidth must be a positive number, got {bandwidth}"),
-            ));
-        }
-        if !(latency >= 0.0 && latency.is_finite()) {
-            all.add(Failure::input(
-                "usage",
-                format!("--latency must be a finite number >= 0, got {latency}"),
-            ));
-        }
-        comm = Some(CommModel { latency, bandwidth });
-    }
+    let base = loaded.as_ref().and_then(|l| l.comm);
+    let comm = link_override(base, s.latency, s.bandwidth, &mut all);
     match (all.finish(), loaded) {
         (Err(f), _) => Err(f),
         (Ok(()), Some(mut l)) => {
-            if comm.is_some() {
-                l.comm = comm;
-            }
+            l.comm = comm;
             Ok(l)
         }
         (Ok(()), None) => Err(Failure::input("internal", "no program was loaded")),
     }
+}
+
+/// The link model a command times under: `base` (the profile's `[link]`, if any) with
+/// `--latency` / `--bandwidth` overriding its fields; a bad value is reported in `all`.
+pub fn link_override(
+    base: Option<CommModel>,
+    latency: Option<f64>,
+    bandwidth: Option<f64>,
+    all: &mut Collect,
+) -> Option<CommModel> {
+    if latency.is_none() && bandwidth.is_none() {
+        return base;
+    }
+    let base = base.unwrap_or(CommModel {
+        latency: 0.0,
+        bandwidth: f64::INFINITY,
+    });
+    let bandwidth = bandwidth.unwrap_or(base.bandwidth);
+    let latency = latency.unwrap_or(base.latency);
+    if bandwidth <= 0.0 || bandwidth.is_nan() {
+        all.add(Failure::input(
+            "usage",
+            format!("--bandwidth must be a positive number, got {bandwidth}"),
+        ));
+    }
+    if !(latency >= 0.0 && latency.is_finite()) {
+        all.add(Failure::input(
+            "usage",
+            format!("--latency must be a finite number >= 0, got {latency}"),
+        ));
+    }
+    Some(CommModel { latency, bandwidth })
 }

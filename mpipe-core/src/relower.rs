@@ -1,0 +1,263 @@
+//! Re-derive the communication of an existing program from its compute order.
+//!
+//! A program that did not come from mpipe's derivation (imported from PyTorch, edited
+//! by hand, produced by another tool) carries its transfers where its author put
+//! them. Under rendezvous semantics that placement decides how long ranks wait, and a
+//! wrong one hangs. [`relower`] keeps what each rank computes and in which order,
+//! drops the program's transfers and collectives, and derives them again as
+//! [`crate::derive`] does for its own plans: every placement rule of
+//! [`crate::lower`], re-placement against the simulated times, then refinement by
+//! simulation ([`crate::refine`]), which may also move weight-gradient tasks (`W`)
+//! into waits.
+//!
+//! Guarantees:
+//! - the result is valid (rules 1-5 of program-format.md) and deadlock-free under
+//!   rendezvous, whatever the input's transfers were (the lowering's key order);
+//! - every rank runs the same compute tasks, and its forwards and backwards (`F`,
+//!   `B`, `BW`, `RF`) in the input's order; only `W`s may move;
+//! - it is never slower than the input under the same semantics: when the input
+//!   runs and is at least as fast, it is returned unchanged;
+//! - memory: every rank's activations plus resident parameters stay within the
+//!   limit given or, without one, within the largest such peak of a valid input
+//!   (weight gradients move only within it; when the re-derived program would still
+//!   exceed it, the input is kept, or without a valid input the call fails);
+//! - deterministic.
+
+use crate::analysis::PlanError;
+use crate::derive::{best_lowering_with, resident_params};
+use crate::lower::LowerError;
+use crate::plan::{InputShip, Plan, Task};
+use crate::program::{ActionRef, Dir, Program, Tensor};
+use crate::simulate::{simulate, Mode, SimOptions, SimReport};
+use crate::verify::verify_static;
+use std::collections::BTreeMap;
+
+/// The outcome of [`relower`].
+#[derive(Clone, Debug)]
+pub struct Relowered {
+    /// The program to use: re-derived, or the input when it was already as fast.
+    pub program: Program,
+    /// Its simulation under the options given.
+    pub report: SimReport,
+    /// The input's makespan under the same options, `None` when it is not a valid
+    /// program (see [`Relowered::input_problem`]).
+    pub before: Option<f64>,
+    /// Why the input could not be run as it is (broken rules, a deadlock), if so.
+    pub input_problem: Option<String>,
+    /// Whether [`Relowered::program`] is the input itself.
+    pub kept_input: bool,
+}
+
+/// Why a program's communication cannot be derived again.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum RelowerError {
+    #[error(
+        "rank {rank}, action {index}: unit `{unit}` is not in the program's units; \
+         add it to `units` or fix the action"
+    )]
+    UnknownUnit {
+        rank: usize,
+        index: usize,
+        unit: String,
+    },
+    #[error(
+        "rank {rank}, action {index}: micro-batch {mb} does not exist (the program has \
+         {microbatches}); fix `mb` or raise `microbatches`"
+    )]
+    Microbatch {
+        rank: usize,
+        index: usize,
+        mb: usize,
+        microbatches: usize,
+    },
+    #[error(
+        "the program lists {lists} ranks' actions but declares `ranks` = {ranks}; make them agree"
+    )]
+    Ranks { lists: usize, ranks: usize },
+    #[error(
+        "the compute order cannot run whatever the transfers: {0} (reorder that rank's \
+         compute actions so each comes after what it reads)"
+    )]
+    Order(PlanError),
+    #[error(
+        "the compute actions break the validity rules, which re-deriving the transfers \
+         cannot fix: {0}"
+    )]
+    Invalid(String),
+    #[error(
+        "with its transfers derived again, the program holds {peak} of memory on some \
+         rank, above the limit {limit}; raise the limit or reorder the compute actions"
+    )]
+    Memory { peak: f64, limit: f64 },
+    #[error("the re-derived program does not run (a bug in mpipe, please report it): {0}")]
+    Internal(String),
+}
+
+/// The plan of `program`: its units, each rank's compute tasks in order, its raw-input
+/// transfers and its prefetched forwards; transfers and collectives are dropped.
+pub fn plan_of_program(program: &Program) -> Result<Plan, RelowerError> {
+    if program.programs.len() != program.ranks {
+        return Err(RelowerError::Ranks {
+            lists: program.programs.len(),
+            ranks: program.ranks,
+        });
+    }
+    let ids: BTreeMap<&str, usize> = program
+        .units
+        .iter()
+        .enumerate()
+        .map(|(i, u)| (u.name.as_str(), i))
+        .collect();
+    let unit_id = |rank: usize, index: usize, name: &str| {
+        ids.get(name)
+            .copied()
+            .ok_or_else(|| RelowerError::UnknownUnit {
+                rank,
+                index,
+                unit: name.to_string(),
+            })
+    };
+    let check_mb = |rank: usize, index: usize, mb: usize| {
+        if mb < program.microbatches {
+            Ok(mb)
+        } else {
+            Err(RelowerError::Microbatch {
+                rank,
+                index,
+                mb,
+                microbatches: program.microbatches,
+            })
+        }
+    };
+    let mut order = vec![Vec::new(); program.ranks];
+    let mut input_ships = Vec::new();
+    for (rank, list) in program.programs.iter().enumerate() {
+        for (index, action) in list.iter().enumerate() {
+            match action.view() {
+                ActionRef::Compute(c) => order[rank].push(Task::new(
+                    c.op,
+                    unit_id(rank, index, c.unit)?,
+                    check_mb(rank, index, c.mb)?,
+                )),
+                ActionRef::P2p(x) if x.tensor == Tensor::Input && x.dir == Dir::Send => {
+                    input_ships.push(InputShip {
+                        unit: unit_id(rank, index, x.unit)?,
+                        mb: check_mb(rank, index, x.mb)?,
+                        from: rank,
+                        to: x.peer,
+                    });
+                }
+                _ => {}
+            }
+        }
+    }
+    input_ships.sort();
+    let mut prefetch = Vec::with_capacity(program.prefetch.len());
+    for p in &program.prefetch {
+        let u = ids
+            .get(&*p.unit)
+            .copied()
+            .ok_or_else(|| RelowerError::UnknownUnit {
+                rank: 0,
+                index: 0,
+                unit: p.unit.to_string(),
+            })?;
+        prefetch.push((u, p.mb));
+    }
+    prefetch.sort();
+    Ok(Plan {
+        ranks: program.ranks,
+        microbatches: program.microbatches,
+        units: program.units.clone(),
+        // The lowering needs neither: they describe how generators built a plan.
+        stages: Vec::new(),
+        encoders: Vec::new(),
+        order,
+        input_ships,
+        prefetch,
+        memory_limit: None,
+    })
+}
+
+/// Derive `program`'s communication again for `opts` (see the module documentation).
+/// `limit`: the memory limit (activations plus resident parameters per rank), if known.
+pub fn relower(
+    program: &Program,
+    opts: &SimOptions,
+    limit: Option<f64>,
+) -> Result<Relowered, RelowerError> {
+    let mut plan = plan_of_program(program)?;
+    let expr = program.source.as_ref().map(|s| s.expr.clone());
+    // Rule 5 asks for termination under rendezvous, whatever `opts` times.
+    let rendezvous = SimOptions {
+        mode: Mode::Rendezvous,
+        comm: opts.comm,
+    };
+    let terminates =
+        |p: &Program| opts.mode == Mode::Rendezvous || simulate(p, &rendezvous).is_ok();
+    // The input as it is: valid (rules 1-4), and running to the end (rule 5).
+    let input = match verify_static(program).first() {
+        Some(v) => Err(format!("it breaks the validity rules ({v})")),
+        None => match simulate(program, opts) {
+            Ok(r) if terminates(program) => Ok(r),
+            Ok(_) => Err("it does not run to completion under rendezvous semantics".to_string()),
+            Err(e) => {
+                let e = e.to_string();
+                let first = e.lines().next().unwrap_or_default().trim_end_matches(':');
+                Err(format!("it does not run to completion: {first}"))
+            }
+        },
+    };
+    let peak = |p: &Program, r: &SimReport| {
+        r.peak_memory
+            .iter()
+            .zip(resident_params(p))
+            .map(|(a, b)| a + b)
+            .fold(0.0, f64::max)
+    };
+    let cap = limit.or_else(|| input.as_ref().ok().map(|r| peak(program, r)));
+    plan.memory_limit = cap;
+    let (derived, report) =
+        best_lowering_with(&plan, expr.as_deref(), opts, cap, true).map_err(|m| {
+            match crate::lower::prepare(&plan) {
+                Err(LowerError::Plan(p)) => RelowerError::Order(p),
+                _ => RelowerError::Internal(m),
+            }
+        })?;
+    let violations = verify_static(&derived);
+    if let Some(v) = violations.first() {
+        return Err(RelowerError::Invalid(format!(
+            "{v}{}",
+            match violations.len() {
+                1 => String::new(),
+                n => format!(" (and {} more)", n - 1),
+            }
+        )));
+    }
+    if !terminates(&derived) {
+        return Err(RelowerError::Internal(
+            "the re-derived program deadlocks under rendezvous".to_string(),
+        ));
+    }
+    let over = cap.is_some_and(|c| peak(&derived, &report) > c * (1.0 + 1e-12));
+    match input {
+        Ok(r) if r.makespan <= report.makespan || over => Ok(Relowered {
+            program: program.clone(),
+            before: Some(r.makespan),
+            report: r,
+            input_problem: None,
+            kept_input: true,
+        }),
+        _ if over => Err(RelowerError::Memory {
+            peak: peak(&derived, &report),
+            limit: cap.unwrap_or(f64::INFINITY),
+        }),
+        input => Ok(Relowered {
+            program: derived,
+            report,
+            before: input.as_ref().ok().map(|r| r.makespan),
+            input_problem: input.err(),
+            kept_input: false,
+        }),
+    }
+}
