@@ -715,6 +715,107 @@ fn imported_torch_csv_that_deadlocks_is_explained() {
     );
 }
 
+/// `refine` on the imported program that hangs: the same compute order, with its
+/// transfers derived again, passes `check`; standard error says what happened.
+#[test]
+fn refine_fixes_an_imported_order_that_hangs() {
+    let dir = TempDir::new("refine");
+    let csv = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("mpipe-core/tests/torch_csv/deadlock_2ranks.csv");
+    let imported = dir.path("imported.json");
+    let fixed = dir.path("fixed.json");
+    let o = mpipe(&[
+        "import",
+        "--format",
+        "torch-csv",
+        csv.to_str().unwrap(),
+        "-o",
+        imported.to_str().unwrap(),
+    ]);
+    assert_status(&o, 1);
+    let o = mpipe(&[
+        "refine",
+        imported.to_str().unwrap(),
+        "-o",
+        fixed.to_str().unwrap(),
+    ]);
+    assert_status(&o, 0);
+    let err = stderr(&o);
+    assert!(
+        err.contains("the input cannot run as it is (it does not run to completion: deadlock"),
+        "{err}"
+    );
+    assert!(
+        err.contains("with its transfers derived again, makespan"),
+        "{err}"
+    );
+    let o = mpipe(&["check", fixed.to_str().unwrap()]);
+    assert_status(&o, 0);
+    // Same compute, in the same order on every rank.
+    let compute = |path: &Path| -> Vec<Vec<String>> {
+        let v = json(&std::fs::read_to_string(path).unwrap());
+        v["programs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|list| {
+                list.as_array()
+                    .unwrap()
+                    .iter()
+                    .filter(|a| !matches!(a["op"].as_str(), Some("SEND" | "RECV")))
+                    .map(|a| format!("{} {} {}", a["op"], a["unit"], a["mb"]))
+                    .collect()
+            })
+            .collect()
+    };
+    assert_eq!(compute(&imported), compute(&fixed));
+}
+
+/// `refine` reads standard input, writes the program to standard output, takes the
+/// link and memory limit from `--model`, keeps a program that is already refined,
+/// and reports every bad argument at once (status 2).
+#[test]
+fn refine_reads_stdin_keeps_refined_programs_and_reports_bad_input() {
+    let text = derive("refine(zbh1)");
+    let h = heavy();
+    let o = mpipe_with(&["refine", "-", "--model", &h], Some(&text));
+    assert_status(&o, 0);
+    assert_eq!(json(&stdout(&o)), json(&text));
+    assert!(stderr(&o).contains("written unchanged"), "{}", stderr(&o));
+
+    let plain = derive("zbh1");
+    let o = mpipe_with(&["refine", "-", "--model", &h], Some(&plain));
+    assert_status(&o, 0);
+    assert!(stderr(&o).contains("makespan"), "{}", stderr(&o));
+    let dir = TempDir::new("refine-stdin");
+    let out = dir.path("r.json");
+    std::fs::write(&out, stdout(&o)).unwrap();
+    assert_status(&mpipe(&["check", out.to_str().unwrap()]), 0);
+
+    let o = mpipe(&[
+        "refine",
+        "no-such-file.json",
+        "--model",
+        "no-such-profile.toml",
+        "--bandwidth",
+        "0",
+    ]);
+    assert_status(&o, 2);
+    let err = stderr(&o);
+    assert!(
+        err.contains("cannot read program no-such-file.json"),
+        "{err}"
+    );
+    assert!(
+        err.contains("cannot read profile no-such-profile.toml"),
+        "{err}"
+    );
+    assert!(
+        err.contains("--bandwidth must be a positive number"),
+        "{err}"
+    );
+}
+
 /// `auto` in `compare`: the row names the choice, and the JSON gives it as `expr`.
 #[test]
 fn compare_names_what_auto_chose() {

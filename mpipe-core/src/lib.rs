@@ -12,8 +12,9 @@
 //! `auto` searches the algebra for the fastest expression ([`search`]), and
 //! [`evaluation`] sets it against the peer schedules and the lower bound.
 //! Around it: lower bounds ([`bound`]), charts and traces ([`render`]), loops for code
-//! generation ([`rolled`]), PyTorch schedule CSVs ([`torch_csv`]) and Megatron layer
-//! layouts ([`megatron`]).
+//! generation ([`rolled`]), PyTorch schedule CSVs ([`torch_csv`]), Megatron layer
+//! layouts ([`megatron`]), and the same lowering and refinement for a program that
+//! came from elsewhere ([`relower`]).
 //!
 //! Invariants:
 //! - pure: no I/O in any type or pass; callers read and write files;
