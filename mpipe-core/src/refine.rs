@@ -1,5 +1,5 @@
 //! Refinement of a lowering by simulation: move transfers where ranks wait, then
-//! weight gradients into the waits that are left ([`settle_w`]).
+//! weight gradients into the waits that are left (`settle_w`).
 //!
 //! Under rendezvous a transfer completes when both of its ends have been reached,
 //! so the first rank to arrive waits. The lowering places each end from the plan's

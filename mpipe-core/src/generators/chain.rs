@@ -181,11 +181,12 @@ impl RampCosts {
 /// but the middle ranks, whose chunks are small, idle through most of their warm-up
 /// ramp: on Qwen2-VL-7B (8 x 32) that idling is what keeps the step 4.8% above the
 /// bound even with asynchronous sends. Here the split and the chunks are chosen
-/// together to minimise [`RampCosts::floor`]: a local search from the balanced
-/// split with water-filled chunks, whose moves shift one LLM layer from one rank to
-/// another together with up to a stage's worth of encoder layers back, or one to
-/// three encoder layers alone; it takes the best move while one improves the
-/// prediction by more than a microsecond. Every stage keeps at least one layer.
+/// together to minimise the ramp model's predicted step (`RampCosts::floor`): a
+/// local search from the balanced split with water-filled chunks, whose moves shift
+/// one LLM layer from one rank to another together with up to a stage's worth of
+/// encoder layers back, or one to three encoder layers alone; it takes the best
+/// move while one improves the prediction by more than a microsecond. Every stage
+/// keeps at least one layer.
 /// Deterministic (the first best move in rank order). `None` when the units have
 /// no encoder to chain or the LLM has fewer layers than ranks.
 pub fn ramp_split(

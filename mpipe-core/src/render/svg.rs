@@ -3,7 +3,7 @@
 //! [`gantt_svg`] draws the figure pipeline-parallelism papers draw: one row per
 //! rank (rank 0 on top, labelled `rank 0`, `rank 1`...), time on the x axis with a
 //! tick axis, and one box per compute action from its start to its end (a run of
-//! layer tasks of a program cut by `layers` drawn as one box, see [`runs`]),
+//! layer tasks of a program cut by `layers` drawn as one box, see `runs`),
 //! coloured by kind:
 //!
 //! | kind | LLM family | encoder |
