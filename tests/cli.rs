@@ -679,13 +679,9 @@ fn a_closed_stdout_is_not_a_panic() {
     assert!(o.status.code().is_some(), "not killed by a signal");
 }
 
-/// A torch schedule CSV whose order hangs under rendezvous (both ranks send first,
-/// as users report in pytorch/pytorch#172668): import writes the program and exits 1
-/// naming the deadlock, and `check` on the imported program says which rank and
-/// action.
-#[test]
-fn imported_torch_csv_that_deadlocks_is_explained() {
-    let dir = TempDir::new("torch-csv");
+/// Import `deadlock_2ranks.csv` (an order that hangs under rendezvous) into `dir`:
+/// the program is written even though it is invalid, and import exits 1.
+fn import_deadlock(dir: &TempDir) -> PathBuf {
     let csv = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("mpipe-core/tests/torch_csv/deadlock_2ranks.csv");
     let out = dir.path("imported.json");
@@ -702,6 +698,17 @@ fn imported_torch_csv_that_deadlocks_is_explained() {
         out.exists(),
         "the program is written even though it is invalid"
     );
+    out
+}
+
+/// A torch schedule CSV whose order hangs under rendezvous (both ranks send first,
+/// as users report in pytorch/pytorch#172668): import writes the program and exits 1
+/// naming the deadlock, and `check` on the imported program says which rank and
+/// action.
+#[test]
+fn imported_torch_csv_that_deadlocks_is_explained() {
+    let dir = TempDir::new("torch-csv");
+    let out = import_deadlock(&dir);
     let o = mpipe(&["check", out.to_str().unwrap()]);
     assert_status(&o, 1);
     let err = stderr(&o);
@@ -720,19 +727,8 @@ fn imported_torch_csv_that_deadlocks_is_explained() {
 #[test]
 fn refine_fixes_an_imported_order_that_hangs() {
     let dir = TempDir::new("refine");
-    let csv = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("mpipe-core/tests/torch_csv/deadlock_2ranks.csv");
-    let imported = dir.path("imported.json");
+    let imported = import_deadlock(&dir);
     let fixed = dir.path("fixed.json");
-    let o = mpipe(&[
-        "import",
-        "--format",
-        "torch-csv",
-        csv.to_str().unwrap(),
-        "-o",
-        imported.to_str().unwrap(),
-    ]);
-    assert_status(&o, 1);
     let o = mpipe(&[
         "refine",
         imported.to_str().unwrap(),
