@@ -25,7 +25,7 @@ use crate::plan::{Plan, UnitId};
 use crate::profile::Profile;
 use crate::program::{ActionRef, Program};
 use crate::refine::{refine, settle_w};
-use crate::simulate::{simulate, CommModel, Mode, SimOptions, SimReport};
+use crate::simulate::{simulate, Mode, SimOptions, SimReport};
 use crate::verify::verify_static;
 use proc_macro2::Span;
 
@@ -137,10 +137,7 @@ impl<'a> Request<'a> {
     pub fn sim_options(&self, mode: Mode) -> SimOptions {
         SimOptions {
             mode,
-            comm: self.profile.link.as_ref().map(|l| CommModel {
-                latency: l.latency,
-                bandwidth: l.bandwidth,
-            }),
+            comm: self.profile.comm_model(),
         }
     }
 }

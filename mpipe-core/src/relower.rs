@@ -186,7 +186,7 @@ pub fn relower(
     opts: &SimOptions,
     limit: Option<f64>,
 ) -> Result<Relowered, RelowerError> {
-    let mut plan = plan_of_program(program)?;
+    let plan = plan_of_program(program)?;
     let expr = program.source.as_ref().map(|s| s.expr.clone());
     // Rule 5 asks for termination under rendezvous, whatever `opts` times.
     let rendezvous = SimOptions {
@@ -216,7 +216,6 @@ pub fn relower(
             .fold(0.0, f64::max)
     };
     let cap = limit.or_else(|| input.as_ref().ok().map(|r| peak(program, r)));
-    plan.memory_limit = cap;
     let (derived, report) =
         best_lowering_with(&plan, expr.as_deref(), opts, cap, true).map_err(|m| {
             match crate::lower::prepare(&plan) {

@@ -11,7 +11,6 @@
 use crate::plan::UnitId;
 use crate::profile::Profile;
 use crate::program::Unit;
-use crate::simulate::CommModel;
 use crate::units::{chunks_of, encoder_layer_work, replace_with_chunks, water_fill};
 
 /// The units with one encoder cut into chunks.
@@ -212,10 +211,7 @@ pub fn ramp_split(
     let others = (0..n_enc).filter(|&i| i != e).map(|i| &units[i]);
     let (of, ow) = others.fold((0.0, 0.0), |(f, w), u| (f + u.cost.f, w + u.work()));
     // The simulator's cost of one transfer (the profile checks the bandwidth > 0).
-    let link = profile.link.as_ref().map(|l| CommModel {
-        latency: l.latency,
-        bandwidth: l.bandwidth,
-    });
+    let link = profile.comm_model();
     let hop = |bytes: f64| link.map_or(0.0, |c| c.transfer_time(bytes));
     let costs = RampCosts {
         ranks,

@@ -255,6 +255,14 @@ fn list_issues(issues: &[ProfileIssue]) -> String {
 }
 
 impl Profile {
+    /// The simulator's communication model of the profile's `[link]`, if it has one.
+    pub fn comm_model(&self) -> Option<crate::simulate::CommModel> {
+        self.link.as_ref().map(|l| crate::simulate::CommModel {
+            latency: l.latency,
+            bandwidth: l.bandwidth,
+        })
+    }
+
     /// Read and validate a profile written in TOML.
     ///
     /// # Errors

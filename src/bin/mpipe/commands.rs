@@ -1,7 +1,6 @@
 //! One function per subcommand.
 
-use crate::failure::Collect;
-use crate::failure::{Failure, Problem, MAX_SHOWN};
+use crate::failure::{Collect, Failure, Problem, MAX_SHOWN};
 use crate::source::{
     conditions, derive_one, derive_schedule, file_label, link_override, load, load_inputs,
     load_profile, read_program, Loaded,
@@ -527,12 +526,7 @@ pub fn refine(
     let mut all = Collect::default();
     let program = all.take(read_program(file));
     let profile = model.and_then(|m| all.take(load_profile(m)));
-    let base = profile.as_ref().and_then(|p| {
-        p.link.as_ref().map(|l| mpipe_core::simulate::CommModel {
-            latency: l.latency,
-            bandwidth: l.bandwidth,
-        })
-    });
+    let base = profile.as_ref().and_then(|p| p.comm_model());
     let comm = link_override(base, latency, bandwidth, &mut all);
     all.finish()?;
     let Some(program) = program else {

@@ -54,13 +54,7 @@ pub fn evaluate(o: &Options) -> Result<u8, Failure> {
             path.display()
         );
         let eval = run_evaluation(&profile, ranks, mbs, o.mode);
-        let comm = profile
-            .link
-            .as_ref()
-            .map(|l| mpipe_core::simulate::CommModel {
-                latency: l.latency,
-                bandwidth: l.bandwidth,
-            });
+        let comm = profile.comm_model();
         print_profile(&name, &eval, &conditions(o.mode, comm), o.markdown);
         if let Some(dir) = o.svg_dir {
             charts(dir, &name, &eval)?;
