@@ -656,6 +656,39 @@ fn zero_ranks_or_micro_batches_are_clear_errors() {
 }
 
 #[test]
+fn steps_too_large_to_derive_are_usage_errors_not_hangs() {
+    let o = mpipe(&[
+        "simulate",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        "10000000",
+        "auto",
+    ]);
+    assert_status(&o, 2);
+    let err = stderr(&o);
+    assert!(
+        err.contains("--microbatches 10000000 is over the 65536"),
+        "{err}"
+    );
+    assert!(!err.contains('^'), "not blamed on the expression: {err}");
+    let o = mpipe(&[
+        "compare",
+        "--model",
+        &heavy(),
+        "--ranks",
+        "16",
+        "--microbatches",
+        "65536",
+        "1f1b",
+    ]);
+    assert_status(&o, 2);
+    assert!(stderr(&o).contains("16 x 65536 is over"), "{}", stderr(&o));
+}
+
+#[test]
 fn a_closed_stdout_is_not_a_panic() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_mpipe"))
         .args([

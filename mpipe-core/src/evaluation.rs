@@ -9,6 +9,7 @@
 use crate::bound::{profile_bound, Bound};
 use crate::derive::{derive_str, DeriveError, Derived, Request};
 use crate::profile::Profile;
+use crate::progress::Stage;
 use crate::simulate::Mode;
 
 /// The bodies of the peer schedules, the baseline first.
@@ -96,14 +97,17 @@ pub fn evaluate(profile: &Profile, ranks: usize, microbatches: usize, mode: Mode
         microbatches,
         mode,
     };
-    let row = |expr: String| Row {
-        outcome: derive_str(&req, &expr),
-        expr,
+    let names = peers(profile);
+    let stage = Stage::begin("evaluating the schedules", names.len() + 1);
+    let row = |expr: String| {
+        let outcome = derive_str(&req, &expr);
+        stage.step();
+        Row { outcome, expr }
     };
     Evaluation {
         ranks,
         microbatches,
-        peers: peers(profile).into_iter().map(row).collect(),
+        peers: names.into_iter().map(row).collect(),
         best: row("auto".into()),
         bound: profile_bound(profile, ranks, microbatches),
     }

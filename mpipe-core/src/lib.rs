@@ -21,6 +21,8 @@
 //! - deterministic: the same inputs give byte-identical programs (ordered maps only);
 //! - the verifier and simulator read only a [`program::Program`], so they judge
 //!   hand-written programs exactly as derived ones;
+//! - long work (the search, an evaluation) reports its progress only to an observer
+//!   the caller installs ([`progress`]); results never depend on it;
 //! - the search is the one place that runs threads (candidates' plans in parallel;
 //!   [`search::for_macro`] keeps it on one thread inside a procedural macro).
 
@@ -36,6 +38,7 @@ pub mod operators;
 pub mod plan;
 pub mod profile;
 pub mod program;
+pub mod progress;
 pub mod refine;
 pub mod relower;
 pub mod render;

@@ -28,6 +28,7 @@ use crate::expr::{parse_str, Expr};
 use crate::operators::layers::layers;
 use crate::plan::Plan;
 use crate::profile::Profile;
+use crate::progress::Stage;
 use crate::simulate::Mode;
 use std::cell::Cell;
 
@@ -240,7 +241,9 @@ pub fn for_macro<T>(f: impl FnOnce() -> T) -> T {
 /// be built, the plan and its ideal time; on every core, in candidate order.
 #[allow(clippy::type_complexity)]
 fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64, Plan)>)> {
+    let stage = Stage::begin("auto: planning the candidates", texts.len());
     let one = |text: &String| {
+        let _step = StepOnDrop(&stage);
         let Ok(expr) = parse_str(text) else {
             return (None, None);
         };
@@ -267,12 +270,14 @@ fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..threads)
             .map(|t| {
-                let one = &one;
+                let (one, stage) = (&one, &stage);
                 s.spawn(move || {
-                    (t..texts.len())
-                        .step_by(threads)
-                        .map(|i| (i, one(&texts[i])))
-                        .collect::<Vec<_>>()
+                    stage.within(|| {
+                        (t..texts.len())
+                            .step_by(threads)
+                            .map(|i| (i, one(&texts[i])))
+                            .collect::<Vec<_>>()
+                    })
                 })
             })
             .collect();
@@ -287,6 +292,15 @@ fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64
         .into_iter()
         .map(|r| r.unwrap_or((None, None)))
         .collect()
+}
+
+/// Steps its stage when dropped: a candidate counts as done however it ends.
+struct StepOnDrop<'a>(&'a Stage);
+
+impl Drop for StepOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.step();
+    }
 }
 
 /// One step of the search, for reports and tests.
@@ -339,7 +353,10 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     let mut best: Option<(f64, f64, usize, Derived)> = None;
     let mut first_errors = None;
     let mut finalists = Vec::new();
+    // Left early when no candidate left can win: the stage then ends short.
+    let stage = Stage::begin("auto: deriving the fastest-looking", planned.len());
     for (ideal, order, slot, plan) in planned {
+        let _step = StepOnDrop(&stage);
         if let Some((span, ..)) = &best {
             if ideal > *span * (1.0 + 1e-12) {
                 break;
@@ -366,8 +383,14 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             .then(a.2.cmp(&b.2))
     });
     let mut refined: Option<(f64, f64, usize, Derived)> = None;
+    drop(stage);
     let span = proc_macro2::Span::call_site();
+    let stage = Stage::begin(
+        "auto: refining the finalists",
+        finalists.len().min(FINALISTS),
+    );
     for (_, _, order, slot, plan) in finalists.into_iter().take(FINALISTS) {
+        let _step = StepOnDrop(&stage);
         let text = format!("refine({})", tried[slot].expr);
         if let Ok(d) = finish(req, &plan, &text, span, true) {
             keep_better(&mut refined, d, order);

@@ -110,6 +110,89 @@ fn the_search_is_deterministic_and_its_space_holds_every_peer() {
     }
 }
 
+/// One reported stage: id, name, total, steps done, ended.
+type Seen = (u64, String, u64, u64, bool);
+
+/// Records the stages a search reports.
+#[derive(Default)]
+struct Stages(std::sync::Mutex<Vec<Seen>>);
+
+impl mpipe_core::progress::Progress for Stages {
+    fn begin(&self, id: u64, what: &str, total: u64) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((id, what.to_string(), total, 0, false));
+    }
+    fn advance(&self, id: u64, n: u64) {
+        let mut all = self.0.lock().unwrap();
+        let s = all
+            .iter_mut()
+            .find(|s| s.0 == id)
+            .expect("advance of an open stage");
+        assert!(!s.4, "advance after end");
+        s.3 += n;
+    }
+    fn end(&self, id: u64) {
+        let mut all = self.0.lock().unwrap();
+        let s = all
+            .iter_mut()
+            .find(|s| s.0 == id)
+            .expect("end of an open stage");
+        assert!(!s.4, "a stage ends once");
+        s.4 = true;
+    }
+}
+
+#[test]
+fn the_search_reports_its_progress_and_the_report_changes_nothing() {
+    let profile = Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();
+    let req = Request::new(&profile, 8, 16);
+    let quiet = search(&req).unwrap();
+    let stages = std::sync::Arc::new(Stages::default());
+    let watched = mpipe_core::progress::with_progress(stages.clone(), || search(&req).unwrap());
+    assert_eq!(quiet.best.expr, watched.best.expr);
+    assert_eq!(quiet.best.program, watched.best.program);
+    let got = stages.0.lock().unwrap().clone();
+    let names: Vec<&str> = got.iter().map(|s| s.1.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "auto: planning the candidates",
+            "auto: deriving the fastest-looking",
+            "auto: refining the finalists"
+        ]
+    );
+    // Every stage ended; planning visits every candidate (on every worker thread);
+    // deriving stops early, never beyond its total.
+    assert!(got.iter().all(|s| s.4), "{got:?}");
+    let space = candidates(&profile, 8, 16).len() as u64;
+    assert_eq!((got[0].2, got[0].3), (space, space));
+    assert!(got[1].3 >= 1 && got[1].3 <= got[1].2, "{got:?}");
+    assert_eq!(got[2].3, got[2].2);
+}
+
+#[test]
+fn steps_too_large_to_derive_are_refused_at_once() {
+    let profile = Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();
+    let e = derive_str(&Request::new(&profile, 4, 10_000_000), "auto").unwrap_err();
+    assert!(
+        e[0].message
+            .contains("microbatches = 10000000 is over the 65536"),
+        "{}",
+        e[0].message
+    );
+    let e = derive_str(&Request::new(&profile, 16, 65_536), "1f1b").unwrap_err();
+    assert!(
+        e[0].message.contains("ranks x microbatches = 16 x 65536"),
+        "{}",
+        e[0].message
+    );
+    // Both argument errors at once, where both apply.
+    let e = derive_str(&Request::new(&profile, 0, 100_000), "1f1b").unwrap_err();
+    assert_eq!(e.len(), 2, "{e:?}");
+}
+
 #[test]
 fn auto_inside_an_operator_is_an_error() {
     let profile =

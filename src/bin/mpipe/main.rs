@@ -29,6 +29,7 @@ mod decode;
 mod evaluate;
 mod failure;
 mod interop;
+mod progress;
 mod source;
 mod table;
 
@@ -329,7 +330,27 @@ fn main() -> ExitCode {
             | Command::Simulate { json: true, .. }
             | Command::Compare { json: true, .. }
     );
-    let result = match cli.command {
+    // Long work (`auto`, `evaluate`) shows progress bars on a terminal.
+    let bars = std::sync::Arc::new(progress::Bars::new());
+    let result = mpipe_core::progress::with_progress(bars, || run(cli.command));
+    match result {
+        Ok(code) => ExitCode::from(code),
+        Err(f) => {
+            if json_failures {
+                outln!(
+                    "{}",
+                    serde_json::to_string_pretty(&f.to_json()).unwrap_or_default()
+                );
+            }
+            errln!("{}", f.terminal());
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+/// Runs one command.
+fn run(command: Command) -> Result<u8, failure::Failure> {
+    match command {
         Command::Derive {
             schedule,
             output,
@@ -417,18 +438,5 @@ fn main() -> ExitCode {
             compute_only,
             output.as_deref(),
         ),
-    };
-    match result {
-        Ok(code) => ExitCode::from(code),
-        Err(f) => {
-            if json_failures {
-                outln!(
-                    "{}",
-                    serde_json::to_string_pretty(&f.to_json()).unwrap_or_default()
-                );
-            }
-            errln!("{}", f.terminal());
-            ExitCode::from(f.code)
-        }
     }
 }

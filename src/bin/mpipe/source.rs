@@ -82,8 +82,10 @@ fn profile_failure(file: &str, text: &str, e: &ProfileError) -> Failure {
     Failure { code: 2, problems }
 }
 
-/// `--ranks` and `--microbatches` must be at least 1; both are reported.
+/// `--ranks` and `--microbatches` must be at least 1, and the step no larger than a
+/// derivation takes (`mpipe_core::derive`'s limits); every problem is reported.
 pub fn check_sizes(ranks: usize, microbatches: usize) -> Result<(), Failure> {
+    use mpipe_core::derive::{MAX_MICROBATCHES, MAX_RANK_MICROBATCHES};
     let mut all = Collect::default();
     for (flag, value, what) in [
         ("--ranks", ranks, "the number of pipeline ranks"),
@@ -99,6 +101,25 @@ pub fn check_sizes(ranks: usize, microbatches: usize) -> Result<(), Failure> {
                 format!("{flag} must be at least 1 ({what}), got 0"),
             ));
         }
+    }
+    if microbatches > MAX_MICROBATCHES {
+        all.add(Failure::input(
+            "usage",
+            format!(
+                "--microbatches {microbatches} is over the {MAX_MICROBATCHES} a step can have \
+                 (a program holds every action of one step): accumulate gradients over \
+                 several steps instead"
+            ),
+        ));
+    } else if ranks.saturating_mul(microbatches) > MAX_RANK_MICROBATCHES {
+        all.add(Failure::input(
+            "usage",
+            format!(
+                "--ranks x --microbatches = {ranks} x {microbatches} is over the \
+                 {MAX_RANK_MICROBATCHES} a step can have (a program holds every action of one \
+                 step): use fewer micro-batches per step"
+            ),
+        ));
     }
     all.finish()
 }
