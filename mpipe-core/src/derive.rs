@@ -536,6 +536,80 @@ pub fn resident_params(program: &Program) -> Vec<f64> {
 }
 
 fn eval(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    let key = MEMO.with(|m| m.borrow().is_some()).then(|| {
+        let split = req.profile.llm.split == crate::profile::Split::Balanced;
+        (split, e.to_string())
+    });
+    if let Some(key) = &key {
+        if let Some(plan) = MEMO.with(|m| m.borrow_mut().as_mut().and_then(|m| m.get(key))) {
+            return Some(plan);
+        }
+    }
+    let before = errors.len();
+    let plan = eval_uncached(req, e, errors);
+    // Only clean results are kept: a failure is evaluated again, so that its errors
+    // carry the spans of the expression at hand.
+    if let (Some(key), Some(plan)) = (key, &plan) {
+        if errors.len() == before {
+            MEMO.with(|m| {
+                if let Some(m) = m.borrow_mut().as_mut() {
+                    m.put(key, plan.clone());
+                }
+            });
+        }
+    }
+    plan
+}
+
+thread_local! {
+    /// Plans of the sub-expressions evaluated lately on this thread, while
+    /// [`with_plan_memo`] runs.
+    static MEMO: std::cell::RefCell<Option<PlanMemo>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The last few plans evaluated, by (balanced split, canonical expression text): a
+/// plan depends on nothing else within one request.
+struct PlanMemo {
+    entries: std::collections::VecDeque<((bool, String), Plan)>,
+}
+
+impl PlanMemo {
+    /// Enough for one candidate's nest of operators and its neighbours' (the search
+    /// evaluates candidates that share inner expressions one after another); kept
+    /// small because a plan at 16 x 128 is about a megabyte.
+    const CAPACITY: usize = 24;
+
+    fn get(&mut self, key: &(bool, String)) -> Option<Plan> {
+        let at = self.entries.iter().position(|(k, _)| k == key)?;
+        let hit = self.entries.remove(at)?;
+        let plan = hit.1.clone();
+        self.entries.push_back(hit);
+        Some(plan)
+    }
+
+    fn put(&mut self, key: (bool, String), plan: Plan) {
+        if self.entries.len() == Self::CAPACITY {
+            self.entries.pop_front();
+        }
+        self.entries.push_back((key, plan));
+    }
+}
+
+/// Runs `f` with the plans of sub-expressions remembered on this thread for one
+/// request (the search evaluates thousands of candidates that share inner
+/// expressions). Results are the same with or without it.
+pub(crate) fn with_plan_memo<T>(f: impl FnOnce() -> T) -> T {
+    let before = MEMO.with(|m| {
+        m.replace(Some(PlanMemo {
+            entries: Default::default(),
+        }))
+    });
+    let out = f();
+    MEMO.with(|m| *m.borrow_mut() = before);
+    out
+}
+
+fn eval_uncached(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
     let name = e.name();
     if let Some(kind) = body_kind(e, errors) {
         return match generate(kind, req.profile, req.ranks, req.microbatches) {

@@ -23,7 +23,8 @@
 //!   hand-written programs exactly as derived ones;
 //! - long work (the search, an evaluation) reports its progress only to an observer
 //!   the caller installs ([`progress`]); results never depend on it;
-//! - the search is the one place that runs threads (candidates' plans in parallel;
+//! - the search is the one place that runs threads (candidates' plans and their full
+//!   derivations in parallel, with the sequential search's answer;
 //!   [`search::for_macro`] keeps it on one thread inside a procedural macro).
 
 pub mod analysis;

@@ -21,6 +21,14 @@
 //! search stops at the first candidate whose ideal time is no better than the best
 //! simulated time found. Ties go to the lower peak memory, then to the earlier
 //! candidate, so the answer is deterministic.
+//!
+//! Speed, with the same answer: candidates that share inner expressions (a body under
+//! `split_w`, a placement of one encoder under several of the other's) are planned one
+//! after another on one thread, which remembers the last few sub-expression plans
+//! (`derive::with_plan_memo`); full derivations run on every core, a few candidates
+//! at a time in ideal order, their results taken in that order (so the stop and the
+//! winner are the sequential search's). Inside `schedule!` all of it runs on one
+//! thread.
 
 use crate::analysis::{dependencies, timing};
 use crate::derive::{finish, plan_of, DeriveError, Derived, ErrorKind, Request};
@@ -254,6 +262,12 @@ fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64
         });
         (Some(expr.to_string()), ideal)
     };
+    // Candidates that share inner expressions are evaluated one after another, on
+    // one thread, so that the plan memo (`derive::with_plan_memo`) holds the shared
+    // part: sorted by their nests read from the innermost body out.
+    let mut visit: Vec<usize> = (0..texts.len()).collect();
+    let nests: Vec<Vec<String>> = texts.iter().map(|t| nest(t)).collect();
+    visit.sort_by(|&a, &b| nests[a].cmp(&nests[b]).then(a.cmp(&b)));
     let threads = if FOR_MACRO.with(Cell::get) {
         1
     } else {
@@ -262,36 +276,71 @@ fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64
             .clamp(1, 8)
             .min(texts.len().max(1))
     };
-    if threads == 1 {
-        return texts.iter().map(one).collect();
-    }
     let mut slots: Vec<Option<(Option<String>, Option<(f64, Plan)>)>> =
         (0..texts.len()).map(|_| None).collect();
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let (one, stage) = (&one, &stage);
-                s.spawn(move || {
-                    stage.within(|| {
-                        (t..texts.len())
-                            .step_by(threads)
-                            .map(|i| (i, one(&texts[i])))
-                            .collect::<Vec<_>>()
+    if threads == 1 {
+        crate::derive::with_plan_memo(|| {
+            for &i in &visit {
+                slots[i] = Some(one(&texts[i]));
+            }
+        });
+    } else {
+        // Work is taken in runs of consecutive candidates (in `visit` order), so that
+        // a run's shared inner plans are built once.
+        const RUN: usize = 16;
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| {
+                    let (one, stage, next, visit) = (&one, &stage, &next, &visit);
+                    s.spawn(move || {
+                        stage.within(|| {
+                            crate::derive::with_plan_memo(|| {
+                                let mut done = Vec::new();
+                                loop {
+                                    let at =
+                                        next.fetch_add(RUN, std::sync::atomic::Ordering::Relaxed);
+                                    if at >= visit.len() {
+                                        break done;
+                                    }
+                                    for &i in &visit[at..(at + RUN).min(visit.len())] {
+                                        done.push((i, one(&texts[i])));
+                                    }
+                                }
+                            })
+                        })
                     })
                 })
-            })
-            .collect();
-        for h in handles {
-            // A panicking worker leaves its candidates out (they count as failed).
-            for (i, r) in h.join().unwrap_or_default() {
-                slots[i] = Some(r);
+                .collect();
+            for h in handles {
+                // A panicking worker leaves its candidates out (they count as failed).
+                for (i, r) in h.join().unwrap_or_default() {
+                    slots[i] = Some(r);
+                }
             }
-        }
-    });
+        });
+    }
     slots
         .into_iter()
         .map(|r| r.unwrap_or((None, None)))
         .collect()
+}
+
+/// The nest of a candidate, innermost body first: the texts of its body, the body's
+/// parent, and so on out to the whole expression (the body of an operator is its
+/// last positional argument). Empty if the text does not parse.
+fn nest(text: &str) -> Vec<String> {
+    let Ok(expr) = parse_str(text) else {
+        return Vec::new();
+    };
+    let mut chain = vec![expr.to_string()];
+    let mut at = &expr;
+    while let Some(body) = at.positional().last() {
+        chain.push(body.to_string());
+        at = body;
+    }
+    chain.reverse();
+    chain
 }
 
 /// Steps its stage when dropped: a candidate counts as done however it ends.
@@ -353,63 +402,86 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     let mut best: Option<(f64, f64, usize, Derived)> = None;
     let mut first_errors = None;
     let mut finalists = Vec::new();
+    // In ideal order, `workers` candidates at a time, their results taken in that
+    // order: the same stop and the same winner as one at a time, at most
+    // `workers - 1` derivations wasted past the stop.
+    let workers = workers(planned.len());
     // Left early when no candidate left can win: the stage then ends short.
     let stage = Stage::begin("auto: deriving the fastest-looking", planned.len());
-    for (ideal, order, slot, plan) in planned {
-        let _step = StepOnDrop(&stage);
-        if let Some((span, ..)) = &best {
-            if ideal > *span * (1.0 + 1e-12) {
+    let mut rest = planned.into_iter().peekable();
+    'batches: while rest.peek().is_some() {
+        let mut batch = Vec::new();
+        while batch.len() < workers {
+            let Some(next) = rest.next_if(|(ideal, ..)| {
+                best.as_ref()
+                    .is_none_or(|(span, ..)| *ideal <= *span * (1.0 + 1e-12))
+            }) else {
                 break;
-            }
+            };
+            batch.push(next);
         }
-        let span = parse_str(&tried[slot].expr)
-            .map_or_else(|_| proc_macro2::Span::call_site(), |e| e.span);
-        match finish(req, &plan, &tried[slot].expr, span, false) {
-            Ok(d) => {
-                finalists.push((d.report.makespan, d.peak_with_params(), order, slot, plan));
-                tried[slot].makespan = Some(d.report.makespan);
-                keep_better(&mut best, d, order);
+        if batch.is_empty() {
+            break;
+        }
+        let jobs: Vec<(&Plan, &str, bool)> = batch
+            .iter()
+            .map(|(_, _, slot, plan)| (plan, tried[*slot].expr.as_str(), false))
+            .collect();
+        let results = finish_all(req, &jobs, &stage);
+        drop(jobs);
+        for ((ideal, order, slot, plan), result) in batch.into_iter().zip(results) {
+            if let Some((span, ..)) = &best {
+                if ideal > *span * (1.0 + 1e-12) {
+                    break 'batches;
+                }
             }
-            Err(es) => {
-                first_errors.get_or_insert(es);
+            match result {
+                Ok(d) => {
+                    finalists.push((d.report.makespan, d.peak_with_params(), order, slot, plan));
+                    tried[slot].makespan = Some(d.report.makespan);
+                    keep_better(&mut best, d, order);
+                }
+                Err(es) => {
+                    first_errors.get_or_insert(es);
+                }
             }
         }
     }
+    drop(stage);
     // Refine the transfers of the fastest few by simulation (never slower), and
-    // keep the fastest refined program: `refine(EXPR)` names it.
+    // keep the fastest refined program: `refine(EXPR)` names it. Under rendezvous,
+    // also the same layer by layer (see `operators::layers`): its ideal time is the
+    // plan's, but transfers find better meeting points.
     finalists.sort_by(|a, b| {
         a.0.total_cmp(&b.0)
             .then(a.1.total_cmp(&b.1))
             .then(a.2.cmp(&b.2))
     });
-    let mut refined: Option<(f64, f64, usize, Derived)> = None;
-    drop(stage);
-    let span = proc_macro2::Span::call_site();
-    let stage = Stage::begin(
-        "auto: refining the finalists",
-        finalists.len().min(FINALISTS),
-    );
-    for (_, _, order, slot, plan) in finalists.into_iter().take(FINALISTS) {
-        let _step = StepOnDrop(&stage);
-        let text = format!("refine({})", tried[slot].expr);
-        if let Ok(d) = finish(req, &plan, &text, span, true) {
-            keep_better(&mut refined, d, order);
+    finalists.truncate(FINALISTS);
+    let fine: Vec<Option<Plan>> = finalists
+        .iter()
+        .map(|(.., plan)| (req.mode == Mode::Rendezvous).then(|| layers(plan.clone(), req.profile)))
+        .collect();
+    let mut jobs: Vec<(usize, String, &Plan, bool)> = Vec::new();
+    for ((_, _, order, slot, plan), fine) in finalists.iter().zip(&fine) {
+        let expr = &tried[*slot].expr;
+        jobs.push((*order, format!("refine({expr})"), plan, true));
+        if let Some(fine) = fine {
+            jobs.push((*order, format!("layers({expr})"), fine, false));
+            jobs.push((*order, format!("refine(layers({expr}))"), fine, true));
         }
-        // Under rendezvous, the same layer by layer (see `operators::layers`): its
-        // ideal time is the plan's, but transfers find better meeting points.
-        if req.mode == Mode::Rendezvous {
-            let fine = layers(plan, req.profile);
-            for refine in [false, true] {
-                let inner = format!("layers({})", tried[slot].expr);
-                let text = if refine {
-                    format!("refine({inner})")
-                } else {
-                    inner
-                };
-                if let Ok(d) = finish(req, &fine, &text, span, refine) {
-                    keep_better(&mut refined, d, order);
-                }
-            }
+    }
+    let stage = Stage::begin("auto: refining the finalists", jobs.len());
+    let work: Vec<(&Plan, &str, bool)> = jobs
+        .iter()
+        .map(|(_, text, plan, refine)| (*plan, text.as_str(), *refine))
+        .collect();
+    let results = finish_all(req, &work, &stage);
+    drop(stage);
+    let mut refined: Option<(f64, f64, usize, Derived)> = None;
+    for ((order, ..), result) in jobs.iter().zip(results) {
+        if let Ok(d) = result {
+            keep_better(&mut refined, d, *order);
         }
     }
     // Only a strict gain is worth the longer name.
@@ -421,6 +493,97 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         Some((.., d)) => Ok(Search { best: d, tried }),
         None => Err(first_errors.or_else(plan_errors).unwrap_or_default()),
     }
+}
+
+/// Threads for `jobs` independent pieces of work: every core (at most 8), one inside
+/// a procedural macro.
+fn workers(jobs: usize) -> usize {
+    if FOR_MACRO.with(Cell::get) {
+        1
+    } else {
+        std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .clamp(1, 8)
+            .min(jobs.max(1))
+    }
+}
+
+/// Each job `(plan, expression text, refine)` derived in full ([`finish`]), on every
+/// core, results in job order; `stage` counts them.
+fn finish_all(
+    req: &Request,
+    jobs: &[(&Plan, &str, bool)],
+    stage: &Stage,
+) -> Vec<Result<Derived, Vec<DeriveError>>> {
+    let one = |&(plan, text, refine): &(&Plan, &str, bool)| {
+        let _step = StepOnDrop(stage);
+        let span = proc_macro2::Span::call_site();
+        // Errors leave the worker as kind and message (spans stay on their thread).
+        finish(req, plan, text, span, refine).map_err(|es| {
+            es.into_iter()
+                .map(|e| (e.kind, e.message))
+                .collect::<Vec<_>>()
+        })
+    };
+    let threads = workers(jobs.len());
+    let results: Vec<Result<Derived, Vec<(ErrorKind, String)>>> = if threads == 1 {
+        jobs.iter().map(one).collect()
+    } else {
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let mut slots: Vec<Option<_>> = (0..jobs.len()).map(|_| None).collect();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|_| {
+                    let (one, next) = (&one, &next);
+                    s.spawn(move || {
+                        stage.within(|| {
+                            let mut done = Vec::new();
+                            loop {
+                                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                                if i >= jobs.len() {
+                                    break done;
+                                }
+                                done.push((i, one(&jobs[i])));
+                            }
+                        })
+                    })
+                })
+                .collect();
+            for h in handles {
+                // A panicking worker leaves its jobs out (they count as failed).
+                for (i, r) in h.join().unwrap_or_default() {
+                    slots[i] = Some(r);
+                }
+            }
+        });
+        slots
+            .into_iter()
+            .map(|r| {
+                r.unwrap_or_else(|| {
+                    Err(vec![(
+                        ErrorKind::Invalid,
+                        "the derivation stopped unexpectedly (a bug in mpipe, please report it)"
+                            .into(),
+                    )])
+                })
+            })
+            .collect()
+    };
+    let span = proc_macro2::Span::call_site();
+    results
+        .into_iter()
+        .map(|r| {
+            r.map_err(|es| {
+                es.into_iter()
+                    .map(|(kind, message)| DeriveError {
+                        message,
+                        span,
+                        kind,
+                    })
+                    .collect()
+            })
+        })
+        .collect()
 }
 
 /// Keep `d` (the candidate at `order`) in `best` if it is faster, or as fast with
@@ -467,5 +630,51 @@ pub(crate) fn auto(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveErro
                 kind: e.kind,
             })
             .collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The memo and the grouped, parallel evaluation change nothing: every
+    /// candidate's plan and ideal time are those of a fresh, lone evaluation.
+    #[test]
+    fn planning_all_candidates_equals_planning_each_alone() {
+        for (text, p, m) in [
+            (include_str!("../../profiles/eval-c-omni.toml"), 4, 8),
+            (include_str!("../../profiles/qwen2vl-7b.toml"), 4, 8),
+        ] {
+            let profile = Profile::from_toml_str(text).unwrap();
+            let req = Request::new(&profile, p, m);
+            let texts = candidates(&profile, p, m);
+            let all = plan_all(&req, &texts);
+            assert_eq!(all.len(), texts.len());
+            for (text, (canonical, got)) in texts.iter().zip(all) {
+                let expr = parse_str(text).unwrap();
+                assert_eq!(canonical.as_deref(), Some(expr.to_string().as_str()));
+                let alone = plan_of(&req, &expr).ok();
+                assert_eq!(got.as_ref().map(|(_, plan)| plan), alone.as_ref(), "{text}");
+                if let (Some((ideal, _)), Some(plan)) = (got, alone) {
+                    let deps = dependencies(&plan).unwrap();
+                    assert_eq!(ideal, timing(&plan, &deps).unwrap().makespan(), "{text}");
+                }
+            }
+        }
+    }
+
+    /// Candidates that share a body sort next to each other, innermost first.
+    #[test]
+    fn nests_read_from_the_innermost_body_out() {
+        assert_eq!(
+            nest("balance(transpose(vision, zbv, owners = spare))"),
+            [
+                "zbv",
+                "transpose(vision, zbv, owners = spare)",
+                "balance(transpose(vision, zbv, owners = spare))"
+            ]
+        );
+        assert_eq!(nest("1f1b"), ["1f1b"]);
+        assert!(nest("zbv(").is_empty());
     }
 }
