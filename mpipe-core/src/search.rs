@@ -268,62 +268,65 @@ fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64
     let mut visit: Vec<usize> = (0..texts.len()).collect();
     let nests: Vec<Vec<String>> = texts.iter().map(|t| nest(t)).collect();
     visit.sort_by(|&a, &b| nests[a].cmp(&nests[b]).then(a.cmp(&b)));
-    let threads = if FOR_MACRO.with(Cell::get) {
-        1
-    } else {
-        std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .clamp(1, 8)
-            .min(texts.len().max(1))
-    };
-    let mut slots: Vec<Option<(Option<String>, Option<(f64, Plan)>)>> =
-        (0..texts.len()).map(|_| None).collect();
-    if threads == 1 {
-        crate::derive::with_plan_memo(|| {
-            for &i in &visit {
-                slots[i] = Some(one(&texts[i]));
-            }
-        });
-    } else {
-        // Work is taken in runs of consecutive candidates (in `visit` order), so that
-        // a run's shared inner plans are built once.
-        const RUN: usize = 16;
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|_| {
-                    let (one, stage, next, visit) = (&one, &stage, &next, &visit);
-                    s.spawn(move || {
-                        stage.within(|| {
-                            crate::derive::with_plan_memo(|| {
-                                let mut done = Vec::new();
-                                loop {
-                                    let at =
-                                        next.fetch_add(RUN, std::sync::atomic::Ordering::Relaxed);
-                                    if at >= visit.len() {
-                                        break done;
-                                    }
-                                    for &i in &visit[at..(at + RUN).min(visit.len())] {
-                                        done.push((i, one(&texts[i])));
-                                    }
-                                }
-                            })
-                        })
-                    })
-                })
-                .collect();
-            for h in handles {
-                // A panicking worker leaves its candidates out (they count as failed).
-                for (i, r) in h.join().unwrap_or_default() {
-                    slots[i] = Some(r);
-                }
-            }
-        });
-    }
-    slots
+    // Runs of 16: a run's shared inner plans are built once.
+    on_threads(&visit, texts.len(), 16, &stage, |i| one(&texts[i]))
         .into_iter()
         .map(|r| r.unwrap_or((None, None)))
         .collect()
+}
+
+/// `f(i)` for every index in `order`, on every core ([`workers`]), each thread
+/// taking the next `run` entries of `order` in turn, with its own plan memo and
+/// reporting to `stage`'s observer; results by index, `None` for an index whose
+/// worker panicked (and for indices not in `order`).
+fn on_threads<T: Send>(
+    order: &[usize],
+    len: usize,
+    run: usize,
+    stage: &Stage,
+    f: impl Fn(usize) -> T + Sync,
+) -> Vec<Option<T>> {
+    let mut slots: Vec<Option<T>> = (0..len).map(|_| None).collect();
+    let threads = workers(order.len());
+    if threads == 1 {
+        crate::derive::with_plan_memo(|| {
+            for &i in order {
+                slots[i] = Some(f(i));
+            }
+        });
+        return slots;
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let (f, next) = (&f, &next);
+                s.spawn(move || {
+                    stage.within(|| {
+                        crate::derive::with_plan_memo(|| {
+                            let mut done = Vec::new();
+                            loop {
+                                let at = next.fetch_add(run, std::sync::atomic::Ordering::Relaxed);
+                                if at >= order.len() {
+                                    break done;
+                                }
+                                for &i in &order[at..(at + run).min(order.len())] {
+                                    done.push((i, f(i)));
+                                }
+                            }
+                        })
+                    })
+                })
+            })
+            .collect();
+        for h in handles {
+            // A panicking worker leaves its indices out.
+            for (i, r) in h.join().unwrap_or_default() {
+                slots[i] = Some(r);
+            }
+        }
+    });
+    slots
 }
 
 /// The nest of a candidate, innermost body first: the texts of its body, the body's
@@ -525,50 +528,16 @@ fn finish_all(
                 .collect::<Vec<_>>()
         })
     };
-    let threads = workers(jobs.len());
-    let results: Vec<Result<Derived, Vec<(ErrorKind, String)>>> = if threads == 1 {
-        jobs.iter().map(one).collect()
-    } else {
-        let next = std::sync::atomic::AtomicUsize::new(0);
-        let mut slots: Vec<Option<_>> = (0..jobs.len()).map(|_| None).collect();
-        std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|_| {
-                    let (one, next) = (&one, &next);
-                    s.spawn(move || {
-                        stage.within(|| {
-                            let mut done = Vec::new();
-                            loop {
-                                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                                if i >= jobs.len() {
-                                    break done;
-                                }
-                                done.push((i, one(&jobs[i])));
-                            }
-                        })
-                    })
-                })
-                .collect();
-            for h in handles {
-                // A panicking worker leaves its jobs out (they count as failed).
-                for (i, r) in h.join().unwrap_or_default() {
-                    slots[i] = Some(r);
-                }
-            }
-        });
-        slots
-            .into_iter()
-            .map(|r| {
-                r.unwrap_or_else(|| {
-                    Err(vec![(
-                        ErrorKind::Invalid,
-                        "the derivation stopped unexpectedly (a bug in mpipe, please report it)"
-                            .into(),
-                    )])
-                })
-            })
-            .collect()
-    };
+    let order: Vec<usize> = (0..jobs.len()).collect();
+    let results = on_threads(&order, jobs.len(), 1, stage, |i| one(&jobs[i]));
+    let results = results.into_iter().map(|r| {
+        r.unwrap_or_else(|| {
+            Err(vec![(
+                ErrorKind::Invalid,
+                "the derivation stopped unexpectedly (a bug in mpipe, please report it)".into(),
+            )])
+        })
+    });
     let span = proc_macro2::Span::call_site();
     results
         .into_iter()
