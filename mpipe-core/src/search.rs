@@ -25,10 +25,12 @@
 //! Speed, with the same answer: candidates that share inner expressions (a body under
 //! `split_w`, a placement of one encoder under several of the other's) are planned one
 //! after another on one thread, which remembers the last few sub-expression plans
-//! (`derive::with_plan_memo`); full derivations run on every core, a few candidates
-//! at a time in ideal order, their results taken in that order (so the stop and the
-//! winner are the sequential search's). Inside `schedule!` all of it runs on one
-//! thread.
+//! (`derive::with_plan_memo`); a candidate whose plan equals an earlier one's (about
+//! half of them on the two-encoder profile: `balance` finding the even split, an
+//! operator with nothing to move) shares its twin's derivation, which it could only
+//! tie; full derivations run on every core, a few candidates at a time in ideal
+//! order, their results taken in that order (so the stop and the winner are the
+//! sequential search's). Inside `schedule!` all of it runs on one thread.
 
 use crate::analysis::{dependencies, timing};
 use crate::derive::{finish, plan_of, DeriveError, Derived, ErrorKind, Request};
@@ -402,6 +404,11 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             .and_then(|e| plan_of(req, &e).err())
     };
     planned.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    // A candidate whose plan equals an earlier one's (`balance` finding the even
+    // split, an operator with nothing to move, ...) derives to the same program and
+    // cannot win (ties go to the earlier candidate): it shares its twin's result.
+    let twins = twins(&planned);
+    let mut results_of: std::collections::BTreeMap<usize, Option<(f64, f64)>> = Default::default();
     let mut best: Option<(f64, f64, usize, Derived)> = None;
     let mut first_errors = None;
     let mut finalists = Vec::new();
@@ -411,11 +418,11 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     let workers = workers(planned.len());
     // Left early when no candidate left can win: the stage then ends short.
     let stage = Stage::begin("auto: deriving the fastest-looking", planned.len());
-    let mut rest = planned.into_iter().peekable();
+    let mut rest = planned.into_iter().zip(twins).peekable();
     'batches: while rest.peek().is_some() {
         let mut batch = Vec::new();
         while batch.len() < workers {
-            let Some(next) = rest.next_if(|(ideal, ..)| {
+            let Some(next) = rest.next_if(|((ideal, ..), _)| {
                 best.as_ref()
                     .is_none_or(|(span, ..)| *ideal <= *span * (1.0 + 1e-12))
             }) else {
@@ -428,25 +435,39 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         }
         let jobs: Vec<(&Plan, &str, bool)> = batch
             .iter()
-            .map(|(_, _, slot, plan)| (plan, tried[*slot].expr.as_str(), false))
+            .filter(|(_, twin)| twin.is_none())
+            .map(|((_, _, slot, plan), _)| (plan, tried[*slot].expr.as_str(), false))
             .collect();
-        let results = finish_all(req, &jobs, &stage);
+        let mut results = finish_all(req, &jobs, &stage).into_iter();
         drop(jobs);
-        for ((ideal, order, slot, plan), result) in batch.into_iter().zip(results) {
+        for ((ideal, order, slot, plan), twin) in batch {
             if let Some((span, ..)) = &best {
                 if ideal > *span * (1.0 + 1e-12) {
                     break 'batches;
                 }
             }
-            match result {
-                Ok(d) => {
-                    finalists.push((d.report.makespan, d.peak_with_params(), order, slot, plan));
-                    tried[slot].makespan = Some(d.report.makespan);
+            if let Some(of) = twin {
+                // Its twin came earlier in this order, so it has been taken already.
+                stage.step();
+                if let Some(Some((span, peak))) = results_of.get(&of) {
+                    finalists.push((*span, *peak, order, slot, None));
+                    tried[slot].makespan = Some(*span);
+                }
+                continue;
+            }
+            match results.next() {
+                Some(Ok(d)) => {
+                    let (span, peak) = (d.report.makespan, d.peak_with_params());
+                    results_of.insert(slot, Some((span, peak)));
+                    finalists.push((span, peak, order, slot, Some(plan)));
+                    tried[slot].makespan = Some(span);
                     keep_better(&mut best, d, order);
                 }
-                Err(es) => {
+                Some(Err(es)) => {
+                    results_of.insert(slot, None);
                     first_errors.get_or_insert(es);
                 }
+                None => {}
             }
         }
     }
@@ -461,6 +482,11 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             .then(a.2.cmp(&b.2))
     });
     finalists.truncate(FINALISTS);
+    // A twin's refinements equal its twin's, which sorts before it and wins the tie.
+    let finalists: Vec<_> = finalists
+        .into_iter()
+        .filter_map(|(a, b, order, slot, plan)| Some((a, b, order, slot, plan?)))
+        .collect();
     let fine: Vec<Option<Plan>> = finalists
         .iter()
         .map(|(.., plan)| (req.mode == Mode::Rendezvous).then(|| layers(plan.clone(), req.profile)))
@@ -496,6 +522,22 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         Some((.., d)) => Ok(Search { best: d, tried }),
         None => Err(first_errors.or_else(plan_errors).unwrap_or_default()),
     }
+}
+
+/// For each candidate of `planned` (sorted by ideal time, then candidate order), the
+/// slot of the first earlier one with the same ideal time and an equal plan, if any.
+fn twins(planned: &[(f64, usize, usize, Plan)]) -> Vec<Option<usize>> {
+    let mut out: Vec<Option<usize>> = vec![None; planned.len()];
+    let mut run = 0; // first index of the current run of equal ideal times
+    for k in 0..planned.len() {
+        if planned[k].0.to_bits() != planned[run].0.to_bits() {
+            run = k;
+        }
+        out[k] = (run..k)
+            .find(|&j| out[j].is_none() && planned[j].3 == planned[k].3)
+            .map(|j| planned[j].2);
+    }
+    out
 }
 
 /// Threads for `jobs` independent pieces of work: every core (at most 8), one inside
@@ -630,6 +672,37 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn twins_are_equal_plans_with_equal_ideal_times() {
+        let profile =
+            Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();
+        let req = Request::new(&profile, 4, 8);
+        let plan = |e: &str| plan_of(&req, &parse_str(e).unwrap()).unwrap();
+        let (a, b) = (plan("zbh1"), plan("1f1b"));
+        let planned = vec![
+            (1.0, 0, 10, a.clone()),
+            (1.0, 1, 11, b),
+            (1.0, 2, 12, a.clone()),
+            (2.0, 3, 13, a),
+        ];
+        assert_eq!(twins(&planned), [None, None, Some(10), None]);
+    }
+
+    /// On one thread (as inside `schedule!`) the search gives the same answer as on
+    /// every core.
+    #[test]
+    fn one_thread_and_every_core_agree() {
+        let profile =
+            Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();
+        let req = Request::new(&profile, 4, 8);
+        let all = search(&req).unwrap();
+        let one = for_macro(|| search(&req)).unwrap();
+        assert_eq!(all.best.expr, one.best.expr);
+        assert_eq!(all.best.program, one.best.program);
+        let spans = |s: &Search| s.tried.iter().map(|t| t.makespan).collect::<Vec<_>>();
+        assert_eq!(spans(&all), spans(&one));
     }
 
     /// Candidates that share a body sort next to each other, innermost first.
