@@ -45,17 +45,25 @@ pub fn with_progress<T>(observer: Arc<dyn Progress>, f: impl FnOnce() -> T) -> T
         observer,
         next: std::sync::atomic::AtomicU64::new(0),
     });
-    let before = CURRENT.with(|c| c.replace(Some(installed)));
-    // Restore on unwind too, so a panic in `f` leaves no observer behind.
-    struct Restore(Option<Option<Arc<Installed>>>);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let before = self.0.take().flatten();
-            CURRENT.with(|c| *c.borrow_mut() = before);
-        }
-    }
-    let _restore = Restore(Some(before));
+    let _back = Current::set(Some(installed));
     f()
+}
+
+/// This thread's observer set for a while; the one before is back when dropped, on
+/// unwind too, so a panic leaves no observer behind.
+struct Current(Option<Arc<Installed>>);
+
+impl Current {
+    fn set(to: Option<Arc<Installed>>) -> Current {
+        Current(CURRENT.with(|c| c.replace(to)))
+    }
+}
+
+impl Drop for Current {
+    fn drop(&mut self) {
+        let before = self.0.take();
+        CURRENT.with(|c| *c.borrow_mut() = before);
+    }
 }
 
 /// One stage of work being reported; ends when dropped.
@@ -85,15 +93,11 @@ impl Stage {
     /// Runs `f` with this thread reporting to the same observer as the thread that
     /// opened the stage (for worker threads, whose own stages then nest under it).
     pub fn within<T>(&self, f: impl FnOnce() -> T) -> T {
-        match &self.to {
-            Some((inst, _)) => {
-                let before = CURRENT.with(|c| c.replace(Some(inst.clone())));
-                let out = f();
-                CURRENT.with(|c| *c.borrow_mut() = before);
-                out
-            }
-            None => f(),
-        }
+        let _back = self
+            .to
+            .as_ref()
+            .map(|(inst, _)| Current::set(Some(inst.clone())));
+        f()
     }
 }
 

@@ -408,7 +408,8 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     // split, an operator with nothing to move, ...) derives to the same program and
     // cannot win (ties go to the earlier candidate): it shares its twin's result.
     let twins = twins(&planned);
-    let mut results_of: std::collections::BTreeMap<usize, Option<(f64, f64)>> = Default::default();
+    // Makespan and peak of each candidate derived so far, by slot.
+    let mut derived: std::collections::BTreeMap<usize, (f64, f64)> = Default::default();
     let mut best: Option<(f64, f64, usize, Derived)> = None;
     let mut first_errors = None;
     let mut finalists = Vec::new();
@@ -449,22 +450,21 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             if let Some(of) = twin {
                 // Its twin came earlier in this order, so it has been taken already.
                 stage.step();
-                if let Some(Some((span, peak))) = results_of.get(&of) {
-                    finalists.push((*span, *peak, order, slot, None));
-                    tried[slot].makespan = Some(*span);
+                if let Some(&(span, peak)) = derived.get(&of) {
+                    finalists.push((span, peak, order, slot, None));
+                    tried[slot].makespan = Some(span);
                 }
                 continue;
             }
             match results.next() {
                 Some(Ok(d)) => {
                     let (span, peak) = (d.report.makespan, d.peak_with_params());
-                    results_of.insert(slot, Some((span, peak)));
+                    derived.insert(slot, (span, peak));
                     finalists.push((span, peak, order, slot, Some(plan)));
                     tried[slot].makespan = Some(span);
                     keep_better(&mut best, d, order);
                 }
                 Some(Err(es)) => {
-                    results_of.insert(slot, None);
                     first_errors.get_or_insert(es);
                 }
                 None => {}
@@ -571,20 +571,17 @@ fn finish_all(
         })
     };
     let order: Vec<usize> = (0..jobs.len()).collect();
-    let results = on_threads(&order, jobs.len(), 1, stage, |i| one(&jobs[i]));
-    let results = results.into_iter().map(|r| {
-        r.unwrap_or_else(|| {
-            Err(vec![(
-                ErrorKind::Invalid,
-                "the derivation stopped unexpectedly (a bug in mpipe, please report it)".into(),
-            )])
-        })
-    });
     let span = proc_macro2::Span::call_site();
-    results
+    on_threads(&order, jobs.len(), 1, stage, |i| one(&jobs[i]))
         .into_iter()
         .map(|r| {
-            r.map_err(|es| {
+            let lost = || {
+                vec![(
+                    ErrorKind::Invalid,
+                    "the derivation stopped unexpectedly (a bug in mpipe, please report it)".into(),
+                )]
+            };
+            r.unwrap_or_else(|| Err(lost())).map_err(|es| {
                 es.into_iter()
                     .map(|(kind, message)| DeriveError {
                         message,
