@@ -840,7 +840,7 @@ fn refine_reads_stdin_keeps_refined_programs_and_reports_bad_input() {
         "{err}"
     );
     assert!(
-        err.contains("--bandwidth must be a positive number"),
+        err.contains("--bandwidth must be a number >= 1e-9"),
         "{err}"
     );
 }
@@ -921,4 +921,112 @@ fn evaluate_needs_a_size() {
     ]);
     assert_status(&o, 0);
     assert!(stdout(&o).contains("auto = "), "{}", stdout(&o));
+}
+
+/// Inputs found by fuzzing the tool: each is refused with a message and the usual
+/// exit status, at once, where before it panicked, ran out of memory or ran for
+/// minutes.
+#[test]
+fn oversized_and_malformed_inputs_are_refused_quickly() {
+    let dir = TempDir::new("limits");
+    let valid = derive("1f1b");
+    let started = std::time::Instant::now();
+
+    // A program whose prefetch names a micro-batch it does not have.
+    let mut v = json(&valid);
+    v["prefetch"] = serde_json::json!([{"unit": v["units"][0]["name"].clone(), "mb": 99}]);
+    let bad = dir.path("prefetch.json");
+    std::fs::write(&bad, v.to_string()).unwrap();
+    let o = mpipe(&["refine", bad.to_str().unwrap(), "-o", "-"]);
+    assert_status(&o, 1);
+    assert!(stderr(&o).contains("prefetch entry 0"), "{}", stderr(&o));
+
+    // A program that claims billions of ranks or micro-batches.
+    for (key, value) in [("ranks", 4_000_000_000u64), ("microbatches", 1 << 40)] {
+        let mut v = json(&valid);
+        v[key] = value.into();
+        let f = dir.path(&format!("{key}.json"));
+        std::fs::write(&f, v.to_string()).unwrap();
+        for cmd in ["simulate", "svg", "trace"] {
+            let out = dir.path("out");
+            let mut args = vec![cmd, "--program", f.to_str().unwrap()];
+            if cmd != "simulate" {
+                args.extend(["-o", out.to_str().unwrap()]);
+            }
+            let o = mpipe(&args);
+            assert_status(&o, 1);
+            assert!(stderr(&o).contains("cannot be simulated"), "{}", stderr(&o));
+        }
+        let o = mpipe(&["refine", f.to_str().unwrap(), "-o", "-"]);
+        assert_status(&o, 1);
+    }
+
+    // A chart wider than any screen.
+    let o = mpipe(&[
+        "svg",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "1f1b",
+        "-o",
+        dir.path("w.svg").to_str().unwrap(),
+        "--width",
+        "4294967296",
+    ]);
+    assert_status(&o, 2);
+    assert!(stderr(&o).contains("--width must be"), "{}", stderr(&o));
+
+    // A link so slow that every time is infinite.
+    let o = mpipe(&[
+        "simulate",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        "1f1b",
+        "--latency",
+        "1e308",
+    ]);
+    assert_status(&o, 2);
+    assert!(stderr(&o).contains("--latency must be"), "{}", stderr(&o));
+    assert!(started.elapsed().as_secs() < 60);
+}
+
+/// `mpipe evaluate` fails (exit 1, with the reason) when `auto` has no row.
+#[test]
+fn evaluate_fails_when_auto_gives_no_schedule() {
+    let dir = TempDir::new("evaluate");
+    let text = std::fs::read_to_string(heavy()).unwrap();
+    let (encoder, llm) = text.split_once("[llm]").unwrap();
+    let encoder = encoder
+        .split_once("[[encoder]]")
+        .map_or(encoder, |(_, e)| e);
+    let mut four = String::new();
+    for i in 0..4 {
+        four.push_str("[[encoder]]");
+        four.push_str(&encoder.replace("name = \"vision\"", &format!("name = \"e{i}\"")));
+    }
+    four.push_str("[llm]");
+    four.push_str(llm);
+    let f = dir.path("four.toml");
+    std::fs::write(&f, four).unwrap();
+    let o = mpipe(&[
+        "evaluate",
+        f.to_str().unwrap(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+    ]);
+    assert_status(&o, 1);
+    assert!(
+        stderr(&o).contains("`auto` gave no schedule") && stderr(&o).contains("at most 3 encoders"),
+        "{}",
+        stderr(&o)
+    );
 }

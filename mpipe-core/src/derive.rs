@@ -142,14 +142,7 @@ impl<'a> Request<'a> {
     }
 }
 
-/// The most micro-batches per step a derivation takes (a step's program holds every
-/// action of every micro-batch; training steps have hundreds, not tens of thousands).
-pub const MAX_MICROBATCHES: usize = 65_536;
-
-/// The most (rank, micro-batch) pairs a derivation takes: `ranks x microbatches`
-/// bounds the program's size, and so its time and memory to derive (`1f1b` at 8 x
-/// 65536: 34 s and 1.2 GB on a 2-core test machine; twice that size took twice both).
-pub const MAX_RANK_MICROBATCHES: usize = 1 << 19;
+pub use crate::program::{MAX_MICROBATCHES, MAX_RANK_MICROBATCHES};
 
 /// Derive, verify and simulate `expr` for `req`. All errors found are returned.
 pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {

@@ -28,7 +28,7 @@ use crate::derive::{best_lowering_with, resident_params};
 use crate::lower::LowerError;
 use crate::plan::{InputShip, Plan, Task};
 use crate::program::{ActionRef, Dir, Program, Tensor};
-use crate::simulate::{simulate, Mode, SimOptions, SimReport};
+use crate::simulate::{check_shape, simulate, Mode, SimError, SimOptions, SimReport};
 use crate::verify::verify_static;
 use std::collections::BTreeMap;
 
@@ -74,6 +74,10 @@ pub enum RelowerError {
         "the program lists {lists} ranks' actions but declares `ranks` = {ranks}; make them agree"
     )]
     Ranks { lists: usize, ranks: usize },
+    /// The document's units, sizes or prefetch entries cannot describe a program
+    /// ([`crate::simulate::check_shape`]).
+    #[error("{0}")]
+    Shape(SimError),
     #[error(
         "the compute order cannot run whatever the transfers: {0} (reorder that rank's \
          compute actions so each comes after what it reads)"
@@ -102,6 +106,7 @@ pub fn plan_of_program(program: &Program) -> Result<Plan, RelowerError> {
             ranks: program.ranks,
         });
     }
+    check_shape(program).map_err(RelowerError::Shape)?;
     let ids: BTreeMap<&str, usize> = program
         .units
         .iter()
@@ -140,6 +145,13 @@ pub fn plan_of_program(program: &Program) -> Result<Plan, RelowerError> {
                     check_mb(rank, index, c.mb)?,
                 )),
                 ActionRef::P2p(x) if x.tensor == Tensor::Input && x.dir == Dir::Send => {
+                    if x.peer >= program.ranks {
+                        return Err(RelowerError::Invalid(format!(
+                            "rank {rank}, action {index}: it sends to rank {}, which does not \
+                             exist (the program has {} ranks)",
+                            x.peer, program.ranks
+                        )));
+                    }
                     input_ships.push(InputShip {
                         unit: unit_id(rank, index, x.unit)?,
                         mb: check_mb(rank, index, x.mb)?,

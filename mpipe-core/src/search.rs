@@ -375,9 +375,31 @@ pub struct Search {
     pub tried: Vec<Tried>,
 }
 
+/// The most encoders `auto` places: the candidates multiply with each encoder's
+/// placements (three trainable encoders at 4 x 8 already take about 17 s).
+pub const MAX_AUTO_ENCODERS: usize = 3;
+
+/// Why `auto` does not search `req`'s profile, if it does not.
+fn too_many_encoders(req: &Request, span: proc_macro2::Span) -> Option<DeriveError> {
+    let n = req.profile.encoders.len();
+    (n > MAX_AUTO_ENCODERS).then(|| DeriveError {
+        message: format!(
+            "`auto` searches the placements of at most {MAX_AUTO_ENCODERS} encoders and \
+             this profile has {n}: write the schedule instead, for example \
+             `transpose(ENCODER, zbv)` once per encoder"
+        ),
+        span,
+        kind: ErrorKind::NotAvailable,
+    })
+}
+
 /// Run the search for `req`. Fails only when no candidate can be derived (then the
-/// errors of the fastest-looking candidate say why, e.g. memory over the limit).
+/// errors of the fastest-looking candidate say why, e.g. memory over the limit), or
+/// when the profile has more than [`MAX_AUTO_ENCODERS`] encoders.
 pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
+    if let Some(e) = too_many_encoders(req, proc_macro2::Span::call_site()) {
+        return Err(vec![e]);
+    }
     let texts = candidates(req.profile, req.ranks, req.microbatches);
     let timed = plan_all(req, &texts);
     let mut tried: Vec<Tried> = Vec::new();
@@ -619,6 +641,9 @@ pub(crate) fn auto(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveErro
             span: expr.span,
             kind: ErrorKind::BadArgument,
         }]);
+    }
+    if let Some(e) = too_many_encoders(req, expr.span) {
+        return Err(vec![e]);
     }
     match search(req) {
         Ok(s) => Ok(s.best),

@@ -59,7 +59,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::Serialize;
 
-use crate::program::{Action, ActionRef, CollKind, Dir, Op, Program, Tensor};
+use crate::program::{
+    Action, ActionRef, CollKind, Dir, Op, Program, Tensor, MAX_MICROBATCHES, MAX_RANK_MICROBATCHES,
+};
 use crate::timeline::{Slot, Timeline};
 
 /// How point-to-point transfers synchronise.
@@ -217,6 +219,30 @@ pub enum SimError {
     BadCommModel { latency: f64, bandwidth: f64 },
     #[error("the program is too large to simulate: {what}")]
     TooLarge { what: String },
+    #[error(
+        "unit `{unit}`: `home` is rank {home}, but the program has {ranks} ranks: \
+         name an existing rank"
+    )]
+    HomeOutOfRange {
+        unit: String,
+        home: usize,
+        ranks: usize,
+    },
+    #[error(
+        "prefetch entry {index} (`{unit}`, micro-batch {mb}): {problem}: fix the entry \
+         or remove it"
+    )]
+    BadPrefetch {
+        index: usize,
+        unit: String,
+        mb: usize,
+        problem: String,
+    },
+    #[error(
+        "{what} is not a finite number (the costs, sizes or link figures are too large, \
+         or the bandwidth too small): scale them to smaller units"
+    )]
+    NotFinite { what: String },
     #[error("{}", deadlock_text(.blocked))]
     Deadlock { blocked: Vec<Blocked> },
 }
@@ -242,7 +268,95 @@ fn deadlock_text(blocked: &[Blocked]) -> String {
 /// Run `p` under `opts` and measure it.
 pub fn simulate(p: &Program, opts: &SimOptions) -> Result<SimReport, SimError> {
     let setup = Setup::new(p, opts)?;
-    Engine::new(&setup)?.run()
+    let report = Engine::new(&setup)?.run()?;
+    if !report.makespan.is_finite() {
+        return Err(SimError::NotFinite {
+            what: format!("the makespan ({})", report.makespan),
+        });
+    }
+    Ok(report)
+}
+
+/// Check what every reader of a program relies on before it indexes anything: one
+/// action list per rank, sizes within [`MAX_MICROBATCHES`] and
+/// [`MAX_RANK_MICROBATCHES`], distinct unit names, finite non-negative unit numbers,
+/// homes that are ranks, and prefetch entries that name a unit and a micro-batch of
+/// the program. Cheap (one pass over the units); the simulator, the verifier and
+/// re-derivation run it first.
+pub fn check_shape(p: &Program) -> Result<(), SimError> {
+    let nr = p.programs.len();
+    if p.ranks != nr {
+        return Err(SimError::RankCount {
+            ranks: p.ranks,
+            lists: nr,
+        });
+    }
+    if p.microbatches > MAX_MICROBATCHES {
+        return Err(SimError::TooLarge {
+            what: format!(
+                "{} micro-batches, over the {MAX_MICROBATCHES} mpipe handles in one step",
+                p.microbatches
+            ),
+        });
+    }
+    if nr.saturating_mul(p.microbatches.max(1)) > MAX_RANK_MICROBATCHES {
+        return Err(SimError::TooLarge {
+            what: format!(
+                "{nr} ranks x {} micro-batches, over the {MAX_RANK_MICROBATCHES} (rank, \
+                 micro-batch) pairs mpipe handles in one step",
+                p.microbatches
+            ),
+        });
+    }
+    let (names, dups) = unit_names(p);
+    if let Some(&(first, second)) = dups.first() {
+        return Err(SimError::DuplicateUnit {
+            name: p.units[second].name.clone(),
+            first,
+            second,
+        });
+    }
+    for u in &p.units {
+        for (field, value) in [
+            ("cost.F", u.cost.f),
+            ("cost.B", u.cost.b),
+            ("cost.W", u.cost.w),
+            ("act", u.act),
+            ("bytes", u.bytes),
+            ("params", u.params),
+        ] {
+            if !(value.is_finite() && value >= 0.0) {
+                return Err(SimError::BadUnitNumber {
+                    unit: u.name.clone(),
+                    field,
+                    value,
+                });
+            }
+        }
+        if u.home >= nr {
+            return Err(SimError::HomeOutOfRange {
+                unit: u.name.clone(),
+                home: u.home,
+                ranks: nr,
+            });
+        }
+    }
+    for (index, f) in p.prefetch.iter().enumerate() {
+        let problem = if !names.contains_key(&*f.unit) {
+            "no unit has that name".to_string()
+        } else if f.mb >= p.microbatches {
+            format!("the program has {} micro-batches", p.microbatches)
+        } else {
+            continue;
+        };
+        return Err(SimError::BadPrefetch {
+            index,
+            unit: f.unit.to_string(),
+            mb: f.mb,
+            problem,
+        });
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------
@@ -384,13 +498,8 @@ impl<'p> Setup<'p> {
                 });
             }
         }
+        check_shape(p)?;
         let nr = p.programs.len();
-        if p.ranks != nr {
-            return Err(SimError::RankCount {
-                ranks: p.ranks,
-                lists: nr,
-            });
-        }
         let total: usize = p.programs.iter().map(Vec::len).sum();
         if total >= NONE as usize || p.units.len() >= NONE as usize || nr >= NONE as usize {
             return Err(SimError::TooLarge {
@@ -410,32 +519,9 @@ impl<'p> Setup<'p> {
                 ),
             });
         }
-        let (names, dups) = unit_names(p);
-        if let Some(&(first, second)) = dups.first() {
-            return Err(SimError::DuplicateUnit {
-                name: p.units[second].name.clone(),
-                first,
-                second,
-            });
-        }
+        let (names, _) = unit_names(p);
         let mut cost = Vec::with_capacity(p.units.len());
         for u in &p.units {
-            for (field, value) in [
-                ("cost.F", u.cost.f),
-                ("cost.B", u.cost.b),
-                ("cost.W", u.cost.w),
-                ("act", u.act),
-                ("bytes", u.bytes),
-                ("params", u.params),
-            ] {
-                if !(value.is_finite() && value >= 0.0) {
-                    return Err(SimError::BadUnitNumber {
-                        unit: u.name.clone(),
-                        field,
-                        value,
-                    });
-                }
-            }
             let mut c = [0.0; 5];
             for op in [Op::F, Op::B, Op::W, Op::BW, Op::RF] {
                 c[op_index(op)] = op.cost(&u.cost);

@@ -41,7 +41,10 @@
 use crate::lower::{lower_with, LowerError, Placement};
 use crate::plan::{Layout, Plan, Task};
 use crate::profile::Profile;
-use crate::program::{Action, ActionRef, Cost, Dir, Op, Program, Tensor, Unit, FORMAT};
+use crate::program::{
+    Action, ActionRef, Cost, Dir, Op, Program, Tensor, Unit, FORMAT, MAX_MICROBATCHES,
+    MAX_RANK_MICROBATCHES,
+};
 use crate::units::{build_units, stage_name, stage_rank};
 use std::fmt;
 
@@ -343,6 +346,48 @@ fn parse(text: &str) -> Result<Vec<Vec<Cell>>, ImportError> {
     Ok(rows)
 }
 
+/// Refuse indices that no schedule of this size can have, before anything is sized
+/// by them: a stage index is below the number of compute actions (stages are
+/// numbered without gaps, each with at least one), and the micro-batches stay
+/// within mpipe's limits ([`MAX_MICROBATCHES`], [`MAX_RANK_MICROBATCHES`]).
+fn check_sizes(rows: &[Vec<Cell>]) -> Result<(), ImportError> {
+    let compute = rows
+        .iter()
+        .flatten()
+        .filter(|c| c.kind.is_compute())
+        .count();
+    let ranks = rows.len();
+    for c in rows.iter().flatten() {
+        if c.kind.is_compute() && c.stage > compute {
+            return Err(at(
+                c.line,
+                c.column,
+                format!(
+                    "stage {} is out of range: the file has {compute} compute actions, and \
+                     stages are numbered 0, 1, ... without gaps",
+                    c.stage
+                ),
+            ));
+        }
+        let microbatches = c.mb.saturating_add(1);
+        if microbatches > MAX_MICROBATCHES
+            || ranks.saturating_mul(microbatches) > MAX_RANK_MICROBATCHES
+        {
+            return Err(at(
+                c.line,
+                c.column,
+                format!(
+                    "micro-batch {} is out of range: mpipe handles at most {MAX_MICROBATCHES} \
+                     micro-batches and {MAX_RANK_MICROBATCHES} (rank, micro-batch) pairs in \
+                     one step",
+                    c.mb
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Import a torch schedule CSV with unit costs (or a profile's), transfers unbatched.
 pub fn import(text: &str, profile: Option<&Profile>) -> Result<Program, ImportError> {
     import_with(
@@ -358,6 +403,7 @@ pub fn import(text: &str, profile: Option<&Profile>) -> Result<Program, ImportEr
 pub fn import_with(text: &str, opts: &ImportOptions) -> Result<Program, ImportError> {
     let rows = parse(text)?;
     let ranks = rows.len();
+    check_sizes(&rows)?;
     // Placement: the one rank where each stage's compute appears.
     let mut home: Vec<Option<(usize, Cell)>> = Vec::new();
     let mut microbatches = 0;

@@ -18,6 +18,11 @@ use std::str::FromStr;
 
 use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 
+/// How deep operators may nest (`a(b(c(...)))`). Real schedules nest a handful of
+/// levels; the limit keeps the recursive passes over an expression (parsing, planning,
+/// printing) far from the end of the stack.
+pub const MAX_DEPTH: usize = 64;
+
 use super::ast::{Arg, Expr, Ident, Value};
 use super::ExprError;
 
@@ -27,7 +32,10 @@ use super::ExprError;
 /// Every error it can find, each with the span of the offending token.
 pub fn parse(tokens: TokenStream) -> Result<Expr, Vec<ExprError>> {
     let toks = flatten(tokens);
-    let mut p = Parser { errors: Vec::new() };
+    let mut p = Parser {
+        errors: Vec::new(),
+        depth: 0,
+    };
     if toks.is_empty() {
         return Err(vec![ExprError::new(
             "expected a schedule expression such as `1f1b` or `transpose(vision, zbv)`, \
@@ -63,6 +71,22 @@ pub fn parse(tokens: TokenStream) -> Result<Expr, Vec<ExprError>> {
 /// # Errors
 /// As [`parse`], or the one lexing error.
 pub fn parse_str(text: &str) -> Result<Expr, Vec<ExprError>> {
+    // Checked before lexing: the lexer itself recurses into every group.
+    let deepest = text
+        .chars()
+        .scan(0usize, |depth, c| {
+            match c {
+                '(' | '[' | '{' => *depth += 1,
+                ')' | ']' | '}' => *depth = depth.saturating_sub(1),
+                _ => {}
+            }
+            Some(*depth)
+        })
+        .max()
+        .unwrap_or(0);
+    if deepest > MAX_DEPTH {
+        return Err(vec![too_deep(deepest, Span::call_site())]);
+    }
     match TokenStream::from_str(text) {
         Ok(tokens) => parse(tokens),
         Err(e) => Err(vec![ExprError::new(lex_message(text), e.span())]),
@@ -79,6 +103,18 @@ enum Ctx {
 
 struct Parser {
     errors: Vec<ExprError>,
+    /// Operators entered and not yet left.
+    depth: usize,
+}
+
+fn too_deep(depth: usize, span: Span) -> ExprError {
+    ExprError::new(
+        format!(
+            "the expression nests operators {depth} levels deep; mpipe accepts at most \
+             {MAX_DEPTH}: write the schedule with fewer nested operators"
+        ),
+        span,
+    )
 }
 
 impl Parser {
@@ -109,7 +145,13 @@ impl Parser {
         match toks.get(*i) {
             Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Parenthesis => {
                 *i += 1;
+                if self.depth >= MAX_DEPTH {
+                    self.errors.push(too_deep(self.depth + 1, head.span));
+                    return None;
+                }
+                self.depth += 1;
                 let args = self.args(g, &head);
+                self.depth -= 1;
                 let span = head.span.join(g.span()).unwrap_or(head.span);
                 Some(Expr { head, args, span })
             }
@@ -621,6 +663,22 @@ mod tests {
         assert!(r.contains("found `-`"), "{r}");
         let r = rendered("x(v = 99999999999999999999)");
         assert!(r.contains("is too large"), "{r}");
+    }
+
+    #[test]
+    fn nesting_is_limited_with_an_error_not_a_stack_overflow() {
+        let nest = |n: usize| format!("{}1f1b{}", "split_w(".repeat(n), ")".repeat(n));
+        assert!(parse_str(&nest(MAX_DEPTH)).is_ok());
+        for text in [nest(MAX_DEPTH + 1), nest(20_000)] {
+            let e = errs(&text);
+            assert_eq!(e.len(), 1, "{e:?}");
+            assert!(e[0].message.contains("at most 64"), "{}", e[0].message);
+        }
+        // The token path (the macro's) has its own guard.
+        let tokens = TokenStream::from_str(&nest(MAX_DEPTH + 1)).unwrap();
+        let e = parse(tokens).unwrap_err();
+        assert_eq!(e.len(), 1);
+        assert!(e[0].message.contains("65 levels"), "{}", e[0].message);
     }
 
     #[test]

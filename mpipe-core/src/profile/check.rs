@@ -4,12 +4,22 @@
 
 use std::collections::BTreeMap;
 
-use super::{Profile, ProfileIssue};
+use super::{Profile, ProfileIssue, MAX_ENCODERS, MAX_FIGURE, MAX_LAYERS, MIN_FIGURE};
 use crate::megatron::MegatronLayout;
 
 /// Every rule broken by `profile`, in key order (the parser fills in lines).
 pub(super) fn issues(profile: &Profile) -> Vec<ProfileIssue> {
     let mut out = Vec::new();
+    if profile.encoders.len() > MAX_ENCODERS {
+        push(
+            &mut out,
+            "encoder".to_string(),
+            format!(
+                "found {} encoders; expected at most {MAX_ENCODERS} (mpipe's limit)",
+                profile.encoders.len()
+            ),
+        );
+    }
     let mut first_use: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, enc) in profile.encoders.iter().enumerate() {
         let p = format!("encoder[{i}]");
@@ -104,7 +114,17 @@ fn check_cost(out: &mut Vec<ProfileIssue>, table: &str, key: &str, v: f64) {
         push(
             out,
             format!("{table}.{key}"),
-            format!("found {v}; expected a finite number >= 0"),
+            format!("found {}; expected a finite number >= 0", shown(v)),
+        );
+    } else if v > MAX_FIGURE {
+        push(
+            out,
+            format!("{table}.{key}"),
+            format!(
+                "found {}; expected at most {MAX_FIGURE:e} (sums of such figures lose \
+                 the precision a schedule's timing needs): use larger units",
+                shown(v)
+            ),
         );
     }
 }
@@ -114,8 +134,28 @@ fn check_positive(out: &mut Vec<ProfileIssue>, path: &str, v: f64, what: &str) {
         push(
             out,
             path.to_string(),
-            format!("found {v}; expected a finite number > 0 ({what})"),
+            format!("found {}; expected a finite number > 0 ({what})", shown(v)),
         );
+    } else if !(MIN_FIGURE..=MAX_FIGURE).contains(&v) {
+        push(
+            out,
+            path.to_string(),
+            format!(
+                "found {}; expected a number from {MIN_FIGURE:e} to {MAX_FIGURE:e} \
+                 ({what}): use other units",
+                shown(v)
+            ),
+        );
+    }
+}
+
+/// `v` as a person reads it: plain, or in scientific notation when very large or
+/// very small.
+fn shown(v: f64) -> String {
+    if v != 0.0 && v.is_finite() && !(1e-6..1e10).contains(&v.abs()) {
+        format!("{v:e}")
+    } else {
+        format!("{v}")
     }
 }
 
@@ -149,6 +189,15 @@ fn check_layers(out: &mut Vec<ProfileIssue>, path: &str, layers: u32) {
             out,
             path.to_string(),
             "found 0 layers; expected a whole number >= 1".to_string(),
+        );
+    } else if layers > MAX_LAYERS {
+        push(
+            out,
+            path.to_string(),
+            format!(
+                "found {layers} layers; expected at most {MAX_LAYERS} (mpipe's limit; \
+                 describe several layers as one if your model has more)"
+            ),
         );
     }
 }

@@ -33,6 +33,22 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+/// The largest cost, size, memory limit or latency a profile may give (in its own
+/// units): sums over a step of figures much larger lose the precision that ordering
+/// a schedule's events needs.
+pub const MAX_FIGURE: f64 = 1e9;
+
+/// The smallest positive figure a profile may give where zero is not allowed (a
+/// bandwidth, a memory limit).
+pub const MIN_FIGURE: f64 = 1e-9;
+
+/// The most layers an encoder or the LLM may have: the deepest published models
+/// have a few hundred; layer-by-layer passes (`layers`, the bound) grow with it.
+pub const MAX_LAYERS: u32 = 1024;
+
+/// The most encoders a profile may list.
+pub const MAX_ENCODERS: usize = 8;
+
 /// A model: zero or more modality encoders feeding one LLM, with optional memory
 /// and interconnect descriptions.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -470,10 +470,12 @@ pub fn trace(s: &SourceArgs, mode: Mode, output: &Path) -> Result<u8, Failure> {
 }
 
 pub fn svg(s: &SourceArgs, mode: Mode, output: &Path, width: f64) -> Result<u8, Failure> {
-    if !(width.is_finite() && width > 0.0) {
+    // Wider than any screen or print, the file only grows (about 2 bytes a pixel).
+    const MAX_WIDTH: f64 = 100_000.0;
+    if !(width > 0.0 && width <= MAX_WIDTH) {
         return Err(Failure::input(
             "usage",
-            format!("--width must be a positive number of pixels, got {width}"),
+            format!("--width must be a number of pixels from 1 to {MAX_WIDTH}, got {width}"),
         ));
     }
     let loaded = load(s, mode)?;

@@ -220,6 +220,9 @@ impl Walker {
                 self.unit(&format!("units[{i}]"), u);
             }
         }
+        if let Some(p) = doc.get("prefetch") {
+            self.prefetch(p);
+        }
         if let Some(ranks) = self.array(
             doc,
             at,
@@ -287,8 +290,46 @@ impl Walker {
             ),
         }
         self.field(u, &at, "act", Kind::Num, true);
-        self.field(u, &at, "bytes", Kind::Num, false);
-        self.field(u, &at, "params", Kind::Num, false);
+        for key in ["bytes", "params"] {
+            // Optional, but a number when present (`null` is not "absent" here).
+            if u.get(key) == Some(&Value::Null) {
+                self.problem(
+                    &format!("{at}.{key}"),
+                    "expected a number (or leave the key out), found null",
+                );
+            }
+            self.field(u, &at, key, Kind::Num, false);
+        }
+    }
+
+    /// The optional `prefetch` list: `{"unit": NAME, "mb": N}` entries.
+    fn prefetch(&mut self, v: &Value) {
+        let Some(list) = v.as_array() else {
+            self.problem(
+                "document.prefetch",
+                format!(
+                    "expected an array of {{\"unit\", \"mb\"}} entries, found {}",
+                    describe(v)
+                ),
+            );
+            return;
+        };
+        for (i, e) in list.iter().enumerate() {
+            let at = format!("prefetch[{i}]");
+            match e.as_object() {
+                Some(o) => {
+                    self.field(o, &at, "unit", Kind::Str, true);
+                    self.field(o, &at, "mb", Kind::Count, true);
+                }
+                None => self.problem(
+                    &at,
+                    format!(
+                        "expected an entry {{\"unit\", \"mb\"}} (an object), found {}",
+                        describe(e)
+                    ),
+                ),
+            }
+        }
     }
 
     fn action(&mut self, r: usize, i: usize, v: &Value) {
@@ -373,6 +414,28 @@ mod tests {
             "{all}"
         );
         assert_eq!(e.len(), 4, "{all}");
+    }
+
+    #[test]
+    fn extension_keys_are_named_by_path_too() {
+        let text = r#"{"format": "mpipe-program/1", "ranks": 1, "microbatches": 1,
+          "units": [{"name": "a", "inputs": [], "home": 0, "trainable": true,
+                     "cost": {"F": 1, "B": 1, "W": 1}, "act": 1, "params": null}],
+          "programs": [[]], "prefetch": [1, {"unit": "a"}]}"#;
+        let e = decode_program(text).unwrap_err();
+        let all = e.join("\n");
+        assert!(
+            all.contains(
+                "units[0] (`a`).params: expected a number (or leave the key out), found null"
+            ),
+            "{all}"
+        );
+        assert!(all.contains("prefetch[0]: expected an entry"), "{all}");
+        assert!(all.contains("prefetch[1]: missing key `mb`"), "{all}");
+        assert_eq!(e.len(), 3, "{all}");
+        let null = text.replace("[1, {\"unit\": \"a\"}]", "null");
+        let e = decode_program(&null).unwrap_err().join("\n");
+        assert!(e.contains("document.prefetch: expected an array"), "{e}");
     }
 
     #[test]

@@ -62,7 +62,23 @@ pub fn evaluate(o: &Options) -> Result<u8, Failure> {
         done.push(Done { name, eval });
     }
     print_summary(&done, o.markdown, o.mode);
-    Ok(0)
+    // The evaluation is for `auto`'s row: without it, say why and fail.
+    let mut failed = 0u8;
+    for d in &done {
+        if let Err(es) = &d.eval.best.outcome {
+            let first = es
+                .first()
+                .map_or("no schedule derives", |e| e.message.as_str());
+            errln!(
+                "error: {}: `auto` gave no schedule on {} ranks x {} micro-batches: {first}",
+                d.name,
+                d.eval.ranks,
+                d.eval.microbatches
+            );
+            failed = 1;
+        }
+    }
+    Ok(failed)
 }
 
 fn ratio(a: Option<f64>, b: Option<f64>) -> String {

@@ -111,7 +111,8 @@ enum Command {
     },
     /// Evaluate profiles: every peer schedule (each body with the encoders inline,
     /// and transposed), the best mpipe schedule (`auto`), the lower bound, the
-    /// speedups; optionally the Gantt charts of the baseline and the winner.
+    /// speedups; optionally the Gantt charts of the baseline and the winner. Exit 1
+    /// when `auto` gives no schedule for a profile.
     Evaluate {
         /// Model profiles; each is evaluated at the size its
         /// `# evaluate: ranks = R, microbatches = M` line gives.
@@ -154,7 +155,7 @@ enum Command {
         /// File to write.
         #[arg(short, long)]
         output: PathBuf,
-        /// Width of the chart in pixels.
+        /// Width of the chart in pixels (at most 100000).
         #[arg(long, default_value_t = 1400.0, allow_negative_numbers = true)]
         width: f64,
     },

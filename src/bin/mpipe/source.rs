@@ -336,7 +336,18 @@ pub fn read_program(file: &str) -> Result<Program, Failure> {
 pub fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
     let mut all = Collect::default();
     let loaded = if let Some(file) = &s.program {
-        let program = all.take(read_program(file));
+        // What the figures below index by rank and micro-batch must hold first.
+        let program = all.take(read_program(file).and_then(|p| {
+            mpipe_core::simulate::check_shape(&p)
+                .map(|()| p)
+                .map_err(|e| {
+                    Failure::plain(
+                        1,
+                        "program",
+                        format!("{} cannot be simulated: {e}", file_label(file)),
+                    )
+                })
+        }));
         program.map(|program| {
             let bound =
                 mpipe_core::bound::lower_bound(&program.units, program.ranks, program.microbatches);
@@ -392,16 +403,17 @@ pub fn link_override(
     });
     let bandwidth = bandwidth.unwrap_or(base.bandwidth);
     let latency = latency.unwrap_or(base.latency);
-    if bandwidth <= 0.0 || bandwidth.is_nan() {
+    use mpipe_core::profile::{MAX_FIGURE, MIN_FIGURE};
+    if bandwidth.is_nan() || bandwidth < MIN_FIGURE {
         all.add(Failure::input(
             "usage",
-            format!("--bandwidth must be a positive number, got {bandwidth}"),
+            format!("--bandwidth must be a number >= {MIN_FIGURE:e} (or inf), got {bandwidth}"),
         ));
     }
-    if !(latency >= 0.0 && latency.is_finite()) {
+    if !(0.0..=MAX_FIGURE).contains(&latency) {
         all.add(Failure::input(
             "usage",
-            format!("--latency must be a finite number >= 0, got {latency}"),
+            format!("--latency must be a number from 0 to {MAX_FIGURE:e}, got {latency}"),
         ));
     }
     Some(CommModel { latency, bandwidth })
