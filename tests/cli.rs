@@ -994,6 +994,25 @@ fn oversized_and_malformed_inputs_are_refused_quickly() {
     ]);
     assert_status(&o, 2);
     assert!(stderr(&o).contains("--latency must be"), "{}", stderr(&o));
+
+    // A bad link argument is reported without deriving first (this size takes
+    // seconds to derive), together with the other problems.
+    let quick = std::time::Instant::now();
+    let o = mpipe(&[
+        "simulate",
+        "--model",
+        &heavy(),
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        "65536",
+        "1f1b",
+        "--bandwidth",
+        "0",
+    ]);
+    assert_status(&o, 2);
+    assert!(stderr(&o).contains("--bandwidth must be"), "{}", stderr(&o));
+    assert!(quick.elapsed().as_secs() < 2, "{:?}", quick.elapsed());
     assert!(started.elapsed().as_secs() < 60);
 }
 

@@ -2,8 +2,8 @@
 
 use crate::failure::{Collect, Failure, Problem, MAX_SHOWN};
 use crate::source::{
-    conditions, derive_one, derive_schedule, file_label, link_override, load, load_inputs,
-    load_profile, read_program, Loaded,
+    check_link_args, conditions, derive_one, derive_schedule, file_label, link_override, load,
+    load_inputs, load_profile, read_program, Loaded,
 };
 use crate::table::{num, pct, Table};
 use crate::{ScheduleArgs, SourceArgs};
@@ -529,7 +529,8 @@ pub fn refine(
     let program = all.take(read_program(file));
     let profile = model.and_then(|m| all.take(load_profile(m)));
     let base = profile.as_ref().and_then(|p| p.comm_model());
-    let comm = link_override(base, latency, bandwidth, &mut all);
+    all.take(check_link_args(latency, bandwidth));
+    let comm = link_override(base, latency, bandwidth);
     all.finish()?;
     let Some(program) = program else {
         return Err(Failure::input("internal", "no program was loaded"));

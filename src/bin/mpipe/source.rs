@@ -371,11 +371,17 @@ pub fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
                 "give --program FILE, or --model FILE --ranks P --microbatches M and an expression",
             ));
         };
+        // Bad link arguments are reported without deriving, which can take a while.
+        let link_ok = all.take(check_link_args(s.latency, s.bandwidth)).is_some();
         all.take(load_inputs(model, ranks, mbs, &[expr]))
+            .filter(|_| link_ok)
             .and_then(|profile| all.take(derive_one(&profile, ranks, mbs, expr, mode)))
     };
+    if s.program.is_some() {
+        all.take(check_link_args(s.latency, s.bandwidth));
+    }
     let base = loaded.as_ref().and_then(|l| l.comm);
-    let comm = link_override(base, s.latency, s.bandwidth, &mut all);
+    let comm = link_override(base, s.latency, s.bandwidth);
     match (all.finish(), loaded) {
         (Err(f), _) => Err(f),
         (Ok(()), Some(mut l)) => {
@@ -387,12 +393,11 @@ pub fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
 }
 
 /// The link model a command times under: `base` (the profile's `[link]`, if any) with
-/// `--latency` / `--bandwidth` overriding its fields; a bad value is reported in `all`.
+/// `--latency` / `--bandwidth` overriding its fields (checked by [`check_link_args`]).
 pub fn link_override(
     base: Option<CommModel>,
     latency: Option<f64>,
     bandwidth: Option<f64>,
-    all: &mut Collect,
 ) -> Option<CommModel> {
     if latency.is_none() && bandwidth.is_none() {
         return base;
@@ -401,20 +406,27 @@ pub fn link_override(
         latency: 0.0,
         bandwidth: f64::INFINITY,
     });
-    let bandwidth = bandwidth.unwrap_or(base.bandwidth);
-    let latency = latency.unwrap_or(base.latency);
+    Some(CommModel {
+        latency: latency.unwrap_or(base.latency),
+        bandwidth: bandwidth.unwrap_or(base.bandwidth),
+    })
+}
+
+/// `--latency` and `--bandwidth` as given (a profile's own link passed its checks).
+pub fn check_link_args(latency: Option<f64>, bandwidth: Option<f64>) -> Result<(), Failure> {
     use mpipe_core::profile::{MAX_FIGURE, MIN_FIGURE};
-    if bandwidth.is_nan() || bandwidth < MIN_FIGURE {
+    let mut all = Collect::default();
+    if let Some(b) = bandwidth.filter(|b| b.is_nan() || *b < MIN_FIGURE) {
         all.add(Failure::input(
             "usage",
-            format!("--bandwidth must be a number >= {MIN_FIGURE:e} (or inf), got {bandwidth}"),
+            format!("--bandwidth must be a number >= {MIN_FIGURE:e} (or inf), got {b}"),
         ));
     }
-    if !(0.0..=MAX_FIGURE).contains(&latency) {
+    if let Some(l) = latency.filter(|l| !(0.0..=MAX_FIGURE).contains(l)) {
         all.add(Failure::input(
             "usage",
-            format!("--latency must be a number from 0 to {MAX_FIGURE:e}, got {latency}"),
+            format!("--latency must be a number from 0 to {MAX_FIGURE:e}, got {l}"),
         ));
     }
-    Some(CommModel { latency, bandwidth })
+    all.finish()
 }
