@@ -95,6 +95,19 @@ impl Unit {
     /// One micro-batch's compute on this unit: `F`, plus `B + W` if it is trainable.
     /// That is all of it for an encoder (its backward runs only when it is trained)
     /// and for an LLM stage (always trained); a frozen unit downstream of a trained
+    /// The unit's times and sizes by key (`cost.F`, `act`, ...), each of which must be
+    /// finite and >= 0.
+    pub fn numbers(&self) -> [(&'static str, f64); 6] {
+        [
+            ("cost.F", self.cost.f),
+            ("cost.B", self.cost.b),
+            ("cost.W", self.cost.w),
+            ("act", self.act),
+            ("bytes", self.bytes),
+            ("params", self.params),
+        ]
+    }
+
     /// one would also run a `B`, which this leaves out.
     pub fn work(&self) -> f64 {
         self.cost.f

@@ -317,14 +317,7 @@ pub fn check_shape(p: &Program) -> Result<(), SimError> {
         });
     }
     for u in &p.units {
-        for (field, value) in [
-            ("cost.F", u.cost.f),
-            ("cost.B", u.cost.b),
-            ("cost.W", u.cost.w),
-            ("act", u.act),
-            ("bytes", u.bytes),
-            ("params", u.params),
-        ] {
+        for (field, value) in u.numbers() {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(SimError::BadUnitNumber {
                     unit: u.name.clone(),

@@ -326,14 +326,7 @@ impl<'p> Checker<'p> {
                     ),
                 );
             }
-            for (field, value) in [
-                ("cost.F", u.cost.f),
-                ("cost.B", u.cost.b),
-                ("cost.W", u.cost.w),
-                ("act", u.act),
-                ("bytes", u.bytes),
-                ("params", u.params),
-            ] {
+            for (field, value) in u.numbers() {
                 if !(value.is_finite() && value >= 0.0) {
                     self.push(
                         Rule::Termination,
@@ -341,7 +334,7 @@ impl<'p> Checker<'p> {
                         None,
                         format!(
                             "unit `{}`: `{field}` is {value}, but times and sizes must be \
-                             finite and >= 0: fix the profile",
+                             finite and >= 0: fix the unit's entry in `units`",
                             u.name
                         ),
                     );
