@@ -1044,7 +1044,8 @@ fn evaluate_fails_when_auto_gives_no_schedule() {
     ]);
     assert_status(&o, 1);
     assert!(
-        stderr(&o).contains("`auto` gave no schedule") && stderr(&o).contains("at most 3 encoders"),
+        stderr(&o).contains("`auto` gave no schedule")
+            && stderr(&o).contains("`auto` searches the placements of at most"),
         "{}",
         stderr(&o)
     );

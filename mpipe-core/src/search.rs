@@ -12,7 +12,9 @@
 //! micro-batches <= ranks, are enumerated once), `fill`, and for a frozen encoder
 //! `prefetch`; every candidate also
 //! under `balance` (unless the profile fixes the split with `llm.layout`). Every peer schedule the evaluation
-//! compares against is in it, so `auto` is never slower than any of them.
+//! compares against is in it, so `auto` is never slower than any of them. The space
+//! multiplies with each encoder's placements, so a profile with more than
+//! [`MAX_AUTO_ENCODERS`] encoders is refused (the expression is written instead).
 //!
 //! The search is exact over that space and cheap: each candidate's plan is evaluated
 //! and timed ideally (no communication, asynchronous transfers), which no program of
@@ -376,8 +378,9 @@ pub struct Search {
 }
 
 /// The most encoders `auto` places: the candidates multiply with each encoder's
-/// placements (three trainable encoders at 4 x 8 already take about 17 s).
-pub const MAX_AUTO_ENCODERS: usize = 3;
+/// placements (three encoders at 4 x 8 already took 17 to 43 s on a 2-core machine,
+/// minutes at the evaluation's sizes, too long for a compile-time search).
+pub const MAX_AUTO_ENCODERS: usize = 2;
 
 /// Why `auto` does not search `req`'s profile, if it does not.
 fn too_many_encoders(req: &Request, span: proc_macro2::Span) -> Option<DeriveError> {

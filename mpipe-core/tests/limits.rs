@@ -182,15 +182,20 @@ fn auto_refuses_more_encoders_than_it_searches_at_once() {
     assert_eq!(es.len(), 1);
     assert_eq!(es[0].kind, ErrorKind::NotAvailable);
     assert!(
-        es[0].message.contains("at most 3 encoders"),
+        es[0].message.contains(&format!(
+            "at most {MAX_AUTO_ENCODERS} encoders and this profile has {}",
+            MAX_AUTO_ENCODERS + 1
+        )),
         "{}",
         es[0].message
     );
     // Refused up front, not after a search.
     assert!(started.elapsed().as_secs() < 5);
     // Written out, the same profile derives.
-    let written = "transpose(e3, transpose(e2, transpose(e1, transpose(e0, 1f1b))))";
-    assert!(derive_str(&Request::new(&profile, 2, 4), written).is_ok());
+    let written = (0..=MAX_AUTO_ENCODERS).fold("1f1b".to_string(), |body, i| {
+        format!("transpose(e{i}, {body})")
+    });
+    assert!(derive_str(&Request::new(&profile, 2, 4), &written).is_ok());
 }
 
 #[test]
