@@ -444,8 +444,9 @@ fn lex_message(text: &str) -> String {
     if let Some(&c) = open.last() {
         return format!("unclosed `{c}`; expected a matching `{}`", closing(c));
     }
-    "cannot read the schedule expression: it contains characters or literals \
-     that are not Rust tokens"
+    "cannot read the schedule expression: it holds a character or literal that no \
+     expression can (an expression is names such as `1f1b`, parentheses, commas and \
+     `key = value` arguments)"
         .to_string()
 }
 
