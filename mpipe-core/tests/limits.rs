@@ -31,6 +31,15 @@ activation = 1.0
 params = 1.0
 "#;
 
+/// `SMALL` with `n` copies of its encoder, named `e0`, `e1`, ...
+fn with_encoders(n: usize) -> String {
+    let (encoder, llm) = SMALL.split_once("[llm]").unwrap();
+    let encoders: String = (0..n)
+        .map(|i| encoder.replace("\"vision\"", &format!("\"e{i}\"")))
+        .collect();
+    format!("{encoders}[llm]{llm}")
+}
+
 fn small() -> Profile {
     Profile::from_toml_str(SMALL).unwrap()
 }
@@ -158,25 +167,15 @@ fn profile_figures_layers_and_encoders_are_bounded() {
     let e = Profile::from_toml_str(&thin).unwrap_err().to_string();
     assert!(e.contains("link.bandwidth: found 1e-12"), "{e}");
 
-    let encoder = SMALL.split("[llm]").next().unwrap();
-    let many: String = (0..=MAX_ENCODERS)
-        .map(|i| encoder.replace("\"vision\"", &format!("\"e{i}\"")))
-        .collect::<String>()
-        + "[llm]"
-        + SMALL.split("[llm]").nth(1).unwrap();
-    let e = Profile::from_toml_str(&many).unwrap_err().to_string();
+    let e = Profile::from_toml_str(&with_encoders(MAX_ENCODERS + 1))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("found 9 encoders; expected at most 8"), "{e}");
 }
 
 #[test]
 fn auto_refuses_more_encoders_than_it_searches_at_once() {
-    let encoder = SMALL.split("[llm]").next().unwrap();
-    let four: String = (0..=MAX_AUTO_ENCODERS)
-        .map(|i| encoder.replace("\"vision\"", &format!("\"e{i}\"")))
-        .collect::<String>()
-        + "[llm]"
-        + SMALL.split("[llm]").nth(1).unwrap();
-    let profile = Profile::from_toml_str(&four).unwrap();
+    let profile = Profile::from_toml_str(&with_encoders(MAX_AUTO_ENCODERS + 1)).unwrap();
     let started = std::time::Instant::now();
     let es = derive_str(&Request::new(&profile, 2, 4), "auto").unwrap_err();
     assert_eq!(es.len(), 1);
