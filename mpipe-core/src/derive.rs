@@ -142,6 +142,7 @@ impl<'a> Request<'a> {
     }
 }
 
+use crate::program::OverLimit;
 pub use crate::program::{MAX_MICROBATCHES, MAX_RANK_MICROBATCHES};
 
 /// Derive, verify and simulate `expr` for `req`. All errors found are returned.
@@ -161,7 +162,8 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
             "microbatches must be at least 1",
         ));
     }
-    if req.microbatches > MAX_MICROBATCHES {
+    let over = crate::program::over_limit(req.ranks, req.microbatches);
+    if over == Some(OverLimit::Microbatches) {
         errors.push(err(
             ErrorKind::BadArgument,
             expr.span,
@@ -172,7 +174,7 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
                 req.microbatches
             ),
         ));
-    } else if req.ranks.saturating_mul(req.microbatches) > MAX_RANK_MICROBATCHES {
+    } else if over == Some(OverLimit::Pairs) {
         errors.push(err(
             ErrorKind::BadArgument,
             expr.span,

@@ -27,6 +27,28 @@ pub const MAX_MICROBATCHES: usize = 65_536;
 /// size took twice both).
 pub const MAX_RANK_MICROBATCHES: usize = 1 << 19;
 
+/// Which of the size limits a step of `ranks x microbatches` is over.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OverLimit {
+    /// More than [`MAX_MICROBATCHES`] micro-batches.
+    Microbatches,
+    /// More than [`MAX_RANK_MICROBATCHES`] (rank, micro-batch) pairs.
+    Pairs,
+}
+
+/// The size limit a step of `ranks x microbatches` breaks, if any (the micro-batch
+/// count first). Every reader and writer of programs asks this one question, each
+/// answering in its own words.
+pub fn over_limit(ranks: usize, microbatches: usize) -> Option<OverLimit> {
+    if microbatches > MAX_MICROBATCHES {
+        Some(OverLimit::Microbatches)
+    } else if ranks.saturating_mul(microbatches.max(1)) > MAX_RANK_MICROBATCHES {
+        Some(OverLimit::Pairs)
+    } else {
+        None
+    }
+}
+
 /// A whole program: every rank's action list for one training step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Program {

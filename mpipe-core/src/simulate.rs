@@ -60,7 +60,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use serde::Serialize;
 
 use crate::program::{
-    Action, ActionRef, CollKind, Dir, Op, Program, Tensor, MAX_MICROBATCHES, MAX_RANK_MICROBATCHES,
+    over_limit, Action, ActionRef, CollKind, Dir, Op, OverLimit, Program, Tensor, MAX_MICROBATCHES,
+    MAX_RANK_MICROBATCHES,
 };
 use crate::timeline::{Slot, Timeline};
 
@@ -284,6 +285,11 @@ pub fn simulate(p: &Program, opts: &SimOptions) -> Result<SimReport, SimError> {
 /// the program. Cheap (one pass over the units); the simulator, the verifier and
 /// re-derivation run it first.
 pub fn check_shape(p: &Program) -> Result<(), SimError> {
+    shape(p).map(|_| ())
+}
+
+/// [`check_shape`], giving the unit-name map it builds on success.
+fn shape(p: &Program) -> Result<NameMap<'_>, SimError> {
     let nr = p.programs.len();
     if p.ranks != nr {
         return Err(SimError::RankCount {
@@ -291,22 +297,19 @@ pub fn check_shape(p: &Program) -> Result<(), SimError> {
             lists: nr,
         });
     }
-    if p.microbatches > MAX_MICROBATCHES {
-        return Err(SimError::TooLarge {
-            what: format!(
+    if let Some(over) = over_limit(nr, p.microbatches) {
+        let what = match over {
+            OverLimit::Microbatches => format!(
                 "{} micro-batches, over the {MAX_MICROBATCHES} mpipe handles in one step",
                 p.microbatches
             ),
-        });
-    }
-    if nr.saturating_mul(p.microbatches.max(1)) > MAX_RANK_MICROBATCHES {
-        return Err(SimError::TooLarge {
-            what: format!(
+            OverLimit::Pairs => format!(
                 "{nr} ranks x {} micro-batches, over the {MAX_RANK_MICROBATCHES} (rank, \
                  micro-batch) pairs mpipe handles in one step",
                 p.microbatches
             ),
-        });
+        };
+        return Err(SimError::TooLarge { what });
     }
     let (names, dups) = unit_names(p);
     if let Some(&(first, second)) = dups.first() {
@@ -349,7 +352,7 @@ pub fn check_shape(p: &Program) -> Result<(), SimError> {
             problem,
         });
     }
-    Ok(())
+    Ok(names)
 }
 
 // ---------------------------------------------------------------------------
@@ -491,7 +494,7 @@ impl<'p> Setup<'p> {
                 });
             }
         }
-        check_shape(p)?;
+        let names = shape(p)?;
         let nr = p.programs.len();
         let total: usize = p.programs.iter().map(Vec::len).sum();
         if total >= NONE as usize || p.units.len() >= NONE as usize || nr >= NONE as usize {
@@ -512,7 +515,6 @@ impl<'p> Setup<'p> {
                 ),
             });
         }
-        let (names, _) = unit_names(p);
         let mut cost = Vec::with_capacity(p.units.len());
         for u in &p.units {
             let mut c = [0.0; 5];

@@ -42,7 +42,7 @@ use crate::lower::{lower_with, LowerError, Placement};
 use crate::plan::{Layout, Plan, Task};
 use crate::profile::Profile;
 use crate::program::{
-    Action, ActionRef, Cost, Dir, Op, Program, Tensor, Unit, FORMAT, MAX_MICROBATCHES,
+    over_limit, Action, ActionRef, Cost, Dir, Op, Program, Tensor, Unit, FORMAT, MAX_MICROBATCHES,
     MAX_RANK_MICROBATCHES,
 };
 use crate::units::{build_units, stage_name, stage_rank};
@@ -369,10 +369,7 @@ fn check_sizes(rows: &[Vec<Cell>]) -> Result<(), ImportError> {
                 ),
             ));
         }
-        let microbatches = c.mb.saturating_add(1);
-        if microbatches > MAX_MICROBATCHES
-            || ranks.saturating_mul(microbatches) > MAX_RANK_MICROBATCHES
-        {
+        if over_limit(ranks, c.mb.saturating_add(1)).is_some() {
             return Err(at(
                 c.line,
                 c.column,

@@ -85,7 +85,7 @@ fn profile_failure(file: &str, text: &str, e: &ProfileError) -> Failure {
 /// `--ranks` and `--microbatches` must be at least 1, and the step no larger than a
 /// derivation takes (`mpipe_core::derive`'s limits); every problem is reported.
 pub fn check_sizes(ranks: usize, microbatches: usize) -> Result<(), Failure> {
-    use mpipe_core::derive::{MAX_MICROBATCHES, MAX_RANK_MICROBATCHES};
+    use mpipe_core::program::{over_limit, OverLimit, MAX_MICROBATCHES, MAX_RANK_MICROBATCHES};
     let mut all = Collect::default();
     for (flag, value, what) in [
         ("--ranks", ranks, "the number of pipeline ranks"),
@@ -102,7 +102,8 @@ pub fn check_sizes(ranks: usize, microbatches: usize) -> Result<(), Failure> {
             ));
         }
     }
-    if microbatches > MAX_MICROBATCHES {
+    let over = over_limit(ranks, microbatches);
+    if over == Some(OverLimit::Microbatches) {
         all.add(Failure::input(
             "usage",
             format!(
@@ -111,7 +112,7 @@ pub fn check_sizes(ranks: usize, microbatches: usize) -> Result<(), Failure> {
                  several steps instead"
             ),
         ));
-    } else if ranks.saturating_mul(microbatches) > MAX_RANK_MICROBATCHES {
+    } else if over == Some(OverLimit::Pairs) {
         all.add(Failure::input(
             "usage",
             format!(
