@@ -336,6 +336,8 @@ pub fn read_program(file: &str) -> Result<Program, Failure> {
 /// then timed under).
 pub fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
     let mut all = Collect::default();
+    // Bad link arguments are reported without deriving, which can take a while.
+    let link_ok = all.take(check_link_args(s.latency, s.bandwidth)).is_some();
     let loaded = if let Some(file) = &s.program {
         // What the figures below index by rank and micro-batch must hold first.
         let program = all.take(read_program(file).and_then(|p| {
@@ -372,15 +374,10 @@ pub fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
                 "give --program FILE, or --model FILE --ranks P --microbatches M and an expression",
             ));
         };
-        // Bad link arguments are reported without deriving, which can take a while.
-        let link_ok = all.take(check_link_args(s.latency, s.bandwidth)).is_some();
         all.take(load_inputs(model, ranks, mbs, &[expr]))
             .filter(|_| link_ok)
             .and_then(|profile| all.take(derive_one(&profile, ranks, mbs, expr, mode)))
     };
-    if s.program.is_some() {
-        all.take(check_link_args(s.latency, s.bandwidth));
-    }
     let base = loaded.as_ref().and_then(|l| l.comm);
     let comm = link_override(base, s.latency, s.bandwidth);
     match (all.finish(), loaded) {
