@@ -12,9 +12,14 @@
 //! micro-batches <= ranks, are enumerated once), `fill`, and for a frozen encoder
 //! `prefetch`; every candidate also
 //! under `balance` (unless the profile fixes the split with `llm.layout`). Every peer schedule the evaluation
-//! compares against is in it, so `auto` is never slower than any of them. The space
-//! multiplies with each encoder's placements, so a profile with more than
-//! [`MAX_AUTO_ENCODERS`] encoders is refused (the expression is written instead).
+//! compares against is in it, so `auto` is never slower than any of them.
+//!
+//! The space multiplies with each encoder's placements (about twenty, in every
+//! nesting order), so only the [`FULL_ENCODERS`] heaviest encoders are searched
+//! that way. Any other is inline, `transpose`d or `fill`ed, outside them (a
+//! threefold space per encoder; the peers, which may nest differently, are added),
+//! and a profile with more than [`MAX_AUTO_ENCODERS`] encoders is refused (the
+//! expression is written instead).
 //!
 //! The search is exact over that space and cheap: each candidate's plan is evaluated
 //! and timed ideally (no communication, asynchronous transfers), which no program of
@@ -114,9 +119,19 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
         bodies.push((format!("split_w({b})"), false));
     }
     // Per encoder: `None` inline, else the operator placing it and the arguments
-    // after the body.
+    // after the body. The heaviest encoders are searched in full; any others are
+    // inline, transposed or filled.
+    let full = searched_in_full(profile);
     let mut placements: Vec<Vec<Option<(&str, String)>>> = Vec::new();
-    for enc in &profile.encoders {
+    for (i, enc) in profile.encoders.iter().enumerate() {
+        if !full.contains(&i) {
+            placements.push(vec![
+                None,
+                Some(("transpose", String::new())),
+                Some(("fill", String::new())),
+            ]);
+            continue;
+        }
         let mut opts = vec![
             None,
             Some(("transpose", String::new())),
@@ -154,8 +169,20 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
             .collect();
     }
     // The operators apply innermost first, and the order matters (the outer one
-    // places its encoder around the inner one's work): every order is a candidate.
-    let orders = permutations(profile.encoders.len());
+    // places its encoder around the inner one's work): every order of the encoders
+    // searched in full is a candidate; the others come outermost, in profile order.
+    let others: Vec<usize> = (0..profile.encoders.len())
+        .filter(|i| !full.contains(i))
+        .collect();
+    let orders: Vec<Vec<usize>> = permutations(full.len())
+        .into_iter()
+        .map(|o| {
+            o.iter()
+                .map(|&k| full[k])
+                .chain(others.iter().copied())
+                .collect()
+        })
+        .collect();
     let wrap = |body: &str, combo: &[Option<(&str, String)>], order: &[usize]| -> String {
         let mut e = body.to_string();
         for &i in order {
@@ -170,9 +197,10 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
     let mut seen = std::collections::BTreeSet::new();
     for combo in &combos {
         let moved = combo.iter().filter(|o| o.is_some()).count();
+        let moved_full = full.iter().filter(|&&i| combo[i].is_some()).count();
         for order in &orders {
             // With fewer than two placed encoders the order changes nothing.
-            if moved < 2 && order != &orders[0] {
+            if moved_full < 2 && order != &orders[0] {
                 continue;
             }
             for (body, fused) in &bodies {
@@ -214,7 +242,34 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
             out.extend(RAMP.iter().map(|b| b.to_string()));
         }
     }
+    // The evaluation's peers, so that `auto` is never slower than one; beyond
+    // [`FULL_ENCODERS`] encoders some nest outside the space above.
+    for peer in crate::evaluation::peers(profile) {
+        if seen.insert(peer.clone()) {
+            out.push(peer);
+        }
+    }
     out
+}
+
+/// Encoders whose placements `auto` searches in full (every operator and mode, in
+/// every nesting order); beyond them each encoder is inline, `transpose`d or
+/// `fill`ed, outside the others, so the space grows threefold per encoder, not
+/// about twentyfold.
+pub const FULL_ENCODERS: usize = 2;
+
+/// The [`FULL_ENCODERS`] heaviest encoders of `profile` (by work per micro-batch,
+/// the earlier on ties), in profile order.
+fn searched_in_full(profile: &Profile) -> Vec<usize> {
+    let work = |i: usize| {
+        let e = &profile.encoders[i];
+        f64::from(e.layers) * crate::units::encoder_layer_work(e)
+    };
+    let mut by_work: Vec<usize> = (0..profile.encoders.len()).collect();
+    by_work.sort_by(|&a, &b| work(b).total_cmp(&work(a)).then(a.cmp(&b)));
+    by_work.truncate(FULL_ENCODERS);
+    by_work.sort_unstable();
+    by_work
 }
 
 /// Every order of `0..n`, the identity first.
@@ -377,10 +432,11 @@ pub struct Search {
     pub tried: Vec<Tried>,
 }
 
-/// The most encoders `auto` places: the candidates multiply with each encoder's
-/// placements (three encoders at 4 x 8 already took 17 to 43 s on a 2-core machine,
-/// minutes at the evaluation's sizes, too long for a compile-time search).
-pub const MAX_AUTO_ENCODERS: usize = 2;
+/// The most encoders `auto` places. Each one beyond [`FULL_ENCODERS`] triples the
+/// candidates: on a 2-core machine, Omni's two encoders and a third took 9.3 s at
+/// 8 x 32 and 76 s at 16 x 128; with a fourth, 34 s and 1.2 GB at 8 x 32, too long
+/// for a compile-time search.
+pub const MAX_AUTO_ENCODERS: usize = 3;
 
 /// Why `auto` does not search `req`'s profile, if it does not.
 fn too_many_encoders(req: &Request, span: proc_macro2::Span) -> Option<DeriveError> {

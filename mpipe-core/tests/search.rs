@@ -110,6 +110,103 @@ fn the_search_is_deterministic_and_its_space_holds_every_peer() {
     }
 }
 
+/// Three encoders: a heavy trainable one, a lighter trainable one, a light frozen one.
+const THREE_ENCODERS: &str = r#"
+[[encoder]]
+name = "vision"
+layers = 36
+forward = 1.5
+backward = 1.5
+weight = 0.75
+activation = 0.1
+params = 2.0
+trainable = true
+
+[[encoder]]
+name = "audio"
+layers = 12
+forward = 1.0
+backward = 1.0
+weight = 0.5
+activation = 0.1
+params = 1.0
+trainable = true
+
+[[encoder]]
+name = "depth"
+layers = 6
+forward = 0.5
+backward = 0.5
+activation = 0.0
+params = 0.5
+trainable = false
+
+[llm]
+layers = 8
+forward = 1.0
+backward = 1.0
+weight = 1.0
+activation = 1.0
+params = 0.25
+"#;
+
+#[test]
+fn beyond_the_two_heaviest_encoders_the_space_is_smaller_and_still_holds_every_peer() {
+    let three = Profile::from_toml_str(THREE_ENCODERS).unwrap();
+    let (p, m) = (4, 8);
+    let space = candidates(&three, p, m);
+    for peer in peers(&three) {
+        assert!(space.contains(&peer), "{peer} is not in the search space");
+    }
+    // `depth`, the lightest, is inline, or transposed or filled (no options) outside
+    // the other encoders' operators.
+    for e in &space {
+        let Some(at) = e.find("(depth, ") else {
+            continue;
+        };
+        let start = e[..at]
+            .rfind(|c: char| !c.is_ascii_alphanumeric() && c != '_')
+            .map_or(0, |i| i + 1);
+        let (outside, op) = (&e[..start], &e[start..at]);
+        assert!(op == "transpose" || op == "fill", "{e}");
+        assert!(
+            ["", "balance(", "split_w(", "balance(split_w("].contains(&outside),
+            "{e}"
+        );
+        // `ENCODER, BODY` and nothing more: one comma at the call's own level.
+        let (mut level, mut commas) = (0, 0);
+        for c in e[at..].chars() {
+            match c {
+                '(' => level += 1,
+                ')' if level == 1 => break,
+                ')' => level -= 1,
+                ',' if level == 1 => commas += 1,
+                _ => {}
+            }
+        }
+        assert_eq!(commas, 1, "{e}");
+    }
+    // The space of the two heaviest alone, times at most three placements of `depth`,
+    // and the peers that nest differently.
+    let (head, llm) = THREE_ENCODERS.split_once("[llm]").unwrap();
+    let two = head
+        .split("[[encoder]]")
+        .take(3)
+        .collect::<Vec<_>>()
+        .join("[[encoder]]");
+    let two = Profile::from_toml_str(&format!("{two}[llm]{llm}")).unwrap();
+    assert_eq!(two.encoders.len(), 2);
+    let smaller = candidates(&two, p, m).len();
+    assert!(
+        space.len() <= 3 * smaller + peers(&three).len(),
+        "{} candidates for three encoders, {smaller} for the two heaviest",
+        space.len()
+    );
+    assert!(space.len() > smaller);
+    // And `auto` takes no longer than a peer.
+    check_not_slower(&three, p, m).unwrap();
+}
+
 /// One reported stage: id, name, total, steps done, ended.
 type Seen = (u64, String, u64, u64, bool);
 
