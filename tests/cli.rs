@@ -473,6 +473,15 @@ fn trace_writes_one_track_per_rank() {
     let complete: Vec<&Value> = events.iter().filter(|e| e["ph"] == "X").collect();
     assert!(!complete.is_empty());
     assert!(complete.iter().all(|e| e["tid"].as_u64().unwrap() < 4));
+    // And a memory track per rank.
+    for r in 0..4 {
+        let name = format!("memory rank {r}");
+        let samples = events
+            .iter()
+            .filter(|e| e["ph"] == "C" && e["name"] == name.as_str())
+            .count();
+        assert!(samples > 2, "{name}: {samples} samples");
+    }
 }
 
 #[test]

@@ -218,6 +218,15 @@ pub enum SimError {
          latency must be finite and >= 0 and bandwidth > 0"
     )]
     BadCommModel { latency: f64, bandwidth: f64 },
+    #[error(
+        "the timeline has {slots} intervals for rank {rank}, whose list has {actions} \
+         actions: pass the timeline of this program (one interval per action)"
+    )]
+    TimelineShape {
+        rank: usize,
+        actions: usize,
+        slots: usize,
+    },
     #[error("the program is too large to simulate: {what}")]
     TooLarge { what: String },
     #[error(
@@ -276,6 +285,29 @@ pub fn simulate(p: &Program, opts: &SimOptions) -> Result<SimReport, SimError> {
         });
     }
     Ok(report)
+}
+
+/// The activation memory each rank holds over the step whose timeline is `t` (the
+/// simulator's, or one measured on a runtime), counted as `peak_memory` counts it:
+/// per rank, `(time, level)` steps, each level held from its time until the next
+/// step's, 0 before the first; the largest level is the rank's peak memory.
+/// Fails when the program cannot be simulated or `t` is not a timeline of it (one
+/// interval per action).
+pub fn memory_over_time(p: &Program, t: &Timeline) -> Result<Vec<Vec<(f64, f64)>>, SimError> {
+    let setup = Setup::new(p, &SimOptions::default())?;
+    for (rank, list) in p.programs.iter().enumerate() {
+        let slots = t.ranks.get(rank).map_or(0, Vec::len);
+        if slots != list.len() {
+            return Err(SimError::TimelineShape {
+                rank,
+                actions: list.len(),
+                slots,
+            });
+        }
+    }
+    Ok((0..p.programs.len())
+        .map(|r| setup.memory_steps(r, &t.ranks[r]))
+        .collect())
 }
 
 /// Check what every reader of a program relies on before it indexes anything: one
@@ -619,6 +651,61 @@ impl<'p> Setup<'p> {
             coll_ids,
             coll_of,
         })
+    }
+
+    /// The activation memory rank `r` holds over time, given its timeline: `(time,
+    /// level)` steps, each level held from its time until the next step's (0 before
+    /// the first). All changes at one time count together, releases with
+    /// acquisitions (half-open intervals), so a peak is the largest level.
+    fn memory_steps(&self, r: usize, slots: &[Slot]) -> Vec<(f64, f64)> {
+        let s = self;
+        let acts = &s.acts[r];
+        let mut entries: Vec<(u64, u32, Op, u32)> = acts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match *a {
+                RAct::Compute { op, unit, mb } => Some((s.key(unit, mb), i as u32, op, unit)),
+                _ => None,
+            })
+            .collect();
+        entries.sort_unstable_by_key(|e| (e.0, e.1));
+        let mut delta = vec![0.0f64; acts.len()];
+        let mut at_start = vec![false; acts.len()];
+        for group in entries.chunk_by(|a, b| a.0 == b.0) {
+            let last = |pred: fn(Op) -> bool| group.iter().rev().find(|e| pred(e.2)).map(|e| e.1);
+            let consumer =
+                last(|op| op == Op::W).or_else(|| last(|op| matches!(op, Op::B | Op::BW)));
+            let Some(c) = consumer else { continue };
+            let holder = group
+                .iter()
+                .rev()
+                .find(|e| matches!(e.2, Op::F | Op::RF) && e.1 < c)
+                .map(|e| e.1);
+            let Some(h) = holder else { continue };
+            let a = s.act[group[0].3 as usize];
+            delta[h as usize] += a;
+            at_start[h as usize] = true;
+            delta[c as usize] -= a;
+        }
+        // A rank's actions are sequential, so these times only grow in list order.
+        let mut steps: Vec<(f64, f64)> = Vec::new();
+        let mut cur = 0.0f64;
+        for (i, &d) in delta.iter().enumerate() {
+            if d == 0.0 {
+                continue;
+            }
+            let t = if at_start[i] {
+                slots[i].start
+            } else {
+                slots[i].end
+            };
+            cur += d;
+            match steps.last_mut() {
+                Some(last) if last.0 == t => last.1 = cur,
+                _ => steps.push((t, cur)),
+            }
+        }
+        steps
     }
 
     fn key(&self, unit: u32, mb: u32) -> u64 {
@@ -1026,54 +1113,10 @@ impl<'s, 'p> Engine<'s, 'p> {
 
     /// Peak activation memory of rank `r`, given its timeline.
     fn peak(&self, r: usize, slots: &[Slot]) -> f64 {
-        let s = self.s;
-        let acts = &s.acts[r];
-        let mut entries: Vec<(u64, u32, Op, u32)> = acts
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| match *a {
-                RAct::Compute { op, unit, mb } => Some((s.key(unit, mb), i as u32, op, unit)),
-                _ => None,
-            })
-            .collect();
-        entries.sort_unstable_by_key(|e| (e.0, e.1));
-        let mut delta = vec![0.0f64; acts.len()];
-        let mut at_start = vec![false; acts.len()];
-        for group in entries.chunk_by(|a, b| a.0 == b.0) {
-            let last = |pred: fn(Op) -> bool| group.iter().rev().find(|e| pred(e.2)).map(|e| e.1);
-            let consumer =
-                last(|op| op == Op::W).or_else(|| last(|op| matches!(op, Op::B | Op::BW)));
-            let Some(c) = consumer else { continue };
-            let holder = group
-                .iter()
-                .rev()
-                .find(|e| matches!(e.2, Op::F | Op::RF) && e.1 < c)
-                .map(|e| e.1);
-            let Some(h) = holder else { continue };
-            let a = s.act[group[0].3 as usize];
-            delta[h as usize] += a;
-            at_start[h as usize] = true;
-            delta[c as usize] -= a;
-        }
-        let mut cur = 0.0f64;
-        let mut peak = 0.0f64;
-        let mut last_t: Option<f64> = None;
-        for (i, &d) in delta.iter().enumerate() {
-            if d == 0.0 {
-                continue;
-            }
-            let t = if at_start[i] {
-                slots[i].start
-            } else {
-                slots[i].end
-            };
-            if last_t != Some(t) {
-                peak = peak.max(cur);
-                last_t = Some(t);
-            }
-            cur += d;
-        }
-        peak.max(cur)
+        self.s
+            .memory_steps(r, slots)
+            .into_iter()
+            .fold(0.0, |peak, (_, level)| peak.max(level))
     }
 }
 

@@ -535,7 +535,7 @@ pub fn real_trace(program: &Program, timeline: &Timeline, name: &str) -> String 
         &TraceOptions {
             name: Some(name.to_string()),
             time_scale: 1e6,
-            flows: true,
+            ..TraceOptions::default()
         },
     )
 }

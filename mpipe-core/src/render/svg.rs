@@ -22,6 +22,10 @@
 //! least half of the boxes hold their label; boxes too narrow for it stay
 //! unlabelled, and when that size would be under 7 px there are no labels.
 //!
+//! With `opts.memory`, each row also holds its rank's activation memory over the
+//! step as a step line ([`memory_over_time`]), the highest peak over the ranks at
+//! the row's full height, its peak in the line's title; the legend says the scale.
+//!
 //! Idle time is the light-grey row background left blank. A transfer or
 //! collective that waited (its slot has `end > start`) is drawn as a thin
 //! grey-hatched bar across the middle of the row; transfers that did not wait are
@@ -42,6 +46,7 @@ use std::fmt::Write;
 
 use super::{fmt_num, placed, unit_looks, UnitLook};
 use crate::program::{Action, ActionRef, Op, Program, Tensor};
+use crate::simulate::memory_over_time;
 use crate::timeline::{Slot, Timeline};
 
 /// Layout and text of a Gantt chart.
@@ -55,6 +60,9 @@ pub struct SvgOptions {
     pub title: Option<String>,
     /// Footer line; when `None`, makespan, bubble ratio and problem size.
     pub subtitle: Option<String>,
+    /// Draw each rank's activation memory over the step as a line in its row,
+    /// the largest peak over the ranks at the row's full height (default false).
+    pub memory: bool,
 }
 
 impl Default for SvgOptions {
@@ -64,6 +72,7 @@ impl Default for SvgOptions {
             row_height: 28.0,
             title: None,
             subtitle: None,
+            memory: false,
         }
     }
 }
@@ -240,8 +249,11 @@ fn label_size_for(w: f64, digits: usize) -> f64 {
 
 /// One legend entry: its swatch fills (drawn side by side) and its text.
 struct LegendItem {
+    /// Swatches; none: the waiting hatch.
     fills: Vec<Fill>,
     text: String,
+    /// A line swatch (the memory line) instead.
+    line: bool,
 }
 
 /// One drawn box: an action with its slot, or a run of layer tasks drawn as one
@@ -379,6 +391,7 @@ pub fn gantt_svg(p: &Program, t: &Timeline, opts: &SvgOptions) -> String {
         .map(|&k| LegendItem {
             fills: vec![fill(k, UnitLook::UNKNOWN)],
             text: k.label().to_string(),
+            line: false,
         })
         .collect();
     if max_chunks > 1 {
@@ -395,6 +408,7 @@ pub fn gantt_svg(p: &Program, t: &Timeline, opts: &SvgOptions) -> String {
             legend.push(LegendItem {
                 fills,
                 text: format!("chunk {c}"),
+                line: false,
             });
         }
     }
@@ -402,6 +416,26 @@ pub fn gantt_svg(p: &Program, t: &Timeline, opts: &SvgOptions) -> String {
         legend.push(LegendItem {
             fills: vec![],
             text: "waiting in a transfer".to_string(),
+            line: false,
+        });
+    }
+    // Memory lines: each rank's steps, scaled so the highest peak fills a row.
+    let memory: Vec<Vec<(f64, f64)>> = if opts.memory {
+        memory_over_time(p, t).unwrap_or_default()
+    } else {
+        Vec::new()
+    };
+    let highest = memory
+        .iter()
+        .flatten()
+        .map(|&(_, level)| level)
+        .filter(|l| l.is_finite())
+        .fold(0.0, f64::max);
+    if highest > 0.0 {
+        legend.push(LegendItem {
+            fills: vec![],
+            text: format!("activation memory (full row: {})", fmt_num(highest, 3)),
+            line: true,
         });
     }
     let legend_font = 12.0;
@@ -649,9 +683,56 @@ pub fn gantt_svg(p: &Program, t: &Timeline, opts: &SvgOptions) -> String {
         o.push_str("</g>\n");
     }
 
+    // Memory: a step line per row, from 0 at time 0 to the end of the step.
+    if highest > 0.0 {
+        o.push_str("<g class=\"memory\" fill=\"none\" stroke=\"#c2185b\" stroke-width=\"1.4\">\n");
+        for (r, steps) in memory.iter().enumerate() {
+            let base = y_of(r) + row_h;
+            let y = |level: f64| base - (level / highest).clamp(0.0, 1.0) * (row_h - 2.0);
+            let mut d = format!("M{} {}", px(x_of(0.0)), px(base));
+            let mut level = 0.0;
+            let mut peak = 0.0f64;
+            for &(time, next) in steps {
+                if !(time.is_finite() && next.is_finite()) {
+                    continue;
+                }
+                let x = px(x_of(time));
+                let _ = write!(d, " L{x} {} L{x} {}", px(y(level)), px(y(next)));
+                level = next;
+                peak = peak.max(next);
+            }
+            let _ = write!(d, " L{} {}", px(x_of(span)), px(y(level)));
+            let _ = writeln!(
+                o,
+                r#"<path d="{d}"><title>rank {r}: activation memory, peak {}</title></path>"#,
+                fmt_num(peak, 3)
+            );
+        }
+        o.push_str("</g>\n");
+    }
+
     // Legend.
     o.push_str("<g class=\"legend\" font-size=\"12\" fill=\"#333333\">\n");
     for (item, &(x, y)) in legend.iter().zip(&legend_pos) {
+        if item.line {
+            let _ = write!(
+                o,
+                r##"<path d="M{x0} {y0} L{x1} {y0} L{x1} {y1} L{x2} {y1}" fill="none" stroke="#c2185b" stroke-width="1.4"/>"##,
+                x0 = px(x),
+                x1 = px(x + 6.0),
+                x2 = px(x + 12.0),
+                y0 = px(y),
+                y1 = px(y - 8.0)
+            );
+            let _ = writeln!(
+                o,
+                r#"<text x="{x}" y="{y}">{t}</text>"#,
+                x = px(x + swatch(item) + 6.0),
+                y = px(y),
+                t = esc(&item.text)
+            );
+            continue;
+        }
         let fills: Vec<String> = if item.fills.is_empty() {
             vec!["url(#mpipe-wait)".to_string()]
         } else {
@@ -749,6 +830,47 @@ mod tests {
     }
 
     #[test]
+    fn render_svg_memory_lines_on_request() {
+        let p = small_program();
+        let t = simulate_eager(&p);
+        // Off by default.
+        let plain = gantt_svg(&p, &t, &SvgOptions::default());
+        assert!(!plain.contains("class=\"memory\""));
+        let opts = SvgOptions {
+            memory: true,
+            ..SvgOptions::default()
+        };
+        let svg = gantt_svg(&p, &t, &opts);
+        check_xml(&svg).unwrap();
+        // One line per rank, each with its peak, scaled to the highest of them.
+        let curves = memory_over_time(&p, &t).unwrap();
+        let peaks: Vec<f64> = curves
+            .iter()
+            .map(|c| c.iter().map(|s| s.1).fold(0.0, f64::max))
+            .collect();
+        let highest = peaks.iter().copied().fold(0.0, f64::max);
+        assert!(highest > 0.0);
+        assert_eq!(count(&svg, "<path d=\"M"), 2 + 1); // and the legend's swatch
+        for (r, peak) in peaks.iter().enumerate() {
+            let tip = format!("rank {r}: activation memory, peak {}", fmt_num(*peak, 3));
+            assert!(svg.contains(&tip), "{tip}");
+        }
+        let legend = format!(
+            ">activation memory (full row: {})</text>",
+            fmt_num(highest, 3)
+        );
+        assert!(svg.contains(&legend), "{legend}");
+        // The boxes are the same as without the lines.
+        assert_eq!(
+            count(&svg, r#"<rect class="op "#),
+            count(&plain, r#"<rect class="op "#)
+        );
+        // A timeline of another program draws no lines (and does not panic).
+        let other = big_example(2, 4, 1, false).1;
+        assert!(!gantt_svg(&p, &other, &opts).contains("class=\"memory\""));
+    }
+
+    #[test]
     fn render_svg_subtitle_and_narrow_boxes() {
         let p = small_program();
         let t = simulate_eager(&p);
@@ -757,6 +879,7 @@ mod tests {
             row_height: 10.0,
             title: None,
             subtitle: Some("sim: eager".into()),
+            memory: false,
         };
         let svg = gantt_svg(&p, &t, &opts);
         check_xml(&svg).unwrap();

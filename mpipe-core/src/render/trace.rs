@@ -20,6 +20,11 @@
 //!   `RECV` (same tensor, unit, micro-batch and rank pair; k-th send to k-th
 //!   receive), anchored at the middle of each slot. Unmatched transfers get none.
 //!
+//! - when `opts.memory`, a counter track per rank (`"ph":"C"`, name `memory rank
+//!   r`, args `{activations}`) with a sample at 0 and wherever the rank's
+//!   activation memory changes ([`memory_over_time`]; none when the program cannot
+//!   be simulated), drawn by Perfetto as a step chart under the ranks.
+//!
 //! `ts` and `dur` are in microseconds: time units times `opts.time_scale`, rounded
 //! to 0.001 µs. The output is compact JSON, one event per line, byte-identical for
 //! identical inputs.
@@ -30,6 +35,7 @@ use serde_json::{json, Map, Value};
 
 use super::{placed, unit_looks, UnitLook};
 use crate::program::{ActionRef, CollKind, Dir, Program, Tensor};
+use crate::simulate::memory_over_time;
 use crate::timeline::Timeline;
 
 /// What to call the trace and how to scale its times.
@@ -41,6 +47,8 @@ pub struct TraceOptions {
     pub time_scale: f64,
     /// Emit flow arrows from each `SEND` to its `RECV` (default true).
     pub flows: bool,
+    /// Emit each rank's activation memory as a counter track (default true).
+    pub memory: bool,
 }
 
 impl Default for TraceOptions {
@@ -49,6 +57,7 @@ impl Default for TraceOptions {
             name: None,
             time_scale: 1000.0,
             flows: true,
+            memory: true,
         }
     }
 }
@@ -192,6 +201,25 @@ pub fn chrome_trace(p: &Program, t: &Timeline, opts: &TraceOptions) -> String {
         }
     }
 
+    // Memory: one counter track per rank, a sample wherever its level changes.
+    if opts.memory {
+        if let Ok(curves) = memory_over_time(p, t) {
+            for (r, steps) in curves.iter().enumerate() {
+                let name = format!("memory rank {r}");
+                let mut sample = |ts: f64, level: f64| {
+                    // Rounded like the times, so a level that returns to zero reads 0.
+                    let level = (level * 1e9).round() / 1e9;
+                    events.push(json!({"ph": "C", "pid": PID, "name": name,
+                                       "ts": us(ts), "args": {"activations": level}}));
+                };
+                sample(0.0, 0.0);
+                for &(ts, level) in steps {
+                    sample(ts, level);
+                }
+            }
+        }
+    }
+
     let mut out = String::from("{\"traceEvents\":[\n");
     for (i, e) in events.iter().enumerate() {
         if i > 0 {
@@ -224,13 +252,15 @@ mod tests {
         let t = simulate_eager(&p);
         let s = chrome_trace(&p, &t, &TraceOptions::default());
         let ev = events(&s);
-        // 1 process name + 2 * (thread name + sort index); 26 actions; 4 flows.
+        // 1 process name + 2 * (thread name + sort index); 26 actions; 4 flows;
+        // memory samples.
         assert_eq!(of_ph(&ev, "M").len(), 5);
         let x = of_ph(&ev, "X");
         assert_eq!(x.len(), 26);
         assert_eq!(of_ph(&ev, "s").len(), 4);
         assert_eq!(of_ph(&ev, "f").len(), 4);
-        assert_eq!(ev.len(), 5 + 26 + 8);
+        let c = of_ph(&ev, "C");
+        assert_eq!(ev.len(), 5 + 26 + 8 + c.len());
         assert!(ev
             .iter()
             .any(|e| e["name"] == "process_name" && e["args"]["name"] == "mpipe"));
@@ -287,6 +317,49 @@ mod tests {
     }
 
     #[test]
+    fn render_trace_memory_counters_peak_where_the_simulator_says() {
+        let p = small_program();
+        // (It runs with asynchronous sends only.)
+        let eager = crate::simulate::SimOptions {
+            mode: crate::simulate::Mode::Eager,
+            comm: None,
+        };
+        let report = crate::simulate::simulate(&p, &eager).unwrap();
+        let ev = events(&chrome_trace(
+            &p,
+            &report.timeline,
+            &TraceOptions::default(),
+        ));
+        let c = of_ph(&ev, "C");
+        // Each rank's track starts at 0, ends at 0 (every activation is released by
+        // the end of the step) and peaks at the simulator's peak memory.
+        for (r, &peak) in report.peak_memory.iter().enumerate() {
+            let name = format!("memory rank {r}");
+            let samples: Vec<(f64, f64)> = c
+                .iter()
+                .filter(|e| e["name"] == name.as_str())
+                .map(|e| {
+                    let level = e["args"]["activations"].as_f64().unwrap();
+                    (e["ts"].as_f64().unwrap(), level)
+                })
+                .collect();
+            assert!(samples.len() >= 3, "{name}: {samples:?}");
+            assert_eq!(samples[0], (0.0, 0.0));
+            assert_eq!(samples.last().unwrap().1, 0.0, "{name}: {samples:?}");
+            assert!(samples.windows(2).all(|w| w[0].0 <= w[1].0), "{samples:?}");
+            let top = samples.iter().map(|s| s.1).fold(0.0, f64::max);
+            assert!(
+                peak > 0.0 && (top - peak).abs() < 1e-9,
+                "{name}: {top} vs {peak}"
+            );
+        }
+        // A timeline of another program has no counters (and no panic).
+        let other = crate::render::testutil::big_example(2, 4, 1, false).1;
+        let ev = events(&chrome_trace(&p, &other, &TraceOptions::default()));
+        assert!(of_ph(&ev, "C").is_empty());
+    }
+
+    #[test]
     fn render_trace_options() {
         let p = small_program();
         let t = simulate_eager(&p);
@@ -294,8 +367,10 @@ mod tests {
             name: Some("run \"7\"".into()),
             time_scale: 1.0,
             flows: false,
+            memory: false,
         };
         let ev = events(&chrome_trace(&p, &t, &opts));
+        assert!(of_ph(&ev, "C").is_empty());
         assert!(ev
             .iter()
             .any(|e| e["name"] == "process_name" && e["args"]["name"] == "run \"7\""));

@@ -469,7 +469,13 @@ pub fn trace(s: &SourceArgs, mode: Mode, output: &Path) -> Result<u8, Failure> {
     Ok(0)
 }
 
-pub fn svg(s: &SourceArgs, mode: Mode, output: &Path, width: f64) -> Result<u8, Failure> {
+pub fn svg(
+    s: &SourceArgs,
+    mode: Mode,
+    output: &Path,
+    width: f64,
+    memory: bool,
+) -> Result<u8, Failure> {
     // Wider than any screen or print, the file only grows (about 2 bytes a pixel).
     const MAX_WIDTH: f64 = 100_000.0;
     if !(width > 0.0 && width <= MAX_WIDTH) {
@@ -485,6 +491,7 @@ pub fn svg(s: &SourceArgs, mode: Mode, output: &Path, width: f64) -> Result<u8, 
     let p = &loaded.program;
     let opts = SvgOptions {
         width,
+        memory,
         title: Some(format!(
             "{}: {} x {}",
             loaded.label,

@@ -158,6 +158,9 @@ enum Command {
         /// Width of the chart in pixels (at most 100000).
         #[arg(long, default_value_t = 1400.0, allow_negative_numbers = true)]
         width: f64,
+        /// Also draw each rank's activation memory over the step, as a line in its row.
+        #[arg(long)]
+        memory: bool,
     },
     /// Derive a program's transfers again from its compute order (mpipe's placement
     /// and refinement): faster under rendezvous, and an order that hangs runs.
@@ -391,7 +394,8 @@ fn run(command: Command) -> Result<u8, failure::Failure> {
             mode,
             output,
             width,
-        } => commands::svg(&source, mode.into(), &output, width),
+            memory,
+        } => commands::svg(&source, mode.into(), &output, width, memory),
         Command::Refine {
             file,
             model,
