@@ -16,10 +16,11 @@
 //!
 //! The space multiplies with each encoder's placements (about twenty, in every
 //! nesting order), so only the [`FULL_ENCODERS`] heaviest encoders are searched
-//! that way. Any other is inline, `transpose`d or `fill`ed, outside them (a
-//! threefold space per encoder; the peers, which may nest differently, are added),
-//! and a profile with more than [`MAX_AUTO_ENCODERS`] encoders is refused (the
-//! expression is written instead).
+//! that way. The others are placed alike, outside them: all inline, all
+//! `transpose`d or all `fill`ed, so a third encoder or more triples the space once
+//! (the peers, which may nest differently, are added). On a 2-core machine, Omni's
+//! two encoders and a third took 9.3 s at 8 x 32 and 76 s at 16 x 128; with six
+//! more small ones, 30 s at 8 x 32.
 //!
 //! The search is exact over that space and cheap: each candidate's plan is evaluated
 //! and timed ideally (no communication, asynchronous transfers), which no program of
@@ -119,17 +120,16 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
         bodies.push((format!("split_w({b})"), false));
     }
     // Per encoder: `None` inline, else the operator placing it and the arguments
-    // after the body. The heaviest encoders are searched in full; any others are
-    // inline, transposed or filled.
+    // after the body. The heaviest encoders are searched in full; the others are
+    // placed alike, below.
     let full = searched_in_full(profile);
+    let others: Vec<usize> = (0..profile.encoders.len())
+        .filter(|i| !full.contains(i))
+        .collect();
     let mut placements: Vec<Vec<Option<(&str, String)>>> = Vec::new();
     for (i, enc) in profile.encoders.iter().enumerate() {
         if !full.contains(&i) {
-            placements.push(vec![
-                None,
-                Some(("transpose", String::new())),
-                Some(("fill", String::new())),
-            ]);
+            placements.push(vec![None]);
             continue;
         }
         let mut opts = vec![
@@ -168,12 +168,30 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
             })
             .collect();
     }
+    // The encoders beyond the heaviest: all inline, all transposed or all filled.
+    if !others.is_empty() {
+        let alike = [
+            None,
+            Some(("transpose", String::new())),
+            Some(("fill", String::new())),
+        ];
+        let others = &others;
+        combos = combos
+            .into_iter()
+            .flat_map(|c| {
+                alike.clone().into_iter().map(move |g| {
+                    let mut c = c.clone();
+                    for &i in others {
+                        c[i] = g.clone();
+                    }
+                    c
+                })
+            })
+            .collect();
+    }
     // The operators apply innermost first, and the order matters (the outer one
     // places its encoder around the inner one's work): every order of the encoders
     // searched in full is a candidate; the others come outermost, in profile order.
-    let others: Vec<usize> = (0..profile.encoders.len())
-        .filter(|i| !full.contains(i))
-        .collect();
     let orders: Vec<Vec<usize>> = permutations(full.len())
         .into_iter()
         .map(|o| {
@@ -253,9 +271,8 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
 }
 
 /// Encoders whose placements `auto` searches in full (every operator and mode, in
-/// every nesting order); beyond them each encoder is inline, `transpose`d or
-/// `fill`ed, outside the others, so the space grows threefold per encoder, not
-/// about twentyfold.
+/// every nesting order); the others are placed alike (all inline, all `transpose`d
+/// or all `fill`ed) outside them, so more encoders triple the space once.
 pub const FULL_ENCODERS: usize = 2;
 
 /// The [`FULL_ENCODERS`] heaviest encoders of `profile` (by work per micro-batch,
@@ -432,33 +449,9 @@ pub struct Search {
     pub tried: Vec<Tried>,
 }
 
-/// The most encoders `auto` places. Each one beyond [`FULL_ENCODERS`] triples the
-/// candidates: on a 2-core machine, Omni's two encoders and a third took 9.3 s at
-/// 8 x 32 and 76 s at 16 x 128; with a fourth, 34 s and 1.2 GB at 8 x 32, too long
-/// for a compile-time search.
-pub const MAX_AUTO_ENCODERS: usize = 3;
-
-/// Why `auto` does not search `req`'s profile, if it does not.
-fn too_many_encoders(req: &Request, span: proc_macro2::Span) -> Option<DeriveError> {
-    let n = req.profile.encoders.len();
-    (n > MAX_AUTO_ENCODERS).then(|| DeriveError {
-        message: format!(
-            "`auto` searches the placements of at most {MAX_AUTO_ENCODERS} encoders and \
-             this profile has {n}: write the schedule instead, for example \
-             `transpose(ENCODER, zbv)` once per encoder"
-        ),
-        span,
-        kind: ErrorKind::NotAvailable,
-    })
-}
-
 /// Run the search for `req`. Fails only when no candidate can be derived (then the
-/// errors of the fastest-looking candidate say why, e.g. memory over the limit), or
-/// when the profile has more than [`MAX_AUTO_ENCODERS`] encoders.
+/// errors of the fastest-looking candidate say why, e.g. memory over the limit).
 pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
-    if let Some(e) = too_many_encoders(req, proc_macro2::Span::call_site()) {
-        return Err(vec![e]);
-    }
     let texts = candidates(req.profile, req.ranks, req.microbatches);
     let timed = plan_all(req, &texts);
     let mut tried: Vec<Tried> = Vec::new();
@@ -700,9 +693,6 @@ pub(crate) fn auto(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveErro
             span: expr.span,
             kind: ErrorKind::BadArgument,
         }]);
-    }
-    if let Some(e) = too_many_encoders(req, expr.span) {
-        return Err(vec![e]);
     }
     match search(req) {
         Ok(s) => Ok(s.best),

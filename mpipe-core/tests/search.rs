@@ -110,8 +110,9 @@ fn the_search_is_deterministic_and_its_space_holds_every_peer() {
     }
 }
 
-/// Three encoders: a heavy trainable one, a lighter trainable one, a light frozen one.
-const THREE_ENCODERS: &str = r#"
+/// Four encoders: a heavy trainable one, a lighter trainable one, a light frozen
+/// one and a light trainable one.
+const FOUR_ENCODERS: &str = r#"
 [[encoder]]
 name = "vision"
 layers = 36
@@ -141,6 +142,16 @@ activation = 0.0
 params = 0.5
 trainable = false
 
+[[encoder]]
+name = "pose"
+layers = 4
+forward = 0.5
+backward = 0.5
+weight = 0.25
+activation = 0.05
+params = 0.3
+trainable = true
+
 [llm]
 layers = 8
 forward = 1.0
@@ -151,44 +162,51 @@ params = 0.25
 "#;
 
 #[test]
-fn beyond_the_two_heaviest_encoders_the_space_is_smaller_and_still_holds_every_peer() {
-    let three = Profile::from_toml_str(THREE_ENCODERS).unwrap();
+fn beyond_the_two_heaviest_encoders_the_others_are_placed_alike_and_every_peer_is_searched() {
+    let four = Profile::from_toml_str(FOUR_ENCODERS).unwrap();
     let (p, m) = (4, 8);
-    let space = candidates(&three, p, m);
-    for peer in peers(&three) {
+    let space = candidates(&four, p, m);
+    for peer in peers(&four) {
         assert!(space.contains(&peer), "{peer} is not in the search space");
     }
-    // `depth`, the lightest, is inline, or transposed or filled (no options) outside
-    // the other encoders' operators.
+    // `depth` and `pose`, the lightest, are both inline, or both transposed or both
+    // filled (no options), outside the other encoders' operators: `pose` outermost.
+    let mut alike = std::collections::BTreeSet::new();
     for e in &space {
-        let Some(at) = e.find("(depth, ") else {
-            continue;
-        };
-        let start = e[..at]
-            .rfind(|c: char| !c.is_ascii_alphanumeric() && c != '_')
-            .map_or(0, |i| i + 1);
-        let (outside, op) = (&e[..start], &e[start..at]);
-        assert!(op == "transpose" || op == "fill", "{e}");
-        assert!(
-            ["", "balance(", "split_w(", "balance(split_w("].contains(&outside),
-            "{e}"
-        );
-        // `ENCODER, BODY` and nothing more: one comma at the call's own level.
-        let (mut level, mut commas) = (0, 0);
-        for c in e[at..].chars() {
-            match c {
-                '(' => level += 1,
-                ')' if level == 1 => break,
-                ')' => level -= 1,
-                ',' if level == 1 => commas += 1,
-                _ => {}
+        let inner = ["balance(", "split_w("]
+            .iter()
+            .fold(e.as_str(), |x, w| x.strip_prefix(w).unwrap_or(x));
+        let inner = inner.strip_prefix("split_w(").unwrap_or(inner);
+        let op = ["transpose", "fill"]
+            .into_iter()
+            .find(|op| inner.starts_with(&format!("{op}(pose, ")));
+        match op {
+            None => assert!(!e.contains("(pose, ") && !e.contains("(depth, "), "{e}"),
+            Some(op) => {
+                let rest = &inner[format!("{op}(pose, ").len()..];
+                assert!(rest.starts_with(&format!("{op}(depth, ")), "{e}");
+                // `ENCODER, BODY` and nothing more: one comma at the call's level.
+                for at in [0, format!("{op}(pose, ").len()] {
+                    let (mut level, mut commas) = (0, 0);
+                    for c in inner[at..].chars() {
+                        match c {
+                            '(' => level += 1,
+                            ')' if level == 1 => break,
+                            ')' => level -= 1,
+                            ',' if level == 1 => commas += 1,
+                            _ => {}
+                        }
+                    }
+                    assert_eq!(commas, 1, "{e}");
+                }
             }
         }
-        assert_eq!(commas, 1, "{e}");
+        alike.insert(op);
     }
-    // The space of the two heaviest alone, times at most three placements of `depth`,
-    // and the peers that nest differently.
-    let (head, llm) = THREE_ENCODERS.split_once("[llm]").unwrap();
+    assert_eq!(alike.len(), 3, "inline, transpose and fill all occur");
+    // The space of the two heaviest alone, three times, and the peers that nest
+    // differently.
+    let (head, llm) = FOUR_ENCODERS.split_once("[llm]").unwrap();
     let two = head
         .split("[[encoder]]")
         .take(3)
@@ -198,13 +216,13 @@ fn beyond_the_two_heaviest_encoders_the_space_is_smaller_and_still_holds_every_p
     assert_eq!(two.encoders.len(), 2);
     let smaller = candidates(&two, p, m).len();
     assert!(
-        space.len() <= 3 * smaller + peers(&three).len(),
-        "{} candidates for three encoders, {smaller} for the two heaviest",
+        space.len() <= 3 * smaller + peers(&four).len(),
+        "{} candidates for four encoders, {smaller} for the two heaviest",
         space.len()
     );
     assert!(space.len() > smaller);
     // And `auto` takes no longer than a peer.
-    check_not_slower(&three, p, m).unwrap();
+    check_not_slower(&four, p, m).unwrap();
 }
 
 /// One reported stage: id, name, total, steps done, ended.
