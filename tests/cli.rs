@@ -1029,20 +1029,10 @@ fn oversized_and_malformed_inputs_are_refused_quickly() {
 #[test]
 fn evaluate_fails_when_auto_gives_no_schedule() {
     let dir = TempDir::new("evaluate");
-    let text = std::fs::read_to_string(heavy()).unwrap();
-    let (encoder, llm) = text.split_once("[llm]").unwrap();
-    let encoder = encoder
-        .split_once("[[encoder]]")
-        .map_or(encoder, |(_, e)| e);
-    let mut four = String::new();
-    for i in 0..4 {
-        four.push_str("[[encoder]]");
-        four.push_str(&encoder.replace("name = \"vision\"", &format!("name = \"e{i}\"")));
-    }
-    four.push_str("[llm]");
-    four.push_str(llm);
-    let f = dir.path("four.toml");
-    std::fs::write(&f, four).unwrap();
+    // A memory limit below the parameters alone: nothing fits.
+    let text = std::fs::read_to_string(heavy()).unwrap() + "\n[memory]\nlimit = 1.0\n";
+    let f = dir.path("tight.toml");
+    std::fs::write(&f, text).unwrap();
     let o = mpipe(&[
         "evaluate",
         f.to_str().unwrap(),
@@ -1054,7 +1044,7 @@ fn evaluate_fails_when_auto_gives_no_schedule() {
     assert_status(&o, 1);
     assert!(
         stderr(&o).contains("`auto` gave no schedule")
-            && stderr(&o).contains("`auto` searches the placements of at most"),
+            && stderr(&o).contains("over memory.limit = 1"),
         "{}",
         stderr(&o)
     );
