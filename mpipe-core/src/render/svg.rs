@@ -714,7 +714,8 @@ pub fn gantt_svg(p: &Program, t: &Timeline, opts: &SvgOptions) -> String {
     // Legend.
     o.push_str("<g class=\"legend\" font-size=\"12\" fill=\"#333333\">\n");
     for (item, &(x, y)) in legend.iter().zip(&legend_pos) {
-        if item.line {
+        let fills: Vec<String> = if item.line {
+            // A step of the memory line instead of a box.
             let _ = write!(
                 o,
                 r##"<path d="M{x0} {y0} L{x1} {y0} L{x1} {y1} L{x2} {y1}" fill="none" stroke="#c2185b" stroke-width="1.4"/>"##,
@@ -724,16 +725,8 @@ pub fn gantt_svg(p: &Program, t: &Timeline, opts: &SvgOptions) -> String {
                 y0 = px(y),
                 y1 = px(y - 8.0)
             );
-            let _ = writeln!(
-                o,
-                r#"<text x="{x}" y="{y}">{t}</text>"#,
-                x = px(x + swatch(item) + 6.0),
-                y = px(y),
-                t = esc(&item.text)
-            );
-            continue;
-        }
-        let fills: Vec<String> = if item.fills.is_empty() {
+            Vec::new()
+        } else if item.fills.is_empty() {
             vec!["url(#mpipe-wait)".to_string()]
         } else {
             item.fills.iter().map(|f| f.attr()).collect()
