@@ -4,8 +4,8 @@
 //! `zbv`, `dualpipev`, `interleaved(v = 2..4)` and `v = 5..8` where the chunks split
 //! the layers evenly, `zb2p` with one chunk (also in lockstep, `costs = unit`), two
 //! looped and two in a V, and `zb2p(encoders = spread | chain | ramp)`, which place
-//! the encoders themselves, in seven forms, `ramp` never under `balance` as it
-//! chooses the split itself), the
+//! the encoders themselves, in eight forms, `ramp` (also over two looped chunks per
+//! rank) never under `balance` as it chooses the split itself), the
 //! fused-backward bodies also under `split_w`, and for each encoder of the profile every placement the operators offer:
 //! inline (the body's own), `transpose` with each owner mode (`spare` too) and, for a trainable
 //! encoder, each backward mode (modes that cannot differ, such as owners when
@@ -89,9 +89,10 @@ const WOVEN: [&str; 5] = [
 
 /// Woven bodies that choose the stage split themselves: not under `balance`, and
 /// not when the profile fixes the split.
-const RAMP: [&str; 2] = [
+const RAMP: [&str; 3] = [
     "zb2p(encoders = ramp)",
     "zb2p(encoders = ramp, costs = unit)",
+    "zb2p(v = 2, encoders = ramp)",
 ];
 
 /// Every expression `auto` considers for `profile` on `ranks` x `microbatches`, in the

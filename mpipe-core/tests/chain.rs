@@ -232,7 +232,7 @@ proptest! {
         let prof = mllm(layers, heavy, trainable);
         let m = p * k;
         let units = mpipe_core::units::build_units(&prof, p, 1, mpipe_core::plan::Layout::Looped).unwrap();
-        let split = ramp_split(&prof, &units, p, m).expect("an encoder feeds the first stage");
+        let split = ramp_split(&prof, &units, p, m, 1).expect("an encoder feeds the first stage");
         prop_assert_eq!(split.llm.iter().sum::<usize>(), 16);
         prop_assert!(split.llm.iter().all(|&l| l >= 1), "{:?}", split.llm);
         prop_assert_eq!(split.chunks.iter().sum::<u32>(), layers);
@@ -265,6 +265,36 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// `zb2p(v = 2, encoders = ramp)`: the split keeps every layer, two on every rank
+    /// but the last (one per chunk), predicts no worse than where it started, and
+    /// derives a valid program (the derivation verifies it), in lockstep too.
+    #[test]
+    fn the_ramp_over_two_chunks_keeps_every_layer_and_derives(
+        layers in 1u32..40, heavy in 0.05f64..3.0, trainable: bool,
+        p in prop::sample::select(vec![2usize, 4, 8]), k in 1usize..4,
+    ) {
+        let prof = mllm(layers, heavy, trainable);
+        let m = p * k;
+        let units = mpipe_core::units::build_units(&prof, p, 1, mpipe_core::plan::Layout::Looped).unwrap();
+        let split = ramp_split(&prof, &units, p, m, 2).expect("an encoder feeds the first stage");
+        prop_assert_eq!(split.llm.iter().sum::<usize>(), 16);
+        prop_assert!(split.llm[..p - 1].iter().all(|&l| l >= 2), "{:?}", split.llm);
+        prop_assert!(split.llm[p - 1] >= 1, "{:?}", split.llm);
+        prop_assert_eq!(split.chunks.iter().sum::<u32>(), layers);
+        prop_assert!(split.floor <= split.start + 1e-9, "{} > {}", split.floor, split.start);
+        for costs in ["", ", costs = unit"] {
+            let text = format!("zb2p(v = 2, encoders = ramp{costs})");
+            let d = derive_str(&Request::new(&prof, p, m), &text)
+                .map_err(|e| TestCaseError::fail(format!("{text}: {e:?}")))?;
+            let stages = d.program.units.iter().filter(|u| u.name.starts_with("llm.")).count();
+            prop_assert_eq!(stages, 2 * p, "{}", text);
+        }
+    }
+}
+
 /// On Qwen2-VL-7B (8 x 32) the ramp model predicts the woven list schedule's step
 /// with asynchronous sends to within 0.5%, and the split it chooses beats the
 /// water-filled chain's (1.048 of the bound) by more than a point.
@@ -273,7 +303,7 @@ fn the_ramp_model_predicts_the_eager_step_and_improves_on_the_chain() {
     let prof = Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();
     let units =
         mpipe_core::units::build_units(&prof, 8, 1, mpipe_core::plan::Layout::Looped).unwrap();
-    let split = ramp_split(&prof, &units, 8, 32).unwrap();
+    let split = ramp_split(&prof, &units, 8, 32, 1).unwrap();
     let mut req = Request::new(&prof, 8, 32);
     req.mode = mpipe_core::simulate::Mode::Eager;
     let ramp = derive_str(&req, "zb2p(encoders = ramp)").unwrap();
@@ -294,20 +324,70 @@ fn the_ramp_model_predicts_the_eager_step_and_improves_on_the_chain() {
     assert!(r <= 1.04, "ramp {r:.4}");
 }
 
-/// `encoders = ramp` chooses the split itself: with chunks per rank other than one,
-/// or a profile that fixes the split, it is refused, saying why.
+/// With two looped chunks per rank (`v = 2`) the first micro-batch reaches the last
+/// ranks twice as soon, so less of their warm-up waits: on Qwen2-VL-7B (8 x 32) with
+/// asynchronous sends the step is more than a point closer to the bound than with
+/// one, the model still predicts it, and each rank's layers are halved between its
+/// chunks (the LM head last).
+#[test]
+fn the_ramp_over_two_chunks_per_rank_shortens_the_warm_up() {
+    let prof = Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();
+    let units =
+        mpipe_core::units::build_units(&prof, 8, 1, mpipe_core::plan::Layout::Looped).unwrap();
+    let split = ramp_split(&prof, &units, 8, 32, 2).unwrap();
+    let mut req = Request::new(&prof, 8, 32);
+    req.mode = mpipe_core::simulate::Mode::Eager;
+    let one = derive_str(&req, "zb2p(encoders = ramp)").unwrap();
+    let two = derive_str(&req, "zb2p(v = 2, encoders = ramp)").unwrap();
+    let got = two.report.makespan;
+    assert!(
+        (got - split.floor).abs() <= 0.005 * split.floor,
+        "simulated {got:.1}, predicted {:.1} ({:?} / {:?})",
+        split.floor,
+        split.llm,
+        split.chunks
+    );
+    let (r1, r2) = (
+        one.report.makespan / one.bound.value(),
+        two.report.makespan / two.bound.value(),
+    );
+    assert!(
+        r2 + 0.005 < r1 && r2 <= 1.03,
+        "v = 2: {r2:.4}, v = 1: {r1:.4}"
+    );
+    // Stages: chunk 0 of ranks 0..8, then chunk 1; every rank but the last keeps a
+    // layer in each, the last's second chunk holds the LM head.
+    let layout = split.layout(2);
+    let stages: Vec<&str> = layout.split('|').collect();
+    assert_eq!(stages.len(), 16, "{layout}");
+    for r in 0..8 {
+        let layers = |s: &str| s.matches('t').count();
+        assert_eq!(
+            layers(stages[r]) + layers(stages[8 + r]),
+            split.llm[r],
+            "{layout}"
+        );
+        if r < 7 {
+            assert!(layers(stages[8 + r]) >= 1, "{layout}");
+        }
+    }
+    assert!(stages[15].ends_with('L'), "{layout}");
+}
+
+/// `encoders = ramp` chooses the split itself: with chunks per rank other than one
+/// or two looped, or a profile that fixes the split, it is refused, saying why.
 #[test]
 fn ramp_refuses_what_it_cannot_split() {
     let prof = mllm(8, 1.0, true);
     let req = Request::new(&prof, 4, 8);
     for text in [
-        "zb2p(encoders = ramp, v = 2)",
+        "zb2p(encoders = ramp, v = 3)",
         "zb2p(encoders = ramp, layout = v)",
     ] {
         let e = derive_str(&req, text).unwrap_err();
         assert_eq!(e[0].kind, ErrorKind::BadArgument, "{text}: {e:?}");
         assert!(
-            e[0].message.contains("one stage per rank"),
+            e[0].message.contains("one or two looped stages per rank"),
             "{}",
             e[0].message
         );

@@ -98,9 +98,18 @@ pub struct RampSplit {
 }
 
 impl RampSplit {
-    /// The split as an `llm.layout` string (`E` on the first stage, `L` on the last).
-    pub fn layout(&self) -> String {
-        let stages: Vec<String> = self.llm.iter().map(|&l| "t".repeat(l)).collect();
+    /// The split as an `llm.layout` string (`E` on the first stage, `L` on the last)
+    /// for `v` chunks per rank (1 or 2): with two, each rank's layers are halved
+    /// between its chunks (the first gets the odd one), chunk 0 of every rank first,
+    /// so the LM head ends the last rank's second chunk.
+    pub fn layout(&self, v: usize) -> String {
+        let stages: Vec<String> = if v == 2 {
+            let first = self.llm.iter().map(|&l| l.div_ceil(2));
+            let second = self.llm.iter().map(|&l| l / 2);
+            first.chain(second).map(|l| "t".repeat(l)).collect()
+        } else {
+            self.llm.iter().map(|&l| "t".repeat(l)).collect()
+        };
         format!("E{}L", stages.join("|"))
     }
 }
@@ -108,6 +117,9 @@ impl RampSplit {
 /// What the ramp model reads from a profile, per micro-batch.
 struct RampCosts {
     ranks: usize,
+    /// Chunks of the LLM per rank (1, or 2 looped): the first micro-batch's forward
+    /// reaches rank `r` through the first chunks of ranks `0..r` only.
+    v: usize,
     microbatches: f64,
     /// An LLM layer's `F` and `F + B + W`.
     layer_f: f64,
@@ -158,14 +170,16 @@ impl RampCosts {
             };
             let fill = (n * self.enc_f * ready).min(ramp);
             let mut work = llm[r] as f64 * self.layer_work + n * self.enc_work;
-            let mut f = llm[r] as f64 * self.layer_f;
+            let mut f = llm[r].div_ceil(self.v) as f64 * self.layer_f;
             if r == 0 {
                 work += self.first_work;
                 f += self.first_f;
             }
             if r + 1 == p {
                 work += self.last_work;
-                f += self.last_f;
+                if self.v == 1 {
+                    f += self.last_f;
+                }
             }
             end = end.max(ramp - fill + m * work);
             ramp += f + self.hop;
@@ -185,7 +199,10 @@ impl RampCosts {
 /// one LLM layer from one rank to another together with up to a stage's worth of
 /// encoder layers back, or one to three encoder layers alone; it takes the best
 /// move while one improves the prediction by more than a microsecond. Every stage
-/// keeps at least one layer.
+/// keeps at least one layer. With `v = 2` (two looped chunks per rank, see
+/// [`RampSplit::layout`]) the model counts the first chunks' forwards only on the
+/// way to each rank, and every rank but the last keeps two layers. `units` are the
+/// one-chunk units either way.
 /// Deterministic (the first best move in rank order). `None` when the units have
 /// no encoder to chain or the LLM has fewer layers than ranks.
 pub fn ramp_split(
@@ -193,6 +210,7 @@ pub fn ramp_split(
     units: &[Unit],
     ranks: usize,
     microbatches: usize,
+    v: usize,
 ) -> Option<RampSplit> {
     let n_enc = profile.encoders.len();
     let e = chained_encoder(units, n_enc)?;
@@ -215,6 +233,7 @@ pub fn ramp_split(
     let hop = |bytes: f64| link.map_or(0.0, |c| c.transfer_time(bytes));
     let costs = RampCosts {
         ranks,
+        v,
         microbatches: microbatches as f64,
         layer_f: llm.forward,
         layer_work: llm.forward + llm.backward + llm.weight,
@@ -242,7 +261,11 @@ pub fn ramp_split(
             ((u.work() - first - last) / per_layer).round().max(0.0) as usize
         })
         .collect();
-    if split.iter().sum::<usize>() != llm.layers as usize || split.contains(&0) {
+    // Every chunk keeps a layer (the last rank's second may hold the LM head alone).
+    let least = |r: usize| if v == 2 && r + 1 < ranks { 2 } else { 1 };
+    if split.iter().sum::<usize>() != llm.layers as usize
+        || split.iter().enumerate().any(|(r, &l)| l < least(r))
+    {
         return None;
     }
     let mut chunks = water_fill(spec, &load_before_chunks(units, n_enc, e, ranks));
@@ -260,7 +283,7 @@ pub fn ramp_split(
         };
         for a in 0..ranks {
             for b in (0..ranks).filter(|&b| b != a) {
-                if split[a] > 1 {
+                if split[a] > least(a) {
                     for k in 0..=trade.min(chunks[b]) {
                         let (mut l, mut c) = (split.clone(), chunks.clone());
                         l[a] -= 1;

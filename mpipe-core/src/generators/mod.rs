@@ -162,7 +162,7 @@ pub enum GenError {
     #[error("at least one micro-batch is needed")]
     NoMicrobatches,
     #[error(
-        "`zb2p(encoders = ramp)` chooses the stage split itself, with one stage per rank: {0}"
+        "`zb2p(encoders = ramp)` chooses the stage split itself, with one or two looped stages per rank: {0}"
     )]
     Ramp(&'static str),
 }
@@ -230,19 +230,22 @@ pub fn generate(
             vshape,
             ..
         } => {
-            if v != 1 || vshape {
-                return Err(GenError::Ramp("drop `v` and `layout`"));
+            if v > 2 || vshape {
+                return Err(GenError::Ramp("use at most `v = 2`, and drop `layout`"));
             }
             if profile.llm.layout.is_some() {
                 return Err(GenError::Ramp(
                     "the profile fixes it with `llm.layout`; use `encoders = chain`",
                 ));
             }
-            match chain::ramp_split(profile, &units, ranks, microbatches) {
+            // The split is chosen over one-chunk stages, then each rank's layers are
+            // halved between its chunks for `v = 2`.
+            let single = build_units(profile, ranks, 1, kind.layout())?;
+            match chain::ramp_split(profile, &single, ranks, microbatches, v) {
                 Some(split) => {
                     let mut own = profile.clone();
-                    own.llm.layout = Some(split.layout());
-                    let units = build_units(&own, ranks, 1, kind.layout())?;
+                    own.llm.layout = Some(split.layout(v));
+                    let units = build_units(&own, ranks, v, kind.layout())?;
                     chain::cut(&own, &units, ranks, Some(&split.chunks))
                 }
                 None => chain::cut(profile, &units, ranks, None),

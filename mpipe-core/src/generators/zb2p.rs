@@ -54,7 +54,8 @@
 //! when its rank has no LLM task to run. For a Qwen2-VL-7B-class model whose
 //! trainable ViT weighs about one stage, the woven chain is within 5% of the bound
 //! with asynchronous sends (1.048; 1.037 with `encoders = ramp`, whose stage split
-//! and chunk sizes are chosen together, see [`super::chain::ramp_split`]); under
+//! and chunk sizes are chosen together, see [`super::chain::ramp_split`], and 1.027
+//! with `v = 2, encoders = ramp`, two looped chunks per rank); under
 //! rendezvous the lockstep form of the ramp, computed layer by layer
 //! ([`crate::operators::layers`]) and refined, is the fastest (1.078).
 
