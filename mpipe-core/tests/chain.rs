@@ -6,8 +6,8 @@
 mod common;
 
 use common::BODIES;
-use mpipe_core::derive::{derive_str, ErrorKind, Request};
-use mpipe_core::generators::{generate, ramp_split, BodyKind, Weave};
+use mpipe_core::derive::{derive_str, Derived, ErrorKind, Request};
+use mpipe_core::generators::{generate, ramp_split, BodyKind, RampSplit, Weave};
 use mpipe_core::lower::{lower_with, Placement};
 use mpipe_core::profile::{EncoderProfile, Profile, Split};
 use mpipe_core::program::{ActionRef, Dir};
@@ -295,27 +295,47 @@ proptest! {
     }
 }
 
+/// `profiles/qwen2vl-7b.toml`.
+fn qwen2vl_7b() -> Profile {
+    Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap()
+}
+
+/// `req`'s ramp split over `v` chunks per rank and `expr` derived, checked to come
+/// within 0.5% of the ramp model's prediction.
+fn eager_ramp(req: &Request, v: usize, expr: &str) -> (RampSplit, Derived) {
+    let (prof, p, m) = (req.profile, req.ranks, req.microbatches);
+    let units =
+        mpipe_core::units::build_units(prof, p, 1, mpipe_core::plan::Layout::Looped).unwrap();
+    let split = ramp_split(prof, &units, p, m, v).unwrap();
+    let d = derive_str(req, expr).unwrap();
+    let got = d.report.makespan;
+    assert!(
+        (got - split.floor).abs() <= 0.005 * split.floor,
+        "{expr}: simulated {got:.1}, predicted {:.1} ({:?} / {:?})",
+        split.floor,
+        split.llm,
+        split.chunks
+    );
+    (split, d)
+}
+
+/// A request for `prof` at 8 x 32 with asynchronous sends.
+fn eager_8x32(prof: &Profile) -> Request<'_> {
+    let mut req = Request::new(prof, 8, 32);
+    req.mode = mpipe_core::simulate::Mode::Eager;
+    req
+}
+
 /// On Qwen2-VL-7B (8 x 32) the ramp model predicts the woven list schedule's step
 /// with asynchronous sends to within 0.5%, and the split it chooses beats the
 /// water-filled chain's (1.048 of the bound) by more than a point.
 #[test]
 fn the_ramp_model_predicts_the_eager_step_and_improves_on_the_chain() {
-    let prof = Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();
-    let units =
-        mpipe_core::units::build_units(&prof, 8, 1, mpipe_core::plan::Layout::Looped).unwrap();
-    let split = ramp_split(&prof, &units, 8, 32, 1).unwrap();
-    let mut req = Request::new(&prof, 8, 32);
-    req.mode = mpipe_core::simulate::Mode::Eager;
-    let ramp = derive_str(&req, "zb2p(encoders = ramp)").unwrap();
+    let prof = qwen2vl_7b();
+    let req = eager_8x32(&prof);
+    let (_, ramp) = eager_ramp(&req, 1, "zb2p(encoders = ramp)");
     let chain = derive_str(&req, "balance(zb2p(encoders = chain))").unwrap();
     let got = ramp.report.makespan;
-    assert!(
-        (got - split.floor).abs() <= 0.005 * split.floor,
-        "simulated {got:.1}, predicted {:.1} ({:?} / {:?})",
-        split.floor,
-        split.llm,
-        split.chunks
-    );
     let (r, c) = (
         got / ramp.bound.value(),
         chain.report.makespan / chain.bound.value(),
@@ -331,22 +351,10 @@ fn the_ramp_model_predicts_the_eager_step_and_improves_on_the_chain() {
 /// chunks (the LM head last).
 #[test]
 fn the_ramp_over_two_chunks_per_rank_shortens_the_warm_up() {
-    let prof = Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();
-    let units =
-        mpipe_core::units::build_units(&prof, 8, 1, mpipe_core::plan::Layout::Looped).unwrap();
-    let split = ramp_split(&prof, &units, 8, 32, 2).unwrap();
-    let mut req = Request::new(&prof, 8, 32);
-    req.mode = mpipe_core::simulate::Mode::Eager;
+    let prof = qwen2vl_7b();
+    let req = eager_8x32(&prof);
+    let (split, two) = eager_ramp(&req, 2, "zb2p(v = 2, encoders = ramp)");
     let one = derive_str(&req, "zb2p(encoders = ramp)").unwrap();
-    let two = derive_str(&req, "zb2p(v = 2, encoders = ramp)").unwrap();
-    let got = two.report.makespan;
-    assert!(
-        (got - split.floor).abs() <= 0.005 * split.floor,
-        "simulated {got:.1}, predicted {:.1} ({:?} / {:?})",
-        split.floor,
-        split.llm,
-        split.chunks
-    );
     let (r1, r2) = (
         one.report.makespan / one.bound.value(),
         two.report.makespan / two.bound.value(),

@@ -240,8 +240,14 @@ pub fn generate(
             }
             // The split is chosen over one-chunk stages, then each rank's layers are
             // halved between its chunks for `v = 2`.
-            let single = build_units(profile, ranks, 1, kind.layout())?;
-            match chain::ramp_split(profile, &single, ranks, microbatches, v) {
+            let rebuilt;
+            let single = if v == 1 {
+                &units
+            } else {
+                rebuilt = build_units(profile, ranks, 1, kind.layout())?;
+                &rebuilt
+            };
+            match chain::ramp_split(profile, single, ranks, microbatches, v) {
                 Some(split) => {
                     let mut own = profile.clone();
                     own.llm.layout = Some(split.layout(v));
