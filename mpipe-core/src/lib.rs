@@ -29,6 +29,7 @@
 
 pub mod analysis;
 pub mod bound;
+pub mod calibrate;
 pub mod derive;
 pub mod evaluation;
 pub mod expr;

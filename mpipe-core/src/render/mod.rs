@@ -34,7 +34,9 @@ pub mod svg;
 pub mod trace;
 
 pub use svg::{gantt_svg, SvgOptions};
-pub use trace::{chrome_trace, TraceOptions};
+pub use trace::{
+    chrome_trace, embedded_program, timeline_from_trace, TraceOptions, TraceReadError,
+};
 
 /// How the renderers see one unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -442,7 +442,12 @@ fn failure_note(f: &Failure) -> String {
     }
 }
 
-pub fn trace(s: &SourceArgs, mode: Mode, output: &Path) -> Result<u8, Failure> {
+pub fn trace(
+    s: &SourceArgs,
+    mode: Mode,
+    output: &Path,
+    embed_program: bool,
+) -> Result<u8, Failure> {
     let loaded = load(s, mode)?;
     let r =
         run(&loaded.program, &loaded.options(mode)).map_err(|e| sim_failure(&loaded.label, e))?;
@@ -453,6 +458,7 @@ pub fn trace(s: &SourceArgs, mode: Mode, output: &Path) -> Result<u8, Failure> {
             loaded.label,
             loaded.conditions(mode)
         )),
+        embed_program,
         ..TraceOptions::default()
     };
     write(

@@ -24,6 +24,7 @@ macro_rules! errln {
     }};
 }
 
+mod calibrate;
 mod commands;
 mod decode;
 mod evaluate;
@@ -144,6 +145,10 @@ enum Command {
         /// File to write.
         #[arg(short, long)]
         output: PathBuf,
+        /// Embed the program in the trace, so that `mpipe calibrate` reads the trace
+        /// alone.
+        #[arg(long)]
+        embed_program: bool,
     },
     /// Draw the simulated step as a Gantt chart (SVG).
     Svg {
@@ -201,6 +206,39 @@ enum Command {
         /// Write the program here instead of standard output.
         #[arg(short, long)]
         output: Option<PathBuf>,
+    },
+    /// Measure a run from its trace: each unit's real costs and the link, against the
+    /// program's; optionally the program and the profile with the measured costs.
+    Calibrate {
+        /// The run's trace (the JSON trace-event format, as the runtime or `mpipe trace`
+        /// writes it: one complete event per action, named as mpipe names them).
+        trace: String,
+        /// The program that ran (default: the one the trace embeds).
+        #[arg(long)]
+        program: Option<String>,
+        /// The profile the program was derived from: the prior link, and what
+        /// --write-profile scales.
+        #[arg(long)]
+        model: Option<PathBuf>,
+        /// The semantics the run's transfers had.
+        #[arg(long, value_enum, default_value_t = ModeArg::Rendezvous)]
+        mode: ModeArg,
+        /// The time unit of the measured costs (the profile's).
+        #[arg(long, value_enum, default_value_t = calibrate::TimeUnit::Ms)]
+        time_unit: calibrate::TimeUnit,
+        /// Also print every unit's measured medians.
+        #[arg(long)]
+        units: bool,
+        /// Write the program with the measured costs here.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// Write the --model profile with its costs scaled to the measurements, and the
+        /// fitted link, here (TOML, or JSON for a `.json` name).
+        #[arg(long)]
+        write_profile: Option<PathBuf>,
+        /// Print the measurements as JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Write a program (a file, or a derivation) in another tool's schedule format.
     Export {
@@ -333,6 +371,7 @@ fn main() -> ExitCode {
         Command::Derive { json: true, .. }
             | Command::Simulate { json: true, .. }
             | Command::Compare { json: true, .. }
+            | Command::Calibrate { json: true, .. }
     );
     // Long work (`auto`, `evaluate`) shows progress bars on a terminal.
     let bars = std::sync::Arc::new(progress::Bars::new());
@@ -388,7 +427,8 @@ fn run(command: Command) -> Result<u8, failure::Failure> {
             source,
             mode,
             output,
-        } => commands::trace(&source, mode.into(), &output),
+            embed_program,
+        } => commands::trace(&source, mode.into(), &output, embed_program),
         Command::Svg {
             source,
             mode,
@@ -411,6 +451,27 @@ fn run(command: Command) -> Result<u8, failure::Failure> {
             mode.into(),
             output.as_deref(),
         ),
+        Command::Calibrate {
+            trace,
+            program,
+            model,
+            mode,
+            time_unit,
+            units,
+            output,
+            write_profile,
+            json,
+        } => calibrate::calibrate(&calibrate::Options {
+            trace: &trace,
+            program: program.as_deref(),
+            model: model.as_deref(),
+            mode: mode.into(),
+            unit: time_unit,
+            units,
+            output: output.as_deref(),
+            write_profile: write_profile.as_deref(),
+            json,
+        }),
         Command::Import {
             format,
             file,
