@@ -484,6 +484,135 @@ fn trace_writes_one_track_per_rank() {
     }
 }
 
+/// Write the simulated trace of `expr` on `model` (with its program embedded when
+/// `embed`) to `file`.
+fn write_trace(model: &str, expr: &str, file: &Path, embed: bool) {
+    let mut args = vec![
+        "trace",
+        "--model",
+        model,
+        "--ranks",
+        RANKS,
+        "--microbatches",
+        MBS,
+        expr,
+        "-o",
+        file.to_str().unwrap(),
+    ];
+    if embed {
+        args.push("--embed-program");
+    }
+    assert_status(&mpipe(&args), 0);
+}
+
+#[test]
+fn calibrate_measures_a_simulated_trace_back_exactly() {
+    let dir = TempDir::new("calibrate");
+    let trace = dir.path("trace.json");
+    let model = profile("qwen2vl-7b.toml");
+    write_trace(&model, "transpose(vision, zbv)", &trace, true);
+    let scaled = dir.path("measured.toml");
+    let calibrated = dir.path("calibrated.json");
+    let o = mpipe(&[
+        "calibrate",
+        trace.to_str().unwrap(),
+        "--model",
+        &model,
+        "--units",
+        "--write-profile",
+        scaled.to_str().unwrap(),
+        "-o",
+        calibrated.to_str().unwrap(),
+    ]);
+    assert_status(&o, 0);
+    let out = stdout(&o);
+    // Every family's measured / program ratio is 1, the link is the profile's, and
+    // the prediction is the measured step.
+    for family in ["llm layers", "encoder vision"] {
+        let line = out
+            .lines()
+            .find(|l| l.starts_with(family))
+            .unwrap_or_else(|| panic!("no row for {family}:\n{out}"));
+        assert_eq!(line.matches("1.000").count(), 3, "{line}");
+    }
+    assert!(out.contains("link: latency 0.01, bandwidth 0.2 ("), "{out}");
+    assert!(out.contains("(+0.0%)") || out.contains("(-0.0%)"), "{out}");
+    assert!(out.contains("llm.0"), "--units lists the units:\n{out}");
+    // The scaled profile is the same model, and the calibrated program runs.
+    let text = std::fs::read_to_string(&scaled).unwrap();
+    let back = mpipe_core::profile::Profile::from_toml_str(&text).expect("a valid profile");
+    let orig =
+        mpipe_core::profile::Profile::from_toml_str(&std::fs::read_to_string(&model).unwrap())
+            .unwrap();
+    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * b.abs();
+    assert!(close(back.llm.forward, orig.llm.forward));
+    assert!(close(back.llm.weight, orig.llm.weight));
+    assert!(close(back.encoders[0].backward, orig.encoders[0].backward));
+    assert_status(&mpipe(&["check", calibrated.to_str().unwrap()]), 0);
+}
+
+#[test]
+fn calibrate_json_reports_every_unit() {
+    let dir = TempDir::new("calibrate-json");
+    let trace = dir.path("trace.json");
+    write_trace(&heavy(), "1f1b", &trace, true);
+    let o = mpipe(&["calibrate", trace.to_str().unwrap(), "--json"]);
+    assert_status(&o, 0);
+    let v = json(&stdout(&o));
+    let units = v["calibration"]["units"].as_object().expect("units");
+    assert_eq!(units.len(), 5, "vision and 4 stages: {units:?}");
+    // 1f1b fuses the backward: BW measured, with its 8 micro-batches.
+    assert_eq!(units["llm.0"]["bw"]["samples"], 8);
+    assert!(
+        v["calibration"]["link"].is_null(),
+        "free transfers take no time"
+    );
+    let step = v["calibration"]["step"].as_f64().unwrap();
+    let predicted = v["predicted_step"].as_f64().unwrap();
+    assert!(
+        (step - predicted).abs() <= 1e-9 * step,
+        "{step} vs {predicted}"
+    );
+}
+
+#[test]
+fn calibrate_says_what_is_missing() {
+    let dir = TempDir::new("calibrate-errors");
+    let trace = dir.path("trace.json");
+    write_trace(&heavy(), "1f1b", &trace, false);
+    // No embedded program and none given.
+    let o = mpipe(&["calibrate", trace.to_str().unwrap()]);
+    assert_status(&o, 2);
+    assert!(stderr(&o).contains("--program"), "{}", stderr(&o));
+    // Another program than the one that ran.
+    let other = dir.path("other.json");
+    std::fs::write(&other, derive("zbv")).unwrap();
+    let o = mpipe(&[
+        "calibrate",
+        trace.to_str().unwrap(),
+        "--program",
+        other.to_str().unwrap(),
+    ]);
+    assert_status(&o, 2);
+    assert!(
+        stderr(&o).contains("give the trace of this program's run"),
+        "{}",
+        stderr(&o)
+    );
+    // --write-profile needs the profile to scale; every problem is reported.
+    let o = mpipe(&[
+        "calibrate",
+        dir.path("missing.json").to_str().unwrap(),
+        "--write-profile",
+        dir.path("p.toml").to_str().unwrap(),
+    ]);
+    assert_status(&o, 2);
+    let err = stderr(&o);
+    assert!(err.contains("cannot read trace"), "{err}");
+    assert!(err.contains("--model"), "{err}");
+    assert!(err.contains("2 errors"), "{err}");
+}
+
 #[test]
 fn svg_writes_a_gantt_chart() {
     let dir = TempDir::new("svg");

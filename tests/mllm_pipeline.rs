@@ -260,3 +260,80 @@ fn eager_transfers_train_exactly_as_rendezvous_ones() {
         );
     }
 }
+
+#[test]
+fn a_real_run_calibrates_from_its_trace() {
+    use mpipe::core::calibrate::measure;
+    use mpipe::core::program::ActionRef;
+    use mpipe::core::render::trace::{embedded_program, timeline_from_trace};
+    use mpipe::core::simulate::{simulate, Mode as SimMode, SimOptions};
+    use mpipe_mllm::pipeline::{outcomes_timeline, real_trace};
+
+    let (expr, json, run, chunks, _) = all(false).swap_remove(1);
+    let program = Program::from_json(json).unwrap();
+    let t = training(chunks, 3, Mode::Rendezvous);
+    let outcomes: Vec<_> = train(&program, run.as_ref(), &t, None)
+        .into_iter()
+        .map(|o| o.unwrap())
+        .collect();
+    let timeline = outcomes_timeline(&outcomes);
+    // The trace carries the program, and reads back as the run's timeline (in ms).
+    let text = real_trace(&program, &timeline, expr);
+    assert_eq!(embedded_program(&text).unwrap(), program);
+    let back = timeline_from_trace(&program, &text, 1e3).unwrap();
+    let cal = measure(&program, &back, SimMode::Rendezvous, None).unwrap();
+    let first = timeline
+        .ranks
+        .iter()
+        .flatten()
+        .map(|s| s.start)
+        .fold(f64::INFINITY, f64::min);
+    let step_ms = (timeline.makespan() - first) * 1e3;
+    assert!(
+        (cal.step - step_ms).abs() <= 1e-3,
+        "{} vs {step_ms}",
+        cal.step
+    );
+    // Every compute action of the step is one sample of its unit's op.
+    for u in &program.units {
+        let m = cal
+            .units
+            .get(&u.name)
+            .unwrap_or_else(|| panic!("{} unmeasured", u.name));
+        let counted: usize = [m.f, m.b, m.w, m.bw]
+            .iter()
+            .flatten()
+            .map(|s| s.samples)
+            .sum();
+        let actions = program
+            .programs
+            .iter()
+            .flatten()
+            .filter(|a| matches!(a.view(), ActionRef::Compute(c) if c.unit == u.name))
+            .count();
+        assert_eq!(counted, actions, "{}", u.name);
+        assert!(m
+            .f
+            .is_some_and(|s| s.mean > 0.0 && s.min <= s.mean && s.mean <= s.max));
+    }
+    // Threads hand tensors over in measurable time.
+    let link = cal.link.expect("transfers took time");
+    assert!(link.latency > 0.0 && link.samples > 0, "{link:?}");
+    // The calibrated program predicts the step on the same scale (ms, not s or us):
+    // the ranks share this machine's cores, so only the order of magnitude is tested.
+    let calibrated = cal.apply(&program);
+    let predicted = simulate(
+        &calibrated,
+        &SimOptions {
+            mode: SimMode::Rendezvous,
+            comm: Some(link.model()),
+        },
+    )
+    .unwrap()
+    .makespan;
+    assert!(
+        predicted > 0.2 * cal.step && predicted < 5.0 * cal.step,
+        "predicted {predicted} ms, measured {} ms",
+        cal.step
+    );
+}

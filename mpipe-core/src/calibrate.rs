@@ -32,9 +32,10 @@
 //!
 //! The link fit is ordinary least squares when the samples have at least two sizes,
 //! clamped so latency is at least 0 and bandwidth at most [`MAX_BANDWIDTH`]; with one
-//! size, latency and bandwidth cannot be told apart: the time per transfer (the
-//! median) becomes latency beside the prior bandwidth given, or, without one, all
-//! bandwidth. Transfers that took no measurable time give no link.
+//! size, latency and bandwidth cannot be told apart: the mean time per transfer is
+//! kept whole, as latency plus the prior's bandwidth term when a prior is given (the
+//! latency at least 0), else as latency alone (bandwidth [`MAX_BANDWIDTH`]). Means,
+//! not medians, because a step sums durations. Transfers that took no measurable time give no link.
 //!
 //! Invariants: pure and deterministic (ordered maps); a timeline the simulator
 //! produced for a program is measured back exactly (every compute cost, and the
@@ -95,6 +96,9 @@ pub enum CalibrateError {
 /// Summary of the measured durations of one unit's operation.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct Stat {
+    /// The mean: what [`Calibration::cost`] uses (a step sums durations, so the
+    /// mean, not the median, predicts it).
+    pub mean: f64,
     /// The median (the mean of the two middle samples when their count is even).
     pub median: f64,
     pub min: f64,
@@ -114,7 +118,9 @@ impl Stat {
         } else {
             (xs[n / 2 - 1] + xs[n / 2]) / 2.0
         };
+        let mean = xs.iter().sum::<f64>() / n as f64;
         Some(Stat {
+            mean,
             median,
             min: xs[0],
             max: xs[n - 1],
@@ -406,7 +412,7 @@ fn fit_link(points: &[(f64, f64)], step: f64, prior: Option<CommModel>) -> Optio
             (0.0, (sxy0 / sxx0).max(0.0))
         }
     } else {
-        let each = Stat::of(points.iter().map(|p| p.0).collect()).map_or(0.0, |s| s.median);
+        let each = points.iter().map(|p| p.0).sum::<f64>() / n;
         let size = sizes[0];
         match prior {
             Some(c) if c.bandwidth > 0.0 => {
@@ -420,6 +426,9 @@ fn fit_link(points: &[(f64, f64)], step: f64, prior: Option<CommModel>) -> Optio
     } else {
         MAX_BANDWIDTH
     };
+    // Twelve significant digits: a fit is not more exact than that, and a profile
+    // written from it should read `0.5`, not `0.49999999999999994`.
+    let (latency, bandwidth) = (significant(latency), significant(bandwidth));
     let model = CommModel { latency, bandwidth };
     let rms = (points
         .iter()
@@ -434,6 +443,19 @@ fn fit_link(points: &[(f64, f64)], step: f64, prior: Option<CommModel>) -> Optio
         sizes: sizes.len(),
         rms,
     })
+}
+
+/// `x` rounded to twelve significant digits.
+fn significant(x: f64) -> f64 {
+    if x == 0.0 || !x.is_finite() {
+        return x;
+    }
+    let scale = 10f64.powi(11 - x.abs().log10().floor() as i32);
+    if scale.is_finite() && (x * scale).is_finite() {
+        (x * scale).round() / scale
+    } else {
+        x
+    }
 }
 
 /// A family of units that one group of profile figures prices.
@@ -486,23 +508,23 @@ pub struct Scale {
 }
 
 impl Calibration {
-    /// `unit`'s measured costs: the medians, the program's where an op was not
+    /// `unit`'s measured costs: the means, the program's where an op was not
     /// measured, and a fused `BW` split in the program's `B : W` proportion.
     pub fn cost(&self, name: &str, old: &Cost) -> Cost {
         let Some(m) = self.units.get(name) else {
-            return old.clone();
+            return *old;
         };
-        let f = m.f.map_or(old.f, |s| s.median);
+        let f = m.f.map_or(old.f, |s| s.mean);
         let (b, w) = match (m.b, m.w, m.bw) {
-            (Some(b), Some(w), _) => (b.median, w.median),
-            (Some(b), None, Some(bw)) => (b.median, (bw.median - b.median).max(0.0)),
-            (None, Some(w), Some(bw)) => ((bw.median - w.median).max(0.0), w.median),
+            (Some(b), Some(w), _) => (b.mean, w.mean),
+            (Some(b), None, Some(bw)) => (b.mean, (bw.mean - b.mean).max(0.0)),
+            (None, Some(w), Some(bw)) => ((bw.mean - w.mean).max(0.0), w.mean),
             (None, None, Some(bw)) => {
                 let sum = old.b + old.w;
                 let share = if sum > 0.0 { old.b / sum } else { 0.5 };
-                (bw.median * share, bw.median * (1.0 - share))
+                (bw.mean * share, bw.mean * (1.0 - share))
             }
-            (b, w, None) => (b.map_or(old.b, |s| s.median), w.map_or(old.w, |s| s.median)),
+            (b, w, None) => (b.map_or(old.b, |s| s.mean), w.map_or(old.w, |s| s.mean)),
         };
         Cost { f, b, w }
     }
@@ -560,13 +582,14 @@ impl Calibration {
     /// `profile` with its costs scaled by [`Calibration::scales`] of `program` (a
     /// program derived from it) and its link replaced by the fit. The extras scale
     /// by their own family when it was measured as its own unit, else by the LLM's.
+    /// Scaled figures are rounded to twelve significant digits.
     pub fn scale_profile(&self, program: &Program, profile: &Profile) -> Profile {
         let scales = self.scales(program);
         let mut out = profile.clone();
         let llm = scales.get(&Family::Llm).copied().unwrap_or_default();
         let by = |x: &mut f64, s: Option<f64>| {
             if let Some(s) = s {
-                *x *= s;
+                *x = significant(*x * s);
             }
         };
         by(&mut out.llm.forward, llm.f);

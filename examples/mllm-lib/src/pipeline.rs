@@ -527,7 +527,8 @@ pub fn outcomes_timeline(outcomes: &[RankOutcome]) -> Timeline {
 }
 
 /// A Chrome/Perfetto trace of a real step (`timeline` in seconds; one track per
-/// rank, one event per action in program order, flows from sends to receives).
+/// rank, one event per action in program order, flows from sends to receives), with
+/// the program embedded, so that `mpipe calibrate TRACE` measures it.
 pub fn real_trace(program: &Program, timeline: &Timeline, name: &str) -> String {
     chrome_trace(
         program,
@@ -535,6 +536,7 @@ pub fn real_trace(program: &Program, timeline: &Timeline, name: &str) -> String 
         &TraceOptions {
             name: Some(name.to_string()),
             time_scale: 1e6,
+            embed_program: true,
             ..TraceOptions::default()
         },
     )
