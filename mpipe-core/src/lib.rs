@@ -13,8 +13,9 @@
 //! [`evaluation`] sets it against the peer schedules and the lower bound.
 //! Around it: lower bounds ([`bound`]), charts and traces ([`render`]), loops for code
 //! generation ([`rolled`]), PyTorch schedule CSVs ([`torch_csv`]), Megatron layer
-//! layouts ([`megatron`]), and the same lowering and refinement for a program that
-//! came from elsewhere ([`relower`]).
+//! layouts ([`megatron`]), the same lowering and refinement for a program that
+//! came from elsewhere ([`relower`]), and a run's measured costs read back from its
+//! trace ([`calibrate`]).
 //!
 //! Invariants:
 //! - pure: no I/O in any type or pass; callers read and write files;

@@ -787,7 +787,7 @@ fn the_scaled_profile_carries_the_fitted_link() {
     let run = sim(&p, Mode::Rendezvous, truth_profile.comm_model());
     let cal = measure(&p, &run.timeline, Mode::Rendezvous, a.comm_model()).unwrap();
     let b = cal.scale_profile(&p, &a);
-    let link = b.link.unwrap();
+    let link = b.link.clone().unwrap();
     assert_close(link.latency, 0.02, 1e-9, "latency");
     assert_close(link.bandwidth, 0.5, 1e-9, "bandwidth");
     // The costs were right: unchanged, but for rounding.
