@@ -171,6 +171,17 @@ pub struct Calibration {
     pub link: Option<LinkFit>,
     /// The measured step: latest end minus earliest start over all actions.
     pub step: f64,
+    /// Per rank: its compute time and when it finished, from the step's start.
+    pub ranks: Vec<RankMeasure>,
+}
+
+/// One rank's measured step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct RankMeasure {
+    /// Time spent in compute actions.
+    pub compute: f64,
+    /// End of its last action, from the step's first start (0 for an empty list).
+    pub end: f64,
 }
 
 /// Measure `timeline`, a run of `program` under `mode`. `prior` is a link model to
@@ -213,9 +224,28 @@ pub fn measure(
         }
     }
     let step = (last - first).max(0.0);
+    let ranks = program
+        .programs
+        .iter()
+        .zip(&timeline.ranks)
+        .map(|(list, slots)| RankMeasure {
+            compute: list
+                .iter()
+                .zip(slots)
+                .filter(|(a, _)| matches!(a.view(), ActionRef::Compute(_)))
+                .map(|(_, s)| s.end - s.start)
+                .sum(),
+            end: slots.iter().map(|s| s.end - first).fold(0.0, f64::max),
+        })
+        .collect();
     let points = comm_samples(program, timeline, mode);
     let link = fit_link(&points, step, prior);
-    Ok(Calibration { units, link, step })
+    Ok(Calibration {
+        units,
+        link,
+        step,
+        ranks,
+    })
 }
 
 fn check(program: &Program, timeline: &Timeline) -> Result<(), CalibrateError> {

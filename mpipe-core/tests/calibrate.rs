@@ -14,9 +14,7 @@ use mpipe_core::calibrate::{
 };
 use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::profile::Profile;
-use mpipe_core::program::{
-    Action, ActionRef, Cost, Dir, Op, Program, Tensor, Unit, FORMAT,
-};
+use mpipe_core::program::{Action, ActionRef, Cost, Dir, Op, Program, Tensor, Unit, FORMAT};
 use mpipe_core::render::{
     chrome_trace, embedded_program, timeline_from_trace, TraceOptions, TraceReadError,
 };
@@ -473,7 +471,12 @@ fn a_fused_bw_splits_in_the_programs_proportion() {
     let got = cal.apply(&p3);
     let c = got.units[1].cost;
     assert_close(c.b, c.w, 1e-12, "half");
-    assert_close(c.b + c.w, p.units[1].cost.b + p.units[1].cost.w, 1e-9, "sum");
+    assert_close(
+        c.b + c.w,
+        p.units[1].cost.b + p.units[1].cost.w,
+        1e-9,
+        "sum",
+    );
 }
 
 /// A unit measured with separate B and W keeps them as measured, whatever the
@@ -494,7 +497,122 @@ fn separate_b_and_w_are_measured_as_they_are() {
             assert_cost_close(&g.cost, &want.cost, 1e-9, &g.name);
         }
     }
-    assert_eq!(separate, RANKS, "every LLM stage runs B and W apart in zbh1");
+    assert_eq!(
+        separate, RANKS,
+        "every LLM stage runs B and W apart in zbh1"
+    );
+}
+
+/// A unit measured with a fused `BW` beside a separate `B` or `W` takes the other
+/// from the difference; with both separate, the `BW` is not needed.
+#[test]
+fn a_fused_bw_beside_a_separate_b_or_w_gives_the_other_by_difference() {
+    let profile = profile();
+    let p = derive(&profile, "1f1b", Mode::Rendezvous);
+    let truth = p.units[p.unit_index("llm.3").unwrap()].cost;
+    // Rank 3's first four `BW(llm.3)` become `B` then `W`, `B` alone or `W` alone.
+    let split = |ops: &[Op]| {
+        let mut q = p.clone();
+        let mut n = 0;
+        q.programs[3] = p.programs[3]
+            .iter()
+            .flat_map(|a| match a {
+                Action::BW { unit, mb } if &**unit == "llm.3" && n < 4 => {
+                    n += 1;
+                    ops.iter()
+                        .map(|&op| Action::compute(op, unit.clone(), *mb))
+                        .collect()
+                }
+                other => vec![other.clone()],
+            })
+            .collect();
+        assert_eq!(n, 4);
+        q
+    };
+    for ops in [&[Op::B, Op::W][..], &[Op::B], &[Op::W]] {
+        let q = split(ops);
+        let run = sim(&q, Mode::Rendezvous, profile.comm_model());
+        // The program believes B : W is 1 : 9.
+        let mut q2 = q.clone();
+        let i = q2.unit_index("llm.3").unwrap();
+        q2.units[i].cost.b = 0.1;
+        q2.units[i].cost.w = 0.9;
+        let cal = measure(&q2, &run.timeline, Mode::Rendezvous, None).unwrap();
+        let m = cal.units["llm.3"];
+        assert_eq!(m.bw.unwrap().samples, MICROBATCHES - 4, "{ops:?}");
+        assert_eq!(m.b.map(|s| s.samples), ops.contains(&Op::B).then_some(4));
+        assert_eq!(m.w.map(|s| s.samples), ops.contains(&Op::W).then_some(4));
+        let got = cal.apply(&q2).units[i].cost;
+        assert_cost_close(&got, &truth, 1e-9, &format!("llm.3 with {ops:?}"));
+    }
+}
+
+/// A run's trace keeps the clock it ran on: a timeline that starts late measures
+/// the same costs, link and step.
+#[test]
+fn a_timeline_that_starts_late_measures_the_same() {
+    let (p, t) = run_of("transpose(vision, 1f1b)");
+    let cal = measure(&p, &t, Mode::Rendezvous, None).unwrap();
+    let late = Timeline {
+        ranks: t
+            .ranks
+            .iter()
+            .map(|r| {
+                r.iter()
+                    .map(|s| Slot {
+                        start: s.start + 1000.0,
+                        end: s.end + 1000.0,
+                    })
+                    .collect()
+            })
+            .collect(),
+    };
+    let shifted = measure(&p, &late, Mode::Rendezvous, None).unwrap();
+    assert_costs_eq(&shifted.apply(&p), &p, 1e-9);
+    assert_close(shifted.step, cal.step, 1e-9, "step");
+    let (a, b) = (cal.link.unwrap(), shifted.link.unwrap());
+    assert_close(b.latency, a.latency, 1e-6, "latency");
+    assert_close(b.bandwidth, a.bandwidth, 1e-6, "bandwidth");
+    assert_eq!((a.samples, a.sizes), (b.samples, b.sizes));
+}
+
+/// A link without latency, and one whose bandwidth is the largest a fit reports.
+#[test]
+fn the_links_extremes_are_measured() {
+    // At the largest bandwidth a transfer's size term is 1e-9 of its latency, so
+    // the slope is known only to rounding over that: the bandwidth to 1e-5.
+    for (latency, bandwidth, rel) in [
+        (0.0, 0.2, 1e-9),
+        (0.05, MAX_BANDWIDTH, 1e-5),
+        (1e-6, 5.0, 1e-9),
+    ] {
+        let text = PROFILE
+            .replace("latency = 0.01", &format!("latency = {latency:e}"))
+            .replace("bandwidth = 0.2", &format!("bandwidth = {bandwidth:e}"));
+        let profile = Profile::from_toml_str(&text).unwrap();
+        for mode in [Mode::Rendezvous, Mode::Eager] {
+            let p = derive(&profile, "transpose(vision, 1f1b)", mode);
+            let run = sim(&p, mode, profile.comm_model());
+            let cal = measure(&p, &run.timeline, mode, None).unwrap();
+            let link = cal.link.unwrap();
+            let what = format!("{latency} {bandwidth} {mode:?}: {link:?}");
+            assert!(link.latency >= 0.0, "{what}");
+            assert!((link.latency - latency).abs() <= 1e-9, "{what}");
+            assert_close(link.bandwidth, bandwidth, rel, &what);
+            assert!(link.bandwidth <= MAX_BANDWIDTH, "{what}");
+            let model = CommModel { latency, bandwidth };
+            for size in [0.01, 0.03, 2.0] {
+                assert_close(
+                    link.model().transfer_time(size),
+                    model.transfer_time(size),
+                    1e-9,
+                    &what,
+                );
+            }
+            let again = sim(&cal.apply(&p), mode, Some(link.model()));
+            assert_close(again.makespan, run.makespan, 1e-9, &what);
+        }
+    }
 }
 
 /// Recomputed forwards (`RF`) are samples of the unit's `F`.
@@ -673,7 +791,12 @@ fn the_profile_scales_to_the_measured_costs() {
         let (ea, eb) = (&a.encoders[0], &b.encoders[0]);
         assert_close(eb.forward, ea.forward * 0.8, 1e-9, "encoder F");
         assert_close(eb.backward, ea.backward * 0.8, 1e-9, "encoder B");
-        assert_close(eb.weight.unwrap(), ea.weight.unwrap() * 0.8, 1e-9, "encoder W");
+        assert_close(
+            eb.weight.unwrap(),
+            ea.weight.unwrap() * 0.8,
+            1e-9,
+            "encoder W",
+        );
 
         let scales = cal.scales(&p);
         assert_eq!(
@@ -743,7 +866,11 @@ fn extras_measured_as_their_own_units_scale_by_their_own_ratio() {
             want(Some(0.8), Some(s), Some(s))
         }),
     ] {
-        assert!(near(got(fam.clone()), w), "{fam}: {:?} vs {w:?}", got(fam.clone()));
+        assert!(
+            near(got(fam.clone()), w),
+            "{fam}: {:?} vs {w:?}",
+            got(fam.clone())
+        );
     }
     let b = cal.scale_profile(&p, &a);
     let (fa, fb) = (
@@ -794,7 +921,12 @@ fn the_scaled_profile_carries_the_fitted_link() {
     let q = derive(&b, "transpose(vision, 1f1b)", Mode::Rendezvous);
     assert_costs_eq(&q, &p, 1e-12);
     assert_close(b.llm.forward, a.llm.forward, 1e-12, "llm F");
-    assert_close(b.encoders[0].forward, a.encoders[0].forward, 1e-12, "encoder F");
+    assert_close(
+        b.encoders[0].forward,
+        a.encoders[0].forward,
+        1e-12,
+        "encoder F",
+    );
 }
 
 #[test]
@@ -1021,11 +1153,23 @@ fn a_trace_that_does_not_fit_the_program_is_a_typed_error() {
     assert_eq!(read(&counter).unwrap(), read(&text).unwrap());
     // A complete event without a rank, a name or times; a negative duration.
     for (what, e) in [
-        ("tid", json!({"ph": "X", "name": "F llm.0 mb0", "ts": 0, "dur": 1})),
+        (
+            "tid",
+            json!({"ph": "X", "name": "F llm.0 mb0", "ts": 0, "dur": 1}),
+        ),
         ("name", json!({"ph": "X", "tid": 0, "ts": 0, "dur": 1})),
-        ("ts", json!({"ph": "X", "tid": 0, "name": "F llm.0 mb0", "dur": 1})),
-        ("dur", json!({"ph": "X", "tid": 0, "name": "F llm.0 mb0", "ts": 0, "dur": -1})),
-        ("dur", json!({"ph": "X", "tid": -1, "name": "F llm.0 mb0", "ts": 0, "dur": 1})),
+        (
+            "ts",
+            json!({"ph": "X", "tid": 0, "name": "F llm.0 mb0", "dur": 1}),
+        ),
+        (
+            "dur",
+            json!({"ph": "X", "tid": 0, "name": "F llm.0 mb0", "ts": 0, "dur": -1}),
+        ),
+        (
+            "dur",
+            json!({"ph": "X", "tid": -1, "name": "F llm.0 mb0", "ts": 0, "dur": 1}),
+        ),
     ] {
         let bad = with(&|ev| ev.insert(3, e.clone()));
         assert!(
@@ -1082,9 +1226,8 @@ fn a_trace_that_does_not_fit_the_program_is_a_typed_error() {
         })
     );
     // An event of a name no action has.
-    let stranger = with(&|ev| {
-        ev.push(json!({"ph": "X", "tid": 3, "name": "F audio mb0", "ts": 0, "dur": 1}))
-    });
+    let stranger =
+        with(&|ev| ev.push(json!({"ph": "X", "tid": 3, "name": "F audio mb0", "ts": 0, "dur": 1})));
     assert_eq!(
         read(&stranger),
         Err(TraceReadError::Extra {
@@ -1200,5 +1343,28 @@ proptest! {
             close(again.makespan, run.makespan, 1e-9),
             "{expr} {mode:?}: {} vs {}", again.makespan, run.makespan
         );
+    }
+}
+
+#[test]
+fn zz_scratch_many_exprs() {
+    let frozen = Profile::from_toml_str(&PROFILE.replace("trainable = true", "trainable = false")).unwrap();
+    let profile = profile();
+    let exprs = ["gpipe","1f1b","interleaved(v = 2)","zbh1","zbv","dualpipev","zb2p","zb2p(layout = v)","split_w(1f1b)","fill(vision, 1f1b)","chain(vision, zbh1)","host(vision, zbv, rank = 2)","prefetch(vision, zbh1)","prefetch(vision, transpose(vision, zbh1))","refine(1f1b)","layers(zbh1)","transpose(vision, zbv)","transpose(vision, dualpipev)","transpose(vision, interleaved(v = 2), backward = central)","balance(zb2p(encoders = chain))","auto", "layers(prefetch(vision, zbh1))", "interleaved(v = 4)"];
+    for (pn, prof) in [("trainable", &profile), ("frozen", &frozen)] {
+    for e in exprs {
+        for mode in [Mode::Rendezvous, Mode::Eager] {
+            let req = Request { mode, ..Request::new(prof, 4, 8) };
+            let p = match derive_str(&req, e) { Ok(d) => d.program, Err(er) => { println!("{pn} {e}: {}", er[0].message); continue } };
+            let run = sim(&p, mode, prof.comm_model());
+            let text = chrome_trace(&p, &run.timeline, &trace_opts(1e6));
+            let back = timeline_from_trace(&embedded_program(&text).unwrap(), &text, 1e6).unwrap();
+            let mut worst: f64 = 0.0;
+            for (x, y) in back.ranks.iter().flatten().zip(run.timeline.ranks.iter().flatten()) { worst = worst.max((x.start-y.start).abs()).max((x.end-y.end).abs()); }
+            let cal = measure(&p, &run.timeline, mode, Some(CommModel { latency: 9.0, bandwidth: BANDWIDTH })).unwrap();
+            let again = sim(&cal.apply(&p), mode, cal.link.map(|l| l.model()));
+            println!("{pn} {e} {mode:?}: worst {worst:e} prefetch {} makespan ok {}", p.prefetch.len(), close(again.makespan, run.makespan, 1e-9));
+        }
+    }
     }
 }

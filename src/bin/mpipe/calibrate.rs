@@ -97,9 +97,17 @@ pub fn calibrate(o: &Options) -> Result<u8, Failure> {
 
     let calibrated = cal.apply(&program);
     let comm = cal.link.map(|l| l.model());
-    let predicted = simulate(&calibrated, &SimOptions { mode: o.mode, comm })
-        .map(|r| r.makespan)
-        .ok();
+    let sim = simulate(&calibrated, &SimOptions { mode: o.mode, comm }).ok();
+    let predicted = sim.as_ref().map(|r| r.makespan);
+    // When each rank finished in the simulation, and its compute there.
+    let sim_ends: Option<Vec<(f64, f64)>> = sim.as_ref().map(|r| {
+        r.timeline
+            .ranks
+            .iter()
+            .zip(&r.compute)
+            .map(|(slots, &c)| (slots.iter().map(|s| s.end).fold(0.0, f64::max), c))
+            .collect()
+    });
     if let Some(path) = o.output {
         write_file(path, &calibrated.to_json(), "calibrated program")?;
     }
@@ -129,10 +137,11 @@ pub fn calibrate(o: &Options) -> Result<u8, Failure> {
                 .map(|(f, s)| json!({"family": f.to_string(), "F": s.f, "B": s.b, "W": s.w}))
                 .collect::<Vec<_>>(),
             "predicted_step": predicted,
+            "predicted_rank_ends": sim_ends.as_ref().map(|v| v.iter().map(|x| x.0).collect::<Vec<_>>()),
         });
         outln!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
     } else {
-        print_text(o, &label, &program, &cal, predicted);
+        print_text(o, &label, &program, &cal, predicted, sim_ends.as_deref());
     }
     if let (Some(path), Some(_)) = (o.write_profile, scaled) {
         errln!(
@@ -175,7 +184,14 @@ fn stat(s: Option<Stat>) -> String {
     s.map_or("-".into(), |s| num(s.median))
 }
 
-fn print_text(o: &Options, label: &str, p: &Program, cal: &Calibration, predicted: Option<f64>) {
+fn print_text(
+    o: &Options,
+    label: &str,
+    p: &Program,
+    cal: &Calibration,
+    predicted: Option<f64>,
+    sim_ends: Option<&[(f64, f64)]>,
+) {
     let u = o.unit.name();
     outln!(
         "{label}: {} ranks, {} micro-batches, run under {}; times in {u}",
@@ -243,6 +259,29 @@ fn print_text(o: &Options, label: &str, p: &Program, cal: &Calibration, predicte
             num(l.rms)
         ),
         None => outln!("link: no transfer or collective took measurable time"),
+    }
+    if let Some(ends) = sim_ends {
+        outln!("");
+        let mut t = Table::new(&[
+            "rank",
+            "compute",
+            "finished",
+            "predicted",
+            "waited",
+            "predicted wait",
+        ]);
+        for (r, (m, &(end, sim_compute))) in cal.ranks.iter().zip(ends).enumerate() {
+            t.row(vec![
+                r.to_string(),
+                num(m.compute),
+                num(m.end),
+                num(end),
+                num((m.end - m.compute).max(0.0)),
+                num((end - sim_compute).max(0.0)),
+            ]);
+        }
+        outln!("per rank, measured and predicted with the measured costs ({u}):");
+        out!("{}", t.render());
     }
     let err = predicted.map(|x| {
         if cal.step > 0.0 {
