@@ -5,8 +5,8 @@
 //! machine tells the truth. [`measure`] reads a [`Timeline`] of a program as it ran
 //! (the runtime's, or any tool's trace read with
 //! [`crate::render::timeline_from_trace`]) and returns, per unit and compute
-//! operation, the median of its measured durations, and a least-squares fit of the
-//! link model (`latency + bytes / bandwidth`) to the transfers' and collectives' own
+//! operation, the mean (and median and range) of its measured durations, and a
+//! least-squares fit of the link model (`latency + bytes / bandwidth`) to the transfers' and collectives' own
 //! durations. [`Calibration::apply`] puts the measured costs into the program, so
 //! [`crate::simulate::simulate`] predicts the run with them; [`Calibration::scale_profile`]
 //! scales the profile's per-layer costs by the measured-to-profile ratio of each
