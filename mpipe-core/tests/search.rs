@@ -2,7 +2,8 @@
 //!
 //! The ratio of `auto`'s step time to the lower bound over random profiles, for the
 //! README: `MPIPE_SEARCH_REPORT=400 cargo test --release -p mpipe-core --test search
-//! -- --ignored --nocapture` (the number of random cases).
+//! -- --ignored --nocapture` (the number of random cases; `MPIPE_SEARCH_DUMP=FILE`
+//! also writes every case there, worst first).
 
 use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::evaluation::intended_size;
@@ -396,6 +397,17 @@ fn ratio_to_bound_report() {
             p,
             m,
         ));
+    }
+    // MPIPE_SEARCH_DUMP=FILE also writes every case, worst first (ratio, sizes,
+    // `auto`'s expression and the profile), for a closer look.
+    if let Ok(path) = std::env::var("MPIPE_SEARCH_DUMP") {
+        let mut all: Vec<_> = rows.iter().collect();
+        all.sort_by(|a, b| b.0.total_cmp(&a.0));
+        let text: String = all
+            .iter()
+            .map(|(ratio, _, what, p, m)| format!("## {ratio:.4} {p} x {m}: {what}\n"))
+            .collect();
+        std::fs::write(&path, text).expect("write the dump");
     }
     for (label, keep) in [
         ("all", &(|_: f64| true) as &dyn Fn(f64) -> bool),
