@@ -614,7 +614,9 @@ fn eval_uncached(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opti
                     GenError::Microbatches { .. } | GenError::NoMicrobatches => {
                         ErrorKind::Microbatches
                     }
-                    GenError::Chunks(_) | GenError::Ramp(_) => ErrorKind::BadArgument,
+                    GenError::Chunks(_) | GenError::Ramp(_) | GenError::Chains(_) => {
+                        ErrorKind::BadArgument
+                    }
                     GenError::Units(_) => ErrorKind::Profile,
                 };
                 errors.push(err(kind, e.span, format!("`{e}`: {g}")));

@@ -87,6 +87,12 @@ const WOVEN: [&str; 5] = [
     "zb2p(encoders = chain, costs = unit)",
 ];
 
+/// Woven bodies for two encoders or more: all of them chained along the ranks.
+const CHAINS: [&str; 2] = [
+    "zb2p(encoders = chains)",
+    "zb2p(encoders = chains, costs = unit)",
+];
+
 /// Woven bodies that choose the stage split themselves: not under `balance`, and
 /// not when the profile fixes the split.
 const RAMP: [&str; 3] = [
@@ -245,7 +251,11 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
         }
     }
     if !profile.encoders.is_empty() {
-        for body in WOVEN {
+        let chains = (profile.encoders.len() >= 2)
+            .then_some(CHAINS)
+            .into_iter()
+            .flatten();
+        for body in WOVEN.into_iter().chain(chains) {
             let balanced = profile
                 .llm
                 .layout

@@ -13,9 +13,11 @@ use crate::profile::Profile;
 use crate::program::Unit;
 use crate::units::{chunks_of, encoder_layer_work, replace_with_chunks, water_fill};
 
-/// The units with one encoder cut into chunks.
+/// The units with one encoder cut into chunks (and, for `encoders = chains`, the
+/// other encoders feeding the first stage too, riding along).
 pub struct Chained {
-    /// Chunks in data order, then the other encoders, then the LLM stages.
+    /// Chunks in data order, then riding chunks, then the other encoders, then the
+    /// LLM stages.
     pub units: Vec<Unit>,
     /// The chunks' ids, in data order (the last one feeds the first stage).
     pub chunks: Vec<UnitId>,
@@ -23,6 +25,10 @@ pub struct Chained {
     pub encoders: Vec<UnitId>,
     /// The LLM stages' ids, in pipeline order.
     pub stages: Vec<UnitId>,
+    /// `(rider, carrier)`: a chunk of another encoder, on the rank of the scheduled
+    /// chunk `carrier`, whose tasks run right after the carrier's (empty for
+    /// [`cut`]).
+    pub riders: Vec<(UnitId, UnitId)>,
 }
 
 /// Cut the heaviest encoder feeding the first stage into chunks over `ranks` ranks.
@@ -55,6 +61,114 @@ pub fn cut(
         chunks,
         encoders,
         stages,
+        riders: Vec::new(),
+    })
+}
+
+/// Every encoder feeding the first stage cut into chunks along the same ranks
+/// (`zb2p(encoders = chains)`). The *carrier*, the heaviest trainable one (the
+/// heaviest if none trains), is chunked as [`cut`] does and scheduled; each other
+/// one is water-filled over the carrier's ranks on top of the stages' and the
+/// carrier's work, and its chunk on a rank rides along with the carrier's chunk
+/// there: the same tasks, right after it. Every dependency of a rider holds by
+/// the carrier's: its previous chunk rode with the carrier's previous chunk, on
+/// the rank before in the same direction, and the gradients come back the same
+/// way (a trainable rider needs a trainable carrier, which the choice above gives).
+/// `None` when fewer than two encoders feed the first stage.
+pub fn cut_all(profile: &Profile, units: &[Unit], ranks: usize) -> Option<Chained> {
+    let n_enc = profile.encoders.len();
+    let first = units.get(n_enc)?;
+    let feeding: Vec<usize> = (0..n_enc)
+        .filter(|&i| first.inputs.contains(&units[i].name))
+        .collect();
+    if feeding.len() < 2 {
+        return None;
+    }
+    let heavier =
+        |a: &usize, b: &usize| units[*a].work().total_cmp(&units[*b].work()).then(b.cmp(a));
+    let carrier = feeding
+        .iter()
+        .copied()
+        .filter(|&i| units[i].trainable)
+        .max_by(heavier)
+        .or_else(|| feeding.iter().copied().max_by(heavier))?;
+    // The stages' work per rank (encoders not chained stay inline on the first
+    // stage's rank), then the carrier's layers, then each rider's on those ranks.
+    let first_home = first.home;
+    let mut load = vec![0.0f64; ranks];
+    for (i, u) in units.iter().enumerate() {
+        if i >= n_enc {
+            load[u.home] += u.work();
+        } else if !feeding.contains(&i) {
+            load[first_home] += u.work();
+        }
+    }
+    let spec = &profile.encoders[carrier];
+    let layers = water_fill(spec, &load);
+    for (r, &n) in layers.iter().enumerate() {
+        load[r] += f64::from(n) * encoder_layer_work(spec);
+    }
+    let allowed: Vec<bool> = layers.iter().map(|&n| n > 0).collect();
+    let carried = chunks_of(spec, &layers, first_home);
+    let mut riding: Vec<Vec<Unit>> = Vec::new();
+    for &e in feeding.iter().filter(|&&e| e != carrier) {
+        let spec = &profile.encoders[e];
+        let per_layer = encoder_layer_work(spec);
+        let mut n = vec![0u32; ranks];
+        for _ in 0..spec.layers {
+            let r = (0..ranks)
+                .filter(|&r| allowed[r])
+                .min_by(|&a, &b| load[a].total_cmp(&load[b]).then(a.cmp(&b)))
+                .unwrap_or(first_home);
+            load[r] += per_layer;
+            n[r] += 1;
+        }
+        riding.push(chunks_of(spec, &n, first_home));
+    }
+    // Units: the carrier's chunks, the riders' chunks, the other encoders, the
+    // stages; readers of a chained encoder read its last chunk.
+    let chained: Vec<usize> = std::iter::once(carrier)
+        .chain(feeding.iter().copied().filter(|&e| e != carrier))
+        .collect();
+    let renamed: Vec<(String, String)> = chained
+        .iter()
+        .zip(std::iter::once(&carried).chain(&riding))
+        .filter_map(|(&e, c)| Some((units[e].name.clone(), c.last()?.name.clone())))
+        .collect();
+    let mut out: Vec<Unit> = carried.clone();
+    out.extend(riding.iter().flatten().cloned());
+    let n_chunks = out.len();
+    for (i, u) in units.iter().enumerate() {
+        if chained.contains(&i) {
+            continue;
+        }
+        let mut u = u.clone();
+        for input in &mut u.inputs {
+            if let Some((_, last)) = renamed.iter().find(|(old, _)| old == input) {
+                input.clone_from(last);
+            }
+        }
+        out.push(u);
+    }
+    let others = n_enc - feeding.len();
+    let chunks: Vec<UnitId> = (0..carried.len()).collect();
+    let encoders: Vec<UnitId> = (n_chunks..n_chunks + others).collect();
+    let stages: Vec<UnitId> = (n_chunks + others..out.len()).collect();
+    let riders: Vec<(UnitId, UnitId)> = (carried.len()..n_chunks)
+        .filter_map(|r| {
+            let c = chunks
+                .iter()
+                .copied()
+                .find(|&c| out[c].home == out[r].home)?;
+            Some((r, c))
+        })
+        .collect();
+    Some(Chained {
+        units: out,
+        chunks,
+        encoders,
+        stages,
+        riders,
     })
 }
 

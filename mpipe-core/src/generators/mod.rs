@@ -65,13 +65,24 @@ pub enum Weave {
     /// together so that the chunks' forwards fill each rank's warm-up ramp
     /// ([`chain::ramp_split`]); one stage per rank.
     Ramp,
+    /// Every encoder chained along the same ranks: the heaviest (trainable) one as
+    /// `Chain`, the others' chunks riding along with its chunk on each rank
+    /// ([`chain::cut_all`]); for profiles whose encoders together outweigh what
+    /// one rank can take inline.
+    Chains,
 }
 
 impl Weave {
     /// The value's spelling in `encoders = ..`.
-    pub const NAMES: [&'static str; 4] = ["inline", "spread", "chain", "ramp"];
+    pub const NAMES: [&'static str; 5] = ["inline", "spread", "chain", "ramp", "chains"];
     /// The values, in the order of [`Weave::NAMES`].
-    pub const ALL: [Weave; 4] = [Weave::Inline, Weave::Spread, Weave::Chain, Weave::Ramp];
+    pub const ALL: [Weave; 5] = [
+        Weave::Inline,
+        Weave::Spread,
+        Weave::Chain,
+        Weave::Ramp,
+        Weave::Chains,
+    ];
 
     pub fn name(self) -> &'static str {
         Self::NAMES[self as usize]
@@ -165,6 +176,8 @@ pub enum GenError {
         "`zb2p(encoders = ramp)` chooses the stage split itself, with one or two looped stages per rank: {0}"
     )]
     Ramp(&'static str),
+    #[error("`zb2p(encoders = chains)` chains every encoder along the ranks: {0}")]
+    Chains(&'static str),
 }
 
 /// What a generator sees.
@@ -176,6 +189,9 @@ pub struct Ctx<'a> {
     pub units: &'a [Unit],
     /// The profile's `memory.limit` (activations plus resident parameters), if any.
     pub memory_limit: Option<f64>,
+    /// `(rider, carrier)` chunks of `encoders = chains`: the rider's tasks follow
+    /// the carrier stage's, so a body counts their costs and memory with it.
+    pub riders: &'a [(UnitId, UnitId)],
 }
 
 impl Ctx<'_> {
@@ -225,6 +241,26 @@ pub fn generate(
             ..
         } => chain::cut(profile, &units, ranks, None),
         BodyKind::Zb2p {
+            encoders: Weave::Chains,
+            v,
+            vshape,
+            ..
+        } => {
+            if v > 1 || vshape {
+                return Err(GenError::Chains(
+                    "use one chunk per rank (no `v`, no `layout`)",
+                ));
+            }
+            match chain::cut_all(profile, &units, ranks) {
+                Some(c) => Some(c),
+                None => {
+                    return Err(GenError::Chains(
+                        "it needs at least two encoders; use `encoders = chain`",
+                    ))
+                }
+            }
+        }
+        BodyKind::Zb2p {
             encoders: Weave::Ramp,
             v,
             vshape,
@@ -261,14 +297,20 @@ pub fn generate(
     };
     // The units, the encoders left to place, the LLM stages and the stages the body
     // schedules (the chunks of a chained encoder come first).
-    let (units, encoders, stages, scheduled) = match chained {
+    let (units, encoders, stages, scheduled, riders) = match chained {
         Some(c) => {
             let scheduled: Vec<UnitId> = c.chunks.iter().chain(&c.stages).copied().collect();
-            (c.units, c.encoders, c.stages, scheduled)
+            (c.units, c.encoders, c.stages, scheduled, c.riders)
         }
         None => {
             let stages: Vec<UnitId> = (n_enc..units.len()).collect();
-            (units, (0..n_enc).collect(), stages.clone(), stages)
+            (
+                units,
+                (0..n_enc).collect(),
+                stages.clone(),
+                stages,
+                Vec::new(),
+            )
         }
     };
     let entry = scheduled.len() - stages.len();
@@ -278,6 +320,7 @@ pub fn generate(
         stages: &scheduled,
         units: &units,
         memory_limit: profile.memory.as_ref().map(|m| m.limit),
+        riders: &riders,
     };
     let body = match kind {
         BodyKind::GPipe => gpipe::order(&ctx),
@@ -308,6 +351,7 @@ pub fn generate(
         }
     )
     .then(|| zbh1::order(&ctx));
+    let body = ride_along(body, &riders, &units);
     let mut plan = Plan {
         ranks,
         microbatches,
@@ -315,6 +359,7 @@ pub fn generate(
         stages,
         encoders: scheduled[..entry]
             .iter()
+            .chain(riders.iter().map(|(r, _)| r))
             .chain(&encoders)
             .copied()
             .collect(),
@@ -330,12 +375,42 @@ pub fn generate(
         .encoders
         .iter()
         .copied()
-        .filter(|e| !woven.contains(e) && !scheduled.contains(e))
+        .filter(|e| {
+            !woven.contains(e) && !scheduled.contains(e) && !riders.iter().any(|(r, _)| r == e)
+        })
         .collect();
     for e in encs {
         inline_encoder(&mut plan, e);
     }
     Ok(plan)
+}
+
+/// `order` with every rider's task right after its carrier's (see
+/// [`chain::cut_all`]): a frozen rider only its forward, a trainable one each of the
+/// carrier's tasks.
+fn ride_along(
+    order: Vec<Vec<Task>>,
+    riders: &[(UnitId, UnitId)],
+    units: &[Unit],
+) -> Vec<Vec<Task>> {
+    if riders.is_empty() {
+        return order;
+    }
+    order
+        .into_iter()
+        .map(|list| {
+            let mut out = Vec::with_capacity(list.len() * 2);
+            for t in list {
+                out.push(t);
+                for &(r, _) in riders.iter().filter(|(_, c)| *c == t.unit) {
+                    if t.op == Op::F || units[r].trainable {
+                        out.push(Task::new(t.op, r, t.mb));
+                    }
+                }
+            }
+            out
+        })
+        .collect()
 }
 
 /// Place encoder `e`'s work on the first stage's rank: `F(e,m)` just before the first

@@ -85,8 +85,22 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
         .map(|&u| ctx.units[u].cost.f)
         .sum::<f64>()
         / (s - entry).max(1) as f64;
+    // A chunk's riders (`encoders = chains`) run with it: their costs count in its.
+    let with_riders = |k: usize| {
+        let u = ctx.stages[k];
+        let mut c = ctx.units[u].cost;
+        for &(r, _) in ctx.riders.iter().filter(|(_, c)| *c == u) {
+            let x = &ctx.units[r];
+            c.f += x.cost.f;
+            if x.trainable {
+                c.b += x.cost.b;
+                c.w += x.cost.w;
+            }
+        }
+        c
+    };
     let cost = |k: usize| {
-        let c = ctx.units[ctx.stages[k]].cost;
+        let c = with_riders(k);
         match (lockstep, k < entry) {
             (false, _) => c,
             (true, false) => unit,
@@ -129,14 +143,25 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
         .units
         .iter()
         .enumerate()
-        .filter(|(u, x)| !spread && !ctx.stages.contains(u) && x.trainable)
+        .filter(|(u, x)| {
+            !spread
+                && !ctx.stages.contains(u)
+                && !ctx.riders.iter().any(|(r, _)| r == u)
+                && x.trainable
+        })
         .map(|(_, x)| x.act)
         .sum();
     let act = |k: usize| {
         if !needs_b(k) {
             return 0.0;
         }
-        ctx.units[ctx.stages[k]].act + if k == entry { encoders } else { 0.0 }
+        let riding: f64 = ctx
+            .riders
+            .iter()
+            .filter(|(r, c)| *c == ctx.stages[k] && ctx.units[*r].trainable)
+            .map(|(r, _)| ctx.units[*r].act)
+            .sum();
+        ctx.units[ctx.stages[k]].act + riding + if k == entry { encoders } else { 0.0 }
     };
     let first: Vec<usize> = mine
         .iter()
