@@ -1,6 +1,7 @@
 //! Encoder chains: an encoder cut into per-rank layer chunks that pipe into the
 //! first stage (`units::encoder_chunks`, `zb2p(encoders = chain)`,
-//! `chain(ENCODER, BODY)`), and the `Join` placement that batches their transfers
+//! `chain(ENCODER, BODY)`, every encoder at once with `zb2p(encoders = chains)`),
+//! and the `Join` placement that batches their transfers
 //! with the LLM's.
 
 mod common;
@@ -404,4 +405,188 @@ fn ramp_refuses_what_it_cannot_split() {
     fixed.llm.layout = Some("Etttt|tttt|tttt|ttttL".into());
     let e = derive_str(&Request::new(&fixed, 4, 8), "zb2p(encoders = ramp)").unwrap_err();
     assert!(e[0].message.contains("llm.layout"), "{}", e[0].message);
+}
+
+/// Two encoders before a 16-layer LLM: `vision` (`v_layers` layers of `v_heavy` per
+/// pass, trainable or not) and `audio` (`a_layers` of `a_heavy`, trainable or not).
+fn two_encoders(
+    v_layers: u32,
+    v_heavy: f64,
+    v_train: bool,
+    a_layers: u32,
+    a_heavy: f64,
+    a_train: bool,
+) -> Profile {
+    let enc = |name: &str, layers: u32, heavy: f64, train: bool| {
+        format!(
+            "[[encoder]]\nname = \"{name}\"\nlayers = {layers}\nforward = {heavy}\n\
+             backward = {heavy}\nweight = {heavy}\nactivation = 0.2\nparams = 1.0\n\
+             trainable = {train}\noutput = 0.01\n\n"
+        )
+    };
+    Profile::from_toml_str(&format!(
+        "{}{}[llm]\nlayers = 16\nforward = 1.0\nbackward = 1.0\nweight = 1.0\n\
+         activation = 1.0\nparams = 0.25\noutput = 0.02\n\
+         last_stage_extra = {{ forward = 1.0, backward = 1.0, weight = 1.0 }}\n",
+        enc("vision", v_layers, v_heavy, v_train),
+        enc("audio", a_layers, a_heavy, a_train)
+    ))
+    .unwrap()
+}
+
+/// The README's worst random profile before `encoders = chains` (1.190 of the bound,
+/// `auto` = `layers(split_w(fill(audio, fill(vision, gpipe))))`): two trainable
+/// encoders that together outweigh the LLM. Chaining only the heavier one leaves the
+/// other inline on the first stage's rank, which then carries far more than its share;
+/// chaining both spreads them.
+#[test]
+fn chaining_every_encoder_spreads_encoders_that_outweigh_the_llm() {
+    let prof = Profile::from_toml_str(
+        "[[encoder]]\nname = \"vision\"\nlayers = 24\nforward = 0.4863276666339552\n\
+         backward = 1.52717807252238\nweight = 0.10158538562075986\nactivation = 0.1\n\
+         trainable = true\n\n\
+         [[encoder]]\nname = \"audio\"\nlayers = 7\nforward = 0.9461593554715834\n\
+         backward = 0.9461593554715834\nweight = 0.4730796777357917\nactivation = 0.1\n\
+         trainable = true\n\n\
+         [llm]\nlayers = 16\nforward = 1.46339959373361\nbackward = 1.1302023709898175\n\
+         weight = 1.1031553421230276\nactivation = 1.0\n",
+    )
+    .unwrap();
+    let req = Request::new(&prof, 8, 24);
+    let t = |e: &str| derive_str(&req, e).unwrap().report.makespan;
+    let one = t("zb2p(encoders = chain)");
+    let all = t("zb2p(encoders = chains)");
+    assert!(all < 0.7 * one, "chains {all}, chain {one}");
+    let auto = derive_str(&req, "auto").unwrap();
+    let ratio = auto.report.makespan / auto.bound.value();
+    assert!(auto.expr.contains("encoders = chains"), "{}", auto.expr);
+    assert!(ratio < 1.08, "{}: {ratio}", auto.expr);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// `zb2p(encoders = chains)`: every encoder is cut into chunks on its home ranks,
+    /// all of them along the carrier's ranks (a rider's rank always holds a chunk of
+    /// the carrier, the heaviest trainable encoder), every layer kept, and the
+    /// program derives (the derivation verifies it), in lockstep too. A trainable
+    /// rider runs its backward after the carrier's on the same rank.
+    #[test]
+    fn chains_keep_every_layer_on_the_carriers_ranks(
+        v_layers in 1u32..30, v_heavy in 0.05f64..3.0, v_train: bool,
+        a_layers in 1u32..30, a_heavy in 0.05f64..3.0, a_train: bool,
+        p in prop::sample::select(vec![2usize, 4, 8]), k in 1usize..4,
+    ) {
+        let prof = two_encoders(v_layers, v_heavy, v_train, a_layers, a_heavy, a_train);
+        let m = p * k;
+        let work = |l: u32, h: f64, t: bool| f64::from(l) * h * if t { 3.0 } else { 1.0 };
+        let (vw, aw) = (work(v_layers, v_heavy, v_train), work(a_layers, a_heavy, a_train));
+        // The carrier: the heaviest trainable encoder, else the heaviest (vision on ties).
+        let carrier = match (v_train, a_train) {
+            (true, false) => "vision",
+            (false, true) => "audio",
+            _ => if aw > vw { "audio" } else { "vision" },
+        };
+        for costs in ["", ", costs = unit"] {
+            let text = format!("zb2p(encoders = chains{costs})");
+            let d = derive_str(&Request::new(&prof, p, m), &text)
+                .map_err(|e| TestCaseError::fail(format!("{text}: {e:?}")))?;
+            let units = &d.program.units;
+            for (name, layers, heavy) in [("vision", v_layers, v_heavy), ("audio", a_layers, a_heavy)] {
+                let chunks: Vec<_> = units.iter().filter(|u| u.name.starts_with(&format!("{name}."))).collect();
+                let total: f64 = chunks.iter().map(|u| u.cost.f).sum();
+                prop_assert!((total - f64::from(layers) * heavy).abs() < 1e-9, "{}: {} layers", text, name);
+                for c in &chunks {
+                    let on_carrier = units.iter().any(|u| u.name.starts_with(&format!("{carrier}.")) && u.home == c.home);
+                    prop_assert!(on_carrier, "{}: {} on rank {} without a carrier chunk", text, c.name, c.home);
+                }
+            }
+            // Every chunk computes on its home rank; a rider's task comes after the
+            // carrier chunk's same task on its rank.
+            for (rank, list) in d.program.programs.iter().enumerate() {
+                for (i, a) in list.iter().enumerate() {
+                    if let ActionRef::Compute(c) = a.view() {
+                        if c.unit.starts_with("llm") {
+                            continue;
+                        }
+                        let u = units.iter().find(|u| u.name == c.unit).unwrap();
+                        prop_assert_eq!(u.home, rank, "{}: {}", text, a);
+                        if !c.unit.starts_with(&format!("{carrier}.")) {
+                            let carried = list[..i].iter().any(|b| matches!(b.view(),
+                                ActionRef::Compute(x) if x.op == c.op && x.mb == c.mb
+                                    && x.unit.starts_with(&format!("{carrier}."))));
+                            prop_assert!(carried, "{}: rank {}: {} before its carrier's", text, rank, a);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// `balance(zb2p(encoders = chains))` chooses the LLM's split with the chunks:
+    /// every layer kept, at least one per stage, and its busiest rank computes no
+    /// more than the even split's.
+    #[test]
+    fn balanced_chains_never_load_the_busiest_rank_more(
+        v_layers in 1u32..30, v_heavy in 0.05f64..3.0, v_train: bool,
+        a_layers in 1u32..30, a_heavy in 0.05f64..3.0, a_train: bool,
+        p in prop::sample::select(vec![2usize, 4, 8]),
+    ) {
+        let prof = two_encoders(v_layers, v_heavy, v_train, a_layers, a_heavy, a_train);
+        let req = Request::new(&prof, p, 2 * p);
+        let busiest = |e: &str| -> Result<(f64, Derived), TestCaseError> {
+            let d = derive_str(&req, e).map_err(|x| TestCaseError::fail(format!("{e}: {x:?}")))?;
+            Ok((d.report.compute.iter().copied().fold(0.0, f64::max), d))
+        };
+        let (even, _) = busiest("zb2p(encoders = chains)")?;
+        let (balanced, d) = busiest("balance(zb2p(encoders = chains))")?;
+        prop_assert!(balanced <= even * (1.0 + 1e-9), "{} > {}", balanced, even);
+        let stages: Vec<f64> = (0..p)
+            .map(|r| d.program.units.iter().find(|u| u.name == format!("llm.{r}")).unwrap().cost.f)
+            .collect();
+        // Layers of 1.0 each, the LM head 1.0 more on the last stage.
+        let total: f64 = stages.iter().sum::<f64>() - 1.0;
+        prop_assert!((total - 16.0).abs() < 1e-9, "{:?}", stages);
+        prop_assert!(stages.iter().all(|&f| f >= 1.0 - 1e-9), "{:?}", stages);
+    }
+}
+
+/// `encoders = chains` needs two encoders and one chunk per rank, and says so.
+#[test]
+fn chains_refuse_what_they_cannot_chain() {
+    let one = mllm(8, 1.0, true);
+    let e = derive_str(&Request::new(&one, 4, 8), "zb2p(encoders = chains)").unwrap_err();
+    assert_eq!(e[0].kind, ErrorKind::BadArgument, "{e:?}");
+    assert!(
+        e[0].message.contains("at least two encoders"),
+        "{}",
+        e[0].message
+    );
+    let two = two_encoders(8, 1.0, true, 4, 1.0, false);
+    for text in [
+        "zb2p(encoders = chains, v = 2)",
+        "zb2p(encoders = chains, layout = v)",
+    ] {
+        let e = derive_str(&Request::new(&two, 4, 8), text).unwrap_err();
+        assert!(
+            e[0].message.contains("one chunk per rank"),
+            "{text}: {}",
+            e[0].message
+        );
+    }
+    // And an encoder chained is no longer one unit for an operator to move.
+    let e = derive_str(
+        &Request::new(&two, 4, 8),
+        "transpose(audio, zb2p(encoders = chains))",
+    )
+    .unwrap_err();
+    assert!(
+        e[0].message.contains("cut into layer chunks"),
+        "{}",
+        e[0].message
+    );
 }

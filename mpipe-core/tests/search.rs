@@ -490,3 +490,24 @@ fn auto_chains_a_stage_sized_encoder() {
     let ratio = d.report.makespan / d.bound.value();
     assert!(ratio <= 1.0785, "{}: {ratio:.4}", d.expr);
 }
+
+/// `zb2p(encoders = chains)` (every encoder chained along the ranks) is in the space
+/// of a profile with two encoders or more, alone and balanced, and not in that of a
+/// one-encoder profile, where it cannot be derived.
+#[test]
+fn chaining_every_encoder_is_searched_where_there_are_two() {
+    let omni = Profile::from_toml_str(include_str!("../../profiles/eval-c-omni.toml")).unwrap();
+    let space = candidates(&omni, 8, 16);
+    for e in [
+        "zb2p(encoders = chains)",
+        "zb2p(encoders = chains, costs = unit)",
+        "balance(zb2p(encoders = chains))",
+        "balance(zb2p(encoders = chains, costs = unit))",
+    ] {
+        assert!(space.iter().any(|x| x == e), "{e} is not searched");
+    }
+    let one = Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();
+    assert!(!candidates(&one, 8, 16)
+        .iter()
+        .any(|x| x.contains("encoders = chains")));
+}

@@ -78,58 +78,32 @@ pub fn cut(
 pub fn cut_all(profile: &Profile, units: &[Unit], ranks: usize) -> Option<Chained> {
     let n_enc = profile.encoders.len();
     let first = units.get(n_enc)?;
-    let feeding: Vec<usize> = (0..n_enc)
-        .filter(|&i| first.inputs.contains(&units[i].name))
-        .collect();
-    if feeding.len() < 2 {
-        return None;
-    }
-    let heavier =
-        |a: &usize, b: &usize| units[*a].work().total_cmp(&units[*b].work()).then(b.cmp(a));
-    let carrier = feeding
-        .iter()
-        .copied()
-        .filter(|&i| units[i].trainable)
-        .max_by(heavier)
-        .or_else(|| feeding.iter().copied().max_by(heavier))?;
-    // The stages' work per rank (encoders not chained stay inline on the first
-    // stage's rank), then the carrier's layers, then each rider's on those ranks.
+    let (carrier, riders) = carrier_and_riders(units, n_enc)?;
     let first_home = first.home;
+    // The stages' work per rank, with any encoder not feeding the first stage
+    // inline on its rank.
     let mut load = vec![0.0f64; ranks];
     for (i, u) in units.iter().enumerate() {
         if i >= n_enc {
             load[u.home] += u.work();
-        } else if !feeding.contains(&i) {
+        } else if i != carrier && !riders.contains(&i) {
             load[first_home] += u.work();
         }
     }
+    let (layers, rider_layers, _) = fill_chains(profile, carrier, &riders, load);
     let spec = &profile.encoders[carrier];
-    let layers = water_fill(spec, &load);
-    for (r, &n) in layers.iter().enumerate() {
-        load[r] += f64::from(n) * encoder_layer_work(spec);
-    }
-    let allowed: Vec<bool> = layers.iter().map(|&n| n > 0).collect();
     let carried = chunks_of(spec, &layers, first_home);
-    let mut riding: Vec<Vec<Unit>> = Vec::new();
-    for &e in feeding.iter().filter(|&&e| e != carrier) {
-        let spec = &profile.encoders[e];
-        let per_layer = encoder_layer_work(spec);
-        let mut n = vec![0u32; ranks];
-        for _ in 0..spec.layers {
-            let r = (0..ranks)
-                .filter(|&r| allowed[r])
-                .min_by(|&a, &b| load[a].total_cmp(&load[b]).then(a.cmp(&b)))
-                .unwrap_or(first_home);
-            load[r] += per_layer;
-            n[r] += 1;
-        }
-        riding.push(chunks_of(spec, &n, first_home));
-    }
+    let riding: Vec<Vec<Unit>> = riders
+        .iter()
+        .zip(&rider_layers)
+        .map(|(&e, n)| chunks_of(&profile.encoders[e], n, first_home))
+        .collect();
+    let feeding: Vec<usize> = std::iter::once(carrier)
+        .chain(riders.iter().copied())
+        .collect();
     // Units: the carrier's chunks, the riders' chunks, the other encoders, the
     // stages; readers of a chained encoder read its last chunk.
-    let chained: Vec<usize> = std::iter::once(carrier)
-        .chain(feeding.iter().copied().filter(|&e| e != carrier))
-        .collect();
+    let chained = &feeding;
     let renamed: Vec<(String, String)> = chained
         .iter()
         .zip(std::iter::once(&carried).chain(&riding))
@@ -150,7 +124,7 @@ pub fn cut_all(profile: &Profile, units: &[Unit], ranks: usize) -> Option<Chaine
         }
         out.push(u);
     }
-    let others = n_enc - feeding.len();
+    let others = n_enc - chained.len();
     let chunks: Vec<UnitId> = (0..carried.len()).collect();
     let encoders: Vec<UnitId> = (n_chunks..n_chunks + others).collect();
     let stages: Vec<UnitId> = (n_chunks + others..out.len()).collect();
@@ -194,6 +168,122 @@ fn load_before_chunks(units: &[Unit], n_enc: usize, e: usize, ranks: usize) -> V
         }
     }
     load
+}
+
+/// The carrier of `encoders = chains` (the heaviest trainable encoder feeding the
+/// first stage, else the heaviest; the earlier on ties) and the riders (the other
+/// encoders feeding it, in profile order). `None` with fewer than two.
+fn carrier_and_riders(units: &[Unit], n_enc: usize) -> Option<(usize, Vec<usize>)> {
+    let first = units.get(n_enc)?;
+    let feeding: Vec<usize> = (0..n_enc)
+        .filter(|&i| first.inputs.contains(&units[i].name))
+        .collect();
+    if feeding.len() < 2 {
+        return None;
+    }
+    let heavier =
+        |a: &usize, b: &usize| units[*a].work().total_cmp(&units[*b].work()).then(b.cmp(a));
+    let carrier = feeding
+        .iter()
+        .copied()
+        .filter(|&i| units[i].trainable)
+        .max_by(heavier)
+        .or_else(|| feeding.iter().copied().max_by(heavier))?;
+    let riders = feeding.into_iter().filter(|&e| e != carrier).collect();
+    Some((carrier, riders))
+}
+
+/// Water-fill the carrier's layers over the ranks on top of `load` (each rank's
+/// stage work per micro-batch), then each rider's over the ranks the carrier got
+/// layers on. Returns the carrier's layers per rank, each rider's, and the load.
+fn fill_chains(
+    profile: &Profile,
+    carrier: usize,
+    riders: &[usize],
+    mut load: Vec<f64>,
+) -> (Vec<u32>, Vec<Vec<u32>>, Vec<f64>) {
+    let spec = &profile.encoders[carrier];
+    let layers = water_fill(spec, &load);
+    for (r, &n) in layers.iter().enumerate() {
+        load[r] += f64::from(n) * encoder_layer_work(spec);
+    }
+    let ranks = load.len();
+    let mut out = Vec::with_capacity(riders.len());
+    for &e in riders {
+        let spec = &profile.encoders[e];
+        let per_layer = encoder_layer_work(spec);
+        let mut n = vec![0u32; ranks];
+        for _ in 0..spec.layers {
+            let r = (0..ranks)
+                .filter(|&r| layers[r] > 0)
+                .min_by(|&a, &b| load[a].total_cmp(&load[b]).then(a.cmp(&b)))
+                .unwrap_or(0);
+            load[r] += per_layer;
+            n[r] += 1;
+        }
+        out.push(n);
+    }
+    (layers, out, load)
+}
+
+/// The LLM's layers per stage for `balance(zb2p(encoders = chains))`: the split that,
+/// with the chunks water-filled on it ([`cut_all`]), leaves the busiest rank least
+/// busy (then the ranks' loads most even), found by moving one layer at a time
+/// between any two stages from the even split. One stage per rank, rank `r` holding
+/// stage `r`; at least one layer each. `None` when [`cut_all`] would not chain.
+pub fn chains_split(profile: &Profile, units: &[Unit], ranks: usize) -> Option<Vec<usize>> {
+    let n_enc = profile.encoders.len();
+    let (carrier, riders) = carrier_and_riders(units, n_enc)?;
+    let llm = &profile.llm;
+    let layers = llm.layers as usize;
+    if ranks == 0 || layers < ranks {
+        return None;
+    }
+    let layer_work = llm.forward + llm.backward + llm.weight;
+    let extra = |e: &Option<crate::profile::Extra>| {
+        e.as_ref()
+            .map_or(0.0, |x| x.forward + x.backward + x.weight)
+    };
+    let (first, last) = (extra(&llm.first_stage_extra), extra(&llm.last_stage_extra));
+    let score = |split: &[usize]| {
+        let mut load: Vec<f64> = split.iter().map(|&n| n as f64 * layer_work).collect();
+        load[0] += first;
+        load[ranks - 1] += last;
+        let (_, _, load) = fill_chains(profile, carrier, &riders, load);
+        let max = load.iter().copied().fold(0.0, f64::max);
+        let squares: f64 = load.iter().map(|x| x * x).sum();
+        (max, squares)
+    };
+    let better = |a: (f64, f64), b: (f64, f64)| {
+        a.0 < b.0 * (1.0 - 1e-12) || (a.0 <= b.0 * (1.0 + 1e-12) && a.1 < b.1 * (1.0 - 1e-12))
+    };
+    let mut split: Vec<usize> = (0..ranks)
+        .map(|r| layers / ranks + usize::from(r >= 1 && r <= layers % ranks))
+        .collect();
+    let mut best = score(&split);
+    loop {
+        let mut improved = false;
+        for from in 0..ranks {
+            for to in 0..ranks {
+                if from == to || split[from] <= 1 {
+                    continue;
+                }
+                split[from] -= 1;
+                split[to] += 1;
+                let s = score(&split);
+                if better(s, best) {
+                    best = s;
+                    improved = true;
+                } else {
+                    split[from] += 1;
+                    split[to] -= 1;
+                }
+            }
+        }
+        if !improved {
+            return Some(split);
+        }
+    }
 }
 
 /// A stage split of the LLM and chunk sizes of its chained encoder chosen together

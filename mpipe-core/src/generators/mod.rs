@@ -19,7 +19,7 @@ mod zbv;
 pub use chain::{ramp_split, RampSplit};
 
 use crate::plan::{Layout, Plan, Task, UnitId};
-use crate::profile::Profile;
+use crate::profile::{Profile, Split};
 use crate::program::{Op, Unit};
 use crate::units::{build_units, UnitsError};
 
@@ -251,7 +251,22 @@ pub fn generate(
                     "use one chunk per rank (no `v`, no `layout`)",
                 ));
             }
-            match chain::cut_all(profile, &units, ranks) {
+            // Under `balance`, the LLM's split is chosen with the chunks (one layer
+            // at a time between stages, for the least busy busiest rank).
+            let balanced = (profile.llm.split == Split::Balanced && profile.llm.layout.is_none())
+                .then(|| chain::chains_split(profile, &units, ranks))
+                .flatten();
+            let cut = match balanced {
+                Some(split) => {
+                    let mut own = profile.clone();
+                    let stages: Vec<String> = split.iter().map(|&l| "t".repeat(l)).collect();
+                    own.llm.layout = Some(format!("E{}L", stages.join("|")));
+                    let units = build_units(&own, ranks, 1, kind.layout())?;
+                    chain::cut_all(&own, &units, ranks)
+                }
+                None => chain::cut_all(profile, &units, ranks),
+            };
+            match cut {
                 Some(c) => Some(c),
                 None => {
                     return Err(GenError::Chains(
