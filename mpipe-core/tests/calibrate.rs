@@ -109,6 +109,26 @@ fn assert_close(a: f64, b: f64, rel: f64, what: &str) {
     assert!(close(a, b, rel), "{what}: {a} vs {b} (rel {rel})");
 }
 
+/// `b`'s stage extras are `a`'s scaled: the embedding's `F` and `W` by `first`
+/// (its `B` stays 0), the LM head's `F`, `B` and `W` by `last`; activations kept.
+fn assert_extras_scaled(a: &Profile, b: &Profile, first: (f64, f64), last: (f64, f64, f64)) {
+    let (fa, fb) = (
+        a.llm.first_stage_extra.as_ref().unwrap(),
+        b.llm.first_stage_extra.as_ref().unwrap(),
+    );
+    assert_close(fb.forward, fa.forward * first.0, 1e-9, "first F");
+    assert_eq!(fb.backward, 0.0);
+    assert_close(fb.weight, fa.weight * first.1, 1e-9, "first W");
+    let (la, lb) = (
+        a.llm.last_stage_extra.as_ref().unwrap(),
+        b.llm.last_stage_extra.as_ref().unwrap(),
+    );
+    assert_close(lb.forward, la.forward * last.0, 1e-9, "last F");
+    assert_close(lb.backward, la.backward * last.1, 1e-9, "last B");
+    assert_close(lb.weight, la.weight * last.2, 1e-9, "last W");
+    assert_eq!(lb.activation, la.activation);
+}
+
 fn assert_cost_close(a: &Cost, b: &Cost, rel: f64, what: &str) {
     assert_close(a.f, b.f, rel, &format!("{what} F"));
     assert_close(a.b, b.b, rel, &format!("{what} B"));
@@ -822,21 +842,7 @@ fn the_profile_scales_to_the_measured_costs() {
         );
         assert_eq!(b.encoders[0].weight, Some(0.24), "{expr}");
         // The extras are inside the stages: the LLM's scale.
-        let (fa, fb) = (
-            a.llm.first_stage_extra.as_ref().unwrap(),
-            b.llm.first_stage_extra.as_ref().unwrap(),
-        );
-        assert_close(fb.forward, fa.forward * 1.5, 1e-9, "first F");
-        assert_eq!(fb.backward, 0.0);
-        assert_close(fb.weight, fa.weight * 1.5, 1e-9, "first W");
-        let (la, lb) = (
-            a.llm.last_stage_extra.as_ref().unwrap(),
-            b.llm.last_stage_extra.as_ref().unwrap(),
-        );
-        assert_close(lb.forward, la.forward * 1.5, 1e-9, "last F");
-        assert_close(lb.backward, la.backward * 1.5, 1e-9, "last B");
-        assert_close(lb.weight, la.weight * 1.5, 1e-9, "last W");
-        assert_eq!(lb.activation, la.activation);
+        assert_extras_scaled(&a, &b, (1.5, 1.5), (1.5, 1.5, 1.5));
         let (ea, eb) = (&a.encoders[0], &b.encoders[0]);
         assert_close(eb.forward, ea.forward * 0.8, 1e-9, "encoder F");
         assert_close(eb.backward, ea.backward * 0.8, 1e-9, "encoder B");
@@ -922,20 +928,7 @@ fn extras_measured_as_their_own_units_scale_by_their_own_ratio() {
         );
     }
     let b = cal.scale_profile(&p, &a);
-    let (fa, fb) = (
-        a.llm.first_stage_extra.as_ref().unwrap(),
-        b.llm.first_stage_extra.as_ref().unwrap(),
-    );
-    assert_close(fb.forward, fa.forward * 2.0, 1e-9, "first F");
-    assert_eq!(fb.backward, 0.0);
-    assert_close(fb.weight, fa.weight * 3.0, 1e-9, "first W");
-    let (la, lb) = (
-        a.llm.last_stage_extra.as_ref().unwrap(),
-        b.llm.last_stage_extra.as_ref().unwrap(),
-    );
-    assert_close(lb.forward, la.forward * 0.7, 1e-9, "last F");
-    assert_close(lb.backward, la.backward * 0.9, 1e-9, "last B");
-    assert_close(lb.weight, la.weight * 0.9, 1e-9, "last W");
+    assert_extras_scaled(&a, &b, (2.0, 3.0), (0.7, 0.9, 0.9));
     assert_close(b.llm.forward, a.llm.forward * 1.5, 1e-9, "llm F");
     assert_close(b.llm.backward, a.llm.backward * 1.25, 1e-9, "llm B");
     assert_close(b.llm.weight, a.llm.weight * 1.25, 1e-9, "llm W");
