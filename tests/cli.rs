@@ -580,6 +580,7 @@ fn calibrate_says_what_is_missing() {
     let dir = TempDir::new("calibrate-errors");
     let trace = dir.path("trace.json");
     write_trace(&heavy(), "1f1b", &trace, false);
+    std::fs::write(dir.path("ran.json"), derive("1f1b")).unwrap();
     // No embedded program and none given.
     let o = mpipe(&["calibrate", trace.to_str().unwrap()]);
     assert_status(&o, 2);
@@ -599,6 +600,23 @@ fn calibrate_says_what_is_missing() {
         "{}",
         stderr(&o)
     );
+    // A profile without the run's encoder is not the one the program came from.
+    let o = mpipe(&[
+        "calibrate",
+        trace.to_str().unwrap(),
+        "--program",
+        dir.path("ran.json").to_str().unwrap(),
+        "--model",
+        &Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("docs/guide/examples/llm-only.toml")
+            .display()
+            .to_string(),
+        "--write-profile",
+        dir.path("p.toml").to_str().unwrap(),
+    ]);
+    assert_status(&o, 2);
+    assert!(stderr(&o).contains("(vision)"), "{}", stderr(&o));
+    assert!(!dir.path("p.toml").exists());
     // --write-profile needs the profile to scale; every problem is reported.
     let o = mpipe(&[
         "calibrate",

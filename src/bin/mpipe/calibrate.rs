@@ -4,7 +4,7 @@ use crate::failure::{Collect, Failure};
 use crate::source::{conditions, file_label, load_profile, read_program};
 use crate::table::{num, Table};
 use clap::ValueEnum;
-use mpipe_core::calibrate::{measure, Calibration, Stat};
+use mpipe_core::calibrate::{measure, Calibration, Family, Stat};
 use mpipe_core::profile::{Profile, ProfileFormat};
 use mpipe_core::program::Program;
 use mpipe_core::render::trace::{embedded_program, timeline_from_trace};
@@ -113,6 +113,26 @@ pub fn calibrate(o: &Options) -> Result<u8, Failure> {
     }
     let scaled = match (&profile, o.write_profile) {
         (Some(p), Some(path)) => {
+            // Every encoder the run measured must be one of the profile's, or the
+            // profile is not the one the program came from.
+            let strangers: Vec<String> = cal
+                .scales(&program)
+                .into_keys()
+                .filter_map(|f| match f {
+                    Family::Encoder(name) if p.encoder(&name).is_none() => Some(name),
+                    _ => None,
+                })
+                .collect();
+            if !strangers.is_empty() {
+                return Err(Failure::input(
+                    "calibrate",
+                    format!(
+                        "the run has encoder units ({}) that the --model profile does not have; \
+                         give the profile the program was derived from",
+                        strangers.join(", ")
+                    ),
+                ));
+            }
             let s = cal.scale_profile(&program, p);
             s.validate().map_err(|e| {
                 Failure::plain(
