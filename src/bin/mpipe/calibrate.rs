@@ -201,7 +201,7 @@ fn ratio(x: Option<f64>) -> String {
 }
 
 fn stat(s: Option<Stat>) -> String {
-    s.map_or("-".into(), |s| num(s.median))
+    s.map_or("-".into(), |s| num(s.mean))
 }
 
 fn print_text(
@@ -251,8 +251,8 @@ fn print_text(
             let spread = all
                 .iter()
                 .flatten()
-                .filter(|s| s.median > 0.0)
-                .map(|s| (s.max - s.min) / s.median)
+                .filter(|s| s.mean > 0.0)
+                .map(|s| (s.max - s.min) / s.mean)
                 .fold(0.0, f64::max);
             t.row(vec![
                 name.clone(),
@@ -264,7 +264,7 @@ fn print_text(
                 format!("{:.0}%", spread * 100.0),
             ]);
         }
-        outln!("measured medians per unit (spread: largest (max - min) / median of its ops):");
+        outln!("measured means per unit (spread: largest (max - min) / mean of its ops):");
         out!("{}", t.render());
     }
     outln!("");

@@ -226,7 +226,7 @@ enum Command {
         /// The time unit of the measured costs (the profile's).
         #[arg(long, value_enum, default_value_t = calibrate::TimeUnit::Ms)]
         time_unit: calibrate::TimeUnit,
-        /// Also print every unit's measured medians.
+        /// Also print every unit's measured means.
         #[arg(long)]
         units: bool,
         /// Write the program with the measured costs here.
