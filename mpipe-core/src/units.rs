@@ -160,11 +160,11 @@ fn shares(profile: &Profile, ranks: usize, chunks: usize) -> Result<Vec<StageSha
         if llm.split == Split::Balanced {
             return Ok(balanced(profile, ranks, chunks));
         }
-        let base = llm.layers as usize / stages;
-        let rem = llm.layers as usize % stages;
-        return Ok((0..stages)
-            .map(|k| StageShare {
-                layers: base + usize::from(k >= 1 && k <= rem),
+        return Ok(even_layers(llm.layers as usize, stages)
+            .into_iter()
+            .enumerate()
+            .map(|(k, layers)| StageShare {
+                layers,
                 first: k == 0,
                 last: k + 1 == stages,
             })
@@ -305,15 +305,36 @@ pub fn encoder_chunks(spec: &EncoderProfile, load: &[f64], first_home: usize) ->
 /// How many of encoder `spec`'s layers each rank takes, by water-filling on `load`
 /// (see [`encoder_chunks`]).
 pub(crate) fn water_fill(spec: &EncoderProfile, load: &[f64]) -> Vec<u32> {
-    let mut load = load.to_vec();
+    water_fill_on(spec, &mut load.to_vec(), &vec![true; load.len()])
+}
+
+/// [`water_fill`] over the ranks `allowed` marks only (none: rank 0 takes all),
+/// adding the layers' work to `load`.
+pub(crate) fn water_fill_on(spec: &EncoderProfile, load: &mut [f64], allowed: &[bool]) -> Vec<u32> {
     let per_layer = encoder_layer_work(spec);
     let mut layers = vec![0u32; load.len()];
     for _ in 0..spec.layers {
-        let r = least_loaded(&load);
-        load[r] += per_layer;
-        layers[r] += 1;
+        let r = (0..load.len())
+            .filter(|&r| allowed.get(r).copied().unwrap_or(false))
+            .min_by(|&a, &b| load[a].total_cmp(&load[b]).then(a.cmp(&b)))
+            .unwrap_or(0);
+        if let Some(x) = load.get_mut(r) {
+            *x += per_layer;
+        }
+        if let Some(n) = layers.get_mut(r) {
+            *n += 1;
+        }
     }
     layers
+}
+
+/// The even split of `layers` over `stages`: `layers / stages` each, the remainder
+/// one layer each to stages `1, 2, ..` (see the module doc).
+pub(crate) fn even_layers(layers: usize, stages: usize) -> Vec<usize> {
+    let (base, rem) = (layers / stages.max(1), layers % stages.max(1));
+    (0..stages)
+        .map(|k| base + usize::from(k >= 1 && k <= rem))
+        .collect()
 }
 
 /// One layer of encoder `spec`'s work per micro-batch: `F`, and `B + W` if it trains.

@@ -11,7 +11,9 @@
 use crate::plan::UnitId;
 use crate::profile::Profile;
 use crate::program::Unit;
-use crate::units::{chunks_of, encoder_layer_work, replace_with_chunks, water_fill};
+use crate::units::{
+    chunks_of, encoder_layer_work, even_layers, replace_with_chunks, water_fill, water_fill_on,
+};
 
 /// The units with one encoder cut into chunks (and, for `encoders = chains`, the
 /// other encoders feeding the first stage too, riding along).
@@ -149,9 +151,15 @@ pub fn cut_all(profile: &Profile, units: &[Unit], ranks: usize) -> Option<Chaine
 /// The encoder a chain cuts: the heaviest one feeding the first stage (`units[n_enc]`),
 /// the earlier on ties.
 fn chained_encoder(units: &[Unit], n_enc: usize) -> Option<usize> {
+    heaviest_feeding(units, n_enc, |_| true)
+}
+
+/// The heaviest encoder feeding the first stage (`units[n_enc]`) among those `keep`
+/// accepts, the earlier on ties.
+fn heaviest_feeding(units: &[Unit], n_enc: usize, keep: impl Fn(&Unit) -> bool) -> Option<usize> {
     let first = units.get(n_enc)?;
     (0..n_enc)
-        .filter(|&i| first.inputs.contains(&units[i].name))
+        .filter(|&i| first.inputs.contains(&units[i].name) && keep(&units[i]))
         .max_by(|&a, &b| units[a].work().total_cmp(&units[b].work()).then(b.cmp(&a)))
 }
 
@@ -181,14 +189,8 @@ fn carrier_and_riders(units: &[Unit], n_enc: usize) -> Option<(usize, Vec<usize>
     if feeding.len() < 2 {
         return None;
     }
-    let heavier =
-        |a: &usize, b: &usize| units[*a].work().total_cmp(&units[*b].work()).then(b.cmp(a));
-    let carrier = feeding
-        .iter()
-        .copied()
-        .filter(|&i| units[i].trainable)
-        .max_by(heavier)
-        .or_else(|| feeding.iter().copied().max_by(heavier))?;
+    let carrier = heaviest_feeding(units, n_enc, |u| u.trainable)
+        .or_else(|| chained_encoder(units, n_enc))?;
     let riders = feeding.into_iter().filter(|&e| e != carrier).collect();
     Some((carrier, riders))
 }
@@ -202,27 +204,13 @@ fn fill_chains(
     riders: &[usize],
     mut load: Vec<f64>,
 ) -> (Vec<u32>, Vec<Vec<u32>>, Vec<f64>) {
-    let spec = &profile.encoders[carrier];
-    let layers = water_fill(spec, &load);
-    for (r, &n) in layers.iter().enumerate() {
-        load[r] += f64::from(n) * encoder_layer_work(spec);
-    }
-    let ranks = load.len();
-    let mut out = Vec::with_capacity(riders.len());
-    for &e in riders {
-        let spec = &profile.encoders[e];
-        let per_layer = encoder_layer_work(spec);
-        let mut n = vec![0u32; ranks];
-        for _ in 0..spec.layers {
-            let r = (0..ranks)
-                .filter(|&r| layers[r] > 0)
-                .min_by(|&a, &b| load[a].total_cmp(&load[b]).then(a.cmp(&b)))
-                .unwrap_or(0);
-            load[r] += per_layer;
-            n[r] += 1;
-        }
-        out.push(n);
-    }
+    let every = vec![true; load.len()];
+    let layers = water_fill_on(&profile.encoders[carrier], &mut load, &every);
+    let carried: Vec<bool> = layers.iter().map(|&n| n > 0).collect();
+    let out = riders
+        .iter()
+        .map(|&e| water_fill_on(&profile.encoders[e], &mut load, &carried))
+        .collect();
     (layers, out, load)
 }
 
@@ -257,9 +245,7 @@ pub fn chains_split(profile: &Profile, units: &[Unit], ranks: usize) -> Option<V
     let better = |a: (f64, f64), b: (f64, f64)| {
         a.0 < b.0 * (1.0 - 1e-12) || (a.0 <= b.0 * (1.0 + 1e-12) && a.1 < b.1 * (1.0 - 1e-12))
     };
-    let mut split: Vec<usize> = (0..ranks)
-        .map(|r| layers / ranks + usize::from(r >= 1 && r <= layers % ranks))
-        .collect();
+    let mut split = even_layers(layers, ranks);
     let mut best = score(&split);
     loop {
         let mut improved = false;
@@ -307,15 +293,21 @@ impl RampSplit {
     /// between its chunks (the first gets the odd one), chunk 0 of every rank first,
     /// so the LM head ends the last rank's second chunk.
     pub fn layout(&self, v: usize) -> String {
-        let stages: Vec<String> = if v == 2 {
+        if v == 2 {
             let first = self.llm.iter().map(|&l| l.div_ceil(2));
             let second = self.llm.iter().map(|&l| l / 2);
-            first.chain(second).map(|l| "t".repeat(l)).collect()
+            stage_layout(first.chain(second))
         } else {
-            self.llm.iter().map(|&l| "t".repeat(l)).collect()
-        };
-        format!("E{}L", stages.join("|"))
+            stage_layout(self.llm.iter().copied())
+        }
     }
+}
+
+/// The Megatron layout string of stages with these layer counts, in pipeline order:
+/// the embedding on the first, the loss on the last.
+pub fn stage_layout(stages: impl Iterator<Item = usize>) -> String {
+    let stages: Vec<String> = stages.map(|l| "t".repeat(l)).collect();
+    format!("E{}L", stages.join("|"))
 }
 
 /// What the ramp model reads from a profile, per micro-batch.

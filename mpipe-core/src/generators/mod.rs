@@ -259,8 +259,7 @@ pub fn generate(
             let cut = match balanced {
                 Some(split) => {
                     let mut own = profile.clone();
-                    let stages: Vec<String> = split.iter().map(|&l| "t".repeat(l)).collect();
-                    own.llm.layout = Some(format!("E{}L", stages.join("|")));
+                    own.llm.layout = Some(chain::stage_layout(split.into_iter()));
                     let units = build_units(&own, ranks, 1, kind.layout())?;
                     chain::cut_all(&own, &units, ranks)
                 }

@@ -1,7 +1,7 @@
 //! `mpipe calibrate`: a run's measured costs, from its trace, against the program's.
 
 use crate::failure::{Collect, Failure};
-use crate::source::{conditions, file_label, load_profile, read_program};
+use crate::source::{file_label, load_profile, read_program};
 use crate::table::{num, Table};
 use clap::ValueEnum;
 use mpipe_core::calibrate::{measure, Calibration, Family, Stat};
@@ -150,7 +150,7 @@ pub fn calibrate(o: &Options) -> Result<u8, Failure> {
     if o.json {
         let v = json!({
             "trace": label,
-            "mode": match o.mode { Mode::Rendezvous => "rendezvous", Mode::Eager => "eager" },
+            "mode": o.mode.name(),
             "time_unit": o.unit.name(),
             "calibration": cal,
             "scales": cal.scales(&program).into_iter()
@@ -214,13 +214,10 @@ fn print_text(
 ) {
     let u = o.unit.name();
     outln!(
-        "{label}: {} ranks, {} micro-batches, run under {}; times in {u}",
+        "{label}: {} ranks, {} micro-batches, run under {} semantics; times in {u}",
         p.ranks,
         p.microbatches,
-        conditions(o.mode, None)
-            .split(',')
-            .next()
-            .unwrap_or_default()
+        o.mode.name()
     );
     outln!("");
     let mut t = Table::new(&["family", "units", "F", "B", "W"]);
