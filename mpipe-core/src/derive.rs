@@ -237,16 +237,31 @@ pub(crate) fn finish(
     span: Span,
     refine: bool,
 ) -> Result<Derived, Vec<DeriveError>> {
+    finish_unspanned(req, plan, text, refine).map_err(|es| {
+        es.into_iter()
+            .map(|(kind, message)| err(kind, span, message))
+            .collect()
+    })
+}
+
+/// [`finish`] with errors as kind and message: it touches no `proc_macro2` value, so
+/// any thread may run it, even inside a procedural macro (where `proc_macro2` works
+/// only on the thread the compiler called the macro on).
+pub(crate) fn finish_unspanned(
+    req: &Request,
+    plan: &Plan,
+    text: &str,
+    refine: bool,
+) -> Result<Derived, Vec<(ErrorKind, String)>> {
     let mut errors = Vec::new();
-    let (program, report) = best_lowering(req, plan, text, refine)
-        .map_err(|m| vec![err(ErrorKind::Invalid, span, m)])?;
+    let (program, report) =
+        best_lowering(req, plan, text, refine).map_err(|m| vec![(ErrorKind::Invalid, m)])?;
     // Rule 5 (termination under rendezvous) holds: `best_lowering` ran it to the end,
     // under rendezvous unless the request asked for eager semantics; then check it.
     if req.mode != Mode::Rendezvous {
         if let Err(e) = simulate(&program, &req.sim_options(Mode::Rendezvous)) {
-            return Err(vec![err(
+            return Err(vec![(
                 ErrorKind::Invalid,
-                span,
                 format!("derived program does not run under rendezvous (a bug in mpipe, please report it): {e}"),
             )]);
         }
@@ -256,9 +271,8 @@ pub(crate) fn finish(
         return Err(violations
             .iter()
             .map(|v| {
-                err(
+                (
                     ErrorKind::Invalid,
-                    span,
                     format!("derived program is invalid (a bug in mpipe, please report it): {v}"),
                 )
             })
@@ -268,9 +282,8 @@ pub(crate) fn finish(
     if let Some(limit) = req.profile.memory.as_ref().map(|m| m.limit) {
         for (r, (&act, &par)) in report.peak_memory.iter().zip(&params).enumerate() {
             if act + par > limit {
-                errors.push(err(
+                errors.push((
                     ErrorKind::Memory,
-                    span,
                     format!(
                         "`{text}` needs {:.2} memory on rank {r} (activations {act:.2} + parameters {par:.2}), \
                          over memory.limit = {limit}; use a schedule that keeps fewer micro-batches in flight \

@@ -25,8 +25,8 @@
 //! - long work (the search, an evaluation) reports its progress only to an observer
 //!   the caller installs ([`progress`]); results never depend on it;
 //! - the search is the one place that runs threads (candidates' plans and their full
-//!   derivations in parallel, with the sequential search's answer;
-//!   [`search::for_macro`] keeps it on one thread inside a procedural macro).
+//!   derivations in parallel, with the sequential search's answer, inside a
+//!   procedural macro too: [`search::for_macro`]).
 
 pub mod analysis;
 pub mod bound;

@@ -38,10 +38,10 @@
 //! operator with nothing to move) shares its twin's derivation, which it could only
 //! tie; full derivations run on every core, a few candidates at a time in ideal
 //! order, their results taken in that order (so the stop and the winner are the
-//! sequential search's). Inside `schedule!` all of it runs on one thread.
+//! sequential search's). Inside `schedule!` too (see [`for_macro`]).
 
 use crate::analysis::{dependencies, timing};
-use crate::derive::{finish, plan_of, DeriveError, Derived, ErrorKind, Request};
+use crate::derive::{finish_unspanned, plan_of, DeriveError, Derived, ErrorKind, Request};
 use crate::expr::{parse_str, Expr};
 use crate::operators::layers::layers;
 use crate::plan::Plan;
@@ -321,10 +321,12 @@ thread_local! {
     static FOR_MACRO: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Runs `f` with the search as `schedule!` needs it: on this thread only (inside a
-/// procedural macro, `proc_macro2`, which the expression parser uses, works only on
-/// the thread the compiler called the macro on), and among the schedules the macro
-/// can emit (not `prefetch`, whose next-step forwards the runtime cannot run yet).
+/// Runs `f` with the search as `schedule!` needs it: among the schedules the macro
+/// can emit (not `prefetch`, whose next-step forwards the runtime cannot run yet),
+/// and with the candidates parsed by `proc_macro2`'s own implementation (inside a
+/// procedural macro the compiler's, which `proc_macro2` uses there by default,
+/// works only on the thread the compiler called the macro on; see [`Fallback`]), so
+/// that the search still runs on every core.
 pub fn for_macro<T>(f: impl FnOnce() -> T) -> T {
     let before = FOR_MACRO.with(|s| s.replace(true));
     let out = f();
@@ -336,6 +338,8 @@ pub fn for_macro<T>(f: impl FnOnce() -> T) -> T {
 /// be built, the plan and its ideal time; on every core, in candidate order.
 #[allow(clippy::type_complexity)]
 fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64, Plan)>)> {
+    // Nothing parsed here leaves this function: texts and plans only.
+    let _fallback = Fallback::in_macro();
     let stage = Stage::begin("auto: planning the candidates", texts.len());
     let one = |text: &String| {
         let _step = StepOnDrop(&stage);
@@ -365,7 +369,8 @@ fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64
 /// `f(i)` for every index in `order`, on every core ([`workers`]), each thread
 /// taking the next `run` entries of `order` in turn, with its own plan memo and
 /// reporting to `stage`'s observer; results by index, `None` for an index whose
-/// worker panicked (and for indices not in `order`).
+/// worker panicked (and for indices not in `order`). Inside a procedural macro, `f`
+/// may touch `proc_macro2` only under a [`Fallback`].
 fn on_threads<T: Send>(
     order: &[usize],
     len: usize,
@@ -625,16 +630,43 @@ fn twins(planned: &[(f64, usize, usize, Plan)]) -> Vec<Option<usize>> {
     out
 }
 
-/// Threads for `jobs` independent pieces of work: every core (at most 8), one inside
-/// a procedural macro.
+/// Threads for `jobs` independent pieces of work: every core, at most 8.
 fn workers(jobs: usize) -> usize {
-    if FOR_MACRO.with(Cell::get) {
-        1
-    } else {
-        std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .clamp(1, 8)
-            .min(jobs.max(1))
+    #[cfg(test)]
+    if let Some(n) = tests::THREADS.with(Cell::get) {
+        return n;
+    }
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, 8)
+        .min(jobs.max(1))
+}
+
+/// Inside [`for_macro`], while alive: `proc_macro2` on every thread uses its own
+/// implementation, not the compiler's. Inside a procedural macro `proc_macro2`
+/// otherwise uses the compiler's on every thread once the macro's thread has asked,
+/// and the compiler's works only on that thread: the candidates parsed on other
+/// threads would panic. Values made under it (spans, token streams) must not meet
+/// the compiler's, so it covers only work whose results hold none (texts, plans).
+/// Dropping it gives the compiler's back. The switch is process-wide, which is
+/// sound because the compiler expands macros one at a time.
+struct Fallback(bool);
+
+impl Fallback {
+    fn in_macro() -> Fallback {
+        let on = FOR_MACRO.with(Cell::get);
+        if on {
+            proc_macro2::fallback::force();
+        }
+        Fallback(on)
+    }
+}
+
+impl Drop for Fallback {
+    fn drop(&mut self) {
+        if self.0 {
+            proc_macro2::fallback::unforce();
+        }
     }
 }
 
@@ -647,13 +679,9 @@ fn finish_all(
 ) -> Vec<Result<Derived, Vec<DeriveError>>> {
     let one = |&(plan, text, refine): &(&Plan, &str, bool)| {
         let _step = StepOnDrop(stage);
-        let span = proc_macro2::Span::call_site();
-        // Errors leave the worker as kind and message (spans stay on their thread).
-        finish(req, plan, text, span, refine).map_err(|es| {
-            es.into_iter()
-                .map(|e| (e.kind, e.message))
-                .collect::<Vec<_>>()
-        })
+        // Errors leave the worker as kind and message, and get their span here, on
+        // the calling thread.
+        finish_unspanned(req, plan, text, refine)
     };
     let order: Vec<usize> = (0..jobs.len()).collect();
     let span = proc_macro2::Span::call_site();
@@ -730,6 +758,11 @@ pub(crate) fn auto(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveErro
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// Set by a test: the search's threads on this thread, whatever the cores.
+        pub(super) static THREADS: Cell<Option<usize>> = const { Cell::new(None) };
+    }
+
     /// The memo and the grouped, parallel evaluation change nothing: every
     /// candidate's plan and ideal time are those of a fresh, lone evaluation.
     #[test]
@@ -775,16 +808,22 @@ mod tests {
     /// On one thread (as inside `schedule!`) the search gives the same answer as on
     /// every core.
     #[test]
-    fn one_thread_and_every_core_agree() {
+    fn one_thread_every_core_and_the_macros_search_agree() {
         let profile =
             Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();
         let req = Request::new(&profile, 4, 8);
         let all = search(&req).unwrap();
-        let one = for_macro(|| search(&req)).unwrap();
-        assert_eq!(all.best.expr, one.best.expr);
-        assert_eq!(all.best.program, one.best.program);
+        THREADS.with(|t| t.set(Some(1)));
+        let one = search(&req);
+        THREADS.with(|t| t.set(None));
+        // A trainable encoder: nothing to prefetch, so the macro's space is the same.
+        let in_macro = for_macro(|| search(&req)).unwrap();
         let spans = |s: &Search| s.tried.iter().map(|t| t.makespan).collect::<Vec<_>>();
-        assert_eq!(spans(&all), spans(&one));
+        for other in [one.unwrap(), in_macro] {
+            assert_eq!(all.best.expr, other.best.expr);
+            assert_eq!(all.best.program, other.best.program);
+            assert_eq!(spans(&all), spans(&other));
+        }
     }
 
     /// Candidates that share a body sort next to each other, innermost first.
