@@ -213,8 +213,9 @@ fn auto_chooses_at_compile_time() {
     let req = mpipe::core::derive::Request::new(&profile, 4, 8);
     let d = mpipe::core::derive::derive_str(&req, auto_s::EXPR).unwrap();
     assert_eq!(Program::from_json(auto_s::PROGRAM_JSON).unwrap(), d.program);
-    // The search inside the macro derives on worker threads too (parsing stays on
-    // the compiler's thread): a derivation lost there would show as another choice.
+    // The search inside the macro plans and derives on worker threads too (parsing
+    // under proc_macro2's fallback): a candidate lost there would show as another
+    // choice.
     let here = mpipe::core::search::for_macro(|| mpipe::core::search::search(&req)).unwrap();
     assert_eq!(auto_s::EXPR, here.best.expr);
 }

@@ -317,7 +317,7 @@ fn permutations(n: usize) -> Vec<Vec<usize>> {
 }
 
 thread_local! {
-    /// Set by [`for_macro`]: search on this thread only, without `prefetch`.
+    /// Set by [`for_macro`]: search without `prefetch`, parsing under a [`Fallback`].
     static FOR_MACRO: Cell<bool> = const { Cell::new(false) };
 }
 
@@ -805,8 +805,8 @@ mod tests {
         assert_eq!(twins(&planned), [None, None, Some(10), None]);
     }
 
-    /// On one thread (as inside `schedule!`) the search gives the same answer as on
-    /// every core.
+    /// On one thread, on every core and as inside `schedule!` (parsing under a
+    /// [`Fallback`]) the search gives the same answer.
     #[test]
     fn one_thread_every_core_and_the_macros_search_agree() {
         let profile =
