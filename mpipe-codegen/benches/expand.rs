@@ -3,11 +3,15 @@
 //! Run: `cargo bench -p mpipe-codegen --bench expand`. Prints the code-size table
 //! (lines of pretty-printed code, program JSON left out) for 32 and 4096
 //! micro-batches, then times the expansion of 16 ranks x 256 micro-batches of
-//! `transpose(vision, zbv)` (derive, verify, simulate, re-roll, emit).
+//! `transpose(vision, zbv)` (derive, verify, simulate, re-roll, emit), and of
+//! `auto` on the evaluation's profile (c) at 16 x 128 with its choice remembered
+//! (`mpipe_codegen::cache`: a rebuild; the search itself, a first build, is timed
+//! by `cargo bench -p mpipe-core --bench auto`).
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use mpipe_codegen::schedule;
+use mpipe_codegen::cache::Cache;
 use mpipe_codegen::size::code_size;
+use mpipe_codegen::{schedule, schedule_with};
 use proc_macro2::TokenStream;
 use quote::quote;
 
@@ -60,6 +64,21 @@ fn bench(c: &mut Criterion) {
     c.bench_function("expand 16x256 transpose(vision, zbv)", |b| {
         b.iter(|| schedule(tokens.clone()));
     });
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../profiles/eval-c-omni.toml");
+    let tokens = quote! {
+        pub mod plan { model = #path; ranks = 16; microbatches = 128; schedule = auto; }
+    };
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let cache = Cache::at(dir.path());
+    // The first expansion searches and remembers; the timed ones read the choice.
+    let searched = schedule_with(tokens.clone(), Some(&cache)).to_string();
+    assert!(!searched.contains("compile_error"), "{searched}");
+    c.bench_function(
+        "expand 16x128 auto on profile (c), choice remembered",
+        |b| {
+            b.iter(|| schedule_with(tokens.clone(), Some(&cache)));
+        },
+    );
 }
 
 criterion_group! {

@@ -1,10 +1,12 @@
 //! From the macro's input to its output: read the profile, parse the expression,
 //! derive, and emit — or emit every error found, with a fallback module.
 
+use crate::cache::{self, Cache};
 use crate::emit::{fallback, module, Facts};
 use crate::input::{Input, Source};
 use mpipe_core::bound::lower_bound;
-use mpipe_core::derive::{derive, resident_params, Derived, Request};
+use mpipe_core::derive::{derive, derive_str, resident_params, DeriveError, Derived, Request};
+use mpipe_core::expr::Expr;
 use mpipe_core::profile::{Profile, ProfileFormat};
 use mpipe_core::program::Program;
 use mpipe_core::simulate::{simulate, Mode, SimOptions};
@@ -13,8 +15,15 @@ use proc_macro2::TokenStream;
 use std::path::PathBuf;
 use syn::LitStr;
 
-/// Expand `schedule! { ... }`.
+/// Expand `schedule! { ... }`, with `auto`'s choices remembered where the
+/// environment says ([`Cache::from_env`]).
 pub fn schedule(tokens: TokenStream) -> TokenStream {
+    schedule_with(tokens, Cache::from_env().as_ref())
+}
+
+/// Expand `schedule! { ... }`, with `auto`'s choices remembered in `cache` (none:
+/// every `auto` searches).
+pub fn schedule_with(tokens: TokenStream, cache: Option<&Cache>) -> TokenStream {
     let input = match syn::parse2::<Input>(tokens) {
         Ok(input) => input,
         Err(e) => return e.to_compile_error(),
@@ -46,9 +55,12 @@ pub fn schedule(tokens: TokenStream) -> TokenStream {
             mode: input.mode,
             ..Request::new(profile, ranks, microbatches)
         };
-        // `auto` searches on this thread (proc_macro2 works only here inside a
-        // macro), among the schedules the macro can emit.
-        match mpipe_core::search::for_macro(|| derive(&req, expr)) {
+        let found = if expr.name() == "auto" && expr.args.is_empty() {
+            auto(&req, expr, cache)
+        } else {
+            mpipe_core::search::for_macro(|| derive(&req, expr))
+        };
+        match found {
             Ok(d) if !d.program.prefetch.is_empty() => errors.push(syn::Error::new(
                 expr.span,
                 format!(
@@ -64,6 +76,28 @@ pub fn schedule(tokens: TokenStream) -> TokenStream {
     }
     let path = profile.and_then(|(_, path)| path);
     finish(&input, derived.map(|d| (d, path)), errors)
+}
+
+/// `auto` as the macro runs it: the choice `cache` remembers for `req`, derived
+/// alone, or else a search among the schedules the macro can emit (its threads
+/// parse under `proc_macro2`'s fallback, see [`mpipe_core::search::for_macro`]),
+/// whose choice is then remembered.
+fn auto(req: &Request, expr: &Expr, cache: Option<&Cache>) -> Result<Derived, Vec<DeriveError>> {
+    let key = cache.and_then(|_| cache::key(req));
+    if let (Some(cache), Some(key)) = (cache, &key) {
+        let remembered = cache
+            .load(key)
+            .and_then(|choice| derive_str(req, &choice).ok())
+            .filter(|d| d.program.prefetch.is_empty());
+        if let Some(d) = remembered {
+            return Ok(d);
+        }
+    }
+    let found = mpipe_core::search::for_macro(|| derive(req, expr));
+    if let (Some(cache), Some(key), Ok(d)) = (cache, &key, &found) {
+        cache.store(key, &d.expr);
+    }
+    found
 }
 
 /// The module for a derived (or loaded) program, or, if anything went wrong, the

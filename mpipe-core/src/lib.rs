@@ -28,6 +28,16 @@
 //!   derivations in parallel, with the sequential search's answer, inside a
 //!   procedural macro too: [`search::for_macro`]).
 
+/// This build of mpipe-core: its version and a hash of its source (`build.rs`). Two
+/// builds with the same fingerprint derive the same programs and make the same
+/// `auto` choices; a result remembered under one fingerprint (the `schedule!`
+/// macro's `auto` cache) is stale under another.
+pub const SOURCE_FINGERPRINT: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    "+",
+    env!("MPIPE_CORE_SOURCE_HASH")
+);
+
 pub mod analysis;
 pub mod bound;
 pub mod calibrate;
