@@ -108,11 +108,14 @@ fn resolve(plan: &Plan, lenient: bool) -> Result<Deps, PlanError> {
             };
             match t.op {
                 Op::F | Op::RF => {
+                    let ahead = |u: UnitId| {
+                        !plan.prefetch.is_empty() && plan.prefetch.binary_search(&(u, t.mb)).is_ok()
+                    };
+                    let reader_ahead = ahead(t.unit);
                     for &p in &inputs[t.unit] {
-                        // Left by the previous step (see `Plan::prefetch`).
-                        if !plan.prefetch.is_empty()
-                            && plan.prefetch.binary_search(&(p, t.mb)).is_ok()
-                        {
+                        // Left by the previous step (see `Plan::prefetch`), unless
+                        // the reader runs a step ahead too.
+                        if ahead(p) && !reader_ahead {
                             continue;
                         }
                         let dep = match find(&index, r, i, &[Op::F, Op::RF], p, t.mb) {

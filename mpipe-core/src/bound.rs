@@ -16,7 +16,8 @@
 //! forwards, the unit's own backward, the predecessors' backwards, a final `W`).
 //! A frozen encoder's forward may be prefetched (computed in the previous step, see
 //! `Program::prefetch`), so it counts in neither: its readers are released at 0 and
-//! its own forward has no tail.
+//! its own forward has no tail. The same holds for each layer of a frozen encoder
+//! cut into layers (a frozen non-stage unit whose inputs are all such units).
 //!
 //! Four bounds, each a theorem:
 //!
@@ -202,12 +203,15 @@ impl Chains {
         let succs: Vec<Vec<usize>> = (0..n)
             .map(|u| (0..n).filter(|&s| inputs[s].contains(&u)).collect())
             .collect();
-        // A frozen encoder (no inputs, no backward, not a stage) may be prefetched:
-        // its output for this step can come from the previous one, so it delays
-        // nothing and nothing in this step has to follow it.
-        let free: Vec<bool> = (0..n)
-            .map(|u| inputs[u].is_empty() && !need[u] && !is_stage(&units[u]))
-            .collect();
+        // A frozen encoder (no backward, not a stage, and reading only the raw
+        // micro-batch or units that are free themselves, as the layers of one cut by
+        // `prefetch` do) may be prefetched: its output for this step can come from
+        // the previous one, so it delays nothing and nothing in this step has to
+        // follow it. Topological order: inputs are decided first.
+        let mut free = vec![false; n];
+        for u in 0..n {
+            free[u] = !need[u] && !is_stage(&units[u]) && inputs[u].iter().all(|&p| free[p]);
+        }
         // Units are in topological order: forwards forwards, backwards backwards.
         let mut r_f = vec![0.0f64; n];
         for u in 0..n {

@@ -1032,7 +1032,7 @@ fn eval_prefetch(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opti
         ));
         return None;
     }
-    applied(e, prefetch(plan, id), errors)
+    applied(e, prefetch(plan, id, req.profile), errors)
 }
 
 fn eval_fill(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {

@@ -251,8 +251,8 @@ pub(crate) fn assemble(plan: &Plan, at: &[Vec<Placed>], expr: Option<&str>) -> P
 }
 
 /// The transfers of prefetched forwards (see [`Plan::prefetch`]): the activation of
-/// each goes from the rank that computes it to every rank that reads it, for the next
-/// step. They come after everything else, one at a time, in one global order (the
+/// each goes from the rank that computes it to every rank that reads it in the next
+/// step (not to readers prefetched too, which read it in this one). They come after everything else, one at a time, in one global order (the
 /// plan's prefetch order, then the reader's rank): every rank finishes the rest of
 /// the step (which terminates without them), and then the first unfinished transfer
 /// in that order has both its ends next in their lists, so each one completes.
@@ -267,9 +267,12 @@ fn prefetch_transfers(plan: &Plan, names: &[Name], programs: &mut [Vec<Action>])
         let Some((q, _)) = index.get(Op::F, u, mb) else {
             continue;
         };
+        // Readers prefetched too (the next layer of a cut encoder) read this step's
+        // copy: the rest of the lowering moves it, as any dependency.
         let mut readers: Vec<usize> = plan
             .successors(u)
             .into_iter()
+            .filter(|&s| plan.prefetch.binary_search(&(s, mb)).is_err())
             .filter_map(|s| index.get(Op::F, s, mb).or_else(|| index.get(Op::RF, s, mb)))
             .map(|(r, _)| r)
             .filter(|&r| r != q)

@@ -65,7 +65,9 @@ pub struct Plan {
     pub input_ships: Vec<InputShip>,
     /// Forwards `(unit, mb)` whose task in this plan computes the next step's
     /// micro-batch (`prefetch`; kept sorted): this step's readers use the copy the
-    /// previous step left, so they do not depend on the task.
+    /// previous step left, so they do not depend on the task, except a reader that is
+    /// prefetched too (a frozen encoder's next layer), which computes the next step's
+    /// as well and so reads this step's copy.
     pub prefetch: Vec<(UnitId, usize)>,
     /// The profile's per-rank memory limit, for operators choosing between
     /// placements (the derivation checks the final program exactly).

@@ -68,9 +68,13 @@ pub struct Program {
     /// Extension: forwards that run one step ahead. For each entry, the `F` of
     /// `(unit, mb)` in this program, and the transfers of its activation, compute the
     /// *next* step's micro-batch `mb`; this step's readers of that activation use the
-    /// copy the previous step left (on the rank that computed it or received it).
-    /// Only frozen units qualify (the next step's forward must not read parameters
-    /// this step updates). Absent or empty: every action belongs to this step, as in
+    /// copy the previous step left (on the rank that computed it or received it),
+    /// except readers that are themselves prefetched for `mb` (the next layer of a
+    /// frozen encoder cut into layers): they compute the next step's too, so they read
+    /// this step's copy, as any reader in the base format. Only frozen units qualify
+    /// (the next step's forward must not read parameters this step updates), and a
+    /// prefetched unit's inputs are all prefetched for the same `mb` (a forward for
+    /// the next step cannot read this step's data). Absent or empty: every action belongs to this step, as in
     /// the base format.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub prefetch: Vec<Prefetch>,

@@ -702,11 +702,19 @@ impl<'p> Checker<'p> {
 
     /// `(rank, unit, mb)` cells whose activation the previous step left on the rank:
     /// the prefetched forwards' (see [`Program::prefetch`]), on every rank that
-    /// computes or receives them. Also checks the entries themselves (rule 2).
-    fn prefetched(&mut self) -> std::collections::BTreeSet<(usize, u32, usize)> {
+    /// computes or receives them; and the `(unit, mb)` entries. Also checks the
+    /// entries themselves (rule 2), including that a prefetched unit's inputs are
+    /// prefetched for the same micro-batch.
+    #[allow(clippy::type_complexity)]
+    fn prefetched(
+        &mut self,
+    ) -> (
+        std::collections::BTreeSet<(usize, u32, usize)>,
+        std::collections::BTreeSet<(u32, usize)>,
+    ) {
         let mut cells = std::collections::BTreeSet::new();
         if self.p.prefetch.is_empty() {
-            return cells;
+            return (cells, Default::default());
         }
         let mut wanted = std::collections::BTreeSet::new();
         for e in &self.p.prefetch {
@@ -769,11 +777,29 @@ impl<'p> Checker<'p> {
                 }
             }
         }
-        cells
+        let mut closed = Vec::new();
+        for &(u, mb) in &wanted {
+            for &q in self.inputs.get(u as usize).into_iter().flatten() {
+                if !wanted.contains(&(q, mb)) {
+                    closed.push(format!(
+                        "`prefetch` names `{}` for micro-batch {mb} but not its input `{}`: a \
+                         forward for the next step cannot read this step's activation; \
+                         prefetch `{}` for micro-batch {mb} too, or neither",
+                        self.unit_name(u),
+                        self.unit_name(q),
+                        self.unit_name(q),
+                    ));
+                }
+            }
+        }
+        for message in closed {
+            self.push(Rule::LocalData, None, None, message);
+        }
+        (cells, wanted)
     }
 
     fn local_data(&mut self) {
-        let left = self.prefetched();
+        let (left, ahead) = self.prefetched();
         const FWD: u8 = 1;
         const BWD: u8 = 2;
         const BONLY: u8 = 4;
@@ -795,9 +821,12 @@ impl<'p> Checker<'p> {
                         let name = self.unit_name(unit);
                         match op {
                             Op::F | Op::RF => {
+                                // A forward for the next step reads its inputs'
+                                // next-step copies, made in this step.
+                                let reader_ahead = ahead.contains(&(unit, mb));
                                 for &q in &self.inputs[unit as usize] {
                                     if seen[q as usize * m + mb] & (FWD | RACT) == 0
-                                        && !left.contains(&(r, q, mb))
+                                        && (reader_ahead || !left.contains(&(r, q, mb)))
                                     {
                                         let q = self.unit_name(q);
                                         found.push((

@@ -56,7 +56,7 @@ proptest! {
         for kind in BODIES {
             let name = &kind.expr();
             let body = generate(kind, &prof, p, m).unwrap();
-            let pre = prefetch(body.clone(), 0).unwrap();
+            let pre = prefetch(body.clone(), 0, &prof).unwrap();
             prop_assert!(span(&pre) <= span(&body) * (1.0 + 1e-12));
             for expr in [
                 format!("prefetch(vision, {name})"),
@@ -94,8 +94,19 @@ fn heavy() -> (Profile, Program) {
 fn the_verifier_wants_the_previous_steps_copy_on_the_reading_rank() {
     let (_, p) = heavy();
     assert!(verify(&p).is_empty());
-    // Take away the receive that leaves a prefetched activation on its reader's rank.
-    let Prefetch { unit, mb } = p.prefetch[0].clone();
+    // Take away the receive that leaves a prefetched activation on its reader's rank
+    // (the encoder's last layer's, when `prefetch` cut it into layers).
+    let crosses = |e: &Prefetch| {
+        p.programs.iter().flatten().any(|a| {
+            matches!(a, Action::RECV { tensor: Tensor::Act, unit, mb, .. } if *unit == e.unit && *mb == e.mb)
+        })
+    };
+    let Prefetch { unit, mb } = p
+        .prefetch
+        .iter()
+        .find(|e| crosses(e))
+        .cloned()
+        .expect("a prefetched activation crosses ranks here");
     let mut q = p.clone();
     let mut removed = false;
     for list in &mut q.programs {
@@ -161,12 +172,14 @@ fn only_frozen_units_can_be_prefetched() {
 #[test]
 fn prefetch_transfers_come_last_one_at_a_time() {
     let (_, p) = heavy();
+    let mut checked = 0;
     for list in &p.programs {
         let first = list.iter().position(|a| {
-            matches!(a, Action::SEND { tensor: Tensor::Act, unit, .. } | Action::RECV { tensor: Tensor::Act, unit, .. } if &**unit == "vision")
+            matches!(a, Action::SEND { tensor: Tensor::Act, unit, .. } | Action::RECV { tensor: Tensor::Act, unit, .. } if unit.starts_with("vision"))
                 && p.prefetch.iter().any(|e| matches!(a, Action::SEND { mb, .. } | Action::RECV { mb, .. } if *mb == e.mb))
         });
         if let Some(i) = first {
+            checked += 1;
             for a in &list[i..] {
                 assert!(
                     matches!(
@@ -178,5 +191,71 @@ fn prefetch_transfers_come_last_one_at_a_time() {
             }
         }
     }
+    assert!(checked > 0, "some prefetched activation crosses ranks");
     let _ = Dir::Send;
+}
+
+/// The worst random profile of the README's report, simplified: a frozen encoder
+/// whose forward (13 layers, 24 ms) is longer than any idle gap of `zbv`'s ramps.
+/// Whole forwards only go to the ranks' ends; layer by layer, the gaps that hold a
+/// layer take one, and the ideal step is shorter than with the same encoder as one
+/// layer (same costs, so only whole forwards).
+#[test]
+fn layer_by_layer_fills_gaps_a_whole_forward_cannot() {
+    let layered = frozen(13, 1.87, 1.19, 1.81, 0.97);
+    let whole = frozen(1, 13.0 * 1.87, 1.19, 1.81, 0.97);
+    let ideal = |prof: &Profile| {
+        let body = generate(BODIES[4], prof, 8, 8).unwrap(); // zbv
+        span(&prefetch(body, 0, prof).unwrap())
+    };
+    let (cut, one) = (ideal(&layered), ideal(&whole));
+    assert!(cut < one * 0.995, "layer by layer {cut}, whole {one}");
+    // The program names the layers, prefetches each of them, and verifies.
+    let req = Request::new(&layered, 8, 8);
+    let d = derive_str(&req, "prefetch(vision, zbv)").unwrap();
+    assert!(d.program.units.iter().any(|u| &*u.name == "vision/12"));
+    assert!(d.program.prefetch.iter().any(|e| &*e.unit == "vision/0"));
+    assert!(verify(&d.program).is_empty());
+}
+
+/// A prefetched layer reads the layer before it from this step: the verifier wants
+/// that layer earlier on the rank, and wants a prefetched unit's inputs prefetched.
+#[test]
+fn prefetched_layers_read_each_other_in_the_same_step() {
+    let prof = frozen(13, 1.87, 1.19, 1.81, 0.97);
+    let req = Request::new(&prof, 8, 8);
+    let d = derive_str(&req, "prefetch(vision, zbv)").unwrap();
+    let p = d.program;
+    assert!(verify(&p).is_empty());
+    // Swap the first two layers of one prefetched micro-batch on their rank.
+    let is = |a: &Action, name: &str, m: usize| matches!(a, Action::F { unit, mb } if &**unit == name && *mb == m);
+    let mut q = p.clone();
+    let (r, i) = q
+        .programs
+        .iter()
+        .enumerate()
+        .find_map(|(r, l)| l.iter().position(|a| is(a, "vision/0", 0)).map(|i| (r, i)))
+        .expect("vision/0 of micro-batch 0");
+    let j = q.programs[r]
+        .iter()
+        .position(|a| is(a, "vision/1", 0))
+        .expect("the next layer on the same rank");
+    q.programs[r].swap(i, j);
+    let vs = verify(&q);
+    assert!(
+        vs.iter()
+            .any(|v| v.rule == Rule::LocalData && v.message.contains("act(vision/0,0)")),
+        "{vs:?}"
+    );
+    // Prefetching a layer but not the one it reads is refused.
+    let mut q = p.clone();
+    q.prefetch
+        .retain(|e| !(&*e.unit == "vision/0" && e.mb == 0));
+    let vs = verify(&q);
+    assert!(
+        vs.iter().any(
+            |v| v.rule == Rule::LocalData && v.message.contains("but not its input `vision/0`")
+        ),
+        "{vs:?}"
+    );
 }

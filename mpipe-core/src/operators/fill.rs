@@ -178,6 +178,16 @@ impl Gaps {
         Some((gap.0, end))
     }
 
+    /// Closes rank `r`'s last gap (after its last task): what is appended there from
+    /// now on runs after anything placed in it so far.
+    pub(super) fn close_end(&mut self, r: usize) {
+        if let Some(last) = self.gaps[r].last_mut() {
+            if last.2 == f64::INFINITY {
+                last.1 = f64::INFINITY;
+            }
+        }
+    }
+
     /// Takes room for a task of length `cost` that must end by `deadline` (by
     /// `deadline - send` away from rank `home`): the fitting gap that starts latest.
     pub(super) fn take(

@@ -48,6 +48,37 @@ pub fn layers(plan: Plan, profile: &Profile) -> Plan {
     if cut.iter().all(Option::is_none) {
         return plan;
     }
+    apply(&plan, cut).0
+}
+
+/// `plan` with one whole encoder, unit `enc`, cut into its layers (`vision/0`,
+/// `vision/1`, ...), and the pieces' ids, first layer first. Everything else stays
+/// as it is, prefetched or not. `None` when `enc` is not a whole encoder of the
+/// profile, has a single layer, or has costs that are not its layers'.
+///
+/// For `prefetch`, which places a frozen encoder's forwards layer by layer: a
+/// prefetched piece reads the piece before it from the same step (see
+/// [`Plan::prefetch`]).
+pub fn cut_encoder(plan: &Plan, profile: &Profile, enc: UnitId) -> Option<(Plan, Vec<UnitId>)> {
+    let unit = plan.units.get(enc)?;
+    let spec = profile.encoders.iter().find(|e| e.name == unit.name)?;
+    let per_layer = encoder_layer(spec);
+    let count = layer_count(unit.cost.f, spec.forward);
+    if count < 2 || !matches(unit, &vec![per_layer; count]) {
+        return None;
+    }
+    let mut cut: Vec<Option<Pieces>> = (0..plan.units.len()).map(|_| None).collect();
+    cut[enc] = Some(Pieces {
+        names: (0..count).map(|j| format!("{}/{j}", spec.name)).collect(),
+        layers: vec![per_layer; count],
+    });
+    let (out, first) = apply(plan, cut);
+    Some((out, (first[enc]..first[enc] + count).collect()))
+}
+
+/// `plan` with the units `cut` gives pieces for cut into them, and each old unit's
+/// first new id.
+fn apply(plan: &Plan, cut: Vec<Option<Pieces>>) -> (Plan, Vec<UnitId>) {
     // New unit ids: each old unit's first piece, and its piece count.
     let mut first = Vec::with_capacity(plan.units.len());
     let mut count = Vec::with_capacity(plan.units.len());
@@ -116,7 +147,7 @@ pub fn layers(plan: Plan, profile: &Profile) -> Plan {
         })
         .collect();
     let all = |u: UnitId| first[u]..first[u] + count[u];
-    Plan {
+    let out = Plan {
         ranks: plan.ranks,
         microbatches: plan.microbatches,
         stages: plan.stages.iter().flat_map(|&s| all(s)).collect(),
@@ -131,15 +162,20 @@ pub fn layers(plan: Plan, profile: &Profile) -> Plan {
                 ..*s
             })
             .collect(),
-        // Prefetched units are never cut.
-        prefetch: plan
-            .prefetch
-            .iter()
-            .map(|&(u, mb)| (first[u], mb))
-            .collect(),
+        // A cut prefetched unit's pieces are all prefetched.
+        prefetch: {
+            let mut p: Vec<(UnitId, usize)> = plan
+                .prefetch
+                .iter()
+                .flat_map(|&(u, mb)| all(u).map(move |x| (x, mb)))
+                .collect();
+            p.sort_unstable();
+            p
+        },
         memory_limit: plan.memory_limit,
         units,
-    }
+    };
+    (out, first)
 }
 
 /// How each unit of `plan` is cut (`None`: kept whole).

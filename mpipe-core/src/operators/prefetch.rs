@@ -18,32 +18,126 @@
 //! end of the rank that finishes first. `k = 0` (the body unchanged) is a candidate,
 //! so the result's ideal step is never longer than the body's. The transfers to the
 //! reading ranks are added by the lowering, after the rest of the step.
+//!
+//! **Layer by layer.** A whole forward is one task, and a long one may fit no idle
+//! gap: the ramps of a pipeline schedule leave many short gaps. So the search also
+//! tries the encoder cut into its layers (`vision/0`, `vision/1`, ...; see
+//! [`cut_encoder`]): each prefetched micro-batch's layers run on one rank, in order,
+//! each into the earliest gap (after the layer before it) that holds it, and the
+//! layers no gap holds at the end of that rank; the rank is the one that leaves the
+//! least to its end (the one finishing first on ties). A prefetched layer reads the
+//! layer before it from this step (both compute the next step's; see
+//! [`Plan::prefetch`]), so no transfer is needed between them, and only the last
+//! layer's activation is sent to the reader, as a whole forward's is. The cut wins
+//! only when its ideal step is strictly shorter than every whole placement's.
 
 use super::fill::Gaps;
 use super::insert_all;
+use super::layers::cut_encoder;
 use crate::analysis::{dependencies, timing, PlanError};
 use crate::plan::{Plan, Task, UnitId};
+use crate::profile::Profile;
 use crate::program::Op;
 
 /// Prefetch frozen encoder `enc`'s first forwards where that shortens `plan`'s ideal
-/// step. The caller checks that `enc` has no backward.
-pub fn prefetch(plan: Plan, enc: UnitId) -> Result<Plan, PlanError> {
+/// step, whole or layer by layer (layers from `profile`). The caller checks that
+/// `enc` has no backward.
+pub fn prefetch(plan: Plan, enc: UnitId, profile: &Profile) -> Result<Plan, PlanError> {
     let span =
         |p: &Plan| -> Result<f64, PlanError> { Ok(timing(p, &dependencies(p)?)?.makespan()) };
     let mut best = (span(&plan)?, plan.clone());
     let always = (2 * plan.ranks).min(plan.microbatches);
-    for k in 1..=plan.microbatches {
-        let cand = with_prefix(&plan, enc, k)?;
-        let s = span(&cand)?;
-        let improved = s < best.0;
-        if improved {
-            best = (s, cand);
+    let cut = cut_encoder(&plan, profile, enc);
+    // Whole forwards, then layers; each its own run of `k`.
+    let mut search = |place: &dyn Fn(usize) -> Result<Plan, PlanError>| -> Result<(), PlanError> {
+        let mut run_best = f64::INFINITY;
+        for k in 1..=plan.microbatches {
+            let cand = place(k)?;
+            let s = span(&cand)?;
+            let improved = s < run_best;
+            run_best = run_best.min(s);
+            if s < best.0 {
+                best = (s, cand);
+            }
+            if k >= always && !improved {
+                break;
+            }
         }
-        if k >= always && !improved {
-            break;
-        }
+        Ok(())
+    };
+    search(&|k| with_prefix(&plan, enc, k))?;
+    if let Some((cut, pieces)) = &cut {
+        search(&|k| with_layers(cut, pieces, k))?;
     }
     Ok(best.1)
+}
+
+/// `plan` (with the encoder cut into `pieces`, first layer first) with the layers of
+/// micro-batches `0..k` prefetched and placed (see the module doc).
+fn with_layers(plan: &Plan, pieces: &[UnitId], k: usize) -> Result<Plan, PlanError> {
+    let mut cand = plan.clone();
+    for list in &mut cand.order {
+        list.retain(|t| !(t.op == Op::F && t.mb < k && pieces.contains(&t.unit)));
+    }
+    for mb in 0..k {
+        for &u in pieces {
+            if let Err(i) = cand.prefetch.binary_search(&(u, mb)) {
+                cand.prefetch.insert(i, (u, mb));
+            }
+        }
+    }
+    let time = timing(&cand, &dependencies(&cand)?)?;
+    let end = time.makespan();
+    let costs: Vec<f64> = pieces.iter().map(|&u| cand.units[u].cost.f).collect();
+    let mut gaps = Gaps::of(&cand, &time);
+    let mut inserts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); cand.ranks];
+    let mut tails: Vec<f64> = (0..cand.ranks)
+        .map(|r| time.end[r].last().copied().unwrap_or(0.0))
+        .collect();
+    for mb in 0..k {
+        // On each rank: how many layers the gaps hold, and what the rest adds.
+        let mut best: Option<(f64, f64, usize, Gaps, Vec<usize>)> = None;
+        for (r, &rank_tail) in tails.iter().enumerate() {
+            let mut g = gaps.clone();
+            let (mut ready, mut after) = (0.0, 0);
+            let mut at = Vec::with_capacity(costs.len());
+            for &c in &costs {
+                match g.take_earliest(r, c, ready, end, after) {
+                    Some((pos, done)) => {
+                        at.push(pos);
+                        (ready, after) = (done, pos);
+                    }
+                    None => break,
+                }
+            }
+            let rest: f64 = costs[at.len()..].iter().sum();
+            let tail = if rest > 0.0 { rank_tail + rest } else { 0.0 };
+            if best
+                .as_ref()
+                .is_none_or(|(b_rest, b_tail, ..)| (rest, tail) < (*b_rest, *b_tail))
+            {
+                best = Some((rest, tail, r, g, at));
+            }
+        }
+        let Some((rest, _, r, g, at)) = best else {
+            break;
+        };
+        gaps = g;
+        let n = cand.order[r].len();
+        for (j, &u) in pieces.iter().enumerate() {
+            let pos = at.get(j).copied().unwrap_or(n);
+            inserts[r].push((pos, Task::new(Op::F, u, mb)));
+        }
+        if rest > 0.0 {
+            // The rank's end is taken: later layers cannot go before these.
+            tails[r] += rest;
+            gaps.close_end(r);
+        }
+    }
+    for (r, items) in inserts.into_iter().enumerate() {
+        insert_all(&mut cand.order[r], items);
+    }
+    Ok(cand)
 }
 
 /// `plan` with the forwards of micro-batches `0..k` of `enc` prefetched and placed.
