@@ -1038,7 +1038,7 @@ fn eval_prefetch(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opti
 fn eval_fill(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
     let (_, id, plan) =
         encoder_operator(req, e, "fill(ENCODER, BODY)", "fill(vision, zbv)", errors)?;
-    applied(e, fill(plan, id, link(req)), errors)
+    applied(e, fill(plan, id, link(req), req.profile), errors)
 }
 
 /// `chain(ENCODER, BODY)`: the encoder cut into per-rank layer chunks placed into
@@ -1143,6 +1143,12 @@ fn encoder_and_plan<'e>(
     let plan = eval(req, body, errors)?;
     if !ok {
         return None;
+    }
+    if plan.unit_id(enc.name()).is_none() {
+        // `fill` or `prefetch` in the body cut it into layers: join them again.
+        if let Some((joined, id)) = crate::operators::layers::join_encoder(&plan, enc.name()) {
+            return Some((enc, id, joined));
+        }
     }
     let Some(id) = plan.unit_id(enc.name()) else {
         // The body cut the encoder into chunks (`chain`, `zb2p(encoders = chain)`).

@@ -40,7 +40,7 @@ proptest! {
         let prof = profile(layers, ef, trainable, f, b, w);
         for kind in BODIES {
             let body = generate(kind, &prof, p, m).unwrap();
-            let filled = fill(body.clone(), 0, None).unwrap();
+            let filled = fill(body.clone(), 0, None, &prof).unwrap();
             prop_assert!(
                 span(&filled) <= span(&body) * (1.0 + 1e-12),
                 "{kind:?}: {} > {}", span(&filled), span(&body)
@@ -56,7 +56,7 @@ proptest! {
 fn fill_spreads_a_heavy_encoder_over_the_warm_up() {
     let prof = profile(24, 1.0, false, 0.5, 0.5, 0.5);
     let body = generate(BodyKind::OneFOneB, &prof, 4, 4).unwrap();
-    let filled = fill(body.clone(), 0, None).unwrap();
+    let filled = fill(body.clone(), 0, None, &prof).unwrap();
     let ranks_with_encoder = filled
         .order
         .iter()
@@ -76,4 +76,42 @@ fn fill_spreads_a_heavy_encoder_over_the_warm_up() {
         "{} vs {inline}",
         d.report.makespan
     );
+}
+
+/// A trainable encoder whose forward (13 layers of 1) is longer than the gaps of
+/// ZB-H1 at 8 ranks: layer by layer, each micro-batch's layers go into one rank's
+/// gaps, and the ideal step is shorter than with the same encoder as one layer (same
+/// costs, so only whole forwards); the program names the layers and verifies.
+#[test]
+fn fill_places_a_long_forward_layer_by_layer() {
+    let layered = profile(13, 1.0, true, 1.0, 1.0, 1.0);
+    let whole = profile(1, 13.0, true, 1.0, 1.0, 1.0);
+    let ideal = |prof: &Profile| {
+        let body = generate(BodyKind::ZbH1, prof, 8, 16).unwrap();
+        span(&fill(body, 0, None, prof).unwrap())
+    };
+    let (cut, one) = (ideal(&layered), ideal(&whole));
+    assert!(cut < 0.9 * one, "layer by layer {cut}, whole {one}");
+    let req = Request::new(&layered, 8, 16);
+    let d = derive_str(&req, "fill(vision, zbh1)").unwrap();
+    assert!(d.program.units.iter().any(|u| &*u.name == "vision/12"));
+    assert!(mpipe_core::verify::verify(&d.program).is_empty());
+    // Each micro-batch's layers, forward and backward, on one rank.
+    for mb in 0..16 {
+        let ranks: std::collections::BTreeSet<usize> = d
+            .program
+            .programs
+            .iter()
+            .enumerate()
+            .filter(|(_, list)| {
+                list.iter().any(|a| {
+                    matches!(a, mpipe_core::program::Action::F { unit, mb: m }
+                        | mpipe_core::program::Action::BW { unit, mb: m }
+                        if unit.starts_with("vision/") && *m == mb)
+                })
+            })
+            .map(|(r, _)| r)
+            .collect();
+        assert_eq!(ranks.len(), 1, "micro-batch {mb}: {ranks:?}");
+    }
 }

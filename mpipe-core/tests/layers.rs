@@ -175,3 +175,36 @@ fn the_chart_draws_a_stage_task_as_one_box() {
     );
     assert!(cut < 2 * whole, "{cut} boxes against {whole}");
 }
+
+/// `cut_encoder` then `join_encoder` gives the plan back (the layers of each task
+/// are consecutive on one rank there), for every body; and an operator over a body
+/// whose `fill` cut the encoder into layers joins it first, so the composition
+/// derives and verifies.
+#[test]
+fn an_encoder_cut_into_layers_joins_back() {
+    use mpipe_core::generators::generate;
+    use mpipe_core::operators::layers::{cut_encoder, join_encoder};
+    let prof = mllm(6, 2.0, true, 8);
+    for kind in BODIES {
+        let plan = generate(kind, &prof, 4, 8).unwrap();
+        let (cut, pieces) = cut_encoder(&plan, &prof, 0).expect("six layers");
+        assert_eq!(pieces.len(), 6);
+        assert_eq!(cut.units[pieces[5]].name, "vision/5");
+        let (back, id) = join_encoder(&cut, "vision").expect("the layers join");
+        assert_eq!(id, 0);
+        for (a, b) in back.units.iter().zip(&plan.units) {
+            assert_eq!(a.name, b.name);
+            assert_eq!(a.inputs, b.inputs);
+            assert!((a.cost.f - b.cost.f).abs() < 1e-9 && (a.act - b.act).abs() < 1e-9);
+        }
+        assert_eq!(back.order, plan.order, "{kind:?}");
+    }
+    let req = Request::new(&prof, 4, 8);
+    for expr in [
+        "fill(vision, fill(vision, zbh1))",
+        "transpose(vision, fill(vision, 1f1b))",
+    ] {
+        let d = derive_str(&req, expr).unwrap_or_else(|e| panic!("{expr}: {}", e[0].message));
+        assert!(mpipe_core::verify::verify(&d.program).is_empty(), "{expr}");
+    }
+}

@@ -605,10 +605,24 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
         ));
     }
     let stages = case.ranks * case.chunks();
-    let mut expected: Vec<String> = ENCODER_NAMES[..case.profile.encoders.len()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    // Each encoder is one unit, or its layers (`vision/0`, ...) when `fill` or
+    // `prefetch` placed it layer by layer.
+    let mut expected: Vec<String> = Vec::new();
+    let mut encoder_units: Vec<std::ops::Range<usize>> = Vec::new();
+    for (name, e) in ENCODER_NAMES.iter().zip(&profile.encoders) {
+        let at = expected.len();
+        let cut = p
+            .units
+            .get(at)
+            .is_some_and(|u| u.name == format!("{name}/0"));
+        if cut {
+            expected.extend((0..e.layers).map(|j| format!("{name}/{j}")));
+        } else {
+            expected.push(name.to_string());
+        }
+        encoder_units.push(at..expected.len());
+    }
+    let encoder_count = expected.len();
     expected.extend((0..stages).map(|k| format!("llm.{k}")));
     let names: Vec<String> = p.units.iter().map(|u| u.name.clone()).collect();
     if names != expected {
@@ -623,7 +637,7 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
     let extra = |f: fn(&mpipe_core::profile::Extra) -> f64| {
         llm.first_stage_extra.as_ref().map_or(0.0, f) + llm.last_stage_extra.as_ref().map_or(0.0, f)
     };
-    let llm_units = &p.units[case.profile.encoders.len()..];
+    let llm_units = &p.units[encoder_count..];
     let sum = |f: fn(&Unit) -> f64| llm_units.iter().map(f).sum::<f64>();
     for (what, got, want) in [
         (
@@ -649,15 +663,20 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
             ));
         }
     }
-    for (u, e) in p.units.iter().zip(&profile.encoders) {
+    for (range, e) in encoder_units.iter().zip(&profile.encoders) {
         let l = f64::from(e.layers);
-        if u.trainable != e.trainable
-            || (u.cost.f - l * e.forward).abs() > 1e-9 * (1.0 + u.cost.f)
-            || (u.cost.b - l * e.backward).abs() > 1e-9 * (1.0 + u.cost.b)
+        let units = &p.units[range.clone()];
+        let (f, b): (f64, f64) = (
+            units.iter().map(|u| u.cost.f).sum(),
+            units.iter().map(|u| u.cost.b).sum(),
+        );
+        if units.iter().any(|u| u.trainable != e.trainable)
+            || (f - l * e.forward).abs() > 1e-9 * (1.0 + f)
+            || (b - l * e.backward).abs() > 1e-9 * (1.0 + b)
         {
             return Err(fail(
                 case,
-                format!("encoder unit {u:?} does not match {e:?}"),
+                format!("encoder units {units:?} do not match {e:?}"),
             ));
         }
     }

@@ -24,6 +24,11 @@
 //!    that holds it, else at the end ("gaps"); as soon as the gradient is ready
 //!    ("eager"); after the rank's other work ("deferred").
 //!
+//! The same placement is also made with the encoder cut into its layers, each
+//! micro-batch's layers on one rank ([`super::fill_layers`]), and kept when its ideal
+//! step is shorter (and within the memory limit, if the whole placement is): a long
+//! forward fits no gap of a pipeline's ramps whole, and its layers may.
+//!
 //! Promise: the result's ideal (communication-free) step is never longer than the
 //! body's; if the placement comes out longer (the greedy choices are made one
 //! micro-batch at a time), the body's own placement is kept.
@@ -34,26 +39,40 @@
 //! `transpose` of the same encoder (whose placement `fill` replaces) or `fill` of
 //! another encoder (whose placed tasks are then part of the body).
 
+use super::fill_layers::place_layers;
 use super::insert_all;
+use super::layers::cut_encoder;
 use crate::analysis::{dependencies, dependencies_lenient, peak_memory, timing, PlanError, Timing};
 use crate::plan::{Plan, Task, UnitId};
+use crate::profile::Profile;
 use crate::program::Op;
 
 /// The communication cost model the deadlines account for: `(latency, bandwidth)`.
 pub type Link = Option<(f64, f64)>;
 
-/// Re-place encoder `enc`'s work in `plan` (see the module documentation). Never a
+/// Re-place encoder `enc`'s work in `plan` (see the module documentation), whole
+/// or layer by layer (layers from `profile`; see [`super::fill_layers`]). Never a
 /// longer ideal step than `plan`: if the placement comes out longer, `plan` is kept.
-pub fn fill(plan: Plan, enc: UnitId, link: Link) -> Result<Plan, PlanError> {
+pub fn fill(plan: Plan, enc: UnitId, link: Link, profile: &Profile) -> Result<Plan, PlanError> {
     let span =
         |p: &Plan| -> Result<f64, PlanError> { Ok(timing(p, &dependencies(p)?)?.makespan()) };
+    let fits = |p: &Plan| {
+        p.memory_limit
+            .is_none_or(|limit| peak_memory(p).into_iter().all(|x| x <= limit))
+    };
     let before = span(&plan)?;
-    let filled = place(plan.clone(), enc, link, None)?;
-    Ok(if span(&filled)? <= before {
-        filled
-    } else {
-        plan
-    })
+    let mut filled = place(plan.clone(), enc, link, None)?;
+    let mut best = span(&filled)?;
+    if let Some((cut, pieces)) = cut_encoder(&plan, profile, enc) {
+        let layered = place_layers(cut, &pieces, link)?;
+        let s = span(&layered)?;
+        // Layer by layer only when faster, and within the memory limit if the whole
+        // placement is.
+        if s < best && (fits(&layered) || !fits(&filled)) {
+            (filled, best) = (layered, s);
+        }
+    }
+    Ok(if best <= before { filled } else { plan })
 }
 
 /// Takes `enc`'s tasks out of `plan` and puts them back one micro-batch at a time

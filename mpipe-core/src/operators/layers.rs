@@ -76,6 +76,124 @@ pub fn cut_encoder(plan: &Plan, profile: &Profile, enc: UnitId) -> Option<(Plan,
     Some((out, (first[enc]..first[enc] + count).collect()))
 }
 
+/// The inverse of [`cut_encoder`]: `plan` with the layers `NAME/0`, `NAME/1`, ...
+/// of encoder `name` (as `fill` or `prefetch` cut it) joined into one unit `name`
+/// again, and its id. Each joined task takes the place of the layer task that runs
+/// first (the first layer's for `F`, `RF` and `W`, the last layer's for `B` and
+/// `BW`). `None` if there are no such layers, or a task's layers are not all on one
+/// rank (then they cannot be one task).
+///
+/// An operator on an encoder whose body cut it (`prefetch(vision, fill(vision,
+/// zbv))`) places it whole from there, as it would over a body that kept it whole.
+pub fn join_encoder(plan: &Plan, name: &str) -> Option<(Plan, UnitId)> {
+    let first = plan.unit_id(&format!("{name}/0"))?;
+    let mut count = 1;
+    while plan
+        .units
+        .get(first + count)
+        .is_some_and(|u| u.name == format!("{name}/{count}"))
+    {
+        count += 1;
+    }
+    let pieces = first..first + count;
+    let last = first + count - 1;
+    let new_id = |u: UnitId| {
+        if u < first {
+            u
+        } else if u <= last {
+            first
+        } else {
+            u - (count - 1)
+        }
+    };
+    // Every (op, mb) of the layers on one rank.
+    let mut rank_of = std::collections::BTreeMap::new();
+    for (r, list) in plan.order.iter().enumerate() {
+        for t in list.iter().filter(|t| pieces.contains(&t.unit)) {
+            if *rank_of.entry((t.op as u8, t.mb)).or_insert(r) != r {
+                return None;
+            }
+        }
+    }
+    let layers = &plan.units[first..=last];
+    let sum = |f: &dyn Fn(&Unit) -> f64| layers.iter().map(f).sum::<f64>();
+    let joined = Unit {
+        name: name.to_string(),
+        inputs: layers[0].inputs.clone(),
+        home: layers[0].home,
+        trainable: layers[0].trainable,
+        cost: Cost {
+            f: sum(&|u| u.cost.f),
+            b: sum(&|u| u.cost.b),
+            w: sum(&|u| u.cost.w),
+        },
+        act: sum(&|u| u.act),
+        bytes: layers[count - 1].bytes,
+        params: sum(&|u| u.params),
+    };
+    let last_name = &plan.units[last].name;
+    let mut units: Vec<Unit> = Vec::with_capacity(plan.units.len() - count + 1);
+    for (u, unit) in plan.units.iter().enumerate() {
+        if u == first {
+            units.push(joined.clone());
+        } else if !pieces.contains(&u) {
+            let mut unit = unit.clone();
+            for input in &mut unit.inputs {
+                if input == last_name {
+                    *input = name.to_string();
+                }
+            }
+            units.push(unit);
+        }
+    }
+    // The layer task that runs first stands for the whole.
+    let keeps = |t: &Task| match t.op {
+        Op::F | Op::RF | Op::W => t.unit == first,
+        Op::B | Op::BW => t.unit == last,
+    };
+    let order = plan
+        .order
+        .iter()
+        .map(|list| {
+            list.iter()
+                .filter(|t| !pieces.contains(&t.unit) || keeps(t))
+                .map(|t| Task::new(t.op, new_id(t.unit), t.mb))
+                .collect()
+        })
+        .collect();
+    let mut prefetch: Vec<(UnitId, usize)> = plan
+        .prefetch
+        .iter()
+        .map(|&(u, mb)| (new_id(u), mb))
+        .collect();
+    prefetch.sort_unstable();
+    prefetch.dedup();
+    let remap = |ids: &[UnitId]| {
+        let mut out: Vec<UnitId> = ids.iter().map(|&u| new_id(u)).collect();
+        out.dedup();
+        out
+    };
+    let out = Plan {
+        ranks: plan.ranks,
+        microbatches: plan.microbatches,
+        stages: remap(&plan.stages),
+        encoders: remap(&plan.encoders),
+        order,
+        input_ships: plan
+            .input_ships
+            .iter()
+            .map(|s| InputShip {
+                unit: new_id(s.unit),
+                ..*s
+            })
+            .collect(),
+        prefetch,
+        memory_limit: plan.memory_limit,
+        units,
+    };
+    Some((out, first))
+}
+
 /// `plan` with the units `cut` gives pieces for cut into them, and each old unit's
 /// first new id.
 fn apply(plan: &Plan, cut: Vec<Option<Pieces>>) -> (Plan, Vec<UnitId>) {

@@ -3,6 +3,7 @@
 
 pub mod chain;
 pub mod fill;
+mod fill_layers;
 pub mod host;
 pub mod layers;
 pub mod prefetch;
