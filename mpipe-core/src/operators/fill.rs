@@ -134,6 +134,42 @@ pub(super) fn flush(plan: &mut Plan, pending: &mut [Vec<(usize, Task)>]) {
     }
 }
 
+/// The earliest gap of `list` at insert position `after` or later that holds a task
+/// of length `cost` starting at `ready` or later and ending by `due`: takes the room
+/// and returns the position and the task's end.
+fn take_earliest(
+    list: &mut [(usize, f64, f64)],
+    cost: f64,
+    ready: f64,
+    due: f64,
+    after: usize,
+) -> Option<(usize, f64)> {
+    let eps = 1e-9 * ready.abs().max(1.0);
+    let gap = list
+        .iter_mut()
+        .find(|(k, from, until)| *k >= after && from.max(ready) + cost <= until.min(due) + eps)?;
+    let end = gap.1.max(ready) + cost;
+    gap.1 = end;
+    Some((gap.0, end))
+}
+
+impl Chain {
+    /// The rank it was tried on.
+    pub(super) fn rank(&self) -> usize {
+        self.rank
+    }
+}
+
+/// A chain of tasks tried on one rank's gaps ([`Gaps::try_chain`]).
+pub(super) struct Chain {
+    rank: usize,
+    /// Insert positions of the tasks that fit, in chain order.
+    pub(super) at: Vec<usize>,
+    /// The first task's start (0 if none fits).
+    pub(super) start: f64,
+    gaps: Vec<(usize, f64, f64)>,
+}
+
 /// Idle gaps of every rank in a timing: `(insert position, free from, free until)`,
 /// the last one (after the rank's last task) open-ended.
 #[derive(Clone)]
@@ -188,13 +224,39 @@ impl Gaps {
         due: f64,
         after: usize,
     ) -> Option<(usize, f64)> {
-        let eps = 1e-9 * ready.abs().max(1.0);
-        let gap = self.gaps[r].iter_mut().find(|(k, from, until)| {
-            *k >= after && from.max(ready) + cost <= until.min(due) + eps
-        })?;
-        let end = gap.1.max(ready) + cost;
-        gap.1 = end;
-        Some((gap.0, end))
+        take_earliest(&mut self.gaps[r], cost, ready, due, after)
+    }
+
+    /// Tries a chain of tasks (`costs`, in order, each after the one before it, the
+    /// first from time 0) on rank `r`, each into the earliest gap that holds it by
+    /// `due` (see [`Gaps::take_earliest`]), on a copy of that rank's gaps alone.
+    /// Returns the insert positions of the tasks that fit (a prefix of the chain),
+    /// the first one's start, and the copy to [`Gaps::commit`] if the chain is taken.
+    pub(super) fn try_chain(&self, r: usize, costs: &[f64], due: f64) -> Chain {
+        let mut list = self.gaps[r].clone();
+        let (mut ready, mut after) = (0.0, 0);
+        let mut at = Vec::with_capacity(costs.len());
+        let mut start = None;
+        for &c in costs {
+            let Some((pos, done)) = take_earliest(&mut list, c, ready, due, after) else {
+                break;
+            };
+            start.get_or_insert(done - c);
+            at.push(pos);
+            (ready, after) = (done, pos);
+        }
+        Chain {
+            rank: r,
+            at,
+            start: start.unwrap_or(0.0),
+            gaps: list,
+        }
+    }
+
+    /// Takes the room a [`Gaps::try_chain`] found.
+    pub(super) fn commit(&mut self, chain: Chain) -> Vec<usize> {
+        self.gaps[chain.rank] = chain.gaps;
+        chain.at
     }
 
     /// Closes rank `r`'s last gap (after its last task): what is appended there from

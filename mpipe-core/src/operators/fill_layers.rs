@@ -25,7 +25,7 @@
 //! The caller ([`super::fill::fill`]) keeps this placement only when its ideal step
 //! is shorter than the whole encoder's (and within the memory limit when that one is).
 
-use super::fill::{flush, Gaps, Link};
+use super::fill::{flush, Chain, Gaps, Link};
 use super::insert_all;
 use crate::analysis::{dependencies, dependencies_lenient, peak_memory, timing, PlanError};
 use crate::plan::{Plan, Task, UnitId};
@@ -49,7 +49,7 @@ pub(super) fn place_layers(
     let consumers = plan.successors(last);
     let costs: Vec<f64> = pieces.iter().map(|&u| plan.units[u].cost.f).collect();
     let send = link.map_or(0.0, |(lat, bw)| lat + plan.units[last].bytes / bw);
-    let chain = |mb: usize| pieces.iter().map(move |&u| Task::new(Op::F, u, mb));
+    let chain_tasks = |mb: usize| pieces.iter().map(move |&u| Task::new(Op::F, u, mb));
 
     let mut time = timing(&plan, &dependencies_lenient(&plan)?)?;
     let mut gaps = Gaps::of(&plan, &time);
@@ -64,33 +64,23 @@ pub(super) fn place_layers(
         let Some((deadline, home)) = reader else {
             // Nobody reads it (cannot happen for an encoder): keep it at its home.
             let r = plan.units[pieces[0]].home;
-            pending[r].extend(chain(mb).map(|t| (0, t)));
+            pending[r].extend(chain_tasks(mb).map(|t| (0, t)));
             continue;
         };
-        // (first layer's start, rank, gaps after, positions)
-        let mut best: Option<(f64, usize, Gaps, Vec<usize>)> = None;
+        // Of the ranks whose gaps hold the whole chain, the one where it starts latest.
+        let mut best: Option<Chain> = None;
         for r in 0..plan.ranks {
             let due = if r == home { deadline } else { deadline - send };
-            let mut g = gaps.clone();
-            let (mut ready, mut after) = (0.0, 0);
-            let mut at = Vec::with_capacity(costs.len());
-            let mut start = None;
-            for &c in &costs {
-                let Some((pos, done)) = g.take_earliest(r, c, ready, due, after) else {
-                    break;
-                };
-                start.get_or_insert(done - c);
-                at.push(pos);
-                (ready, after) = (done, pos);
-            }
-            let start = start.unwrap_or(0.0);
-            if at.len() == costs.len() && best.as_ref().is_none_or(|(s, ..)| start > *s) {
-                best = Some((start, r, g, at));
+            let chain = gaps.try_chain(r, &costs, due);
+            if chain.at.len() == costs.len() && best.as_ref().is_none_or(|b| chain.start > b.start)
+            {
+                best = Some(chain);
             }
         }
-        if let Some((_, r, g, at)) = best {
-            gaps = g;
-            pending[r].extend(at.into_iter().zip(chain(mb)));
+        if let Some(chain) = best {
+            let r = chain.rank();
+            let at = gaps.commit(chain);
+            pending[r].extend(at.into_iter().zip(chain_tasks(mb)));
             continue;
         }
         flush(&mut plan, &mut pending);

@@ -31,7 +31,7 @@
 //! layer's activation is sent to the reader, as a whole forward's is. The cut wins
 //! only when its ideal step is strictly shorter than every whole placement's.
 
-use super::fill::Gaps;
+use super::fill::{Chain, Gaps};
 use super::insert_all;
 use super::layers::cut_encoder;
 use crate::analysis::{dependencies, timing, PlanError};
@@ -48,10 +48,19 @@ pub fn prefetch(plan: Plan, enc: UnitId, profile: &Profile) -> Result<Plan, Plan
     let mut best = (span(&plan)?, plan.clone());
     let always = (2 * plan.ranks).min(plan.microbatches);
     let cut = cut_encoder(&plan, profile, enc);
-    // Whole forwards, then layers; each its own run of `k`.
-    let mut search = |place: &dyn Fn(usize) -> Result<Plan, PlanError>| -> Result<(), PlanError> {
+    // Whole forwards, then layers; each its own run of `k`: every `k` up to
+    // `always`, then, while the step keeps getting shorter, every `k` (whole) or
+    // every `ranks`-th (layers, whose plans are many times larger to time).
+    let mut search = |place: &dyn Fn(usize) -> Result<Plan, PlanError>,
+                      stride: usize|
+     -> Result<(), PlanError> {
         let mut run_best = f64::INFINITY;
-        for k in 1..=plan.microbatches {
+        let ks = (1..=always).chain(
+            (always + stride..plan.microbatches + stride)
+                .step_by(stride)
+                .map(|k| k.min(plan.microbatches)),
+        );
+        for k in ks {
             let cand = place(k)?;
             let s = span(&cand)?;
             let improved = s < run_best;
@@ -65,9 +74,9 @@ pub fn prefetch(plan: Plan, enc: UnitId, profile: &Profile) -> Result<Plan, Plan
         }
         Ok(())
     };
-    search(&|k| with_prefix(&plan, enc, k))?;
+    search(&|k| with_prefix(&plan, enc, k), 1)?;
     if let Some((cut, pieces)) = &cut {
-        search(&|k| with_layers(cut, pieces, k))?;
+        search(&|k| with_layers(cut, pieces, k), plan.ranks.max(1))?;
     }
     Ok(best.1)
 }
@@ -96,33 +105,23 @@ fn with_layers(plan: &Plan, pieces: &[UnitId], k: usize) -> Result<Plan, PlanErr
         .collect();
     for mb in 0..k {
         // On each rank: how many layers the gaps hold, and what the rest adds.
-        let mut best: Option<(f64, f64, usize, Gaps, Vec<usize>)> = None;
+        let mut best: Option<(f64, f64, Chain)> = None;
         for (r, &rank_tail) in tails.iter().enumerate() {
-            let mut g = gaps.clone();
-            let (mut ready, mut after) = (0.0, 0);
-            let mut at = Vec::with_capacity(costs.len());
-            for &c in &costs {
-                match g.take_earliest(r, c, ready, end, after) {
-                    Some((pos, done)) => {
-                        at.push(pos);
-                        (ready, after) = (done, pos);
-                    }
-                    None => break,
-                }
-            }
-            let rest: f64 = costs[at.len()..].iter().sum();
+            let chain = gaps.try_chain(r, &costs, end);
+            let rest: f64 = costs[chain.at.len()..].iter().sum();
             let tail = if rest > 0.0 { rank_tail + rest } else { 0.0 };
             if best
                 .as_ref()
-                .is_none_or(|(b_rest, b_tail, ..)| (rest, tail) < (*b_rest, *b_tail))
+                .is_none_or(|(b_rest, b_tail, _)| (rest, tail) < (*b_rest, *b_tail))
             {
-                best = Some((rest, tail, r, g, at));
+                best = Some((rest, tail, chain));
             }
         }
-        let Some((rest, _, r, g, at)) = best else {
+        let Some((rest, _, chain)) = best else {
             break;
         };
-        gaps = g;
+        let r = chain.rank();
+        let at = gaps.commit(chain);
         let n = cand.order[r].len();
         for (j, &u) in pieces.iter().enumerate() {
             let pos = at.get(j).copied().unwrap_or(n);
