@@ -56,10 +56,6 @@ pub type Link = Option<(f64, f64)>;
 pub fn fill(plan: Plan, enc: UnitId, link: Link, profile: &Profile) -> Result<Plan, PlanError> {
     let span =
         |p: &Plan| -> Result<f64, PlanError> { Ok(timing(p, &dependencies(p)?)?.makespan()) };
-    let fits = |p: &Plan| {
-        p.memory_limit
-            .is_none_or(|limit| peak_memory(p).into_iter().all(|x| x <= limit))
-    };
     let before = span(&plan)?;
     let mut filled = place(plan.clone(), enc, link, None)?;
     let mut best = span(&filled)?;
@@ -68,7 +64,7 @@ pub fn fill(plan: Plan, enc: UnitId, link: Link, profile: &Profile) -> Result<Pl
         let s = span(&layered)?;
         // Layer by layer only when faster, and within the memory limit if the whole
         // placement is.
-        if s < best && (fits(&layered) || !fits(&filled)) {
+        if s < best && (within_limit(&layered) || !within_limit(&filled)) {
             (filled, best) = (layered, s);
         }
     }
@@ -307,32 +303,19 @@ fn fallback(
 ) -> Result<Plan, PlanError> {
     let time = timing(&plan, &dependencies_lenient(&plan)?)?;
     let cost = task.op.cost(&plan.units[task.unit].cost);
-    let fits = |p: &Plan| {
-        plan.memory_limit
-            .is_none_or(|limit| peak_memory(p).into_iter().all(|x| x <= limit))
-    };
-    let mut best: Option<(bool, f64, Plan)> = None;
-    for r in (0..plan.ranks).filter(|&r| only.is_none_or(|o| o == r)) {
-        let due = if r == home { deadline } else { deadline - send };
-        let pos = time.end[r].partition_point(|&e| e <= due - cost);
-        let mut candidate = plan.clone();
-        candidate.order[r].insert(pos, task);
-        let Ok(deps) = dependencies_lenient(&candidate) else {
-            continue;
-        };
-        let Ok(t) = timing(&candidate, &deps) else {
-            continue;
-        };
-        let (ok, span) = (fits(&candidate), t.makespan());
-        let better = best
-            .as_ref()
-            .is_none_or(|(b_ok, b_span, _)| (ok && !b_ok) || (ok == *b_ok && span < *b_span));
-        if better {
-            best = Some((ok, span, candidate));
-        }
-    }
+    let best = fastest(
+        (0..plan.ranks)
+            .filter(|&r| only.is_none_or(|o| o == r))
+            .map(|r| {
+                let due = if r == home { deadline } else { deadline - send };
+                let pos = time.end[r].partition_point(|&e| e <= due - cost);
+                let mut candidate = plan.clone();
+                candidate.order[r].insert(pos, task);
+                candidate
+            }),
+    );
     match best {
-        Some((.., p)) => Ok(p),
+        Some(p) => Ok(p),
         None => {
             // Every insertion cycles (cannot happen: the position ends before the
             // reader starts); put it right before its reader on the reader's rank, or
@@ -358,12 +341,6 @@ fn fallback(
 /// A trainable encoder's backwards: the fastest of three placements (see the module
 /// documentation) within the memory limit.
 fn place_backward(plan: Plan, enc: UnitId) -> Result<Plan, PlanError> {
-    let span =
-        |p: &Plan| -> Result<f64, PlanError> { Ok(timing(p, &dependencies(p)?)?.makespan()) };
-    let fits = |p: &Plan| {
-        p.memory_limit
-            .is_none_or(|limit| peak_memory(p).into_iter().all(|x| x <= limit))
-    };
     let time = timing(&plan, &dependencies_lenient(&plan)?)?;
     let index = plan.locate();
     let consumers = plan.successors(enc);
@@ -413,19 +390,58 @@ fn place_backward(plan: Plan, enc: UnitId) -> Result<Plan, PlanError> {
         for (r, items) in inserts.into_iter().enumerate() {
             insert_all(&mut p.order[r], items);
         }
-        let s = span(&p)?;
-        let peak = peak_memory(&p).into_iter().fold(0.0, f64::max);
-        candidates.push((fits(&p), s, peak, p));
+        candidates.push(p);
     }
-    let best = candidates
+    Ok(fastest_backward(candidates)?.unwrap_or(plan))
+}
+
+/// Whether `p`'s peak activations stay within its memory limit (none: yes).
+pub(super) fn within_limit(p: &Plan) -> bool {
+    p.memory_limit
+        .is_none_or(|limit| peak_memory(p).into_iter().all(|x| x <= limit))
+}
+
+/// Of `candidates` (a plan with a task inserted, each), the one with the shortest
+/// ideal step, those within the memory limit first, the earliest on ties; `None`
+/// when none can be timed (each would cycle).
+pub(super) fn fastest(candidates: impl IntoIterator<Item = Plan>) -> Option<Plan> {
+    let mut best: Option<(bool, f64, Plan)> = None;
+    for candidate in candidates {
+        let Ok(deps) = dependencies_lenient(&candidate) else {
+            continue;
+        };
+        let Ok(t) = timing(&candidate, &deps) else {
+            continue;
+        };
+        let (ok, span) = (within_limit(&candidate), t.makespan());
+        let better = best
+            .as_ref()
+            .is_none_or(|(b_ok, b_span, _)| (ok && !b_ok) || (ok == *b_ok && span < *b_span));
+        if better {
+            best = Some((ok, span, candidate));
+        }
+    }
+    best.map(|(.., p)| p)
+}
+
+/// Of complete `candidates` (the backwards placed three ways), the one within the
+/// memory limit with the shortest ideal step, then the lowest peak, the earliest on
+/// ties.
+pub(super) fn fastest_backward(candidates: Vec<Plan>) -> Result<Option<Plan>, PlanError> {
+    let mut scored = Vec::with_capacity(candidates.len());
+    for p in candidates {
+        let span = timing(&p, &dependencies(&p)?)?.makespan();
+        let peak = peak_memory(&p).into_iter().fold(0.0, f64::max);
+        scored.push((within_limit(&p), span, peak, p));
+    }
+    Ok(scored
         .into_iter()
         .min_by(|a, b| {
             b.0.cmp(&a.0)
                 .then(a.1.total_cmp(&b.1))
                 .then(a.2.total_cmp(&b.2))
         })
-        .map(|(.., p)| p);
-    Ok(best.unwrap_or(plan))
+        .map(|(.., p)| p))
 }
 
 #[derive(Clone, Copy)]

@@ -25,9 +25,9 @@
 //! The caller ([`super::fill::fill`]) keeps this placement only when its ideal step
 //! is shorter than the whole encoder's (and within the memory limit when that one is).
 
-use super::fill::{flush, Chain, Gaps, Link};
+use super::fill::{fastest, fastest_backward, flush, Chain, Gaps, Link};
 use super::insert_all;
-use crate::analysis::{dependencies, dependencies_lenient, peak_memory, timing, PlanError};
+use crate::analysis::{dependencies_lenient, timing, PlanError};
 use crate::plan::{Plan, Task, UnitId};
 use crate::program::Op;
 
@@ -107,12 +107,7 @@ fn fallback(
 ) -> Result<Plan, PlanError> {
     let time = timing(&plan, &dependencies_lenient(&plan)?)?;
     let cost: f64 = pieces.iter().map(|&u| plan.units[u].cost.f).sum();
-    let fits = |p: &Plan| {
-        plan.memory_limit
-            .is_none_or(|limit| peak_memory(p).into_iter().all(|x| x <= limit))
-    };
-    let mut best: Option<(bool, f64, Plan)> = None;
-    for r in 0..plan.ranks {
+    let best = fastest((0..plan.ranks).map(|r| {
         let due = if r == home { deadline } else { deadline - send };
         let pos = time.end[r].partition_point(|&e| e <= due - cost);
         let mut candidate = plan.clone();
@@ -121,22 +116,10 @@ fn fallback(
             .map(|&u| (pos, Task::new(Op::F, u, mb)))
             .collect();
         insert_all(&mut candidate.order[r], items);
-        let Ok(deps) = dependencies_lenient(&candidate) else {
-            continue;
-        };
-        let Ok(t) = timing(&candidate, &deps) else {
-            continue;
-        };
-        let (ok, span) = (fits(&candidate), t.makespan());
-        let better = best
-            .as_ref()
-            .is_none_or(|(b_ok, b_span, _)| (ok && !b_ok) || (ok == *b_ok && span < *b_span));
-        if better {
-            best = Some((ok, span, candidate));
-        }
-    }
+        candidate
+    }));
     match best {
-        Some((.., p)) => Ok(p),
+        Some(p) => Ok(p),
         None => {
             // Every insertion cycles (cannot happen: the position ends before the
             // reader starts): first on the reader's rank.
@@ -162,12 +145,6 @@ enum Rule {
 /// A trainable encoder's backwards, layer by layer: the fastest of three placements
 /// within the memory limit.
 fn place_backward(plan: Plan, pieces: &[UnitId]) -> Result<Plan, PlanError> {
-    let span =
-        |p: &Plan| -> Result<f64, PlanError> { Ok(timing(p, &dependencies(p)?)?.makespan()) };
-    let fits = |p: &Plan| {
-        p.memory_limit
-            .is_none_or(|limit| peak_memory(p).into_iter().all(|x| x <= limit))
-    };
     let last = pieces[pieces.len() - 1];
     let time = timing(&plan, &dependencies_lenient(&plan)?)?;
     let index = plan.locate();
@@ -226,14 +203,7 @@ fn place_backward(plan: Plan, pieces: &[UnitId]) -> Result<Plan, PlanError> {
         for (r, items) in inserts.into_iter().enumerate() {
             insert_all(&mut p.order[r], items);
         }
-        let s = span(&p)?;
-        let peak = peak_memory(&p).into_iter().fold(0.0, f64::max);
-        candidates.push((fits(&p), s, peak, p));
+        candidates.push(p);
     }
-    let best = candidates.into_iter().min_by(|a, b| {
-        b.0.cmp(&a.0)
-            .then(a.1.total_cmp(&b.1))
-            .then(a.2.total_cmp(&b.2))
-    });
-    Ok(best.map_or(plan, |(.., p)| p))
+    Ok(fastest_backward(candidates)?.unwrap_or(plan))
 }
