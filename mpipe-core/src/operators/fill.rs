@@ -39,7 +39,7 @@
 //! `transpose` of the same encoder (whose placement `fill` replaces) or `fill` of
 //! another encoder (whose placed tasks are then part of the body).
 
-use super::fill_layers::place_layers;
+use super::fill_layers::{place_backward, place_layers};
 use super::insert_all;
 use super::layers::cut_encoder;
 use crate::analysis::{dependencies, dependencies_lenient, peak_memory, timing, PlanError, Timing};
@@ -119,7 +119,8 @@ pub(super) fn place(
     if !plan.units[enc].trainable {
         return Ok(plan);
     }
-    place_backward(plan, enc)
+    // A whole encoder's backward is a chain of one.
+    place_backward(plan, &[enc])
 }
 
 /// Inserts every rank's pending `(position, task)` pairs into its order (positions
@@ -338,63 +339,6 @@ fn fallback(
     }
 }
 
-/// A trainable encoder's backwards: the fastest of three placements (see the module
-/// documentation) within the memory limit.
-fn place_backward(plan: Plan, enc: UnitId) -> Result<Plan, PlanError> {
-    let time = timing(&plan, &dependencies_lenient(&plan)?)?;
-    let index = plan.locate();
-    let consumers = plan.successors(enc);
-    let c_bw = Op::BW.cost(&plan.units[enc].cost);
-    // (rank of the forward, gradient ready time, micro-batch), in ready order.
-    let mut work: Vec<(usize, f64, usize)> = (0..plan.microbatches)
-        .filter_map(|mb| {
-            let (r, _) = index.get(Op::F, enc, mb)?;
-            let ready = consumers
-                .iter()
-                .filter_map(|&c| index.get(Op::B, c, mb).or_else(|| index.get(Op::BW, c, mb)))
-                .map(|(q, j)| time.end[q][j])
-                .fold(0.0, f64::max);
-            Some((r, ready, mb))
-        })
-        .collect();
-    work.sort_by(|a, b| a.1.total_cmp(&b.1).then(a.2.cmp(&b.2)));
-
-    let mut candidates = Vec::new();
-    for rule in [Rule::Gaps, Rule::Eager, Rule::Deferred] {
-        let mut p = plan.clone();
-        let mut gaps = Gaps::of(&plan, &time);
-        let mut inserts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); plan.ranks];
-        for &(r, ready, mb) in &work {
-            let n = plan.order[r].len();
-            let own_f = index.get(Op::F, enc, mb).map_or(0, |(_, j)| j + 1);
-            let pos = match rule {
-                Rule::Deferred => n,
-                Rule::Eager => time.start[r].partition_point(|&s| s < ready).max(own_f),
-                Rule::Gaps => {
-                    let list = &mut gaps.gaps[r];
-                    let eps = 1e-9 * ready.abs().max(1.0);
-                    let slot = list.iter_mut().find(|(k, from, until)| {
-                        *k >= own_f && from.max(ready) + c_bw <= *until + eps
-                    });
-                    match slot {
-                        Some(g) => {
-                            g.1 = g.1.max(ready) + c_bw;
-                            g.0
-                        }
-                        None => n,
-                    }
-                }
-            };
-            inserts[r].push((pos, Task::new(Op::BW, enc, mb)));
-        }
-        for (r, items) in inserts.into_iter().enumerate() {
-            insert_all(&mut p.order[r], items);
-        }
-        candidates.push(p);
-    }
-    Ok(fastest_backward(candidates)?.unwrap_or(plan))
-}
-
 /// Whether `p`'s peak activations stay within its memory limit (none: yes).
 pub(super) fn within_limit(p: &Plan) -> bool {
     p.memory_limit
@@ -442,11 +386,4 @@ pub(super) fn fastest_backward(candidates: Vec<Plan>) -> Result<Option<Plan>, Pl
                 .then(a.2.total_cmp(&b.2))
         })
         .map(|(.., p)| p))
-}
-
-#[derive(Clone, Copy)]
-enum Rule {
-    Gaps,
-    Eager,
-    Deferred,
 }

@@ -142,9 +142,9 @@ enum Rule {
     Deferred,
 }
 
-/// A trainable encoder's backwards, layer by layer: the fastest of three placements
-/// within the memory limit.
-fn place_backward(plan: Plan, pieces: &[UnitId]) -> Result<Plan, PlanError> {
+/// A trainable encoder's backwards, layer by layer (a whole encoder: `pieces` of
+/// one): the fastest of three placements within the memory limit.
+pub(super) fn place_backward(plan: Plan, pieces: &[UnitId]) -> Result<Plan, PlanError> {
     let last = pieces[pieces.len() - 1];
     let time = timing(&plan, &dependencies_lenient(&plan)?)?;
     let index = plan.locate();
