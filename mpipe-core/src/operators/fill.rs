@@ -43,7 +43,7 @@ use super::fill_layers::{place_backward, place_layers};
 use super::insert_all;
 use super::layers::cut_encoder;
 use crate::analysis::{dependencies, dependencies_lenient, peak_memory, timing, PlanError, Timing};
-use crate::plan::{Plan, Task, UnitId};
+use crate::plan::{Plan, Task, TaskIndex, UnitId};
 use crate::profile::Profile;
 use crate::program::Op;
 
@@ -91,16 +91,11 @@ pub(super) fn place(
     let mut time = timing(&plan, &dependencies_lenient(&plan)?)?;
     let mut gaps = Gaps::of(&plan, &time).only(only);
     let mut pending: Vec<Vec<(usize, Task)>> = vec![Vec::new(); plan.ranks];
+    // The readers never move; the index changes only when a fallback does.
+    let mut index = plan.locate();
     for mb in 0..m {
         let task = Task::new(Op::F, enc, mb);
-        let index = plan.locate();
-        // The first reader of this micro-batch's output: its time and rank.
-        let reader = consumers
-            .iter()
-            .filter_map(|&c| index.get(Op::F, c, mb))
-            .map(|(q, j)| (time.start[q][j], q))
-            .min_by(|a, b| a.0.total_cmp(&b.0));
-        let Some((deadline, home)) = reader else {
+        let Some((deadline, home)) = first_reader(&index, &time, &consumers, mb) else {
             // Nobody reads it (cannot happen for an encoder): keep it at its home.
             let r = only.unwrap_or(plan.units[enc].home);
             pending[r].push((0, task));
@@ -113,6 +108,7 @@ pub(super) fn place(
         flush(&mut plan, &mut pending);
         plan = fallback(plan, task, deadline, home, send, only)?;
         time = timing(&plan, &dependencies_lenient(&plan)?)?;
+        index = plan.locate();
         gaps = Gaps::of(&plan, &time).only(only);
     }
     flush(&mut plan, &mut pending);
@@ -337,6 +333,21 @@ fn fallback(
             Ok(p)
         }
     }
+}
+
+/// The first reader among `consumers` of micro-batch `mb`'s output, in `time`: its
+/// start (the output's deadline) and rank.
+pub(super) fn first_reader(
+    index: &TaskIndex,
+    time: &Timing,
+    consumers: &[UnitId],
+    mb: usize,
+) -> Option<(f64, usize)> {
+    consumers
+        .iter()
+        .filter_map(|&c| index.get(Op::F, c, mb))
+        .map(|(q, j)| (time.start[q][j], q))
+        .min_by(|a, b| a.0.total_cmp(&b.0))
 }
 
 /// Whether `p`'s peak activations stay within its memory limit (none: yes).

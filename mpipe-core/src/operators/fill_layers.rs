@@ -25,7 +25,7 @@
 //! The caller ([`super::fill::fill`]) keeps this placement only when its ideal step
 //! is shorter than the whole encoder's (and within the memory limit when that one is).
 
-use super::fill::{fastest, fastest_backward, flush, Chain, Gaps, Link};
+use super::fill::{fastest, fastest_backward, first_reader, flush, Chain, Gaps, Link};
 use super::insert_all;
 use crate::analysis::{dependencies_lenient, timing, PlanError};
 use crate::plan::{Plan, Task, UnitId};
@@ -54,14 +54,10 @@ pub(super) fn place_layers(
     let mut time = timing(&plan, &dependencies_lenient(&plan)?)?;
     let mut gaps = Gaps::of(&plan, &time);
     let mut pending: Vec<Vec<(usize, Task)>> = vec![Vec::new(); plan.ranks];
+    // The readers never move; the index changes only when a fallback does.
+    let mut index = plan.locate();
     for mb in 0..m {
-        let index = plan.locate();
-        let reader = consumers
-            .iter()
-            .filter_map(|&c| index.get(Op::F, c, mb))
-            .map(|(q, j)| (time.start[q][j], q))
-            .min_by(|a, b| a.0.total_cmp(&b.0));
-        let Some((deadline, home)) = reader else {
+        let Some((deadline, home)) = first_reader(&index, &time, &consumers, mb) else {
             // Nobody reads it (cannot happen for an encoder): keep it at its home.
             let r = plan.units[pieces[0]].home;
             pending[r].extend(chain_tasks(mb).map(|t| (0, t)));
@@ -86,6 +82,7 @@ pub(super) fn place_layers(
         flush(&mut plan, &mut pending);
         plan = fallback(plan, pieces, mb, deadline, home, send)?;
         time = timing(&plan, &dependencies_lenient(&plan)?)?;
+        index = plan.locate();
         gaps = Gaps::of(&plan, &time);
     }
     flush(&mut plan, &mut pending);
