@@ -193,7 +193,7 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
         "auto" => crate::search::auto(req, expr),
         "refine" => {
             let mut errors = Vec::new();
-            no_keys(expr, "refine(SCHEDULE)", &mut errors);
+            let order = refine_order(expr, &mut errors);
             let inner = one_body(req, expr, "refine(zbh1)", &mut errors);
             match inner {
                 Some(x) if matches!(x.name(), "auto" | "refine") => errors.push(err(
@@ -206,16 +206,50 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
             let plan = inner.and_then(|x| eval(req, x, &mut errors));
             match plan {
                 Some(plan) if errors.is_empty() => {
-                    finish(req, &plan, &expr.to_string(), expr.span, true)
+                    finish(req, &plan, &expr.to_string(), expr.span, Some(order))
                 }
                 _ => Err(errors),
             }
         }
         _ => {
             let plan = plan_of(req, expr)?;
-            finish(req, &plan, &expr.to_string(), expr.span, false)
+            finish(req, &plan, &expr.to_string(), expr.span, None)
         }
     }
+}
+
+/// The most simulations `refine(X, order = N)` may spend searching the compute order.
+pub const MAX_ORDER: u64 = 100_000;
+
+/// `refine`'s `order = N` (0 when absent), every other key and a bad value reported.
+fn refine_order(e: &Expr, errors: &mut Vec<DeriveError>) -> usize {
+    let mut order = 0;
+    for (key, value) in e.keys() {
+        if key.name != "order" {
+            errors.push(err(
+                ErrorKind::BadArgument,
+                key.span,
+                format!(
+                    "unknown argument `{}` of `refine`; it takes `order = N` (simulations to spend \
+                     moving compute tasks into waits), as in `refine(zbh1, order = 500)`",
+                    key.name
+                ),
+            ));
+            continue;
+        }
+        match value.as_int() {
+            Some(n) if (1..=MAX_ORDER).contains(&n) => order = n as usize,
+            _ => errors.push(err(
+                ErrorKind::BadArgument,
+                value.span(),
+                format!(
+                    "`order` is how many simulations `refine` may spend moving compute tasks \
+                     into waits, an integer from 1 to {MAX_ORDER}, got `{value}`"
+                ),
+            )),
+        }
+    }
+    order
 }
 
 /// Evaluate `expr` to its plan (every error found, with its span).
@@ -229,13 +263,15 @@ pub(crate) fn plan_of(req: &Request, expr: &Expr) -> Result<Plan, Vec<DeriveErro
 
 /// Lower, verify and simulate the plan of expression `text` (errors point at `span`),
 /// and check it against the memory limit.
-/// `refine`: also refine the transfers' placement by simulation ([`crate::refine`]).
+/// `refine`: also refine the transfers' placement by simulation ([`crate::refine`]),
+/// and, given `Some(n)` with `n > 0`, the compute order with at most `n` simulations
+/// ([`crate::reorder`]).
 pub(crate) fn finish(
     req: &Request,
     plan: &Plan,
     text: &str,
     span: Span,
-    refine: bool,
+    refine: Option<usize>,
 ) -> Result<Derived, Vec<DeriveError>> {
     finish_unspanned(req, plan, text, refine).map_err(|es| {
         es.into_iter()
@@ -251,7 +287,7 @@ pub(crate) fn finish_unspanned(
     req: &Request,
     plan: &Plan,
     text: &str,
-    refine: bool,
+    refine: Option<usize>,
 ) -> Result<Derived, Vec<(ErrorKind, String)>> {
     let mut errors = Vec::new();
     let (program, report) =
@@ -319,20 +355,40 @@ pub(crate) fn finish_unspanned(
 /// re-placed against the times its simulation measured, and refined move by move
 /// ([`crate::refine`]). Every step stops once a program reaches the plan's ideal
 /// (communication-free) timing, which no program of the plan can beat.
+///
+/// `refine`: `None` lowers only; `Some(n)` also refines the transfers and, for
+/// `n > 0`, searches the compute order with at most `n` simulations
+/// ([`crate::reorder`]), keeping its plan only if its full derivation is faster and
+/// within the memory limit (without one, within the first program's peak).
 fn best_lowering(
     req: &Request,
     plan: &Plan,
     text: &str,
-    refine_too: bool,
+    refine: Option<usize>,
 ) -> Result<(Program, SimReport), String> {
     let limit = req.profile.memory.as_ref().map(|m| m.limit);
-    best_lowering_with(
-        plan,
-        Some(text),
-        &req.sim_options(req.mode),
-        limit,
-        refine_too,
-    )
+    let opts = req.sim_options(req.mode);
+    let first = best_lowering_with(plan, Some(text), &opts, limit, refine.is_some())?;
+    let budget = refine.unwrap_or(0);
+    if budget == 0 {
+        return Ok(first);
+    }
+    let peak = |p: &Program, r: &SimReport| {
+        r.peak_memory
+            .iter()
+            .zip(resident_params(p))
+            .map(|(a, b)| a + b)
+            .fold(0.0, f64::max)
+    };
+    let cap = limit.unwrap_or_else(|| peak(&first.0, &first.1)) * (1.0 + 1e-12);
+    let fits = |p: &Program, r: &SimReport| peak(p, r) <= cap;
+    let Some(order) = crate::reorder::reorder(plan, Some(text), &opts, &fits, budget) else {
+        return Ok(first);
+    };
+    match best_lowering_with(&order, Some(text), &opts, limit, true) {
+        Ok(again) if again.1.makespan < first.1.makespan && fits(&again.0, &again.1) => Ok(again),
+        _ => Ok(first),
+    }
 }
 
 /// [`best_lowering`] without a profile: simulate under `opts`, and let weight

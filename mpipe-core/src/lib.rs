@@ -55,6 +55,7 @@ pub mod progress;
 pub mod refine;
 pub mod relower;
 pub mod render;
+pub mod reorder;
 pub mod rolled;
 pub mod search;
 pub mod simulate;
