@@ -276,7 +276,8 @@ fn the_search_reports_its_progress_and_the_report_changes_nothing() {
         [
             "auto: planning the candidates",
             "auto: deriving the fastest-looking",
-            "auto: refining the finalists"
+            "auto: refining the finalists",
+            "auto: ordering the winner's compute"
         ]
     );
     // Every stage ended; planning visits every candidate (on every worker thread);
@@ -286,6 +287,7 @@ fn the_search_reports_its_progress_and_the_report_changes_nothing() {
     assert_eq!((got[0].2, got[0].3), (space, space));
     assert!(got[1].3 >= 1 && got[1].3 <= got[1].2, "{got:?}");
     assert_eq!(got[2].3, got[2].2);
+    assert_eq!((got[3].2, got[3].3), (1, 1));
 }
 
 #[test]
