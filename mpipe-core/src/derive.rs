@@ -373,15 +373,8 @@ fn best_lowering(
     if budget == 0 {
         return Ok(first);
     }
-    let peak = |p: &Program, r: &SimReport| {
-        r.peak_memory
-            .iter()
-            .zip(resident_params(p))
-            .map(|(a, b)| a + b)
-            .fold(0.0, f64::max)
-    };
-    let cap = limit.unwrap_or_else(|| peak(&first.0, &first.1)) * (1.0 + 1e-12);
-    let fits = |p: &Program, r: &SimReport| peak(p, r) <= cap;
+    let cap = limit.unwrap_or_else(|| peak_memory_with_params(&first.0, &first.1)) * (1.0 + 1e-12);
+    let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= cap;
     let Some(order) = crate::reorder::reorder(plan, Some(text), &opts, &fits, budget) else {
         return Ok(first);
     };
@@ -562,6 +555,17 @@ pub fn derive_str(req: &Request, text: &str) -> Result<Derived, Vec<DeriveError>
             .collect::<Vec<_>>()
     })?;
     derive(req, &expr)
+}
+
+/// The largest, over the ranks, of `report`'s peak activations plus `program`'s
+/// resident parameters: what `memory.limit` is compared with.
+pub(crate) fn peak_memory_with_params(program: &Program, report: &SimReport) -> f64 {
+    report
+        .peak_memory
+        .iter()
+        .zip(resident_params(program))
+        .map(|(a, b)| a + b)
+        .fold(0.0, f64::max)
 }
 
 /// Parameter memory resident on each rank: every unit's parameters on its home, and

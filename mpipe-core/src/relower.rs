@@ -24,7 +24,7 @@
 //! - deterministic.
 
 use crate::analysis::PlanError;
-use crate::derive::{best_lowering_with, resident_params};
+use crate::derive::{best_lowering_with, peak_memory_with_params};
 use crate::lower::LowerError;
 use crate::plan::{InputShip, Plan, Task};
 use crate::program::{ActionRef, Dir, Program, Tensor};
@@ -220,14 +220,12 @@ pub fn relower(
             }
         },
     };
-    let peak = |p: &Program, r: &SimReport| {
-        r.peak_memory
-            .iter()
-            .zip(resident_params(p))
-            .map(|(a, b)| a + b)
-            .fold(0.0, f64::max)
-    };
-    let cap = limit.or_else(|| input.as_ref().ok().map(|r| peak(program, r)));
+    let cap = limit.or_else(|| {
+        input
+            .as_ref()
+            .ok()
+            .map(|r| peak_memory_with_params(program, r))
+    });
     let (derived, report) =
         best_lowering_with(&plan, expr.as_deref(), opts, cap, true).map_err(|m| {
             match crate::lower::prepare(&plan) {
@@ -250,7 +248,7 @@ pub fn relower(
             "the re-derived program deadlocks under rendezvous".to_string(),
         ));
     }
-    let over = cap.is_some_and(|c| peak(&derived, &report) > c * (1.0 + 1e-12));
+    let over = cap.is_some_and(|c| peak_memory_with_params(&derived, &report) > c * (1.0 + 1e-12));
     match input {
         Ok(r) if r.makespan <= report.makespan || over => Ok(Relowered {
             program: program.clone(),
@@ -260,7 +258,7 @@ pub fn relower(
             kept_input: true,
         }),
         _ if over => Err(RelowerError::Memory {
-            peak: peak(&derived, &report),
+            peak: peak_memory_with_params(&derived, &report),
             limit: cap.unwrap_or(f64::INFINITY),
         }),
         input => Ok(Relowered {
