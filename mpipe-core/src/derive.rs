@@ -480,7 +480,7 @@ pub(crate) fn best_lowering_with(
 }
 
 /// The placement rules tried, in order.
-const PLACEMENTS: [Placement; 5] = [
+pub(crate) const PLACEMENTS: [Placement; 5] = [
     Placement::Meet,
     Placement::Ready,
     Placement::Critical,

@@ -92,7 +92,7 @@ enum Move {
 }
 
 /// Sum of the ranks' finishing times: progress where the makespan does not move.
-fn ends(r: &SimReport) -> f64 {
+pub(crate) fn ends(r: &SimReport) -> f64 {
     r.timeline
         .ranks
         .iter()

@@ -29,9 +29,11 @@
 //! so the result does not depend on the machine.
 
 use crate::analysis::dependencies;
+use crate::derive::PLACEMENTS;
 use crate::lower::{assemble, placement_of, prepare, Placement};
 use crate::plan::{Plan, Task};
 use crate::program::{ActionRef, Program};
+use crate::refine::ends;
 use crate::simulate::{simulate, SimOptions, SimReport};
 use std::collections::BTreeSet;
 
@@ -112,15 +114,6 @@ pub(crate) fn reorder(
     improved.then_some(plan)
 }
 
-/// The placement rules, in the order [`first_lowering`] tries them.
-const PLACEMENTS: [Placement; 5] = [
-    Placement::Meet,
-    Placement::Ready,
-    Placement::Critical,
-    Placement::Late,
-    Placement::Join,
-];
-
 /// The rule whose lowering of `plan` runs fastest, with that lowering.
 fn first_lowering(
     plan: &Plan,
@@ -161,14 +154,6 @@ fn better(a: &SimReport, b: &SimReport) -> bool {
     a.makespan < b.makespan - eps
         || (a.makespan <= b.makespan + eps
             && ends(a) < ends(b) - eps * a.timeline.ranks.len() as f64)
-}
-
-fn ends(r: &SimReport) -> f64 {
-    r.timeline
-        .ranks
-        .iter()
-        .map(|l| l.last().map_or(0.0, |s| s.end))
-        .sum()
 }
 
 /// One compute task's simulated interval and the time its rank spent between the
