@@ -58,8 +58,12 @@ proptest! {
                 let mut req = Request::new(&prof, p, m);
                 req.mode = mode;
                 // Against `refine` under the same limit (its weight-gradient moves
-                // respect it too).
-                let refined = derive_str(&req, &format!("refine({body})")).unwrap();
+                // respect it too). A limit can change the plan itself (operators
+                // choose placements within it), which may then not fit: nothing to
+                // order then.
+                let Ok(refined) = derive_str(&req, &format!("refine({body})")) else {
+                    continue;
+                };
                 let text = format!("refine({body}, order = 60)");
                 let ordered = derive_str(&req, &text).unwrap();
                 prop_assert!(
