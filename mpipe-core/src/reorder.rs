@@ -30,7 +30,7 @@
 
 use crate::analysis::dependencies;
 use crate::derive::PLACEMENTS;
-use crate::lower::{assemble, placement_of, prepare, Placement};
+use crate::lower::{lower_prepared, lower_with, prepare, Placement};
 use crate::plan::{Plan, Task};
 use crate::program::{ActionRef, Program};
 use crate::refine::ends;
@@ -120,9 +120,13 @@ fn first_lowering(
     text: Option<&str>,
     opts: &SimOptions,
 ) -> Option<(Placement, (Program, SimReport))> {
+    // One preparation (dependencies, ideal timing, transfers) for every rule.
+    let prepared = prepare(plan).ok()?;
     let mut best: Option<(Placement, (Program, SimReport))> = None;
     for rule in PLACEMENTS {
-        if let Some(x) = lower_one(plan, text, opts, rule) {
+        let program = lower_prepared(plan, &prepared, text, rule).ok();
+        let run = program.and_then(|p| simulate(&p, opts).ok().map(|r| (p, r)));
+        if let Some(x) = run {
             if best
                 .as_ref()
                 .is_none_or(|(_, b)| x.1.makespan < b.1.makespan)
@@ -141,9 +145,7 @@ fn lower_one(
     opts: &SimOptions,
     rule: Placement,
 ) -> Option<(Program, SimReport)> {
-    let prepared = prepare(plan).ok()?;
-    let at = placement_of(plan, &prepared, rule).ok()?;
-    let program = assemble(plan, &at, text);
+    let program = lower_with(plan, text, rule).ok()?;
     let report = simulate(&program, opts).ok()?;
     Some((program, report))
 }
