@@ -956,6 +956,56 @@ fn refine_fixes_an_imported_order_that_hangs() {
     assert_eq!(compute(&imported), compute(&fixed));
 }
 
+/// `refine --order N` searches the compute order too: faster than `refine` alone
+/// where the order left waits (a transposed ZB-V here), a valid program, and the
+/// budget checked (1 to 100000).
+#[test]
+fn refine_order_searches_the_compute_order() {
+    let plain = derive("transpose(vision, zbv)");
+    let h = heavy();
+    let dir = TempDir::new("refine-order");
+    let (kept, moved) = (dir.path("kept.json"), dir.path("moved.json"));
+    let o = mpipe_with(
+        &["refine", "-", "--model", &h, "-o", kept.to_str().unwrap()],
+        Some(&plain),
+    );
+    assert_status(&o, 0);
+    let o = mpipe_with(
+        &[
+            "refine",
+            "-",
+            "--model",
+            &h,
+            "--order",
+            "200",
+            "-o",
+            moved.to_str().unwrap(),
+        ],
+        Some(&plain),
+    );
+    assert_status(&o, 0);
+    let err = stderr(&o);
+    assert!(err.contains("makespan"), "{err}");
+    assert_status(&mpipe(&["check", moved.to_str().unwrap()]), 0);
+    let time = |f: &Path| {
+        // The profile has no link: the program alone times the same.
+        let o = mpipe(&["simulate", "--program", f.to_str().unwrap(), "--json"]);
+        assert_status(&o, 0);
+        json(&stdout(&o))["makespan"].as_f64().unwrap()
+    };
+    assert!(
+        time(&moved) < time(&kept),
+        "{} vs {}",
+        time(&moved),
+        time(&kept)
+    );
+    for bad in ["0", "100001", "many"] {
+        let o = mpipe_with(&["refine", "-", "--order", bad], Some(&plain));
+        assert_status(&o, 2);
+        assert!(stderr(&o).contains("--order"), "{}", stderr(&o));
+    }
+}
+
 /// `refine` reads standard input, writes the program to standard output, takes the
 /// link and memory limit from `--model`, keeps a program that is already refined,
 /// and reports every bad argument at once (status 2).

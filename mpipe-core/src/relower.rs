@@ -10,11 +10,17 @@
 //! simulation ([`crate::refine`]), which may also move weight-gradient tasks (`W`)
 //! into waits.
 //!
+//! [`relower_ordered`] may also change the compute order: with a budget of `order`
+//! simulations it first searches the plan's order as `refine(X, order = N)` does
+//! ([`crate::reorder`]), and keeps the search's result only when its derivation is
+//! faster than the input order's.
+//!
 //! Guarantees:
 //! - the result is valid (rules 1-5 of program-format.md) and deadlock-free under
 //!   rendezvous, whatever the input's transfers were (the lowering's key order);
-//! - every rank runs the same compute tasks, and its forwards and backwards (`F`,
-//!   `B`, `BW`, `RF`) in the input's order; only `W`s may move;
+//! - every rank runs the same compute tasks, and (with [`relower`], or an `order` of
+//!   0) its forwards and backwards (`F`, `B`, `BW`, `RF`) in the input's order; only
+//!   `W`s may move;
 //! - it is never slower than the input under the same semantics: when the input
 //!   runs and is at least as fast, it is returned unchanged;
 //! - memory: every rank's activations plus resident parameters stay within the
@@ -198,6 +204,18 @@ pub fn relower(
     opts: &SimOptions,
     limit: Option<f64>,
 ) -> Result<Relowered, RelowerError> {
+    relower_ordered(program, opts, limit, 0)
+}
+
+/// [`relower`], letting the compute order change too: up to `order` simulations of
+/// [`crate::reorder`]'s search (none when 0). Each rank still runs the same compute
+/// tasks; the order found is kept only when its derivation beats the input order's.
+pub fn relower_ordered(
+    program: &Program,
+    opts: &SimOptions,
+    limit: Option<f64>,
+    order: usize,
+) -> Result<Relowered, RelowerError> {
     let plan = plan_of_program(program)?;
     let expr = program.source.as_ref().map(|s| s.expr.clone());
     // Rule 5 asks for termination under rendezvous, whatever `opts` times.
@@ -226,13 +244,25 @@ pub fn relower(
             .ok()
             .map(|r| peak_memory_with_params(program, r))
     });
-    let (derived, report) =
-        best_lowering_with(&plan, expr.as_deref(), opts, cap, true).map_err(|m| {
-            match crate::lower::prepare(&plan) {
-                Err(LowerError::Plan(p)) => RelowerError::Order(p),
-                _ => RelowerError::Internal(m),
-            }
+    let (mut derived, mut report) = best_lowering_with(&plan, expr.as_deref(), opts, cap, true)
+        .map_err(|m| match crate::lower::prepare(&plan) {
+            Err(LowerError::Plan(p)) => RelowerError::Order(p),
+            _ => RelowerError::Internal(m),
         })?;
+    if order > 0 {
+        // Without a limit or a valid input, the order search keeps to the memory of
+        // the input order's derivation.
+        let within =
+            cap.unwrap_or_else(|| peak_memory_with_params(&derived, &report)) * (1.0 + 1e-12);
+        let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= within;
+        let found = crate::reorder::reorder(&plan, expr.as_deref(), opts, &fits, order);
+        if let Some(better) = found
+            .and_then(|o| best_lowering_with(&o, expr.as_deref(), opts, cap, true).ok())
+            .filter(|(p, r)| r.makespan < report.makespan && fits(p, r) && terminates(p))
+        {
+            (derived, report) = better;
+        }
+    }
     let violations = verify_static(&derived);
     if let Some(v) = violations.first() {
         return Err(RelowerError::Invalid(format!(

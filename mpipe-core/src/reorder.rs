@@ -26,13 +26,15 @@
 //! not lower is skipped); the programs are lowerings of plans, so the lowering's
 //! deadlock-freedom argument covers them; deterministic (no clocks, no threads:
 //! ties go to the lower rank, then the earlier task); the budget counts simulations,
-//! so the result does not depend on the machine.
+//! so the result does not depend on the machine. Progress is reported as a stage of
+//! `budget` simulations ([`crate::progress`]), which ends early when no move is left.
 
 use crate::analysis::dependencies;
 use crate::derive::PLACEMENTS;
 use crate::lower::{lower_prepared, lower_with, prepare, Placement};
 use crate::plan::{Plan, Task};
 use crate::program::{ActionRef, Program};
+use crate::progress::Stage;
 use crate::refine::ends;
 use crate::simulate::{simulate, SimOptions, SimReport};
 use std::collections::BTreeSet;
@@ -54,9 +56,13 @@ pub(crate) fn reorder(
     fits: &dyn Fn(&Program, &SimReport) -> bool,
     budget: usize,
 ) -> Option<Plan> {
+    let stage = Stage::begin("ordering the compute (simulations)", budget);
     let (rule, mut best) = first_lowering(plan, text, opts)?;
     let mut plan = plan.clone();
     let mut spent = PLACEMENTS.len();
+    for _ in 0..spent.min(budget) {
+        stage.step();
+    }
     let mut improved = false;
     let mut tried: BTreeSet<(usize, Task, Task)> = BTreeSet::new();
     'search: while spent < budget {
@@ -95,6 +101,7 @@ pub(crate) fn reorder(
                     break 'search;
                 }
                 spent += 1;
+                stage.step();
                 let mut next = plan.clone();
                 let task = next.order[r].remove(k);
                 next.order[r].insert(j, task);

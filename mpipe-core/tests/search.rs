@@ -277,7 +277,8 @@ fn the_search_reports_its_progress_and_the_report_changes_nothing() {
             "auto: planning the candidates",
             "auto: deriving the fastest-looking",
             "auto: refining the finalists",
-            "auto: ordering the winner's compute"
+            "auto: ordering the winner's compute",
+            "ordering the compute (simulations)"
         ]
     );
     // Every stage ended; planning visits every candidate (on every worker thread);
@@ -288,6 +289,11 @@ fn the_search_reports_its_progress_and_the_report_changes_nothing() {
     assert!(got[1].3 >= 1 && got[1].3 <= got[1].2, "{got:?}");
     assert_eq!(got[2].3, got[2].2);
     assert_eq!((got[3].2, got[3].3), (1, 1));
+    // The order search inside it counts simulations, never beyond its budget.
+    assert!(
+        got[4].2 >= 100 && got[4].3 >= 1 && got[4].3 <= got[4].2,
+        "{got:?}"
+    );
 }
 
 #[test]

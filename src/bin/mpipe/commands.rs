@@ -528,15 +528,17 @@ pub fn svg(
 /// `mpipe refine FILE`: derive the program's transfers again from its compute order
 /// (see `mpipe_core::relower`), write the result, and say on standard error what it
 /// gained. The link and the memory limit come from `--model`, if given, with
-/// `--latency` / `--bandwidth` overriding the link.
+/// `--latency` / `--bandwidth` (`link`) overriding the link. With `order` > 0 the
+/// compute order is searched too, with that many simulations at most.
 pub fn refine(
     file: &str,
     model: Option<&Path>,
-    latency: Option<f64>,
-    bandwidth: Option<f64>,
+    link: (Option<f64>, Option<f64>),
     mode: Mode,
+    order: usize,
     output: Option<&Path>,
 ) -> Result<u8, Failure> {
+    let (latency, bandwidth) = link;
     let label = file_label(file);
     let mut all = Collect::default();
     let program = all.take(read_program(file));
@@ -552,7 +554,7 @@ pub fn refine(
         .as_ref()
         .and_then(|p| p.memory.as_ref().map(|m| m.limit));
     let opts = SimOptions { mode, comm };
-    let r = mpipe_core::relower::relower(&program, &opts, limit)
+    let r = mpipe_core::relower::relower_ordered(&program, &opts, limit, order)
         .map_err(|e| Failure::plain(1, "refine", format!("cannot refine {label}: {e}")))?;
     write(output, &r.program.to_json())?;
     let under = conditions(mode, comm);
@@ -578,9 +580,15 @@ pub fn refine(
     };
     errln!("refined {label}: {what}; {under}{place}");
     if !r.kept_input {
-        errln!(
-            "kept: each rank's compute, forwards and backwards in the same order (weight gradients may move); placed again: every transfer"
-        );
+        if order > 0 {
+            errln!(
+                "kept: each rank's compute tasks (their order searched, with up to {order} simulations); placed again: every transfer"
+            );
+        } else {
+            errln!(
+                "kept: each rank's compute, forwards and backwards in the same order (weight gradients may move); placed again: every transfer"
+            );
+        }
     }
     Ok(0)
 }

@@ -184,6 +184,11 @@ enum Command {
         /// Execution semantics the transfers are placed for and timed under.
         #[arg(long, value_enum, default_value_t = ModeArg::Rendezvous)]
         mode: ModeArg,
+        /// Also search the compute order, with up to N simulations (1 to 100000), as
+        /// `refine(X, order = N)` does: tasks move into the waits before them. Each
+        /// rank keeps its compute tasks; without it, their order is kept too.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=mpipe_core::derive::MAX_ORDER))]
+        order: Option<u64>,
         /// Write the program here instead of standard output.
         #[arg(short, long)]
         output: Option<PathBuf>,
@@ -442,13 +447,14 @@ fn run(command: Command) -> Result<u8, failure::Failure> {
             latency,
             bandwidth,
             mode,
+            order,
             output,
         } => commands::refine(
             &file,
             model.as_deref(),
-            latency,
-            bandwidth,
+            (latency, bandwidth),
             mode.into(),
+            order.unwrap_or(0) as usize,
             output.as_deref(),
         ),
         Command::Calibrate {
