@@ -16,6 +16,8 @@
 //!   up to the profile's;
 //! - covers every `(unit, micro-batch)` as rule 1 says (counted here, independently);
 //! - never beats the lower bound, and eager is never slower than rendezvous;
+//! - splits each rank's idle time into warm-up, steady and cool-down parts that add
+//!   up to the step less the rank's compute;
 //! - is derived deterministically (the same JSON twice).
 //!
 //! The LLM always has at least `ranks x chunks` layers (sometimes exactly that many),
@@ -731,6 +733,23 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
                 eager.makespan, rendezvous.makespan
             ),
         ));
+    }
+    // Each rank's idle time, split into warm-up, steady and cool-down, adds up to
+    // the step less its compute, with no part negative.
+    for (r, idle) in rendezvous
+        .timeline
+        .idle(p, rendezvous.makespan)
+        .iter()
+        .enumerate()
+    {
+        let expect = rendezvous.makespan - rendezvous.compute[r];
+        let parts = [idle.warm_up, idle.steady, idle.cool_down];
+        if parts.iter().any(|&x| x < 0.0) || (idle.total() - expect).abs() > slack(expect) * 10.0 {
+            return Err(fail(
+                case,
+                format!("rank {r}: idle {idle:?} does not add up to {expect}"),
+            ));
+        }
     }
 
     // Determinism.

@@ -169,6 +169,9 @@ fn report_json(l: &Loaded, r: &SimReport, mode: Mode) -> Value {
         "peak_memory": r.peak_memory,
         "params": l.params,
         "compute": r.compute,
+        // Per rank: idle before its first stage forward, between, after its last
+        // stage backward.
+        "idle": r.timeline.idle(&l.program, r.makespan),
         "lower_bound": l.bound.value(),
     })
 }
@@ -212,17 +215,25 @@ pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure
         "actions",
         "compute",
         "idle",
+        "warm-up",
+        "steady",
+        "cool-down",
         "busy",
         "peak memory",
         "params",
     ]);
+    let idle = r.timeline.idle(p, r.makespan);
     for (rank, list) in p.programs.iter().enumerate() {
         let c = r.compute.get(rank).copied().unwrap_or(0.0);
+        let phases = idle.get(rank).copied().unwrap_or_default();
         t.row(vec![
             rank.to_string(),
             list.len().to_string(),
             num(c),
             num(r.makespan - c),
+            num(phases.warm_up),
+            num(phases.steady),
+            num(phases.cool_down),
             pct(if r.makespan > 0.0 {
                 c / r.makespan
             } else {
@@ -248,6 +259,9 @@ pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure
         .limit
         .map(|l| format!("; memory.limit {} applies to their sum", num(l)))
         .unwrap_or_default();
+    outln!(
+        "idle: split into warm-up (before the rank's first stage forward), steady and cool-down (after its last stage backward)"
+    );
     outln!(
         "peak memory: activations held at the peak; params: parameters resident on the rank{limit}"
     );
