@@ -375,13 +375,24 @@ fn best_lowering(
     }
     let cap = limit.unwrap_or_else(|| peak_memory_with_params(&first.0, &first.1)) * (1.0 + 1e-12);
     let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= cap;
-    let Some(order) = crate::reorder::reorder(plan, Some(text), &opts, &fits, budget) else {
-        return Ok(first);
-    };
-    match best_lowering_with(&order, Some(text), &opts, limit, true) {
-        Ok(again) if again.1.makespan < first.1.makespan && fits(&again.0, &again.1) => Ok(again),
-        _ => Ok(first),
+    let found = crate::reorder::reorder(
+        plan,
+        Some(text),
+        &opts,
+        &fits,
+        budget,
+        crate::reorder::Moves::AcrossRanks,
+    );
+    let mut best = first;
+    for order in &found {
+        match best_lowering_with(order, Some(text), &opts, limit, true) {
+            Ok(again) if again.1.makespan < best.1.makespan && fits(&again.0, &again.1) => {
+                best = again
+            }
+            _ => {}
+        }
     }
+    Ok(best)
 }
 
 /// [`best_lowering`] without a profile: simulate under `opts`, and let weight

@@ -255,12 +255,21 @@ pub fn relower_ordered(
         let within =
             cap.unwrap_or_else(|| peak_memory_with_params(&derived, &report)) * (1.0 + 1e-12);
         let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= within;
-        let found = crate::reorder::reorder(&plan, expr.as_deref(), opts, &fits, order);
-        if let Some(better) = found
-            .and_then(|o| best_lowering_with(&o, expr.as_deref(), opts, cap, true).ok())
-            .filter(|(p, r)| r.makespan < report.makespan && fits(p, r) && terminates(p))
-        {
-            (derived, report) = better;
+        let found = crate::reorder::reorder(
+            &plan,
+            expr.as_deref(),
+            opts,
+            &fits,
+            order,
+            crate::reorder::Moves::WithinRanks,
+        );
+        for o in &found {
+            if let Some(better) = best_lowering_with(o, expr.as_deref(), opts, cap, true)
+                .ok()
+                .filter(|(p, r)| r.makespan < report.makespan && fits(p, r) && terminates(p))
+            {
+                (derived, report) = better;
+            }
         }
     }
     let violations = verify_static(&derived);

@@ -15,11 +15,21 @@
 //!    (produced there, before `j`, or elsewhere, by then in the simulation) is a
 //!    candidate: move `k` to just before `j`, lower, simulate;
 //! 4. keep the first candidate that shortens the step (or, as long, lowers the sum
-//!    of the ranks' finishing times) and fits the memory, and go back to 2; stop
-//!    when no candidate of any wait does, or after `budget` simulations.
+//!    of the ranks' finishing times) and fits the memory, and go back to 2;
+//! 5. when no candidate of any wait does, and the caller allows it
+//!    ([`Moves::AcrossRanks`]), move encoder work instead: from the busiest ranks (by
+//!    compute) to the least busy, one micro-batch of an encoder (all its layers or
+//!    chunks on that rank together, else one layer), each task put where the target
+//!    was at the time it ran; keep the first that shortens the step as in 4 and go
+//!    back to 2. LLM stage tasks never move (the plan stays pipeline-parallel, as
+//!    the bounds assume); the lowering adds the parameter broadcast and gradient
+//!    reduction a rank computing away from a unit's home needs. Stop when nothing
+//!    helps, or after `budget` simulations.
 //!
 //! The caller then derives the new plan in full (every rule, re-placement, transfer
-//! refinement) and keeps it only if it beats what it had.
+//! refinement) and keeps it only if it beats what it had; when the search moved
+//! work between ranks, the plan before the first such move is derived too, since
+//! one rule's ranking and the full derivation's can differ.
 //!
 //! Invariants: a move never puts a task before a producer on its own rank, so the
 //! plan stays a valid order (the lowering checks it again, and a candidate that does
@@ -33,11 +43,11 @@ use crate::analysis::dependencies;
 use crate::derive::PLACEMENTS;
 use crate::lower::{lower_prepared, lower_with, prepare, Placement};
 use crate::plan::{Plan, Task};
-use crate::program::{ActionRef, Program};
+use crate::program::{ActionRef, Op, Program};
 use crate::progress::Stage;
 use crate::refine::ends;
 use crate::simulate::{simulate, SimOptions, SimReport};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// How far down a rank's list a task may come from to fill a wait.
 pub const LOOKAHEAD: usize = 20;
@@ -46,18 +56,26 @@ pub const LOOKAHEAD: usize = 20;
 /// not worth a simulation.
 const MIN_WAIT: f64 = 1e-6;
 
-/// A better order for `plan`, if the search finds one within `budget` simulations
-/// (see the module documentation); `None` when no move helped. `fits` says whether a
-/// program's memory is acceptable.
+/// Better plans than `plan`, if the search finds any within `budget` simulations
+/// (see the module documentation); empty when no move helped. The last is where
+/// the search ended; when it moved work between ranks after improving the order
+/// within them, the plan before the first such move comes first (each is judged
+/// under one placement rule here, and the caller's full derivation can rank them
+/// otherwise). `fits` says whether a program's memory is acceptable.
 pub(crate) fn reorder(
     plan: &Plan,
     text: Option<&str>,
     opts: &SimOptions,
     fits: &dyn Fn(&Program, &SimReport) -> bool,
     budget: usize,
-) -> Option<Plan> {
+    moves: Moves,
+) -> Vec<Plan> {
     let stage = Stage::begin("ordering the compute (simulations)", budget);
-    let (rule, mut best) = first_lowering(plan, text, opts)?;
+    let Some((rule, mut best)) = first_lowering(plan, text, opts) else {
+        return Vec::new();
+    };
+    // The plan as it was before the first move between ranks, if it had improved.
+    let mut within: Option<Plan> = None;
     let mut plan = plan.clone();
     let mut spent = PLACEMENTS.len();
     for _ in 0..spent.min(budget) {
@@ -65,6 +83,7 @@ pub(crate) fn reorder(
     }
     let mut improved = false;
     let mut tried: BTreeSet<(usize, Task, Task)> = BTreeSet::new();
+    let mut tried_moves: BTreeSet<Migration> = BTreeSet::new();
     'search: while spent < budget {
         // The plan lowered, so its dependencies resolve; were they not to, stop
         // with what was found.
@@ -116,9 +135,206 @@ pub(crate) fn reorder(
                 }
             }
         }
+        // No task of any wait helps: move encoder work between ranks.
+        if moves == Moves::AcrossRanks {
+            for m in migrations(&plan, &best.1) {
+                if !tried_moves.insert(m) {
+                    continue;
+                }
+                if spent >= budget {
+                    break 'search;
+                }
+                spent += 1;
+                stage.step();
+                let Some(next) = migrate(&plan, &times, m) else {
+                    continue;
+                };
+                let Some((p, rep)) = lower_one(&next, text, opts, rule) else {
+                    continue;
+                };
+                if better(&rep, &best.1) && fits(&p, &rep) {
+                    if improved && within.is_none() {
+                        within = Some(plan.clone());
+                    }
+                    plan = next;
+                    best = (p, rep);
+                    improved = true;
+                    continue 'search;
+                }
+            }
+        }
         break;
     }
-    improved.then_some(plan)
+    let mut found: Vec<Plan> = within.into_iter().collect();
+    if improved {
+        found.push(plan);
+    }
+    found
+}
+
+/// Which moves the search may make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Moves {
+    /// Tasks move within their rank's list only: each rank keeps its work.
+    WithinRanks,
+    /// Also an encoder unit's whole micro-batch (its `F`, `B`, `W`) from a busy rank
+    /// to a less busy one (the lowering broadcasts the parameters and reduces the
+    /// gradients it then needs).
+    AcrossRanks,
+}
+
+/// How many of the busiest ranks encoder work may move from, and how many of the
+/// least busy it may move to.
+const SOURCES: usize = 3;
+const TARGETS: usize = 3;
+
+/// A move of encoder work: from rank `from` to rank `to`, micro-batch `mb` of one
+/// unit (`whole` false) or of all the units of that unit's family on `from`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Migration {
+    from: usize,
+    to: usize,
+    unit: usize,
+    mb: usize,
+    whole: bool,
+}
+
+/// Candidate moves of encoder work: from each of the [`SOURCES`] ranks with the
+/// most compute (busiest first) to each of the [`TARGETS`] with the least that have
+/// less, each movable encoder micro-batch: first whole families (an encoder's units
+/// on the rank, its chunks `ENC.k` or layers `ENC/N`, so that a chain of layers stays
+/// together), largest first, then single units of a family cut into several.
+/// A unit's micro-batch is movable when the unit is not an LLM stage's (those stay
+/// home: the plan is pipeline-parallel), all its tasks for that micro-batch are on
+/// that rank, none is a recomputation, and neither a raw-input transfer nor
+/// `prefetch` names it; a family's when each of its units' is.
+fn migrations(plan: &Plan, report: &SimReport) -> Vec<Migration> {
+    let load = |r: usize| report.compute.get(r).copied().unwrap_or(0.0);
+    let mut busy: Vec<usize> = (0..plan.ranks).collect();
+    busy.sort_by(|&a, &b| load(b).total_cmp(&load(a)).then(a.cmp(&b)));
+    let family = families(plan);
+    let index = plan.locate();
+    let ops = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
+    let mut out = Vec::new();
+    for &from in busy.iter().take(SOURCES) {
+        let targets: Vec<usize> = busy
+            .iter()
+            .rev()
+            .copied()
+            .filter(|&r| load(r) < load(from))
+            .take(TARGETS)
+            .collect();
+        let movable = |u: usize, mb: usize| {
+            !crate::bound::is_stage(&plan.units[u])
+                && ops.iter().all(|&op| {
+                    index
+                        .get(op, u, mb)
+                        .is_none_or(|(r, _)| r == from && op != Op::RF)
+                })
+                && !plan.prefetch.contains(&(u, mb))
+                && !plan.input_ships.iter().any(|s| s.unit == u && s.mb == mb)
+        };
+        // (family, mb) -> (work, units, every unit movable)
+        let mut groups: BTreeMap<(usize, usize), (f64, Vec<usize>, bool)> = BTreeMap::new();
+        let mut seen: BTreeSet<(usize, usize)> = BTreeSet::new();
+        for t in &plan.order[from] {
+            if crate::bound::is_stage(&plan.units[t.unit]) || !seen.insert((t.unit, t.mb)) {
+                continue;
+            }
+            let g = groups
+                .entry((family[t.unit], t.mb))
+                .or_insert((0.0, Vec::new(), true));
+            g.0 += plan.units[t.unit].work();
+            g.1.push(t.unit);
+            g.2 &= movable(t.unit, t.mb);
+        }
+        let mut whole: Vec<(f64, usize, usize)> = Vec::new();
+        let mut single: Vec<(f64, usize, usize)> = Vec::new();
+        for ((_, mb), (work, units, ok)) in groups {
+            if ok {
+                whole.push((work, units[0], mb));
+            }
+            if units.len() > 1 {
+                for u in units.into_iter().filter(|&u| movable(u, mb)) {
+                    single.push((plan.units[u].work(), u, mb));
+                }
+            }
+        }
+        for (list, is_whole) in [(whole, true), (single, false)] {
+            let mut list = list;
+            list.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+            for (_, unit, mb) in list {
+                for &to in &targets {
+                    out.push(Migration {
+                        from,
+                        to,
+                        unit,
+                        mb,
+                        whole: is_whole,
+                    });
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Each unit's family: the index of the first unit with the same name before its
+/// first `.` or `/` (an encoder's chunks and layers share one; a stage is its own).
+fn families(plan: &Plan) -> Vec<usize> {
+    let stem = |n: &str| n.split(['.', '/']).next().unwrap_or(n).to_string();
+    let mut first: BTreeMap<String, usize> = BTreeMap::new();
+    plan.units
+        .iter()
+        .enumerate()
+        .map(|(i, u)| {
+            if crate::bound::is_stage(u) {
+                i
+            } else {
+                *first.entry(stem(&u.name)).or_insert(i)
+            }
+        })
+        .collect()
+}
+
+/// `plan` with the tasks of `m` moved, each put before the first task of the target
+/// that started no earlier than it did (`times`, the simulated compute times), so
+/// the target runs them at about the same time, in the same order. `None` when
+/// nothing moves.
+fn migrate(plan: &Plan, times: &[Vec<Timed>], m: Migration) -> Option<Plan> {
+    let fam = families(plan);
+    let takes = |t: &Task| {
+        t.mb == m.mb
+            && if m.whole {
+                fam[t.unit] == fam[m.unit] && !crate::bound::is_stage(&plan.units[t.unit])
+            } else {
+                t.unit == m.unit
+            }
+    };
+    let mut next = plan.clone();
+    let mut moved: Vec<(f64, Task)> = Vec::new();
+    let mut k = 0;
+    next.order[m.from].retain(|t| {
+        let keep = !takes(t);
+        if !keep {
+            moved.push((times[m.from][k].start, *t));
+        }
+        k += 1;
+        keep
+    });
+    if moved.is_empty() {
+        return None;
+    }
+    // Positions in the target's list as it was; inserted from the last, so the
+    // earlier positions stay valid, and a task before the one after it.
+    let at: Vec<usize> = moved
+        .iter()
+        .map(|&(start, _)| times[m.to].partition_point(|x| x.start < start))
+        .collect();
+    for (i, &(_, task)) in moved.iter().enumerate().rev() {
+        next.order[m.to].insert(at[i], task);
+    }
+    Some(next)
 }
 
 /// The rule whose lowering of `plan` runs fastest, with that lowering.
