@@ -31,9 +31,10 @@
 //! work between ranks, the plan before the first such move is derived too, since
 //! one rule's ranking and the full derivation's can differ.
 //!
-//! Invariants: a move never puts a task before a producer on its own rank, so the
-//! plan stays a valid order (the lowering checks it again, and a candidate that does
-//! not lower is skipped); the programs are lowerings of plans, so the lowering's
+//! Invariants: a move within a rank never puts a task before a producer on its own
+//! rank, so the plan stays a valid order; a move between ranks may, or may close a
+//! cycle between ranks, and the lowering refuses such a plan (every candidate that
+//! does not lower is skipped), so the plan found is always a valid order; the programs are lowerings of plans, so the lowering's
 //! deadlock-freedom argument covers them; deterministic (no clocks, no threads:
 //! ties go to the lower rank, then the earlier task); the budget counts simulations,
 //! so the result does not depend on the machine. Progress is reported as a stage of
