@@ -36,10 +36,12 @@ impl Timeline {
 }
 
 /// Where one rank sat idle (not computing: waiting in transfers and collectives, or
-/// with nothing to do) in a simulated step, split at its LLM stage work: before its
-/// first stage forward (the warm-up), after its last stage backward (the cool-down),
-/// and in between (the steady state). A rank with no stage work counts all its idle
-/// time as steady. The three add up to the makespan minus the rank's compute.
+/// with nothing to do) in a simulated step, split at its LLM stage forwards, as the
+/// phases of a pipeline are: before its first stage forward starts (the warm-up),
+/// after its last stage forward ends (the cool-down, when only backwards and weight
+/// gradients are left), and in between (the steady state). A rank with no stage
+/// forward counts all its idle time as steady. The three add up to the makespan
+/// minus the rank's compute.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct Idle {
     pub warm_up: f64,
@@ -79,14 +81,9 @@ impl Timeline {
                     if !stages.contains(c.unit) {
                         continue;
                     }
-                    match c.op {
-                        Op::F | Op::RF => {
-                            first = Some(first.map_or(slot.start, |f: f64| f.min(slot.start)))
-                        }
-                        Op::B | Op::BW => {
-                            last = Some(last.map_or(slot.end, |l: f64| l.max(slot.end)))
-                        }
-                        Op::W => {}
+                    if matches!(c.op, Op::F | Op::RF) {
+                        first = Some(first.map_or(slot.start, |f: f64| f.min(slot.start)));
+                        last = Some(last.map_or(slot.end, |l: f64| l.max(slot.end)));
                     }
                 }
                 // Idle time within [a, b): its length less the compute inside it.
@@ -125,7 +122,7 @@ mod tests {
     /// Rank 0 runs an encoder then stage 0; rank 1 runs stage 1; rank 2 only an
     /// encoder. Times are set by hand (transfers shown as their waits).
     #[test]
-    fn idle_splits_at_the_first_stage_forward_and_the_last_stage_backward() {
+    fn idle_splits_at_the_first_and_the_last_stage_forward() {
         let program = Program::from_json(
             r#"{"format": "mpipe-program/1", "ranks": 3, "microbatches": 1,
               "units": [
@@ -169,17 +166,18 @@ mod tests {
             ],
         };
         let idle = t.idle(&program, 12.0);
-        // Rank 0: first stage forward at 1, last stage backward ends at 7; it waits
-        // 4 in [2, 6) and sits idle after 10.
+        // Rank 0: its only stage forward runs in [1, 2); after it, it waits 4 in
+        // [2, 6) for the gradient and sits idle after 10.
         assert_eq!(
             idle[0],
             Idle {
                 warm_up: 0.0,
-                steady: 4.0,
-                cool_down: 2.0
+                steady: 0.0,
+                cool_down: 6.0
             }
         );
-        // Rank 1: waits 2 for its input; after its backward (ends 6), a W, then idle.
+        // Rank 1: waits 2 for its input; after its forward (ends 4), a B and a W,
+        // then idle from 7.
         assert_eq!(
             idle[1],
             Idle {

@@ -170,7 +170,7 @@ fn report_json(l: &Loaded, r: &SimReport, mode: Mode) -> Value {
         "params": l.params,
         "compute": r.compute,
         // Per rank: idle before its first stage forward, between, after its last
-        // stage backward.
+        // stage forward.
         "idle": r.timeline.idle(&l.program, r.makespan),
         "lower_bound": l.bound.value(),
     })
@@ -260,7 +260,7 @@ pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure
         .map(|l| format!("; memory.limit {} applies to their sum", num(l)))
         .unwrap_or_default();
     outln!(
-        "idle: split into warm-up (before the rank's first stage forward), steady and cool-down (after its last stage backward)"
+        "idle: split into warm-up (before the rank's first stage forward), steady and cool-down (after its last stage forward)"
     );
     outln!(
         "peak memory: activations held at the peak; params: parameters resident on the rank{limit}"
