@@ -85,6 +85,8 @@ pub(crate) fn reorder(
     let mut improved = false;
     let mut tried: BTreeSet<(usize, Task, Task)> = BTreeSet::new();
     let mut tried_moves: BTreeSet<Migration> = BTreeSet::new();
+    // Moves change where tasks run, never the units: their families are fixed.
+    let family = families(&plan);
     'search: while spent < budget {
         // The plan lowered, so its dependencies resolve; were they not to, stop
         // with what was found.
@@ -138,7 +140,7 @@ pub(crate) fn reorder(
         }
         // No task of any wait helps: move encoder work between ranks.
         if moves == Moves::AcrossRanks {
-            for m in migrations(&plan, &best.1) {
+            for m in migrations(&plan, &family, &best.1) {
                 if !tried_moves.insert(m) {
                     continue;
                 }
@@ -147,7 +149,7 @@ pub(crate) fn reorder(
                 }
                 spent += 1;
                 stage.step();
-                let Some(next) = migrate(&plan, &times, m) else {
+                let Some(next) = migrate(&plan, &family, &times, m) else {
                     continue;
                 };
                 let Some((p, rep)) = lower_one(&next, text, opts, rule) else {
@@ -209,11 +211,10 @@ struct Migration {
 /// home: the plan is pipeline-parallel), all its tasks for that micro-batch are on
 /// that rank, none is a recomputation, and neither a raw-input transfer nor
 /// `prefetch` names it; a family's when each of its units' is.
-fn migrations(plan: &Plan, report: &SimReport) -> Vec<Migration> {
+fn migrations(plan: &Plan, family: &[usize], report: &SimReport) -> Vec<Migration> {
     let load = |r: usize| report.compute.get(r).copied().unwrap_or(0.0);
     let mut busy: Vec<usize> = (0..plan.ranks).collect();
     busy.sort_by(|&a, &b| load(b).total_cmp(&load(a)).then(a.cmp(&b)));
-    let family = families(plan);
     let index = plan.locate();
     let ops = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
     let mut out = Vec::new();
@@ -298,16 +299,16 @@ fn families(plan: &Plan) -> Vec<usize> {
         .collect()
 }
 
-/// `plan` with the tasks of `m` moved, each put before the first task of the target
-/// that started no earlier than it did (`times`, the simulated compute times), so
-/// the target runs them at about the same time, in the same order. `None` when
-/// nothing moves.
-fn migrate(plan: &Plan, times: &[Vec<Timed>], m: Migration) -> Option<Plan> {
-    let fam = families(plan);
+/// `plan` with the tasks of `m` moved (`family`: [`families`] of the plan's units),
+/// each put before the first task of the target that started no earlier than it did
+/// (`times`, the simulated compute times), so the target runs them at about the
+/// same time, in the same order. `None` when nothing moves.
+fn migrate(plan: &Plan, family: &[usize], times: &[Vec<Timed>], m: Migration) -> Option<Plan> {
+    // A stage is a family of its own, so a whole encoder family never takes one.
     let takes = |t: &Task| {
         t.mb == m.mb
             && if m.whole {
-                fam[t.unit] == fam[m.unit] && !crate::bound::is_stage(&plan.units[t.unit])
+                family[t.unit] == family[m.unit]
             } else {
                 t.unit == m.unit
             }
