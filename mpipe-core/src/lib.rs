@@ -8,8 +8,9 @@
 //! ([`units`]) → generate a compute-only [`plan`] ([`generators`]) → map it with
 //! [`operators`] → derive all communication ([`lower`]; `refine(...)` then moves
 //! transfers where a simulation shows ranks waiting, and weight gradients into the
-//! waits left, [`refine`]; with `order = N` also ready compute tasks, [`reorder`])
-//! → [`verify`] → [`simulate`].
+//! waits left, [`refine`]; with `order = N` also ready compute tasks, and then
+//! encoder micro-batches from busy ranks to idle ones, [`reorder`])
+//! → [`verify`] → [`simulate`] (its [`timeline`] also says where each rank idles).
 //! `auto` searches the algebra for the fastest expression ([`search`]), and
 //! [`evaluation`] sets it against the peer schedules and the lower bound.
 //! Around it: lower bounds ([`bound`]), charts and traces ([`render`]), loops for code
