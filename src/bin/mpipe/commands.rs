@@ -7,6 +7,7 @@ use crate::source::{
 };
 use crate::table::{num, pct, Table};
 use crate::{ScheduleArgs, SourceArgs};
+use mpipe_core::program::ActionRef;
 use mpipe_core::render::svg::{gantt_svg, SvgOptions};
 use mpipe_core::render::trace::{chrome_trace, TraceOptions};
 use mpipe_core::simulate::{simulate as run, Mode, SimOptions, SimReport};
@@ -568,6 +569,14 @@ pub fn refine(
         .as_ref()
         .and_then(|p| p.memory.as_ref().map(|m| m.limit));
     let opts = SimOptions { mode, comm };
+    // A program of compute tasks alone (a rank's order written by hand, or from a
+    // paper's figure) is a normal input: every transfer is placed, none kept.
+    let compute_only = program.ranks > 1
+        && program
+            .programs
+            .iter()
+            .flatten()
+            .all(|a| matches!(a.view(), ActionRef::Compute(_)));
     let r = mpipe_core::relower::relower_ordered(&program, &opts, limit, order)
         .map_err(|e| Failure::plain(1, "refine", format!("cannot refine {label}: {e}")))?;
     write(output, &r.program.to_json())?;
@@ -582,6 +591,9 @@ pub fn refine(
             "makespan {} -> {after} ({} faster)",
             num(b),
             pct(1.0 - r.report.makespan / b)
+        ),
+        (None, _, _) if compute_only => format!(
+            "compute only (no transfers in the input); with its transfers placed, makespan {after}"
         ),
         (None, _, problem) => format!(
             "the input cannot run as it is ({}; `mpipe check` says where); with its transfers derived again, makespan {after}",
