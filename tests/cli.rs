@@ -917,6 +917,24 @@ fn imported_torch_csv_that_deadlocks_is_explained() {
     );
 }
 
+/// Each rank's actions whose op `keep` accepts, as `op unit mb` lines, in list order.
+fn rank_actions(path: &Path, keep: impl Fn(&str) -> bool) -> Vec<Vec<String>> {
+    let v = json(&std::fs::read_to_string(path).unwrap());
+    v["programs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|list| {
+            list.as_array()
+                .unwrap()
+                .iter()
+                .filter(|a| keep(a["op"].as_str().unwrap_or("")))
+                .map(|a| format!("{} {} {}", a["op"], a["unit"], a["mb"]))
+                .collect()
+        })
+        .collect()
+}
+
 /// `refine` on the imported program that hangs: the same compute order, with its
 /// transfers derived again, passes `check`; standard error says what happened.
 #[test]
@@ -943,23 +961,11 @@ fn refine_fixes_an_imported_order_that_hangs() {
     let o = mpipe(&["check", fixed.to_str().unwrap()]);
     assert_status(&o, 0);
     // Same compute, in the same order on every rank.
-    let compute = |path: &Path| -> Vec<Vec<String>> {
-        let v = json(&std::fs::read_to_string(path).unwrap());
-        v["programs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|list| {
-                list.as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|a| !matches!(a["op"].as_str(), Some("SEND" | "RECV")))
-                    .map(|a| format!("{} {} {}", a["op"], a["unit"], a["mb"]))
-                    .collect()
-            })
-            .collect()
-    };
-    assert_eq!(compute(&imported), compute(&fixed));
+    let compute = |op: &str| !matches!(op, "SEND" | "RECV");
+    assert_eq!(
+        rank_actions(&imported, compute),
+        rank_actions(&fixed, compute)
+    );
 }
 
 /// `refine` on a program of compute tasks alone (a hand-written order): it says so,
@@ -986,32 +992,14 @@ fn refine_places_every_transfer_of_a_compute_only_program() {
     );
     let o = mpipe(&["check", placed.to_str().unwrap()]);
     assert_status(&o, 0);
-    let stages = |path: &Path| -> Vec<Vec<String>> {
-        let v = json(&std::fs::read_to_string(path).unwrap());
-        v["programs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|list| {
-                list.as_array()
-                    .unwrap()
-                    .iter()
-                    .filter(|a| matches!(a["op"].as_str(), Some("F" | "B")))
-                    .map(|a| format!("{} {} {}", a["op"], a["unit"], a["mb"]))
-                    .collect()
-            })
-            .collect()
-    };
-    let before = stages(&input);
+    let stages = |op: &str| matches!(op, "F" | "B");
+    let before = rank_actions(&input, stages);
     assert_eq!(before.len(), 2);
-    assert_eq!(before, stages(&placed));
-    let transfers = json(&std::fs::read_to_string(&placed).unwrap())["programs"]
-        .as_array()
-        .unwrap()
+    assert_eq!(before, rank_actions(&placed, stages));
+    let transfers: usize = rank_actions(&placed, |op| matches!(op, "SEND" | "RECV"))
         .iter()
-        .flat_map(|l| l.as_array().unwrap().clone())
-        .filter(|a| matches!(a["op"].as_str(), Some("SEND" | "RECV")))
-        .count();
+        .map(Vec::len)
+        .sum();
     // 3 micro-batches x (activation + gradient) x (send + receive).
     assert_eq!(transfers, 12);
 }
