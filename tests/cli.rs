@@ -440,8 +440,39 @@ fn simulate_prints_a_table_from_a_derivation_or_a_program() {
     );
     assert_status(&o, 0);
     let v = json(&stdout(&o));
-    assert!(v["makespan"].as_f64().unwrap() > 0.0);
+    let makespan = v["makespan"].as_f64().unwrap();
+    assert!(makespan > 0.0);
     assert_eq!(v["peak_memory"].as_array().unwrap().len(), 4);
+    // Each rank's idle time by cause adds up to the step less its compute. With the
+    // encoder inline, rank 0 paces the pipeline: it never waits, and every other
+    // rank waits mostly for the rank before it.
+    let waits = v["waits"].as_array().unwrap();
+    assert_eq!(waits.len(), 4);
+    for (rank, w) in waits.iter().enumerate() {
+        let by_peer = w["by_peer"].as_object().unwrap();
+        let waiting: f64 = by_peer.values().map(|t| t.as_f64().unwrap()).sum();
+        let total = waiting + w["transfer"].as_f64().unwrap() + w["done_early"].as_f64().unwrap();
+        let idle = makespan - v["compute"][rank].as_f64().unwrap();
+        assert!(
+            (total - idle).abs() < 1e-9,
+            "rank {rank}: {w} against idle {idle}"
+        );
+        assert!(!by_peer.contains_key(&rank.to_string()), "{w}");
+        for peer in by_peer.keys() {
+            let peer: usize = peer.parse().unwrap();
+            assert_eq!(
+                peer.abs_diff(rank),
+                1,
+                "1F1B ranks meet their neighbours only: {w}"
+            );
+        }
+        if rank == 0 {
+            assert_eq!(waiting, 0.0, "{w}");
+        } else {
+            let before = by_peer[&(rank - 1).to_string()].as_f64().unwrap();
+            assert!(before > waiting / 2.0, "rank {rank}: {w}");
+        }
+    }
 }
 
 #[test]

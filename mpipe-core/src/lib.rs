@@ -10,7 +10,8 @@
 //! transfers where a simulation shows ranks waiting, and weight gradients into the
 //! waits left, [`refine`]; with `order = N` also ready compute tasks, and then
 //! encoder micro-batches from busy ranks to idle ones, [`reorder`])
-//! → [`verify`] → [`simulate`] (its [`timeline`] also says where each rank idles).
+//! → [`verify`] → [`simulate`] (its [`timeline`] also says where each rank idles, and
+//! [`waits`] for whom).
 //! `auto` searches the algebra for the fastest expression ([`search`]), and
 //! [`evaluation`] sets it against the peer schedules and the lower bound.
 //! Around it: lower bounds ([`bound`]), charts and traces ([`render`]), loops for code
@@ -65,3 +66,4 @@ pub mod timeline;
 pub mod torch_csv;
 pub mod units;
 pub mod verify;
+pub mod waits;

@@ -751,6 +751,21 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
             ));
         }
     }
+    // The same idle time by cause: waiting for partners (never oneself), in
+    // transfers, and done early, again adding up with no part negative.
+    let waits = mpipe_core::waits::waits(p, &rendezvous.timeline, rendezvous.makespan);
+    for (r, w) in waits.iter().enumerate() {
+        let expect = rendezvous.makespan - rendezvous.compute[r];
+        let total = w.waiting() + w.transfer + w.done_early;
+        let negative =
+            w.by_peer.values().any(|&x| x < 0.0) || w.transfer < 0.0 || w.done_early < 0.0;
+        if negative || w.by_peer.contains_key(&r) || (total - expect).abs() > slack(expect) * 10.0 {
+            return Err(fail(
+                case,
+                format!("rank {r}: waits {w:?} do not add up to {expect}"),
+            ));
+        }
+    }
 
     // Determinism.
     let again = derive_case(case, &profile)

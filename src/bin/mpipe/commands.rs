@@ -12,6 +12,7 @@ use mpipe_core::render::svg::{gantt_svg, SvgOptions};
 use mpipe_core::render::trace::{chrome_trace, TraceOptions};
 use mpipe_core::simulate::{simulate as run, Mode, SimOptions, SimReport};
 use mpipe_core::verify::verify_mode;
+use mpipe_core::waits::{waits, Waits};
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -173,6 +174,9 @@ fn report_json(l: &Loaded, r: &SimReport, mode: Mode) -> Value {
         // Per rank: idle before its first stage forward, between, after its last
         // stage forward.
         "idle": r.timeline.idle(&l.program, r.makespan),
+        // Per rank: the same idle time by cause (waiting for each partner, in
+        // transfers, done before the step ended).
+        "waits": waits(&l.program, &r.timeline, r.makespan),
         "lower_bound": l.bound.value(),
     })
 }
@@ -266,7 +270,45 @@ pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure
     outln!(
         "peak memory: activations held at the peak; params: parameters resident on the rank{limit}"
     );
+    let waits = waits(p, &r.timeline, r.makespan);
+    if waits.iter().any(|w| !w.by_peer.is_empty()) {
+        outln!("");
+        let mut t = Table::new(&["rank", "waiting", "for", "transfers", "done early"]);
+        for (rank, w) in waits.iter().enumerate() {
+            t.row(vec![
+                rank.to_string(),
+                num(w.waiting()),
+                waited_for(w),
+                num(w.transfer),
+                num(w.done_early),
+            ]);
+        }
+        out!("{}", t.render());
+        outln!(
+            "waiting: blocked in a transfer or collective until its last partner arrived, by partner (largest first); transfers: once all were there; done early: after the rank's last action"
+        );
+    }
     Ok(0)
+}
+
+/// The partners a rank waited for, largest first: `6: 132.3, 4: 69.8`, the first
+/// three and how many more.
+fn waited_for(w: &Waits) -> String {
+    const SHOWN: usize = 3;
+    let all = w.largest_first();
+    let mut text: Vec<String> = all
+        .iter()
+        .take(SHOWN)
+        .map(|(peer, t)| format!("{peer}: {}", num(*t)))
+        .collect();
+    if all.len() > SHOWN {
+        text.push(format!("+{} more", all.len() - SHOWN));
+    }
+    if text.is_empty() {
+        "-".into()
+    } else {
+        text.join(", ")
+    }
 }
 
 /// One compared schedule: its program and figures, or why it has none.
