@@ -17,10 +17,12 @@
 //! 4. keep the first candidate that shortens the step (or, as long, lowers the sum
 //!    of the ranks' finishing times) and fits the memory, and go back to 2;
 //! 5. when no candidate of any wait does, and the caller allows it
-//!    ([`Moves::AcrossRanks`]), move encoder work instead: from the busiest ranks (by
-//!    compute) to the least busy, one micro-batch of an encoder (all its layers or
-//!    chunks on that rank together, else one layer), each task put where the target
-//!    was at the time it ran; keep the first that shortens the step as in 4 and go
+//!    ([`Moves::AcrossRanks`]), move encoder work instead: from the ranks that set
+//!    the pace (the most compute plus the time the other ranks waited for them, as
+//!    [`crate::waits`] attributes it), then the busiest by compute, to the least
+//!    busy, one micro-batch of an encoder (all its layers or chunks on that rank
+//!    together, else one layer), each task put where the target was at the time it
+//!    ran; keep the first that shortens the step as in 4 and go
 //!    back to 2. LLM stage tasks never move (the plan stays pipeline-parallel, as
 //!    the bounds assume); the lowering adds the parameter broadcast and gradient
 //!    reduction a rank computing away from a unit's home needs. Stop when nothing
@@ -140,7 +142,7 @@ pub(crate) fn reorder(
         }
         // No task of any wait helps: move encoder work between ranks.
         if moves == Moves::AcrossRanks {
-            for m in migrations(&plan, &family, &best.1) {
+            for m in migrations(&plan, &family, &best.0, &best.1) {
                 if !tried_moves.insert(m) {
                     continue;
                 }
@@ -186,8 +188,8 @@ pub(crate) enum Moves {
     AcrossRanks,
 }
 
-/// How many of the busiest ranks encoder work may move from, and how many of the
-/// least busy it may move to.
+/// How many ranks encoder work may move from (of those that set the pace, and of
+/// the busiest), and how many of the least busy it may move to.
 const SOURCES: usize = 3;
 const TARGETS: usize = 3;
 
@@ -202,23 +204,51 @@ struct Migration {
     whole: bool,
 }
 
-/// Candidate moves of encoder work: from each of the [`SOURCES`] ranks with the
-/// most compute (busiest first) to each of the [`TARGETS`] with the least that have
-/// less, each movable encoder micro-batch: first whole families (an encoder's units
+/// Candidate moves of encoder work: from each of the [`SOURCES`] ranks that set the
+/// pace of `program` (compute plus the time the others waited for them, largest
+/// first), then each of the [`SOURCES`] busiest by compute not among them, to each
+/// of the [`TARGETS`] with the least compute that have less, each movable encoder
+/// micro-batch: first whole families (an encoder's units
 /// on the rank, its chunks `ENC.k` or layers `ENC/N`, so that a chain of layers stays
 /// together), largest first, then single units of a family cut into several.
 /// A unit's micro-batch is movable when the unit is not an LLM stage's (those stay
 /// home: the plan is pipeline-parallel), all its tasks for that micro-batch are on
 /// that rank, none is a recomputation, and neither a raw-input transfer nor
 /// `prefetch` names it; a family's when each of its units' is.
-fn migrations(plan: &Plan, family: &[usize], report: &SimReport) -> Vec<Migration> {
+fn migrations(
+    plan: &Plan,
+    family: &[usize],
+    program: &Program,
+    report: &SimReport,
+) -> Vec<Migration> {
     let load = |r: usize| report.compute.get(r).copied().unwrap_or(0.0);
+    // How long the other ranks waited for each rank: a rank others wait for paces
+    // them, whatever its own compute.
+    let mut waited_for = vec![0.0; plan.ranks];
+    for w in crate::waits::waits(program, &report.timeline, report.makespan) {
+        for (&peer, &t) in &w.by_peer {
+            if let Some(x) = waited_for.get_mut(peer) {
+                *x += t;
+            }
+        }
+    }
     let mut busy: Vec<usize> = (0..plan.ranks).collect();
     busy.sort_by(|&a, &b| load(b).total_cmp(&load(a)).then(a.cmp(&b)));
+    // Sources: the ranks that set the pace (their compute plus the time the others
+    // waited for them), then the busiest by compute alone.
+    let pace = |r: usize| load(r) + waited_for[r];
+    let mut paced: Vec<usize> = (0..plan.ranks).collect();
+    paced.sort_by(|&a, &b| pace(b).total_cmp(&pace(a)).then(a.cmp(&b)));
+    let mut sources: Vec<usize> = paced.iter().take(SOURCES).copied().collect();
+    for &r in busy.iter().take(SOURCES) {
+        if !sources.contains(&r) {
+            sources.push(r);
+        }
+    }
     let index = plan.locate();
     let ops = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
     let mut out = Vec::new();
-    for &from in busy.iter().take(SOURCES) {
+    for &from in &sources {
         let targets: Vec<usize> = busy
             .iter()
             .rev()
