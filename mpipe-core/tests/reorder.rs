@@ -121,23 +121,49 @@ fn ordering_gains_where_ranks_wait_with_work_at_hand() {
     assert_eq!(a, b);
 }
 
+/// A profile of the search's random report: trainable `vision` and `audio` encoders
+/// of `(layers, F, B, W)` and a 16-layer LLM of `(F, B, W)`, free communication.
+fn two_encoders(
+    vision: (usize, f64, f64, f64),
+    audio: (usize, f64, f64, f64),
+    llm: (f64, f64, f64),
+) -> Profile {
+    let encoder = |name: &str, (layers, f, b, w): (usize, f64, f64, f64)| {
+        format!(
+            "[[encoder]]\nname = \"{name}\"\nlayers = {layers}\nforward = {f}\nbackward = {b}\n\
+             weight = {w}\nactivation = 0.1\ntrainable = true\n\n"
+        )
+    };
+    let (f, b, w) = llm;
+    Profile::from_toml_str(&format!(
+        "{}{}[llm]\nlayers = 16\nforward = {f}\nbackward = {b}\nweight = {w}\nactivation = 1.0\n",
+        encoder("vision", vision),
+        encoder("audio", audio)
+    ))
+    .unwrap()
+}
+
 /// A random two-encoder profile (from the search's report, 8 x 16) where `fill`
 /// leaves ranks 1-4 with ~40 ms more encoder work than ranks 5-7: once no task of
 /// any wait helps, the search moves encoder micro-batches from the busiest ranks to
 /// the least busy (324.3 -> 314.9). LLM stage tasks stay on their home ranks.
 #[test]
 fn ordering_moves_encoder_work_off_the_busiest_ranks() {
-    let prof = Profile::from_toml_str(
-        "[[encoder]]\nname = \"vision\"\nlayers = 17\nforward = 1.5201248784456953\n\
-         backward = 1.3483694697860809\nweight = 0.5382483220846386\nactivation = 0.1\n\
-         trainable = true\n\n\
-         [[encoder]]\nname = \"audio\"\nlayers = 11\nforward = 0.6204426885795894\n\
-         backward = 0.6204426885795894\nweight = 0.3102213442897947\nactivation = 0.1\n\
-         trainable = true\n\n\
-         [llm]\nlayers = 16\nforward = 1.0295985864359674\nbackward = 1.6981836387770997\n\
-         weight = 1.3459458322486757\nactivation = 1.0\n",
-    )
-    .unwrap();
+    let prof = two_encoders(
+        (
+            17,
+            1.5201248784456953,
+            1.3483694697860809,
+            0.5382483220846386,
+        ),
+        (
+            11,
+            0.6204426885795894,
+            0.6204426885795894,
+            0.3102213442897947,
+        ),
+        (1.0295985864359674, 1.6981836387770997, 1.3459458322486757),
+    );
     let req = Request::new(&prof, 8, 16);
     let body = "layers(fill(audio, fill(vision, zb2p(costs = unit))))";
     let refined = derive_str(&req, &format!("refine({body})")).unwrap();
@@ -170,17 +196,21 @@ fn ordering_moves_encoder_work_off_the_busiest_ranks() {
 /// 224.1; 233.4 when the moves looked at compute alone).
 #[test]
 fn ordering_unloads_the_rank_the_others_wait_for() {
-    let prof = Profile::from_toml_str(
-        "[[encoder]]\nname = \"vision\"\nlayers = 13\nforward = 0.8738814509390476\n\
-         backward = 1.4151730701625342\nweight = 0.3180410418840986\nactivation = 0.1\n\
-         trainable = true\n\n\
-         [[encoder]]\nname = \"audio\"\nlayers = 6\nforward = 0.36282081007555955\n\
-         backward = 0.36282081007555955\nweight = 0.18141040503777978\nactivation = 0.1\n\
-         trainable = true\n\n\
-         [llm]\nlayers = 16\nforward = 1.8324576165795836\nbackward = 1.8356677489999125\n\
-         weight = 0.23154667064363996\nactivation = 1.0\n",
-    )
-    .unwrap();
+    let prof = two_encoders(
+        (
+            13,
+            0.8738814509390476,
+            1.4151730701625342,
+            0.3180410418840986,
+        ),
+        (
+            6,
+            0.36282081007555955,
+            0.36282081007555955,
+            0.18141040503777978,
+        ),
+        (1.8324576165795836, 1.8356677489999125, 0.23154667064363996),
+    );
     let req = Request::new(&prof, 8, 16);
     let body = "layers(fill(audio, fill(vision, zb2p)))";
     let refined = derive_str(&req, &format!("refine({body})")).unwrap();
