@@ -224,14 +224,8 @@ fn migrations(
     let load = |r: usize| report.compute.get(r).copied().unwrap_or(0.0);
     // How long the other ranks waited for each rank: a rank others wait for paces
     // them, whatever its own compute.
-    let mut waited_for = vec![0.0; plan.ranks];
-    for w in crate::waits::waits(program, &report.timeline, report.makespan) {
-        for (&peer, &t) in &w.by_peer {
-            if let Some(x) = waited_for.get_mut(peer) {
-                *x += t;
-            }
-        }
-    }
+    let waits = crate::waits::waits(program, &report.timeline, report.makespan);
+    let waited_for = crate::waits::waited_for(&waits, plan.ranks);
     let mut busy: Vec<usize> = (0..plan.ranks).collect();
     busy.sort_by(|&a, &b| load(b).total_cmp(&load(a)).then(a.cmp(&b)));
     // Sources: the ranks that set the pace (their compute plus the time the others

@@ -52,6 +52,21 @@ impl Waits {
     }
 }
 
+/// Per rank, how long the other ranks waited for it in total: the rank the others
+/// wait for sets their pace, whatever its own compute. `ranks` long; partners out
+/// of range are left out.
+pub fn waited_for(waits: &[Waits], ranks: usize) -> Vec<f64> {
+    let mut total = vec![0.0; ranks];
+    for w in waits {
+        for (&peer, &t) in &w.by_peer {
+            if let Some(x) = total.get_mut(peer) {
+                *x += t;
+            }
+        }
+    }
+    total
+}
+
 /// A point-to-point meeting: (tensor, unit, mb, sender, receiver, occurrence).
 type P2pKey<'a> = (Tensor, &'a str, usize, usize, usize, usize);
 /// A collective meeting: (kind, unit, root, group, occurrence).

@@ -10,7 +10,7 @@ use mpipe_core::profile::Profile;
 use mpipe_core::program::ActionRef;
 use mpipe_core::simulate::{simulate, Mode, SimOptions};
 use mpipe_core::verify::verify;
-use mpipe_core::waits::waits;
+use mpipe_core::waits::{waited_for, waits};
 use proptest::prelude::*;
 
 fn profile(
@@ -215,16 +215,10 @@ fn ordering_unloads_the_rank_the_others_wait_for() {
     let body = "layers(fill(audio, fill(vision, zb2p)))";
     let refined = derive_str(&req, &format!("refine({body})")).unwrap();
     let ordered = derive_str(&req, &format!("refine({body}, order = 1000)")).unwrap();
-    let waited_for = |d: &mpipe_core::derive::Derived| {
-        let mut t = vec![0.0; 8];
-        for w in waits(&d.program, &d.report.timeline, d.report.makespan) {
-            for (&peer, &x) in &w.by_peer {
-                t[peer] += x;
-            }
-        }
-        t
+    let waits_for = |d: &mpipe_core::derive::Derived| {
+        waited_for(&waits(&d.program, &d.report.timeline, d.report.makespan), 8)
     };
-    let before = waited_for(&refined);
+    let before = waits_for(&refined);
     let pacer = (0..8)
         .max_by(|&a, &b| before[a].total_cmp(&before[b]))
         .unwrap();
@@ -241,7 +235,7 @@ fn ordering_unloads_the_rank_the_others_wait_for() {
         ordered.report.compute,
         refined.report.compute
     );
-    assert!(waited_for(&ordered)[pacer] < before[pacer] / 2.0);
+    assert!(waits_for(&ordered)[pacer] < before[pacer] / 2.0);
     assert!(verify(&ordered.program).is_empty());
 }
 
