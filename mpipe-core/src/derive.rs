@@ -375,23 +375,21 @@ fn best_lowering(
     }
     let cap = limit.unwrap_or_else(|| peak_memory_with_params(&first.0, &first.1)) * (1.0 + 1e-12);
     let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= cap;
-    let found = crate::reorder::reorder(
+    let mut best = first;
+    crate::reorder::reorder_rounds(
         plan,
         Some(text),
         &opts,
         &fits,
         budget,
         crate::reorder::Moves::AcrossRanks,
+        &mut best,
+        &|order, best| {
+            best_lowering_with(order, Some(text), &opts, limit, true)
+                .ok()
+                .filter(|(p, r)| r.makespan < best.makespan && fits(p, r))
+        },
     );
-    let mut best = first;
-    for order in &found {
-        match best_lowering_with(order, Some(text), &opts, limit, true) {
-            Ok(again) if again.1.makespan < best.1.makespan && fits(&again.0, &again.1) => {
-                best = again
-            }
-            _ => {}
-        }
-    }
     Ok(best)
 }
 

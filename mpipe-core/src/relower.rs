@@ -255,22 +255,22 @@ pub fn relower_ordered(
         let within =
             cap.unwrap_or_else(|| peak_memory_with_params(&derived, &report)) * (1.0 + 1e-12);
         let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= within;
-        let found = crate::reorder::reorder(
+        let mut best = (derived, report);
+        crate::reorder::reorder_rounds(
             &plan,
             expr.as_deref(),
             opts,
             &fits,
             order,
             crate::reorder::Moves::WithinRanks,
+            &mut best,
+            &|o, best| {
+                best_lowering_with(o, expr.as_deref(), opts, cap, true)
+                    .ok()
+                    .filter(|(p, r)| r.makespan < best.makespan && fits(p, r) && terminates(p))
+            },
         );
-        for o in &found {
-            if let Some(better) = best_lowering_with(o, expr.as_deref(), opts, cap, true)
-                .ok()
-                .filter(|(p, r)| r.makespan < report.makespan && fits(p, r) && terminates(p))
-            {
-                (derived, report) = better;
-            }
-        }
+        (derived, report) = best;
     }
     let violations = verify_static(&derived);
     if let Some(v) = violations.first() {

@@ -25,16 +25,28 @@
 //!    ran; keep the first that shortens the step as in 4 and go
 //!    back to 2. LLM stage tasks never move (the plan stays pipeline-parallel, as
 //!    the bounds assume); the lowering adds the parameter broadcast and gradient
-//!    reduction a rank computing away from a unit's home needs. Stop when nothing
-//!    helps, or after `budget` simulations.
+//!    reduction a rank computing away from a unit's home needs;
+//! 6. when nothing of 3-5 helps, shift work along a rank instead: for each wait,
+//!    an earlier weight gradient (up to [`LOOKAHEAD`] places before it) moves into
+//!    it, so that what ran between them, and the sends other ranks wait for among
+//!    that, runs earlier; and the producer on another rank whose output arrived
+//!    last moves earlier on its own rank (before the weight gradients right before
+//!    it, or as early as its own inputs allow). Keep the first that helps as in 4
+//!    and go back to 2. Stop when nothing helps, or after `budget` simulations.
 //!
 //! The caller then derives the new plan in full (every rule, re-placement, transfer
 //! refinement) and keeps it only if it beats what it had; when the search moved
-//! work between ranks, the plan before the first such move is derived too, since
-//! one rule's ranking and the full derivation's can differ.
+//! work between ranks, or came to step 6, after improving the order, the plan at
+//! that point is derived too, since one rule's ranking and the full derivation's
+//! can differ. [`reorder_rounds`] does this in rounds: the full derivation moves
+//! weight gradients and transfers, which changes the waits, so the next round
+//! searches from the kept program's order, with the simulations left, until a
+//! round keeps nothing (the result is then a fixed point: searching it again finds
+//! nothing, budget allowing).
 //!
 //! Invariants: a move within a rank never puts a task before a producer on its own
-//! rank, so the plan stays a valid order; a move between ranks may, or may close a
+//! rank (nor a backward before its forward, a weight gradient before its backward),
+//! so the plan stays a valid order; a move between ranks may, or may close a
 //! cycle between ranks, and the lowering refuses such a plan (every candidate that
 //! does not lower is skipped), so the plan found is always a valid order; the programs are lowerings of plans, so the lowering's
 //! deadlock-freedom argument covers them; deterministic (no clocks, no threads:
@@ -60,11 +72,12 @@ pub const LOOKAHEAD: usize = 20;
 const MIN_WAIT: f64 = 1e-6;
 
 /// Better plans than `plan`, if the search finds any within `budget` simulations
-/// (see the module documentation); empty when no move helped. The last is where
-/// the search ended; when it moved work between ranks after improving the order
-/// within them, the plan before the first such move comes first (each is judged
-/// under one placement rule here, and the caller's full derivation can rank them
-/// otherwise). `fits` says whether a program's memory is acceptable.
+/// (see the module documentation), and the simulations spent; no plan when no move
+/// helped. The last is where the search ended; before it come the plan before the
+/// first move between ranks and the plan when step 6 began, if the order had
+/// improved by then (each is judged under one placement rule here, and the
+/// caller's full derivation can rank them otherwise). `fits` says whether a
+/// program's memory is acceptable.
 pub(crate) fn reorder(
     plan: &Plan,
     text: Option<&str>,
@@ -72,13 +85,15 @@ pub(crate) fn reorder(
     fits: &dyn Fn(&Program, &SimReport) -> bool,
     budget: usize,
     moves: Moves,
-) -> Vec<Plan> {
+) -> (Vec<Plan>, usize) {
     let stage = Stage::begin("ordering the compute (simulations)", budget);
     let Some((rule, mut best)) = first_lowering(plan, text, opts) else {
-        return Vec::new();
+        return (Vec::new(), PLACEMENTS.len().min(budget));
     };
-    // The plan as it was before the first move between ranks, if it had improved.
+    // The plan as it was before the first move between ranks, if it had improved,
+    // and when the first two kinds of move ran out, if they had.
     let mut within: Option<Plan> = None;
+    let mut exhausted: Option<Plan> = None;
     let mut plan = plan.clone();
     let mut spent = PLACEMENTS.len();
     for _ in 0..spent.min(budget) {
@@ -106,19 +121,40 @@ pub(crate) fn reorder(
             }
         }
         waits.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        for &(wait, r, j) in &waits {
-            let by = times[r][j].start - wait / 2.0;
-            let list = &plan.order[r];
-            for k in j + 1..list.len().min(j + 1 + LOOKAHEAD) {
-                let ready = deps.of(r, k).iter().all(|d| {
-                    let (q, i) = d.producer;
-                    if q == r {
-                        i < j
-                    } else {
-                        times[q][i].end <= by
+        for stage_of_search in [Kind::Advance, Kind::Migrate, Kind::Shift] {
+            let tries: Vec<Try> = match stage_of_search {
+                Kind::Migrate if moves == Moves::AcrossRanks => {
+                    migrations(&plan, &family, &best.0, &best.1)
+                        .into_iter()
+                        .map(Try::Migrate)
+                        .collect()
+                }
+                Kind::Migrate => Vec::new(),
+                kind => {
+                    if kind == Kind::Shift && improved && exhausted.is_none() {
+                        exhausted = Some(plan.clone());
                     }
-                });
-                if !ready || !tried.insert((r, list[k], list[j])) {
+                    let mut out = Vec::new();
+                    for &(wait, r, j) in &waits {
+                        for (q, from, to) in candidates(&plan, &deps, &times, (r, j), wait, kind) {
+                            let list = &plan.order[q];
+                            let anchor = if to < from { list[to] } else { list[to + 1] };
+                            let key = (q, list[from], anchor);
+                            if !tried.contains(&key) {
+                                out.push(Try::Within(key, from, to));
+                            }
+                        }
+                    }
+                    out
+                }
+            };
+            for t in tries {
+                // A move may come up for several waits: it is tried once.
+                let fresh = match t {
+                    Try::Within(key, ..) => tried.insert(key),
+                    Try::Migrate(m) => tried_moves.insert(m),
+                };
+                if !fresh {
                     continue;
                 }
                 if spent >= budget {
@@ -126,39 +162,23 @@ pub(crate) fn reorder(
                 }
                 spent += 1;
                 stage.step();
-                let mut next = plan.clone();
-                let task = next.order[r].remove(k);
-                next.order[r].insert(j, task);
-                let Some((p, rep)) = lower_one(&next, text, opts, rule) else {
-                    continue;
-                };
-                if better(&rep, &best.1) && fits(&p, &rep) {
-                    plan = next;
-                    best = (p, rep);
-                    improved = true;
-                    continue 'search;
-                }
-            }
-        }
-        // No task of any wait helps: move encoder work between ranks.
-        if moves == Moves::AcrossRanks {
-            for m in migrations(&plan, &family, &best.0, &best.1) {
-                if !tried_moves.insert(m) {
-                    continue;
-                }
-                if spent >= budget {
-                    break 'search;
-                }
-                spent += 1;
-                stage.step();
-                let Some(next) = migrate(&plan, &family, &times, m) else {
-                    continue;
+                let next = match t {
+                    Try::Within((q, ..), from, to) => {
+                        let mut next = plan.clone();
+                        let task = next.order[q].remove(from);
+                        next.order[q].insert(to, task);
+                        next
+                    }
+                    Try::Migrate(m) => match migrate(&plan, &family, &times, m) {
+                        Some(next) => next,
+                        None => continue,
+                    },
                 };
                 let Some((p, rep)) = lower_one(&next, text, opts, rule) else {
                     continue;
                 };
                 if better(&rep, &best.1) && fits(&p, &rep) {
-                    if improved && within.is_none() {
+                    if matches!(t, Try::Migrate(_)) && improved && within.is_none() {
                         within = Some(plan.clone());
                     }
                     plan = next;
@@ -170,11 +190,167 @@ pub(crate) fn reorder(
         }
         break;
     }
-    let mut found: Vec<Plan> = within.into_iter().collect();
+    let mut found: Vec<Plan> = within.into_iter().chain(exhausted).collect();
     if improved {
         found.push(plan);
     }
-    found
+    (found, spent.min(budget))
+}
+
+/// The caller's full derivation of a plan, given the best report so far: the
+/// program and its report when it is to be kept, else `None`.
+pub(crate) type Derive<'a> = dyn Fn(&Plan, &SimReport) -> Option<(Program, SimReport)> + 'a;
+
+/// [`reorder`] in rounds: each round searches from the compute order of the best
+/// program so far, since its full derivation (`derive`, which returns a program
+/// only when it is to be kept: faster than `best` and within the limits) moves
+/// weight gradients and transfers, and the waits it leaves differ from those the
+/// search saw. Rounds go on while one improves `best` and simulations of `budget`
+/// are left. Returns whether `best` changed.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn reorder_rounds(
+    plan: &Plan,
+    text: Option<&str>,
+    opts: &SimOptions,
+    fits: &dyn Fn(&Program, &SimReport) -> bool,
+    budget: usize,
+    moves: Moves,
+    best: &mut (Program, SimReport),
+    derive: &Derive,
+) -> bool {
+    let mut left = budget;
+    let mut plan = plan.clone();
+    let mut changed = false;
+    while left > 0 {
+        let (found, spent) = reorder(&plan, text, opts, fits, left, moves);
+        left = left.saturating_sub(spent.max(1));
+        let mut improved = false;
+        for order in &found {
+            if let Some(again) = derive(order, &best.1) {
+                *best = again;
+                improved = true;
+            }
+        }
+        if !improved {
+            break;
+        }
+        changed = true;
+        // The next round starts from the kept program's compute order.
+        match crate::relower::plan_of_program(&best.0) {
+            Ok(p) if p.units == plan.units => plan.order = p.order,
+            _ => break,
+        }
+    }
+    changed
+}
+
+/// The kinds of move, tried in this order; a kind is tried only once no move of
+/// the kinds before it helps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// A later task whose inputs are ready moves into a wait.
+    Advance,
+    /// Encoder work moves between ranks ([`Moves::AcrossRanks`] only).
+    Migrate,
+    /// An earlier weight gradient moves into a wait (what ran between them, the
+    /// sends others wait for among it, runs earlier), or the producer elsewhere
+    /// that arrived last moves earlier on its rank.
+    Shift,
+}
+
+/// One candidate: a move within a rank, `((rank, task, the task it goes before),
+/// from, to)` (see [`candidates`]), or a move between ranks.
+#[derive(Clone, Copy, Debug)]
+enum Try {
+    Within((usize, Task, Task), usize, usize),
+    Migrate(Migration),
+}
+
+/// The moves of `kind` for the wait of `wait` before task `j` on rank `r`
+/// (`at = (r, j)`), as `(rank, from, to)`: the task at `from` in that rank's list
+/// moves to index `to` of the list without it. Every move keeps each task after
+/// its producers on its own rank.
+fn candidates(
+    plan: &Plan,
+    deps: &crate::analysis::Deps,
+    times: &[Vec<Timed>],
+    (r, j): (usize, usize),
+    wait: f64,
+    kind: Kind,
+) -> Vec<(usize, usize, usize)> {
+    let list = &plan.order[r];
+    match kind {
+        Kind::Migrate => Vec::new(),
+        Kind::Advance => {
+            // Ready by the middle of the wait: produced here before `j`, or
+            // elsewhere by then in the simulation.
+            let by = times[r][j].start - wait / 2.0;
+            (j + 1..list.len().min(j + 1 + LOOKAHEAD))
+                .filter(|&k| {
+                    deps.of(r, k).iter().all(|d| {
+                        let (q, i) = d.producer;
+                        if q == r {
+                            i < j
+                        } else {
+                            times[q][i].end <= by
+                        }
+                    }) && !list[j..k].iter().any(|&t| needs_own(list[k], t))
+                })
+                .map(|k| (r, k, j))
+                .collect()
+        }
+        Kind::Shift => {
+            // A weight gradient has no consumer: it may go anywhere later.
+            let mut out: Vec<(usize, usize, usize)> = (j.saturating_sub(LOOKAHEAD)..j)
+                .filter(|&i| list[i].op == Op::W)
+                .map(|i| (r, i, j - 1))
+                .collect();
+            // The producer elsewhere that ended last: before the weight gradients
+            // right before it, or as early as its own producers allow.
+            let late = deps
+                .of(r, j)
+                .iter()
+                .map(|d| d.producer)
+                .filter(|&(q, _)| q != r)
+                .max_by(|&(q, i), &(p, k)| times[q][i].end.total_cmp(&times[p][k].end));
+            if let Some((q, i)) = late {
+                let own = &plan.order[q];
+                let own_before = (0..i).rev().find(|&k| needs_own(own[i], own[k]));
+                let lo = deps
+                    .of(q, i)
+                    .iter()
+                    .filter(|d| d.producer.0 == q)
+                    .map(|d| d.producer.1 + 1)
+                    .chain(own_before.map(|k| k + 1))
+                    .max()
+                    .unwrap_or(0)
+                    .max(i.saturating_sub(LOOKAHEAD));
+                let mut ws = i;
+                while ws > lo && own[ws - 1].op == Op::W {
+                    ws -= 1;
+                }
+                for to in [ws, lo] {
+                    if to < i && !out.contains(&(q, i, to)) {
+                        out.push((q, i, to));
+                    }
+                }
+            }
+            out
+        }
+    }
+}
+
+/// Whether task `a` reads what `b` computed on its own rank for the same unit and
+/// micro-batch: a backward its forward (or recomputed forward), a weight gradient
+/// its backward. [`dependencies`] checks these but lists only what crosses units.
+fn needs_own(a: Task, b: Task) -> bool {
+    a.unit == b.unit
+        && a.mb == b.mb
+        && match a.op {
+            Op::B | Op::BW => matches!(b.op, Op::F | Op::RF),
+            Op::W => b.op == Op::B,
+            Op::F | Op::RF => false,
+        }
 }
 
 /// Which moves the search may make.
@@ -438,4 +614,70 @@ fn compute_times(program: &Program, report: &SimReport) -> Vec<Vec<Timed>> {
             out
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::derive::{derive_str, Request};
+    use crate::profile::Profile;
+    use crate::verify::verify_static;
+
+    /// Every candidate move of either kind, for every wait of a rendezvous program
+    /// with many (Qwen2-VL-7B at 4 x 8, the ramp layer by layer), is of the shape
+    /// its kind promises and lowers to a valid program; both kinds come up.
+    #[test]
+    fn every_candidate_is_of_its_kind_and_lowers_to_a_valid_program() {
+        let text = include_str!("../../profiles/qwen2vl-7b.toml");
+        let profile = Profile::from_toml_str(text).unwrap();
+        let req = Request::new(&profile, 4, 8);
+        let derived =
+            derive_str(&req, "refine(layers(zb2p(encoders = ramp, costs = unit)))").unwrap();
+        let plan = crate::relower::plan_of_program(&derived.program).unwrap();
+        let opts = req.sim_options(req.mode);
+        let (rule, (program, report)) = first_lowering(&plan, None, &opts).unwrap();
+        let times = compute_times(&program, &report);
+        let deps = dependencies(&plan).unwrap();
+        let mut seen = [0usize; 3];
+        for (r, rank) in times.iter().enumerate() {
+            for (j, slot) in rank.iter().enumerate() {
+                if slot.wait <= MIN_WAIT {
+                    continue;
+                }
+                for kind in [Kind::Advance, Kind::Shift] {
+                    for (q, from, to) in candidates(&plan, &deps, &times, (r, j), slot.wait, kind) {
+                        let task = plan.order[q][from];
+                        match kind {
+                            Kind::Advance => {
+                                assert!(q == r && from > j && to == j, "{kind:?} {q} {from} {to}");
+                                seen[0] += 1;
+                            }
+                            _ if q == r => {
+                                assert!(task.op == Op::W && from < j && to == j - 1);
+                                seen[1] += 1;
+                            }
+                            _ => {
+                                let producer =
+                                    deps.of(r, j).iter().any(|d| d.producer == (q, from));
+                                assert!(producer && to < from, "{kind:?} {q} {from} {to}");
+                                seen[2] += 1;
+                            }
+                        }
+                        let mut next = plan.clone();
+                        let t = next.order[q].remove(from);
+                        next.order[q].insert(to, t);
+                        let lowered = lower_with(&next, None, rule).unwrap_or_else(|e| {
+                            panic!(
+                                "{kind:?} {r} {j} {q} {from} {to} {:?} {:?}: {e}",
+                                plan.order[q][from], plan.order[r][j]
+                            )
+                        });
+                        assert_eq!(verify_static(&lowered), vec![], "{kind:?} {q} {from} {to}");
+                        simulate(&lowered, &opts).unwrap();
+                    }
+                }
+            }
+        }
+        assert!(seen.iter().all(|&n| n > 0), "{seen:?}");
+    }
 }
