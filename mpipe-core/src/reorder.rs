@@ -121,32 +121,30 @@ pub(crate) fn reorder(
             }
         }
         waits.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        for stage_of_search in [Kind::Advance, Kind::Migrate, Kind::Shift] {
-            let tries: Vec<Try> = match stage_of_search {
-                Kind::Migrate if moves == Moves::AcrossRanks => {
+        // The first move kept: the plan, its lowering, and whether it moved work
+        // between ranks.
+        let mut kept: Option<(Plan, (Program, SimReport), bool)> = None;
+        'kinds: for kind in [Kind::Advance, Kind::Migrate, Kind::Shift] {
+            if kind == Kind::Shift && improved && exhausted.is_none() {
+                exhausted = Some(plan.clone());
+            }
+            // Generated as they are tried: the first kept ends the list.
+            let tries: Box<dyn Iterator<Item = Try>> = match kind {
+                Kind::Migrate if moves == Moves::AcrossRanks => Box::new(
                     migrations(&plan, &family, &best.0, &best.1)
                         .into_iter()
-                        .map(Try::Migrate)
-                        .collect()
-                }
-                Kind::Migrate => Vec::new(),
-                kind => {
-                    if kind == Kind::Shift && improved && exhausted.is_none() {
-                        exhausted = Some(plan.clone());
-                    }
-                    let mut out = Vec::new();
-                    for &(wait, r, j) in &waits {
-                        for (q, from, to) in candidates(&plan, &deps, &times, (r, j), wait, kind) {
+                        .map(Try::Migrate),
+                ),
+                Kind::Migrate => Box::new(std::iter::empty()),
+                _ => Box::new(waits.iter().flat_map(|&(wait, r, j)| {
+                    candidates(&plan, &deps, &times, (r, j), wait, kind)
+                        .into_iter()
+                        .map(|(q, from, to)| {
                             let list = &plan.order[q];
                             let anchor = if to < from { list[to] } else { list[to + 1] };
-                            let key = (q, list[from], anchor);
-                            if !tried.contains(&key) {
-                                out.push(Try::Within(key, from, to));
-                            }
-                        }
-                    }
-                    out
-                }
+                            Try::Within((q, list[from], anchor), from, to)
+                        })
+                })),
             };
             for t in tries {
                 // A move may come up for several waits: it is tried once.
@@ -178,17 +176,20 @@ pub(crate) fn reorder(
                     continue;
                 };
                 if better(&rep, &best.1) && fits(&p, &rep) {
-                    if matches!(t, Try::Migrate(_)) && improved && within.is_none() {
-                        within = Some(plan.clone());
-                    }
-                    plan = next;
-                    best = (p, rep);
-                    improved = true;
-                    continue 'search;
+                    kept = Some((next, (p, rep), matches!(t, Try::Migrate(_))));
+                    break 'kinds;
                 }
             }
         }
-        break;
+        let Some((next, lowered, between)) = kept else {
+            break;
+        };
+        if between && improved && within.is_none() {
+            within = Some(plan.clone());
+        }
+        plan = next;
+        best = lowered;
+        improved = true;
     }
     let mut found: Vec<Plan> = within.into_iter().chain(exhausted).collect();
     if improved {
