@@ -301,8 +301,10 @@ fn candidates(
                 .collect()
         }
         Kind::Shift => {
-            // A weight gradient has no consumer: it may go anywhere later.
-            let mut out: Vec<(usize, usize, usize)> = (j.saturating_sub(LOOKAHEAD)..j)
+            // A weight gradient has no consumer: it may go anywhere later (one
+            // right before `j` is there already).
+            let mut out: Vec<(usize, usize, usize)> = (j.saturating_sub(LOOKAHEAD)
+                ..j.saturating_sub(1))
                 .filter(|&i| list[i].op == Op::W)
                 .map(|i| (r, i, j - 1))
                 .collect();
@@ -654,7 +656,7 @@ mod tests {
                                 seen[0] += 1;
                             }
                             _ if q == r => {
-                                assert!(task.op == Op::W && from < j && to == j - 1);
+                                assert!(task.op == Op::W && from + 1 < j && to == j - 1);
                                 seen[1] += 1;
                             }
                             _ => {

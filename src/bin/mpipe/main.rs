@@ -185,8 +185,10 @@ enum Command {
         #[arg(long, value_enum, default_value_t = ModeArg::Rendezvous)]
         mode: ModeArg,
         /// Also search the compute order, with up to N simulations (1 to 100000), as
-        /// `refine(X, order = N)` does: tasks move into the waits before them. Each
-        /// rank keeps its compute tasks; without it, their order is kept too.
+        /// `refine(X, order = N)` does: tasks move into the waits before them (and
+        /// weight gradients later, late producers earlier), in rounds until one
+        /// finds nothing. Each rank keeps its compute tasks; without it, their order
+        /// is kept too.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=mpipe_core::derive::MAX_ORDER))]
         order: Option<u64>,
         /// Write the program here instead of standard output.
