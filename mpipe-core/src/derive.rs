@@ -376,20 +376,17 @@ fn best_lowering(
     let cap = limit.unwrap_or_else(|| peak_memory_with_params(&first.0, &first.1)) * (1.0 + 1e-12);
     let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= cap;
     let mut best = first;
-    crate::reorder::reorder_rounds(
-        plan,
-        Some(text),
-        &opts,
-        &fits,
-        budget,
-        crate::reorder::Moves::AcrossRanks,
-        &mut best,
-        &|order, best| {
-            best_lowering_with(order, Some(text), &opts, limit, true)
-                .ok()
-                .filter(|(p, r)| r.makespan < best.makespan && fits(p, r))
-        },
-    );
+    let search = crate::reorder::Search {
+        text: Some(text),
+        opts: &opts,
+        fits: &fits,
+        moves: crate::reorder::Moves::AcrossRanks,
+    };
+    crate::reorder::reorder_rounds(plan, &search, budget, &mut best, &|order, best| {
+        best_lowering_with(order, Some(text), &opts, limit, true)
+            .ok()
+            .filter(|(p, r)| r.makespan < best.makespan && fits(p, r))
+    });
     Ok(best)
 }
 

@@ -256,20 +256,17 @@ pub fn relower_ordered(
             cap.unwrap_or_else(|| peak_memory_with_params(&derived, &report)) * (1.0 + 1e-12);
         let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= within;
         let mut best = (derived, report);
-        crate::reorder::reorder_rounds(
-            &plan,
-            expr.as_deref(),
+        let search = crate::reorder::Search {
+            text: expr.as_deref(),
             opts,
-            &fits,
-            order,
-            crate::reorder::Moves::WithinRanks,
-            &mut best,
-            &|o, best| {
-                best_lowering_with(o, expr.as_deref(), opts, cap, true)
-                    .ok()
-                    .filter(|(p, r)| r.makespan < best.makespan && fits(p, r) && terminates(p))
-            },
-        );
+            fits: &fits,
+            moves: crate::reorder::Moves::WithinRanks,
+        };
+        crate::reorder::reorder_rounds(&plan, &search, order, &mut best, &|o, best| {
+            best_lowering_with(o, expr.as_deref(), opts, cap, true)
+                .ok()
+                .filter(|(p, r)| r.makespan < best.makespan && fits(p, r) && terminates(p))
+        });
         (derived, report) = best;
     }
     let violations = verify_static(&derived);

@@ -78,14 +78,13 @@ const MIN_WAIT: f64 = 1e-6;
 /// improved by then (each is judged under one placement rule here, and the
 /// caller's full derivation can rank them otherwise). `fits` says whether a
 /// program's memory is acceptable.
-pub(crate) fn reorder(
-    plan: &Plan,
-    text: Option<&str>,
-    opts: &SimOptions,
-    fits: &dyn Fn(&Program, &SimReport) -> bool,
-    budget: usize,
-    moves: Moves,
-) -> (Vec<Plan>, usize) {
+fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
+    let Search {
+        text,
+        opts,
+        fits,
+        moves,
+    } = *search;
     let stage = Stage::begin("ordering the compute (simulations)", budget);
     let Some((rule, mut best)) = first_lowering(plan, text, opts) else {
         return (Vec::new(), PLACEMENTS.len().min(budget));
@@ -198,6 +197,17 @@ pub(crate) fn reorder(
     (found, spent.min(budget))
 }
 
+/// What the searches of one plan share: the source text its programs record, the
+/// simulation options, whether a program's memory is acceptable, and which moves
+/// are allowed.
+#[derive(Clone, Copy)]
+pub(crate) struct Search<'a> {
+    pub text: Option<&'a str>,
+    pub opts: &'a SimOptions,
+    pub fits: &'a dyn Fn(&Program, &SimReport) -> bool,
+    pub moves: Moves,
+}
+
 /// The caller's full derivation of a plan, given the best report so far: the
 /// program and its report when it is to be kept, else `None`.
 pub(crate) type Derive<'a> = dyn Fn(&Plan, &SimReport) -> Option<(Program, SimReport)> + 'a;
@@ -208,14 +218,10 @@ pub(crate) type Derive<'a> = dyn Fn(&Plan, &SimReport) -> Option<(Program, SimRe
 /// weight gradients and transfers, and the waits it leaves differ from those the
 /// search saw. Rounds go on while one improves `best` and simulations of `budget`
 /// are left. Returns whether `best` changed.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn reorder_rounds(
     plan: &Plan,
-    text: Option<&str>,
-    opts: &SimOptions,
-    fits: &dyn Fn(&Program, &SimReport) -> bool,
+    search: &Search,
     budget: usize,
-    moves: Moves,
     best: &mut (Program, SimReport),
     derive: &Derive,
 ) -> bool {
@@ -223,7 +229,7 @@ pub(crate) fn reorder_rounds(
     let mut plan = plan.clone();
     let mut changed = false;
     while left > 0 {
-        let (found, spent) = reorder(&plan, text, opts, fits, left, moves);
+        let (found, spent) = reorder(&plan, search, left);
         left = left.saturating_sub(spent.max(1));
         let mut improved = false;
         for order in &found {
