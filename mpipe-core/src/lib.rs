@@ -8,8 +8,9 @@
 //! ([`units`]) → generate a compute-only [`plan`] ([`generators`]) → map it with
 //! [`operators`] → derive all communication ([`lower`]; `refine(...)` then moves
 //! transfers where a simulation shows ranks waiting, and weight gradients into the
-//! waits left, [`refine`]; with `order = N` also ready compute tasks, and then
-//! encoder micro-batches from busy ranks to idle ones, [`reorder`])
+//! waits left, [`refine`]; with `order = N` also ready compute tasks, then
+//! encoder micro-batches from busy ranks to idle ones, then shifts along a rank,
+//! in rounds until one finds nothing, [`reorder`])
 //! → [`verify`] → [`simulate`] (its [`timeline`] also says where each rank idles, and
 //! [`waits`] for whom).
 //! `auto` searches the algebra for the fastest expression ([`search`]), and

@@ -217,17 +217,16 @@ pub(crate) type Derive<'a> = dyn Fn(&Plan, &SimReport) -> Option<(Program, SimRe
 /// only when it is to be kept: faster than `best` and within the limits) moves
 /// weight gradients and transfers, and the waits it leaves differ from those the
 /// search saw. Rounds go on while one improves `best` and simulations of `budget`
-/// are left. Returns whether `best` changed.
+/// are left.
 pub(crate) fn reorder_rounds(
     plan: &Plan,
     search: &Search,
     budget: usize,
     best: &mut (Program, SimReport),
     derive: &Derive,
-) -> bool {
+) {
     let mut left = budget;
     let mut plan = plan.clone();
-    let mut changed = false;
     while left > 0 {
         let (found, spent) = reorder(&plan, search, left);
         left = left.saturating_sub(spent.max(1));
@@ -241,14 +240,12 @@ pub(crate) fn reorder_rounds(
         if !improved {
             break;
         }
-        changed = true;
         // The next round starts from the kept program's compute order.
         match crate::relower::plan_of_program(&best.0) {
             Ok(p) if p.units == plan.units => plan.order = p.order,
             _ => break,
         }
     }
-    changed
 }
 
 /// The kinds of move, tried in this order; a kind is tried only once no move of
