@@ -359,7 +359,8 @@ pub(crate) fn finish_unspanned(
 /// `refine`: `None` lowers only; `Some(n)` also refines the transfers and, for
 /// `n > 0`, searches the compute order with at most `n` simulations
 /// ([`crate::reorder`]), keeping its plan only if its full derivation is faster and
-/// within the memory limit (without one, within the first program's peak).
+/// within the memory limit (without one, within the larger peak of the plan's own
+/// lowering and of its refinement).
 fn best_lowering(
     req: &Request,
     plan: &Plan,
@@ -373,7 +374,17 @@ fn best_lowering(
     if budget == 0 {
         return Ok(first);
     }
-    let cap = limit.unwrap_or_else(|| peak_memory_with_params(&first.0, &first.1)) * (1.0 + 1e-12);
+    // Without a limit, the search may use the memory of the plan's own lowering or
+    // of its refinement, whichever is more: refinement moves weight gradients
+    // earlier, which lowers the peak, and the search judges its moves on lowerings.
+    let cap = match limit {
+        Some(l) => l,
+        None => {
+            let plain = best_lowering_with(plan, Some(text), &opts, None, false)?;
+            peak_memory_with_params(&first.0, &first.1)
+                .max(peak_memory_with_params(&plain.0, &plain.1))
+        }
+    } * (1.0 + 1e-12);
     let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= cap;
     let mut best = first;
     let search = crate::reorder::Search {

@@ -219,7 +219,10 @@ fn shift(
 /// - *make way*: a `W` the partner runs shortly before the transfer moves to just
 ///   after it (the partner arrives sooner, and runs the `W` once both have moved on).
 ///
-/// Of the `W`s that fit (at most twice the wait), the one closest to the wait is
+/// First, rank by rank, every wait of the rank is filled at once with as many `W`s
+/// as fit in it ([`fill_rank`]); while that helps, the ranks are filled again (a
+/// simulation per rank and round). Then wait by wait, the longest first: of the
+/// `W`s that fit (at most twice the wait), the one closest to the wait is
 /// tried. A move is kept when the makespan (then the sum of the ranks' finishing
 /// times) goes down and every rank stays within `fits` (the memory limit: a `W`
 /// moved later holds its activation longer). Transfers keep their order on every
@@ -244,6 +247,33 @@ pub(crate) fn settle_w(
         ActionRef::Compute(c) => costs.get(c.unit).map_or(0.0, |x| c.op.cost(x)),
         _ => 0.0,
     };
+    // First the waits of one rank at a time, each all at once, while that helps:
+    // one simulation a try.
+    loop {
+        let mut improved = false;
+        for r in 0..program.programs.len() {
+            if spent >= budget {
+                break;
+            }
+            let Some(next) = fill_rank(&program, &report, opts, &cost, r) else {
+                continue;
+            };
+            spent += 1;
+            let kept = simulate(&next, opts).ok().filter(|rep| {
+                let sc = score(rep);
+                (sc.0 < best.0 || (sc.0 == best.0 && sc.1 < best.1)) && fits(rep)
+            });
+            if let Some(rep) = kept {
+                best = score(&rep);
+                program = next;
+                report = rep;
+                improved = true;
+            }
+        }
+        if !improved || spent >= budget {
+            break;
+        }
+    }
     while spent < budget {
         let mut improved = false;
         let mut tried = 0;
@@ -378,6 +408,95 @@ fn fill_move(
     Some((r, j, lo))
 }
 
+/// Every wait of rank `r` filled at once: each transfer (or batch) it waited in, in
+/// its order, takes `W`s from later on the rank whose `B` came before it, largest
+/// first while their total stays within the wait (the time blocked less the
+/// transfer's own). On its own such a fill delays nothing (the rank still arrives
+/// no later than its partner did) and leaves the rank less to do; all at once, a
+/// partner that now arrives earlier (the rank sends sooner) can make a filled wait
+/// too short, so the caller simulates the result (on qwen2vl-7b's rendezvous
+/// program, all ranks at once made the step longer, one at a time shorter).
+/// `None` when nothing moves.
+fn fill_rank(
+    program: &Program,
+    report: &SimReport,
+    opts: &SimOptions,
+    cost: &dyn Fn(&Action) -> f64,
+    r: usize,
+) -> Option<Program> {
+    let bytes: std::collections::BTreeMap<&str, f64> = program
+        .units
+        .iter()
+        .map(|u| (u.name.as_str(), u.bytes))
+        .collect();
+    let transfer = |a: &Action| match (a.view(), opts.comm) {
+        (ActionRef::P2p(x), Some(c)) => c.transfer_time(bytes.get(x.unit).copied().unwrap_or(0.0)),
+        _ => 0.0,
+    };
+    let list = program.programs.get(r)?;
+    let slots = report.timeline.ranks.get(r)?;
+    let mut backward: std::collections::BTreeSet<(&str, usize)> = Default::default();
+    let mut used = vec![false; list.len()];
+    // (index of the batch's first action, the W indices put before it)
+    let mut fills: Vec<(usize, Vec<usize>)> = Vec::new();
+    let mut i = 0;
+    while i < list.len() {
+        match list[i].view() {
+            ActionRef::Compute(c) => {
+                if c.op == crate::program::Op::B {
+                    backward.insert((c.unit, c.mb));
+                }
+                i += 1;
+            }
+            ActionRef::P2p(_) => {
+                let (lo, hi) = batch_bounds(list, i);
+                let own = list[lo..=hi].iter().map(transfer).fold(0.0, f64::max);
+                let mut left = slots[lo].end - slots[lo].start - own;
+                let mut ws: Vec<(f64, usize)> = (hi + 1..list.len())
+                    .filter(|&j| {
+                        !used[j]
+                            && matches!(list[j].view(), ActionRef::Compute(w)
+                                if w.op == crate::program::Op::W
+                                    && backward.contains(&(w.unit, w.mb)))
+                    })
+                    .map(|j| (cost(&list[j]), j))
+                    .collect();
+                ws.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+                let mut taken = Vec::new();
+                for (c, j) in ws {
+                    if c > 0.0 && c <= left {
+                        left -= c;
+                        used[j] = true;
+                        taken.push(j);
+                    }
+                }
+                if !taken.is_empty() {
+                    taken.sort_unstable();
+                    fills.push((lo, taken));
+                }
+                i = hi + 1;
+            }
+            _ => i += 1,
+        }
+    }
+    if fills.is_empty() {
+        return None;
+    }
+    let mut out = Vec::with_capacity(list.len());
+    let mut f = fills.iter().peekable();
+    for (k, a) in list.iter().enumerate() {
+        if let Some((_, taken)) = f.next_if(|(lo, _)| *lo == k) {
+            out.extend(taken.iter().map(|&j| list[j].clone()));
+        }
+        if !used[k] {
+            out.push(a.clone());
+        }
+    }
+    let mut next = program.clone();
+    next.programs[r] = out;
+    Some(next)
+}
+
 /// Make way: the partner of the transfer at `program.programs[r][i]`, if it arrived
 /// later than `r`, moves a `W` it runs before the transfer (within the tasks since
 /// its previous transfer) to just after the batch: `(rank, from, to)`.
@@ -408,4 +527,79 @@ fn make_way_move(
     let j = closest_w(list, since..lo, late, &|_| true, cost)?;
     // After removing `j` (before the batch), the batch ends at `hi - 1`.
     Some((me.peer, j, hi))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::derive::{derive_str, Request};
+    use crate::profile::Profile;
+    use crate::verify::verify_static;
+
+    /// The compute actions of a rank, as text, with or without its `W`s.
+    fn computes(list: &[Action], with_w: bool) -> Vec<String> {
+        list.iter()
+            .filter(|a| match a.view() {
+                ActionRef::Compute(c) => with_w || c.op != crate::program::Op::W,
+                _ => false,
+            })
+            .map(|a| a.to_string())
+            .collect()
+    }
+
+    /// Filling a rank's waits (Qwen2-VL-7B at 4 x 8 under rendezvous, the ramp layer
+    /// by layer, before any refinement) moves only that rank's `W`s, only earlier,
+    /// each still after its `B`, and leaves a valid program that runs; some rank
+    /// has waits to fill, and a fill shortens the step there.
+    #[test]
+    fn filling_a_rank_moves_only_its_weight_gradients_earlier() {
+        let text = include_str!("../../profiles/qwen2vl-7b.toml");
+        let profile = Profile::from_toml_str(text).unwrap();
+        let req = Request::new(&profile, 4, 8);
+        let derived = derive_str(&req, "layers(zb2p(encoders = ramp, costs = unit))").unwrap();
+        let (program, report) = (derived.program, derived.report);
+        let opts = req.sim_options(req.mode);
+        let costs: std::collections::BTreeMap<String, crate::program::Cost> = program
+            .units
+            .iter()
+            .map(|u| (u.name.clone(), u.cost))
+            .collect();
+        let cost = |a: &Action| match a.view() {
+            ActionRef::Compute(c) => costs.get(c.unit).map_or(0.0, |x| c.op.cost(x)),
+            _ => 0.0,
+        };
+        let (mut filled, mut shorter) = (0, 0);
+        for r in 0..program.programs.len() {
+            let Some(next) = fill_rank(&program, &report, &opts, &cost, r) else {
+                continue;
+            };
+            filled += 1;
+            assert_eq!(verify_static(&next), vec![], "rank {r}");
+            for (q, (old, new)) in program.programs.iter().zip(&next.programs).enumerate() {
+                if q != r {
+                    assert_eq!(old, new, "rank {q} changed filling rank {r}");
+                    continue;
+                }
+                assert_eq!(computes(old, false), computes(new, false), "rank {r}");
+                let mut a = computes(old, true);
+                let mut b = computes(new, true);
+                // Every W sits no later among the compute tasks than before.
+                for (k, w) in b.iter().enumerate().filter(|(_, w)| w.starts_with("W ")) {
+                    let was = a.iter().position(|x| x == w).unwrap();
+                    assert!(k <= was, "rank {r}: {w} moved later ({was} -> {k})");
+                }
+                a.sort();
+                b.sort();
+                assert_eq!(a, b, "rank {r}: not the same tasks");
+            }
+            let rep = simulate(&next, &opts).unwrap();
+            if rep.makespan < report.makespan - 1e-9 {
+                shorter += 1;
+            }
+        }
+        assert!(
+            filled > 0 && shorter > 0,
+            "{filled} filled, {shorter} shorter"
+        );
+    }
 }

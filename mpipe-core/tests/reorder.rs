@@ -75,10 +75,18 @@ proptest! {
                     ordered.report.makespan <= refined.report.makespan * (1.0 + 1e-12),
                     "{text}: {} > {}", ordered.report.makespan, refined.report.makespan
                 );
-                // Within the limit, or without one within what `refine` needed.
+                // Within the limit, or without one within what the body's own
+                // lowering or `refine` needed, whichever is more (`refine` moves
+                // weight gradients earlier, which can lower the peak).
+                let cap = if limited {
+                    limit
+                } else {
+                    let plain = derive_str(&req, body).unwrap();
+                    limit.max(plain.peak_with_params())
+                };
                 prop_assert!(
-                    ordered.peak_with_params() <= limit * (1.0 + 1e-12),
-                    "{text}: peak {} over {limit}", ordered.peak_with_params()
+                    ordered.peak_with_params() <= cap * (1.0 + 1e-12),
+                    "{text}: peak {} over {cap}", ordered.peak_with_params()
                 );
                 prop_assert!(verify(&ordered.program).is_empty(), "{text}: invalid");
                 for run in [Mode::Rendezvous, Mode::Eager] {
