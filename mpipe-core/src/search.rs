@@ -623,8 +623,9 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     // Then the winner's compute order, by simulation (`refine(X, order = N)`), with a
     // budget that shrinks as programs grow; again only a strict gain counts. When
     // that finds nothing, the runner-up's (the fastest refined program of another
-    // expression): the search may gain on one where it cannot on the other (on a
-    // schedule cut layer by layer, say, and not on the same schedule uncut).
+    // expression, if within `RUNNER_UP_WITHIN` of the winner): the search may gain on
+    // one where it cannot on the other (on a schedule cut layer by layer, say, and
+    // not on the same schedule uncut).
     let inner_of = |expr: &str| {
         expr.strip_prefix("refine(")
             .and_then(|x| x.strip_suffix(')'))
@@ -656,11 +657,18 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             .iter()
             .find(|(.., d)| inner_of(&d.expr) != inner)
             .map(|(.., d)| d)
+            .filter(|d| d.report.makespan <= winner.report.makespan * RUNNER_UP_WITHIN)
     };
     let polished = polish(&winner, "winner").or_else(|| polish(runner_up()?, "runner-up"));
     let best = polished.unwrap_or(winner);
     Ok(Search { best, tried })
 }
+
+/// How close the runner-up must be to the winner (as a factor of its step) for
+/// `auto` to search its compute order when the winner's finds nothing: the search
+/// gains a few percent at most, and where the runner-up is farther behind the time
+/// is spent for nothing (it cost up to a third more search time on the benchmarks).
+const RUNNER_UP_WITHIN: f64 = 1.01;
 
 /// Simulations `auto` may spend on its winner's compute order: at most
 /// `ORDER_BUDGET`, and fewer for large programs (about `ORDER_ACTIONS` actions
