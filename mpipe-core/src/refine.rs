@@ -247,6 +247,13 @@ pub(crate) fn settle_w(
         ActionRef::Compute(c) => costs.get(c.unit).map_or(0.0, |x| c.op.cost(x)),
         _ => 0.0,
     };
+    // A candidate's report when it beats `best` and fits.
+    let accept = |next: &Program, best: (f64, f64)| {
+        simulate(next, opts).ok().filter(|rep| {
+            let sc = score(rep);
+            (sc.0 < best.0 || (sc.0 == best.0 && sc.1 < best.1)) && fits(rep)
+        })
+    };
     // First the waits of one rank at a time, each all at once, while that helps:
     // one simulation a try.
     loop {
@@ -259,11 +266,7 @@ pub(crate) fn settle_w(
                 continue;
             };
             spent += 1;
-            let kept = simulate(&next, opts).ok().filter(|rep| {
-                let sc = score(rep);
-                (sc.0 < best.0 || (sc.0 == best.0 && sc.1 < best.1)) && fits(rep)
-            });
-            if let Some(rep) = kept {
+            if let Some(rep) = accept(&next, best) {
                 best = score(&rep);
                 program = next;
                 report = rep;
@@ -294,11 +297,7 @@ pub(crate) fn settle_w(
                 let mut next = program.clone();
                 let w = next.programs[rank].remove(from);
                 next.programs[rank].insert(to, w);
-                let kept = simulate(&next, opts).ok().filter(|rep| {
-                    let sc = score(rep);
-                    (sc.0 < best.0 || (sc.0 == best.0 && sc.1 < best.1)) && fits(rep)
-                });
-                if let Some(rep) = kept {
+                if let Some(rep) = accept(&next, best) {
                     best = score(&rep);
                     program = next;
                     report = rep;
