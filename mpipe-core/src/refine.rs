@@ -238,15 +238,8 @@ pub(crate) fn settle_w(
     let mut best = score(&report);
     let mut spent = 0;
     // Moves never change the units: their costs, looked up by name once.
-    let costs: std::collections::BTreeMap<String, crate::program::Cost> = program
-        .units
-        .iter()
-        .map(|u| (u.name.clone(), u.cost))
-        .collect();
-    let cost = |a: &Action| match a.view() {
-        ActionRef::Compute(c) => costs.get(c.unit).map_or(0.0, |x| c.op.cost(x)),
-        _ => 0.0,
-    };
+    let costs = unit_costs(&program);
+    let cost = |a: &Action| action_cost(&costs, a);
     // A candidate's report when it beats `best` and fits.
     let accept = |next: &Program, best: (f64, f64)| {
         simulate(next, opts).ok().filter(|rep| {
@@ -314,6 +307,26 @@ pub(crate) fn settle_w(
         }
     }
     (program, report)
+}
+
+/// Each unit's costs, by name.
+fn unit_costs(program: &Program) -> std::collections::BTreeMap<String, crate::program::Cost> {
+    program
+        .units
+        .iter()
+        .map(|u| (u.name.clone(), u.cost))
+        .collect()
+}
+
+/// How long action `a` computes (0 for communication).
+fn action_cost(
+    costs: &std::collections::BTreeMap<String, crate::program::Cost>,
+    a: &Action,
+) -> f64 {
+    match a.view() {
+        ActionRef::Compute(c) => costs.get(c.unit).map_or(0.0, |x| c.op.cost(x)),
+        _ => 0.0,
+    }
 }
 
 /// Candidate moves tried per round before `settle_w` gives up.
@@ -558,15 +571,8 @@ mod tests {
         let derived = derive_str(&req, "layers(zb2p(encoders = ramp, costs = unit))").unwrap();
         let (program, report) = (derived.program, derived.report);
         let opts = req.sim_options(req.mode);
-        let costs: std::collections::BTreeMap<String, crate::program::Cost> = program
-            .units
-            .iter()
-            .map(|u| (u.name.clone(), u.cost))
-            .collect();
-        let cost = |a: &Action| match a.view() {
-            ActionRef::Compute(c) => costs.get(c.unit).map_or(0.0, |x| c.op.cost(x)),
-            _ => 0.0,
-        };
+        let costs = unit_costs(&program);
+        let cost = |a: &Action| action_cost(&costs, a);
         let (mut filled, mut shorter) = (0, 0);
         for r in 0..program.programs.len() {
             let Some(next) = fill_rank(&program, &report, &opts, &cost, r) else {
