@@ -237,9 +237,8 @@ pub(crate) fn settle_w(
     let score = |r: &SimReport| (r.makespan, ends(r));
     let mut best = score(&report);
     let mut spent = 0;
-    // Moves never change the units: their costs, looked up by name once.
-    let costs = unit_costs(&program);
-    let cost = |a: &Action| action_cost(&costs, a);
+    let lengths = Lengths::of(&program, opts);
+    let cost = |a: &Action| lengths.compute(a);
     // A candidate's report when it beats `best` and fits.
     let accept = |next: &Program, best: (f64, f64)| {
         simulate(next, opts).ok().filter(|rep| {
@@ -255,7 +254,7 @@ pub(crate) fn settle_w(
             if spent >= budget {
                 break;
             }
-            let Some(next) = fill_rank(&program, &report, opts, &cost, r) else {
+            let Some(next) = fill_rank(&program, &report, &lengths, r) else {
                 continue;
             };
             spent += 1;
@@ -309,23 +308,46 @@ pub(crate) fn settle_w(
     (program, report)
 }
 
-/// Each unit's costs, by name.
-fn unit_costs(program: &Program) -> std::collections::BTreeMap<String, crate::program::Cost> {
-    program
-        .units
-        .iter()
-        .map(|u| (u.name.clone(), u.cost))
-        .collect()
+/// How long a program's actions take: a compute action its unit's cost, a
+/// point-to-point action its transfer under the link model (0 without one).
+struct Lengths {
+    costs: std::collections::BTreeMap<String, crate::program::Cost>,
+    bytes: std::collections::BTreeMap<String, f64>,
+    comm: Option<crate::simulate::CommModel>,
 }
 
-/// How long action `a` computes (0 for communication).
-fn action_cost(
-    costs: &std::collections::BTreeMap<String, crate::program::Cost>,
-    a: &Action,
-) -> f64 {
-    match a.view() {
-        ActionRef::Compute(c) => costs.get(c.unit).map_or(0.0, |x| c.op.cost(x)),
-        _ => 0.0,
+impl Lengths {
+    /// Moves never change the units, so their figures are looked up by name once.
+    fn of(program: &Program, opts: &SimOptions) -> Lengths {
+        Lengths {
+            costs: program
+                .units
+                .iter()
+                .map(|u| (u.name.clone(), u.cost))
+                .collect(),
+            bytes: program
+                .units
+                .iter()
+                .map(|u| (u.name.clone(), u.bytes))
+                .collect(),
+            comm: opts.comm,
+        }
+    }
+
+    fn compute(&self, a: &Action) -> f64 {
+        match a.view() {
+            ActionRef::Compute(c) => self.costs.get(c.unit).map_or(0.0, |x| c.op.cost(x)),
+            _ => 0.0,
+        }
+    }
+
+    fn transfer(&self, a: &Action) -> f64 {
+        match (a.view(), self.comm) {
+            (ActionRef::P2p(x), Some(c)) => {
+                c.transfer_time(self.bytes.get(x.unit).copied().unwrap_or(0.0))
+            }
+            _ => 0.0,
+        }
     }
 }
 
@@ -432,19 +454,9 @@ fn fill_move(
 fn fill_rank(
     program: &Program,
     report: &SimReport,
-    opts: &SimOptions,
-    cost: &dyn Fn(&Action) -> f64,
+    lengths: &Lengths,
     r: usize,
 ) -> Option<Program> {
-    let bytes: std::collections::BTreeMap<&str, f64> = program
-        .units
-        .iter()
-        .map(|u| (u.name.as_str(), u.bytes))
-        .collect();
-    let transfer = |a: &Action| match (a.view(), opts.comm) {
-        (ActionRef::P2p(x), Some(c)) => c.transfer_time(bytes.get(x.unit).copied().unwrap_or(0.0)),
-        _ => 0.0,
-    };
     let list = program.programs.get(r)?;
     let slots = report.timeline.ranks.get(r)?;
     let mut backward: std::collections::BTreeSet<(&str, usize)> = Default::default();
@@ -462,7 +474,10 @@ fn fill_rank(
             }
             ActionRef::P2p(_) => {
                 let (lo, hi) = batch_bounds(list, i);
-                let own = list[lo..=hi].iter().map(transfer).fold(0.0, f64::max);
+                let own = list[lo..=hi]
+                    .iter()
+                    .map(|a| lengths.transfer(a))
+                    .fold(0.0, f64::max);
                 let mut left = slots[lo].end - slots[lo].start - own;
                 let mut ws: Vec<(f64, usize)> = (hi + 1..list.len())
                     .filter(|&j| {
@@ -471,7 +486,7 @@ fn fill_rank(
                                 if w.op == crate::program::Op::W
                                     && backward.contains(&(w.unit, w.mb)))
                     })
-                    .map(|j| (cost(&list[j]), j))
+                    .map(|j| (lengths.compute(&list[j]), j))
                     .collect();
                 ws.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
                 let mut taken = Vec::new();
@@ -571,11 +586,10 @@ mod tests {
         let derived = derive_str(&req, "layers(zb2p(encoders = ramp, costs = unit))").unwrap();
         let (program, report) = (derived.program, derived.report);
         let opts = req.sim_options(req.mode);
-        let costs = unit_costs(&program);
-        let cost = |a: &Action| action_cost(&costs, a);
+        let lengths = Lengths::of(&program, &opts);
         let (mut filled, mut shorter) = (0, 0);
         for r in 0..program.programs.len() {
-            let Some(next) = fill_rank(&program, &report, &opts, &cost, r) else {
+            let Some(next) = fill_rank(&program, &report, &lengths, r) else {
                 continue;
             };
             filled += 1;
