@@ -205,7 +205,12 @@ fn load_program(
             return None;
         }
     };
-    let bound = lower_bound(&program.units, program.ranks, program.microbatches);
+    let bound = lower_bound(
+        &program.units,
+        program.ranks,
+        program.microbatches,
+        opts.held_link(),
+    );
     let params = resident_params(&program);
     Some((
         Derived {

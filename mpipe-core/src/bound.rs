@@ -6,7 +6,9 @@
 //! dependencies are those of program-format.md: a unit's `F` after its inputs' `F`s,
 //! its `B` after its own `F` and its successors' `B`s, its `W` after its `B`. A rank
 //! runs one task at a time. Costs are the units' (recomputation only adds work and
-//! communication only adds time, so ignoring both keeps every bound valid).
+//! communication only adds time, so ignoring both keeps every bound valid; the
+//! ramp bound counts, under rendezvous with a link, the transfers no
+//! pipeline-parallel program can do without).
 //!
 //! From the unit graph: the **release** of a task type, the least time from the
 //! step's start before any such task can start (`rF(u)` = the longest chain of
@@ -60,6 +62,30 @@
 //!   The two windows of a rank do not overlap: some `F` or `B` of `S_r` starts at or
 //!   after `R_r` and ends at or before `T - Q'_r`. Busy plus idle time is `p T`.
 //!
+//!   **With a link, under rendezvous** (`link`: every transfer of a unit's output
+//!   takes `latency + bytes / bandwidth`, and a `SEND`/`RECV` holds its rank from
+//!   when it is reached until it completes), the ramp bound also counts the time
+//!   the transfers between stages must hold the ranks: `p T >= work + I_start +
+//!   I_end + sum_r H_r`. In a pipeline-parallel program, for each stage `s` reading
+//!   a stage `q` homed on another rank, and each micro-batch, `home(s)` receives
+//!   `act(q)` from `home(q)` (only `home(q)` computes `F(q)`, and a `SEND` follows
+//!   the action producing its tensor on its rank), and, when both need a backward,
+//!   `home(q)` receives `grad(s)` from `home(s)`. Each such transfer `i` of time
+//!   `d_i` meets at `x_i`, when both ranks have reached it, and completes no
+//!   earlier than `x_i + d_i` on both (a batch completes at the latest of its
+//!   members' completions); so both ranks are held, not computing, over
+//!   `[x_i, x_i + d_i]`. It starts no earlier than its producer ends
+//!   (`rho_i = rF(q) + F(q)` for `act(q)`, `rB(s) + B(s)` for `grad(s)`), and its
+//!   consumer (`F(s)`, `B(q)`) starts after it, so it ends at least
+//!   `tau_i = F(s) + tail(F(s))` (`B(q) + tail(B(q))`) before the step does. A
+//!   rank's operations do not overlap, and one operation holds at most one `SEND`
+//!   to and one `RECV` from each peer (rule 3), so the transfers of one class
+//!   (rank, direction, peer) hold the rank over disjoint intervals: with `H_r` the
+//!   largest class total, counting only the transfers with `rho_i >= R_r` and
+//!   `tau_i >= Q'_r` (they lie outside both windows of `r`), rank `r` idles
+//!   `H_r` more outside its windows. Under eager semantics a sender is not held,
+//!   and a receiver that comes late is not either, so nothing is added.
+//!
 //! The bound is the largest of the four. A schedule at the bound is optimal among
 //! pipeline-parallel programs for these units; `tests/bound.rs` checks every bound
 //! against the optimum found by exhaustive search on small cases. The units depend
@@ -72,8 +98,10 @@
 use crate::plan::{needs_backward, Layout};
 use crate::profile::{Profile, Split};
 use crate::program::Unit;
+use crate::simulate::CommModel;
 use crate::units::{build_units, layer_chunks, replace_with_chunks};
 use serde::Serialize;
+use std::collections::BTreeMap;
 
 /// The splits of the LLM into stages that the algebra's bodies use: 1-4 chunks per
 /// rank in a loop (`1f1b` .. `interleaved(v = 4)`), 2 in a V (`zbv`, `dualpipev`);
@@ -87,9 +115,15 @@ const SPLITS: [(usize, Layout); 5] = [
 ];
 
 /// A bound for `profile` on `ranks` x `microbatches` that holds whichever of the
-/// algebra's stage splits a program uses: the least of the splits' bounds. `None`
-/// when the profile cannot be split over the ranks at all.
-pub fn profile_bound(profile: &Profile, ranks: usize, microbatches: usize) -> Option<Bound> {
+/// algebra's stage splits a program uses: the least of the splits' bounds. `link`
+/// as for [`lower_bound`]. `None` when the profile cannot be split over the ranks
+/// at all.
+pub fn profile_bound(
+    profile: &Profile,
+    ranks: usize,
+    microbatches: usize,
+    link: Option<CommModel>,
+) -> Option<Bound> {
     // Both ways of splitting layers (`balance` chooses the other one), unless the
     // profile fixes the split with a layout.
     let mut profiles = vec![profile.clone()];
@@ -109,7 +143,7 @@ pub fn profile_bound(profile: &Profile, ranks: usize, microbatches: usize) -> Op
                 .filter_map(move |&(chunks, layout)| build_units(p, ranks, chunks, layout).ok())
                 .flat_map(move |units| [layer_by_layer(p, &units), units])
         })
-        .map(|units| lower_bound(&units, ranks, microbatches))
+        .map(|units| lower_bound(&units, ranks, microbatches, link))
         .min_by(|a, b| a.value().total_cmp(&b.value()))
 }
 
@@ -142,8 +176,12 @@ pub struct Bound {
     /// to the least tail of that work (pipeline-parallel programs).
     pub rank: f64,
     /// Total work plus the idle time the pipeline's ramp-up and ramp-down force,
-    /// over the ranks (pipeline-parallel programs).
+    /// and the transfers between stages hold the ranks under rendezvous with a
+    /// link, over the ranks (pipeline-parallel programs).
     pub ramp: f64,
+    /// The part of `ramp` the transfers between stages force (0 without a link or
+    /// under eager semantics).
+    pub transfers: f64,
 }
 
 impl Bound {
@@ -169,6 +207,7 @@ pub fn is_stage(unit: &Unit) -> bool {
 struct Chains {
     need: Vec<bool>,
     trainable: Vec<bool>,
+    inputs: Vec<Vec<usize>>,
     f: Vec<f64>,
     b: Vec<f64>,
     w: Vec<f64>,
@@ -249,6 +288,7 @@ impl Chains {
         }
         Chains {
             need,
+            inputs,
             trainable: units.iter().map(|u| u.trainable).collect(),
             f,
             b,
@@ -299,8 +339,15 @@ fn window_bound(jobs: &[(f64, f64, f64)]) -> f64 {
 }
 
 /// Bounds for `units` (in topological order, with their homes) run with
-/// `microbatches` on `ranks` ranks.
-pub fn lower_bound(units: &[Unit], ranks: usize, microbatches: usize) -> Bound {
+/// `microbatches` on `ranks` ranks. `link`: the link model when transfers hold
+/// their ranks ([`crate::simulate::SimOptions::held_link`]: under rendezvous), else
+/// `None`.
+pub fn lower_bound(
+    units: &[Unit],
+    ranks: usize,
+    microbatches: usize,
+    link: Option<CommModel>,
+) -> Bound {
     let c = Chains::of(units);
     let m = microbatches as f64;
     let p = ranks.max(1);
@@ -314,7 +361,10 @@ pub fn lower_bound(units: &[Unit], ranks: usize, microbatches: usize) -> Bound {
     let stages: Vec<usize> = (0..n).filter(|&u| is_stage(&units[u])).collect();
     let (mut rank, mut start_windows, mut end_windows) = (0.0f64, 0.0, 0.0);
     let (mut r_max, mut q_max) = (0.0f64, 0.0f64);
-    for r in 0..p {
+    // Per rank with stages: the end of its start window and the length of its end
+    // window.
+    let mut windows: Vec<Option<(f64, f64)>> = vec![None; p];
+    for (r, window) in windows.iter_mut().enumerate() {
         let own: Vec<usize> = stages
             .iter()
             .copied()
@@ -334,6 +384,7 @@ pub fn lower_bound(units: &[Unit], ranks: usize, microbatches: usize) -> Bound {
         end_windows += (q_fb_r - w_r).max(0.0);
         r_max = r_max.max(r_r);
         q_max = q_max.max(q_fb_r);
+        *window = Some((r_r, q_fb_r));
     }
     // Encoder (non-stage) work that could run in a start window (released before the
     // latest window ends) or an end window (tail shorter than the longest one).
@@ -359,11 +410,90 @@ pub fn lower_bound(units: &[Unit], ranks: usize, microbatches: usize) -> Bound {
             * m;
     }
     let idle = (start_windows - e_f).max(0.0) + (end_windows - e_b).max(0.0);
-    let ramp = (total + idle) / p as f64;
+    let held: f64 = link.map_or(0.0, |link| {
+        held_by_transfers(units, &c, &stages, &windows, link, m)
+            .iter()
+            .sum()
+    });
+    let ramp = (total + idle + held) / p as f64;
     Bound {
         work,
         chain,
         rank,
         ramp,
+        transfers: held / p as f64,
     }
+}
+
+/// One transfer between stages (of one micro-batch): its time, the earliest its
+/// ranks can meet (its producer's least end), and the least time from its end to
+/// the step's (its consumer's and what must follow it).
+#[derive(Clone, Copy)]
+struct Held {
+    time: f64,
+    start: f64,
+    tail: f64,
+}
+
+/// Per rank, `H_r` of the module documentation: the least time the transfers
+/// between stages hold it outside its start and end windows (`windows[r]`, `None`
+/// for a rank without stages), over the step of `m` micro-batches.
+fn held_by_transfers(
+    units: &[Unit],
+    c: &Chains,
+    stages: &[usize],
+    windows: &[Option<(f64, f64)>],
+    link: CommModel,
+    m: f64,
+) -> Vec<f64> {
+    let mut is_stage = vec![false; units.len()];
+    for &s in stages {
+        is_stage[s] = true;
+    }
+    // One transfer per micro-batch and (gradient?, unit, from, to), however many
+    // units on the receiving rank read it.
+    let mut transfers: BTreeMap<(bool, usize, usize, usize), Held> = BTreeMap::new();
+    let mut add = |key, held: Held| {
+        let e = transfers.entry(key).or_insert(held);
+        e.tail = e.tail.min(held.tail);
+    };
+    for &s in stages {
+        for &q in &c.inputs[s] {
+            let (from, to) = (units[q].home, units[s].home);
+            if !is_stage[q] || from == to {
+                continue;
+            }
+            let act = Held {
+                time: link.transfer_time(units[q].bytes),
+                start: c.r_f[q] + c.f[q],
+                tail: c.f[s] + c.q_f[s],
+            };
+            add((false, q, from, to), act);
+            if c.need[s] && c.need[q] {
+                let grad = Held {
+                    time: link.transfer_time(units[s].bytes),
+                    start: c.r_b[s] + c.b[s],
+                    tail: c.b[q] + c.q_b[q],
+                };
+                add((true, s, to, from), grad);
+            }
+        }
+    }
+    // Per (rank, sends?, peer): one operation holds at most one of the class.
+    let mut classes: BTreeMap<(usize, bool, usize), f64> = BTreeMap::new();
+    for (&(_, _, from, to), x) in &transfers {
+        for (r, sends, peer) in [(from, true, to), (to, false, from)] {
+            let Some(&Some((release, end))) = windows.get(r) else {
+                continue;
+            };
+            if x.start >= release && x.tail >= end {
+                *classes.entry((r, sends, peer)).or_default() += x.time * m;
+            }
+        }
+    }
+    let mut out = vec![0.0f64; windows.len()];
+    for ((r, ..), total) in classes {
+        out[r] = out[r].max(total);
+    }
+    out
 }

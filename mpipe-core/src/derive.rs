@@ -333,13 +333,7 @@ pub(crate) fn finish_unspanned(
     if !errors.is_empty() {
         return Err(errors);
     }
-    // Against the least bound over the stage splits, so that every schedule of the
-    // profile is read against the same figure.
-    let own = lower_bound(&program.units, req.ranks, req.microbatches);
-    let bound = match profile_bound(req.profile, req.ranks, req.microbatches) {
-        Some(b) if b.value() < own.value() => b,
-        _ => own,
-    };
+    let bound = bound_for(req.profile, &program, &req.sim_options(req.mode));
     Ok(Derived {
         program,
         report,
@@ -347,6 +341,19 @@ pub(crate) fn finish_unspanned(
         params,
         expr: text.to_string(),
     })
+}
+
+/// The lower bound a `program` derived for `profile` is read against, timed with
+/// `opts`: the least over the algebra's stage splits, so that every schedule of the
+/// profile is read against the same figure, or the program's own units' bound where
+/// that is lower.
+pub fn bound_for(profile: &Profile, program: &Program, opts: &SimOptions) -> Bound {
+    let link = opts.held_link();
+    let own = lower_bound(&program.units, program.ranks, program.microbatches, link);
+    match profile_bound(profile, program.ranks, program.microbatches, link) {
+        Some(b) if b.value() < own.value() => b,
+        _ => own,
+    }
 }
 
 /// Lower `plan` with every placement rule and keep the program that runs faster

@@ -109,7 +109,12 @@ pub fn evaluate(profile: &Profile, ranks: usize, microbatches: usize, mode: Mode
         microbatches,
         peers: names.into_iter().map(row).collect(),
         best: row("auto".into()),
-        bound: profile_bound(profile, ranks, microbatches),
+        bound: profile_bound(
+            profile,
+            ranks,
+            microbatches,
+            req.sim_options(mode).held_link(),
+        ),
     }
 }
 

@@ -118,6 +118,19 @@ pub struct SimOptions {
     pub comm: Option<CommModel>,
 }
 
+impl SimOptions {
+    /// The link model whose transfers hold both of their ranks until they complete:
+    /// the communication model under rendezvous (under eager a sender never waits
+    /// and a receiver that comes late does not either), else `None`. What
+    /// [`crate::bound::lower_bound`] may count as time no rank can compute in.
+    pub fn held_link(&self) -> Option<CommModel> {
+        match self.mode {
+            Mode::Rendezvous => self.comm,
+            Mode::Eager => None,
+        }
+    }
+}
+
 /// What a simulation measured.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct SimReport {

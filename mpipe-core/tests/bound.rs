@@ -187,7 +187,7 @@ fn optimum(units: &[Unit], m: usize, ranks: usize) -> f64 {
 }
 
 fn check(units: &[Unit], m: usize, ranks: usize) -> Result<(f64, f64), TestCaseError> {
-    let bound = lower_bound(units, ranks, m);
+    let bound = lower_bound(units, ranks, m, None);
     let opt = optimum(units, m, ranks);
     prop_assert!(
         bound.value() <= opt * (1.0 + 1e-9),
@@ -249,7 +249,7 @@ fn the_rank_bound_is_tight_on_an_unbalanced_pipeline() {
         unit("llm.0", &["vision"], 0, true, (1.0, 1.0, 1.0)),
         unit("llm.1", &["llm.0"], 1, true, (3.0, 3.0, 3.0)),
     ];
-    let b = lower_bound(&units, 2, 2);
+    let b = lower_bound(&units, 2, 2, None);
     let opt = optimum(&units, 2, 2);
     assert!(b.rank > b.work && b.rank > b.chain, "{b:?}");
     assert!(b.value() <= opt);
@@ -275,7 +275,7 @@ fn the_window_bound_sees_the_v_shapes_late_last_stage() {
         unit("llm.2", &["llm.1"], 1, false, (1.0, 0.0, 0.0)),
         unit("llm.3", &["llm.2"], 0, false, (4.0, 0.0, 0.0)),
     ];
-    let b = lower_bound(&units, 2, 2);
+    let b = lower_bound(&units, 2, 2, None);
     // Rank 0's total work is 2 x (1 + 4) = 10 from time 0; but llm.3's forward
     // cannot start before 3, and rank 0 still has both of its forwards then.
     assert_eq!(b.rank, 11.0, "{b:?}");

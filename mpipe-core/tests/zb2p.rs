@@ -42,7 +42,7 @@ proptest! {
         let m = k * p;
         let prof = llm(f, b, w, p, None);
         let plan = generate(ZB2P, &prof, p, m).unwrap();
-        let bound = lower_bound(&plan.units, p, m).value();
+        let bound = lower_bound(&plan.units, p, m, None).value();
         let got = span(&plan);
         prop_assert!(got >= bound * (1.0 - 1e-9), "below the bound: {got} < {bound}");
         let zbh1 = span(&generate(BodyKind::ZbH1, &prof, p, m).unwrap());

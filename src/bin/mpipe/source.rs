@@ -5,7 +5,8 @@
 use crate::decode::decode_program;
 use crate::failure::{expr_failure, snippet, Collect, Failure, Problem};
 use crate::{ScheduleArgs, SourceArgs};
-use mpipe_core::derive::{derive_str, resident_params, DeriveError, ErrorKind, Request};
+use mpipe_core::bound::lower_bound;
+use mpipe_core::derive::{bound_for, derive_str, resident_params, DeriveError, ErrorKind, Request};
 use mpipe_core::profile::{Profile, ProfileError, ProfileFormat};
 use mpipe_core::program::Program;
 use mpipe_core::simulate::{CommModel, Mode, SimOptions};
@@ -352,9 +353,9 @@ pub fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
                 })
         }));
         program.map(|program| {
-            let bound =
-                mpipe_core::bound::lower_bound(&program.units, program.ranks, program.microbatches);
-            Loaded {
+            // Set below, once the link is known.
+            let bound = lower_bound(&program.units, program.ranks, program.microbatches, None);
+            let loaded = Loaded {
                 params: resident_params(&program),
                 program,
                 label: file_label(file),
@@ -362,7 +363,8 @@ pub fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
                 bound,
                 limit: None,
                 from_file: true,
-            }
+            };
+            (loaded, None)
         })
     } else {
         // clap guarantees these are present without --program.
@@ -376,14 +378,31 @@ pub fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
         };
         all.take(load_inputs(model, ranks, mbs, &[expr]))
             .filter(|_| link_ok)
-            .and_then(|profile| all.take(derive_one(&profile, ranks, mbs, expr, mode)))
+            .and_then(|profile| {
+                let loaded = all.take(derive_one(&profile, ranks, mbs, expr, mode))?;
+                Some((loaded, Some(profile)))
+            })
     };
-    let base = loaded.as_ref().and_then(|l| l.comm);
+    let base = loaded.as_ref().and_then(|(l, _)| l.comm);
     let comm = link_override(base, s.latency, s.bandwidth);
     match (all.finish(), loaded) {
         (Err(f), _) => Err(f),
-        (Ok(()), Some(mut l)) => {
-            l.comm = comm;
+        (Ok(()), Some((mut l, profile))) => {
+            // The bound counts the time transfers hold the ranks, which depends on
+            // the link the program is timed with.
+            if l.from_file || comm != base {
+                l.comm = comm;
+                let opts = l.options(mode);
+                l.bound = match &profile {
+                    Some(profile) => bound_for(profile, &l.program, &opts),
+                    None => lower_bound(
+                        &l.program.units,
+                        l.program.ranks,
+                        l.program.microbatches,
+                        opts.held_link(),
+                    ),
+                };
+            }
             Ok(l)
         }
         (Ok(()), None) => Err(Failure::input("internal", "no program was loaded")),
