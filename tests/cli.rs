@@ -475,6 +475,40 @@ fn simulate_prints_a_table_from_a_derivation_or_a_program() {
     }
 }
 
+/// Under rendezvous with a link, transfers between stages hold both ranks, and the
+/// bound counts that time; under eager semantics or without a link it does not. The
+/// bound follows the link the program is timed with (`--latency`), and the step is
+/// never below it.
+#[test]
+fn the_bound_counts_transfers_only_when_they_hold_the_ranks() {
+    let program = derive("1f1b");
+    let bound = |extra: &[&str]| {
+        let mut args = vec!["simulate", "--json", "--program", "-"];
+        args.extend_from_slice(extra);
+        let o = mpipe_with(&args, Some(&program));
+        assert_status(&o, 0);
+        let v = json(&stdout(&o));
+        let (b, t) = (
+            v["lower_bound"].as_f64().unwrap(),
+            v["makespan"].as_f64().unwrap(),
+        );
+        assert!(t >= b - 1e-9, "{extra:?}: makespan {t} below the bound {b}");
+        b
+    };
+    let free = bound(&[]);
+    let linked = bound(&["--latency", "1"]);
+    let eager = bound(&["--latency", "1", "--mode", "eager"]);
+    // 4 ranks: each sends 8 activations or gradients to a neighbour, 1 each.
+    assert!(linked >= free + 8.0 * 4.0 / 4.0 - 1e-9, "{free} {linked}");
+    assert_eq!(eager, free);
+    let o = mpipe_with(
+        &["simulate", "--latency", "1", "--program", "-"],
+        Some(&program),
+    );
+    assert_status(&o, 0);
+    assert!(stdout(&o).contains("with transfers 8"), "{}", stdout(&o));
+}
+
 #[test]
 fn trace_writes_one_track_per_rank() {
     let dir = TempDir::new("trace");

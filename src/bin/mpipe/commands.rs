@@ -249,8 +249,14 @@ pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure
         ]);
     }
     out!("{}", t.render());
+    // Under rendezvous with a link, the ramp bound includes the time transfers
+    // between stages hold the ranks; say how much.
+    let held = match loaded.bound.transfers {
+        t if t > 0.0 => format!(" with transfers {}", num(t)),
+        _ => String::new(),
+    };
     outln!(
-        "makespan {}   bubble {}   lower bound {} (work/ranks {}, chain {}, rank {}, ramp {})   makespan/bound {:.3}",
+        "makespan {}   bubble {}   lower bound {} (work/ranks {}, chain {}, rank {}, ramp {}{held})   makespan/bound {:.3}",
         num(r.makespan),
         pct(r.bubble),
         num(bound),
