@@ -10,10 +10,13 @@
 //!    whose program runs fastest; every candidate below is lowered with that rule;
 //! 2. simulate, and list each rank's waits (the time it spends blocked in transfers
 //!    right before a compute task), longest first;
-//! 3. for a wait before task `j` on rank `r`, every task `k` up to [`LOOKAHEAD`]
-//!    places later on `r` whose inputs were all ready by the middle of the wait
-//!    (produced there, before `j`, or elsewhere, by then in the simulation) is a
-//!    candidate: move `k` to just before `j`, lower, simulate;
+//! 3. for a wait before task `j` on rank `r`, first the weight gradients later on
+//!    `r` whose backward ran before `j`, the longest deferred first, as many as fit
+//!    the wait (when two or more do: [`fill_with_w`]) are a candidate, moved
+//!    together; then every task `k` up to [`LOOKAHEAD`] places later on `r` whose
+//!    inputs were all ready by the middle of the wait (produced there, before `j`,
+//!    or elsewhere, by then in the simulation) is one: move `k` to just before `j`,
+//!    lower, simulate;
 //! 4. keep the first candidate that shortens the step (or, as long, lowers the sum
 //!    of the ranks' finishing times) and fits the memory, and go back to 2;
 //! 5. when no candidate of any wait does, and the caller allows it
@@ -101,6 +104,7 @@ fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
     let mut improved = false;
     let mut tried: BTreeSet<(usize, Task, Task)> = BTreeSet::new();
     let mut tried_moves: BTreeSet<Migration> = BTreeSet::new();
+    let mut tried_fills: BTreeSet<((usize, Task, Task), usize)> = BTreeSet::new();
     // Moves change where tasks run, never the units: their families are fixed.
     let family = families(&plan);
     'search: while spent < budget {
@@ -136,13 +140,20 @@ fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
                 ),
                 Kind::Migrate => Box::new(std::iter::empty()),
                 _ => Box::new(waits.iter().flat_map(|&(wait, r, j)| {
-                    candidates(&plan, &deps, &times, (r, j), wait, kind)
-                        .into_iter()
-                        .map(|(q, from, to)| {
-                            let list = &plan.order[q];
-                            let anchor = if to < from { list[to] } else { list[to + 1] };
-                            Try::Within((q, list[from], anchor), from, to)
-                        })
+                    // A wait is first filled with weight gradients, then single
+                    // tasks move into it.
+                    let fill = (kind == Kind::Advance)
+                        .then(|| fill_with_w(&plan, r, j, wait))
+                        .flatten();
+                    fill.into_iter().chain(
+                        candidates(&plan, &deps, &times, (r, j), wait, kind)
+                            .into_iter()
+                            .map(|(q, from, to)| {
+                                let list = &plan.order[q];
+                                let anchor = if to < from { list[to] } else { list[to + 1] };
+                                Try::Within((q, list[from], anchor), from, to)
+                            }),
+                    )
                 })),
             };
             for t in tries {
@@ -150,6 +161,7 @@ fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
                 let fresh = match t {
                     Try::Within(key, ..) => tried.insert(key),
                     Try::Migrate(m) => tried_moves.insert(m),
+                    Try::Fill(key, _, count) => tried_fills.insert((key, count)),
                 };
                 if !fresh {
                     continue;
@@ -170,6 +182,7 @@ fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
                         Some(next) => next,
                         None => continue,
                     },
+                    Try::Fill((q, ..), j, count) => fill(&plan, q, j, count),
                 };
                 let Some((p, rep)) = lower_one(&next, text, opts, rule) else {
                     continue;
@@ -268,6 +281,9 @@ enum Kind {
 enum Try {
     Within((usize, Task, Task), usize, usize),
     Migrate(Migration),
+    /// `((rank, the task the wait is before, the first weight gradient moved),
+    /// index of that task, how many move)`: see [`fill_with_w`].
+    Fill((usize, Task, Task), usize, usize),
 }
 
 /// The moves of `kind` for the wait of `wait` before task `j` on rank `r`
@@ -344,6 +360,62 @@ fn candidates(
             out
         }
     }
+}
+
+/// Indices after `j` in `list` of the weight gradients whose backward ran before
+/// `j` (ready during a wait before `j`), in list order.
+fn ready_ws(list: &[Task], j: usize) -> impl Iterator<Item = usize> + '_ {
+    let done: BTreeSet<(usize, usize)> = list[..j]
+        .iter()
+        .filter(|t| t.op == Op::B)
+        .map(|t| (t.unit, t.mb))
+        .collect();
+    (j + 1..list.len())
+        .filter(move |&k| list[k].op == Op::W && done.contains(&(list[k].unit, list[k].mb)))
+}
+
+/// The move that fills the wait of `wait` before task `j` of rank `r` with weight
+/// gradients at once: the first of [`ready_ws`] (the longest deferred first,
+/// from anywhere later on the rank, not only within [`LOOKAHEAD`]) while their
+/// work fits the wait, when that is at least two (one is a move of
+/// [`candidates`], or does not fit). A zero-bubble schedule defers weight
+/// gradients to the cool-down; where a rank then waits in the steady state with
+/// several ready, running them there shortens the cool-down's backlog, and a
+/// move of one at a time does not see the gain until the last has moved.
+fn fill_with_w(plan: &Plan, r: usize, j: usize, wait: f64) -> Option<Try> {
+    let list = &plan.order[r];
+    let mut total = 0.0;
+    let mut count = 0;
+    let mut first = None;
+    for k in ready_ws(list, j) {
+        total += plan.units[list[k].unit].cost.w;
+        if total > wait {
+            break;
+        }
+        first.get_or_insert(list[k]);
+        count += 1;
+    }
+    let first = first?;
+    (count >= 2).then_some(Try::Fill((r, list[j], first), j, count))
+}
+
+/// `plan` with the first `count` of [`ready_ws`] of rank `r` moved, in their
+/// order, to just before task `j`.
+fn fill(plan: &Plan, r: usize, j: usize, count: usize) -> Plan {
+    let list = &plan.order[r];
+    let take: BTreeSet<usize> = ready_ws(list, j).take(count).collect();
+    let mut next = plan.clone();
+    next.order[r] = list[..j]
+        .iter()
+        .chain(take.iter().map(|&k| &list[k]))
+        .chain(
+            (j..list.len())
+                .filter(|k| !take.contains(k))
+                .map(|k| &list[k]),
+        )
+        .copied()
+        .collect();
+    next
 }
 
 /// Whether task `a` reads what `b` computed on its own rank for the same unit and
@@ -685,5 +757,63 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&n| n > 0), "{seen:?}");
+    }
+
+    /// A fill moves weight gradients only, each after its own backward, to just
+    /// before the task the wait is before, in the order the rank had them, at most
+    /// as much work as the wait; the plan lowers to a valid program. Checked for
+    /// every wait of Qwen2-VL-7B at 4 x 8 (the lockstep ramp, whose weight
+    /// gradients wait for the cool-down), where fills come up.
+    #[test]
+    fn a_fill_moves_ready_weight_gradients_into_the_wait_in_their_order() {
+        let text = include_str!("../../profiles/qwen2vl-7b.toml");
+        let profile = Profile::from_toml_str(text).unwrap();
+        let req = Request::new(&profile, 4, 8);
+        let derived =
+            derive_str(&req, "refine(layers(zb2p(encoders = ramp, costs = unit)))").unwrap();
+        let plan = crate::relower::plan_of_program(&derived.program).unwrap();
+        let opts = req.sim_options(req.mode);
+        let (rule, (program, report)) = first_lowering(&plan, None, &opts).unwrap();
+        let times = compute_times(&program, &report);
+        let mut fills = 0;
+        for (r, rank) in times.iter().enumerate() {
+            for (j, slot) in rank.iter().enumerate() {
+                let Some(Try::Fill((q, before, first), at, count)) =
+                    fill_with_w(&plan, r, j, slot.wait)
+                else {
+                    continue;
+                };
+                assert_eq!((q, at, before), (r, j, plan.order[r][j]));
+                assert!(count >= 2);
+                fills += 1;
+                let next = fill(&plan, r, j, count);
+                let (old, new) = (&plan.order[r], &next.order[r]);
+                assert_eq!(old[..j], new[..j]);
+                let moved = &new[j..j + count];
+                assert_eq!(moved[0], first);
+                let work: f64 = moved.iter().map(|t| plan.units[t.unit].cost.w).sum();
+                assert!(work <= slot.wait, "{work} > {}", slot.wait);
+                for t in moved {
+                    assert_eq!(t.op, Op::W);
+                    let b = old
+                        .iter()
+                        .position(|o| o.op == Op::B && (o.unit, o.mb) == (t.unit, t.mb));
+                    assert!(b.is_some_and(|b| b < j), "{t:?}");
+                }
+                // The moved tasks kept their relative order, and the rest theirs.
+                let pos = |t: &Task| old.iter().position(|o| o == t).unwrap();
+                assert!(moved.windows(2).all(|w| pos(&w[0]) < pos(&w[1])));
+                let rest: Vec<Task> = old[j..]
+                    .iter()
+                    .filter(|t| !moved.contains(t))
+                    .copied()
+                    .collect();
+                assert_eq!(new[j + count..], rest[..]);
+                let lowered = lower_with(&next, None, rule).unwrap();
+                assert_eq!(verify_static(&lowered), vec![]);
+                simulate(&lowered, &opts).unwrap();
+            }
+        }
+        assert!(fills > 0);
     }
 }
