@@ -701,11 +701,10 @@ mod tests {
     use crate::profile::Profile;
     use crate::verify::verify_static;
 
-    /// Every candidate move of either kind, for every wait of a rendezvous program
-    /// with many (Qwen2-VL-7B at 4 x 8, the ramp layer by layer), is of the shape
-    /// its kind promises and lowers to a valid program; both kinds come up.
-    #[test]
-    fn every_candidate_is_of_its_kind_and_lowers_to_a_valid_program() {
+    /// Qwen2-VL-7B at 4 x 8, the lockstep ramp layer by layer (a rendezvous program
+    /// with many waits), as the search sees it: its plan, the simulation options, the
+    /// placement rule that did best and the simulated compute times.
+    fn lockstep_ramp() -> (Plan, SimOptions, Placement, Vec<Vec<Timed>>) {
         let text = include_str!("../../profiles/qwen2vl-7b.toml");
         let profile = Profile::from_toml_str(text).unwrap();
         let req = Request::new(&profile, 4, 8);
@@ -715,6 +714,15 @@ mod tests {
         let opts = req.sim_options(req.mode);
         let (rule, (program, report)) = first_lowering(&plan, None, &opts).unwrap();
         let times = compute_times(&program, &report);
+        (plan, opts, rule, times)
+    }
+
+    /// Every candidate move of either kind, for every wait of a rendezvous program
+    /// with many (Qwen2-VL-7B at 4 x 8, the ramp layer by layer), is of the shape
+    /// its kind promises and lowers to a valid program; both kinds come up.
+    #[test]
+    fn every_candidate_is_of_its_kind_and_lowers_to_a_valid_program() {
+        let (plan, opts, rule, times) = lockstep_ramp();
         let deps = dependencies(&plan).unwrap();
         let mut seen = [0usize; 3];
         for (r, rank) in times.iter().enumerate() {
@@ -766,15 +774,7 @@ mod tests {
     /// gradients wait for the cool-down), where fills come up.
     #[test]
     fn a_fill_moves_ready_weight_gradients_into_the_wait_in_their_order() {
-        let text = include_str!("../../profiles/qwen2vl-7b.toml");
-        let profile = Profile::from_toml_str(text).unwrap();
-        let req = Request::new(&profile, 4, 8);
-        let derived =
-            derive_str(&req, "refine(layers(zb2p(encoders = ramp, costs = unit)))").unwrap();
-        let plan = crate::relower::plan_of_program(&derived.program).unwrap();
-        let opts = req.sim_options(req.mode);
-        let (rule, (program, report)) = first_lowering(&plan, None, &opts).unwrap();
-        let times = compute_times(&program, &report);
+        let (plan, opts, rule, times) = lockstep_ramp();
         let mut fills = 0;
         for (r, rank) in times.iter().enumerate() {
             for (j, slot) in rank.iter().enumerate() {
