@@ -60,7 +60,7 @@
 use crate::analysis::dependencies;
 use crate::derive::PLACEMENTS;
 use crate::lower::{lower_prepared, lower_with, prepare, Placement};
-use crate::plan::{Plan, Task};
+use crate::plan::{Plan, Task, TaskIndex};
 use crate::program::{ActionRef, Op, Program};
 use crate::progress::Stage;
 use crate::refine::ends;
@@ -113,6 +113,7 @@ fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
         let Ok(deps) = dependencies(&plan) else {
             break;
         };
+        let index = plan.locate();
         let (program, report) = &best;
         let times = compute_times(program, report);
         let mut waits: Vec<(f64, usize, usize)> = Vec::new();
@@ -143,7 +144,7 @@ fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
                     // A wait is first filled with weight gradients, then single
                     // tasks move into it.
                     let fill = (kind == Kind::Advance)
-                        .then(|| fill_with_w(&plan, r, j, wait))
+                        .then(|| fill_with_w(&plan, &index, r, j, wait))
                         .flatten();
                     fill.into_iter().chain(
                         candidates(&plan, &deps, &times, (r, j), wait, kind)
@@ -182,7 +183,7 @@ fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
                         Some(next) => next,
                         None => continue,
                     },
-                    Try::Fill((q, ..), j, count) => fill(&plan, q, j, count),
+                    Try::Fill((q, ..), j, count) => fill(&plan, &index, q, j, count),
                 };
                 let Some((p, rep)) = lower_one(&next, text, opts, rule) else {
                     continue;
@@ -364,14 +365,20 @@ fn candidates(
 
 /// Indices after `j` in `list` of the weight gradients whose backward ran before
 /// `j` (ready during a wait before `j`), in list order.
-fn ready_ws(list: &[Task], j: usize) -> impl Iterator<Item = usize> + '_ {
-    let done: BTreeSet<(usize, usize)> = list[..j]
-        .iter()
-        .filter(|t| t.op == Op::B)
-        .map(|t| (t.unit, t.mb))
-        .collect();
-    (j + 1..list.len())
-        .filter(move |&k| list[k].op == Op::W && done.contains(&(list[k].unit, list[k].mb)))
+fn ready_ws<'a>(
+    plan: &'a Plan,
+    index: &'a TaskIndex,
+    r: usize,
+    j: usize,
+) -> impl Iterator<Item = usize> + 'a {
+    let list = &plan.order[r];
+    (j + 1..list.len()).filter(move |&k| {
+        let t = list[k];
+        t.op == Op::W
+            && index
+                .get(Op::B, t.unit, t.mb)
+                .is_some_and(|(q, i)| q == r && i < j)
+    })
 }
 
 /// The move that fills the wait of `wait` before task `j` of rank `r` with weight
@@ -382,12 +389,12 @@ fn ready_ws(list: &[Task], j: usize) -> impl Iterator<Item = usize> + '_ {
 /// gradients to the cool-down; where a rank then waits in the steady state with
 /// several ready, running them there shortens the cool-down's backlog, and a
 /// move of one at a time does not see the gain until the last has moved.
-fn fill_with_w(plan: &Plan, r: usize, j: usize, wait: f64) -> Option<Try> {
+fn fill_with_w(plan: &Plan, index: &TaskIndex, r: usize, j: usize, wait: f64) -> Option<Try> {
     let list = &plan.order[r];
     let mut total = 0.0;
     let mut count = 0;
     let mut first = None;
-    for k in ready_ws(list, j) {
+    for k in ready_ws(plan, index, r, j) {
         total += plan.units[list[k].unit].cost.w;
         if total > wait {
             break;
@@ -401,9 +408,9 @@ fn fill_with_w(plan: &Plan, r: usize, j: usize, wait: f64) -> Option<Try> {
 
 /// `plan` with the first `count` of [`ready_ws`] of rank `r` moved, in their
 /// order, to just before task `j`.
-fn fill(plan: &Plan, r: usize, j: usize, count: usize) -> Plan {
+fn fill(plan: &Plan, index: &TaskIndex, r: usize, j: usize, count: usize) -> Plan {
     let list = &plan.order[r];
-    let take: BTreeSet<usize> = ready_ws(list, j).take(count).collect();
+    let take: BTreeSet<usize> = ready_ws(plan, index, r, j).take(count).collect();
     let mut next = plan.clone();
     next.order[r] = list[..j]
         .iter()
@@ -775,18 +782,19 @@ mod tests {
     #[test]
     fn a_fill_moves_ready_weight_gradients_into_the_wait_in_their_order() {
         let (plan, opts, rule, times) = lockstep_ramp();
+        let index = plan.locate();
         let mut fills = 0;
         for (r, rank) in times.iter().enumerate() {
             for (j, slot) in rank.iter().enumerate() {
                 let Some(Try::Fill((q, before, first), at, count)) =
-                    fill_with_w(&plan, r, j, slot.wait)
+                    fill_with_w(&plan, &index, r, j, slot.wait)
                 else {
                     continue;
                 };
                 assert_eq!((q, at, before), (r, j, plan.order[r][j]));
                 assert!(count >= 2);
                 fills += 1;
-                let next = fill(&plan, r, j, count);
+                let next = fill(&plan, &index, r, j, count);
                 let (old, new) = (&plan.order[r], &next.order[r]);
                 assert_eq!(old[..j], new[..j]);
                 let moved = &new[j..j + count];
