@@ -363,8 +363,9 @@ fn candidates(
     }
 }
 
-/// Indices after `j` in `list` of the weight gradients whose backward ran before
-/// `j` (ready during a wait before `j`), in list order.
+/// Indices after `j` in rank `r`'s list of the weight gradients whose backward ran
+/// on `r` before `j` (ready during a wait before `j`), in list order; `index` is
+/// the plan's [`Plan::locate`].
 fn ready_ws<'a>(
     plan: &'a Plan,
     index: &'a TaskIndex,
