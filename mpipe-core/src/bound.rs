@@ -90,8 +90,9 @@
 //! pipeline-parallel programs for these units; `tests/bound.rs` checks every bound
 //! against the optimum found by exhaustive search on small cases. The units depend
 //! on how the LLM is split into stages (one per rank, several in a loop, two in a
-//! V), so [`profile_bound`] takes the least bound over the splits the algebra uses,
-//! each also with every encoder cut layer by layer (which bounds every program that
+//! V), so [`profile_bound`] takes the least bound over the splits the algebra uses
+//! (even and balanced layers, 1-4 looped chunks or a V, and the splits
+//! `zb2p(encoders = ramp)` chooses), each also with every encoder cut layer by layer (which bounds every program that
 //! cuts an encoder into chunks): the figure every schedule of a profile is compared
 //! with.
 
@@ -135,16 +136,44 @@ pub fn profile_bound(
         };
         profiles.push(balanced);
     }
+    let ramps: Vec<Vec<Unit>> = profiles
+        .iter()
+        .flat_map(|p| ramp_splits(p, ranks, microbatches))
+        .collect();
     profiles
         .iter()
         .flat_map(|p| {
             SPLITS
                 .iter()
                 .filter_map(move |&(chunks, layout)| build_units(p, ranks, chunks, layout).ok())
-                .flat_map(move |units| [layer_by_layer(p, &units), units])
         })
+        .chain(ramps)
+        .flat_map(|units| [layer_by_layer(profile, &units), units])
         .map(|units| lower_bound(&units, ranks, microbatches, link))
         .min_by(|a, b| a.value().total_cmp(&b.value()))
+}
+
+/// The stage splits `zb2p(encoders = ramp)` chooses for the profile (one and two
+/// looped chunks per rank, see [`crate::generators::ramp_split`]; from the even and
+/// the balanced split, as `balance` wraps it or not), as units: they need not be
+/// among [`SPLITS`]' even or balanced ones, and a program using one is bounded by
+/// its own split.
+fn ramp_splits(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<Vec<Unit>> {
+    if profile.llm.layout.is_some() {
+        return Vec::new();
+    }
+    let Ok(single) = build_units(profile, ranks, 1, Layout::Looped) else {
+        return Vec::new();
+    };
+    [1, 2]
+        .into_iter()
+        .filter_map(|v| {
+            let split = crate::generators::ramp_split(profile, &single, ranks, microbatches, v)?;
+            let mut own = profile.clone();
+            own.llm.layout = Some(split.layout(v));
+            build_units(&own, ranks, v, Layout::Looped).ok()
+        })
+        .collect()
 }
 
 /// `units` with every encoder cut into one unit per layer, chained in data order,
