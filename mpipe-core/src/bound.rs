@@ -92,9 +92,10 @@
 //! on how the LLM is split into stages (one per rank, several in a loop, two in a
 //! V), so [`profile_bound`] takes the least bound over the splits the algebra uses
 //! (even and balanced layers, 1-4 looped chunks or a V, and the splits
-//! `zb2p(encoders = ramp)` chooses), each also with every encoder cut layer by layer (which bounds every program that
-//! cuts an encoder into chunks): the figure every schedule of a profile is compared
-//! with.
+//! `zb2p(encoders = ramp)` chooses), each also with every encoder cut layer by
+//! layer (which bounds every program that cuts an encoder into chunks): the figure
+//! every schedule of a profile is compared with (`tests/bound_splits.rs` checks it
+//! against the own-split bound of derived programs).
 
 use crate::plan::{needs_backward, Layout};
 use crate::profile::{Profile, Split};

@@ -448,7 +448,7 @@ fn ratio_to_bound_report() {
 /// near (the bound over the even and balanced splits alone, 2892 ms, did not hold
 /// for such programs; see `bound_splits.rs`).
 #[test]
-fn auto_is_within_five_percent_of_the_bound_where_microbatches_are_twice_the_ranks() {
+fn auto_keeps_its_distance_to_the_bound_where_microbatches_are_twice_the_ranks() {
     let cases = [
         (
             include_str!("../../profiles/eval-b-qwen2vl72b-frozen.toml"),
