@@ -46,6 +46,13 @@
 //!   holding the first and the last stage can do little but the first stage's
 //!   forwards until a micro-batch has passed every stage, and the last stage's work
 //!   (with an LM head, the heaviest) is all still ahead of it then.
+//!   **With a link, under rendezvous**, the rank's transfers between stages add
+//!   `H_r(a, b)`, the largest total over its classes (rank, direction, peer) of
+//!   those that start at or after `a` and have tails of at least `b` (the transfers,
+//!   their starts and tails and why one class holds its rank over disjoint
+//!   intervals are the ramp bound's, below): each holds rank `r` within
+//!   `[a, T - b]`, where the tasks of `J(a, b)` also run, and a rank held by an
+//!   operation does not compute, so `T >= a + sum + H_r(a, b) + b`.
 //! - **ramp**: with `S_r` the stages of rank `r` and `R_r` the least release of
 //!   their forwards, `p T >= work + I_start + I_end` where
 //!   `I_start = max(0, sum_r R_r - E_F)` and
@@ -353,8 +360,11 @@ impl Chains {
 
 /// The one-machine bound of a rank's task types `(release, work, tail)`: the
 /// largest `a + (work of the types released at or after a, with tails of at least
-/// b) + b` over the releases `a` and tails `b` of the types (0 for none).
-fn window_bound(jobs: &[(f64, f64, f64)]) -> f64 {
+/// b) + H + b` over the releases `a` and tails `b` of the types (0 for none), `H`
+/// the largest total, over the rank's classes of transfers (`held`: per class, the
+/// transfers' `Held`, their time over all micro-batches), of those that start at or
+/// after `a` and have tails of at least `b` (none without a link).
+fn window_bound(jobs: &[(f64, f64, f64)], held: &[Vec<Held>]) -> f64 {
     let mut best = 0.0f64;
     for &(a, ..) in jobs {
         for &(.., b) in jobs {
@@ -362,7 +372,17 @@ fn window_bound(jobs: &[(f64, f64, f64)]) -> f64 {
             if chosen.peek().is_none() {
                 continue;
             }
-            best = best.max(a + chosen.map(|j| j.1).sum::<f64>() + b);
+            let hold = held
+                .iter()
+                .map(|class| {
+                    class
+                        .iter()
+                        .filter(|x| x.start >= a && x.tail >= b)
+                        .map(|x| x.time)
+                        .sum::<f64>()
+                })
+                .fold(0.0, f64::max);
+            best = best.max(a + chosen.map(|j| j.1).sum::<f64>() + hold + b);
         }
     }
     best
@@ -389,6 +409,9 @@ pub fn lower_bound(
         .fold(0.0, f64::max);
 
     let stages: Vec<usize> = (0..n).filter(|&u| is_stage(&units[u])).collect();
+    let transfers = link.map_or_else(BTreeMap::new, |link| {
+        stage_transfers(units, &c, &stages, link)
+    });
     let (mut rank, mut start_windows, mut end_windows) = (0.0f64, 0.0, 0.0);
     let (mut r_max, mut q_max) = (0.0f64, 0.0f64);
     // Per rank with stages: the end of its start window and the length of its end
@@ -409,7 +432,10 @@ pub fn lower_bound(
             .iter()
             .map(|&u| if c.need[u] { c.q_b[u] } else { c.q_f[u] })
             .fold(f64::INFINITY, f64::min);
-        rank = rank.max(window_bound(&c.task_types(&own, m)));
+        rank = rank.max(window_bound(
+            &c.task_types(&own, m),
+            &classes_of(&transfers, r, m),
+        ));
         start_windows += r_r;
         end_windows += (q_fb_r - w_r).max(0.0);
         r_max = r_max.max(r_r);
@@ -440,11 +466,7 @@ pub fn lower_bound(
             * m;
     }
     let idle = (start_windows - e_f).max(0.0) + (end_windows - e_b).max(0.0);
-    let held: f64 = link.map_or(0.0, |link| {
-        held_by_transfers(units, &c, &stages, &windows, link, m)
-            .iter()
-            .sum()
-    });
+    let held: f64 = held_by_transfers(&transfers, &windows, m).iter().sum();
     let ramp = (total + idle + held) / p as f64;
     Bound {
         work,
@@ -465,23 +487,20 @@ struct Held {
     tail: f64,
 }
 
-/// Per rank, `H_r` of the module documentation: the least time the transfers
-/// between stages hold it outside its start and end windows (`windows[r]`, `None`
-/// for a rank without stages), over the step of `m` micro-batches.
-fn held_by_transfers(
+/// The transfers between stages a pipeline-parallel program must make, one per
+/// micro-batch and `(gradient?, unit, from, to)` however many units on the
+/// receiving rank read it: their time on `link`, their least start and their least
+/// tail (see the module documentation).
+fn stage_transfers(
     units: &[Unit],
     c: &Chains,
     stages: &[usize],
-    windows: &[Option<(f64, f64)>],
     link: CommModel,
-    m: f64,
-) -> Vec<f64> {
+) -> BTreeMap<(bool, usize, usize, usize), Held> {
     let mut is_stage = vec![false; units.len()];
     for &s in stages {
         is_stage[s] = true;
     }
-    // One transfer per micro-batch and (gradient?, unit, from, to), however many
-    // units on the receiving rank read it.
     let mut transfers: BTreeMap<(bool, usize, usize, usize), Held> = BTreeMap::new();
     let mut add = |key, held: Held| {
         let e = transfers.entry(key).or_insert(held);
@@ -509,9 +528,44 @@ fn held_by_transfers(
             }
         }
     }
+    transfers
+}
+
+/// Rank `r`'s transfers by class (`(sends?, peer)`, in order), each with its time
+/// over all `m` micro-batches.
+fn classes_of(
+    transfers: &BTreeMap<(bool, usize, usize, usize), Held>,
+    r: usize,
+    m: f64,
+) -> Vec<Vec<Held>> {
+    let mut classes: BTreeMap<(bool, usize), Vec<Held>> = BTreeMap::new();
+    for (&(_, _, from, to), x) in transfers {
+        let all = Held {
+            time: x.time * m,
+            ..*x
+        };
+        if from == r {
+            classes.entry((true, to)).or_default().push(all);
+        }
+        if to == r {
+            classes.entry((false, from)).or_default().push(all);
+        }
+    }
+    classes.into_values().collect()
+}
+
+/// Per rank, `H_r` of the module documentation: the least time the transfers
+/// between stages (`transfers`, [`stage_transfers`]) hold it outside its start and
+/// end windows (`windows[r]`, `None` for a rank without stages), over the step of
+/// `m` micro-batches.
+fn held_by_transfers(
+    transfers: &BTreeMap<(bool, usize, usize, usize), Held>,
+    windows: &[Option<(f64, f64)>],
+    m: f64,
+) -> Vec<f64> {
     // Per (rank, sends?, peer): one operation holds at most one of the class.
     let mut classes: BTreeMap<(usize, bool, usize), f64> = BTreeMap::new();
-    for (&(_, _, from, to), x) in &transfers {
+    for (&(_, _, from, to), x) in transfers {
         for (r, sends, peer) in [(from, true, to), (to, false, from)] {
             let Some(&Some((release, end))) = windows.get(r) else {
                 continue;
