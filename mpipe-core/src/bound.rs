@@ -177,9 +177,7 @@ fn ramp_splits(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<Vec<
         .into_iter()
         .filter_map(|v| {
             let split = crate::generators::ramp_split(profile, &single, ranks, microbatches, v)?;
-            let mut own = profile.clone();
-            own.llm.layout = Some(split.layout(v));
-            build_units(&own, ranks, v, Layout::Looped).ok()
+            build_units(&split.applied(profile, v), ranks, v, Layout::Looped).ok()
         })
         .collect()
 }
@@ -372,16 +370,7 @@ fn window_bound(jobs: &[(f64, f64, f64)], held: &[Vec<Held>]) -> f64 {
             if chosen.peek().is_none() {
                 continue;
             }
-            let hold = held
-                .iter()
-                .map(|class| {
-                    class
-                        .iter()
-                        .filter(|x| x.start >= a && x.tail >= b)
-                        .map(|x| x.time)
-                        .sum::<f64>()
-                })
-                .fold(0.0, f64::max);
+            let hold = held_within(held, a, b);
             best = best.max(a + chosen.map(|j| j.1).sum::<f64>() + hold + b);
         }
     }
@@ -414,10 +403,9 @@ pub fn lower_bound(
     });
     let (mut rank, mut start_windows, mut end_windows) = (0.0f64, 0.0, 0.0);
     let (mut r_max, mut q_max) = (0.0f64, 0.0f64);
-    // Per rank with stages: the end of its start window and the length of its end
-    // window.
-    let mut windows: Vec<Option<(f64, f64)>> = vec![None; p];
-    for (r, window) in windows.iter_mut().enumerate() {
+    // `H_r` of the module documentation, summed over the ranks.
+    let mut held = 0.0;
+    for r in 0..p {
         let own: Vec<usize> = stages
             .iter()
             .copied()
@@ -432,15 +420,14 @@ pub fn lower_bound(
             .iter()
             .map(|&u| if c.need[u] { c.q_b[u] } else { c.q_f[u] })
             .fold(f64::INFINITY, f64::min);
-        rank = rank.max(window_bound(
-            &c.task_types(&own, m),
-            &classes_of(&transfers, r, m),
-        ));
+        let classes = classes_of(&transfers, r, m);
+        rank = rank.max(window_bound(&c.task_types(&own, m), &classes));
+        // The transfers outside both of the rank's windows.
+        held += held_within(&classes, r_r, q_fb_r);
         start_windows += r_r;
         end_windows += (q_fb_r - w_r).max(0.0);
         r_max = r_max.max(r_r);
         q_max = q_max.max(q_fb_r);
-        *window = Some((r_r, q_fb_r));
     }
     // Encoder (non-stage) work that could run in a start window (released before the
     // latest window ends) or an end window (tail shorter than the longest one).
@@ -466,7 +453,6 @@ pub fn lower_bound(
             * m;
     }
     let idle = (start_windows - e_f).max(0.0) + (end_windows - e_b).max(0.0);
-    let held: f64 = held_by_transfers(&transfers, &windows, m).iter().sum();
     let ramp = (total + idle + held) / p as f64;
     Bound {
         work,
@@ -554,30 +540,18 @@ fn classes_of(
     classes.into_values().collect()
 }
 
-/// Per rank, `H_r` of the module documentation: the least time the transfers
-/// between stages (`transfers`, [`stage_transfers`]) hold it outside its start and
-/// end windows (`windows[r]`, `None` for a rank without stages), over the step of
-/// `m` micro-batches.
-fn held_by_transfers(
-    transfers: &BTreeMap<(bool, usize, usize, usize), Held>,
-    windows: &[Option<(f64, f64)>],
-    m: f64,
-) -> Vec<f64> {
-    // Per (rank, sends?, peer): one operation holds at most one of the class.
-    let mut classes: BTreeMap<(usize, bool, usize), f64> = BTreeMap::new();
-    for (&(_, _, from, to), x) in transfers {
-        for (r, sends, peer) in [(from, true, to), (to, false, from)] {
-            let Some(&Some((release, end))) = windows.get(r) else {
-                continue;
-            };
-            if x.start >= release && x.tail >= end {
-                *classes.entry((r, sends, peer)).or_default() += x.time * m;
-            }
-        }
-    }
-    let mut out = vec![0.0f64; windows.len()];
-    for ((r, ..), total) in classes {
-        out[r] = out[r].max(total);
-    }
-    out
+/// The largest total, over a rank's classes of transfers ([`classes_of`]), of
+/// those that start at or after `a` and have tails of at least `b`: the time they
+/// hold the rank within `[a, T - b]`, one class's over disjoint intervals.
+fn held_within(classes: &[Vec<Held>], a: f64, b: f64) -> f64 {
+    classes
+        .iter()
+        .map(|class| {
+            class
+                .iter()
+                .filter(|x| x.start >= a && x.tail >= b)
+                .map(|x| x.time)
+                .sum::<f64>()
+        })
+        .fold(0.0, f64::max)
 }

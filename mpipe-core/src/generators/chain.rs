@@ -301,6 +301,14 @@ impl RampSplit {
             stage_layout(self.llm.iter().copied())
         }
     }
+
+    /// `profile` with its LLM split fixed to this one for `v` chunks per rank (its
+    /// `llm.layout` set to [`RampSplit::layout`]).
+    pub fn applied(&self, profile: &Profile, v: usize) -> Profile {
+        let mut own = profile.clone();
+        own.llm.layout = Some(self.layout(v));
+        own
+    }
 }
 
 /// The Megatron layout string of stages with these layer counts, in pipeline order:

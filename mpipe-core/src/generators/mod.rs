@@ -299,8 +299,7 @@ pub fn generate(
             };
             match chain::ramp_split(profile, single, ranks, microbatches, v) {
                 Some(split) => {
-                    let mut own = profile.clone();
-                    own.llm.layout = Some(split.layout(v));
+                    let own = split.applied(profile, v);
                     let units = build_units(&own, ranks, v, kind.layout())?;
                     chain::cut(&own, &units, ranks, Some(&split.chunks))
                 }
