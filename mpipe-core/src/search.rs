@@ -5,7 +5,9 @@
 //! the layers evenly, `zb2p` with one chunk (also in lockstep, `costs = unit`), two
 //! looped and two in a V, and `zb2p(encoders = spread | chain | ramp)`, which place
 //! the encoders themselves, in eight forms, `ramp` (also over two looped chunks per
-//! rank) never under `balance` as it chooses the split itself), the
+//! rank; it chooses the split itself, starting from the balanced one under
+//! `balance`, so it comes under `balance` too, and with the frozen encoders
+//! `prefetch`ed), the
 //! fused-backward bodies also under `split_w`, and for each encoder of the profile every placement the operators offer:
 //! inline (the body's own), `transpose` with each owner mode (`spare` too) and, for a trainable
 //! encoder, each backward mode (modes that cannot differ, such as owners when
@@ -26,9 +28,15 @@
 //! and timed ideally (no communication, asynchronous transfers), which no program of
 //! the plan can beat; candidates are then derived in full (lowered, verified,
 //! simulated, checked against the memory limit) in order of that ideal time, and the
-//! search stops at the first candidate whose ideal time is no better than the best
-//! simulated time found. Ties go to the lower peak memory, then to the earlier
-//! candidate, so the answer is deterministic.
+//! search stops at the first candidate whose ideal time is more than
+//! [`DERIVE_WITHIN`] behind the best simulated time found (refinement can beat a
+//! plan's ideal time, since it changes the plan). Ties go to the lower peak memory,
+//! then to the earlier candidate, so the answer is deterministic. The five fastest,
+//! and the one whose
+//! plan is fastest ideally (refinement works towards that time: under rendezvous a
+//! plan well ahead there can come out behind in its first lowering and win once
+//! refined), are then refined, and the compute order of the winner (and of that
+//! one, when it is within [`IDEAL_WITHIN`] of it) searched.
 //!
 //! Speed, with the same answer: candidates that share inner expressions (a body under
 //! `split_w`, a placement of one encoder under several of the other's) are planned one
@@ -51,8 +59,9 @@ use crate::simulate::Mode;
 use std::cell::Cell;
 
 /// Candidates whose transfers `auto` refines by simulation (the fastest before
-/// refinement).
-const FINALISTS: usize = 3;
+/// refinement; twins, which would refine to the same programs, take no place), and
+/// besides them the fastest in the ideal timing.
+const FINALISTS: usize = 5;
 
 /// Bodies whose backward is fused (`BW`), which `split_w` can split.
 const FUSED: [&str; 5] = [
@@ -268,7 +277,31 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
             }
         }
         if profile.llm.layout.is_none() {
-            out.extend(RAMP.iter().map(|b| b.to_string()));
+            // The ramp chains one encoder; the frozen ones may run a step ahead
+            // (`prefetch`), which frees the warm-up the ramp fills. Under `balance`
+            // the ramp starts from the balanced split and comes to another one.
+            // (Only those searched in full: the others stay inline here too.)
+            let frozen: Vec<&str> = full
+                .iter()
+                .map(|&i| &profile.encoders[i])
+                .filter(|e| !e.trainable && !FOR_MACRO.with(Cell::get))
+                .map(|e| e.name.as_str())
+                .collect();
+            for body in RAMP {
+                let prefetched = (!frozen.is_empty()).then(|| {
+                    frozen
+                        .iter()
+                        .fold(body.to_string(), |e, name| format!("prefetch({name}, {e})"))
+                });
+                for x in std::iter::once(body.to_string()).chain(prefetched) {
+                    let balanced = format!("balance({x})");
+                    for y in [x, balanced] {
+                        if seen.insert(y.clone()) {
+                            out.push(y);
+                        }
+                    }
+                }
+            }
         }
     }
     // The evaluation's peers, so that `auto` is never slower than one; beyond
@@ -515,7 +548,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         while batch.len() < workers {
             let Some(next) = rest.next_if(|((ideal, ..), _)| {
                 best.as_ref()
-                    .is_none_or(|(span, ..)| *ideal <= *span * (1.0 + 1e-12))
+                    .is_none_or(|(span, ..)| *ideal <= *span * DERIVE_WITHIN)
             }) else {
                 break;
             };
@@ -533,7 +566,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         drop(jobs);
         for ((ideal, order, slot, plan), twin) in batch {
             if let Some((span, ..)) = &best {
-                if ideal > *span * (1.0 + 1e-12) {
+                if ideal > *span * DERIVE_WITHIN {
                     break 'batches;
                 }
             }
@@ -571,12 +604,30 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             .then(a.1.total_cmp(&b.1))
             .then(a.2.cmp(&b.2))
     });
-    finalists.truncate(FINALISTS);
-    // A twin's refinements equal its twin's, which sorts before it and wins the tie.
-    let finalists: Vec<_> = finalists
+    // A twin's refinements equal its twin's, which sorts before it and wins the tie:
+    // twins take no finalist's place.
+    let mut finalists: Vec<_> = finalists
         .into_iter()
         .filter_map(|(a, b, order, slot, plan)| Some((a, b, order, slot, plan?)))
         .collect();
+    // The fastest few as simulated, and the one whose plan is fastest in the ideal
+    // timing: the refinements bring a program towards its plan's ideal time, so a
+    // plan well ahead there may win once refined although its first lowering
+    // waits more (under rendezvous, most of all).
+    let ideal = |slot: usize| tried[slot].ideal.unwrap_or(f64::INFINITY);
+    let most_ideal = finalists
+        .iter()
+        .enumerate()
+        .min_by(|(_, a), (_, b)| ideal(a.3).total_cmp(&ideal(b.3)).then(a.2.cmp(&b.2)))
+        .map(|(i, _)| i);
+    let ideal_finalist = most_ideal.map(|i| finalists[i].2);
+    if let Some(i) = most_ideal.filter(|&i| i >= FINALISTS) {
+        let kept = finalists.swap_remove(i);
+        finalists.truncate(FINALISTS);
+        finalists.push(kept);
+    } else {
+        finalists.truncate(FINALISTS);
+    }
     let fine: Vec<Option<Plan>> = finalists
         .iter()
         .map(|(.., plan)| (req.mode == Mode::Rendezvous).then(|| layers(plan.clone(), req.profile)))
@@ -659,10 +710,37 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             .map(|(.., d)| d)
             .filter(|d| d.report.makespan <= winner.report.makespan * RUNNER_UP_WITHIN)
     };
-    let polished = polish(&winner, "winner").or_else(|| polish(runner_up()?, "runner-up"));
+    // And that of the finalist fastest in the ideal timing (its fastest refined
+    // program), when it is another expression within `IDEAL_WITHIN` of the winner:
+    // its order has the most to gain.
+    let ideal_pick = ranked
+        .iter()
+        .find(|(_, _, order, _)| Some(*order) == ideal_finalist)
+        .map(|(.., d)| d)
+        .filter(|d| inner_of(&d.expr) != inner_of(&winner.expr))
+        .filter(|d| d.report.makespan <= winner.report.makespan * IDEAL_WITHIN);
+    let mut polished = polish(&winner, "winner");
+    if let Some(p) = ideal_pick.and_then(|d| polish(d, "ideal finalist")) {
+        if polished
+            .as_ref()
+            .is_none_or(|q| p.report.makespan < q.report.makespan)
+        {
+            polished = Some(p);
+        }
+    }
+    let polished = polished.or_else(|| polish(runner_up()?, "runner-up"));
     let best = polished.unwrap_or(winner);
     Ok(Search { best, tried })
 }
+
+/// How far a candidate's ideal time may be behind the best simulated time for
+/// `auto` to still derive it in full: 1 would be exact for unrefined programs
+/// (the ideal time bounds the simulated one), but refinement and the order search
+/// can take a program below its plan's ideal time (they change the plan), so a
+/// candidate just behind may still win once refined (profile (a) under eager
+/// semantics: `balance(zb2p(encoders = chain))`, ideally 1076.0 ms against the best
+/// simulated 1073.8, refines to 1042.7).
+const DERIVE_WITHIN: f64 = 1.01;
 
 /// How close the runner-up must be to the winner (as a factor of its step) for
 /// `auto` to search its compute order when the winner's finds nothing: the search
@@ -670,12 +748,19 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
 /// is spent for nothing (it cost up to a third more search time on the benchmarks).
 const RUNNER_UP_WITHIN: f64 = 1.01;
 
+/// How close the finalist whose plan is fastest in the ideal timing must be to the
+/// winner, once refined, for `auto` to search its compute order too (and keep the
+/// faster of the two): the order search gains up to about 2% where the refined
+/// program is far from its plan's ideal time (profile (c) at 8 x 16 under
+/// rendezvous: 2992.8 -> 2932.6 ms for `zb2p(v = 2, encoders = ramp)`'s plan).
+const IDEAL_WITHIN: f64 = 1.02;
+
 /// Simulations `auto` may spend on its winner's compute order: at most
 /// `ORDER_BUDGET`, and fewer for large programs (about `ORDER_ACTIONS` actions
 /// simulated in all); below `ORDER_MIN` it is not tried (a few moves rarely pay for
 /// the full derivation that follows them).
-const ORDER_BUDGET: usize = 1000;
-const ORDER_ACTIONS: usize = 6_000_000;
+const ORDER_BUDGET: usize = 3000;
+const ORDER_ACTIONS: usize = 12_000_000;
 const ORDER_MIN: usize = 100;
 
 /// For each candidate of `planned` (sorted by ideal time, then candidate order), the
