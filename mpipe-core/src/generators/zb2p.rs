@@ -57,7 +57,7 @@
 //! and chunk sizes are chosen together, see [`super::chain::ramp_split`], and 1.027
 //! with `v = 2, encoders = ramp`, two looped chunks per rank); under
 //! rendezvous the lockstep form of the ramp, computed layer by layer
-//! ([`crate::operators::layers`]) and refined, is the fastest (1.066; 1.053 with
+//! ([`crate::operators::layers`]) and refined, is the fastest (1.066; 1.0515 with
 //! its compute order searched too, [`crate::reorder`]; the rendezvous bound also
 //! counts the time transfers hold the ranks, see [`crate::bound`]).
 
