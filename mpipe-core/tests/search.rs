@@ -459,12 +459,12 @@ fn auto_keeps_its_distance_to_the_bound_where_microbatches_are_twice_the_ranks()
     let cases = [
         (
             include_str!("../../profiles/eval-b-qwen2vl72b-frozen.toml"),
-            1.028,
+            1.023,
             true,
         ),
         (
             include_str!("../../profiles/eval-b-qwen2vl72b.toml"),
-            1.032,
+            1.026,
             true,
         ),
         (include_str!("../../profiles/eval-c-omni.toml"), 1.049, true),
