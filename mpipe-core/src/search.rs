@@ -615,19 +615,15 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     // plan well ahead there may win once refined although its first lowering
     // waits more (under rendezvous, most of all).
     let ideal = |slot: usize| tried[slot].ideal.unwrap_or(f64::INFINITY);
-    let most_ideal = finalists
+    let ideal_finalist = finalists
         .iter()
-        .enumerate()
-        .min_by(|(_, a), (_, b)| ideal(a.3).total_cmp(&ideal(b.3)).then(a.2.cmp(&b.2)))
-        .map(|(i, _)| i);
-    let ideal_finalist = most_ideal.map(|i| finalists[i].2);
-    if let Some(i) = most_ideal.filter(|&i| i >= FINALISTS) {
-        let kept = finalists.swap_remove(i);
-        finalists.truncate(FINALISTS);
-        finalists.push(kept);
-    } else {
-        finalists.truncate(FINALISTS);
-    }
+        .min_by(|a, b| ideal(a.3).total_cmp(&ideal(b.3)).then(a.2.cmp(&b.2)))
+        .map(|f| f.2);
+    let mut at = 0;
+    finalists.retain(|f| {
+        at += 1;
+        at <= FINALISTS || Some(f.2) == ideal_finalist
+    });
     let fine: Vec<Option<Plan>> = finalists
         .iter()
         .map(|(.., plan)| (req.mode == Mode::Rendezvous).then(|| layers(plan.clone(), req.profile)))
@@ -719,16 +715,15 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         .map(|(.., d)| d)
         .filter(|d| inner_of(&d.expr) != inner_of(&winner.expr))
         .filter(|d| d.report.makespan <= winner.report.makespan * IDEAL_WITHIN);
-    let mut polished = polish(&winner, "winner");
-    if let Some(p) = ideal_pick.and_then(|d| polish(d, "ideal finalist")) {
-        if polished
-            .as_ref()
-            .is_none_or(|q| p.report.makespan < q.report.makespan)
-        {
-            polished = Some(p);
-        }
-    }
-    let polished = polished.or_else(|| polish(runner_up()?, "runner-up"));
+    // The faster of the two (the winner's on a tie).
+    let polished = [
+        polish(&winner, "winner"),
+        ideal_pick.and_then(|d| polish(d, "ideal finalist")),
+    ]
+    .into_iter()
+    .flatten()
+    .min_by(|a, b| a.report.makespan.total_cmp(&b.report.makespan))
+    .or_else(|| polish(runner_up()?, "runner-up"));
     let best = polished.unwrap_or(winner);
     Ok(Search { best, tried })
 }
