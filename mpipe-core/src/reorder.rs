@@ -107,6 +107,7 @@ fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
     let mut tried_fills: BTreeSet<((usize, Task, Task), usize)> = BTreeSet::new();
     // Moves change where tasks run, never the units: their families are fixed.
     let family = families(&plan);
+    let width = workers(plan.order.iter().map(Vec::len).sum());
     'search: while spent < budget {
         // The plan lowered, so its dependencies resolve; were they not to, stop
         // with what was found.
@@ -157,40 +158,63 @@ fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
                     )
                 })),
             };
-            for t in tries {
-                // A move may come up for several waits: it is tried once.
-                let fresh = match t {
-                    Try::Within(key, ..) => tried.insert(key),
-                    Try::Migrate(m) => tried_moves.insert(m),
-                    Try::Fill(key, _, count) => tried_fills.insert((key, count)),
-                };
-                if !fresh {
-                    continue;
+            let mut tries = tries;
+            loop {
+                // The next fresh tries (a move may come up for several waits: it
+                // is tried once), as many as there are workers and simulations
+                // left, lowered side by side; they are then taken in order as one
+                // at a time would, so the search does not depend on the workers.
+                let room = budget.saturating_sub(spent).clamp(1, width);
+                let mut batch: Vec<Try> = Vec::with_capacity(room);
+                while batch.len() < room {
+                    let Some(t) = tries.next() else { break };
+                    let seen = match t {
+                        Try::Within(key, ..) => tried.contains(&key),
+                        Try::Migrate(m) => tried_moves.contains(&m),
+                        Try::Fill(key, _, count) => tried_fills.contains(&(key, count)),
+                    };
+                    if !seen && !batch.iter().any(|b| b.same_move(&t)) {
+                        batch.push(t);
+                    }
+                }
+                if batch.is_empty() {
+                    break;
                 }
                 if spent >= budget {
                     break 'search;
                 }
-                spent += 1;
-                stage.step();
-                let next = match t {
-                    Try::Within((q, ..), from, to) => {
-                        let mut next = plan.clone();
-                        let task = next.order[q].remove(from);
-                        next.order[q].insert(to, task);
-                        next
+                let nexts: Vec<Option<Plan>> = batch
+                    .iter()
+                    .map(|&t| match t {
+                        Try::Within((q, ..), from, to) => {
+                            let mut next = plan.clone();
+                            let task = next.order[q].remove(from);
+                            next.order[q].insert(to, task);
+                            Some(next)
+                        }
+                        Try::Migrate(m) => migrate(&plan, &family, &times, m),
+                        Try::Fill((q, ..), j, count) => Some(fill(&plan, &index, q, j, count)),
+                    })
+                    .collect();
+                let lowered = lower_all(&nexts, text, opts, rule);
+                for ((t, next), lowered) in batch.into_iter().zip(nexts).zip(lowered) {
+                    match t {
+                        Try::Within(key, ..) => tried.insert(key),
+                        Try::Migrate(m) => tried_moves.insert(m),
+                        Try::Fill(key, _, count) => tried_fills.insert((key, count)),
+                    };
+                    if spent >= budget {
+                        break 'search;
                     }
-                    Try::Migrate(m) => match migrate(&plan, &family, &times, m) {
-                        Some(next) => next,
-                        None => continue,
-                    },
-                    Try::Fill((q, ..), j, count) => fill(&plan, &index, q, j, count),
-                };
-                let Some((p, rep)) = lower_one(&next, text, opts, rule) else {
-                    continue;
-                };
-                if better(&rep, &best.1) && fits(&p, &rep) {
-                    kept = Some((next, (p, rep), matches!(t, Try::Migrate(_))));
-                    break 'kinds;
+                    spent += 1;
+                    stage.step();
+                    let (Some(next), Some((p, rep))) = (next, lowered) else {
+                        continue;
+                    };
+                    if better(&rep, &best.1) && fits(&p, &rep) {
+                        kept = Some((next, (p, rep), matches!(t, Try::Migrate(_))));
+                        break 'kinds;
+                    }
                 }
             }
         }
@@ -285,6 +309,32 @@ enum Try {
     /// `((rank, the task the wait is before, the first weight gradient moved),
     /// index of that task, how many move)`: see [`fill_with_w`].
     Fill((usize, Task, Task), usize, usize),
+}
+
+impl Try {
+    /// Whether `self` and `other` are the same move (what the search remembers
+    /// to try each once).
+    fn same_move(&self, other: &Try) -> bool {
+        match (self, other) {
+            (Try::Within(a, ..), Try::Within(b, ..)) => a == b,
+            (Try::Migrate(a), Try::Migrate(b)) => a == b,
+            (Try::Fill(a, _, n), Try::Fill(b, _, m)) => a == b && n == m,
+            _ => false,
+        }
+    }
+}
+
+/// Plans with at least this many tasks are lowered and simulated on several threads
+/// (smaller ones take less time than starting a thread).
+const PARALLEL_TASKS: usize = 1500;
+
+/// Threads the search lowers candidates on: every core (at most 8) for a plan of
+/// `tasks` tasks, when it is large enough.
+fn workers(tasks: usize) -> usize {
+    if tasks < PARALLEL_TASKS {
+        return 1;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 8))
 }
 
 /// The moves of `kind` for the wait of `wait` before task `j` on rank `r`
@@ -650,6 +700,27 @@ fn first_lowering(
 }
 
 /// `plan` lowered with `rule` and simulated; `None` if either fails.
+/// [`lower_one`] of each plan, side by side on up to [`workers`] threads when
+/// the plans are large enough to pay for them; in order.
+fn lower_all(
+    plans: &[Option<Plan>],
+    text: Option<&str>,
+    opts: &SimOptions,
+    rule: Placement,
+) -> Vec<Option<(Program, SimReport)>> {
+    let one = |p: &Option<Plan>| p.as_ref().and_then(|p| lower_one(p, text, opts, rule));
+    if plans.len() < 2 {
+        return plans.iter().map(one).collect();
+    }
+    std::thread::scope(|s| {
+        let rest: Vec<_> = plans[1..].iter().map(|p| s.spawn(move || one(p))).collect();
+        let mut out = vec![one(&plans[0])];
+        // A worker that panicked gives no program, as a failed lowering does.
+        out.extend(rest.into_iter().map(|h| h.join().ok().flatten()));
+        out
+    })
+}
+
 fn lower_one(
     plan: &Plan,
     text: Option<&str>,
