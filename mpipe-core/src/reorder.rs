@@ -52,9 +52,11 @@
 //! so the plan stays a valid order; a move between ranks may, or may close a
 //! cycle between ranks, and the lowering refuses such a plan (every candidate that
 //! does not lower is skipped), so the plan found is always a valid order; the programs are lowerings of plans, so the lowering's
-//! deadlock-freedom argument covers them; deterministic (no clocks, no threads:
-//! ties go to the lower rank, then the earlier task); the budget counts simulations,
-//! so the result does not depend on the machine. Progress is reported as a stage of
+//! deadlock-freedom argument covers them; deterministic (no clocks; ties go to the
+//! lower rank, then the earlier task; on a large plan the next few candidates are
+//! lowered and simulated side by side on every core, then taken in order, counted
+//! and remembered as one at a time would, so the cores change only the wall time);
+//! the budget counts simulations, so the result does not depend on the machine. Progress is reported as a stage of
 //! `budget` simulations ([`crate::progress`]), which ends early when no move is left.
 
 use crate::analysis::dependencies;

@@ -282,6 +282,11 @@ fn the_search_reports_its_progress_and_the_report_changes_nothing() {
             // Here the finalist fastest in the ideal timing is another expression
             // within 2% of the winner once refined: its order is searched too.
             "auto: ordering the ideal finalist's compute",
+            "ordering the compute (simulations)",
+            // Micro-batches are twice the ranks and the step is still 9% above the
+            // bound: the order is searched further, here in two rounds.
+            "auto: ordering its compute further (more than 5% above the bound)",
+            "ordering the compute (simulations)",
             "ordering the compute (simulations)"
         ]
     );
@@ -493,8 +498,9 @@ fn auto_keeps_its_distance_to_the_bound_where_microbatches_are_twice_the_ranks()
 /// chosen together (`zb2p(encoders = ramp)`), within 5% of the bound (1.037; the
 /// guide quotes it). Under rendezvous (the spec's default) the lockstep form of the
 /// ramp, computed layer by layer (`layers`) so that transfers find meeting points,
-/// is the fastest, 1.0515 with `refine` and its order search (a regression guard;
-/// issue 6 asks for 1.05 there too).
+/// is the fastest: 1.0515 with `refine` and its order search at `auto`'s usual
+/// budget, and 1.049 (within issue 6's 5%) once the order is searched further, as
+/// `auto` does where a program is more than 5% above the bound.
 #[test]
 fn auto_chains_a_stage_sized_encoder() {
     let text = include_str!("../../profiles/qwen2vl-7b.toml");
@@ -514,7 +520,8 @@ fn auto_chains_a_stage_sized_encoder() {
         d.expr
     );
     let ratio = d.report.makespan / d.bound.value();
-    assert!(ratio <= 1.052, "{}: {ratio:.4}", d.expr);
+    assert!(ratio <= 1.0495, "{}: {ratio:.4}", d.expr);
+    assert!(d.expr.ends_with("order = 12000)"), "{}", d.expr);
 }
 
 /// The ramp (which chooses the stage split itself) is searched from both splits
