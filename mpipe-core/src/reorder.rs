@@ -56,8 +56,9 @@
 //! lower rank, then the earlier task; on a large plan the next few candidates are
 //! lowered and simulated side by side on every core, then taken in order, counted
 //! and remembered as one at a time would, so the cores change only the wall time);
-//! the budget counts simulations, so the result does not depend on the machine. Progress is reported as a stage of
-//! `budget` simulations ([`crate::progress`]), which ends early when no move is left.
+//! the budget counts simulations, so the result does not depend on the machine.
+//! Progress is reported as a stage of `budget` simulations ([`crate::progress`]),
+//! which ends early when no move is left.
 
 use crate::analysis::dependencies;
 use crate::derive::PLACEMENTS;
@@ -84,6 +85,12 @@ const MIN_WAIT: f64 = 1e-6;
 /// caller's full derivation can rank them otherwise). `fits` says whether a
 /// program's memory is acceptable.
 fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
+    let width = workers(plan.order.iter().map(Vec::len).sum());
+    reorder_on(plan, search, budget, width)
+}
+
+/// [`reorder`] lowering up to `width` candidates at a time.
+fn reorder_on(plan: &Plan, search: &Search, budget: usize, width: usize) -> (Vec<Plan>, usize) {
     let Search {
         text,
         opts,
@@ -109,7 +116,6 @@ fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
     let mut tried_fills: BTreeSet<((usize, Task, Task), usize)> = BTreeSet::new();
     // Moves change where tasks run, never the units: their families are fixed.
     let family = families(&plan);
-    let width = workers(plan.order.iter().map(Vec::len).sum());
     'search: while spent < budget {
         // The plan lowered, so its dependencies resolve; were they not to, stop
         // with what was found.
@@ -136,7 +142,7 @@ fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
                 exhausted = Some(plan.clone());
             }
             // Generated as they are tried: the first kept ends the list.
-            let tries: Box<dyn Iterator<Item = Try>> = match kind {
+            let mut tries: Box<dyn Iterator<Item = Try>> = match kind {
                 Kind::Migrate if moves == Moves::AcrossRanks => Box::new(
                     migrations(&plan, &family, &best.0, &best.1)
                         .into_iter()
@@ -160,7 +166,6 @@ fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
                     )
                 })),
             };
-            let mut tries = tries;
             loop {
                 // The next fresh tries (a move may come up for several waits: it
                 // is tried once), as many as there are workers and simulations
@@ -796,6 +801,36 @@ mod tests {
         let (rule, (program, report)) = first_lowering(&plan, None, &opts).unwrap();
         let times = compute_times(&program, &report);
         (plan, opts, rule, times)
+    }
+
+    /// Lowering several candidates at a time changes nothing but the wall time: the
+    /// plans found and the simulations spent are those of one at a time, for every
+    /// width, with budgets that end in the middle of a batch too.
+    #[test]
+    fn the_search_finds_the_same_with_any_number_of_workers() {
+        let (plan, opts, ..) = lockstep_ramp();
+        let fits = |_: &Program, _: &SimReport| true;
+        let search = Search {
+            text: None,
+            opts: &opts,
+            fits: &fits,
+            moves: Moves::AcrossRanks,
+        };
+        for budget in [7, 40, 151] {
+            let one = reorder_on(&plan, &search, budget, 1);
+            assert!(
+                !one.0.is_empty(),
+                "budget {budget}: the search found nothing"
+            );
+            for width in [2, 3, 8] {
+                let many = reorder_on(&plan, &search, budget, width);
+                assert_eq!(one.1, many.1, "budget {budget}, width {width}");
+                assert_eq!(one.0.len(), many.0.len(), "budget {budget}, width {width}");
+                for (a, b) in one.0.iter().zip(&many.0) {
+                    assert_eq!(a.order, b.order, "budget {budget}, width {width}");
+                }
+            }
+        }
     }
 
     /// Every candidate move of either kind, for every wait of a rendezvous program
