@@ -111,9 +111,7 @@ fn reorder_on(plan: &Plan, search: &Search, budget: usize, width: usize) -> (Vec
         stage.step();
     }
     let mut improved = false;
-    let mut tried: BTreeSet<(usize, Task, Task)> = BTreeSet::new();
-    let mut tried_moves: BTreeSet<Migration> = BTreeSet::new();
-    let mut tried_fills: BTreeSet<((usize, Task, Task), usize)> = BTreeSet::new();
+    let mut tried: BTreeSet<Move> = BTreeSet::new();
     // Moves change where tasks run, never the units: their families are fixed.
     let family = families(&plan);
     'search: while spent < budget {
@@ -175,12 +173,8 @@ fn reorder_on(plan: &Plan, search: &Search, budget: usize, width: usize) -> (Vec
                 let mut batch: Vec<Try> = Vec::with_capacity(room);
                 while batch.len() < room {
                     let Some(t) = tries.next() else { break };
-                    let seen = match t {
-                        Try::Within(key, ..) => tried.contains(&key),
-                        Try::Migrate(m) => tried_moves.contains(&m),
-                        Try::Fill(key, _, count) => tried_fills.contains(&(key, count)),
-                    };
-                    if !seen && !batch.iter().any(|b| b.same_move(&t)) {
+                    let key = t.key();
+                    if !tried.contains(&key) && batch.iter().all(|b| b.key() != key) {
                         batch.push(t);
                     }
                 }
@@ -205,11 +199,7 @@ fn reorder_on(plan: &Plan, search: &Search, budget: usize, width: usize) -> (Vec
                     .collect();
                 let lowered = lower_all(&nexts, text, opts, rule);
                 for ((t, next), lowered) in batch.into_iter().zip(nexts).zip(lowered) {
-                    match t {
-                        Try::Within(key, ..) => tried.insert(key),
-                        Try::Migrate(m) => tried_moves.insert(m),
-                        Try::Fill(key, _, count) => tried_fills.insert((key, count)),
-                    };
+                    tried.insert(t.key());
                     if spent >= budget {
                         break 'search;
                     }
@@ -318,15 +308,20 @@ enum Try {
     Fill((usize, Task, Task), usize, usize),
 }
 
+/// What makes a [`Try`] the move it is (the search tries each once).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Move {
+    Within((usize, Task, Task)),
+    Migrate(Migration),
+    Fill((usize, Task, Task), usize),
+}
+
 impl Try {
-    /// Whether `self` and `other` are the same move (what the search remembers
-    /// to try each once).
-    fn same_move(&self, other: &Try) -> bool {
-        match (self, other) {
-            (Try::Within(a, ..), Try::Within(b, ..)) => a == b,
-            (Try::Migrate(a), Try::Migrate(b)) => a == b,
-            (Try::Fill(a, _, n), Try::Fill(b, _, m)) => a == b && n == m,
-            _ => false,
+    fn key(&self) -> Move {
+        match *self {
+            Try::Within(key, ..) => Move::Within(key),
+            Try::Migrate(m) => Move::Migrate(m),
+            Try::Fill(key, _, count) => Move::Fill(key, count),
         }
     }
 }

@@ -734,22 +734,21 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     // Where the goal applies (micro-batches at least twice the ranks) and the
     // program is still more than `GOAL` above the bound, the same order search again
     // with a larger budget; kept when it is faster.
-    let goal_applies = req.microbatches >= 2 * req.ranks;
-    let (best, from) = match polished {
-        Some((p, from)) => (p, from),
-        None => (winner.clone(), &winner),
-    };
-    let best = if goal_applies && best.report.makespan > GOAL * best.bound.value() {
-        polish_with(
-            from,
-            "its compute further (more than 5% above the bound)",
-            (FAR_BUDGET, FAR_ACTIONS),
-        )
-        .filter(|p| p.report.makespan < best.report.makespan)
-        .unwrap_or(best)
-    } else {
-        best
-    };
+    let (polished, from) = polished.map_or((None, &winner), |(p, from)| (Some(p), from));
+    let current = polished.as_ref().unwrap_or(&winner);
+    let short =
+        req.microbatches >= 2 * req.ranks && current.report.makespan > GOAL * current.bound.value();
+    let further = short
+        .then(|| {
+            let what = format!(
+                "its compute further (more than {:.0}% above the bound)",
+                (GOAL - 1.0) * 100.0
+            );
+            polish_with(from, &what, (FAR_BUDGET, FAR_ACTIONS))
+        })
+        .flatten()
+        .filter(|p| p.report.makespan < current.report.makespan);
+    let best = further.or(polished).unwrap_or(winner);
     Ok(Search { best, tried })
 }
 
