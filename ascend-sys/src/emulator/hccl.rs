@@ -7,6 +7,7 @@
 //! that process operate on it directly; ranks in other processes reach it through
 //! [`super::hub`], whose serving threads call the same [`Group`] methods for them.
 
+use super::counters;
 use super::hub::{self, Remote};
 use super::{lock, stream_of};
 use crate::bindings::*;
@@ -499,6 +500,14 @@ fn enqueue(
     }
 }
 
+/// Counts an operation for the calling thread's device if it was accepted.
+fn counted(rc: HcclResult, f: impl FnOnce(&mut counters::Counters)) -> HcclResult {
+    if rc == HcclResult::HCCL_SUCCESS {
+        counters::count(f);
+    }
+    rc
+}
+
 fn peer_ok(comm: &Comm, peer: u32) -> bool {
     peer < comm.size && peer != comm.rank
 }
@@ -658,7 +667,10 @@ pub extern "C" fn HcclSend(
         Ok(x) => x,
         Err(e) => return e,
     };
-    enqueue(c, &s, move |c| c.send(dest_rank, ptr, bytes))
+    counted(
+        enqueue(c, &s, move |c| c.send(dest_rank, ptr, bytes)),
+        |k| k.send += 1,
+    )
 }
 
 #[no_mangle]
@@ -674,7 +686,10 @@ pub extern "C" fn HcclRecv(
         Ok(x) => x,
         Err(e) => return e,
     };
-    enqueue(c, &s, move |c| c.receive(src_rank, ptr, bytes))
+    counted(
+        enqueue(c, &s, move |c| c.receive(src_rank, ptr, bytes)),
+        |k| k.recv += 1,
+    )
 }
 
 #[no_mangle]
@@ -718,7 +733,10 @@ pub unsafe extern "C" fn HcclBatchSendRecv(
         }
         list.push(entry);
     }
-    enqueue(c, &s, move |c| c.batch(&sends, &recvs))
+    counted(enqueue(c, &s, move |c| c.batch(&sends, &recvs)), |k| {
+        k.batch_send_recv += 1;
+        k.batch_items += u64::from(item_num);
+    })
 }
 
 /// Element-wise `acc = op(acc, x)` over `count` elements of `t` at raw addresses.
@@ -830,7 +848,10 @@ pub extern "C" fn HcclAllReduce(
         count: count as usize,
     };
     let (input, output) = (send_buf as usize, recv_buf as usize);
-    enqueue(c, &s, move |c| c.collective(coll, input, output))
+    counted(
+        enqueue(c, &s, move |c| c.collective(coll, input, output)),
+        |k| k.collectives += 1,
+    )
 }
 
 #[no_mangle]
@@ -864,7 +885,10 @@ pub extern "C" fn HcclReduce(
         root,
     };
     let (input, output) = (send_buf as usize, recv_buf as usize);
-    enqueue(c, &s, move |c| c.collective(coll, input, output))
+    counted(
+        enqueue(c, &s, move |c| c.collective(coll, input, output)),
+        |k| k.collectives += 1,
+    )
 }
 
 #[no_mangle]
@@ -892,7 +916,9 @@ pub extern "C" fn HcclBroadcast(
         root,
     };
     let b = buf as usize;
-    enqueue(c, &s, move |c| c.collective(coll, b, b))
+    counted(enqueue(c, &s, move |c| c.collective(coll, b, b)), |k| {
+        k.collectives += 1
+    })
 }
 
 #[no_mangle]
@@ -901,7 +927,10 @@ pub extern "C" fn HcclBarrier(comm: HcclComm, stream: aclrtStream) -> HcclResult
         Ok(x) => x,
         Err(e) => return e,
     };
-    enqueue(c, &s, |c| c.collective(CollOp::Barrier, 0, 0))
+    counted(
+        enqueue(c, &s, |c| c.collective(CollOp::Barrier, 0, 0)),
+        |k| k.collectives += 1,
+    )
 }
 
 #[no_mangle]

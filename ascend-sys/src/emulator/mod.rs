@@ -12,8 +12,14 @@
 //!   send/receive complete only when the peer posts the matching call, with a deadlock
 //!   report after a timeout; batches post their items together; collectives reduce.
 //!
+//! Observability, as a profiler on the device would give it:
+//! - [`counters`]: per-device counts of the calls made (HCCL operations, copies, host
+//!   waits, allocations), charged at the exported entry points to the calling thread's
+//!   current device.
+//!
 //! Devices: `MPIPE_ASCEND_EMU_DEVICES` (default 8). Errors use the documented codes.
 
+pub mod counters;
 mod hccl;
 mod hub;
 
@@ -35,6 +41,11 @@ thread_local! {
 /// Locks, ignoring poisoning (a panicking task must not wedge the whole emulator).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The calling thread's current device (`aclrtSetDevice`), if any.
+pub(crate) fn current_device() -> Option<i32> {
+    CURRENT_DEVICE.with(|d| d.get())
 }
 
 fn device_count() -> u32 {
@@ -207,6 +218,21 @@ fn check_copy(
     ACL_SUCCESS
 }
 
+/// Counts an accepted copy of `count` bytes (host-to-host copies are not counted).
+fn count_copy(kind: aclrtMemcpyKind, count: usize, sync: bool) {
+    match kind {
+        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE | aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST => {
+            counters::count(|c| {
+                c.copies += 1;
+                c.copy_bytes += count as u64;
+                c.sync_copies += u64::from(sync);
+            })
+        }
+        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_DEVICE => counters::count(|c| c.device_copies += 1),
+        _ => {}
+    }
+}
+
 // ------------------------------------------------------------------ exported functions
 
 #[no_mangle]
@@ -301,7 +327,10 @@ pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
 #[no_mangle]
 pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
     match stream_of(stream) {
-        Some(s) => s.synchronize(),
+        Some(s) => {
+            counters::count(|c| c.host_waits += 1);
+            s.synchronize()
+        }
         None => ACL_ERROR_INVALID_PARAM,
     }
 }
@@ -355,6 +384,7 @@ pub extern "C" fn aclrtSynchronizeEvent(event: aclrtEvent) -> aclError {
     let Some(e) = event_of(event) else {
         return ACL_ERROR_INVALID_PARAM;
     };
+    counters::count(|c| c.host_waits += 1);
     let generation = lock(&e.0).queued;
     e.wait_for(generation);
     ACL_SUCCESS
@@ -402,12 +432,20 @@ pub extern "C" fn aclrtMalloc(
     size: usize,
     _policy: aclrtMemMallocPolicy,
 ) -> aclError {
-    allocate(dev_ptr, size)
+    let rc = allocate(dev_ptr, size);
+    if rc == ACL_SUCCESS {
+        counters::count(|c| c.mallocs += 1);
+    }
+    rc
 }
 
 #[no_mangle]
 pub extern "C" fn aclrtFree(dev_ptr: *mut c_void) -> aclError {
-    release(dev_ptr)
+    let rc = release(dev_ptr);
+    if rc == ACL_SUCCESS {
+        counters::count(|c| c.frees += 1);
+    }
+    rc
 }
 
 #[no_mangle]
@@ -433,6 +471,7 @@ pub unsafe extern "C" fn aclrtMemcpy(
         // SAFETY: the caller guarantees `count` readable and writable bytes (checked
         // against destMax); `copy` allows overlap.
         unsafe { std::ptr::copy(src.cast::<u8>(), dst.cast::<u8>(), count) };
+        count_copy(kind, count, true);
     }
     rc
 }
@@ -458,11 +497,15 @@ pub extern "C" fn aclrtMemcpyAsync(
         return ACL_ERROR_INVALID_PARAM;
     };
     let (d, sr) = (dst as usize, src as usize);
-    s.enqueue(Box::new(move || {
+    let rc = s.enqueue(Box::new(move || {
         // SAFETY: the caller keeps both buffers alive until the stream reaches this copy.
         unsafe { std::ptr::copy(sr as *const u8, d as *mut u8, count) };
         ACL_SUCCESS
-    }))
+    }));
+    if rc == ACL_SUCCESS {
+        count_copy(kind, count, false);
+    }
+    rc
 }
 
 #[no_mangle]

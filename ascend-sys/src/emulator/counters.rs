@@ -1,0 +1,144 @@
+//! Per-device call counters, as a profiler on the device would report them.
+//!
+//! Every exported `extern "C"` entry point of the emulator that does work a profiler
+//! would see (HCCL operations, host<->device and device-to-device copies, host waits,
+//! allocations) adds to the [`Counters`] of the device bound to the *calling* thread
+//! (`aclrtSetDevice`'s thread-local current device). The emulator's own worker threads
+//! (stream workers, the cross-process hub) never count, so a figure is the number of
+//! API calls the program made, not what the emulator did to serve them.
+//!
+//! Invariants:
+//! - only calls the emulator *accepted* count (an entry point that returns an error
+//!   code counts nothing), so a counter equals the number of calls that took effect;
+//! - a thread with no current device counts nothing (there is no device to charge);
+//! - devices `0..MAX_DEVICES` are counted; others are ignored (`aclrtSetDevice`
+//!   rejects ids past `MPIPE_ASCEND_EMU_DEVICES` anyway);
+//! - [`reset`] zeroes one device's counters and forgets the threads it has seen, so
+//!   `threads` counts distinct OS threads since the last reset.
+//!
+//! Each device has its own mutex, so ranks on different devices never contend.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
+use std::thread::ThreadId;
+
+/// How many devices are counted (ids `0..MAX_DEVICES`).
+pub const MAX_DEVICES: i32 = 256;
+
+/// What the program asked of one device (or, from [`total`], of several).
+///
+/// Field by field, the calls that count (each only when accepted):
+/// - `batch_send_recv`, `batch_items`: `HcclBatchSendRecv` calls and their items
+///   (sends plus receives);
+/// - `send`, `recv`: `HcclSend`, `HcclRecv`;
+/// - `collectives`: `HcclBroadcast`, `HcclReduce`, `HcclAllReduce`, `HcclBarrier`;
+/// - `copies`, `copy_bytes`: `aclrtMemcpy` and `aclrtMemcpyAsync` of kind
+///   host-to-device or device-to-host, and their bytes; `sync_copies`: the
+///   `aclrtMemcpy` ones among them;
+/// - `device_copies`: device-to-device copies (either function; not in `copies`);
+/// - `host_waits`: `aclrtSynchronizeStream` and `aclrtSynchronizeEvent` (the subset
+///   has no `aclrtSynchronizeDevice`);
+/// - `mallocs`, `frees`: `aclrtMalloc`, `aclrtFree` (not the host-memory pair);
+/// - `kernels`: kernel launches (the subset has none yet, so always 0);
+/// - `hazards`: unordered accesses the happens-before checker found
+///   ([`super::hazards`]), charged to the device of the thread whose call found them;
+/// - `threads`: distinct OS threads that made at least one counted call since the
+///   last [`reset`].
+///
+/// Host-to-host copies, `aclrtMemset`, `aclrtMallocHost`/`aclrtFreeHost` and the
+/// set-up calls (devices, streams, events, communicators) are not counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub batch_send_recv: u64,
+    pub batch_items: u64,
+    pub send: u64,
+    pub recv: u64,
+    pub collectives: u64,
+    pub copies: u64,
+    pub copy_bytes: u64,
+    pub sync_copies: u64,
+    pub device_copies: u64,
+    pub host_waits: u64,
+    pub mallocs: u64,
+    pub frees: u64,
+    pub kernels: u64,
+    pub hazards: u64,
+    pub threads: u64,
+}
+
+impl Counters {
+    fn add(&mut self, o: &Counters) {
+        self.batch_send_recv += o.batch_send_recv;
+        self.batch_items += o.batch_items;
+        self.send += o.send;
+        self.recv += o.recv;
+        self.collectives += o.collectives;
+        self.copies += o.copies;
+        self.copy_bytes += o.copy_bytes;
+        self.sync_copies += o.sync_copies;
+        self.device_copies += o.device_copies;
+        self.host_waits += o.host_waits;
+        self.mallocs += o.mallocs;
+        self.frees += o.frees;
+        self.kernels += o.kernels;
+        self.hazards += o.hazards;
+        self.threads += o.threads;
+    }
+}
+
+#[derive(Default)]
+struct Slot {
+    counters: Counters,
+    /// The threads that made a counted call since the last reset.
+    seen: HashSet<ThreadId>,
+}
+
+fn slots() -> &'static [Mutex<Slot>] {
+    static S: OnceLock<Vec<Mutex<Slot>>> = OnceLock::new();
+    S.get_or_init(|| (0..MAX_DEVICES).map(|_| Mutex::default()).collect())
+}
+
+fn slot(device: i32) -> Option<&'static Mutex<Slot>> {
+    usize::try_from(device).ok().and_then(|d| slots().get(d))
+}
+
+/// Applies `f` to the counters of `device` on behalf of the calling thread.
+pub(crate) fn count_on(device: i32, f: impl FnOnce(&mut Counters)) {
+    let Some(m) = slot(device) else {
+        return;
+    };
+    let mut s = super::lock(m);
+    f(&mut s.counters);
+    if s.seen.insert(std::thread::current().id()) {
+        s.counters.threads += 1;
+    }
+}
+
+/// Applies `f` to the counters of the calling thread's current device (if any).
+pub(crate) fn count(f: impl FnOnce(&mut Counters)) {
+    if let Some(d) = super::current_device() {
+        count_on(d, f);
+    }
+}
+
+/// The counters of `device` now (all zero for a device never counted or out of range).
+pub fn snapshot(device: i32) -> Counters {
+    slot(device).map_or_else(Counters::default, |m| super::lock(m).counters)
+}
+
+/// Zeroes `device`'s counters and forgets the threads it has seen.
+pub fn reset(device: i32) {
+    if let Some(m) = slot(device) {
+        *super::lock(m) = Slot::default();
+    }
+}
+
+/// The sum of the counters of `devices` (`threads` summed too: a thread that used two
+/// of them counts twice).
+pub fn total(devices: impl IntoIterator<Item = i32>) -> Counters {
+    let mut t = Counters::default();
+    for d in devices {
+        t.add(&snapshot(d));
+    }
+    t
+}
