@@ -8,7 +8,8 @@
 //! [`super::hub`], whose serving threads call the same [`Group`] methods for them.
 
 use super::counters;
-use super::hub::{self, Remote};
+use super::hub::{self, Aligned, Remote};
+use super::memory::{self, MemError, Span};
 use super::{lock, stream_of};
 use crate::bindings::*;
 use std::collections::{HashMap, VecDeque};
@@ -512,25 +513,63 @@ fn peer_ok(comm: &Comm, peer: u32) -> bool {
     peer < comm.size && peer != comm.rank
 }
 
+/// Resolves an operation's buffer of `bytes` bytes: device memory must lie within one
+/// live allocation (out of bounds: `HCCL_E_PARA`; freed or unallocated: `HCCL_E_PTR`);
+/// other addresses are host memory, taken as is (the emulator's leniency: real HCCL
+/// needs device memory). A null buffer of no bytes is allowed.
+fn buffer(call: &str, buf: *mut c_void, bytes: usize) -> Result<Span, HcclResult> {
+    if buf.is_null() {
+        return if bytes == 0 {
+            Ok(Span::none())
+        } else {
+            Err(HcclResult::HCCL_E_PTR)
+        };
+    }
+    memory::resolve(buf as usize, bytes).map_err(|e| {
+        let rc = match e {
+            MemError::OutOfBounds { .. } => HcclResult::HCCL_E_PARA,
+            _ => HcclResult::HCCL_E_PTR,
+        };
+        super::report_memory(
+            call,
+            &e,
+            if rc == HcclResult::HCCL_E_PARA {
+                "HCCL_E_PARA"
+            } else {
+                "HCCL_E_PTR"
+            },
+        );
+        rc
+    })
+}
+
 /// The checks `HcclSend` and `HcclRecv` share: communicator and stream, data type,
-/// buffer, peer. Returns the buffer's address and size in bytes.
+/// buffer, peer. Returns the resolved buffer.
 fn p2p_args(
+    call: &str,
     comm: HcclComm,
     stream: aclrtStream,
     buf: *mut c_void,
     count: u64,
     data_type: HcclDataType,
     peer: u32,
-) -> Result<(Arc<Comm>, Arc<super::Stream>, usize, usize), HcclResult> {
+) -> Result<(Arc<Comm>, Arc<super::Stream>, Span), HcclResult> {
     let (c, s) = prologue(comm, stream)?;
     let size = element_size(data_type).ok_or(HcclResult::HCCL_E_PARA)?;
-    if buf.is_null() && count > 0 {
-        return Err(HcclResult::HCCL_E_PTR);
-    }
     if !peer_ok(&c, peer) {
         return Err(HcclResult::HCCL_E_PARA);
     }
-    Ok((c, s, buf as usize, count as usize * size))
+    let bytes = bytes_of(count, size)?;
+    let span = buffer(call, buf, bytes)?;
+    Ok((c, s, span))
+}
+
+/// `count` elements of `size` bytes, in bytes.
+fn bytes_of(count: u64, size: usize) -> Result<usize, HcclResult> {
+    usize::try_from(count)
+        .ok()
+        .and_then(|c| c.checked_mul(size))
+        .ok_or(HcclResult::HCCL_E_PARA)
 }
 
 #[no_mangle]
@@ -663,12 +702,17 @@ pub extern "C" fn HcclSend(
     comm: HcclComm,
     stream: aclrtStream,
 ) -> HcclResult {
-    let (c, s, ptr, bytes) = match p2p_args(comm, stream, send_buf, count, data_type, dest_rank) {
+    let (c, s, span) = match p2p_args(
+        "HcclSend", comm, stream, send_buf, count, data_type, dest_rank,
+    ) {
         Ok(x) => x,
         Err(e) => return e,
     };
     counted(
-        enqueue(c, &s, move |c| c.send(dest_rank, ptr, bytes)),
+        enqueue(c, &s, move |c| {
+            let span = span; // the whole span: it keeps the allocation alive
+            c.send(dest_rank, span.ptr, span.len)
+        }),
         |k| k.send += 1,
     )
 }
@@ -682,12 +726,17 @@ pub extern "C" fn HcclRecv(
     comm: HcclComm,
     stream: aclrtStream,
 ) -> HcclResult {
-    let (c, s, ptr, bytes) = match p2p_args(comm, stream, recv_buf, count, data_type, src_rank) {
+    let (c, s, span) = match p2p_args(
+        "HcclRecv", comm, stream, recv_buf, count, data_type, src_rank,
+    ) {
         Ok(x) => x,
         Err(e) => return e,
     };
     counted(
-        enqueue(c, &s, move |c| c.receive(src_rank, ptr, bytes)),
+        enqueue(c, &s, move |c| {
+            let span = span; // the whole span: it keeps the allocation alive
+            c.receive(src_rank, span.ptr, span.len)
+        }),
         |k| k.recv += 1,
     )
 }
@@ -714,6 +763,7 @@ pub unsafe extern "C" fn HcclBatchSendRecv(
     };
     let mut sends = Vec::new();
     let mut recvs = Vec::new();
+    let mut spans = Vec::new();
     for it in &items {
         let Some(size) = element_size(it.dataType) else {
             return HcclResult::HCCL_E_PARA;
@@ -721,7 +771,14 @@ pub unsafe extern "C" fn HcclBatchSendRecv(
         if !peer_ok(&c, it.remoteRank) || (it.buf.is_null() && it.count > 0) {
             return HcclResult::HCCL_E_PARA;
         }
-        let entry = (it.remoteRank, it.buf as usize, it.count as usize * size);
+        let span = match bytes_of(it.count, size)
+            .and_then(|bytes| buffer("HcclBatchSendRecv", it.buf, bytes))
+        {
+            Ok(s) => s,
+            Err(e) => return e,
+        };
+        let entry = (it.remoteRank, span.ptr, span.len);
+        spans.push(span);
         let list = match it.sendRecvType {
             HcclSendRecvType::HCCL_SEND => &mut sends,
             HcclSendRecvType::HCCL_RECV => &mut recvs,
@@ -733,10 +790,16 @@ pub unsafe extern "C" fn HcclBatchSendRecv(
         }
         list.push(entry);
     }
-    counted(enqueue(c, &s, move |c| c.batch(&sends, &recvs)), |k| {
-        k.batch_send_recv += 1;
-        k.batch_items += u64::from(item_num);
-    })
+    counted(
+        enqueue(c, &s, move |c| {
+            let _alive = &spans;
+            c.batch(&sends, &recvs)
+        }),
+        |k| {
+            k.batch_send_recv += 1;
+            k.batch_items += u64::from(item_num);
+        },
+    )
 }
 
 /// Element-wise `acc = op(acc, x)` over `count` elements of `t` at raw addresses.
@@ -789,6 +852,31 @@ unsafe fn reduce_into(t: HcclDataType, op: HcclReduceOp, acc: usize, x: usize, c
     }
 }
 
+/// Resolves a reduction's input and (when this rank writes it) output buffers of
+/// `count` elements, which must be aligned to the element size.
+fn reduction_buffers(
+    call: &str,
+    send_buf: *mut c_void,
+    recv_buf: *mut c_void,
+    count: u64,
+    t: HcclDataType,
+    writes: bool,
+) -> Result<(Span, Span), HcclResult> {
+    let size = element_size(t).ok_or(HcclResult::HCCL_E_PARA)?;
+    let bytes = bytes_of(count, size)?;
+    let input = buffer(call, send_buf, bytes)?;
+    let output = if writes {
+        buffer(call, recv_buf, bytes)?
+    } else {
+        Span::none()
+    };
+    if input.ptr % size != 0 || output.ptr % size != 0 {
+        eprintln!("ascend-sys emulator: {call}: a buffer is not aligned to its {size}-byte elements (HCCL_E_PARA)");
+        return Err(HcclResult::HCCL_E_PARA);
+    }
+    Ok((input, output))
+}
+
 fn reducible(t: HcclDataType, op: HcclReduceOp) -> bool {
     element_size(t).is_some()
         && t != HcclDataType::HCCL_DATA_TYPE_FP16
@@ -805,17 +893,20 @@ fn reduce_op(
 ) -> impl FnOnce(&[(usize, usize)]) {
     move |all: &[(usize, usize)]| {
         let bytes = count * element_size(t).expect("checked");
-        let mut acc = vec![0u8; bytes.max(1)];
-        // SAFETY: every send buffer holds `count` elements (the callers' promise) and its
-        // rank is blocked in this collective.
+        // Aligned for the element type (the reduction reads it as such).
+        let mut acc = Aligned::zeroed(bytes);
+        let at = acc.addr();
+        // SAFETY: every send buffer holds `count` aligned elements (checked for device
+        // memory, the callers' promise for host memory) and its rank is blocked in this
+        // collective.
         unsafe {
-            std::ptr::copy_nonoverlapping(all[0].0 as *const u8, acc.as_mut_ptr(), bytes);
+            std::ptr::copy_nonoverlapping(all[0].0 as *const u8, at as *mut u8, bytes);
             for &(send, _) in &all[1..] {
-                reduce_into(t, op, acc.as_mut_ptr() as usize, send, count);
+                reduce_into(t, op, at, send, count);
             }
             for (r, &(_, recv)) in all.iter().enumerate() {
                 if root.is_none() || root == Some(r as u32) {
-                    std::ptr::copy(acc.as_ptr(), recv as *mut u8, bytes);
+                    std::ptr::copy(at as *const u8, recv as *mut u8, bytes);
                 }
             }
         }
@@ -842,14 +933,22 @@ pub extern "C" fn HcclAllReduce(
     if send_buf.is_null() || recv_buf.is_null() {
         return HcclResult::HCCL_E_PTR;
     }
+    let (input, output) =
+        match reduction_buffers("HcclAllReduce", send_buf, recv_buf, count, data_type, true) {
+            Ok(x) => x,
+            Err(e) => return e,
+        };
     let coll = CollOp::AllReduce {
         t: data_type,
         op,
-        count: count as usize,
+        count: input.len / element_size(data_type).unwrap_or(1),
     };
-    let (input, output) = (send_buf as usize, recv_buf as usize);
     counted(
-        enqueue(c, &s, move |c| c.collective(coll, input, output)),
+        enqueue(c, &s, move |c| {
+            // The whole spans: they keep the allocations alive.
+            let (input, output) = (input, output);
+            c.collective(coll, input.ptr, output.ptr)
+        }),
         |k| k.collectives += 1,
     )
 }
@@ -878,15 +977,29 @@ pub extern "C" fn HcclReduce(
     if send_buf.is_null() || (recv_buf.is_null() && c.rank == root) {
         return HcclResult::HCCL_E_PTR;
     }
+    let (input, output) = match reduction_buffers(
+        "HcclReduce",
+        send_buf,
+        recv_buf,
+        count,
+        data_type,
+        c.rank == root,
+    ) {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
     let coll = CollOp::Reduce {
         t: data_type,
         op,
-        count: count as usize,
+        count: input.len / element_size(data_type).unwrap_or(1),
         root,
     };
-    let (input, output) = (send_buf as usize, recv_buf as usize);
     counted(
-        enqueue(c, &s, move |c| c.collective(coll, input, output)),
+        enqueue(c, &s, move |c| {
+            // The whole spans: they keep the allocations alive.
+            let (input, output) = (input, output);
+            c.collective(coll, input.ptr, output.ptr)
+        }),
         |k| k.collectives += 1,
     )
 }
@@ -910,15 +1023,23 @@ pub extern "C" fn HcclBroadcast(
     if buf.is_null() {
         return HcclResult::HCCL_E_PTR;
     }
+    let size = element_size(data_type).unwrap_or(1);
+    let span = match bytes_of(count, size).and_then(|bytes| buffer("HcclBroadcast", buf, bytes)) {
+        Ok(s) => s,
+        Err(e) => return e,
+    };
     let coll = CollOp::Broadcast {
         t: data_type,
-        count: count as usize,
+        count: span.len / size,
         root,
     };
-    let b = buf as usize;
-    counted(enqueue(c, &s, move |c| c.collective(coll, b, b)), |k| {
-        k.collectives += 1
-    })
+    counted(
+        enqueue(c, &s, move |c| {
+            let span = span; // the whole span: it keeps the allocation alive
+            c.collective(coll, span.ptr, span.ptr)
+        }),
+        |k| k.collectives += 1,
+    )
 }
 
 #[no_mangle]

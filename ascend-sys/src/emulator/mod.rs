@@ -7,10 +7,17 @@
 //!   `aclrtSynchronizeStream` waits for everything queued before it and reports a failure
 //!   of any of it; events are recorded in stream order and `aclrtStreamWaitEvent` makes a
 //!   stream wait for the event's latest recording;
-//! - "device" memory is host memory (64-byte aligned); copies check `destMax`;
-//! - HCCL (`hccl.rs`): ranks of one process (threads) joined through the root info;
-//!   send/receive complete only when the peer posts the matching call, with a deadlock
-//!   report after a timeout; batches post their items together; collectives reduce.
+//! - device memory ([`memory`]) is address space the host cannot read (a host
+//!   dereference faults, as on an NPU), backed by host storage that every entry point
+//!   reaches through a bounds-checked translation: copies of each kind need device
+//!   memory on their device sides and host memory on their host sides, and check
+//!   `destMax`; out-of-bounds, freed or unallocated addresses are error codes;
+//!   `aclrtMallocHost` memory is ordinary host memory;
+//! - HCCL (`hccl.rs`): ranks joined through the root info, as threads of one process
+//!   or across processes (`hub.rs`); send/receive complete only when the peer posts the
+//!   matching call, with a deadlock report after a timeout; batches post their items
+//!   together; collectives reduce. Device buffers are translated and checked; other
+//!   addresses are taken as host memory (a leniency: real HCCL needs device memory).
 //!
 //! Observability, as a profiler on the device would give it:
 //! - [`counters`]: per-device counts of the calls made (HCCL operations, copies, host
@@ -22,6 +29,7 @@
 pub mod counters;
 mod hccl;
 mod hub;
+pub mod memory;
 
 use crate::bindings::*;
 use std::alloc::Layout;
@@ -171,12 +179,13 @@ impl Event {
 
 // ------------------------------------------------------------------ memory
 
-fn allocations() -> &'static Mutex<HashMap<usize, Layout>> {
+/// `aclrtMallocHost` allocations: ordinary host memory, by address.
+fn host_allocations() -> &'static Mutex<HashMap<usize, Layout>> {
     static A: OnceLock<Mutex<HashMap<usize, Layout>>> = OnceLock::new();
     A.get_or_init(Default::default)
 }
 
-fn allocate(ptr: *mut *mut c_void, size: usize) -> aclError {
+fn allocate_host(ptr: *mut *mut c_void, size: usize) -> aclError {
     if ptr.is_null() || size == 0 {
         return ACL_ERROR_INVALID_PARAM;
     }
@@ -188,15 +197,15 @@ fn allocate(ptr: *mut *mut c_void, size: usize) -> aclError {
     if p.is_null() {
         return ACL_ERROR_BAD_ALLOC;
     }
-    lock(allocations()).insert(p as usize, layout);
+    lock(host_allocations()).insert(p as usize, layout);
     // SAFETY: checked non-null above; the caller passes a writable pointer.
     unsafe { *ptr = p.cast() };
     ACL_SUCCESS
 }
 
-fn release(ptr: *mut c_void) -> aclError {
-    match lock(allocations()).remove(&(ptr as usize)) {
-        // SAFETY: allocated by `allocate` with this layout, and removed from the table once.
+fn release_host(ptr: *mut c_void) -> aclError {
+    match lock(host_allocations()).remove(&(ptr as usize)) {
+        // SAFETY: allocated by `allocate_host` with this layout, removed from the table once.
         Some(layout) => unsafe {
             std::alloc::dealloc(ptr.cast(), layout);
             ACL_SUCCESS
@@ -205,17 +214,44 @@ fn release(ptr: *mut c_void) -> aclError {
     }
 }
 
-fn check_copy(
+/// Reports a rejected memory access on stderr (the code alone says too little).
+pub(crate) fn report_memory(call: &str, e: &memory::MemError, code: &str) {
+    eprintln!("ascend-sys emulator: {call}: {e} ({code})");
+}
+
+/// Checks a copy's arguments and resolves its destination and source for its kind
+/// (device sides must be device memory, host sides must not be).
+fn copy_spans(
+    call: &str,
     dst: *mut c_void,
     dest_max: usize,
     src: *const c_void,
     count: usize,
     kind: aclrtMemcpyKind,
-) -> aclError {
-    if dst.is_null() || src.is_null() || count > dest_max || kind.0 > 3 {
-        return ACL_ERROR_INVALID_PARAM;
+) -> Result<(memory::Span, memory::Span), aclError> {
+    if dst.is_null() || src.is_null() || count > dest_max {
+        return Err(ACL_ERROR_INVALID_PARAM);
     }
-    ACL_SUCCESS
+    let (dst_device, src_device) = match kind {
+        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_HOST => (false, false),
+        aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE => (true, false),
+        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST => (false, true),
+        aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_DEVICE => (true, true),
+        _ => return Err(ACL_ERROR_INVALID_PARAM),
+    };
+    let side = |addr: usize, device: bool| {
+        if device {
+            memory::resolve_device(addr, count)
+        } else {
+            memory::resolve_host(addr, count)
+        }
+    };
+    side(dst as usize, dst_device)
+        .and_then(|d| Ok((d, side(src as usize, src_device)?)))
+        .map_err(|e| {
+            report_memory(call, &e, "ACL_ERROR_INVALID_PARAM");
+            ACL_ERROR_INVALID_PARAM
+        })
 }
 
 /// Counts an accepted copy of `count` bytes (host-to-host copies are not counted).
@@ -427,35 +463,45 @@ pub extern "C" fn aclrtDestroyEvent(event: aclrtEvent) -> aclError {
 }
 
 #[no_mangle]
-pub extern "C" fn aclrtMalloc(
+pub unsafe extern "C" fn aclrtMalloc(
     dev_ptr: *mut *mut c_void,
     size: usize,
     _policy: aclrtMemMallocPolicy,
 ) -> aclError {
-    let rc = allocate(dev_ptr, size);
-    if rc == ACL_SUCCESS {
-        counters::count(|c| c.mallocs += 1);
+    if dev_ptr.is_null() || size == 0 {
+        return ACL_ERROR_INVALID_PARAM;
     }
-    rc
+    let Some(a) = memory::malloc(size, current_device()) else {
+        return ACL_ERROR_BAD_ALLOC;
+    };
+    // SAFETY: non-null, and the caller passes a writable pointer.
+    unsafe { *dev_ptr = a.base as *mut c_void };
+    counters::count(|c| c.mallocs += 1);
+    ACL_SUCCESS
 }
 
 #[no_mangle]
 pub extern "C" fn aclrtFree(dev_ptr: *mut c_void) -> aclError {
-    let rc = release(dev_ptr);
-    if rc == ACL_SUCCESS {
-        counters::count(|c| c.frees += 1);
+    match memory::free(dev_ptr as usize) {
+        Ok(_) => {
+            counters::count(|c| c.frees += 1);
+            ACL_SUCCESS
+        }
+        Err(e) => {
+            report_memory("aclrtFree", &e, "ACL_ERROR_INVALID_PARAM");
+            ACL_ERROR_INVALID_PARAM
+        }
     }
-    rc
 }
 
 #[no_mangle]
 pub extern "C" fn aclrtMallocHost(host_ptr: *mut *mut c_void, size: usize) -> aclError {
-    allocate(host_ptr, size)
+    allocate_host(host_ptr, size)
 }
 
 #[no_mangle]
 pub extern "C" fn aclrtFreeHost(host_ptr: *mut c_void) -> aclError {
-    release(host_ptr)
+    release_host(host_ptr)
 }
 
 #[no_mangle]
@@ -466,14 +512,15 @@ pub unsafe extern "C" fn aclrtMemcpy(
     count: usize,
     kind: aclrtMemcpyKind,
 ) -> aclError {
-    let rc = check_copy(dst, dest_max, src, count, kind);
-    if rc == ACL_SUCCESS {
-        // SAFETY: the caller guarantees `count` readable and writable bytes (checked
-        // against destMax); `copy` allows overlap.
-        unsafe { std::ptr::copy(src.cast::<u8>(), dst.cast::<u8>(), count) };
-        count_copy(kind, count, true);
-    }
-    rc
+    let (d, s) = match copy_spans("aclrtMemcpy", dst, dest_max, src, count, kind) {
+        Ok(x) => x,
+        Err(rc) => return rc,
+    };
+    // SAFETY: device sides are backing storage checked to hold `count` bytes; host
+    // sides hold them by the caller's promise; `copy` allows overlap.
+    unsafe { std::ptr::copy(s.ptr as *const u8, d.ptr as *mut u8, count) };
+    count_copy(kind, count, true);
+    ACL_SUCCESS
 }
 
 #[no_mangle]
@@ -485,21 +532,23 @@ pub extern "C" fn aclrtMemcpyAsync(
     kind: aclrtMemcpyKind,
     stream: aclrtStream,
 ) -> aclError {
-    let rc = check_copy(dst, dest_max, src, count, kind);
-    if rc != ACL_SUCCESS {
-        return rc;
-    }
+    let (d, s) = match copy_spans("aclrtMemcpyAsync", dst, dest_max, src, count, kind) {
+        Ok(x) => x,
+        Err(rc) => return rc,
+    };
     // As documented: no asynchronous copy within the host.
     if kind == aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_HOST {
         return ACL_ERROR_RT_FEATURE_NOT_SUPPORT;
     }
-    let Some(s) = stream_of(stream) else {
+    let Some(st) = stream_of(stream) else {
         return ACL_ERROR_INVALID_PARAM;
     };
-    let (d, sr) = (dst as usize, src as usize);
-    let rc = s.enqueue(Box::new(move || {
-        // SAFETY: the caller keeps both buffers alive until the stream reaches this copy.
-        unsafe { std::ptr::copy(sr as *const u8, d as *mut u8, count) };
+    let rc = st.enqueue(Box::new(move || {
+        // The whole spans (not just their addresses): they keep device storage alive.
+        let (s, d) = (s, d);
+        // SAFETY: the spans keep device storage alive; host buffers stay alive until
+        // the stream reaches this copy by the caller's promise.
+        unsafe { std::ptr::copy(s.ptr as *const u8, d.ptr as *mut u8, count) };
         ACL_SUCCESS
     }));
     if rc == ACL_SUCCESS {
@@ -508,6 +557,8 @@ pub extern "C" fn aclrtMemcpyAsync(
     rc
 }
 
+/// Device memory is checked against its allocation; other (host) memory is written
+/// as the caller promises.
 #[no_mangle]
 pub unsafe extern "C" fn aclrtMemset(
     dev_ptr: *mut c_void,
@@ -518,7 +569,14 @@ pub unsafe extern "C" fn aclrtMemset(
     if dev_ptr.is_null() || count > max_count {
         return ACL_ERROR_INVALID_PARAM;
     }
-    // SAFETY: the caller guarantees `count` writable bytes (checked against maxCount).
-    unsafe { std::ptr::write_bytes(dev_ptr.cast::<u8>(), value as u8, count) };
+    let span = match memory::resolve(dev_ptr as usize, count) {
+        Ok(s) => s,
+        Err(e) => {
+            report_memory("aclrtMemset", &e, "ACL_ERROR_INVALID_PARAM");
+            return ACL_ERROR_INVALID_PARAM;
+        }
+    };
+    // SAFETY: `count` writable bytes (checked for device memory, promised for host).
+    unsafe { std::ptr::write_bytes(span.ptr as *mut u8, value as u8, count) };
     ACL_SUCCESS
 }
