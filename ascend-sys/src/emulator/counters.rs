@@ -126,11 +126,13 @@ pub fn snapshot(device: i32) -> Counters {
     slot(device).map_or_else(Counters::default, |m| super::lock(m).counters)
 }
 
-/// Zeroes `device`'s counters and forgets the threads it has seen.
+/// Zeroes `device`'s counters, forgets the threads it has seen and clears its hazard
+/// reports ([`super::hazards::reports`]).
 pub fn reset(device: i32) {
     if let Some(m) = slot(device) {
         *super::lock(m) = Slot::default();
     }
+    super::hazards::clear_reports(device);
 }
 
 /// The sum of the counters of `devices` (`threads` summed too: a thread that used two

@@ -8,6 +8,7 @@
 //! [`super::hub`], whose serving threads call the same [`Group`] methods for them.
 
 use super::counters;
+use super::hazards::{self, Use};
 use super::hub::{self, Aligned, Remote};
 use super::memory::{self, MemError, Span};
 use super::{lock, stream_of};
@@ -708,6 +709,10 @@ pub extern "C" fn HcclSend(
         Ok(x) => x,
         Err(e) => return e,
     };
+    hazards::on_stream(
+        stream as usize,
+        vec![Use::read(&span, "HcclSend", "to").peer(dest_rank)],
+    );
     counted(
         enqueue(c, &s, move |c| {
             let span = span; // the whole span: it keeps the allocation alive
@@ -732,6 +737,10 @@ pub extern "C" fn HcclRecv(
         Ok(x) => x,
         Err(e) => return e,
     };
+    hazards::on_stream(
+        stream as usize,
+        vec![Use::write(&span, "HcclRecv", "from").peer(src_rank)],
+    );
     counted(
         enqueue(c, &s, move |c| {
             let span = span; // the whole span: it keeps the allocation alive
@@ -790,6 +799,21 @@ pub unsafe extern "C" fn HcclBatchSendRecv(
         }
         list.push(entry);
     }
+    // Items numbered from 0, as in the caller's array.
+    let uses = items
+        .iter()
+        .zip(&spans)
+        .enumerate()
+        .map(|(i, (it, span))| {
+            let u = if it.sendRecvType == HcclSendRecvType::HCCL_SEND {
+                Use::read(span, "HcclBatchSendRecv", "SEND to")
+            } else {
+                Use::write(span, "HcclBatchSendRecv", "RECV from")
+            };
+            u.item(i as u32).peer(it.remoteRank)
+        })
+        .collect();
+    hazards::on_stream(stream as usize, uses);
     counted(
         enqueue(c, &s, move |c| {
             let _alive = &spans;
@@ -943,6 +967,13 @@ pub extern "C" fn HcclAllReduce(
         op,
         count: input.len / element_size(data_type).unwrap_or(1),
     };
+    hazards::on_stream(
+        stream as usize,
+        vec![
+            Use::read(&input, "HcclAllReduce", "input"),
+            Use::write(&output, "HcclAllReduce", "output"),
+        ],
+    );
     counted(
         enqueue(c, &s, move |c| {
             // The whole spans: they keep the allocations alive.
@@ -994,6 +1025,14 @@ pub extern "C" fn HcclReduce(
         count: input.len / element_size(data_type).unwrap_or(1),
         root,
     };
+    // `output` is empty (no memory) except at the root.
+    hazards::on_stream(
+        stream as usize,
+        vec![
+            Use::read(&input, "HcclReduce", "input"),
+            Use::write(&output, "HcclReduce", "output"),
+        ],
+    );
     counted(
         enqueue(c, &s, move |c| {
             // The whole spans: they keep the allocations alive.
@@ -1033,6 +1072,12 @@ pub extern "C" fn HcclBroadcast(
         count: span.len / size,
         root,
     };
+    let role = if c.rank == root {
+        Use::read(&span, "HcclBroadcast", "buffer (root)")
+    } else {
+        Use::write(&span, "HcclBroadcast", "buffer")
+    };
+    hazards::on_stream(stream as usize, vec![role]);
     counted(
         enqueue(c, &s, move |c| {
             let span = span; // the whole span: it keeps the allocation alive

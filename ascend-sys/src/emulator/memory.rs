@@ -50,7 +50,6 @@ pub(crate) struct Allocation {
     /// Bytes requested.
     pub(crate) size: usize,
     /// The device the allocating thread was bound to, if any.
-    #[allow(dead_code)] // read by the hazard checker (next)
     pub(crate) device: Option<i32>,
     storage: *mut u8,
     layout: Layout,
@@ -140,7 +139,6 @@ pub(crate) struct Span {
     /// The allocation, for device memory.
     pub(crate) alloc: Option<Arc<Allocation>>,
     /// Offset into the allocation (device) or 0 (host).
-    #[allow(dead_code)] // read by the hazard checker (next)
     pub(crate) offset: usize,
     /// Where the bytes are: backing storage (device) or the host address itself.
     pub(crate) ptr: usize,

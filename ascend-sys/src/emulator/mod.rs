@@ -21,15 +21,23 @@
 //!
 //! Observability, as a profiler on the device would give it:
 //! - [`counters`]: per-device counts of the calls made (HCCL operations, copies, host
-//!   waits, allocations), charged at the exported entry points to the calling thread's
-//!   current device.
+//!   waits, allocations, hazards), charged at the exported entry points to the calling
+//!   thread's current device;
+//! - [`hazards`]: a happens-before checker computed at issue time (vector clocks over
+//!   streams and host threads; events and host synchronisations are the edges) that
+//!   reports every access to device memory not ordered after a conflicting one, and
+//!   frees of buffers still in use (on by default; `MPIPE_ASCEND_EMU_HAZARDS=0` turns
+//!   it off).
 //!
 //! Devices: `MPIPE_ASCEND_EMU_DEVICES` (default 8). Errors use the documented codes.
 
 pub mod counters;
+pub mod hazards;
 mod hccl;
 mod hub;
 pub mod memory;
+
+use hazards::Use;
 
 use crate::bindings::*;
 use std::alloc::Layout;
@@ -342,6 +350,7 @@ pub unsafe extern "C" fn aclrtCreateStream(stream: *mut aclrtStream) -> aclError
     let s = Arc::new(Stream::new());
     let handle = Arc::as_ptr(&s) as usize;
     lock(streams()).insert(handle, s);
+    hazards::stream_created(handle);
     // SAFETY: non-null, and the caller passes a writable handle.
     unsafe { *stream = handle as aclrtStream };
     ACL_SUCCESS
@@ -352,6 +361,7 @@ pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
     let Some(s) = lock(streams()).remove(&(stream as usize)) else {
         return ACL_ERROR_INVALID_PARAM;
     };
+    hazards::stream_destroyed(stream as usize);
     // Queued work still runs (as on the device), then the worker ends.
     lock(&s.tx).take();
     if let Some(w) = lock(&s.worker).take() {
@@ -365,6 +375,7 @@ pub extern "C" fn aclrtSynchronizeStream(stream: aclrtStream) -> aclError {
     match stream_of(stream) {
         Some(s) => {
             counters::count(|c| c.host_waits += 1);
+            hazards::host_syncs_stream(stream as usize);
             s.synchronize()
         }
         None => ACL_ERROR_INVALID_PARAM,
@@ -377,10 +388,14 @@ pub extern "C" fn aclrtStreamWaitEvent(stream: aclrtStream, event: aclrtEvent) -
         return ACL_ERROR_INVALID_PARAM;
     };
     let generation = lock(&e.0).queued;
-    s.enqueue(Box::new(move || {
+    let rc = s.enqueue(Box::new(move || {
         e.wait_for(generation);
         ACL_SUCCESS
-    }))
+    }));
+    if rc == ACL_SUCCESS {
+        hazards::wait(stream as usize, event as usize);
+    }
+    rc
 }
 
 #[no_mangle]
@@ -406,13 +421,17 @@ pub extern "C" fn aclrtRecordEvent(event: aclrtEvent, stream: aclrtStream) -> ac
         st.queued += 1;
         st.queued
     };
-    s.enqueue(Box::new(move || {
+    let rc = s.enqueue(Box::new(move || {
         let mut st = lock(&e.0);
         st.done = st.done.max(generation);
         st.at = Some(Instant::now());
         e.1.notify_all();
         ACL_SUCCESS
-    }))
+    }));
+    if rc == ACL_SUCCESS {
+        hazards::record(event as usize, stream as usize);
+    }
+    rc
 }
 
 #[no_mangle]
@@ -421,6 +440,7 @@ pub extern "C" fn aclrtSynchronizeEvent(event: aclrtEvent) -> aclError {
         return ACL_ERROR_INVALID_PARAM;
     };
     counters::count(|c| c.host_waits += 1);
+    hazards::host_syncs_event(event as usize);
     let generation = lock(&e.0).queued;
     e.wait_for(generation);
     ACL_SUCCESS
@@ -457,7 +477,10 @@ pub unsafe extern "C" fn aclrtEventElapsedTime(
 #[no_mangle]
 pub extern "C" fn aclrtDestroyEvent(event: aclrtEvent) -> aclError {
     match lock(events()).remove(&(event as usize)) {
-        Some(_) => ACL_SUCCESS,
+        Some(_) => {
+            hazards::event_destroyed(event as usize);
+            ACL_SUCCESS
+        }
         None => ACL_ERROR_INVALID_PARAM,
     }
 }
@@ -483,8 +506,9 @@ pub unsafe extern "C" fn aclrtMalloc(
 #[no_mangle]
 pub extern "C" fn aclrtFree(dev_ptr: *mut c_void) -> aclError {
     match memory::free(dev_ptr as usize) {
-        Ok(_) => {
+        Ok(a) => {
             counters::count(|c| c.frees += 1);
+            hazards::freed(&a);
             ACL_SUCCESS
         }
         Err(e) => {
@@ -520,6 +544,10 @@ pub unsafe extern "C" fn aclrtMemcpy(
     // sides hold them by the caller's promise; `copy` allows overlap.
     unsafe { std::ptr::copy(s.ptr as *const u8, d.ptr as *mut u8, count) };
     count_copy(kind, count, true);
+    hazards::on_host(vec![
+        Use::read(&s, "aclrtMemcpy", "source"),
+        Use::write(&d, "aclrtMemcpy", "destination"),
+    ]);
     ACL_SUCCESS
 }
 
@@ -543,6 +571,13 @@ pub extern "C" fn aclrtMemcpyAsync(
     let Some(st) = stream_of(stream) else {
         return ACL_ERROR_INVALID_PARAM;
     };
+    hazards::on_stream(
+        stream as usize,
+        vec![
+            Use::read(&s, "aclrtMemcpyAsync", "source"),
+            Use::write(&d, "aclrtMemcpyAsync", "destination"),
+        ],
+    );
     let rc = st.enqueue(Box::new(move || {
         // The whole spans (not just their addresses): they keep device storage alive.
         let (s, d) = (s, d);
@@ -578,5 +613,6 @@ pub unsafe extern "C" fn aclrtMemset(
     };
     // SAFETY: `count` writable bytes (checked for device memory, promised for host).
     unsafe { std::ptr::write_bytes(span.ptr as *mut u8, value as u8, count) };
+    hazards::on_host(vec![Use::write(&span, "aclrtMemset", "")]);
     ACL_SUCCESS
 }
