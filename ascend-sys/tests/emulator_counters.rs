@@ -252,3 +252,34 @@ fn hccl_calls_and_batch_items() {
     assert_eq!(snapshot(-1), Counters::default());
     assert_eq!(snapshot(100_000), Counters::default());
 }
+
+/// A hazard counts in `hazards` of the finding thread's device; a thread whose only
+/// call is uncounted (`aclrtMemset`) does not count in `threads`.
+#[test]
+fn hazards_count_without_counting_threads() {
+    std::thread::spawn(|| unsafe {
+        on_device(6);
+        reset(6);
+        let st = stream();
+        let x = alloc(64);
+        let src = [1u8; 64];
+        assert_eq!(aclrtMemcpyAsync(x, 64, src.as_ptr().cast(), 64, H2D, st), 0);
+        let xa = x as usize;
+        std::thread::spawn(move || {
+            on_device(6);
+            // Unordered with the queued copy into x: write-after-write.
+            assert_eq!(aclrtMemset(xa as *mut c_void, 64, 0, 64), ACL_SUCCESS);
+        })
+        .join()
+        .unwrap();
+        let c = snapshot(6);
+        assert_eq!((c.hazards, c.threads, c.copies, c.mallocs), (1, 1, 1, 1));
+        assert_eq!(aclrtSynchronizeStream(st), ACL_SUCCESS);
+        assert_eq!(aclrtFree(x), ACL_SUCCESS);
+        reset(6);
+        assert_eq!(snapshot(6), Counters::default());
+        assert!(ascend_sys::emulator::hazards::reports(6).is_empty());
+    })
+    .join()
+    .unwrap();
+}

@@ -114,6 +114,14 @@ pub(crate) fn count_on(device: i32, f: impl FnOnce(&mut Counters)) {
     }
 }
 
+/// Counts a hazard for `device` (without counting the calling thread: the call that
+/// found it counts the thread if it is a counted call).
+pub(crate) fn count_hazard(device: i32) {
+    if let Some(m) = slot(device) {
+        super::lock(m).counters.hazards += 1;
+    }
+}
+
 /// Applies `f` to the counters of the calling thread's current device (if any).
 pub(crate) fn count(f: impl FnOnce(&mut Counters)) {
     if let Some(d) = super::current_device() {

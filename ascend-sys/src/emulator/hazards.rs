@@ -485,7 +485,7 @@ impl Checker {
         if mode() == Mode::Print {
             eprintln!("ascend-sys emulator: hazard: {h}");
         }
-        super::counters::count_on(device, |k| k.hazards += 1);
+        super::counters::count_hazard(device);
         let list = self.reports.entry(device).or_default();
         if list.len() < MAX_REPORTS {
             list.push(h);
