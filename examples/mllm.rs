@@ -226,6 +226,11 @@ struct Args {
     /// under); `rendezvous` sends wait for their receive, as HCCL's do.
     #[arg(long, value_enum, default_value = "rendezvous")]
     comm: CommMode,
+    /// With `--backend ascend`: for each compiled schedule, run two steps (ranks as
+    /// threads, rank r on device r) and print the emulator's counters of the second,
+    /// summed over the ranks (one `counters <expression>: ...` line each).
+    #[arg(long)]
+    counters: bool,
     /// (internal) `--check` on the Ascend backend: this process is one rank of the
     /// check; it writes its gradients into DIR.
     #[arg(long, value_name = "DIR", hide = true)]
@@ -362,6 +367,12 @@ fn main() -> Result<ExitCode> {
         .all(|v| std::env::var_os(v).is_some());
     if let Some(dir) = &args.check_out {
         return ascend::check_rank(args.schedule, args.frozen, dir).map(|()| ExitCode::SUCCESS);
+    }
+    if args.counters {
+        if args.backend != Backend::Ascend {
+            bail!("--counters reads the Ascend emulator's counters: add --backend ascend");
+        }
+        return ascend::counters(args.frozen).map(|()| ExitCode::SUCCESS);
     }
     if args.check {
         if args.processes {
@@ -704,7 +715,8 @@ fn run_check(frozen: bool, backend: Backend) -> Result<()> {
 #[cfg(feature = "ascend")]
 mod ascend {
     use super::*;
-    use mpipe::runtime::ascend::{run_ranks, AscendComm};
+    use mpipe::runtime::ascend::{counters, run_ranks, AscendComm};
+    use mpipe_mllm::pipeline::StepReport;
     use mpipe_mllm::pipeline::{rel_diff, train as train_host};
     use mpipe_mllm::Dataset;
     use serde::{Deserialize, Serialize};
@@ -929,6 +941,63 @@ mod ascend {
     fn ascend_backend() -> &'static str {
         mpipe::runtime::ascend::LINKED
     }
+
+    /// `--counters`: per compiled schedule, the device counters of one training step
+    /// after a first one (which fills the buffer pools), summed over the ranks.
+    pub fn counters(frozen: bool) -> Result<()> {
+        for sched in ALL {
+            let (expr, json, chunks) = sched.compiled(frozen);
+            let program = Program::from_json(json)?;
+            let t = Train {
+                steps: 2,
+                update: true,
+                ..check_train(&config(program.ranks * chunks, frozen))
+            };
+            let code = code(sched, frozen);
+            // Each rank resets its own device's counters once its first step is done
+            // and reads them once its second is: what they hold is its second step
+            // alone (the issuing threads too), before any teardown frees a buffer.
+            let second: std::sync::Mutex<Vec<Option<counters::Counters>>> =
+                std::sync::Mutex::new(vec![None; program.ranks]);
+            let hook = |rep: &StepReport| match rep.step {
+                0 => counters::reset(rep.rank as i32),
+                _ => {
+                    let c = counters::snapshot(rep.rank as i32);
+                    if let Ok(mut all) = second.lock() {
+                        all[rep.rank] = c;
+                    }
+                }
+            };
+            let outcomes = run_ranks(program.ranks, |mut c| {
+                train_rank(
+                    &mut c,
+                    &program,
+                    &code,
+                    &t,
+                    &Checkpointing::default(),
+                    Some(&hook),
+                )
+            });
+            for o in outcomes {
+                o.map_err(|e| anyhow!("{expr}: {e}"))?;
+            }
+            let second = second
+                .into_inner()
+                .map_err(|_| anyhow!("a rank panicked"))?;
+            let mut total = counters::Counters::default();
+            for c in second {
+                total += c.ok_or_else(|| {
+                    anyhow!(
+                        "--counters needs the ascend-sys emulator, which counts calls; this \
+                         build links CANN ({}), where msprof is the profiler",
+                        ascend_backend()
+                    )
+                })?;
+            }
+            println!("counters {expr}: {total}");
+        }
+        Ok(())
+    }
 }
 
 /// `--backend ascend` without the `ascend` feature: say how to build it.
@@ -954,6 +1023,10 @@ mod ascend {
     }
 
     pub fn train_rank_process(_: &Run) -> Result<ExitCode> {
+        bail!(ASCEND_HOW)
+    }
+
+    pub fn counters(_: bool) -> Result<()> {
         bail!(ASCEND_HOW)
     }
 }

@@ -6,6 +6,7 @@
 //! `cargo test --release --features ascend --test mllm_ascend`
 #![cfg(feature = "ascend")]
 
+use mpipe::core::program::ActionRef;
 use mpipe::core::program::Program;
 use mpipe::runtime::ascend::{run_ranks, AscendComm};
 use mpipe::runtime::exec::Executor;
@@ -15,7 +16,7 @@ use mpipe_mllm::pipeline::{
     rel_diff, train, train_rank, Checkpointing, RankOutcome, RunRank, Train,
 };
 use mpipe_mllm::{AdamConfig, Config, Dataset, Mllm};
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
 use std::time::Duration;
 
@@ -27,6 +28,7 @@ macro_rules! schedules {
             mpipe::schedule! { pub mod s_1f1b { model = $profile; ranks = 4; microbatches = 8; schedule = 1f1b; } }
             mpipe::schedule! { pub mod s_t1f1b { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b); } }
             mpipe::schedule! { pub mod s_tzbv { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, zbv); } }
+            mpipe::schedule! { pub mod s_inter { model = $profile; ranks = 4; microbatches = 8; schedule = interleaved(v = 2); } }
         }
     };
 }
@@ -210,4 +212,112 @@ fn example_trains_as_processes_like_threads() {
     }
     assert_eq!(sums(&threads), sums(&procs));
     assert_eq!(sums(&threads).len(), 9, "vision and 8 LLM stages");
+}
+
+/// What a training step of `program` must cost on the device, from the program alone:
+/// every batch with a transfer to another rank is exactly one `HcclBatchSendRecv`
+/// carrying exactly its remote transfers.
+fn expected_counters(program: &Program) -> BTreeMap<&'static str, u64> {
+    let (mut batches, mut items) = (0u64, 0u64);
+    for (rank, list) in program.programs.iter().enumerate() {
+        let mut last_batch = None;
+        let mut counted = false;
+        for a in list {
+            match a.view() {
+                ActionRef::P2p(x) => {
+                    if x.batch.is_none() || x.batch != last_batch {
+                        counted = false;
+                    }
+                    last_batch = x.batch;
+                    if x.peer != rank {
+                        items += 1;
+                        if !counted {
+                            batches += 1;
+                            counted = true;
+                        }
+                    }
+                }
+                ActionRef::Coll(_) | ActionRef::Compute(_) => last_batch = None,
+            }
+        }
+    }
+    BTreeMap::from([("batches", batches), ("items", items)])
+}
+
+/// `examples/mllm.rs --backend ascend --counters`: for every schedule the example
+/// compiles, the emulator's counters of a step after the first show the target the
+/// Ascend backend is built for: one `HcclBatchSendRecv` per batch of the program
+/// with exactly its remote transfers, no single `HcclSend`/`HcclRecv`, no device
+/// allocation or free once the pools are warm, one issuing thread per rank, and no
+/// unordered access to a device buffer.
+#[test]
+fn example_counters_show_one_hccl_batch_per_program_batch() {
+    for frozen in [false, true] {
+        let programs: BTreeMap<&str, Program> = all(frozen)
+            .into_iter()
+            .map(|(expr, json, ..)| (expr, Program::from_json(json).unwrap()))
+            .chain(std::iter::once(if frozen {
+                (
+                    frozen::s_inter::EXPR,
+                    Program::from_json(frozen::s_inter::PROGRAM_JSON).unwrap(),
+                )
+            } else {
+                (
+                    trainable::s_inter::EXPR,
+                    Program::from_json(trainable::s_inter::PROGRAM_JSON).unwrap(),
+                )
+            }))
+            .collect();
+        let mut args = vec!["--backend", "ascend", "--counters"];
+        if frozen {
+            args.push("--frozen");
+        }
+        let (ok, text) = run_example(&args);
+        assert!(ok, "{text}");
+        let mut seen = 0;
+        for line in text.lines().filter(|l| l.starts_with("counters ")) {
+            let (expr, values) = line["counters ".len()..]
+                .split_once(": ")
+                .unwrap_or_else(|| panic!("{line}"));
+            let got: BTreeMap<&str, u64> = values
+                .split_whitespace()
+                .map(|kv| {
+                    let (k, v) = kv.split_once('=').unwrap_or_else(|| panic!("{line}"));
+                    (k, v.parse().unwrap_or_else(|_| panic!("{line}")))
+                })
+                .collect();
+            for key in [
+                "batches",
+                "items",
+                "send",
+                "recv",
+                "copies",
+                "copy_bytes",
+                "host_waits",
+                "mallocs",
+                "frees",
+                "kernels",
+                "hazards",
+                "threads",
+            ] {
+                assert!(got.contains_key(key), "{key} missing: {line}");
+            }
+            let program = programs
+                .get(expr)
+                .unwrap_or_else(|| panic!("the test compiles no `{expr}`"));
+            let want = expected_counters(program);
+            assert_eq!(got["batches"], want["batches"], "{line}");
+            assert_eq!(got["items"], want["items"], "{line}");
+            assert_eq!((got["send"], got["recv"]), (0, 0), "{line}");
+            assert_eq!((got["mallocs"], got["frees"]), (0, 0), "{line}");
+            assert_eq!(got["threads"], program.ranks as u64, "{line}");
+            assert_eq!(got["hazards"], 0, "{line}");
+            seen += 1;
+        }
+        assert_eq!(
+            seen,
+            programs.len(),
+            "one line per compiled schedule:\n{text}"
+        );
+    }
 }

@@ -39,6 +39,7 @@ pub use bindings::*;
 
 #[cfg(ascend_emulator)]
 pub mod emulator;
+pub mod profile;
 
 /// Which implementation this build links: `"cann"` (the real libraries) or `"emulator"`.
 #[cfg(ascend_cann)]

@@ -189,14 +189,19 @@ pub trait Comm {
     /// - Matching is by `(peer, tag)`, in posting order per pair of ranks and
     ///   direction: the k-th send from `a` to `b` with tag `t` meets the k-th receive
     ///   on `b` from `a` with tag `t`.
-    /// - Returns the received tensors in `recvs` order (of whatever length the sender
-    ///   sent). A rank may send to itself if the receive is in the same batch.
+    /// - Each receive `(peer, tag, len)` states the element count it expects: message
+    ///   sizes are static (the model's shapes), as HCCL requires, so no length travels
+    ///   with the data. A sender whose message has another length is a shape mismatch
+    ///   between the two ranks' models: the receive fails (the host backends: with
+    ///   [`Error::Invalid`] naming both lengths; HCCL: with a parameter error).
+    /// - Returns the received tensors in `recvs` order. A rank may send to itself if
+    ///   the receive is in the same batch.
     /// - Fails with a timeout naming the first transfer not completed, or with
     ///   [`Error::PeerFailed`] once any rank has aborted.
     fn batch(
         &mut self,
         sends: &[(usize, Tag, &[f32])],
-        recvs: &[(usize, Tag)],
+        recvs: &[(usize, Tag, usize)],
     ) -> Result<Vec<Tensor>, Self::Error>;
 
     /// Sends `data` to `peer` (a batch of one send).
@@ -204,9 +209,9 @@ pub trait Comm {
         self.batch(&[(peer, tag, data)], &[]).map(|_| ())
     }
 
-    /// Receives a tensor from `peer` (a batch of one receive).
-    fn recv(&mut self, peer: usize, tag: Tag) -> Result<Tensor, Self::Error> {
-        let mut got = self.batch(&[], &[(peer, tag)])?;
+    /// Receives a tensor of `len` elements from `peer` (a batch of one receive).
+    fn recv(&mut self, peer: usize, tag: Tag, len: usize) -> Result<Tensor, Self::Error> {
+        let mut got = self.batch(&[], &[(peer, tag, len)])?;
         Ok(got.pop().unwrap_or_default())
     }
 

@@ -46,6 +46,15 @@ pub enum ExecError {
         action: String,
         what: String,
     },
+    /// The model produced a tensor of another size than it declared
+    /// ([`Model::output_len`]): message sizes are static, so this is a model bug.
+    #[error("rank {rank}, action {index} `{action}`: {what}")]
+    Shape {
+        rank: usize,
+        index: usize,
+        action: String,
+        what: String,
+    },
     #[error("rank {rank} does not exist: the schedule has {ranks} ranks")]
     NoSuchRank { rank: usize, ranks: usize },
 }
@@ -56,6 +65,8 @@ struct UnitInfo {
     /// Successors that need a backward (their gradients flow into this unit).
     grad_from: Vec<UnitId>,
     act: f64,
+    /// Elements of the unit's forward output ([`Model::output_len`]).
+    out_len: usize,
 }
 
 /// One rank's executor for one step.
@@ -106,8 +117,13 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
                     .map(|(s, _)| s as UnitId)
                     .collect(),
                 act: u.act,
+                out_len: 0,
             })
             .collect();
+        let mut units = units;
+        for (u, info) in units.iter_mut().enumerate() {
+            info.out_len = model.output_len(u as UnitId);
+        }
         // Count how often this rank reads or sends each buffer, to free it after
         // its last use.
         let mut act_uses = BTreeMap::new();
@@ -247,6 +263,37 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
         }
     }
 
+    /// Elements of the message carrying `tensor` of `unit`: its output for an
+    /// activation, its inputs' outputs one after the other for a gradient, nothing
+    /// for an input transfer (the receiver reads the micro-batch itself).
+    fn message_len(&self, tensor: Kind, unit: UnitId) -> usize {
+        let Some(info) = self.units.get(unit as usize) else {
+            return 0;
+        };
+        match tensor {
+            Kind::Act => info.out_len,
+            Kind::Grad => info
+                .inputs
+                .iter()
+                .map(|&i| self.units.get(i as usize).map_or(0, |x| x.out_len))
+                .sum(),
+            Kind::Input => 0,
+        }
+    }
+
+    fn shape_error(&self, index: usize, what: String) -> ExecError {
+        let action = self
+            .list()
+            .get(index)
+            .map_or_else(String::new, |a| a.to_string());
+        ExecError::Shape {
+            rank: self.rank,
+            index,
+            action,
+            what,
+        }
+    }
+
     fn name(&self, u: UnitId) -> &str {
         self.program
             .units
@@ -314,6 +361,17 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
                 .collect();
             self.model.forward(unit, mb, &refs)
         };
+        let want = self.units[unit as usize].out_len;
+        if out.len() != want {
+            return Err(self.shape_error(
+                index,
+                format!(
+                    "the model's forward of `{}` returned {} values; its output_len is {want}",
+                    self.name(unit),
+                    out.len()
+                ),
+            ));
+        }
         for &p in &inputs {
             self.use_act(p, mb);
         }
@@ -395,6 +453,31 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
         let produced = self
             .model
             .backward_input(unit, mb, stash, grad_out.as_ref());
+        let inputs = &self.units[unit as usize].inputs;
+        let wrong = if produced.len() != inputs.len() {
+            Some(format!(
+                "the model's backward of `{}` returned {} input gradients for {} inputs",
+                self.name(unit),
+                produced.len(),
+                inputs.len()
+            ))
+        } else {
+            inputs.iter().zip(&produced).find_map(|(&i, g)| {
+                let want = self.units[i as usize].out_len;
+                (g.len() != want).then(|| {
+                    format!(
+                        "the model's backward of `{}` returned {} values for the gradient of \
+                         `{}`, whose output_len is {want}",
+                        self.name(unit),
+                        g.len(),
+                        self.name(i)
+                    )
+                })
+            })
+        };
+        if let Some(what) = wrong {
+            return Err(self.shape_error(index, what));
+        }
         if self.grad_uses.get(&(unit, mb)).copied().unwrap_or(0) > 0 {
             self.grads.insert((unit, mb), produced);
         }
@@ -419,27 +502,22 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
     }
 }
 
-/// Input gradients of one unit as one flat message: count, lengths, data.
+/// Input gradients of one unit as one flat message: the parts one after the other,
+/// each at a fixed offset (the sizes are static, so nothing else travels).
 fn pack(parts: &[Tensor]) -> Tensor {
-    let mut out = Vec::with_capacity(1 + parts.len() + parts.iter().map(Vec::len).sum::<usize>());
-    out.push(parts.len() as f32);
-    out.extend(parts.iter().map(|p| p.len() as f32));
-    for p in parts {
-        out.extend_from_slice(p);
-    }
-    out
+    parts.concat()
 }
 
-fn unpack(msg: &[f32]) -> Option<Vec<Tensor>> {
-    let n = *msg.first()? as usize;
-    let lens: Vec<usize> = msg.get(1..1 + n)?.iter().map(|&l| l as usize).collect();
-    let mut at = 1 + n;
-    let mut parts = Vec::with_capacity(n);
+/// The parts of a gradient message, given their lengths; `None` when the message
+/// has another total length.
+fn unpack(msg: &[f32], lens: impl IntoIterator<Item = usize>) -> Option<Vec<Tensor>> {
+    let mut at = 0;
+    let mut parts = Vec::new();
     for len in lens {
         parts.push(msg.get(at..at + len)?.to_vec());
         at += len;
     }
-    Some(parts)
+    (at == msg.len()).then_some(parts)
 }
 
 impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
@@ -475,11 +553,55 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
                     && p.tensor.as_str() == match x.tensor { Kind::Act => "act", Kind::Grad => "grad", Kind::Input => "input" })
             })?;
         }
+        // A transfer between this rank and itself is an alias: the received buffer
+        // is the sent one, under the same (unit, micro-batch) key, so it never
+        // reaches the backend. Each such receive needs its send in the batch.
+        for x in batch
+            .iter()
+            .filter(|x| x.dir == Dir::Recv && x.peer == self.rank)
+        {
+            let paired = batch.iter().any(|s| {
+                s.dir == Dir::Send
+                    && s.peer == self.rank
+                    && (s.tensor, s.unit, s.mb) == (x.tensor, x.unit, x.mb)
+            });
+            if !paired {
+                return Err(self.missing(
+                    first,
+                    format!(
+                        "a SEND to this rank of the {:?} of `{}` for micro-batch {} in the same \
+                         batch (a transfer to the rank itself)",
+                        x.tensor,
+                        self.name(x.unit),
+                        x.mb
+                    ),
+                ));
+            }
+        }
         let mut payloads: Vec<(usize, Tag, Tensor)> = Vec::new();
-        let mut recvs: Vec<(usize, Tag)> = Vec::new();
+        let mut recvs: Vec<(usize, Tag, usize)> = Vec::new();
         for x in batch {
             let t = Tag::transfer(x.tensor, x.unit, x.mb);
             match x.dir {
+                Dir::Send if x.peer == self.rank => {
+                    let present = match x.tensor {
+                        Kind::Act => self.acts.contains_key(&(x.unit, x.mb)),
+                        Kind::Grad => self.grads.contains_key(&(x.unit, x.mb)),
+                        Kind::Input => true,
+                    };
+                    if !present {
+                        return Err(self.missing(
+                            first,
+                            format!(
+                                "the {:?} of `{}` for micro-batch {} to send",
+                                x.tensor,
+                                self.name(x.unit),
+                                x.mb
+                            ),
+                        ));
+                    }
+                }
+                Dir::Recv if x.peer == self.rank => {}
                 Dir::Send => {
                     let data = match x.tensor {
                         Kind::Act => self.acts.get(&(x.unit, x.mb)).cloned(),
@@ -499,7 +621,7 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
                     };
                     payloads.push((x.peer, t, data));
                 }
-                Dir::Recv => recvs.push((x.peer, t)),
+                Dir::Recv => recvs.push((x.peer, t, self.message_len(x.tensor, x.unit))),
             }
         }
         let sends: Vec<(usize, Tag, &[f32])> = payloads
@@ -517,13 +639,21 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
                 Kind::Input => {}
             }
         }
-        for (x, data) in batch.iter().filter(|x| x.dir == Dir::Recv).zip(got) {
+        let remote = batch
+            .iter()
+            .filter(|x| x.dir == Dir::Recv && x.peer != self.rank);
+        for (x, data) in remote.zip(got) {
             match x.tensor {
                 Kind::Act => {
                     self.acts.insert((x.unit, x.mb), data);
                 }
                 Kind::Grad => {
-                    let Some(parts) = unpack(&data) else {
+                    let lens: Vec<usize> = self.units[x.unit as usize]
+                        .inputs
+                        .iter()
+                        .map(|&i| self.units[i as usize].out_len)
+                        .collect();
+                    let Some(parts) = unpack(&data, lens) else {
                         return Err(self.missing(
                             first,
                             format!("a well-formed gradient message for `{}`", self.name(x.unit)),
@@ -586,4 +716,24 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
 /// `mpipe_core::render` traces and charts, side by side with the simulated one).
 pub fn timeline(ranks: Vec<Vec<Slot>>) -> Timeline {
     Timeline { ranks }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{pack, unpack};
+
+    /// Gradient parts travel at fixed offsets with no lengths on the wire, so a part
+    /// of 2^24 + 1 elements (which an `f32` length field would read back as 2^24)
+    /// comes back whole, and a message of another total length is refused.
+    #[test]
+    fn gradient_parts_round_trip_at_any_length() {
+        let big = (1usize << 24) + 1;
+        let parts = vec![vec![1.5f32; big], vec![], vec![-2.0; 3]];
+        let msg = pack(&parts);
+        assert_eq!(msg.len(), big + 3);
+        let back = unpack(&msg, [big, 0, 3]).expect("the lengths add up");
+        assert_eq!(back, parts);
+        assert!(unpack(&msg, [big, 0, 2]).is_none());
+        assert!(unpack(&msg, [big, 0, 4]).is_none());
+    }
 }

@@ -2,8 +2,12 @@
 //!
 //! Units are the program's units (an encoder, a pipeline stage or chunk), by
 //! [`UnitId`]. The runtime owns every activation, gradient and stash; the model only
-//! computes. Data flows as flat `f32` tensors ([`Tensor`]): a model knows the shapes
-//! of what its own units produce and consume.
+//! computes. Data flows as flat `f32` tensors ([`Tensor`]) of static sizes: a model
+//! knows the shapes of what its own units produce and consume, and tells the runtime
+//! each unit's output length ([`Model::output_len`]), from which every message's
+//! size follows (an activation is its unit's output; a gradient message is the
+//! gradients of the unit's inputs, one after the other, each of its input's output
+//! length). Backends post receives of exactly those sizes, as HCCL requires.
 
 use crate::UnitId;
 
@@ -28,6 +32,10 @@ pub trait Model {
     /// What a unit keeps from its forward for its backward.
     type Stash: Send;
 
+    /// The number of elements of `unit`'s forward output, the same for every
+    /// micro-batch (static shapes). The runtime sizes receive buffers from it and
+    /// checks every forward's output, and every input gradient, against it.
+    fn output_len(&self, unit: UnitId) -> usize;
     /// Forward of `unit` on micro-batch `mb`.
     fn forward(&mut self, unit: UnitId, mb: usize, inputs: &[&Tensor]) -> (Tensor, Self::Stash);
     /// Gradients of `unit`'s inputs on micro-batch `mb`.

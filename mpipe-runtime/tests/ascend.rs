@@ -1,7 +1,7 @@
 //! The Ascend backend over ascend-sys (the host emulator here: ranks are threads):
-//! point-to-point with the length header, batches, collectives over the world and
-//! over sub-groups, the plain `HcclBatchSendRecv` path, start-up over the TCP store,
-//! failures, and ACL/HCCL codes mapped to typed errors.
+//! point-to-point of static sizes, each batch one `HcclBatchSendRecv`, collectives
+//! over the world and over sub-groups, start-up over the TCP store, failures, and
+//! ACL/HCCL codes mapped to typed errors.
 //!
 //! `cargo test --release --features ascend -p mpipe-runtime --test ascend`
 #![cfg(feature = "ascend")]
@@ -25,7 +25,7 @@ fn ok<T: std::fmt::Debug>(out: Vec<Result<T, String>>) -> Vec<T> {
 }
 
 #[test]
-fn point_to_point_in_order_any_length() {
+fn point_to_point_in_order_of_stated_lengths() {
     setup();
     let out = run_ranks(2, |mut c| -> Result<Vec<Vec<f32>>, AscendError> {
         let t = Tag::act(3, 0);
@@ -35,7 +35,11 @@ fn point_to_point_in_order_any_length() {
             c.send(1, t, &vec![0.5; 100_000])?;
             Ok(vec![])
         } else {
-            Ok(vec![c.recv(0, t)?, c.recv(0, t)?, c.recv(0, t)?])
+            Ok(vec![
+                c.recv(0, t, 3)?,
+                c.recv(0, t, 0)?,
+                c.recv(0, t, 100_000)?,
+            ])
         }
     });
     let got = ok(out);
@@ -54,19 +58,17 @@ fn batches_cross_ring_and_self() {
         let a = vec![r as f32; r + 1];
         let b = vec![10.0 + r as f32; 2];
         let me = vec![-1.0];
-        // Two messages to the same peer, one to the previous rank, one to itself.
+        // Both directions around the ring and one transfer to itself, one batch.
         c.batch(
             &[
                 (next, Tag::act(0, 0), &a),
-                (next, Tag::grad(1, 0), &b),
                 (prev, Tag::grad(2, 0), &b),
                 (r, Tag::input(0, 0), &me),
             ],
             &[
-                (r, Tag::input(0, 0)),
-                (prev, Tag::act(0, 0)),
-                (prev, Tag::grad(1, 0)),
-                (next, Tag::grad(2, 0)),
+                (r, Tag::input(0, 0), 1),
+                (prev, Tag::act(0, 0), prev + 1),
+                (next, Tag::grad(2, 0), 2),
             ],
         )
     });
@@ -74,9 +76,27 @@ fn batches_cross_ring_and_self() {
         let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
         assert_eq!(got[0], vec![-1.0]);
         assert_eq!(got[1], vec![prev as f32; prev + 1]);
-        assert_eq!(got[2], vec![10.0 + prev as f32; 2]);
-        assert_eq!(got[3], vec![10.0 + next as f32; 2]);
+        assert_eq!(got[2], vec![10.0 + next as f32; 2]);
     }
+}
+
+/// HCCL allows one send to and one receive from each peer per `HcclBatchSendRecv`
+/// (the program format's rule 3); a batch with two is refused before anything is
+/// posted, naming the rule.
+#[test]
+fn two_sends_to_one_peer_in_a_batch_are_refused() {
+    setup();
+    let out = run_ranks(2, |mut c| -> Result<(), AscendError> {
+        if c.rank() == 0 {
+            c.batch(
+                &[(1, Tag::act(0, 0), &[1.0]), (1, Tag::grad(1, 0), &[2.0])],
+                &[],
+            )?;
+        }
+        Ok(())
+    });
+    let e = out[0].as_ref().unwrap_err();
+    assert!(e.contains("two sends to rank 1"), "{e}");
 }
 
 /// A transfer waits only for its own peer: rank 0's batch holds a send to 1 and a
@@ -89,22 +109,47 @@ fn a_transfer_waits_only_for_its_peer() {
     let out = run_ranks(3, |mut c| -> Result<f32, AscendError> {
         match c.rank() {
             0 => {
-                let got = c.batch(&[(1, Tag::act(0, 0), &[1.0])], &[(2, Tag::act(2, 0))])?;
+                let got = c.batch(&[(1, Tag::act(0, 0), &[1.0])], &[(2, Tag::act(2, 0), 1)])?;
                 Ok(got[0][0])
             }
             1 => {
-                let x = c.recv(0, Tag::act(0, 0))?;
+                let x = c.recv(0, Tag::act(0, 0), 1)?;
                 c.send(2, Tag::act(1, 0), &[x[0] + 1.0])?;
                 Ok(0.0)
             }
             _ => {
-                let z = c.recv(1, Tag::act(1, 0))?;
+                let z = c.recv(1, Tag::act(1, 0), 1)?;
                 c.send(0, Tag::act(2, 0), &[z[0] + 1.0])?;
                 Ok(0.0)
             }
         }
     });
     assert_eq!(ok(out)[0], 3.0);
+}
+
+/// A batch's receives are all posted together: rank 0's batch receives from 1 and
+/// from 2, and rank 1 sends only after hearing from 2, which sends to 0 first. A
+/// batch that took its receives one after the other, in its own order, would wait
+/// for 1 while 2 waits for 0.
+#[test]
+fn a_batch_takes_its_receives_in_any_order() {
+    setup();
+    let out = run_ranks(3, |mut c| -> Result<Vec<Vec<f32>>, AscendError> {
+        match c.rank() {
+            0 => c.batch(&[], &[(1, Tag::act(1, 0), 1), (2, Tag::act(2, 0), 1)]),
+            1 => {
+                let z = c.recv(2, Tag::act(2, 1), 1)?;
+                c.send(0, Tag::act(1, 0), &[z[0] + 1.0])?;
+                Ok(vec![])
+            }
+            _ => {
+                c.send(0, Tag::act(2, 0), &[5.0])?;
+                c.send(1, Tag::act(2, 1), &[7.0])?;
+                Ok(vec![])
+            }
+        }
+    });
+    assert_eq!(ok(out)[0], vec![vec![8.0], vec![5.0]]);
 }
 
 #[test]
@@ -155,37 +200,21 @@ fn collectives_over_world_and_groups() {
     assert_eq!(got[2][3], vec![4.0; 4]);
 }
 
+/// Sizes are static: a receiver that expects another count than its sender sends
+/// gets HCCL's parameter error instead of a truncated or padded tensor.
 #[test]
-fn batch_sized_is_one_hccl_batch() {
-    setup();
-    let out = run_ranks(3, |mut c| -> Result<Vec<Vec<f32>>, AscendError> {
-        let r = c.rank();
-        let (next, prev) = ((r + 1) % 3, (r + 2) % 3);
-        let mine = vec![r as f32; 5];
-        c.batch_sized(&[(next, &mine)], &[(prev, 5)])
-    });
-    for (r, got) in ok(out).into_iter().enumerate() {
-        assert_eq!(got[0], vec![((r + 2) % 3) as f32; 5]);
-    }
-}
-
-#[test]
-fn order_mismatch_is_reported_not_misdelivered() {
+fn a_size_mismatch_is_a_parameter_error() {
     setup();
     let out = run_ranks(2, |mut c| -> Result<(), AscendError> {
         if c.rank() == 0 {
-            c.batch(
-                &[(1, Tag::act(0, 0), &[1.0]), (1, Tag::act(0, 1), &[2.0])],
-                &[],
-            )?;
+            c.send(1, Tag::act(0, 0), &[1.0, 2.0])?;
         } else {
-            c.batch(&[], &[(0, Tag::act(0, 1)), (0, Tag::act(0, 0))])?;
+            c.recv(0, Tag::act(0, 0), 3)?;
         }
         Ok(())
     });
     let e = out[1].as_ref().unwrap_err();
-    assert!(e.contains("expected act(unit 0, mb 1) from rank 0"), "{e}");
-    assert!(e.contains("by order"), "{e}");
+    assert!(e.contains("HCCL_E_PARA"), "{e}");
 }
 
 #[test]
@@ -195,7 +224,7 @@ fn separate_crossing_sends_deadlock_and_time_out() {
     let out = run_ranks(2, |mut c| -> Result<(), AscendError> {
         let peer = 1 - c.rank();
         c.send(peer, Tag::act(0, 0), &[1.0])?;
-        c.recv(peer, Tag::act(0, 0))?;
+        c.recv(peer, Tag::act(0, 0), 1)?;
         Ok(())
     });
     for o in &out {
@@ -241,7 +270,7 @@ fn invalid_calls() {
             .broadcast(0, &[1, 0], Tag::params(0), &mut [0.0])
             .unwrap_err();
         assert!(bad.to_string().contains("not sorted"), "{bad}");
-        let bad = c.recv(c.rank(), Tag::act(0, 0)).unwrap_err();
+        let bad = c.recv(c.rank(), Tag::act(0, 0), 1).unwrap_err();
         assert!(bad.to_string().contains("same batch"), "{bad}");
         Ok(())
     });

@@ -25,66 +25,7 @@ use std::thread::ThreadId;
 /// How many devices are counted (ids `0..MAX_DEVICES`).
 pub const MAX_DEVICES: i32 = 256;
 
-/// What the program asked of one device (or, from [`total`], of several).
-///
-/// Field by field, the calls that count (each only when accepted):
-/// - `batch_send_recv`, `batch_items`: `HcclBatchSendRecv` calls and their items
-///   (sends plus receives);
-/// - `send`, `recv`: `HcclSend`, `HcclRecv`;
-/// - `collectives`: `HcclBroadcast`, `HcclReduce`, `HcclAllReduce`, `HcclBarrier`;
-/// - `copies`, `copy_bytes`: `aclrtMemcpy` and `aclrtMemcpyAsync` of kind
-///   host-to-device or device-to-host, and their bytes; `sync_copies`: the
-///   `aclrtMemcpy` ones among them;
-/// - `device_copies`: device-to-device copies (either function; not in `copies`);
-/// - `host_waits`: `aclrtSynchronizeStream` and `aclrtSynchronizeEvent` (the subset
-///   has no `aclrtSynchronizeDevice`);
-/// - `mallocs`, `frees`: `aclrtMalloc`, `aclrtFree` (not the host-memory pair);
-/// - `kernels`: kernel launches (the subset has none yet, so always 0);
-/// - `hazards`: unordered accesses the happens-before checker found
-///   ([`super::hazards`]), charged to the device of the thread whose call found them;
-/// - `threads`: distinct OS threads that made at least one counted call since the
-///   last [`reset`].
-///
-/// Host-to-host copies, `aclrtMemset`, `aclrtMallocHost`/`aclrtFreeHost` and the
-/// set-up calls (devices, streams, events, communicators) are not counted.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Counters {
-    pub batch_send_recv: u64,
-    pub batch_items: u64,
-    pub send: u64,
-    pub recv: u64,
-    pub collectives: u64,
-    pub copies: u64,
-    pub copy_bytes: u64,
-    pub sync_copies: u64,
-    pub device_copies: u64,
-    pub host_waits: u64,
-    pub mallocs: u64,
-    pub frees: u64,
-    pub kernels: u64,
-    pub hazards: u64,
-    pub threads: u64,
-}
-
-impl Counters {
-    fn add(&mut self, o: &Counters) {
-        self.batch_send_recv += o.batch_send_recv;
-        self.batch_items += o.batch_items;
-        self.send += o.send;
-        self.recv += o.recv;
-        self.collectives += o.collectives;
-        self.copies += o.copies;
-        self.copy_bytes += o.copy_bytes;
-        self.sync_copies += o.sync_copies;
-        self.device_copies += o.device_copies;
-        self.host_waits += o.host_waits;
-        self.mallocs += o.mallocs;
-        self.frees += o.frees;
-        self.kernels += o.kernels;
-        self.hazards += o.hazards;
-        self.threads += o.threads;
-    }
-}
+pub use crate::profile::Counters;
 
 #[derive(Default)]
 struct Slot {
@@ -148,7 +89,7 @@ pub fn reset(device: i32) {
 pub fn total(devices: impl IntoIterator<Item = i32>) -> Counters {
     let mut t = Counters::default();
     for d in devices {
-        t.add(&snapshot(d));
+        t += snapshot(d);
     }
     t
 }

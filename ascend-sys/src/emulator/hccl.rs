@@ -304,8 +304,10 @@ impl Group {
         self.await_taken(src, dst, &taken)
     }
 
-    /// A batch of `rank`: posts every send, then takes every receive, then waits for
-    /// the sends to be taken. Items are (peer, address, length).
+    /// A batch of `rank`: posts every send, then takes the receives in whatever order
+    /// their senders post (all of them are posted together, as HCCL's are: a receive
+    /// never waits behind another one of the batch), then waits for the sends to be
+    /// taken. Items are (peer, address, length).
     pub(super) fn batch(
         &self,
         rank: u32,
@@ -316,18 +318,57 @@ impl Group {
             .iter()
             .map(|&(peer, ptr, bytes)| (peer, self.post(rank, peer, ptr, bytes)))
             .collect();
-        let mut rc = HcclResult::HCCL_SUCCESS;
-        for &(peer, ptr, bytes) in recvs {
-            let r = self.receive(peer, rank, ptr, bytes);
-            if rc == HcclResult::HCCL_SUCCESS {
-                rc = r;
-            }
-        }
+        let mut rc = self.receive_all(rank, recvs);
         for (peer, taken) in &posted {
             let r = self.await_taken(rank, *peer, taken);
             if rc == HcclResult::HCCL_SUCCESS {
                 rc = r;
             }
+        }
+        rc
+    }
+
+    /// Takes every receive `(src, address, length)` of `dst`, each as soon as its
+    /// sender has posted; the first failure is the result.
+    fn receive_all(&self, dst: u32, recvs: &[(u32, usize, usize)]) -> HcclResult {
+        let deadline = Instant::now() + timeout();
+        let mut pending: Vec<(u32, usize, usize)> = recvs.to_vec();
+        let mut rc = HcclResult::HCCL_SUCCESS;
+        let mut posts = lock(&self.posts);
+        while !pending.is_empty() {
+            let ready = pending
+                .iter()
+                .position(|&(src, _, _)| posts.get(&(src, dst)).is_some_and(|q| !q.is_empty()));
+            if let Some(i) = ready {
+                let (src, ptr, bytes) = pending.remove(i);
+                let p = posts
+                    .get_mut(&(src, dst))
+                    .and_then(|q| q.pop_front())
+                    .expect("checked non-empty under the lock");
+                drop(posts);
+                let r = deliver(p, src, dst, ptr, bytes);
+                if rc == HcclResult::HCCL_SUCCESS {
+                    rc = r;
+                }
+                posts = lock(&self.posts);
+                continue;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                for &(src, _, _) in &pending {
+                    eprintln!(
+                        "ascend-sys emulator: deadlock: rank {dst}'s HcclRecv from rank {src} \
+                         found no matching HcclSend within {:?} (HCCL_E_TIMEOUT)",
+                        timeout()
+                    );
+                }
+                return HcclResult::HCCL_E_TIMEOUT;
+            }
+            posts = self
+                .posted
+                .wait_timeout(posts, deadline - now)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
         }
         rc
     }
@@ -397,24 +438,7 @@ impl Group {
         loop {
             if let Some(p) = posts.get_mut(&(src, dst)).and_then(|q| q.pop_front()) {
                 drop(posts);
-                let rc = if p.bytes != bytes {
-                    eprintln!(
-                        "ascend-sys emulator: rank {dst} receives {bytes} bytes from rank {src}, \
-                         which sends {} (HCCL_E_PARA)",
-                        p.bytes
-                    );
-                    HcclResult::HCCL_E_PARA
-                } else {
-                    // SAFETY: the sender's stream is blocked until `taken` is set, so its
-                    // buffer is alive; the receiver's buffer is the caller's promise.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(p.src as *const u8, dst_ptr as *mut u8, bytes)
-                    };
-                    HcclResult::HCCL_SUCCESS
-                };
-                *lock(&p.taken.0) = Some(rc);
-                p.taken.1.notify_all();
-                return rc;
+                return deliver(p, src, dst, dst_ptr, bytes);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -824,6 +848,27 @@ pub unsafe extern "C" fn HcclBatchSendRecv(
             k.batch_items += u64::from(item_num);
         },
     )
+}
+
+/// Completes a taken send `p` from `src` into `dst`'s buffer at `dst_ptr` of `bytes`
+/// bytes (a length mismatch is HCCL's parameter error) and wakes its sender.
+fn deliver(p: Post, src: u32, dst: u32, dst_ptr: usize, bytes: usize) -> HcclResult {
+    let rc = if p.bytes != bytes {
+        eprintln!(
+            "ascend-sys emulator: rank {dst} receives {bytes} bytes from rank {src}, \
+             which sends {} (HCCL_E_PARA)",
+            p.bytes
+        );
+        HcclResult::HCCL_E_PARA
+    } else {
+        // SAFETY: the sender's stream is blocked until `taken` is set, so its
+        // buffer is alive; the receiver's buffer is the caller's promise.
+        unsafe { std::ptr::copy_nonoverlapping(p.src as *const u8, dst_ptr as *mut u8, bytes) };
+        HcclResult::HCCL_SUCCESS
+    };
+    *lock(&p.taken.0) = Some(rc);
+    p.taken.1.notify_all();
+    rc
 }
 
 /// Element-wise `acc = op(acc, x)` over `count` elements of `t` at raw addresses.

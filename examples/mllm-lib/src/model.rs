@@ -429,6 +429,21 @@ impl<F: Float> Mllm<F> {
         F::of(total / samples.len().max(1) as f64)
     }
 
+    /// Elements of `unit`'s forward output for every micro-batch: image tokens
+    /// (`microbatch_size x patches x dim`) for the vision encoder, hidden states
+    /// (`microbatch_size x seq_len x dim`) for a stage, the loss (1) for the last.
+    pub fn output_len_of(&self, unit: usize) -> usize {
+        let cfg = &self.cfg;
+        let nb = cfg.microbatch_size;
+        if unit == 0 {
+            nb * cfg.patches() * cfg.dim
+        } else if unit == cfg.units() - 1 {
+            1
+        } else {
+            nb * cfg.seq_len() * cfg.dim
+        }
+    }
+
     fn vision_forward(&self, mb: usize) -> (Vec<F>, Stash<F>) {
         let (cfg, v, p) = (&self.cfg, &self.vision, &self.params[0]);
         let sample = &self.batch[mb];
@@ -665,6 +680,10 @@ fn stage_backward_weight<F: Float>(st: &Stage, cfg: &Config, g: &mut [F], s: &Ll
 
 impl Model for Mllm<f32> {
     type Stash = Stash<f32>;
+
+    fn output_len(&self, unit: UnitId) -> usize {
+        self.output_len_of(unit as usize)
+    }
 
     fn forward(&mut self, unit: UnitId, mb: usize, inputs: &[&Tensor]) -> (Tensor, Stash) {
         let inputs: Vec<&[f32]> = inputs.iter().map(|t| t.as_slice()).collect();

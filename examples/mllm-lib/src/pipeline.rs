@@ -599,11 +599,26 @@ pub fn gather_timeline<C: Comm>(
         what: "gathering the trace on rank 0".into(),
         error: Box::new(e),
     };
+    // Message sizes are static on the wire (HCCL needs every receive's count), and a
+    // rank's part varies with its action count: its length goes first, in a message
+    // of fixed size, as systems that exchange variable-length tensors do.
+    let len_msg = |n: usize| pack_u64s([n as u64]);
     if rank != 0 {
+        comm.send(0, TRACE_TAG, &len_msg(mine.len())).map_err(err)?;
         comm.send(0, TRACE_TAG, &mine).map_err(err)?;
         return Ok(None);
     }
-    let others: Vec<(usize, Tag)> = (1..comm.world()).map(|r| (r, TRACE_TAG)).collect();
+    let fixed = len_msg(0).len();
+    let others: Vec<(usize, Tag, usize)> =
+        (1..comm.world()).map(|r| (r, TRACE_TAG, fixed)).collect();
+    let lens = comm.batch(&[], &others).map_err(err)?;
+    let others: Vec<(usize, Tag, usize)> = (1..comm.world())
+        .zip(&lens)
+        .map(|(r, l)| {
+            let n = unpack_u64s(l).first().copied().unwrap_or(0);
+            (r, TRACE_TAG, n as usize)
+        })
+        .collect();
     let got = comm.batch(&[], &others).map_err(err)?;
     let parts: Vec<(u64, Vec<Slot>)> = std::iter::once(&mine)
         .chain(&got)

@@ -7,49 +7,38 @@
 //! devices, streams, events, device buffers and communicators are RAII owners.
 //!
 //! ## One rank
-//! Each rank is bound to one device and holds the world's HCCL communicator and these
-//! streams:
+//! Each rank is bound to one device, holds the world's HCCL communicator, and issues
+//! every call from the one thread that runs it (HCCL forbids concurrent calls on a
+//! communicator). Its streams:
 //! - the **compute stream**, where host-to-device copies of outgoing tensors are
 //!   queued (the model computes on the host; this is where device kernels would go),
-//!   with an **event** recorded after them that the communication streams wait on, so
+//!   with an **event** recorded after them that the point-to-point stream waits on, so
 //!   no transfer reads a buffer before its copy has landed;
-//! - the **communication stream** for collectives (`HcclBroadcast`, `HcclReduce`,
-//!   `HcclAllReduce`, `HcclBarrier`) on the world communicator, and one stream per
-//!   sub-communicator (see below);
-//! - **point-to-point lanes**: one stream per peer and direction. See "Why lanes".
+//! - the **point-to-point stream**, where each batch is one `HcclBatchSendRecv`;
+//! - the **collective stream** for `HcclBroadcast`, `HcclReduce`, `HcclAllReduce` and
+//!   `HcclBarrier` on the world communicator, and one stream per sub-communicator (see
+//!   below).
 //!
-//! ## Point-to-point: lengths, and why lanes
-//! [`Comm::batch`] hands over received tensors of whatever length the sender sent,
-//! but HCCL needs the receive count up front, and the count must match the send's.
-//! The backend therefore sends every message as **two HCCL messages on the same
-//! lane: a 4×u32 header `[tag.kind, tag.unit, tag.mb, len]`, then the `len` f32s**
-//! (no second message when `len` is 0). The receiver receives the header, checks the
-//! tag (HCCL matches by order per pair of ranks, [`Comm`] by `(peer, tag)`: when the
-//! two disagree the receiver fails with [`AscendError::Invalid`] instead of
-//! misdelivering), then posts the data receive with the right count. A per-(peer,
-//! tag) table of lengths from the model's shapes was the alternative; it would tie
-//! the communicator to one model, and gradient messages carry several packed parts.
+//! Device buffers come from a per-rank **pool** keyed by size: message sizes are
+//! static, so after the first step every buffer a step needs is already there and
+//! nothing is allocated or freed (`aclrtMalloc`/`aclrtFree`) while training.
 //!
-//! The header costs one small message per transfer, and it must not change *when*
-//! things can complete: the lowering's deadlock-freedom argument assumes rendezvous
-//! semantics, where a send completes as soon as its receiver has posted the receive,
-//! whatever else either batch contains. Posting all headers of a batch in one
-//! `HcclBatchSendRecv` and then all data in a second one breaks that (the data send to
-//! `b` would wait for the headers from every other peer, and three ranks can then
-//! wait on each other where the program itself is fine). So each peer and direction
-//! gets its own stream (a lane), sends to a peer are queued on its send lane (header,
-//! data), and each peer's receives are driven by a helper thread (header, read the
-//! length, data): a transfer with `b` waits only for `b`. Everything of the batch is
-//! posted before the rank waits for any of it, so crossing transfers in one batch do
-//! not deadlock, and two ranks that each send to the other in separate batches first
-//! do (and fail with `HCCL_E_TIMEOUT` after the HCCL timeout), as under rendezvous.
-//! A transfer to this rank itself is copied on the host (HCCL rejects it).
+//! ## Point-to-point: one `HcclBatchSendRecv` per batch
+//! [`Comm::batch`] receives with the element count of each receive stated (message
+//! sizes are static: [`crate::model::Model::output_len`]), so every batch of the
+//! program is exactly one `HcclBatchSendRecv` of its remote items, nothing else on
+//! the wire: no headers, no helper threads. HCCL matches items by order per pair of
+//! ranks and direction and allows one send to and one receive from each peer per call,
+//! which is the program format's batch rule (rule 3), so a valid program's batches map
+//! one to one. Rendezvous is kept: a batch completes when every item has met its
+//! partner, and the rank posts nothing more until then, exactly as the lowering's
+//! deadlock-freedom argument assumes. The host waits once per batch (the point-to-point
+//! stream, which also orders the outgoing copies before it), then reads the received
+//! tensors back. A transfer to this rank itself never reaches HCCL (which rejects it):
+//! the executor aliases it, and a direct caller's is matched on the host by tag.
+//! A receive whose sender sent another count fails with HCCL's parameter error.
 //!
-//! [`AscendComm::batch_sized`] is the plain HCCL path for callers that know the
-//! lengths: one `HcclBatchSendRecv` (at most one send to and one receive from each
-//! peer, matched by order).
-//!
-//! ## Collectives over groups
+//! //! ## Collectives over groups
 //! A collective over the whole world uses the world communicator. Over a smaller
 //! group, the backend makes a sub-communicator the first time the group is used: the
 //! group's first rank calls `HcclGetRootInfo` and sends the bytes to the other members
@@ -94,6 +83,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
+/// Per-device counts of HCCL calls, copies, host waits, allocations, kernels, hazards
+/// and issuing threads, as a profiler shows them: the emulator's
+/// (`snapshot` is `None` when this build links CANN, whose profiler is msprof).
+pub use ascend_sys::profile as counters;
+
 /// What this build links: `"cann"` (the real libraries) or `"emulator"`.
 pub const LINKED: &str = ascend_sys::BACKEND;
 
@@ -124,15 +118,13 @@ pub struct AscendComm {
     // Fields drop in order: streams and sub-communicators, then the communicator,
     // then the device binding.
     subs: BTreeMap<Vec<usize>, Sub>,
-    send_lanes: Vec<Option<Stream>>,
-    recv_lanes: Vec<Option<Stream>>,
+    /// Free device buffers by size in bytes, reused across batches and steps.
+    pool: BTreeMap<usize, Vec<DeviceBuffer>>,
+    p2p: Stream,
     coll: Stream,
     compute: Stream,
     copied: Event,
     comm: HcclComm,
-    /// Held while queuing an HCCL call, so the rank's threads never issue calls on
-    /// the communicator concurrently (HCCL does not promise that this is safe).
-    issue: Mutex<()>,
     failure: Failure,
     bound: ThreadId,
     device: Device,
@@ -174,28 +166,16 @@ impl AscendComm {
         }
         let device = Device::set(device)?;
         let comm = HcclComm::init(world as u32, info, rank as u32)?;
-        let lanes = || -> Result<Vec<Option<Stream>>, AscendError> {
-            (0..world)
-                .map(|p| {
-                    if p == rank {
-                        Ok(None)
-                    } else {
-                        Stream::new().map(Some)
-                    }
-                })
-                .collect()
-        };
         Ok(AscendComm {
             rank,
             world,
             subs: BTreeMap::new(),
-            send_lanes: lanes()?,
-            recv_lanes: lanes()?,
+            pool: BTreeMap::new(),
+            p2p: Stream::new()?,
             coll: Stream::new()?,
             compute: Stream::new()?,
             copied: Event::new()?,
             comm,
-            issue: Mutex::new(()),
             failure,
             bound: std::thread::current().id(),
             device,
@@ -350,58 +330,20 @@ impl AscendComm {
         Ok(())
     }
 
-    /// Sends and receives with lengths both sides know, as one `HcclBatchSendRecv`:
-    /// at most one send to and one receive `(peer, len)` from each peer, matched with
-    /// the peers' calls by order. Returns the received tensors in `recvs` order.
-    pub fn batch_sized(
-        &mut self,
-        sends: &[(usize, &[f32])],
-        recvs: &[(usize, usize)],
-    ) -> Result<Vec<Tensor>, AscendError> {
-        self.enter()?;
-        for &(p, _) in sends {
-            self.check_peer(p, "sending to")?;
+    /// A device buffer of `bytes` bytes from the pool (allocated only when the pool
+    /// has none of that size).
+    fn take(&mut self, bytes: usize) -> Result<DeviceBuffer, AscendError> {
+        match self.pool.get_mut(&bytes).and_then(Vec::pop) {
+            Some(b) => Ok(b),
+            None => DeviceBuffer::new(bytes),
         }
-        for &(p, _) in recvs {
-            self.check_peer(p, "receiving from")?;
+    }
+
+    /// Returns buffers to the pool once no queued work uses them.
+    fn give(&mut self, bufs: impl IntoIterator<Item = DeviceBuffer>) {
+        for b in bufs {
+            self.pool.entry(b.len()).or_default().push(b);
         }
-        let send_bufs = sends
-            .iter()
-            .map(|(_, d)| DeviceBuffer::from_host(f32_bytes(d)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let recv_bufs = recvs
-            .iter()
-            .map(|&(_, n)| DeviceBuffer::new(n * 4))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut items = Vec::new();
-        for ((p, d), b) in sends.iter().zip(&send_bufs) {
-            items.push((Direction::Send, b, d.len(), *p as u32));
-        }
-        for ((p, n), b) in recvs.iter().zip(&recv_bufs) {
-            items.push((Direction::Recv, b, *n, *p as u32));
-        }
-        let result = self
-            .comm
-            .batch_send_recv(&items, DataType::F32, &self.coll)
-            .and_then(|()| {
-                self.coll.synchronize().map_err(|e| {
-                    Self::sync_error(&self.comm, e, || "HcclBatchSendRecv".to_string())
-                })
-            });
-        if let Err(e) = result {
-            std::mem::forget(send_bufs);
-            std::mem::forget(recv_bufs);
-            return Err(e);
-        }
-        recv_bufs
-            .iter()
-            .zip(recvs)
-            .map(|(b, &(_, n))| {
-                let mut out = vec![0f32; n];
-                b.read(f32_bytes_mut(&mut out))?;
-                Ok(out)
-            })
-            .collect()
     }
 
     /// The communicator and stream of a collective over `group`, and this rank's and
@@ -444,7 +386,8 @@ impl AscendComm {
                 self.batch_inner(&sends, &[])?;
                 info
             } else {
-                let got = self.batch_inner(&[], &[(group[0], ROOT_INFO_TAG)])?;
+                let words = ROOT_INFO_BYTES.div_ceil(4);
+                let got = self.batch_inner(&[], &[(group[0], ROOT_INFO_TAG, words)])?;
                 RootInfo::from_bytes(&words_to_bytes(&got[0]))?
             };
             let comm = HcclComm::init(group.len() as u32, &info, me as u32)?;
@@ -476,9 +419,12 @@ impl AscendComm {
     ) -> Result<(), AscendError> {
         self.enter()?;
         let rank = self.rank;
+        self.group_comm(group, root)?;
+        let bytes = std::mem::size_of_val(buf);
+        let send = self.take(bytes)?;
+        let recv = self.take(bytes)?;
         let (comm, stream, root_index) = self.group_comm(group, root)?;
-        let send = DeviceBuffer::from_host(f32_bytes(buf))?;
-        let recv = DeviceBuffer::new(std::mem::size_of_val(buf))?;
+        send.write(f32_bytes(buf))?;
         let during = || format!("{name} {tag} over ranks {group:?} (root {root})");
         let result = queue(comm, stream, &send, &recv, root_index).and_then(|()| {
             stream
@@ -490,31 +436,28 @@ impl AscendComm {
             std::mem::forget(recv);
             return Err(e);
         }
-        match read_back(rank) {
-            ReadBack::Nothing => {}
-            ReadBack::Send => send.read(f32_bytes_mut(buf))?,
-            ReadBack::Recv => recv.read(f32_bytes_mut(buf))?,
-        }
-        Ok(())
+        let read = match read_back(rank) {
+            ReadBack::Nothing => Ok(()),
+            ReadBack::Send => send.read(f32_bytes_mut(buf)),
+            ReadBack::Recv => recv.read(f32_bytes_mut(buf)),
+        };
+        self.give([send, recv]);
+        read
     }
 
     /// [`Comm::batch`] without the entry checks (also used to ship root infos).
     fn batch_inner(
-        &self,
+        &mut self,
         sends: &[(usize, Tag, &[f32])],
-        recvs: &[(usize, Tag)],
+        recvs: &[(usize, Tag, usize)],
     ) -> Result<Vec<Tensor>, AscendError> {
         for &(p, t, d) in sends {
             self.check_peer(p, "sending to")?;
-            if d.len() > u32::MAX as usize {
-                return Err(AscendError::Invalid(format!(
-                    "{t} has {} elements; at most 2^32 - 1 per message",
-                    d.len()
-                )));
-            }
+            check_len(t, d.len())?;
         }
-        for &(p, _) in recvs {
+        for &(p, t, n) in recvs {
             self.check_peer(p, "receiving from")?;
+            check_len(t, n)?;
         }
         let mut out: Vec<Option<Tensor>> = vec![None; recvs.len()];
         // Transfers to this rank itself: matched on the host, by tag in order.
@@ -523,14 +466,21 @@ impl AscendComm {
             .filter(|s| s.0 == self.rank)
             .map(|s| (s.1, s.2))
             .collect();
-        for (i, &(p, t)) in recvs.iter().enumerate() {
+        for (i, &(p, t, n)) in recvs.iter().enumerate() {
             if p == self.rank {
                 let Some(k) = own.iter().position(|o| o.0 == t) else {
                     return Err(AscendError::Invalid(format!(
                         "RECV {t} from this rank ({p}) without a matching SEND in the same batch"
                     )));
                 };
-                out[i] = Some(own.remove(k).1.to_vec());
+                let data = own.remove(k).1;
+                if data.len() != n {
+                    return Err(AscendError::Invalid(format!(
+                        "RECV {t} from this rank expects {n} values, the SEND has {}",
+                        data.len()
+                    )));
+                }
+                out[i] = Some(data.to_vec());
             }
         }
         if let Some((t, _)) = own.first() {
@@ -539,168 +489,117 @@ impl AscendComm {
                 self.rank
             )));
         }
-
-        // Outgoing: headers and data to the device (data copies on the compute stream,
-        // then an event the send lanes wait for), then header + data per message on
-        // the peer's send lane.
-        let remote: Vec<&(usize, Tag, &[f32])> =
+        let remote_sends: Vec<&(usize, Tag, &[f32])> =
             sends.iter().filter(|s| s.0 != self.rank).collect();
-        let mut keep: Vec<DeviceBuffer> = Vec::new();
-        let mut queued = Vec::new();
-        let posted = (|| -> Result<(), AscendError> {
-            for &&(p, t, d) in &remote {
-                let header = DeviceBuffer::from_host(&header_bytes(t, d.len()))?;
-                let data = DeviceBuffer::new(std::mem::size_of_val(d))?;
-                // SAFETY of the async copy: `d` is borrowed for this whole call, and
-                // the compute stream is synchronized before the call returns.
-                unsafe { self.compute.copy_to_device_async(&data, f32_bytes(d))? };
-                queued.push((p, t, d.len(), header, data));
-            }
-            self.copied.record(&self.compute)?;
-            for (p, _, len, header, data) in &queued {
-                let lane = self.send_lanes[*p].as_ref().expect("a remote peer");
-                lane.wait_event(&self.copied)?;
-                let _issuing = self.issue.lock().unwrap_or_else(PoisonError::into_inner);
-                self.comm.send(header, 4, DataType::U32, *p as u32, lane)?;
-                if *len > 0 {
-                    self.comm.send(data, *len, DataType::F32, *p as u32, lane)?;
-                }
-            }
-            Ok(())
-        })();
-        let copies = self.compute.synchronize();
-        for (_, _, _, h, d) in queued.drain(..) {
-            keep.push(h);
-            keep.push(d);
-        }
-        if let Err(e) = posted.and(copies) {
-            std::mem::forget(keep);
-            return Err(e);
+        let remote_recvs: Vec<(usize, &(usize, Tag, usize))> = recvs
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.0 != self.rank)
+            .collect();
+        one_per_peer(remote_sends.iter().map(|s| (s.0, s.1)), "sends to")?;
+        one_per_peer(
+            remote_recvs.iter().map(|r| (r.1 .0, r.1 .1)),
+            "receives from",
+        )?;
+        if remote_sends.is_empty() && remote_recvs.is_empty() {
+            return Ok(out.into_iter().map(Option::unwrap_or_default).collect());
         }
 
-        // Incoming: per peer, a helper thread receives header, then data, in order.
-        let mut by_peer: BTreeMap<usize, Vec<(usize, Tag)>> = BTreeMap::new();
-        for (i, &(p, t)) in recvs.iter().enumerate() {
-            if p != self.rank {
-                by_peer.entry(p).or_default().push((i, t));
+        // Buffers from the pool; outgoing tensors copied on the compute stream, the
+        // point-to-point stream ordered after the copies by an event.
+        let mut send_bufs = Vec::with_capacity(remote_sends.len());
+        let mut recv_bufs = Vec::with_capacity(remote_recvs.len());
+        let posted = (|| -> Result<(), AscendError> {
+            for &&(_, _, d) in &remote_sends {
+                let buf = self.take(std::mem::size_of_val(d))?;
+                // SAFETY of the async copy: `d` is borrowed for this whole call, and the
+                // point-to-point stream, which waits for the copies' event, is
+                // synchronized before the call returns (or the buffers are leaked).
+                unsafe { self.compute.copy_to_device_async(&buf, f32_bytes(d))? };
+                send_bufs.push(buf);
             }
-        }
-        let me = self.rank;
-        let (comm, device, lanes) = (&self.comm, self.device.id(), &self.recv_lanes);
-        let issue = &self.issue;
-        let (received, sent) = std::thread::scope(|s| {
-            let handles: Vec<_> = by_peer
-                .iter()
-                .map(|(&p, list)| {
-                    let lane = lanes[p].as_ref().expect("a remote peer");
-                    s.spawn(move || receive_from(comm, issue, device, lane, me, p, list))
-                })
-                .collect();
-            // Meanwhile, wait for the sends (each lane independently).
-            let mut sent = Ok(());
-            for &&(p, t, _) in &remote {
-                let lane = self.send_lanes[p].as_ref().expect("a remote peer");
-                if let Err(e) = lane.synchronize() {
-                    let e = Self::sync_error(comm, e, || format!("SEND {t} to rank {p}"));
-                    sent = sent.and(Err(e));
-                }
+            for &(_, &(_, _, n)) in &remote_recvs {
+                recv_bufs.push(self.take(n * 4)?);
             }
-            let received: Vec<_> = handles
-                .into_iter()
-                .map(|h| {
-                    h.join().unwrap_or_else(|_| {
-                        Err(AscendError::Invalid("a receiving thread panicked".into()))
-                    })
-                })
-                .collect();
-            (received, sent)
-        });
-        let mut first_error = sent.err();
-        for r in received {
-            match r {
-                Ok(list) => {
-                    for (i, t) in list {
-                        out[i] = Some(t);
-                    }
-                }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
+            if !send_bufs.is_empty() {
+                self.copied.record(&self.compute)?;
+                self.p2p.wait_event(&self.copied)?;
             }
-        }
-        if let Some(e) = first_error {
-            std::mem::forget(keep);
+            let mut items = Vec::with_capacity(send_bufs.len() + recv_bufs.len());
+            for (&&(p, _, d), b) in remote_sends.iter().zip(&send_bufs) {
+                items.push((Direction::Send, b, d.len(), p as u32));
+            }
+            for (&(_, &(p, _, n)), b) in remote_recvs.iter().zip(&recv_bufs) {
+                items.push((Direction::Recv, b, n, p as u32));
+            }
+            self.comm
+                .batch_send_recv(&items, DataType::F32, &self.p2p)?;
+            self.p2p.synchronize().map_err(|e| {
+                let what = describe_batch(&remote_sends, &remote_recvs);
+                Self::sync_error(&self.comm, e, || format!("HcclBatchSendRecv of {what}"))
+            })
+        })();
+        if let Err(e) = posted {
+            // Queued work may still use them: leaked rather than freed under it.
+            std::mem::forget(send_bufs);
+            std::mem::forget(recv_bufs);
             return Err(e);
         }
+        let mut read = Ok(());
+        for ((i, &(_, _, n)), b) in remote_recvs.iter().zip(&recv_bufs) {
+            let mut data = vec![0f32; n];
+            read = read.and_then(|()| b.read(f32_bytes_mut(&mut data)));
+            out[*i] = Some(data);
+        }
+        self.give(send_bufs);
+        self.give(recv_bufs);
+        read?;
         Ok(out.into_iter().map(Option::unwrap_or_default).collect())
     }
 }
 
-/// One peer's receives of a batch, in order: header (checked against the tag), then
-/// the data. Runs on a helper thread of the rank.
-fn receive_from(
-    comm: &HcclComm,
-    issue: &Mutex<()>,
-    device: i32,
-    lane: &Stream,
-    me: usize,
-    peer: usize,
-    list: &[(usize, Tag)],
-) -> Result<Vec<(usize, Tensor)>, AscendError> {
-    // Bound for the thread's life (aclrtSetDevice here, aclrtResetDevice on return).
-    let _device = Device::set(device)?;
-    let queue = |buf: &DeviceBuffer, count: usize, t: DataType| {
-        let _issuing = issue.lock().unwrap_or_else(PoisonError::into_inner);
-        comm.recv(buf, count, t, peer as u32, lane)
-    };
-    let mut out = Vec::with_capacity(list.len());
-    for &(i, tag) in list {
-        let during = || format!("RECV {tag} from rank {peer}");
-        let header = DeviceBuffer::new(16)?;
-        queue(&header, 4, DataType::U32)?;
-        if let Err(e) = lane.synchronize() {
-            std::mem::forget(header);
-            return Err(AscendComm::sync_error(comm, e, during));
-        }
-        let mut h = [0u8; 16];
-        header.read(&mut h)?;
-        let (got, len) = parse_header(&h);
-        if got != tag {
+/// At most 2^32 - 1 elements per message (HCCL counts are 64-bit, but the program
+/// format's tensors are far below; a larger count is a caller's bug).
+fn check_len(t: Tag, len: usize) -> Result<(), AscendError> {
+    if len > u32::MAX as usize {
+        return Err(AscendError::Invalid(format!(
+            "{t} has {len} elements; at most 2^32 - 1 per message"
+        )));
+    }
+    Ok(())
+}
+
+/// HCCL's rule for one `HcclBatchSendRecv`: at most one send to, and one receive
+/// from, each peer (the program format's rule 3 for a batch).
+fn one_per_peer(items: impl Iterator<Item = (usize, Tag)>, what: &str) -> Result<(), AscendError> {
+    let mut seen: BTreeMap<usize, Tag> = BTreeMap::new();
+    for (p, t) in items {
+        if let Some(first) = seen.insert(p, t) {
             return Err(AscendError::Invalid(format!(
-                "rank {me} expected {tag} from rank {peer}, which sent {got} first: HCCL \
-                 matches point-to-point messages by order, so each pair of ranks must post \
-                 them in the same order"
+                "a batch holds two {what} rank {p} ({first} and {t}); HCCL allows one send to \
+                 and one receive from each peer per HcclBatchSendRecv (program-format rule 3): \
+                 post them in separate batches"
             )));
         }
-        let mut data = vec![0f32; len];
-        if len > 0 {
-            let buf = DeviceBuffer::new(len * 4)?;
-            queue(&buf, len, DataType::F32)?;
-            if let Err(e) = lane.synchronize() {
-                std::mem::forget(buf);
-                return Err(AscendComm::sync_error(comm, e, during));
-            }
-            buf.read(f32_bytes_mut(&mut data))?;
-        }
-        out.push((i, data));
     }
-    Ok(out)
+    Ok(())
 }
 
-fn header_bytes(t: Tag, len: usize) -> [u8; 16] {
-    let mut h = [0u8; 16];
-    for (k, w) in [u32::from(t.kind), t.unit, t.mb, len as u32]
-        .into_iter()
-        .enumerate()
-    {
-        h[4 * k..4 * k + 4].copy_from_slice(&w.to_ne_bytes());
-    }
-    h
-}
-
-fn parse_header(h: &[u8; 16]) -> (Tag, usize) {
-    let w = |k: usize| u32::from_ne_bytes(h[4 * k..4 * k + 4].try_into().expect("4 bytes"));
-    (Tag::new(w(0) as u8, w(1), w(2)), w(3) as usize)
+/// `SEND act(unit 1, mb 0) to 2, RECV grad(unit 1, mb 0) from 2`.
+fn describe_batch(
+    sends: &[&(usize, Tag, &[f32])],
+    recvs: &[(usize, &(usize, Tag, usize))],
+) -> String {
+    let mut parts: Vec<String> = sends
+        .iter()
+        .map(|(p, t, _)| format!("SEND {t} to rank {p}"))
+        .collect();
+    parts.extend(
+        recvs
+            .iter()
+            .map(|(_, (p, t, _))| format!("RECV {t} from rank {p}")),
+    );
+    parts.join(", ")
 }
 
 /// Bytes as f32 bit patterns (4 per word; the length is a multiple of 4 here).
@@ -792,7 +691,7 @@ impl Comm for AscendComm {
     fn batch(
         &mut self,
         sends: &[(usize, Tag, &[f32])],
-        recvs: &[(usize, Tag)],
+        recvs: &[(usize, Tag, usize)],
     ) -> Result<Vec<Tensor>, AscendError> {
         self.enter()?;
         self.batch_inner(sends, recvs)

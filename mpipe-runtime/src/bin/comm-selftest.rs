@@ -35,7 +35,9 @@ fn ring(c: &mut impl HostComm) -> Result<(), String> {
             .map(|i| (r * 1000 + i) as f32 + round as f32)
             .collect();
         let tag = Tag::act(7, round);
-        let got = c.batch(&[(next, tag, &mine)], &[(prev, tag)]).map_err(e)?;
+        let got = c
+            .batch(&[(next, tag, &mine)], &[(prev, tag, 1000)])
+            .map_err(e)?;
         let want: Vec<f32> = (0..1000)
             .map(|i| (prev * 1000 + i) as f32 + round as f32)
             .collect();

@@ -212,16 +212,18 @@ impl Inbox {
 
     /// Records a failure heard from outside if it is the first; then wakes waiters.
     fn record_failure(&self, mut st: MutexGuard<'_, InboxState>, origin: usize, what: String) {
-        let first = st.failure.is_none();
-        if first {
-            st.failure = Some((origin, what.clone()));
+        if st.failure.is_none() {
+            // The launcher reads this note to tell the first failure from its echoes.
+            // Write it before the failure is visible to this rank's calls, under the
+            // lock they read it with: any of them may fail on it at once (woken by
+            // another message, not only by us) and end the process, and a note not
+            // yet written then never is, which made this rank look like the origin.
+            if let (true, Some(path)) = (origin != self.me, &self.blame_file) {
+                let _ = std::fs::write(path, format!("{origin}\n{what}\n"));
+            }
+            st.failure = Some((origin, what));
         }
         drop(st);
-        // The launcher reads this note to tell the first failure from its echoes:
-        // write it before waking the waiting call, which may exit at once.
-        if let (true, Some(path)) = (first && origin != self.me, &self.blame_file) {
-            let _ = std::fs::write(path, format!("{origin}\n{what}\n"));
-        }
         self.cv.notify_all();
     }
 
@@ -460,14 +462,21 @@ impl Endpoint {
                 };
             }
             let departed = self.inbox.lock().departed.get(to).copied().unwrap_or(false);
-            Error::PeerFailed {
-                rank: to,
-                what: if departed {
-                    "closed its communicator while still needed".to_string()
-                } else {
-                    format!("connection lost: {e}")
-                },
+            if departed {
+                return Error::PeerFailed {
+                    rank: to,
+                    what: "closed its communicator while still needed".to_string(),
+                };
             }
+            // Rank `to` is gone without a goodbye: its failure, which this write saw
+            // before the connection's reader did. Record it as the reader would, so
+            // this rank blames `to` (in mpipe-run's note too) and an abort of its own
+            // forwards `to`'s failure instead of claiming to be the origin.
+            let what = format!("connection lost: {e}");
+            self.inbox.lost(to, what.clone());
+            self.inbox
+                .failure()
+                .unwrap_or(Error::PeerFailed { rank: to, what })
         })
     }
 
@@ -608,12 +617,23 @@ impl Endpoint {
     pub(crate) fn batch(
         &mut self,
         sends: &[(usize, Tag, &[f32])],
-        recvs: &[(usize, Tag)],
+        recvs: &[(usize, Tag, usize)],
     ) -> Result<Vec<Tensor>, Error> {
         let p2p = |tag| Chan { op: Op::P2p, tag };
         let sends: Vec<SendOf<'_>> = sends.iter().map(|&(p, t, d)| (p, p2p(t), d)).collect();
-        let recvs: Vec<(usize, Chan)> = recvs.iter().map(|&(p, t)| (p, p2p(t))).collect();
-        self.exchange(&sends, &recvs, None)
+        let chans: Vec<(usize, Chan)> = recvs.iter().map(|&(p, t, _)| (p, p2p(t))).collect();
+        let got = self.exchange(&sends, &chans, None)?;
+        for (&(p, t, len), data) in recvs.iter().zip(&got) {
+            if data.len() != len {
+                return Err(Error::Invalid(format!(
+                    "RECV {t} from rank {p}: rank {p} sent {} values, rank {} expected {len}; \
+                     the two ranks' models disagree on the tensor's shape",
+                    data.len(),
+                    self.rank
+                )));
+            }
+        }
+        Ok(got)
     }
 
     fn check_group(&self, what: &str, root: Option<usize>, group: &[usize]) -> Result<(), Error> {
@@ -840,7 +860,7 @@ macro_rules! host_comm {
             fn batch(
                 &mut self,
                 sends: &[(usize, $crate::comm::Tag, &[f32])],
-                recvs: &[(usize, $crate::comm::Tag)],
+                recvs: &[(usize, $crate::comm::Tag, usize)],
             ) -> Result<Vec<$crate::comm::Tensor>, $crate::comm::Error> {
                 self.ep.batch(sends, recvs)
             }
@@ -966,5 +986,106 @@ pub fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
         s.clone()
     } else {
         "(non-string panic payload)".to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A link to ranks that are alive, except `dead`: writing to it fails as writing
+    /// to the socket of a process that has exited does. Remembers every abort sent.
+    struct DeadPeerLink {
+        dead: usize,
+        aborts: Mutex<Vec<(usize, usize)>>,
+    }
+
+    impl Link for DeadPeerLink {
+        fn deliver(&self, to: usize, msg: &Msg<&[f32]>) -> std::io::Result<()> {
+            if let Msg::Abort { origin, .. } = msg {
+                self.aborts.lock().unwrap().push((to, *origin));
+            }
+            if to == self.dead {
+                return Err(std::io::ErrorKind::ConnectionReset.into());
+            }
+            Ok(())
+        }
+        fn close(&self, _abrupt: bool) {}
+    }
+
+    /// The note must exist before any call of the rank can see the failure: a call
+    /// that fails on it may end the process at once. The note goes to a FIFO here,
+    /// so writing it blocks until the test reads it: meanwhile, the failure must not
+    /// be visible.
+    #[cfg(unix)]
+    #[test]
+    fn a_failure_is_visible_only_once_its_blame_note_is_written() {
+        let dir = std::env::temp_dir().join(format!("mpipe-note-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let note = dir.join("rank-0.blame");
+        let _ = std::fs::remove_file(&note);
+        let made = std::process::Command::new("mkfifo")
+            .arg(&note)
+            .status()
+            .expect("run mkfifo");
+        assert!(made.success());
+        let inbox = Arc::new(Inbox::new(0, 2, Some(note.clone())));
+        let reader = {
+            let inbox = inbox.clone();
+            std::thread::spawn(move || inbox.lost(1, "its connection closed".into()))
+        };
+        // The reader thread is now blocked writing the note (no one reads the FIFO).
+        std::thread::sleep(Duration::from_millis(200));
+        let visible = match inbox.st.try_lock() {
+            Ok(st) => st.failure.is_some(),
+            Err(_) => false, // held while the note is written
+        };
+        assert!(
+            !visible,
+            "rank 0's calls see the failure before its note exists"
+        );
+        let text = std::fs::read_to_string(&note).unwrap();
+        assert_eq!(text, "1\nits connection closed\n");
+        reader.join().unwrap();
+        assert!(matches!(
+            inbox.failure(),
+            Some(Error::PeerFailed { rank: 1, .. })
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The launch test's race, made deterministic: rank 2 posts a receive to rank 1,
+    /// which has exited, and its write sees the reset before its reader thread sees
+    /// the connection end. Rank 2 must blame rank 1 (in its call's error, in
+    /// mpipe-run's note, and in the abort it forwards), never claim the failure.
+    #[test]
+    fn a_write_to_a_dead_peer_blames_the_peer_not_the_writer() {
+        let dir = std::env::temp_dir().join(format!("mpipe-blame-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let note = dir.join("rank-2.blame");
+        let _ = std::fs::remove_file(&note);
+        let inbox = Arc::new(Inbox::new(2, 4, Some(note.clone())));
+        let link = Arc::new(DeadPeerLink {
+            dead: 1,
+            aborts: Mutex::new(Vec::new()),
+        });
+        let ep = Endpoint::new(2, 4, Duration::from_secs(5), inbox, link.clone());
+        let chan = Chan {
+            op: Op::P2p,
+            tag: Tag::act(7, 0),
+        };
+        let e = ep.exchange(&[], &[(1, chan)], None).unwrap_err();
+        assert!(
+            matches!(&e, Error::PeerFailed { rank: 1, what } if what.contains("connection lost")),
+            "{e}"
+        );
+        let text = std::fs::read_to_string(&note).expect("rank 2 notes whom it blames");
+        assert_eq!(text.lines().next(), Some("1"), "{text}");
+        // Rank 2 then aborts with its error (as every driver does on failure): the
+        // others learn that rank 1 failed, not rank 2.
+        ep.aborter().abort(&e.to_string());
+        let aborts = link.aborts.lock().unwrap().clone();
+        assert_eq!(aborts, vec![(0, 1), (1, 1), (3, 1)]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -12,7 +12,7 @@
 //! let out = threads::run_ranks(2, Duration::from_secs(5), |mut c| {
 //!     let peer = 1 - c.rank();
 //!     let mine = vec![c.rank() as f32; 3];
-//!     let got = c.batch(&[(peer, Tag::act(0, 0), &mine)], &[(peer, Tag::act(0, 0))])?;
+//!     let got = c.batch(&[(peer, Tag::act(0, 0), &mine)], &[(peer, Tag::act(0, 0), 3)])?;
 //!     Ok::<_, mpipe_runtime::comm::Error>(got[0][0])
 //! });
 //! assert_eq!(out, vec![Ok(1.0), Ok(0.0)]);

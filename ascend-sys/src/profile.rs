@@ -1,0 +1,116 @@
+//! Profiler-style counts of what a program asked of a device, the figures a device
+//! profiler (msprof on CANN) would show: HCCL calls and items, host<->device copies,
+//! host waits, allocations, kernels, hazards, issuing threads.
+//!
+//! The emulator keeps them per device (`emulator::counters`); a build linked against
+//! CANN has none here, so [`snapshot`] returns `None` there and a caller says to use
+//! the profiler instead. The type exists in both builds, so code that reports
+//! counters compiles against either.
+
+/// What the program asked of one device (or, summed, of several).
+///
+/// Field by field, the calls that count (each only when accepted):
+/// - `batch_send_recv`, `batch_items`: `HcclBatchSendRecv` calls and their items
+///   (sends plus receives);
+/// - `send`, `recv`: `HcclSend`, `HcclRecv`;
+/// - `collectives`: `HcclBroadcast`, `HcclReduce`, `HcclAllReduce`, `HcclBarrier`;
+/// - `copies`, `copy_bytes`: `aclrtMemcpy` and `aclrtMemcpyAsync` of kind
+///   host-to-device or device-to-host, and their bytes; `sync_copies`: the
+///   `aclrtMemcpy` ones among them;
+/// - `device_copies`: device-to-device copies (either function; not in `copies`);
+/// - `host_waits`: `aclrtSynchronizeStream` and `aclrtSynchronizeEvent` (the subset
+///   has no `aclrtSynchronizeDevice`);
+/// - `mallocs`, `frees`: `aclrtMalloc`, `aclrtFree` (not the host-memory pair);
+/// - `kernels`: kernel launches (the subset has none yet, so always 0);
+/// - `hazards`: unordered accesses the happens-before checker found
+///   (the emulator's `hazards` module), charged to the device of the thread whose call found them;
+/// - `threads`: distinct OS threads that made at least one counted call since the
+///   last [`reset`].
+///
+/// Host-to-host copies, `aclrtMemset`, `aclrtMallocHost`/`aclrtFreeHost` and the
+/// set-up calls (devices, streams, events, communicators) are not counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub batch_send_recv: u64,
+    pub batch_items: u64,
+    pub send: u64,
+    pub recv: u64,
+    pub collectives: u64,
+    pub copies: u64,
+    pub copy_bytes: u64,
+    pub sync_copies: u64,
+    pub device_copies: u64,
+    pub host_waits: u64,
+    pub mallocs: u64,
+    pub frees: u64,
+    pub kernels: u64,
+    pub hazards: u64,
+    pub threads: u64,
+}
+
+impl std::ops::AddAssign for Counters {
+    /// Field by field (`threads` too: a thread that used two devices counts twice).
+    fn add_assign(&mut self, o: Counters) {
+        self.batch_send_recv += o.batch_send_recv;
+        self.batch_items += o.batch_items;
+        self.send += o.send;
+        self.recv += o.recv;
+        self.collectives += o.collectives;
+        self.copies += o.copies;
+        self.copy_bytes += o.copy_bytes;
+        self.sync_copies += o.sync_copies;
+        self.device_copies += o.device_copies;
+        self.host_waits += o.host_waits;
+        self.mallocs += o.mallocs;
+        self.frees += o.frees;
+        self.kernels += o.kernels;
+        self.hazards += o.hazards;
+        self.threads += o.threads;
+    }
+}
+
+/// `batches=N items=N send=N recv=N copies=N copy_bytes=N host_waits=N mallocs=N
+/// frees=N kernels=N hazards=N threads=N`: the figures a pipeline runtime is judged
+/// by, in one line (`batches` are `HcclBatchSendRecv` calls, `items` their items).
+impl std::fmt::Display for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "batches={} items={} send={} recv={} copies={} copy_bytes={} host_waits={} \
+             mallocs={} frees={} kernels={} hazards={} threads={}",
+            self.batch_send_recv,
+            self.batch_items,
+            self.send,
+            self.recv,
+            self.copies,
+            self.copy_bytes,
+            self.host_waits,
+            self.mallocs,
+            self.frees,
+            self.kernels,
+            self.hazards,
+            self.threads
+        )
+    }
+}
+
+/// The counters of `device` now; `None` when this build links CANN (no counters).
+pub fn snapshot(device: i32) -> Option<Counters> {
+    #[cfg(ascend_emulator)]
+    {
+        Some(crate::emulator::counters::snapshot(device))
+    }
+    #[cfg(not(ascend_emulator))]
+    {
+        let _ = device;
+        None
+    }
+}
+
+/// Zeroes `device`'s counters (and forgets its issuing threads); nothing on CANN.
+pub fn reset(device: i32) {
+    #[cfg(ascend_emulator)]
+    crate::emulator::counters::reset(device);
+    #[cfg(not(ascend_emulator))]
+    let _ = device;
+}
