@@ -114,3 +114,18 @@ pub fn reset(device: i32) {
     #[cfg(not(ascend_emulator))]
     let _ = device;
 }
+
+/// The emulator's reports of unordered device-buffer accesses charged to `device`
+/// since its last [`reset`], each naming both accesses, their streams or threads and
+/// the buffer; empty on CANN (which does not check).
+pub fn hazard_reports(device: i32) -> Vec<String> {
+    #[cfg(ascend_emulator)]
+    {
+        crate::emulator::hazards::hazards(device)
+    }
+    #[cfg(not(ascend_emulator))]
+    {
+        let _ = device;
+        Vec::new()
+    }
+}

@@ -125,6 +125,9 @@ pub struct AscendComm {
     compute: Stream,
     copied: Event,
     comm: HcclComm,
+    /// Event waits this rank has issued, and the one a mutation test leaves out.
+    waits_issued: u64,
+    skip_wait: Option<u64>,
     failure: Failure,
     bound: ThreadId,
     device: Device,
@@ -176,6 +179,8 @@ impl AscendComm {
             compute: Stream::new()?,
             copied: Event::new()?,
             comm,
+            waits_issued: 0,
+            skip_wait: None,
             failure,
             bound: std::thread::current().id(),
             device,
@@ -283,6 +288,19 @@ impl AscendComm {
             fetch_root_info(master, timeout)?
         };
         Self::join(rank, world, device, &info)
+    }
+
+    /// For mutation tests of the ordering: leave out the `k`-th stream wait on an
+    /// event this rank would issue (counting from 0), so a checker (the emulator's
+    /// happens-before check) can be shown to catch each one missing.
+    #[doc(hidden)]
+    pub fn mutate_skip_event_wait(&mut self, k: u64) {
+        self.skip_wait = Some(k);
+    }
+
+    /// The stream waits on events this rank has issued so far.
+    pub fn event_waits(&self) -> u64 {
+        self.waits_issued
     }
 
     /// The device this rank uses.
@@ -523,7 +541,10 @@ impl AscendComm {
             }
             if !send_bufs.is_empty() {
                 self.copied.record(&self.compute)?;
-                self.p2p.wait_event(&self.copied)?;
+                if self.skip_wait != Some(self.waits_issued) {
+                    self.p2p.wait_event(&self.copied)?;
+                }
+                self.waits_issued += 1;
             }
             let mut items = Vec::with_capacity(send_bufs.len() + recv_bufs.len());
             for (&&(p, _, d), b) in remote_sends.iter().zip(&send_bufs) {
