@@ -7,7 +7,11 @@
 //! to stdout, stderr to stderr). When a rank exits unsuccessfully, the others get a
 //! grace period to exit on their own (they should: the failed rank aborted them, or
 //! its connections closed), then are killed; the launch's exit code is that of the
-//! rank that failed first.
+//! rank that failed first: a rank that failed of its own accord, never one that
+//! failed because it learnt of another's failure (ranks set up by
+//! [`crate::host::tcp::from_env`] note whom they blame before any of their calls
+//! can fail on it), whatever order the exits are collected in; among several such,
+//! the earliest to exit.
 //!
 //! The ranks stay in the launcher's process group, so Ctrl-C reaches them all; a
 //! kill after the grace period reaches only each rank's own process, not processes
@@ -27,7 +31,8 @@ use crate::host::tcp;
 pub struct Launch {
     /// The number of ranks (processes).
     pub ranks: usize,
-    /// `MASTER_PORT`; `None` picks a free port.
+    /// `MASTER_PORT`; `None` picks a free port outside the kernel's ephemeral range
+    /// (so no socket bound to port 0 can take it before rank 0 listens on it).
     pub port: Option<u16>,
     /// How long the other ranks may take to exit after the first failure.
     pub grace: Duration,
@@ -139,6 +144,38 @@ fn pump(rank: usize, src: impl Read, to_stderr: bool, done: mpsc::Sender<(usize,
     let _ = done.send((rank, Instant::now()));
 }
 
+/// The rank whose failure came first, if any rank failed: `exits[r]` is how rank `r`
+/// ended, `blamed[r]` the rank whose failure it learnt of before failing itself (its
+/// blame note, see [`tcp::BLAME_DIR_VAR`]), `ended_at[r]` when it ended.
+///
+/// A failed rank that blames another rank that did not succeed is a consequence, never the
+/// answer, however early its exit was seen: ranks learn of a failure and exit within
+/// a millisecond, faster than a loaded machine lets the launcher tell exit times
+/// apart. Among the others (the ranks that failed of their own accord), the earliest
+/// to end is the answer. If every failed rank blames another (which the protocol does
+/// not produce), the earliest failed rank is.
+fn first_failure(
+    exits: &[RankExit],
+    blamed: &[Option<usize>],
+    ended_at: &[Instant],
+) -> Option<usize> {
+    let failed = |r: usize| exits.get(r).is_some_and(|e| e.is_failure());
+    // The rank blamed may also have been killed after the grace period (it aborted,
+    // then hung): it still failed first.
+    let consequence = |r: usize| {
+        blamed
+            .get(r)
+            .copied()
+            .flatten()
+            .is_some_and(|q| q != r && exits.get(q).is_some_and(|&e| e != RankExit::Success))
+    };
+    let earliest =
+        |candidates: &mut dyn Iterator<Item = usize>| candidates.min_by_key(|&r| (ended_at[r], r));
+    let all = 0..exits.len();
+    earliest(&mut all.clone().filter(|&r| failed(r) && !consequence(r)))
+        .or_else(|| earliest(&mut all.filter(|&r| failed(r))))
+}
+
 fn kill_all(children: &mut [Child]) {
     for c in children.iter_mut() {
         let _ = c.kill();
@@ -149,8 +186,9 @@ fn kill_all(children: &mut [Child]) {
 /// Starts the ranks, waits for them, and reports. The rank that failed first is
 /// the earliest to exit unsuccessfully among those that do not blame another failed
 /// rank: ranks using [`tcp::from_env`] note in a file (in a temporary directory named
-/// by [`tcp::BLAME_DIR_VAR`]) which rank's failure they learnt of. Progress and the verdict go to
-/// stderr, prefixed `mpipe-run: `. Fails only if the ranks cannot be started.
+/// by [`tcp::BLAME_DIR_VAR`]) which rank's failure they learnt of, before their calls
+/// can fail on it. Progress and the verdict go to stderr, prefixed `mpipe-run: `.
+/// Fails only if the ranks cannot be started.
 pub fn launch(cfg: &Launch) -> Result<Report, String> {
     let n = cfg.ranks;
     if n == 0 {
@@ -158,7 +196,7 @@ pub fn launch(cfg: &Launch) -> Result<Report, String> {
     }
     let port = match cfg.port {
         Some(p) => p,
-        None => tcp::free_port().map_err(|e| e.to_string())?,
+        None => master_port()?,
     };
     // Where ranks note whom they blame (see tcp::BLAME_DIR_VAR).
     let nonce = std::time::SystemTime::now()
@@ -169,6 +207,39 @@ pub fn launch(cfg: &Launch) -> Result<Report, String> {
     let report = run(cfg, port, &dir);
     let _ = std::fs::remove_dir_all(&dir);
     report
+}
+
+/// A free loopback port for `MASTER_PORT`, outside the kernel's range of ephemeral
+/// ports. Between choosing the port and rank 0 listening on it, any socket bound to
+/// port 0 (another launch's ranks' listeners, any outgoing connection) could take a
+/// port of that range: rank 0 then fails with "address already in use", or another
+/// world's ranks register with it. Falls back to any free port.
+fn master_port() -> Result<u16, String> {
+    let (lo, hi) = ephemeral_ports().unwrap_or((32768, 60999));
+    let outside: Vec<u16> = (1024..lo).chain(hi.saturating_add(1)..=u16::MAX).collect();
+    if !outside.is_empty() {
+        // Start somewhere different for each launch, so concurrent launches rarely
+        // try the same port.
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() as usize)
+            ^ (std::process::id() as usize).wrapping_mul(2_654_435_761);
+        for k in 0..outside.len().min(256) {
+            let port = outside[(seed.wrapping_add(k.wrapping_mul(7919))) % outside.len()];
+            if std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
+    tcp::free_port().map_err(|e| e.to_string())
+}
+
+/// The kernel's ephemeral port range (Linux), if it can be read.
+fn ephemeral_ports() -> Option<(u16, u16)> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let mut it = text.split_whitespace().map(|w| w.parse::<u16>().ok());
+    let (lo, hi) = (it.next()??, it.next()??);
+    (lo <= hi).then_some((lo, hi))
 }
 
 fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String> {
@@ -275,32 +346,22 @@ fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String>
             Err(_) => break,
         }
     }
-    let ended_at = |r: usize| {
-        let seen = seen_at[r].unwrap_or_else(Instant::now);
-        match eofs[r].iter().max() {
-            Some(&t) if eofs[r].len() == 2 => t.min(seen),
-            _ => seen,
-        }
-    };
-    // A rank that failed because another failed first (it says so in its blame file)
-    // is not a candidate: ranks learn of a failure and exit within a millisecond,
-    // faster than exit times can be told apart.
+    let ended_at: Vec<Instant> = (0..n)
+        .map(|r| {
+            let seen = seen_at[r].unwrap_or_else(Instant::now);
+            match eofs[r].iter().max() {
+                Some(&t) if eofs[r].len() == 2 => t.min(seen),
+                _ => seen,
+            }
+        })
+        .collect();
     let blamed: Vec<Option<usize>> = (0..n)
         .map(|r| {
             let text = std::fs::read_to_string(dir.join(tcp::blame_file_name(r))).ok()?;
             text.lines().next()?.trim().parse().ok()
         })
         .collect();
-    let failed: Vec<usize> = (0..n).filter(|&r| exits[r].is_failure()).collect();
-    let roots: Vec<usize> = failed
-        .iter()
-        .copied()
-        .filter(|&r| !blamed[r].is_some_and(|q| q != r && q < n && exits[q] != RankExit::Success))
-        .collect();
-    let first_failure = if roots.is_empty() { &failed } else { &roots }
-        .iter()
-        .copied()
-        .min_by_key(|&r| (ended_at(r), r));
+    let first_failure = first_failure(&exits, &blamed, &ended_at);
     let code = first_failure.map_or(0, |r| exits[r].code());
     if let Some(r) = first_failure {
         let others: Vec<String> = (0..n)
@@ -322,4 +383,56 @@ fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String>
         first_failure,
         code,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Rank 1 crashed (exit 3); rank 2 saw it and exited 1, and its exit was seen
+    /// first (a loaded machine, or its pipes' readers woke first).
+    #[test]
+    fn a_rank_that_blames_a_failed_rank_is_never_first() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let exits = [
+            RankExit::Code(1),
+            RankExit::Code(3),
+            RankExit::Code(1),
+            RankExit::Code(1),
+        ];
+        let blamed = [Some(1), None, Some(1), Some(1)];
+        let ended = [at(9), at(8), at(1), at(7)];
+        assert_eq!(first_failure(&exits, &blamed, &ended), Some(1));
+        // Without its note, rank 2 would have been taken for the first failure.
+        let unnoted = [Some(1), None, None, Some(1)];
+        assert_eq!(first_failure(&exits, &unnoted, &ended), Some(2));
+    }
+
+    #[test]
+    fn the_master_port_is_free_and_not_ephemeral() {
+        let port = master_port().unwrap();
+        if let Some((lo, hi)) = ephemeral_ports() {
+            assert!(!(lo..=hi).contains(&port), "{port} in {lo}..={hi}");
+        }
+        std::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, port)).unwrap();
+    }
+
+    #[test]
+    fn the_earliest_of_independent_failures_is_first() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let exits = [RankExit::Success, RankExit::Code(3), RankExit::Signal(9)];
+        let ended = [at(1), at(5), at(4)];
+        assert_eq!(first_failure(&exits, &[None; 3], &ended), Some(2));
+        // Blaming a rank that succeeded (it said goodbye) does not excuse a failure.
+        assert_eq!(
+            first_failure(&exits, &[None, None, Some(0)], &ended),
+            Some(2)
+        );
+        assert_eq!(
+            first_failure(&[RankExit::Success; 3], &[None; 3], &ended),
+            None
+        );
+    }
 }
