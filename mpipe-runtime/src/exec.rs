@@ -233,11 +233,15 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
         }
     }
 
-    fn missing(&self, index: usize, what: String) -> ExecError {
-        let action = self
-            .list()
+    /// The rank's action `index`, as the program format writes it.
+    fn action_at(&self, index: usize) -> String {
+        self.list()
             .get(index)
-            .map_or_else(String::new, |a| a.to_string());
+            .map_or_else(String::new, |a| a.to_string())
+    }
+
+    fn missing(&self, index: usize, what: String) -> ExecError {
+        let action = self.action_at(index);
         ExecError::Missing {
             rank: self.rank,
             index,
@@ -251,10 +255,7 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
         index: usize,
         e: impl std::error::Error + Send + Sync + 'static,
     ) -> ExecError {
-        let action = self
-            .list()
-            .get(index)
-            .map_or_else(String::new, |a| a.to_string());
+        let action = self.action_at(index);
         ExecError::Comm {
             rank: self.rank,
             index,
@@ -282,10 +283,7 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
     }
 
     fn shape_error(&self, index: usize, what: String) -> ExecError {
-        let action = self
-            .list()
-            .get(index)
-            .map_or_else(String::new, |a| a.to_string());
+        let action = self.action_at(index);
         ExecError::Shape {
             rank: self.rank,
             index,
