@@ -2,7 +2,7 @@
 //!
 //! Keys: `model` (a path string, relative to the calling crate's manifest
 //! directory), `ranks`, `microbatches` (integers) and `schedule` (an expression in
-//! the language of `shared/spec/model-format.md`, kept as tokens so its errors point
+//! the language of `docs/spec/model-format.md`, kept as tokens so its errors point
 //! into it); optionally `mode` (`rendezvous`, the default, or `eager`: the transfer
 //! semantics the schedule is chosen for and timed under). Every problem is
 //! collected; parsing goes on past each one.

@@ -58,7 +58,7 @@ pub(crate) fn describe(plan: &Plan, t: &Task) -> String {
     format!("{}({},{})", t.op.as_str(), plan.units[t.unit].name, t.mb)
 }
 
-/// Resolve every task's inputs (program-format.md rule 2): a forward reads its input
+/// Resolve every task's inputs (docs/spec/program-format.md rule 2): a forward reads its input
 /// units' activations, a backward its own forward and its successors' gradients, a
 /// weight-gradient its own `B`. Local producers earlier on the rank win; otherwise
 /// the unique producer elsewhere.
@@ -292,7 +292,7 @@ pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
     Ok(Timing { start, end, seq })
 }
 
-/// Peak activation memory of each rank of a plan (program-format.md's rule: a
+/// Peak activation memory of each rank of a plan (docs/spec/program-format.md's rule: a
 /// forward holds its unit's `act` until the backward that consumes it on that rank,
 /// `W` if there is one, else `B`/`BW`; nothing if no backward there). A rank runs
 /// one task at a time, so walking its order gives the same peak as timing it.

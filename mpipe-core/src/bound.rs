@@ -3,7 +3,7 @@
 //! A step runs, for each of `m` micro-batches, every unit's forward `F`, the
 //! input-gradient backward `B` of every unit that needs one, and the weight-gradient
 //! `W` of every trainable unit (a fused `BW` is a `B` then a `W`). The data
-//! dependencies are those of program-format.md: a unit's `F` after its inputs' `F`s,
+//! dependencies are those of docs/spec/program-format.md: a unit's `F` after its inputs' `F`s,
 //! its `B` after its own `F` and its successors' `B`s, its `W` after its `B`. A rank
 //! runs one task at a time. Costs are the units' (recomputation only adds work and
 //! communication only adds time, so ignoring both keeps every bound valid; the
@@ -28,7 +28,7 @@
 //!   that path depend on each other.
 //!
 //! The other two hold for every *pipeline-parallel* program: one in which each LLM
-//! stage unit (`llm.N`, as model-format.md names them, or a layer of one, `llm/N`, as
+//! stage unit (`llm.N`, as docs/spec/model-format.md names them, or a layer of one, `llm/N`, as
 //! `layers` cuts them) computes only on its home rank, while encoders may compute
 //! anywhere. Every program mpipe derives is one.
 //!

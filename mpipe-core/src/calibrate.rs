@@ -21,7 +21,7 @@
 //! - a point-to-point operation (a single `SEND`/`RECV` or a batch) runs from the
 //!   moment its rank reached it to its completion. Under rendezvous its own time is
 //!   the completion minus the latest moment any of its transfers' two ends was
-//!   reached (program-format.md: "completes at the latest of those times" plus the
+//!   reached (docs/spec/program-format.md: "completes at the latest of those times" plus the
 //!   transfer); under eager semantics only a lone `RECV` that waited shows its
 //!   transfer, from its `SEND`'s reach to its completion. Each such operation whose
 //!   members all have one size is a sample of `(bytes, time)` (a batch of several

@@ -6,7 +6,7 @@
 //! Generators build plans, operators map plans to plans.
 //!
 //! Invariant kept by every generator and operator: each `(op, unit, mb)` the program
-//! needs appears exactly once (rule 1 of program-format.md) and the per-rank orders
+//! needs appears exactly once (rule 1 of docs/spec/program-format.md) and the per-rank orders
 //! together with the data dependencies form an acyclic graph.
 
 use crate::program::{Op, Unit};
@@ -105,7 +105,7 @@ impl Plan {
     }
 }
 
-/// `needs backward` for units in topological order (see program-format.md).
+/// `needs backward` for units in topological order (see docs/spec/program-format.md).
 pub fn needs_backward(units: &[Unit]) -> Vec<bool> {
     let mut need = vec![false; units.len()];
     for (i, u) in units.iter().enumerate() {

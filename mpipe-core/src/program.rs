@@ -1,5 +1,5 @@
 //! The derived program: the `mpipe-program/1` interchange format
-//! (`shared/spec/program-format.md`), as plain data.
+//! (`docs/spec/program-format.md`), as plain data.
 //!
 //! This module only defines the types and their JSON mapping; the passes that read
 //! them live elsewhere ([`crate::verify`], [`crate::simulate`]). Unit names are kept
@@ -223,7 +223,7 @@ pub enum Dir {
 }
 
 /// One action of a rank's list. Serialized with the `op` key as the tag, exactly as
-/// program-format.md spells it.
+/// docs/spec/program-format.md spells it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op")]
 pub enum Action {

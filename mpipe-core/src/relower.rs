@@ -16,7 +16,7 @@
 //! faster than the input order's.
 //!
 //! Guarantees:
-//! - the result is valid (rules 1-5 of program-format.md) and deadlock-free under
+//! - the result is valid (rules 1-5 of docs/spec/program-format.md) and deadlock-free under
 //!   rendezvous, whatever the input's transfers were (the lowering's key order);
 //! - every rank runs the same compute tasks, and (with [`relower`], or an `order` of
 //!   0) its forwards and backwards (`F`, `B`, `BW`, `RF`) in the input's order; only

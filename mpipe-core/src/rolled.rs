@@ -44,7 +44,7 @@
 //! # Batches and their canonical form
 //!
 //! The `batch` integer of a `SEND`/`RECV` only groups: consecutive point-to-point
-//! actions of one rank with the same `Some(b)` form one batch (program-format.md), and
+//! actions of one rank with the same `Some(b)` form one batch (docs/spec/program-format.md), and
 //! the order of a batch's members carries no meaning either (they are posted
 //! together; a batch holds at most one send to and one receive from each peer, so the
 //! order of transfers between two ranks is not affected). [`roll`] accepts any

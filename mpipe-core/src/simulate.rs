@@ -1,5 +1,5 @@
 //! Execute a [`Program`] under the execution semantics of `mpipe-program/1`
-//! (`shared/spec/program-format.md`, "Execution semantics") and measure it.
+//! (`docs/spec/program-format.md`, "Execution semantics") and measure it.
 //!
 //! [`simulate`] runs every rank's list in order from time 0 and returns the
 //! per-action [`Timeline`], the makespan, the bubble ratio, each rank's busy compute
@@ -76,7 +76,7 @@ pub enum Mode {
 }
 
 impl Mode {
-    /// The modes by name, as program-format.md and every front end spell them.
+    /// The modes by name, as docs/spec/program-format.md and every front end spell them.
     pub const NAMES: [(&'static str, Mode); 2] =
         [("rendezvous", Mode::Rendezvous), ("eager", Mode::Eager)];
 

@@ -1,5 +1,5 @@
 //! Judge a [`Program`] against the validity rules of `mpipe-program/1`
-//! (`shared/spec/program-format.md`, "Validity rules").
+//! (`docs/spec/program-format.md`, "Validity rules").
 //!
 //! [`verify`] returns **every** violation of rules 1-5, each naming its rule and,
 //! where there is one, the rank and action index it is about, with a message that
@@ -26,7 +26,7 @@
 //! one violation. If the program cannot be executed at all, a single rule-5 entry says
 //! why termination was not checked.
 //!
-//! Choices where the spec is silent:
+//! Choices the first agreed version left open (now stated in the spec):
 //! - a collective is identified by `(kind, unit, root, set of group members)`; "every
 //!   member has that same collective" compares how often each member lists that
 //!   identity, and "same relative order" compares, for every two identities of one

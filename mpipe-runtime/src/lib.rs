@@ -29,7 +29,7 @@ pub mod record;
 /// Index of a unit in the program's unit list (the generated `UNITS` table).
 pub type UnitId = u32;
 
-/// The tensor a transfer carries (program-format.md, "tensor").
+/// The tensor a transfer carries (docs/spec/program-format.md, "tensor").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Tensor {
     /// Output of a unit's forward.

@@ -1,4 +1,4 @@
-//! Schedule expressions (`shared/spec/model-format.md`, "Schedule expression"): the
+//! Schedule expressions (`docs/spec/model-format.md`, "The schedule expression"): the
 //! one parser the `schedule!` macro and the `mpipe` tool share.
 //!
 //! ```text

@@ -4,7 +4,7 @@
 //! `transpose` and `fill` spread an encoder's micro-batches over ranks but leave its
 //! parameters on its home, the first stage's rank, so a trainable encoder computed
 //! elsewhere costs a parameter broadcast before its first forward and a gradient
-//! reduction after its last weight gradient (program-format.md rule 4). When the
+//! reduction after its last weight gradient (docs/spec/program-format.md rule 4). When the
 //! first stage's rank is the busiest (a V layout puts the first and the last stage,
 //! with the LM head, on rank 0) and another rank has room for the encoder's whole
 //! work, it is cheaper to move the encoder there for good: its home becomes that

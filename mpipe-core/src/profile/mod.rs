@@ -1,5 +1,5 @@
 //! The model profile: what the model computes and what each part costs
-//! (`shared/spec/model-format.md`, "Model profile").
+//! (`docs/spec/model-format.md`, "The profile").
 //!
 //! A profile is read from TOML ([`Profile::from_toml_str`]) or from JSON with the same
 //! keys ([`Profile::from_json_str`]). Costs are per micro-batch and per layer (except

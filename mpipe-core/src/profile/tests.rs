@@ -2,7 +2,8 @@
 
 use super::*;
 
-/// The example of `shared/spec/model-format.md`, verbatim.
+/// The example of the first agreed model format, verbatim: profiles of that version
+/// still read (`docs/spec/model-format.md`, "Changes from the first agreed version").
 const SPEC_TOML: &str = r#"
 # Costs are per micro-batch, in one unit of time of your choice (ms measured
 # on the target device is typical). Memory is in one unit of your choice.

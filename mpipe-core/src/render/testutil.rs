@@ -91,7 +91,7 @@ pub fn small_program() -> Program {
     }
 }
 
-/// Time a program under the eager semantics of program-format.md (transfers take
+/// Time a program under the eager semantics of docs/spec/program-format.md (transfers take
 /// no time, collectives rendezvous). Panics on deadlock: fixtures are valid.
 pub fn simulate_eager(p: &Program) -> Timeline {
     let n = p.programs.len();

@@ -16,7 +16,7 @@
 //! - **Eager mode** ([`HostComm::set_mode`], or `MPIPE_COMM_MODE=eager` for
 //!   [`tcp::from_env`]): point-to-point sends ship their data at once and complete
 //!   (the receiver's inbox buffers it, as a communication stream with its own buffers
-//!   would), and receives wait for the data only: program-format.md's *eager*
+//!   would), and receives wait for the data only: docs/spec/program-format.md's *eager*
 //!   semantics, which a program derived with `--mode eager` is timed under.
 //!   Collectives stay rendezvous, as the spec says. Every rank of a world must use
 //!   the same mode: a rendezvous send to an eager receiver waits for a *ready* that

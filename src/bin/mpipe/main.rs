@@ -45,6 +45,8 @@ use std::process::ExitCode;
     about = "Pipeline-schedule compiler for multimodal LLM training",
     after_help = "Exit status: 0 success, 1 an invalid program (check) or one that does not \
                   run, 2 bad input.\n\
+                  Formats: docs/spec/program-format.md (programs), docs/spec/model-format.md \
+                  (profiles and expressions).\n\
                   Example: mpipe compare --model profiles/qwen2vl-7b.toml --ranks 8 \
                   --microbatches 32 1f1b zbv 'transpose(vision, zbv)'"
 )]
@@ -67,7 +69,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Verify a program file (rules 1-5 of program-format.md); exit 1 when invalid.
+    /// Verify a program file (rules 1-5 of docs/spec/program-format.md); exit 1 when
+    /// invalid.
     Check {
         /// Program file, or `-` for standard input.
         file: String,

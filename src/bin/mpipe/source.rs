@@ -314,7 +314,7 @@ pub fn read_program(file: &str) -> Result<Program, Failure> {
             }
         }
         text.push_str(
-            "\n(the format is shared/spec/program-format.md; `mpipe derive` writes such documents)",
+            "\n(the format is docs/spec/program-format.md; `mpipe derive` writes such documents)",
         );
         let json = problems
             .iter()
