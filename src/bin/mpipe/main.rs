@@ -38,17 +38,56 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// The text after `mpipe --help`'s options. Every example line (`  mpipe ...`) of it
+/// and of the subcommands' help is run by `tests/help_examples.rs` from the
+/// repository's root: each must exit 0, or with the status its comment names.
+const AFTER_HELP: &str = "\
+Exit status: 0 success, 1 an invalid program (check) or one that does not run, 2 bad input.
+Formats: docs/spec/program-format.md (programs), docs/spec/model-format.md (profiles and
+expressions).
+
+Examples (from the repository's root):
+  mpipe compare --model profiles/qwen2vl-7b.toml --ranks 8 --microbatches 32 1f1b zbh1 'transpose(vision, zbv)'
+  mpipe simulate --model docs/guide/examples/small-mllm.toml --ranks 4 --microbatches 8 'transpose(vision, zbv)'
+  mpipe check docs/guide/examples/broken.json   # an invalid program: exit status 1, every broken rule named";
+
+const DERIVE_EXAMPLES: &str = "\
+Examples:
+  mpipe derive --model docs/guide/examples/small-mllm.toml --ranks 4 --microbatches 8 1f1b
+  mpipe derive --model profiles/qwen2vl-7b.toml --ranks 8 --microbatches 32 'transpose(vision, zbv)' --json";
+
+const CHECK_EXAMPLES: &str = "\
+Examples:
+  mpipe check docs/guide/examples/broken.json          # invalid: exit status 1
+  mpipe check --json docs/guide/examples/broken.json   # the same as JSON: exit status 1";
+
+const SIMULATE_EXAMPLES: &str = "\
+Examples:
+  mpipe simulate --model profiles/qwen2vl-7b.toml --ranks 8 --microbatches 32 'transpose(vision, zbv)'
+  mpipe simulate --model docs/guide/examples/small-mllm.toml --ranks 4 --microbatches 8 zbh1 --mode eager --json";
+
+const COMPARE_EXAMPLES: &str = "\
+Examples:
+  mpipe compare --model docs/guide/examples/small-mllm.toml --ranks 4 --microbatches 8 1f1b zbh1 'transpose(vision, zbv)'";
+
+const REFINE_EXAMPLES: &str = "\
+Examples:
+  mpipe refine docs/guide/examples/compute-only.json --order 200";
+
+const IMPORT_EXAMPLES: &str = "\
+Examples:
+  mpipe import --format torch-csv docs/guide/examples/1f1b-2ranks.csv";
+
+const EXPORT_EXAMPLES: &str = "\
+Examples:
+  mpipe export --format torch-csv --compute-only --model docs/guide/examples/small-mllm.toml --ranks 4 --microbatches 8 zbh1";
+
 #[derive(Parser)]
 #[command(
     name = "mpipe",
     version,
     about = "Pipeline-schedule compiler for multimodal LLM training",
-    after_help = "Exit status: 0 success, 1 an invalid program (check) or one that does not \
-                  run, 2 bad input.\n\
-                  Formats: docs/spec/program-format.md (programs), docs/spec/model-format.md \
-                  (profiles and expressions).\n\
-                  Example: mpipe compare --model profiles/qwen2vl-7b.toml --ranks 8 \
-                  --microbatches 32 1f1b zbv 'transpose(vision, zbv)'"
+    after_help = AFTER_HELP
 )]
 struct Cli {
     #[command(subcommand)]
@@ -58,6 +97,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Derive the program of a schedule expression and print it as JSON.
+    #[command(after_help = DERIVE_EXAMPLES)]
     Derive {
         #[command(flatten)]
         schedule: ScheduleArgs,
@@ -71,6 +111,7 @@ enum Command {
     },
     /// Verify a program file (rules 1-5 of docs/spec/program-format.md); exit 1 when
     /// invalid.
+    #[command(after_help = CHECK_EXAMPLES)]
     Check {
         /// Program file, or `-` for standard input.
         file: String,
@@ -82,6 +123,7 @@ enum Command {
         json: bool,
     },
     /// Simulate one schedule (or a program file) and print its time and memory.
+    #[command(after_help = SIMULATE_EXAMPLES)]
     Simulate {
         #[command(flatten)]
         source: SourceArgs,
@@ -93,6 +135,7 @@ enum Command {
         json: bool,
     },
     /// Compare several schedules on one profile, side by side.
+    #[command(after_help = COMPARE_EXAMPLES)]
     Compare {
         /// Model profile (TOML or JSON).
         #[arg(long)]
@@ -172,6 +215,7 @@ enum Command {
     },
     /// Derive a program's transfers again from its compute order (mpipe's placement
     /// and refinement): faster under rendezvous, and an order that hangs runs.
+    #[command(after_help = REFINE_EXAMPLES)]
     Refine {
         /// Program file, or `-` for standard input.
         file: String,
@@ -200,6 +244,7 @@ enum Command {
     },
     /// Read another tool's schedule (PyTorch's pipeline schedule CSV) as a program;
     /// exit 1 when it breaks a validity rule (a deadlock, most often).
+    #[command(after_help = IMPORT_EXAMPLES)]
     Import {
         /// Format of the input.
         #[arg(long, value_enum)]
@@ -251,6 +296,7 @@ enum Command {
         json: bool,
     },
     /// Write a program (a file, or a derivation) in another tool's schedule format.
+    #[command(after_help = EXPORT_EXAMPLES)]
     Export {
         /// Format of the output.
         #[arg(long, value_enum)]
