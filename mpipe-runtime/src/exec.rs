@@ -268,18 +268,34 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
     /// activation, its inputs' outputs one after the other for a gradient, nothing
     /// for an input transfer (the receiver reads the micro-batch itself).
     fn message_len(&self, tensor: Kind, unit: UnitId) -> usize {
-        let Some(info) = self.units.get(unit as usize) else {
-            return 0;
-        };
         match tensor {
-            Kind::Act => info.out_len,
-            Kind::Grad => info
-                .inputs
-                .iter()
-                .map(|&i| self.units.get(i as usize).map_or(0, |x| x.out_len))
-                .sum(),
+            Kind::Act => self.units.get(unit as usize).map_or(0, |x| x.out_len),
+            Kind::Grad => self.grad_parts(unit).iter().sum(),
             Kind::Input => 0,
         }
+    }
+
+    /// The lengths of a gradient message's parts: `unit`'s inputs' outputs, in order.
+    fn grad_parts(&self, unit: UnitId) -> Vec<usize> {
+        self.units.get(unit as usize).map_or_else(Vec::new, |info| {
+            info.inputs
+                .iter()
+                .map(|&i| self.units.get(i as usize).map_or(0, |x| x.out_len))
+                .collect()
+        })
+    }
+
+    /// The error for a send whose buffer this rank does not hold.
+    fn nothing_to_send(&self, index: usize, x: &P2p) -> ExecError {
+        self.missing(
+            index,
+            format!(
+                "the {:?} of `{}` for micro-batch {} to send",
+                x.tensor,
+                self.name(x.unit),
+                x.mb
+            ),
+        )
     }
 
     fn shape_error(&self, index: usize, what: String) -> ExecError {
@@ -588,15 +604,7 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
                         Kind::Input => true,
                     };
                     if !present {
-                        return Err(self.missing(
-                            first,
-                            format!(
-                                "the {:?} of `{}` for micro-batch {} to send",
-                                x.tensor,
-                                self.name(x.unit),
-                                x.mb
-                            ),
-                        ));
+                        return Err(self.nothing_to_send(first, x));
                     }
                 }
                 Dir::Recv if x.peer == self.rank => {}
@@ -607,15 +615,7 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
                         Kind::Input => Some(Vec::new()),
                     };
                     let Some(data) = data else {
-                        return Err(self.missing(
-                            first,
-                            format!(
-                                "the {:?} of `{}` for micro-batch {} to send",
-                                x.tensor,
-                                self.name(x.unit),
-                                x.mb
-                            ),
-                        ));
+                        return Err(self.nothing_to_send(first, x));
                     };
                     payloads.push((x.peer, t, data));
                 }
@@ -646,12 +646,7 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
                     self.acts.insert((x.unit, x.mb), data);
                 }
                 Kind::Grad => {
-                    let lens: Vec<usize> = self.units[x.unit as usize]
-                        .inputs
-                        .iter()
-                        .map(|&i| self.units[i as usize].out_len)
-                        .collect();
-                    let Some(parts) = unpack(&data, lens) else {
+                    let Some(parts) = unpack(&data, self.grad_parts(x.unit)) else {
                         return Err(self.missing(
                             first,
                             format!("a well-formed gradient message for `{}`", self.name(x.unit)),

@@ -437,7 +437,6 @@ impl AscendComm {
     ) -> Result<(), AscendError> {
         self.enter()?;
         let rank = self.rank;
-        self.group_comm(group, root)?;
         let bytes = std::mem::size_of_val(buf);
         let send = self.take(bytes)?;
         let recv = self.take(bytes)?;
