@@ -17,31 +17,45 @@ const ROUNDS: u32 = 4;
 
 /// A ring exchange of `ROUNDS` batches per rank (each batch sends to the next rank
 /// and receives from the previous one), rank 0 leaving out its `skip`-th event
-/// wait. Returns rank 0's event waits and the hazards reported on its device.
-fn ring(skip: Option<u64>) -> (u64, Vec<String>) {
+/// wait. Returns rank 0's event waits, whether every rank received what was sent
+/// (a missing wait may let a transfer read its buffer before the copy lands), and the
+/// hazards reported on rank 0's device.
+fn ring(skip: Option<u64>) -> (u64, bool, Vec<String>) {
     for d in 0..RANKS as i32 {
         counters::reset(d);
     }
-    let out = run_ranks(RANKS, |mut c: AscendComm| -> Result<u64, AscendError> {
-        let r = c.rank();
-        if r == 0 {
-            if let Some(k) = skip {
-                c.mutate_skip_event_wait(k);
+    let out = run_ranks(
+        RANKS,
+        |mut c: AscendComm| -> Result<(u64, bool), AscendError> {
+            let r = c.rank();
+            if r == 0 {
+                if let Some(k) = skip {
+                    c.mutate_skip_event_wait(k);
+                }
             }
+            let (next, prev) = ((r + 1) % RANKS, (r + RANKS - 1) % RANKS);
+            let mut right = true;
+            for mb in 0..ROUNDS {
+                let mine = vec![r as f32 + mb as f32; 1024];
+                let got = c.batch(
+                    &[(next, Tag::act(0, mb), &mine)],
+                    &[(prev, Tag::act(0, mb), 1024)],
+                )?;
+                right &= got[0] == vec![prev as f32 + mb as f32; 1024];
+            }
+            Ok((c.event_waits(), right))
+        },
+    );
+    let mut right = true;
+    let mut waits = 0;
+    for (r, o) in out.into_iter().enumerate() {
+        let (w, ok) = o.unwrap_or_else(|e| panic!("rank {r}: {e}"));
+        right &= ok;
+        if r == 0 {
+            waits = w;
         }
-        let (next, prev) = ((r + 1) % RANKS, (r + RANKS - 1) % RANKS);
-        for mb in 0..ROUNDS {
-            let mine = vec![r as f32 + mb as f32; 1024];
-            let got = c.batch(
-                &[(next, Tag::act(0, mb), &mine)],
-                &[(prev, Tag::act(0, mb), 1024)],
-            )?;
-            assert_eq!(got[0], vec![prev as f32 + mb as f32; 1024]);
-        }
-        Ok(c.event_waits())
-    });
-    let waits = out[0].clone().expect("rank 0 runs");
-    (waits, ascend_sys_hazards(0))
+    }
+    (waits, right, ascend_sys_hazards(0))
 }
 
 fn ascend_sys_hazards(device: i32) -> Vec<String> {
@@ -53,11 +67,13 @@ fn ascend_sys_hazards(device: i32) -> Vec<String> {
 
 #[test]
 fn every_event_wait_is_needed_and_none_is_missing() {
-    let (waits, hazards) = ring(None);
+    let (waits, right, hazards) = ring(None);
+    assert!(right, "every rank receives what its peer sent");
     assert!(hazards.is_empty(), "{hazards:#?}");
     assert_eq!(waits, u64::from(ROUNDS), "one wait per batch that sends");
     for k in 0..waits {
-        let (_, hazards) = ring(Some(k));
+        // Whether the data then arrives intact depends on timing; the check does not.
+        let (_, _, hazards) = ring(Some(k));
         assert!(
             !hazards.is_empty(),
             "leaving out event wait {k} went unnoticed"
