@@ -67,6 +67,7 @@
 //! root info carries the address of the process that serves the group).
 
 pub mod safe;
+pub mod tensor;
 
 use crate::comm::{Comm, Tag, Tensor};
 pub use safe::AscendError;

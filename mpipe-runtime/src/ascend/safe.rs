@@ -42,6 +42,27 @@ pub enum AscendError {
     /// Setting the communicator up failed.
     #[error("communicator setup failed: {0}")]
     Setup(String),
+    /// A device tensor view does not fit its buffer or its kernel (shapes, dtypes).
+    #[error("invalid device tensor: {0}")]
+    Tensor(String),
+    /// An aclnn call (`aclnnMatmulGetWorkspaceSize`, `aclnnMatmul`, `aclCreateTensor`, ...)
+    /// returned `code` (`name`, e.g. `ACLNN_ERR_PARAM_INVALID`), or its library or symbol
+    /// could not be loaded (`code` 0, `name` `"load"`, `detail` saying which).
+    #[error("{call} failed: {name} ({code}){}", detail_suffix(.detail))]
+    Aclnn {
+        call: &'static str,
+        code: i32,
+        name: &'static str,
+        detail: String,
+    },
+}
+
+fn detail_suffix(d: &str) -> String {
+    if d.is_empty() {
+        String::new()
+    } else {
+        format!(": {d}")
+    }
 }
 
 fn during_suffix(d: &Option<String>) -> String {
