@@ -17,6 +17,7 @@
 //! whole batch (consecutive `SEND`/`RECV` actions with one batch id) at a time, so a
 //! backend can post it as one batched send/receive (HCCL's `HcclBatchSendRecv`).
 
+pub mod arena;
 #[cfg(feature = "ascend")]
 pub mod ascend;
 pub mod checkpoint;
