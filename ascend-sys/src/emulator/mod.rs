@@ -104,6 +104,7 @@ impl Stream {
             .name("ascend-emu-stream".into())
             .spawn(move || {
                 for task in rx {
+                    gate().wait_open();
                     let rc = task();
                     let mut s = lock(&st.0);
                     s.done += 1;
@@ -143,6 +144,45 @@ impl Stream {
         }
         std::mem::replace(&mut s.error, ACL_SUCCESS)
     }
+}
+
+/// Whether stream workers may run their queued work: closed by [`pause_streams`],
+/// opened by [`resume_streams`]. Shared by every stream of the process.
+struct Gate {
+    paused: Mutex<bool>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn wait_open(&self) {
+        let mut p = lock(&self.paused);
+        while *p {
+            p = self.opened.wait(p).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+fn gate() -> &'static Gate {
+    static G: OnceLock<Gate> = OnceLock::new();
+    G.get_or_init(|| Gate {
+        paused: Mutex::new(false),
+        opened: Condvar::new(),
+    })
+}
+
+/// Pauses every stream of this process: work already running finishes, nothing
+/// queued starts until [`resume_streams`]. Calls keep being accepted and queued, so
+/// a program that never waits on the host can issue a whole step while paused (a
+/// test of exactly that); a host wait (`aclrtSynchronizeStream`, a synchronous copy)
+/// blocks until the streams are resumed.
+pub fn pause_streams() {
+    *lock(&gate().paused) = true;
+}
+
+/// Lets every stream of this process run its queued work again.
+pub fn resume_streams() {
+    *lock(&gate().paused) = false;
+    gate().opened.notify_all();
 }
 
 /// Live handles, so that stale or foreign pointers are rejected instead of dereferenced.
