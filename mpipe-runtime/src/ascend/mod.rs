@@ -365,13 +365,37 @@ impl AscendComm {
         }
     }
 
-    /// The communicator and stream of a collective over `group`, and this rank's and
-    /// `root`'s index in it (validating the group).
+    /// The communicator and stream of a collective over `group`, and `root`'s index
+    /// in it (validating the group).
     fn group_comm(
         &mut self,
         group: &[usize],
         root: usize,
     ) -> Result<(&HcclComm, &Stream, u32), AscendError> {
+        let root_index = self.group_root(group, root)?;
+        let (comm, stream) = self.group_refs(group);
+        Ok((comm, stream, root_index))
+    }
+
+    /// The communicator and stream of `group`, made by [`group_root`](Self::group_root).
+    fn group_refs(&self, group: &[usize]) -> (&HcclComm, &Stream) {
+        match self.subs.get(group) {
+            Some(sub) => (&sub.comm, &sub.stream),
+            None => (&self.comm, &self.coll),
+        }
+    }
+
+    /// Whether to issue the next stream wait on an event (false only for the one a
+    /// mutation test leaves out); counts it.
+    fn next_wait(&mut self) -> bool {
+        let issue = self.skip_wait != Some(self.waits_issued);
+        self.waits_issued += 1;
+        issue
+    }
+
+    /// Validates `group`, makes its sub-communicator the first time, and returns
+    /// `root`'s index in it.
+    fn group_root(&mut self, group: &[usize], root: usize) -> Result<u32, AscendError> {
         if group.windows(2).any(|w| w[0] >= w[1]) {
             return Err(AscendError::Invalid(format!(
                 "group {group:?} is not sorted and distinct"
@@ -392,7 +416,7 @@ impl AscendComm {
             )));
         };
         if group.len() == self.world {
-            return Ok((&self.comm, &self.coll, root_index as u32));
+            return Ok(root_index as u32);
         }
         if !self.subs.contains_key(group) {
             let info = if me == 0 {
@@ -413,8 +437,7 @@ impl AscendComm {
             let stream = Stream::new()?;
             self.subs.insert(group.to_vec(), Sub { stream, comm });
         }
-        let sub = &self.subs[group];
-        Ok((&sub.comm, &sub.stream, root_index as u32))
+        Ok(root_index as u32)
     }
 
     /// Runs one collective over `group`: `buf` goes to the device, `queue` queues the
@@ -541,10 +564,9 @@ impl AscendComm {
             }
             if !send_bufs.is_empty() {
                 self.copied.record(&self.compute)?;
-                if self.skip_wait != Some(self.waits_issued) {
+                if self.next_wait() {
                     self.p2p.wait_event(&self.copied)?;
                 }
-                self.waits_issued += 1;
             }
             let mut items = Vec::with_capacity(send_bufs.len() + recv_bufs.len());
             for (&&(p, _, d), b) in remote_sends.iter().zip(&send_bufs) {

@@ -252,6 +252,26 @@ impl Drop for Device {
     }
 }
 
+/// Copies `out.len()` bytes from device address `addr` to the host (`aclrtMemcpy`,
+/// device to host, synchronous: everything queued before it that writes there must be
+/// ordered before the call, e.g. by a stream synchronisation).
+pub fn read_device(addr: usize, out: &mut [u8]) -> Result<(), AscendError> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    // SAFETY: `out` is writable for its length; `addr` is a device address, which the
+    // host does not dereference (AscendCL validates it).
+    acl("aclrtMemcpy", unsafe {
+        sys::aclrtMemcpy(
+            out.as_mut_ptr().cast(),
+            out.len(),
+            addr as *const c_void,
+            out.len(),
+            sys::aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_HOST,
+        )
+    })
+}
+
 /// An `aclrtStream`; dropping it waits for its queued work and destroys it.
 #[derive(Debug)]
 pub struct Stream {
@@ -292,6 +312,30 @@ impl Stream {
         // SAFETY: live handles.
         acl("aclrtStreamWaitEvent", unsafe {
             sys::aclrtStreamWaitEvent(self.raw, event.raw)
+        })
+    }
+
+    /// Queues a device-to-device copy of `bytes` bytes from `src` to `dst` (device
+    /// addresses, which the host does not dereference; AscendCL checks them).
+    pub fn copy_device_async(
+        &self,
+        dst: usize,
+        src: usize,
+        bytes: usize,
+    ) -> Result<(), AscendError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: device addresses only; AscendCL validates them and `bytes` as destMax.
+        acl("aclrtMemcpyAsync", unsafe {
+            sys::aclrtMemcpyAsync(
+                dst as *mut c_void,
+                bytes,
+                src as *const c_void,
+                bytes,
+                sys::aclrtMemcpyKind::ACL_MEMCPY_DEVICE_TO_DEVICE,
+                self.raw,
+            )
         })
     }
 
@@ -680,6 +724,85 @@ impl HcclComm {
         // SAFETY: `raw` holds `items.len()` items whose buffers outlive the queued work.
         hccl("HcclBatchSendRecv", unsafe {
             sys::HcclBatchSendRecv(raw.as_mut_ptr(), raw.len() as u32, self.raw, stream.raw)
+        })
+    }
+
+    /// Queues one `HcclBatchSendRecv` of `items` `(direction, device address, count,
+    /// peer)`: the device-resident form of [`batch_send_recv`](Self::batch_send_recv),
+    /// for buffers that live in an arena rather than in [`DeviceBuffer`]s of their own.
+    ///
+    /// The addresses are device addresses: the host never dereferences them, HCCL
+    /// checks them (the emulator rejects any outside a live allocation). The caller
+    /// keeps the memory allocated until the queued work has run.
+    pub fn batch_send_recv_at(
+        &self,
+        items: &[(Direction, usize, usize, u32)],
+        t: DataType,
+        stream: &Stream,
+    ) -> Result<(), AscendError> {
+        let mut raw: Vec<sys::HcclSendRecvItem> = items
+            .iter()
+            .map(|&(dir, addr, count, peer)| sys::HcclSendRecvItem {
+                sendRecvType: match dir {
+                    Direction::Send => sys::HcclSendRecvType::HCCL_SEND,
+                    Direction::Recv => sys::HcclSendRecvType::HCCL_RECV,
+                },
+                buf: addr as *mut c_void,
+                count: count as u64,
+                dataType: t.raw(),
+                remoteRank: peer,
+            })
+            .collect();
+        // SAFETY: `raw` holds `items.len()` initialised items; their buffers are device
+        // addresses, which the host does not dereference (HCCL validates them).
+        hccl("HcclBatchSendRecv", unsafe {
+            sys::HcclBatchSendRecv(raw.as_mut_ptr(), raw.len() as u32, self.raw, stream.raw)
+        })
+    }
+
+    /// Queues broadcasting `count` f32s at device address `addr` from `root`, in place.
+    pub fn broadcast_at(
+        &self,
+        addr: usize,
+        count: usize,
+        root: u32,
+        stream: &Stream,
+    ) -> Result<(), AscendError> {
+        // SAFETY: a device address (not dereferenced by the host) and live handles.
+        hccl("HcclBroadcast", unsafe {
+            sys::HcclBroadcast(
+                addr as *mut c_void,
+                count as u64,
+                DataType::F32.raw(),
+                root,
+                self.raw,
+                stream.raw,
+            )
+        })
+    }
+
+    /// Queues summing every rank's `count` f32s at `send` into `root`'s `recv`
+    /// (device addresses).
+    pub fn reduce_sum_at(
+        &self,
+        send: usize,
+        recv: usize,
+        count: usize,
+        root: u32,
+        stream: &Stream,
+    ) -> Result<(), AscendError> {
+        // SAFETY: device addresses (not dereferenced by the host) and live handles.
+        hccl("HcclReduce", unsafe {
+            sys::HcclReduce(
+                send as *mut c_void,
+                recv as *mut c_void,
+                count as u64,
+                DataType::F32.raw(),
+                sys::HcclReduceOp::HCCL_REDUCE_SUM,
+                root,
+                self.raw,
+                stream.raw,
+            )
         })
     }
 
