@@ -24,6 +24,7 @@ pub mod checkpoint;
 pub mod comm;
 pub mod exec;
 pub mod host;
+pub mod interpret;
 pub mod model;
 pub mod record;
 
