@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::{
     check, EncoderProfile, Extra, LinkProfile, LlmProfile, MemoryProfile, Profile, ProfileError,
-    ProfileFormat, ProfileIssue,
+    ProfileFormat, ProfileIssue, MAX_ENCODERS,
 };
 
 /// Parse and validate TOML text.
@@ -19,7 +19,7 @@ pub(super) fn from_toml(text: &str) -> Result<Profile, ProfileError> {
     let root: toml::Spanned<TomlNode> = toml::from_str(text).map_err(|e| {
         let (line, column) = match e.span() {
             Some(span) => {
-                let (l, c) = line_col(text, span.start);
+                let (l, c) = LineIndex::new(text).line_col(text, span.start);
                 (Some(l), Some(c))
             }
             None => (None, None),
@@ -31,7 +31,7 @@ pub(super) fn from_toml(text: &str) -> Result<Profile, ProfileError> {
             column,
         }
     })?;
-    Decoder::new(Some(text)).run(&SNode::from(root))
+    Decoder::new(Some((text, LineIndex::new(text)))).run(&SNode::from(root))
 }
 
 /// Parse and validate JSON text.
@@ -184,17 +184,44 @@ fn describe(node: &Node) -> String {
     }
 }
 
-/// 1-based line and column (in characters) of byte offset `at` in `text`.
-fn line_col(text: &str, at: usize) -> (usize, usize) {
-    let mut at = at.min(text.len());
-    while !text.is_char_boundary(at) {
-        at -= 1;
+/// Where every line of a text starts, so that the line of any byte offset is a binary
+/// search (a profile has a value per line; scanning from the start for each one made
+/// decoding quadratic in the number of keys).
+struct LineIndex {
+    /// Byte offset of the start of line 1, 2, ...
+    starts: Vec<usize>,
+}
+
+impl LineIndex {
+    fn new(text: &str) -> LineIndex {
+        let mut starts = vec![0];
+        starts.extend(
+            text.bytes()
+                .enumerate()
+                .filter(|&(_, b)| b == b'\n')
+                .map(|(i, _)| i + 1),
+        );
+        LineIndex { starts }
     }
-    let before = &text[..at];
-    let line = before.matches('\n').count() + 1;
-    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
-    let column = before[line_start..].chars().count() + 1;
-    (line, column)
+
+    /// 1-based line of byte offset `at`.
+    fn line(&self, at: usize) -> usize {
+        self.starts.partition_point(|&s| s <= at).max(1)
+    }
+
+    /// 1-based line and column (in characters) of byte offset `at` in `text` (the
+    /// column counts the characters of its line before `at`: used once, for a syntax
+    /// error).
+    fn line_col(&self, text: &str, at: usize) -> (usize, usize) {
+        let mut at = at.min(text.len());
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        let line = self.line(at);
+        let line_start = self.starts[line - 1];
+        let column = text[line_start..at].chars().count() + 1;
+        (line, column)
+    }
 }
 
 /// A multi-line parser message as one line.
@@ -281,7 +308,8 @@ struct Tbl<'n> {
 }
 
 struct Decoder<'t> {
-    text: Option<&'t str>,
+    /// The TOML source and its line index (none for JSON).
+    text: Option<(&'t str, LineIndex)>,
     issues: Vec<ProfileIssue>,
     /// Paths whose value (or table) is missing or malformed: semantic checks of the
     /// placeholder values under them are not reported.
@@ -291,7 +319,7 @@ struct Decoder<'t> {
 }
 
 impl<'t> Decoder<'t> {
-    fn new(text: Option<&'t str>) -> Self {
+    fn new(text: Option<(&'t str, LineIndex)>) -> Self {
         Decoder {
             text,
             issues: Vec::new(),
@@ -301,13 +329,13 @@ impl<'t> Decoder<'t> {
     }
 
     fn line(&self, node: &SNode) -> Option<usize> {
-        let text = self.text?;
+        let (text, index) = self.text.as_ref()?;
         let span = node.span.as_ref()?;
         // The document root has the empty span 0..0: no useful line.
         if span.is_empty() && span.start == 0 {
             return None;
         }
-        Some(line_col(text, span.start).0)
+        Some(index.line(span.start.min(text.len())))
     }
 
     /// The line of `path`, or of the nearest enclosing table that has one.
@@ -511,10 +539,25 @@ impl<'t> Decoder<'t> {
 
         if let Some(node) = self.get(&top, "encoder") {
             if let Node::Array(items) = &node.node {
-                for (i, item) in items.iter().enumerate() {
-                    profile
-                        .encoders
-                        .push(self.encoder(item, &format!("encoder[{i}]")));
+                if items.len() > MAX_ENCODERS {
+                    // Refused before any is decoded: thousands of encoder tables would
+                    // each be checked for nothing.
+                    let line = self.line(node);
+                    self.issue(
+                        "encoder",
+                        line,
+                        format!(
+                            "found {} encoders; expected at most {MAX_ENCODERS} (mpipe's limit)",
+                            items.len()
+                        ),
+                        true,
+                    );
+                } else {
+                    for (i, item) in items.iter().enumerate() {
+                        profile
+                            .encoders
+                            .push(self.encoder(item, &format!("encoder[{i}]")));
+                    }
                 }
             } else {
                 self.wrong_type(

@@ -173,9 +173,17 @@ pub fn expr_failure(expr: &str, errors: &[DeriveError]) -> Failure {
 /// Line `line` (1-based) of `text` with a gutter, and a caret under 1-based
 /// `column` when given; long lines are cut to a window around the column.
 pub fn snippet(text: &str, line: usize, column: Option<usize>) -> Option<String> {
-    const WINDOW: usize = 72;
     let src = text.lines().nth(line.checked_sub(1)?)?;
-    let chars: Vec<char> = src.chars().collect();
+    snippet_of_line(src, line, column)
+}
+
+/// [`snippet`] of `src`, the text of line `line`: for many problems in one file,
+/// with its lines split once (finding each line from the start of the text made
+/// thousands of problems quadratic). Reads no more of the line than it shows.
+pub fn snippet_of_line(src: &str, line: usize, column: Option<usize>) -> Option<String> {
+    const WINDOW: usize = 72;
+    let needed = column.unwrap_or(0) + 2 * WINDOW;
+    let chars: Vec<char> = src.chars().take(needed).collect();
     let col = column.map(|c| c.saturating_sub(1).min(chars.len()));
     let start = match col {
         Some(c) if chars.len() > WINDOW && c > WINDOW / 2 => c - WINDOW / 2,

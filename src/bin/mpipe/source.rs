@@ -3,7 +3,7 @@
 //! expression are all reported together) and rendered here, once.
 
 use crate::decode::decode_program;
-use crate::failure::{expr_failure, snippet, Collect, Failure, Problem};
+use crate::failure::{expr_failure, snippet, snippet_of_line, Collect, Failure, Problem};
 use crate::{ScheduleArgs, SourceArgs};
 use mpipe_core::bound::lower_bound;
 use mpipe_core::derive::{bound_for, derive_str, resident_params, DeriveError, ErrorKind, Request};
@@ -42,13 +42,21 @@ pub fn load_profile(path: &Path) -> Result<Profile, Failure> {
 /// Every problem of a profile, each as `FILE:LINE: key.path: message` with the line.
 fn profile_failure(file: &str, text: &str, e: &ProfileError) -> Failure {
     let mut problems = Vec::new();
+    let lines: Vec<&str> = if e.issues().is_empty() {
+        Vec::new()
+    } else {
+        text.lines().collect()
+    };
     for issue in e.issues() {
         let place = match issue.line {
             Some(l) => format!("{file}:{l}"),
             None => file.to_string(),
         };
         let mut t = format!("bad profile {place}: {}: {}", issue.path, issue.message);
-        if let Some(s) = issue.line.and_then(|l| snippet(text, l, None)) {
+        let source_line = issue
+            .line
+            .and_then(|l| Some((l, *lines.get(l.checked_sub(1)?)?)));
+        if let Some(s) = source_line.and_then(|(l, src)| snippet_of_line(src, l, None)) {
             t.push('\n');
             t.push_str(&s);
         }

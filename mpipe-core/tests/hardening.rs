@@ -1,0 +1,92 @@
+//! Issue 37's reproducers for the readers (profiles, expressions, program files):
+//! sizes and values that used to cost minutes, gigabytes or an internal error are
+//! refused quickly, with an error that names the limit and where it was broken.
+
+use mpipe_core::profile::{Profile, MAX_ENCODERS};
+
+const LLM: &str =
+    "[llm]\nlayers = 4\nforward = 1.0\nbackward = 1.0\nweight = 1.0\nactivation = 1.0\n";
+
+const ENCODER: &str = "[[encoder]]\nname = \"vision\"\nlayers = 2\nforward = 1.0\nbackward = 2.0\n\
+                       weight = 1.0\nactivation = 1.0\ntrainable = true\n";
+
+/// Every unknown key of a large table is reported once, on its own line (the
+/// linear-time decoding that finds those lines is measured by `benches/profile.rs`).
+#[test]
+fn every_one_of_20000_unknown_keys_is_reported_on_its_line() {
+    let n = 20_000;
+    let mut text = LLM.to_string();
+    for i in 0..n {
+        text.push_str(&format!("k{i} = {i}\n"));
+    }
+    let e = Profile::from_toml_str(&text).expect_err("unknown keys are errors");
+    let issues = e.issues();
+    assert_eq!(issues.len(), n);
+    let first_line = LLM.lines().count() + 1;
+    for (i, issue) in issues.iter().enumerate() {
+        assert_eq!(issue.path, format!("llm.k{i}"));
+        assert_eq!(issue.line, Some(first_line + i), "{issue}");
+        assert!(issue.message.contains("unknown key"), "{issue}");
+    }
+}
+
+/// Lines are right after multi-byte characters, blank lines and on the last line
+/// without a newline.
+#[test]
+fn lines_are_right_around_multibyte_text_and_at_the_end() {
+    let text = format!("# é ü 漢字\n\n{LLM}\n# ✓\nzzz = \"ü\"");
+    let e = Profile::from_toml_str(&text).unwrap_err();
+    let issue = &e.issues()[0];
+    assert_eq!(issue.path, "llm.zzz");
+    assert_eq!(issue.line, Some(text.lines().count()));
+
+    let syntax = Profile::from_toml_str("# é\n[llm]\nlayers = é\n").unwrap_err();
+    assert!(
+        syntax.to_string().contains("at line 3, column 10"),
+        "{syntax}"
+    );
+}
+
+/// Too many encoders is one error, said before any encoder is decoded: no problem of
+/// the encoders themselves is reported (each used to be checked, 23 s for 5,000).
+#[test]
+fn too_many_encoders_are_refused_before_they_are_decoded() {
+    // Each encoder is also broken (an unknown key, a negative cost).
+    let broken = ENCODER.replace("forward = 1.0", "forward = -1.0\nbogus = 1");
+    let text = format!("{}{LLM}", broken.repeat(5_000));
+    let e = Profile::from_toml_str(&text).unwrap_err();
+    let issues = e.issues();
+    assert_eq!(issues.len(), 1, "{e}");
+    assert_eq!(issues[0].path, "encoder");
+    assert!(
+        issues[0].message.contains(&format!(
+            "found 5000 encoders; expected at most {MAX_ENCODERS}"
+        )),
+        "{e}"
+    );
+    assert_eq!(issues[0].line, Some(1));
+
+    // The same in JSON, and the LLM's own problems are still reported.
+    let enc = r#"{"name": "v", "layers": 1, "forward": 1, "backward": 1, "activation": 1}"#;
+    let encs = [enc; MAX_ENCODERS + 1].join(",");
+    let json = format!(r#"{{"encoder": [{encs}], "llm": {{"layers": 0}}}}"#);
+    let e = Profile::from_json_str(&json).unwrap_err();
+    assert!(e.issues().iter().any(|i| i.path == "encoder"), "{e}");
+    assert!(e.issues().iter().any(|i| i.path == "llm.forward"), "{e}");
+    assert!(
+        !e.issues().iter().any(|i| i.path.starts_with("encoder[")),
+        "{e}"
+    );
+
+    // At the limit they are all decoded.
+    let text = format!(
+        "{}{LLM}",
+        (0..MAX_ENCODERS)
+            .map(|i| ENCODER.replace("\"vision\"", &format!("\"e{i}\"")))
+            .collect::<String>()
+    );
+    assert_eq!(
+        Profile::from_toml_str(&text).unwrap().encoders.len(),
+        MAX_ENCODERS
+    );
+}
