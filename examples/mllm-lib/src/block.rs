@@ -1,5 +1,5 @@
 //! A pre-norm transformer block: `x + Attn(LN1(x))`, then `+ MLP(LN2(.))` with a
-//! GELU MLP.
+//! GELU MLP, written once against [`Ops`].
 //!
 //! Backward comes in two modes. Fused ([`Wgrad::Now`]): each layer's weight
 //! gradients are added as soon as its output gradient is known, as ordinary
@@ -7,26 +7,87 @@
 //! the input gradient and keeps each layer's output gradient in the cache, and
 //! [`Block::backward_weight`] adds the weight gradients from them afterwards.
 
-use crate::float::Float;
-use crate::ops::{
-    add_into, gelu, gelu_backward, AttnShape, LayerNorm, Linear, LnCache, ParamLayout,
-};
+use crate::ops::{LayerNorm, Linear, ParamLayout};
+use crate::tensor_ops::{Bmm, Ops};
 
 /// What to do with weight gradients during an input-gradient backward.
-pub enum Wgrad<'a, F> {
+pub enum Wgrad<'a, P: ?Sized> {
     /// Add them into these gradient accumulators right away (fused backward).
-    Now(&'a mut [F]),
+    Now(&'a mut P),
     /// Keep what they need in the cache, for a later `backward_weight`.
     Later,
 }
 
-impl<F> Wgrad<'_, F> {
+impl<P: ?Sized> Wgrad<'_, P> {
     /// The accumulators, when fused.
-    pub fn now(&mut self) -> Option<&mut [F]> {
+    pub fn now(&mut self) -> Option<&mut P> {
         match self {
             Wgrad::Now(g) => Some(g),
             Wgrad::Later => None,
         }
+    }
+    /// The same mode, for a shorter borrow.
+    pub fn reborrow(&mut self) -> Wgrad<'_, P> {
+        match self {
+            Wgrad::Now(g) => Wgrad::Now(g),
+            Wgrad::Later => Wgrad::Later,
+        }
+    }
+}
+
+/// What a layer norm keeps for its backward: its input, and each row's mean and
+/// `1/sqrt(var + eps)`.
+pub struct LnCache<O: Ops + ?Sized> {
+    pub x: O::T,
+    pub mean: O::T,
+    pub rstd: O::T,
+}
+
+impl<O: Ops + ?Sized> std::fmt::Debug for LnCache<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LnCache")
+            .field("x", &self.x)
+            .field("mean", &self.mean)
+            .field("rstd", &self.rstd)
+            .finish()
+    }
+}
+
+impl LayerNorm {
+    /// Forward of `n` rows; the input is kept in the cache.
+    pub fn forward<O: Ops + ?Sized>(
+        &self,
+        o: &mut O,
+        p: &O::P,
+        x: O::T,
+        n: usize,
+    ) -> Result<(O::T, LnCache<O>), O::Error> {
+        let (y, mean, rstd) = o.layer_norm(p, self, &x, n)?;
+        Ok((y, LnCache { x, mean, rstd }))
+    }
+    /// Input gradient; with `g`, the weight gradients are added too.
+    pub fn backward<O: Ops + ?Sized>(
+        &self,
+        o: &mut O,
+        p: &O::P,
+        g: Option<&mut O::P>,
+        c: &LnCache<O>,
+        dy: &O::T,
+        n: usize,
+    ) -> Result<O::T, O::Error> {
+        o.layer_norm_backward(p, g, self, &c.x, &c.mean, &c.rstd, dy, n)
+    }
+    /// Weight gradients only.
+    pub fn backward_weight<O: Ops + ?Sized>(
+        &self,
+        o: &mut O,
+        p: &O::P,
+        g: &mut O::P,
+        c: &LnCache<O>,
+        dy: &O::T,
+        n: usize,
+    ) -> Result<(), O::Error> {
+        o.layer_norm_backward_weight(p, g, self, &c.x, &c.mean, &c.rstd, dy, n)
     }
 }
 
@@ -43,32 +104,53 @@ pub struct Block {
 }
 
 /// A block's forward state, plus (after a split `backward_input`) the output
-/// gradients of its layers.
-#[derive(Debug)]
-pub struct BlockCache<F> {
+/// gradients of its layers. The attention's `q, k, v` are kept split by head.
+pub struct BlockCache<O: Ops + ?Sized> {
     batch: usize,
     len: usize,
-    ln1: LnCache<F>,
-    h1: Vec<F>,
-    qkv: Vec<F>,
-    probs: Vec<F>,
-    att: Vec<F>,
-    ln2: LnCache<F>,
-    h2: Vec<F>,
-    u: Vec<F>,
-    g: Vec<F>,
-    dys: Option<BlockDys<F>>,
+    ln1: LnCache<O>,
+    h1: O::T,
+    qkvh: Option<O::T>,
+    probs: Option<O::T>,
+    att: O::T,
+    ln2: LnCache<O>,
+    h2: O::T,
+    u: Option<O::T>,
+    g: O::T,
+    dys: Option<BlockDys<O>>,
+}
+
+impl<O: Ops + ?Sized> std::fmt::Debug for BlockCache<O> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BlockCache")
+            .field("batch", &self.batch)
+            .field("len", &self.len)
+            .field("split", &self.dys.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 /// Output gradients of a block's layers, for its weight gradients.
-#[derive(Debug)]
-struct BlockDys<F> {
-    dh1: Vec<F>,
-    dqkv: Vec<F>,
-    dproj: Vec<F>,
-    dh2: Vec<F>,
-    du: Vec<F>,
-    dfc2: Vec<F>,
+struct BlockDys<O: Ops + ?Sized> {
+    dh1: O::T,
+    dqkv: O::T,
+    dproj: O::T,
+    dh2: O::T,
+    du: O::T,
+    dfc2: O::T,
+}
+
+/// A batched product over `batch` matrices.
+fn bmm(batch: usize, m: usize, k: usize, n: usize, ta: bool, tb: bool, alpha: f64) -> Bmm {
+    Bmm {
+        batch,
+        m,
+        k,
+        n,
+        ta,
+        tb,
+        alpha,
+    }
 }
 
 impl Block {
@@ -101,94 +183,155 @@ impl Block {
         }
     }
 
-    fn shape(&self, batch: usize, len: usize) -> AttnShape {
-        AttnShape {
-            batch,
-            len,
-            d: self.ln1.d,
-            heads: self.heads,
-            causal: self.causal,
-        }
+    /// Heads' width and the attention's scale `1/sqrt(dh)`.
+    fn head_dim(&self) -> (usize, f64) {
+        let dh = self.ln1.d / self.heads;
+        (dh, 1.0 / (dh as f64).sqrt())
     }
 
-    /// `x` holds `batch` sequences of `len` rows.
-    pub fn forward<F: Float>(
+    /// Multi-head self-attention over `b` sequences of `l` rows from the fused
+    /// `[q | k | v]` projection: the output (rows, heads side by side), `q, k, v` by
+    /// head (`3 x b x heads x l x dh`) and the probabilities (`b x heads x l x l`).
+    #[allow(clippy::type_complexity)]
+    fn attention<O: Ops + ?Sized>(
         &self,
-        p: &[F],
-        x: &[F],
+        o: &mut O,
+        qkv: &O::T,
+        b: usize,
+        l: usize,
+    ) -> Result<(O::T, O::T, O::T), O::Error> {
+        let (h, (dh, scale)) = (self.heads, self.head_dim());
+        let (bh, n) = (b * h, b * h * l * dh);
+        let qkvh = o.split_heads(qkv, b, l, 3, h, dh)?;
+        // S = scale Q K^T
+        let mut s = o.alloc(bh * l * l)?;
+        let spec = bmm(bh, l, dh, l, false, true, scale);
+        o.bmm((&qkvh, 0), (&qkvh, n), (&mut s, 0), spec)?;
+        let probs = o.softmax(s, bh, l, self.causal)?;
+        // O = P V
+        let mut out = o.alloc(n)?;
+        let spec = bmm(bh, l, l, dh, false, false, 1.0);
+        o.bmm((&probs, 0), (&qkvh, 2 * n), (&mut out, 0), spec)?;
+        let att = o.merge_heads(&out, b, l, 1, h, dh)?;
+        Ok((att, qkvh, probs))
+    }
+
+    /// The gradient of the fused `qkv` from the attention output's.
+    fn attention_backward<O: Ops + ?Sized>(
+        &self,
+        o: &mut O,
+        qkvh: &O::T,
+        probs: &O::T,
+        datt: &O::T,
+        b: usize,
+        l: usize,
+    ) -> Result<O::T, O::Error> {
+        let (h, (dh, scale)) = (self.heads, self.head_dim());
+        let (bh, n) = (b * h, b * h * l * dh);
+        let dout = o.split_heads(datt, b, l, 1, h, dh)?;
+        // dP = dO V^T
+        let mut dp = o.alloc(bh * l * l)?;
+        let spec = bmm(bh, l, dh, l, false, true, 1.0);
+        o.bmm((&dout, 0), (qkvh, 2 * n), (&mut dp, 0), spec)?;
+        // dV = P^T dO
+        let mut dqkvh = o.alloc(3 * n)?;
+        let spec = bmm(bh, l, l, dh, true, false, 1.0);
+        o.bmm((probs, 0), (&dout, 0), (&mut dqkvh, 2 * n), spec)?;
+        // dS = P * (dP - rowsum(dP * P))
+        let ds = o.softmax_backward(&dp, probs, l)?;
+        // dQ = scale dS K, dK = scale dS^T Q
+        let spec = bmm(bh, l, l, dh, false, false, scale);
+        o.bmm((&ds, 0), (qkvh, n), (&mut dqkvh, 0), spec)?;
+        let spec = bmm(bh, l, l, dh, true, false, scale);
+        o.bmm((&ds, 0), (qkvh, 0), (&mut dqkvh, n), spec)?;
+        o.merge_heads(&dqkvh, b, l, 3, h, dh)
+    }
+
+    /// `x` holds `batch` sequences of `len` rows (kept in the cache).
+    pub fn forward<O: Ops + ?Sized>(
+        &self,
+        o: &mut O,
+        p: &O::P,
+        x: O::T,
         batch: usize,
         len: usize,
-    ) -> (Vec<F>, BlockCache<F>) {
-        let (h1, ln1) = self.ln1.forward(p, x);
-        let qkv = self.qkv.forward(p, &h1);
-        let (att, probs) = self.shape(batch, len).forward(&qkv);
-        let mut x2 = self.proj.forward(p, &att);
-        add_into(&mut x2, x);
-        let (h2, ln2) = self.ln2.forward(p, &x2);
-        let u = self.fc1.forward(p, &h2);
-        let g = gelu(&u);
-        let mut y = self.fc2.forward(p, &g);
-        add_into(&mut y, &x2);
+    ) -> Result<(O::T, BlockCache<O>), O::Error> {
+        let n = batch * len;
+        let (h1, ln1) = self.ln1.forward(o, p, x, n)?;
+        let qkv = o.linear(p, &self.qkv, &h1, n)?;
+        let (att, qkvh, probs) = self.attention(o, &qkv, batch, len)?;
+        drop(qkv);
+        let mut x2 = o.linear(p, &self.proj, &att, n)?;
+        o.add_(&mut x2, &ln1.x)?;
+        let (h2, ln2) = self.ln2.forward(o, p, x2, n)?;
+        let u = o.linear(p, &self.fc1, &h2, n)?;
+        let g = o.gelu(&u)?;
+        let mut y = o.linear(p, &self.fc2, &g, n)?;
+        o.add_(&mut y, &ln2.x)?;
         let cache = BlockCache {
             batch,
             len,
             ln1,
             h1,
-            qkv,
-            probs,
+            qkvh: Some(qkvh),
+            probs: Some(probs),
             att,
             ln2,
             h2,
-            u,
+            u: Some(u),
             g,
             dys: None,
         };
-        (y, cache)
+        Ok((y, cache))
     }
 
     /// The gradient of the block's input from that of its output.
-    pub fn backward_input<F: Float>(
+    ///
+    /// # Panics
+    /// If `c` already went through a split backward.
+    pub fn backward_input<O: Ops + ?Sized>(
         &self,
-        p: &[F],
-        c: &mut BlockCache<F>,
-        dy: &[F],
-        mut w: Wgrad<'_, F>,
-    ) -> Vec<F> {
-        let dfc2 = dy.to_vec();
-        let dg = self.fc2.backward_input(p, &dfc2);
+        o: &mut O,
+        p: &O::P,
+        c: &mut BlockCache<O>,
+        dy: O::T,
+        mut w: Wgrad<'_, O::P>,
+    ) -> Result<O::T, O::Error> {
+        let n = c.batch * c.len;
+        let taken = "backward_input twice on one block cache";
+        let dfc2 = dy;
+        let dg = o.linear_backward_input(p, &self.fc2, &dfc2, n)?;
         if let Some(gr) = w.now() {
-            self.fc2.backward_weight(gr, &c.g, &dfc2);
+            o.linear_backward_weight(gr, &self.fc2, &c.g, &dfc2, n)?;
         }
-        let du = gelu_backward(&c.u, &dg);
-        let dh2 = self.fc1.backward_input(p, &du);
+        let du = o.gelu_backward(c.u.as_ref().expect(taken), &dg)?;
+        drop(dg);
+        let dh2 = o.linear_backward_input(p, &self.fc1, &du, n)?;
         if let Some(gr) = w.now() {
-            self.fc1.backward_weight(gr, &c.h2, &du);
+            o.linear_backward_weight(gr, &self.fc1, &c.h2, &du, n)?;
         }
-        let mut dx2 = self.ln2.backward_input(p, &c.ln2, &dh2);
+        let mut dx2 = self.ln2.backward(o, p, w.now(), &c.ln2, &dh2, n)?;
+        o.add_(&mut dx2, &dfc2)?;
+        let dproj = dx2;
+        let datt = o.linear_backward_input(p, &self.proj, &dproj, n)?;
         if let Some(gr) = w.now() {
-            self.ln2.backward_weight(gr, &c.ln2, &dh2);
+            o.linear_backward_weight(gr, &self.proj, &c.att, &dproj, n)?;
         }
-        add_into(&mut dx2, dy);
-        let dproj = dx2.clone();
-        let datt = self.proj.backward_input(p, &dproj);
+        let qkvh = c.qkvh.as_ref().expect(taken);
+        let probs = c.probs.as_ref().expect(taken);
+        let dqkv = self.attention_backward(o, qkvh, probs, &datt, c.batch, c.len)?;
+        drop(datt);
+        let dh1 = o.linear_backward_input(p, &self.qkv, &dqkv, n)?;
         if let Some(gr) = w.now() {
-            self.proj.backward_weight(gr, &c.att, &dproj);
+            o.linear_backward_weight(gr, &self.qkv, &c.h1, &dqkv, n)?;
         }
-        let dqkv = self.shape(c.batch, c.len).backward(&c.qkv, &c.probs, &datt);
-        let dh1 = self.qkv.backward_input(p, &dqkv);
-        if let Some(gr) = w.now() {
-            self.qkv.backward_weight(gr, &c.h1, &dqkv);
-        }
-        let mut dx = self.ln1.backward_input(p, &c.ln1, &dh1);
-        if let Some(gr) = w.now() {
-            self.ln1.backward_weight(gr, &c.ln1, &dh1);
-        }
-        add_into(&mut dx, &dx2);
+        let mut dx = self.ln1.backward(o, p, w.now(), &c.ln1, &dh1, n)?;
+        o.add_(&mut dx, &dproj)?;
         if let Wgrad::Later = w {
             // Drop what only the input gradient needed; keep what W needs.
-            c.probs = Vec::new();
-            c.qkv = Vec::new();
-            c.u = Vec::new();
+            c.probs = None;
+            c.qkvh = None;
+            c.u = None;
             c.dys = Some(BlockDys {
                 dh1,
                 dqkv,
@@ -198,23 +341,30 @@ impl Block {
                 dfc2,
             });
         }
-        dx
+        Ok(dx)
     }
 
     /// Add the weight gradients kept by a split `backward_input`.
     ///
     /// # Panics
     /// If `backward_input` did not run on `c` with [`Wgrad::Later`].
-    pub fn backward_weight<F: Float>(&self, gr: &mut [F], c: &BlockCache<F>) {
+    pub fn backward_weight<O: Ops + ?Sized>(
+        &self,
+        o: &mut O,
+        p: &O::P,
+        gr: &mut O::P,
+        c: &BlockCache<O>,
+    ) -> Result<(), O::Error> {
+        let n = c.batch * c.len;
         let d = c
             .dys
             .as_ref()
             .expect("backward_weight before a split backward_input");
-        self.fc2.backward_weight(gr, &c.g, &d.dfc2);
-        self.fc1.backward_weight(gr, &c.h2, &d.du);
-        self.ln2.backward_weight(gr, &c.ln2, &d.dh2);
-        self.proj.backward_weight(gr, &c.att, &d.dproj);
-        self.qkv.backward_weight(gr, &c.h1, &d.dqkv);
-        self.ln1.backward_weight(gr, &c.ln1, &d.dh1);
+        o.linear_backward_weight(gr, &self.fc2, &c.g, &d.dfc2, n)?;
+        o.linear_backward_weight(gr, &self.fc1, &c.h2, &d.du, n)?;
+        self.ln2.backward_weight(o, p, gr, &c.ln2, &d.dh2, n)?;
+        o.linear_backward_weight(gr, &self.proj, &c.att, &d.dproj, n)?;
+        o.linear_backward_weight(gr, &self.qkv, &c.h1, &d.dqkv, n)?;
+        self.ln1.backward_weight(o, p, gr, &c.ln1, &d.dh1, n)
     }
 }

@@ -12,6 +12,10 @@
 //!   remainder one each to stages 1, 2, ..); the last adds the final norm, the LM
 //!   head and the next-token cross-entropy on the caption (mean per micro-batch).
 //!
+//! The units are written once ([`Net`]) against the few tensor operations they need
+//! ([`Ops`]): [`Host`] implements them on the CPU, and with the `ascend` feature,
+//! `device::Device` through aclnn kernels on an Ascend NPU (or its emulator).
+//!
 //! [`Mllm`] implements [`mpipe_runtime::model::Model`]: hand-derived backward passes,
 //! split into `backward_input` (input gradients, keeping what the weight gradients
 //! need in the [`Stash`]) and `backward_weight`; [`Mllm::backward`] is the fused
@@ -37,13 +41,17 @@ pub mod data;
 pub mod float;
 pub mod gemm;
 pub mod model;
+pub mod net;
 pub mod ops;
 pub mod optim;
 pub mod pipeline;
 pub mod rng;
+pub mod tensor_ops;
 
 pub use config::Config;
 pub use data::{Dataset, Sample};
 pub use float::Float;
 pub use model::{Mllm, Stash};
+pub use net::Net;
 pub use optim::{Adam, AdamConfig};
+pub use tensor_ops::{Host, Ops};
