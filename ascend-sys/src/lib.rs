@@ -37,6 +37,7 @@ mod bindings {
 }
 pub use bindings::*;
 
+pub mod aclnn;
 #[cfg(ascend_emulator)]
 pub mod emulator;
 pub mod profile;

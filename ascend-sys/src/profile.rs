@@ -21,7 +21,8 @@
 /// - `host_waits`: `aclrtSynchronizeStream` and `aclrtSynchronizeEvent` (the subset
 ///   has no `aclrtSynchronizeDevice`);
 /// - `mallocs`, `frees`: `aclrtMalloc`, `aclrtFree` (not the host-memory pair);
-/// - `kernels`: kernel launches (the subset has none yet, so always 0);
+/// - `kernels`: kernel launches: aclnn operators queued on a stream (the second
+///   phase, `aclnnXxx(workspace, size, executor, stream)`, when accepted);
 /// - `hazards`: unordered accesses the happens-before checker found
 ///   (the emulator's `hazards` module), charged to the device of the thread whose call found them;
 /// - `threads`: distinct OS threads that made at least one counted call since the

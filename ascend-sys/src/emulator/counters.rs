@@ -2,7 +2,7 @@
 //!
 //! Every exported `extern "C"` entry point of the emulator that does work a profiler
 //! would see (HCCL operations, host<->device and device-to-device copies, host waits,
-//! allocations) adds to the [`Counters`] of the device bound to the *calling* thread
+//! allocations, aclnn kernel launches) adds to the [`Counters`] of the device bound to the *calling* thread
 //! (`aclrtSetDevice`'s thread-local current device). The emulator's own worker threads
 //! (stream workers, the cross-process hub) never count, so a figure is the number of
 //! API calls the program made, not what the emulator did to serve them.

@@ -21,8 +21,10 @@
 //!
 //! Observability, as a profiler on the device would give it:
 //! - [`counters`]: per-device counts of the calls made (HCCL operations, copies, host
-//!   waits, allocations, hazards), charged at the exported entry points to the calling
-//!   thread's current device;
+//!   waits, allocations, aclnn kernels, hazards), charged at the exported entry points to
+//!   the calling thread's current device;
+//! - [`aclnn`]: the aclnn operator subset on CPUs behind CANN's two-phase API, strict
+//!   about workspaces, executors, alignment, bounds and shapes;
 //! - [`hazards`]: a happens-before checker computed at issue time (vector clocks over
 //!   streams and host threads; events and host synchronisations are the edges) that
 //!   reports every access to device memory not ordered after a conflicting one, and
@@ -31,6 +33,7 @@
 //!
 //! Devices: `MPIPE_ASCEND_EMU_DEVICES` (default 8). Errors use the documented codes.
 
+pub mod aclnn;
 pub mod counters;
 pub mod hazards;
 mod hccl;
