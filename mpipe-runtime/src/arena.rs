@@ -54,8 +54,8 @@ pub struct Buffer {
     pub first: usize,
     pub last: usize,
     pub offset: usize,
-    /// Earlier buffers (indices into [`Plan::buffers`]) that occupied some of these
-    /// bytes before.
+    /// Earlier buffers (indices into [`Plan::buffers`]) whose data occupied some of
+    /// the bytes this buffer's data occupies.
     pub reuses: Vec<usize>,
 }
 
@@ -282,11 +282,15 @@ fn place(buffers: &mut [Buffer]) -> (usize, usize) {
             at = at.max(buffers[x].offset + buffers[x].bytes());
         }
         buffers[b].offset = at;
+        // Overlap of the bytes really used (not the alignment padding), so a buffer
+        // names only the buffers whose data it overwrites.
+        let used = buffers[b].len * 4;
         let reuses: Vec<usize> = ended
             .iter()
             .copied()
             .filter(|&x| {
-                buffers[x].offset < at + need && at < buffers[x].offset + buffers[x].bytes()
+                let (o, n) = (buffers[x].offset, buffers[x].len * 4);
+                o < at + used && at < o + n
             })
             .collect();
         buffers[b].reuses = reuses;
