@@ -2,7 +2,8 @@
 //! sizes and values that used to cost minutes, gigabytes or an internal error are
 //! refused quickly, with an error that names the limit and where it was broken.
 
-use mpipe_core::profile::{Profile, MAX_ENCODERS};
+use mpipe_core::expr::{parse_str, MAX_EXPR_LEN};
+use mpipe_core::profile::{Profile, MAX_ENCODERS, MAX_LAYOUT_LEN, MAX_NAME_LEN};
 
 const LLM: &str =
     "[llm]\nlayers = 4\nforward = 1.0\nbackward = 1.0\nweight = 1.0\nactivation = 1.0\n";
@@ -89,4 +90,81 @@ fn too_many_encoders_are_refused_before_they_are_decoded() {
         Profile::from_toml_str(&text).unwrap().encoders.len(),
         MAX_ENCODERS
     );
+}
+
+fn encoder_named(name: &str) -> String {
+    ENCODER.replace("\"vision\"", &format!("\"{name}\""))
+}
+
+/// Two encoders with 80,000-character names (the same name twice) are one error
+/// each, naming the limit, with messages that stay short (they took `simulate auto`
+/// 57 s and 4 GB).
+#[test]
+fn unit_names_are_bounded_and_named_by_the_limit() {
+    let long = "v".repeat(80_000);
+    let text = format!("{}{}{LLM}", encoder_named(&long), encoder_named(&long));
+    let e = Profile::from_toml_str(&text).unwrap_err();
+    let issues = e.issues();
+    assert_eq!(issues.len(), 2, "{e}");
+    for (i, issue) in issues.iter().enumerate() {
+        assert_eq!(issue.path, format!("encoder[{i}].name"));
+        assert!(issue.message.contains("80000 characters long"), "{issue}");
+        assert!(
+            issue.message.contains(&format!("at most {MAX_NAME_LEN}")),
+            "{issue}"
+        );
+        assert!(issue.message.contains("MAX_NAME_LEN"), "{issue}");
+    }
+    assert!(e.to_string().len() < 1_000, "messages quote the whole name");
+
+    // At the limit: accepted; one over: refused.
+    let ok = "v".repeat(MAX_NAME_LEN);
+    assert!(Profile::from_toml_str(&format!("{}{LLM}", encoder_named(&ok))).is_ok());
+    let over = "v".repeat(MAX_NAME_LEN + 1);
+    assert!(Profile::from_toml_str(&format!("{}{LLM}", encoder_named(&over))).is_err());
+}
+
+/// An unknown key as long as the file is reported by its start, without a quadratic
+/// did-you-mean against every valid key.
+#[test]
+fn a_huge_unknown_key_is_named_by_its_start() {
+    let key = "forward".repeat(20_000);
+    let text = format!("{LLM}{key} = 1\n");
+    let e = Profile::from_toml_str(&text).unwrap_err();
+    assert_eq!(e.issues().len(), 1);
+    assert!(e.to_string().len() < 1_000, "{}", e.to_string().len());
+    assert!(e.issues()[0].path.starts_with("llm.forwardforward"));
+}
+
+#[test]
+fn layouts_are_bounded() {
+    let layout = "t|".repeat(MAX_LAYOUT_LEN);
+    let text = format!("{LLM}layout = \"{layout}\"\n");
+    let e = Profile::from_toml_str(&text).unwrap_err();
+    assert_eq!(e.issues().len(), 1, "{e}");
+    assert_eq!(e.issues()[0].path, "llm.layout");
+    assert!(e.issues()[0].message.contains("MAX_LAYOUT_LEN"), "{e}");
+}
+
+/// Expressions: the text and every name in it are bounded, with the limit named.
+#[test]
+fn expression_text_and_names_are_bounded() {
+    let long_name = "v".repeat(MAX_NAME_LEN + 1);
+    for text in [
+        format!("transpose({long_name}, zbv)"),
+        long_name.clone(),
+        format!("interleaved(v = {long_name})"),
+        format!("interleaved({long_name} = 2)"),
+    ] {
+        let errors = parse_str(&text).unwrap_err();
+        assert_eq!(errors.len(), 1, "{text}");
+        assert!(errors[0].message.contains("MAX_NAME_LEN"), "{}", errors[0]);
+        assert!(errors[0].message.len() < 300, "{}", errors[0]);
+    }
+    let ok_name = "v".repeat(MAX_NAME_LEN);
+    assert!(parse_str(&format!("transpose({ok_name}, zbv)")).is_ok());
+
+    let huge = format!("transpose(vision, zbv){}", " ".repeat(MAX_EXPR_LEN));
+    let errors = parse_str(&huge).unwrap_err();
+    assert!(errors[0].message.contains("MAX_EXPR_LEN"), "{}", errors[0]);
 }

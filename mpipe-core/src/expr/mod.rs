@@ -31,7 +31,7 @@ mod ast;
 mod parse;
 
 pub use ast::{Arg, Expr, Ident, Value};
-pub use parse::{parse, parse_str};
+pub use parse::{parse, parse_str, MAX_DEPTH, MAX_EXPR_LEN, MAX_NAME_LEN};
 
 use proc_macro2::Span;
 

@@ -23,6 +23,16 @@ use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
 /// printing) far from the end of the stack.
 pub const MAX_DEPTH: usize = 64;
 
+/// The longest schedule expression [`parse_str`] reads, in bytes. Real ones are a
+/// line (`transpose(vision, zbv)`); even eight encoders each with an operator stay
+/// far below.
+pub const MAX_EXPR_LEN: usize = 4096;
+
+/// The longest name (schedule, operator, encoder, key or value) an expression may
+/// use, in characters: the same limit as a profile's unit names
+/// ([`crate::profile::MAX_NAME_LEN`]).
+pub const MAX_NAME_LEN: usize = crate::profile::MAX_NAME_LEN;
+
 use super::ast::{Arg, Expr, Ident, Value};
 use super::ExprError;
 
@@ -87,6 +97,16 @@ pub fn parse_str(text: &str) -> Result<Expr, Vec<ExprError>> {
     if deepest > MAX_DEPTH {
         return Err(vec![too_deep(deepest, Span::call_site())]);
     }
+    if text.len() > MAX_EXPR_LEN {
+        return Err(vec![ExprError::new(
+            format!(
+                "the expression is {} bytes long; mpipe accepts at most {MAX_EXPR_LEN} \
+                 (MAX_EXPR_LEN): write a shorter schedule expression",
+                text.len()
+            ),
+            Span::call_site(),
+        )]);
+    }
     match TokenStream::from_str(text) {
         Ok(tokens) => parse(tokens),
         Err(e) => Err(vec![ExprError::new(lex_message(text), e.span())]),
@@ -122,6 +142,21 @@ impl Parser {
         self.errors.push(ExprError::new(message, span));
     }
 
+    /// Report a name longer than [`MAX_NAME_LEN`] (the parse then fails).
+    fn check_length(&mut self, name: &Ident) {
+        let n = name.name.chars().count();
+        if n > MAX_NAME_LEN {
+            self.error(
+                format!(
+                    "the name `{}` is {n} characters long; mpipe accepts names of at most \
+                     {MAX_NAME_LEN} characters (MAX_NAME_LEN): use a shorter name",
+                    shorten(&name.name)
+                ),
+                name.span,
+            );
+        }
+    }
+
     /// `NAME` or `NAME(...)` starting at `toks[*i]`; advances `i` past it. On a bad
     /// head, reports it and returns `None`; on bad arguments, reports them and
     /// returns the expression with the good ones.
@@ -141,6 +176,7 @@ impl Parser {
             );
             return None;
         };
+        self.check_length(&head);
         *i += 1;
         match toks.get(*i) {
             Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Parenthesis => {
@@ -225,6 +261,7 @@ impl Parser {
     fn arg(&mut self, seg: &[TokenTree]) -> Option<Arg> {
         if let (Some(key), Some(eq)) = (seg.first().and_then(name_of), seg.get(1)) {
             if is_punct(eq, '=') {
+                self.check_length(&key);
                 return self.key_arg(key, eq, &seg[2..]);
             }
         }
@@ -279,7 +316,10 @@ impl Parser {
                 }
             }
             _ => match name_of(t) {
-                Some(name) => Value::Name(name),
+                Some(name) => {
+                    self.check_length(&name);
+                    Value::Name(name)
+                }
                 None => {
                     self.error(
                         format!(

@@ -4,7 +4,10 @@
 
 use std::collections::BTreeMap;
 
-use super::{Profile, ProfileIssue, MAX_ENCODERS, MAX_FIGURE, MAX_LAYERS, MIN_FIGURE};
+use super::{
+    Profile, ProfileIssue, MAX_ENCODERS, MAX_FIGURE, MAX_LAYERS, MAX_LAYOUT_LEN, MAX_NAME_LEN,
+    MIN_FIGURE,
+};
 use crate::megatron::MegatronLayout;
 
 /// Every rule broken by `profile`, in key order (the parser fills in lines).
@@ -23,8 +26,8 @@ pub(super) fn issues(profile: &Profile) -> Vec<ProfileIssue> {
     let mut first_use: BTreeMap<&str, usize> = BTreeMap::new();
     for (i, enc) in profile.encoders.iter().enumerate() {
         let p = format!("encoder[{i}]");
-        check_name(&mut out, &format!("{p}.name"), &enc.name);
-        if !enc.name.is_empty() {
+        let named = check_name(&mut out, &format!("{p}.name"), &enc.name);
+        if named {
             if let Some(first) = first_use.get(enc.name.as_str()) {
                 push(
                     &mut out,
@@ -51,7 +54,7 @@ pub(super) fn issues(profile: &Profile) -> Vec<ProfileIssue> {
                 format!(
                     "encoder `{}` is trainable but has no weight-gradient cost; \
                      add `weight = ...` (W time per layer) or set `trainable = false`",
-                    enc.name
+                    shortened(&enc.name)
                 ),
             );
         }
@@ -83,7 +86,19 @@ pub(super) fn issues(profile: &Profile) -> Vec<ProfileIssue> {
     }
 
     if let Some(text) = &llm.layout {
-        check_layout(&mut out, text, llm.layers);
+        let n = text.chars().count();
+        if n > MAX_LAYOUT_LEN {
+            push(
+                &mut out,
+                "llm.layout".to_string(),
+                format!(
+                    "the layout is {n} characters long; expected at most {MAX_LAYOUT_LEN} \
+                     (MAX_LAYOUT_LEN): write repeated stages with `*` (such as `(tt|)*29`)"
+                ),
+            );
+        } else {
+            check_layout(&mut out, text, llm.layers);
+        }
     }
 
     if let Some(m) = &profile.memory {
@@ -221,8 +236,29 @@ fn is_plain_identifier(name: &str) -> bool {
     name != "_" && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-fn check_name(out: &mut Vec<ProfileIssue>, path: &str, name: &str) {
-    let message = if name.is_empty() {
+/// `name` cut to a length fit for a message.
+pub(super) fn shortened(name: &str) -> String {
+    if name.chars().count() <= MAX_NAME_LEN {
+        name.to_string()
+    } else {
+        let head: String = name.chars().take(24).collect();
+        format!("{head}...")
+    }
+}
+
+/// Report what is wrong with an encoder's name; whether it is fit to compare with
+/// the others (not empty, not over the length limit).
+fn check_name(out: &mut Vec<ProfileIssue>, path: &str, name: &str) -> bool {
+    let n = name.chars().count();
+    let message = if n > MAX_NAME_LEN {
+        let message = format!(
+            "the name `{}` is {n} characters long; expected at most {MAX_NAME_LEN} \
+             (MAX_NAME_LEN, mpipe's limit on unit names): use a shorter name",
+            shortened(name).escape_debug()
+        );
+        push(out, path.to_string(), message);
+        return false;
+    } else if name.is_empty() {
         "the name is empty; expected a plain identifier such as `vision`".to_string()
     } else if is_llm_unit_name(name) {
         format!(
@@ -236,7 +272,8 @@ fn check_name(out: &mut Vec<ProfileIssue>, path: &str, name: &str) {
             name.escape_debug()
         )
     } else {
-        return;
+        return true;
     };
     push(out, path.to_string(), message);
+    !name.is_empty()
 }

@@ -417,6 +417,8 @@ impl<'t> Decoder<'t> {
             };
             let l = self.line(value).or(line);
             let listed: Vec<String> = keys.iter().map(|k| format!("`{k}`")).collect();
+            // A key as long as a file is named by its start (and its line).
+            let key = &check::shortened(key);
             self.issue(
                 &join(path, key),
                 l,
@@ -714,6 +716,12 @@ fn covers(bad: &str, path: &str) -> bool {
 
 /// The valid key closest to `key`, if it is close enough to be a likely typo.
 fn did_you_mean<'k>(key: &str, valid: &[&'k str]) -> Option<&'k str> {
+    // No valid key is within a typo of a much longer one (and the distance's table
+    // grows with the product of the lengths).
+    let longest = valid.iter().map(|k| k.len()).max().unwrap_or(0);
+    if key.len() > 2 * longest + 2 {
+        return None;
+    }
     let lower = key.to_ascii_lowercase();
     let mut best: Option<(usize, &'k str)> = None;
     for &candidate in valid {

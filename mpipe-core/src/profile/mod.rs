@@ -49,6 +49,15 @@ pub const MAX_LAYERS: u32 = 1024;
 /// The most encoders a profile may list.
 pub const MAX_ENCODERS: usize = 8;
 
+/// The longest unit (encoder) name, in characters; expressions' names have the same
+/// limit. Names are repeated in every program, plan and message: unbounded ones made
+/// a small profile cost minutes and gigabytes.
+pub const MAX_NAME_LEN: usize = 64;
+
+/// The longest `llm.layout` string, in characters (a layout with one `t` per stage,
+/// for the most layers a profile may have, needs about 2,000).
+pub const MAX_LAYOUT_LEN: usize = 16_384;
+
 /// A model: zero or more modality encoders feeding one LLM, with optional memory
 /// and interconnect descriptions.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -7,6 +7,7 @@
 //! document is checked here (keys present, of the right JSON type); whether the
 //! values make sense is the verifier's job.
 
+use mpipe_core::expr::{MAX_EXPR_LEN, MAX_NAME_LEN};
 use mpipe_core::program::Program;
 use serde_json::Value;
 
@@ -19,7 +20,7 @@ const MAX_LISTED: usize = 20;
 /// one message each (the last may say how many more were left out).
 pub fn decode_program(text: &str) -> Result<Program, Vec<String>> {
     let first = match Program::from_json(text) {
-        Ok(p) => return Ok(p),
+        Ok(p) => return check_names(p),
         Err(e) => e,
     };
     if first.is_syntax() || first.is_eof() {
@@ -54,6 +55,56 @@ pub fn decode_program(text: &str) -> Result<Program, Vec<String>> {
         w.problems.push(format!("... and {more} more problems"));
     }
     Err(w.problems)
+}
+
+/// Every unit name a program uses (its units, their inputs, its actions, its
+/// prefetches) is at most [`MAX_NAME_LEN`] characters, and its source expression at
+/// most [`MAX_EXPR_LEN`] bytes: names are repeated in every message, plan and table.
+fn check_names(p: Program) -> Result<Program, Vec<String>> {
+    let mut problems = Vec::new();
+    let mut long = |at: String, name: &str| {
+        let n = name.chars().count();
+        if n > MAX_NAME_LEN && problems.len() <= MAX_LISTED {
+            let head: String = name.chars().take(24).collect();
+            problems.push(format!(
+                "{at}: the unit name `{}...` is {n} characters long; expected at most \
+                 {MAX_NAME_LEN} (MAX_NAME_LEN, mpipe's limit on unit names)",
+                head.escape_debug()
+            ));
+        }
+    };
+    for (i, u) in p.units.iter().enumerate() {
+        long(format!("units[{i}].name"), &u.name);
+        for (j, input) in u.inputs.iter().enumerate() {
+            long(format!("units[{i}].inputs[{j}]"), input);
+        }
+    }
+    for (k, pf) in p.prefetch.iter().enumerate() {
+        long(format!("prefetch[{k}].unit"), &pf.unit);
+    }
+    for (r, actions) in p.programs.iter().enumerate() {
+        for (i, a) in actions.iter().enumerate() {
+            long(format!("programs[{r}][{i}].unit"), a.unit());
+        }
+    }
+    if let Some(source) = &p.source {
+        if source.expr.len() > MAX_EXPR_LEN {
+            problems.push(format!(
+                "source.expr: the expression is {} bytes long; expected at most \
+                 {MAX_EXPR_LEN} (MAX_EXPR_LEN)",
+                source.expr.len()
+            ));
+        }
+    }
+    if problems.len() > MAX_LISTED {
+        problems.truncate(MAX_LISTED);
+        problems.push("... and more names over the limit".to_string());
+    }
+    if problems.is_empty() {
+        Ok(p)
+    } else {
+        Err(problems)
+    }
 }
 
 /// serde_json appends ` at line L column C`; the caller prints the position itself.
@@ -378,6 +429,31 @@ impl Walker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A well-formed program whose unit names are 80,000 characters long is refused
+    /// with the limit named, in short messages (one per place, at most MAX_LISTED).
+    #[test]
+    fn long_unit_names_are_refused_with_the_limit() {
+        let program = |name: &str| {
+            format!(
+                r#"{{"format": "mpipe-program/1", "ranks": 1, "microbatches": 1,
+                  "units": [{{"name": "{name}", "inputs": [], "home": 0, "trainable": true,
+                             "cost": {{"F": 1, "B": 1, "W": 1}}, "act": 1}}],
+                  "programs": [[{{"op": "F", "unit": "{name}", "mb": 0}},
+                                {{"op": "BW", "unit": "{name}", "mb": 0}}]]}}"#
+            )
+        };
+        let e = decode_program(&program(&"u".repeat(80_000))).unwrap_err();
+        assert_eq!(e.len(), 3, "{e:?}");
+        assert!(e[0].starts_with("units[0].name: "), "{}", e[0]);
+        assert!(e[1].starts_with("programs[0][0].unit: "), "{}", e[1]);
+        for p in &e {
+            assert!(p.contains("80000 characters long"), "{p}");
+            assert!(p.contains(&format!("at most {MAX_NAME_LEN}")), "{p}");
+            assert!(p.len() < 300, "{p}");
+        }
+        assert!(decode_program(&program(&"u".repeat(MAX_NAME_LEN))).is_ok());
+    }
 
     #[test]
     fn syntax_errors_point_at_the_spot() {
