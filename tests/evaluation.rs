@@ -1,13 +1,15 @@
 //! The evaluation the README shows: `mpipe evaluate profiles/eval-*.toml --svg-dir
 //! docs/eval --markdown` must print the README's summary table and draw its charts as
-//! committed, so neither can go stale. After a change to the algebra, regenerate with
+//! committed, so neither can go stale; the same under `--mode eager` must print the
+//! table of `docs/guide/results.md`. After a change to the algebra, regenerate with
 //!
 //! ```sh
 //! MPIPE_BLESS=1 cargo test --release --test evaluation
 //! ```
 //!
-//! (it rewrites `docs/eval/` and prints the table to paste into the README), and
-//! review the new figures.
+//! (it rewrites `docs/eval/` and prints the tables to paste into the README and into
+//! `docs/guide/results.md`, which also shows the first one), and review the new
+//! figures.
 //!
 //! (`mpipe-core/tests/search.rs` checks that the best schedule is never slower than
 //! any peer on these profiles, and that its distance to the bound does not grow.)
@@ -80,15 +82,17 @@ fn the_readme_shows_what_mpipe_evaluate_prints_and_draws() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
     let table = summary(&markdown);
-    // The whole table, as one block: every row, in order, under its header.
+    // The whole table, as one block: every row, in order, under its header, in the
+    // README and in the measured results.
     let block = table.join("\n");
-    let missing: Vec<&String> = if readme.contains(&block) {
-        Vec::new()
-    } else {
-        table.iter().collect()
-    };
+    let missing: Vec<&str> = ["README.md", "docs/guide/results.md"]
+        .into_iter()
+        .filter(|file| {
+            let text = std::fs::read_to_string(root().join(file)).unwrap();
+            !text.contains(&block)
+        })
+        .collect();
     if bless {
         println!("the README's evaluation table:\n{}", table.join("\n"));
         return;
@@ -96,23 +100,29 @@ fn the_readme_shows_what_mpipe_evaluate_prints_and_draws() {
     assert!(
         stale.is_empty() && missing.is_empty(),
         "the evaluation changed; regenerate with `MPIPE_BLESS=1 cargo test --release --test \
-         evaluation -- --nocapture`, paste the printed table into README.md and review.\n\
-         stale charts: {stale:?}\nREADME lacks: {missing:#?}"
+         evaluation -- --nocapture`, paste the printed table into README.md and \
+         docs/guide/results.md and review.\n\
+         stale charts: {stale:?}\nthe table is not current in: {missing:?}\n{}",
+        table.join("\n")
     );
 }
 
-/// The README's second table: the same evaluation with every program derived for
-/// and timed under eager semantics (sends that never wait).
+/// The measured results' eager table (`docs/guide/results.md`): the same evaluation
+/// with every program derived for and timed under eager semantics (sends that never
+/// wait).
 #[test]
-fn the_readme_shows_the_evaluation_under_eager_semantics() {
+fn the_measured_results_show_the_evaluation_under_eager_semantics() {
     let table = summary(&evaluate(None, "eager"));
     if std::env::var_os("MPIPE_BLESS").is_some() {
-        println!("the README's eager evaluation table:\n{}", table.join("\n"));
+        println!(
+            "docs/guide/results.md's eager evaluation table:\n{}",
+            table.join("\n")
+        );
         return;
     }
-    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let results = std::fs::read_to_string(root().join("docs/guide/results.md")).unwrap();
     let block = table.join("\n");
-    let missing: Vec<&String> = if readme.contains(&block) {
+    let missing: Vec<&String> = if results.contains(&block) {
         Vec::new()
     } else {
         table.iter().collect()
@@ -120,7 +130,7 @@ fn the_readme_shows_the_evaluation_under_eager_semantics() {
     assert!(
         missing.is_empty(),
         "the eager evaluation changed; regenerate with `MPIPE_BLESS=1 cargo test --release \
-         --test evaluation -- --nocapture`, paste the printed table into README.md and \
-         review.\nREADME lacks: {missing:#?}"
+         --test evaluation -- --nocapture`, paste the printed table into \
+         docs/guide/results.md and review.\ndocs/guide/results.md lacks: {missing:#?}"
     );
 }

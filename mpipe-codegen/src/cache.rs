@@ -2,7 +2,7 @@
 //!
 //! The compiler expands `schedule!` again every time the calling crate is rebuilt,
 //! and `auto`'s search takes seconds (tens of seconds at 16 ranks x 128
-//! micro-batches; see the README's benchmark table). The search is deterministic:
+//! micro-batches; see the search-time table of docs/guide/results.md). The search is deterministic:
 //! its choice is a function of the profile, the ranks, the micro-batches, the
 //! semantics and mpipe-core's code ([`mpipe_core::SOURCE_FINGERPRINT`]) and of
 //! nothing else (not the number of cores). So the macro keeps each choice in a file
