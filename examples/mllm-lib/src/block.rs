@@ -8,7 +8,7 @@
 //! [`Block::backward_weight`] adds the weight gradients from them afterwards.
 
 use crate::ops::{LayerNorm, Linear, ParamLayout};
-use crate::tensor_ops::{Bmm, Ops};
+use crate::tensor_ops::{Bmm, Family, Ops};
 
 /// What to do with weight gradients during an input-gradient backward.
 pub enum Wgrad<'a, P: ?Sized> {
@@ -37,13 +37,13 @@ impl<P: ?Sized> Wgrad<'_, P> {
 
 /// What a layer norm keeps for its backward: its input, and each row's mean and
 /// `1/sqrt(var + eps)`.
-pub struct LnCache<O: Ops + ?Sized> {
-    pub x: O::T,
-    pub mean: O::T,
-    pub rstd: O::T,
+pub struct LnCache<Y: Family> {
+    pub x: Y::T,
+    pub mean: Y::T,
+    pub rstd: Y::T,
 }
 
-impl<O: Ops + ?Sized> std::fmt::Debug for LnCache<O> {
+impl<Y: Family> std::fmt::Debug for LnCache<Y> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LnCache")
             .field("x", &self.x)
@@ -55,13 +55,14 @@ impl<O: Ops + ?Sized> std::fmt::Debug for LnCache<O> {
 
 impl LayerNorm {
     /// Forward of `n` rows; the input is kept in the cache.
+    #[allow(clippy::type_complexity)]
     pub fn forward<O: Ops + ?Sized>(
         &self,
         o: &mut O,
         p: &O::P,
         x: O::T,
         n: usize,
-    ) -> Result<(O::T, LnCache<O>), O::Error> {
+    ) -> Result<(O::T, LnCache<O::Fam>), O::Error> {
         let (y, mean, rstd) = o.layer_norm(p, self, &x, n)?;
         Ok((y, LnCache { x, mean, rstd }))
     }
@@ -71,7 +72,7 @@ impl LayerNorm {
         o: &mut O,
         p: &O::P,
         g: Option<&mut O::P>,
-        c: &LnCache<O>,
+        c: &LnCache<O::Fam>,
         dy: &O::T,
         n: usize,
     ) -> Result<O::T, O::Error> {
@@ -83,7 +84,7 @@ impl LayerNorm {
         o: &mut O,
         p: &O::P,
         g: &mut O::P,
-        c: &LnCache<O>,
+        c: &LnCache<O::Fam>,
         dy: &O::T,
         n: usize,
     ) -> Result<(), O::Error> {
@@ -105,22 +106,22 @@ pub struct Block {
 
 /// A block's forward state, plus (after a split `backward_input`) the output
 /// gradients of its layers. The attention's `q, k, v` are kept split by head.
-pub struct BlockCache<O: Ops + ?Sized> {
+pub struct BlockCache<Y: Family> {
     batch: usize,
     len: usize,
-    ln1: LnCache<O>,
-    h1: O::T,
-    qkvh: Option<O::T>,
-    probs: Option<O::T>,
-    att: O::T,
-    ln2: LnCache<O>,
-    h2: O::T,
-    u: Option<O::T>,
-    g: O::T,
-    dys: Option<BlockDys<O>>,
+    ln1: LnCache<Y>,
+    h1: Y::T,
+    qkvh: Option<Y::T>,
+    probs: Option<Y::T>,
+    att: Y::T,
+    ln2: LnCache<Y>,
+    h2: Y::T,
+    u: Option<Y::T>,
+    g: Y::T,
+    dys: Option<BlockDys<Y>>,
 }
 
-impl<O: Ops + ?Sized> std::fmt::Debug for BlockCache<O> {
+impl<Y: Family> std::fmt::Debug for BlockCache<Y> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("BlockCache")
             .field("batch", &self.batch)
@@ -131,13 +132,13 @@ impl<O: Ops + ?Sized> std::fmt::Debug for BlockCache<O> {
 }
 
 /// Output gradients of a block's layers, for its weight gradients.
-struct BlockDys<O: Ops + ?Sized> {
-    dh1: O::T,
-    dqkv: O::T,
-    dproj: O::T,
-    dh2: O::T,
-    du: O::T,
-    dfc2: O::T,
+struct BlockDys<Y: Family> {
+    dh1: Y::T,
+    dqkv: Y::T,
+    dproj: Y::T,
+    dh2: Y::T,
+    du: Y::T,
+    dfc2: Y::T,
 }
 
 /// A batched product over `batch` matrices.
@@ -248,6 +249,7 @@ impl Block {
     }
 
     /// `x` holds `batch` sequences of `len` rows (kept in the cache).
+    #[allow(clippy::type_complexity)]
     pub fn forward<O: Ops + ?Sized>(
         &self,
         o: &mut O,
@@ -255,7 +257,7 @@ impl Block {
         x: O::T,
         batch: usize,
         len: usize,
-    ) -> Result<(O::T, BlockCache<O>), O::Error> {
+    ) -> Result<(O::T, BlockCache<O::Fam>), O::Error> {
         let n = batch * len;
         let (h1, ln1) = self.ln1.forward(o, p, x, n)?;
         let qkv = o.linear(p, &self.qkv, &h1, n)?;
@@ -293,7 +295,7 @@ impl Block {
         &self,
         o: &mut O,
         p: &O::P,
-        c: &mut BlockCache<O>,
+        c: &mut BlockCache<O::Fam>,
         dy: O::T,
         mut w: Wgrad<'_, O::P>,
     ) -> Result<O::T, O::Error> {
@@ -353,7 +355,7 @@ impl Block {
         o: &mut O,
         p: &O::P,
         gr: &mut O::P,
-        c: &BlockCache<O>,
+        c: &BlockCache<O::Fam>,
     ) -> Result<(), O::Error> {
         let n = c.batch * c.len;
         let d = c

@@ -38,7 +38,13 @@
 pub mod block;
 pub mod config;
 pub mod data;
+#[cfg(feature = "ascend")]
+pub mod device;
+// matrixmultiply's `sgemm`/`dgemm` are `unsafe fn`s (raw pointers and strides):
+// these two modules wrap them; the rest of the crate has no `unsafe`.
+#[allow(unsafe_code)]
 pub mod float;
+#[allow(unsafe_code)]
 pub mod gemm;
 pub mod model;
 pub mod net;

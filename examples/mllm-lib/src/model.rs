@@ -14,10 +14,10 @@ use crate::data::Sample;
 use crate::float::Float;
 use crate::net::{Net, UnitStash};
 use crate::rng::Rng;
-use crate::tensor_ops::{infallible, Host};
+use crate::tensor_ops::{infallible, Host, HostFam};
 
 /// What a unit keeps from its forward for its backward, on the host.
-pub type Stash<F = f32> = UnitStash<Host<F>>;
+pub type Stash<F = f32> = UnitStash<HostFam<F>>;
 
 /// A multimodal LLM split into units `vision, llm.0, .., llm.{S-1}` (unit ids `0 ..
 /// S`), with the parameters and gradient accumulators of every unit, the current

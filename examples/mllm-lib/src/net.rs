@@ -9,7 +9,7 @@ use crate::block::{Block, BlockCache, LnCache, Wgrad};
 use crate::config::Config;
 use crate::data::Sample;
 use crate::ops::{Init, LayerNorm, Linear, ParamLayout, Slot};
-use crate::tensor_ops::Ops;
+use crate::tensor_ops::{Family, Ops};
 
 /// The vision encoder: patch embedding + positions, non-causal blocks, final norm,
 /// projector to the LLM's width.
@@ -55,12 +55,12 @@ pub struct Net {
 
 /// What a unit keeps from its forward for its backward (and, after a split
 /// `backward_input`, the gradients its `backward_weight` needs).
-pub enum UnitStash<O: Ops + ?Sized> {
-    Vision(VisionStash<O>),
-    Llm(LlmStash<O>),
+pub enum UnitStash<Y: Family> {
+    Vision(VisionStash<Y>),
+    Llm(LlmStash<Y>),
 }
 
-impl<O: Ops + ?Sized> fmt::Debug for UnitStash<O> {
+impl<Y: Family> fmt::Debug for UnitStash<Y> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             UnitStash::Vision(s) => f
@@ -78,45 +78,45 @@ impl<O: Ops + ?Sized> fmt::Debug for UnitStash<O> {
 }
 
 /// The vision encoder's stash.
-pub struct VisionStash<O: Ops + ?Sized> {
-    patches: O::T,
-    blocks: Vec<BlockCache<O>>,
-    ln_f: LnCache<O>,
-    hf: O::T,
+pub struct VisionStash<Y: Family> {
+    patches: Y::T,
+    blocks: Vec<BlockCache<Y>>,
+    ln_f: LnCache<Y>,
+    hf: Y::T,
     /// After a split backward: gradients of the embedding output, of the final
     /// norm's output and of the projector's output.
-    dys: Option<[O::T; 3]>,
+    dys: Option<[Y::T; 3]>,
 }
 
 /// The last stage's head: its final norm, the norm's output, the loss's cache and
 /// targets, and (after a split backward) the logits' and the norm output's gradients.
-struct HeadStash<O: Ops + ?Sized> {
-    ln: LnCache<O>,
-    hf: O::T,
-    ce: O::CeCache,
-    targets: O::Idx,
-    dlogits: Option<O::T>,
-    dh: Option<O::T>,
+struct HeadStash<Y: Family> {
+    ln: LnCache<Y>,
+    hf: Y::T,
+    ce: Y::CeCache,
+    targets: Y::Idx,
+    dlogits: Option<Y::T>,
+    dh: Option<Y::T>,
 }
 
 /// An LLM stage's stash.
-pub struct LlmStash<O: Ops + ?Sized> {
+pub struct LlmStash<Y: Family> {
     /// The stage (`k` of `llm.k`).
     stage: usize,
     /// First stage: the micro-batch's caption tokens.
-    tokens: Option<O::Idx>,
-    blocks: Vec<BlockCache<O>>,
-    head: Option<HeadStash<O>>,
+    tokens: Option<Y::Idx>,
+    blocks: Vec<BlockCache<Y>>,
+    head: Option<HeadStash<Y>>,
     /// After a split backward (first stage): the gradient of the embedding output
     /// and its caption rows.
-    dx0: Option<(O::T, O::T)>,
+    dx0: Option<(Y::T, Y::T)>,
 }
 
 /// What a unit's forward gives.
 pub struct Forward<O: Ops + ?Sized> {
     /// The output: image tokens, hidden states, or (last unit) the loss, 1 element.
     pub out: O::T,
-    pub stash: UnitStash<O>,
+    pub stash: UnitStash<O::Fam>,
     /// Last unit, when the ops can tell without waiting: the teacher-forced
     /// next-token accuracy.
     pub accuracy: Option<f32>,
@@ -249,7 +249,7 @@ impl Net {
         &self,
         o: &mut O,
         p: &O::P,
-        stash: &mut UnitStash<O>,
+        stash: &mut UnitStash<O::Fam>,
         grad_out: Option<O::T>,
         w: Wgrad<'_, O::P>,
     ) -> Result<Vec<O::T>, O::Error> {
@@ -272,7 +272,7 @@ impl Net {
         o: &mut O,
         p: &O::P,
         g: &mut O::P,
-        stash: &UnitStash<O>,
+        stash: &UnitStash<O::Fam>,
     ) -> Result<(), O::Error> {
         match stash {
             UnitStash::Vision(s) => self.vision_backward_weight(o, p, g, s),
@@ -402,7 +402,7 @@ impl Net {
         &self,
         o: &mut O,
         p: &O::P,
-        s: &mut VisionStash<O>,
+        s: &mut VisionStash<O::Fam>,
         dy: O::T,
         mut w: Wgrad<'_, O::P>,
     ) -> Result<(), O::Error> {
@@ -441,7 +441,7 @@ impl Net {
         o: &mut O,
         p: &O::P,
         g: &mut O::P,
-        s: &VisionStash<O>,
+        s: &VisionStash<O::Fam>,
     ) -> Result<(), O::Error> {
         let v = &self.vision;
         let [dx0, dhf, dy] = s
@@ -462,7 +462,7 @@ impl Net {
         o: &mut O,
         k: usize,
         p: &O::P,
-        s: &mut LlmStash<O>,
+        s: &mut LlmStash<O::Fam>,
         grad_out: Option<O::T>,
         mut w: Wgrad<'_, O::P>,
     ) -> Result<Vec<O::T>, O::Error> {
@@ -511,7 +511,7 @@ impl Net {
         k: usize,
         p: &O::P,
         g: &mut O::P,
-        s: &LlmStash<O>,
+        s: &LlmStash<O::Fam>,
     ) -> Result<(), O::Error> {
         let st = &self.stages[k];
         let before = "backward_weight before backward_input";

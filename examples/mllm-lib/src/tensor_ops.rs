@@ -33,9 +33,20 @@ pub struct Bmm {
     pub alpha: f64,
 }
 
+/// The types an [`Ops`] implementation's tensors have, apart from the operations
+/// (so that what a unit keeps between its passes does not borrow the operations'
+/// context, e.g. a device's kernels).
+pub trait Family: 'static {
+    type T: Debug + Send;
+    type Idx: Debug + Send;
+    type CeCache: Debug + Send;
+}
+
 /// The tensor operations of the model. One implementation per place the model runs:
 /// [`Host`] (CPU) and, with the `ascend` feature, the aclnn device.
 pub trait Ops {
+    /// The tensor types, as a [`Family`].
+    type Fam: Family<T = Self::T, Idx = Self::Idx, CeCache = Self::CeCache>;
     /// An activation: a flat buffer of elements (its length is [`Ops::len`]).
     type T: Debug + Send;
     /// A unit's flat parameter or gradient vector.
@@ -293,7 +304,18 @@ fn target_of(t: i64) -> Option<usize> {
     usize::try_from(t).ok()
 }
 
+/// The host's tensor types.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HostFam<F>(PhantomData<F>);
+
+impl<F: Float> Family for HostFam<F> {
+    type T = Vec<F>;
+    type Idx = Vec<i64>;
+    type CeCache = HostCe<F>;
+}
+
 impl<F: Float> Ops for Host<F> {
+    type Fam = HostFam<F>;
     type T = Vec<F>;
     type P = [F];
     type Idx = Vec<i64>;
