@@ -66,7 +66,9 @@
 //! `MASTER_ADDR:MASTER_PORT`, the others fetch them. Both work on the emulator (its
 //! root info carries the address of the process that serves the group).
 
+#[allow(unsafe_code)]
 pub mod kernels;
+#[allow(unsafe_code)]
 pub mod safe;
 pub mod tensor;
 
