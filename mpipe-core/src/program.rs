@@ -27,6 +27,13 @@ pub const MAX_MICROBATCHES: usize = 65_536;
 /// size took twice both).
 pub const MAX_RANK_MICROBATCHES: usize = 1 << 19;
 
+/// The largest time or size a program's unit may give (`cost.F`, `act`, `params`,
+/// ...). A derived unit holds at most a profile's figure (`profile::MAX_FIGURE`, 1e9)
+/// times its layers (`profile::MAX_LAYERS`), about 1e12; the limit leaves room for
+/// hand-written programs while every sum over a step stays finite (1e308 made `refine`
+/// fail with an internal error).
+pub const MAX_UNIT_FIGURE: f64 = 1e15;
+
 /// Which of the size limits a step of `ranks x microbatches` is over.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OverLimit {

@@ -61,7 +61,7 @@ use serde::Serialize;
 
 use crate::program::{
     over_limit, Action, ActionRef, CollKind, Dir, Op, OverLimit, Program, Tensor, MAX_MICROBATCHES,
-    MAX_RANK_MICROBATCHES,
+    MAX_RANK_MICROBATCHES, MAX_UNIT_FIGURE,
 };
 use crate::timeline::{Slot, Timeline};
 
@@ -195,6 +195,17 @@ pub enum SimError {
         value: f64,
     },
     #[error(
+        "unit `{unit}`: `{field}` is {value:e}, above the {max:e} a program may give \
+         (sums over a step of such figures are not finite or not precise): scale the \
+         program's times and sizes to larger units"
+    )]
+    FigureTooLarge {
+        unit: String,
+        field: &'static str,
+        value: f64,
+        max: f64,
+    },
+    #[error(
         "rank {rank}, action {index} `{action}`: no unit is called `{unit}`: \
          use a name listed in `units`, or add the unit"
     )]
@@ -325,7 +336,8 @@ pub fn memory_over_time(p: &Program, t: &Timeline) -> Result<Vec<Vec<(f64, f64)>
 
 /// Check what every reader of a program relies on before it indexes anything: one
 /// action list per rank, sizes within [`MAX_MICROBATCHES`] and
-/// [`MAX_RANK_MICROBATCHES`], distinct unit names, finite non-negative unit numbers,
+/// [`MAX_RANK_MICROBATCHES`], distinct unit names, finite non-negative unit numbers
+/// no larger than [`MAX_UNIT_FIGURE`],
 /// homes that are ranks, and prefetch entries that name a unit and a micro-batch of
 /// the program. Cheap (one pass over the units); the simulator, the verifier and
 /// re-derivation run it first.
@@ -371,6 +383,14 @@ fn shape(p: &Program) -> Result<NameMap<'_>, SimError> {
                     unit: u.name.clone(),
                     field,
                     value,
+                });
+            }
+            if value > MAX_UNIT_FIGURE {
+                return Err(SimError::FigureTooLarge {
+                    unit: u.name.clone(),
+                    field,
+                    value,
+                    max: MAX_UNIT_FIGURE,
                 });
             }
         }
