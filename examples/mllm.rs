@@ -52,6 +52,8 @@ use mpipe::runtime::host::tcp::{self, TcpComm};
 use mpipe::runtime::host::threads::ThreadComm;
 use mpipe::runtime::host::{default_timeout, Error, HostComm, Mode};
 use mpipe::runtime::{P2p, Step, UnitId};
+// A closed standard output or error ends a rank quietly, never with a panic.
+use mpipe::runtime::{errln as eprintln, outln as println};
 use mpipe_mllm::pipeline::{
     check, gather_timeline, outcomes_timeline, param_checksums, real_trace, simulated_trace,
     train_rank, train_with, Checkpointing, RankOutcome, StepReport, Train,
@@ -421,6 +423,8 @@ fn run_processes(run: &Run) -> Result<ExitCode> {
         .filter(|a| a != "--processes")
         .collect();
     println!("{}", run.banner(" as processes"));
+    // SIGINT/SIGTERM/SIGHUP reach every rank, and the launcher cleans up.
+    mpipe::runtime::host::launch::forward_signals();
     let report = launch(&Launch {
         ranks: run.program.ranks,
         port: None,

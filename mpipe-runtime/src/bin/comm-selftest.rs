@@ -9,6 +9,8 @@
 //! - `hang RANK CODE`: rank RANK exits with CODE right after connecting; the others
 //!   sleep for a minute without communicating (hung ranks, for the launcher to
 //!   kill).
+//! - `sleep`: every rank prints `rank R pid P` after connecting, then sleeps for a
+//!   minute (for signals to the launcher).
 //!
 //! The timeout is `MPIPE_COMM_TIMEOUT` seconds (default 10); the transfers' mode is
 //! `MPIPE_COMM_MODE` (`rendezvous`, the default, or `eager`; `ok (eager)` then).
@@ -17,6 +19,8 @@ use std::process::ExitCode;
 
 use mpipe_runtime::comm::{Comm, Error, Tag};
 use mpipe_runtime::host::{default_timeout, tcp, HostComm};
+// A closed standard output ends the rank quietly (status 0), never with a panic.
+use mpipe_runtime::{errln as eprintln, outln as println};
 
 fn check(ok: bool, what: impl FnOnce() -> String) -> Result<(), String> {
     if ok {
@@ -69,13 +73,13 @@ fn ring(c: &mut impl HostComm) -> Result<(), String> {
     Ok(())
 }
 
-const USAGE: &str = "usage: comm-selftest [ring | fail RANK CODE | hang RANK CODE]";
+const USAGE: &str = "usage: comm-selftest [ring | fail RANK CODE | hang RANK CODE | sleep]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("ring");
     let fail: Option<(usize, u8)> = match mode {
-        "ring" => None,
+        "ring" | "sleep" => None,
         "fail" | "hang" => match (
             args.get(1).and_then(|s| s.parse().ok()),
             args.get(2).and_then(|s| s.parse().ok()),
@@ -99,6 +103,11 @@ fn main() -> ExitCode {
         }
     };
     let r = c.rank();
+    if mode == "sleep" {
+        println!("rank {r} pid {}", std::process::id());
+        std::thread::sleep(std::time::Duration::from_secs(60));
+        return ExitCode::SUCCESS;
+    }
     if let Some((bad, code)) = fail {
         if r == bad {
             eprintln!("rank {r}: exiting with code {code} on purpose");

@@ -9,6 +9,8 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use mpipe_runtime::host::launch::{launch, Launch};
+// A closed standard output or error ends the launcher quietly, never with a panic.
+use mpipe_runtime::{errln as eprintln, outln as println};
 
 const USAGE: &str =
     "usage: mpipe-run -n RANKS [--port PORT] [--grace SECONDS] [--] PROGRAM [ARGS...]
@@ -101,6 +103,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // SIGINT, SIGTERM, SIGHUP: passed on to the ranks, then a clean exit (the
+    // temporary directory removed).
+    mpipe_runtime::host::launch::forward_signals();
     match launch(&cfg) {
         Ok(report) => ExitCode::from(u8::try_from(report.code).unwrap_or(1)),
         Err(e) => {

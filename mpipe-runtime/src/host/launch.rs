@@ -17,6 +17,17 @@
 //! kill after the grace period reaches only each rank's own process, not processes
 //! it started (run the rank's binary directly, not through a wrapper such as
 //! `cargo run`).
+//!
+//! **Exits and signals.** The launcher's temporary directory (for the ranks' blame
+//! notes) is removed on every exit path. With [`forward_signals`] installed (as
+//! `mpipe-run` does), a `SIGINT`, `SIGTERM` or `SIGHUP` to the launcher is passed on
+//! to every running rank; ranks still running after the grace period are killed,
+//! the directory removed, and the launch ends with code 128 + the signal. `SIGKILL`
+//! cannot be caught: on Linux every rank is started with `SIGTERM` as its
+//! parent-death signal, so no rank outlives the launcher, and the directory it
+//! leaves is removed by the next launch on the machine (a directory whose launcher
+//! process no longer exists). The launcher's own standard output or error closing
+//! does not stop it: the ranks' output is still drained (and dropped).
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
@@ -24,7 +35,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use crate::host::tcp;
+use crate::host::{signals, tcp};
 
 /// What to launch.
 #[derive(Clone, Debug)]
@@ -109,8 +120,28 @@ pub struct Report {
     pub exits: Vec<RankExit>,
     /// The rank that failed first, if any.
     pub first_failure: Option<usize>,
-    /// The launcher's exit code: 0, or the first failure's.
+    /// The launcher's exit code: 0, or the first failure's, or 128 + the signal
+    /// that stopped the launch.
     pub code: i32,
+    /// The signal (`SIGINT`, `SIGTERM`, `SIGHUP`) that stopped the launch, if one
+    /// did (see [`forward_signals`]).
+    pub signal: Option<i32>,
+}
+
+/// Makes `SIGINT`, `SIGTERM` and `SIGHUP` stop a [`launch`] in progress instead of
+/// the process: the launch passes the signal on to every rank, gives them the grace
+/// period, kills the rest, removes its temporary directory and returns with code
+/// 128 + the signal. For a launcher binary's `main` (process-wide handlers).
+pub fn forward_signals() {
+    signals::note_signals();
+}
+
+/// Writes a line to standard error, ignoring a closed stream (the launcher must go
+/// on draining and reaping its ranks whoever reads it).
+fn say(text: &str) {
+    let mut e = std::io::stderr().lock();
+    let _ = e.write_all(text.as_bytes());
+    let _ = e.write_all(b"\n");
 }
 
 /// Copies `src`'s lines to our stdout or stderr with a `[rank R] ` prefix, then
@@ -202,11 +233,59 @@ pub fn launch(cfg: &Launch) -> Result<Report, String> {
     let nonce = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
-    let dir = std::env::temp_dir().join(format!("mpipe-run-{}-{nonce}", std::process::id()));
+    remove_stale_dirs(&std::env::temp_dir());
+    let dir = std::env::temp_dir().join(format!("{DIR_PREFIX}{}-{nonce}", std::process::id()));
     std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-    let report = run(cfg, port, &dir);
-    let _ = std::fs::remove_dir_all(&dir);
-    report
+    // Removed however `run` ends, a panic included.
+    struct RemoveOnDrop<'p>(&'p std::path::Path);
+    impl Drop for RemoveOnDrop<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(self.0);
+        }
+    }
+    let _remove = RemoveOnDrop(&dir);
+    run(cfg, port, &dir)
+}
+
+/// The start of a launch's temporary directory's name; the launcher's pid and a
+/// nonce follow.
+const DIR_PREFIX: &str = "mpipe-run-";
+
+/// Removes the temporary directories of launches whose launcher no longer runs (one
+/// killed with `SIGKILL` cannot remove its own): those in `tmp` named by
+/// [`DIR_PREFIX`], owned by this user, whose pid is not a live process.
+fn remove_stale_dirs(tmp: &std::path::Path) {
+    let Ok(entries) = std::fs::read_dir(tmp) else {
+        return;
+    };
+    let me = signals::user_id();
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix(DIR_PREFIX)) else {
+            continue;
+        };
+        let Some(pid) = rest
+            .split_once('-')
+            .and_then(|(p, _)| p.parse::<u32>().ok())
+            .filter(|&p| p > 0)
+        else {
+            continue;
+        };
+        let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
+            continue;
+        };
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::MetadataExt;
+            if meta.uid() != me {
+                continue;
+            }
+        }
+        let _ = me;
+        if meta.is_dir() && signals::is_gone(pid) {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 /// A free loopback port for `MASTER_PORT`, outside the kernel's range of ephemeral
@@ -248,7 +327,10 @@ fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String>
     let mut children: Vec<Child> = Vec::with_capacity(n);
     let mut pumps = 0;
     for rank in 0..n {
-        let spawned = Command::new(&cfg.program)
+        let mut command = Command::new(&cfg.program);
+        // No rank outlives the launcher, even one killed with SIGKILL.
+        signals::terminate_with_parent(&mut command);
+        let spawned = command
             .args(&cfg.args)
             .env("RANK", rank.to_string())
             .env("WORLD_SIZE", n.to_string())
@@ -288,7 +370,22 @@ fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String>
     let mut exits: Vec<Option<RankExit>> = vec![None; n];
     let mut seen_at: Vec<Option<Instant>> = vec![None; n];
     let mut first_failure_at: Option<Instant> = None;
+    let mut signal: Option<i32> = None;
     loop {
+        if let Some(sig) = signals::take_noted() {
+            signal = Some(sig);
+            say(&format!(
+                "mpipe-run: got signal {sig}; passing it on to the ranks (killed after {:?})",
+                cfg.grace
+            ));
+            for (r, child) in children.iter().enumerate() {
+                // Not yet reaped (its exit is not recorded), so the pid is still its.
+                if exits[r].is_none() {
+                    signals::send(child.id(), sig);
+                }
+            }
+            first_failure_at.get_or_insert_with(Instant::now);
+        }
         for (r, child) in children.iter_mut().enumerate() {
             if exits[r].is_some() {
                 continue;
@@ -303,10 +400,10 @@ fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String>
             if exit.is_failure() && first_failure_at.is_none() {
                 first_failure_at = Some(Instant::now());
                 if exits.iter().any(Option::is_none) {
-                    eprintln!(
+                    say(&format!(
                         "mpipe-run: rank {r} exited with {exit}; waiting up to {:?} for the other ranks to exit",
                         cfg.grace
-                    );
+                    ));
                 }
             }
         }
@@ -319,10 +416,10 @@ fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String>
                     let _ = child.kill();
                     let _ = child.wait();
                     exits[r] = Some(RankExit::Killed);
-                    eprintln!(
+                    say(&format!(
                         "mpipe-run: killed rank {r}: still running {:?} after the first failure",
                         cfg.grace
-                    );
+                    ));
                 }
             }
             break;
@@ -361,6 +458,19 @@ fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String>
             text.lines().next()?.trim().parse().ok()
         })
         .collect();
+    if let Some(sig) = signal {
+        let exits_shown: Vec<String> = (0..n).map(|q| format!("rank {q}: {}", exits[q])).collect();
+        say(&format!(
+            "mpipe-run: stopped by signal {sig} ({})",
+            exits_shown.join(", ")
+        ));
+        return Ok(Report {
+            exits,
+            first_failure: None,
+            code: 128 + sig,
+            signal,
+        });
+    }
     let first_failure = first_failure(&exits, &blamed, &ended_at);
     let code = first_failure.map_or(0, |r| exits[r].code());
     if let Some(r) = first_failure {
@@ -368,7 +478,7 @@ fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String>
             .filter(|&q| q != r && exits[q] != RankExit::Success)
             .map(|q| format!("rank {q}: {}", exits[q]))
             .collect();
-        eprintln!(
+        say(&format!(
             "mpipe-run: rank {r} failed first ({}){}",
             exits[r],
             if others.is_empty() {
@@ -376,12 +486,13 @@ fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String>
             } else {
                 format!("; then {}", others.join(", "))
             }
-        );
+        ));
     }
     Ok(Report {
         exits,
         first_failure,
         code,
+        signal: None,
     })
 }
 

@@ -48,6 +48,10 @@ use crate::comm::{Comm, Tag, Tensor};
 pub use mpipe_core::simulate::Mode;
 
 pub mod launch;
+pub mod output;
+// The launcher's libc calls (signals, parent-death signal), each behind a safe function.
+#[allow(unsafe_code)]
+mod signals;
 pub mod tcp;
 pub mod threads;
 
