@@ -536,6 +536,15 @@ fn note_blame(comm: &TcpComm) {
     }
 }
 
+/// The error for a step whose loss is NaN or infinite (the run stops there).
+fn non_finite_loss(step: u64, steps: u64, loss: f32) -> String {
+    format!(
+        "step {}/{steps}: the loss is {loss}, not a finite number: training diverged \
+         (or started from bad parameters); lower --lr, or resume from an earlier checkpoint",
+        step + 1
+    )
+}
+
 /// One rank of a multi-process run (started by a launcher).
 fn run_rank_process(args: &Args, run: &Run) -> Result<ExitCode> {
     let mut comm = tcp::from_env(run.t.timeout).context("connecting to the other ranks")?;
@@ -561,8 +570,14 @@ fn run_rank_process(args: &Args, run: &Run) -> Result<ExitCode> {
     let steps = run.t.steps;
     let every = (steps / 20).max(1);
     let first = run.first;
+    let aborter = comm.aborter();
     let print = |rep: &StepReport| {
         let Some(loss) = rep.loss else { return };
+        if !loss.is_finite() {
+            // Every rank's next call fails with this, and the run stops.
+            aborter.abort(&non_finite_loss(rep.step, steps, loss));
+            return;
+        }
         if rep.step == first
             || (rep.step + 1).checked_rem(every) == Some(0)
             || rep.step + 1 == steps
@@ -630,6 +645,11 @@ fn run_threads(args: &Args, run: &Run) -> Result<ExitCode> {
         let (mut first, mut last) = (None, 0.0f32);
         for report in rx {
             if let Some(loss) = report.loss {
+                if !loss.is_finite() {
+                    bar.abandon();
+                    eprintln!("error: {}", non_finite_loss(report.step, run.t.steps, loss));
+                    std::process::exit(1);
+                }
                 first.get_or_insert(loss);
                 last = loss;
                 bar.set_position(report.step + 1);

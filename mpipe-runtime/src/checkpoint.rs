@@ -47,7 +47,10 @@
 //! *vector*: `u64` count, then that many `f32`), and an optimizer flag (`u8`: 0
 //! for none, or 1 followed by the optimizer's step (`u64`), its number of tensors
 //! (`u32`) and each tensor's name (string) and values (vector)). Parameters are
-//! stored as their exact bits, so a restored run continues bit for bit.
+//! stored as their exact bits, so a restored run continues bit for bit. Every
+//! parameter and optimizer value must be finite: [`save`] refuses and [`decode`]
+//! rejects a `NaN` or an infinity, naming the unit and the tensor
+//! ([`Problem::NonFinite`]).
 //!
 //! # Manifest format
 //!
@@ -164,6 +167,20 @@ pub enum Problem {
     /// The contents cannot be decoded.
     #[error("malformed at byte {offset}: {what}")]
     Malformed { offset: usize, what: String },
+    /// A parameter or optimizer value that is not a finite number: training from it
+    /// gives `NaN` at every step.
+    #[error(
+        "{tensor} holds {value} at index {index}: not a finite number, so training \
+         from it cannot work (it diverged before the checkpoint was saved, or the file \
+         was altered); resume from an earlier checkpoint set or start again"
+    )]
+    NonFinite {
+        /// Which tensor: "unit `vision`'s parameters", "unit `vision`'s optimizer
+        /// tensor `m`".
+        tensor: String,
+        index: usize,
+        value: f32,
+    },
     /// A well-formed file that does not belong where it is used (another rank,
     /// another world size, another program or model).
     #[error("{0}")]
@@ -435,12 +452,14 @@ pub fn decode(bytes: &[u8]) -> Result<RankState, Problem> {
             }
             f => return Err(r.err(format!("unit `{name}`'s optimizer flag is {f}, not 0 or 1"))),
         };
-        units.push(UnitState {
+        let unit_state = UnitState {
             unit,
             name,
             params,
             optim,
-        });
+        };
+        check_finite(&unit_state)?;
+        units.push(unit_state);
     }
     if r.at != r.b.len() {
         return Err(r.err(format!(
@@ -456,6 +475,29 @@ pub fn decode(bytes: &[u8]) -> Result<RankState, Problem> {
         fingerprint,
         units,
     })
+}
+
+/// Every parameter and optimizer value of `u` is finite ([`Problem::NonFinite`]
+/// names the first that is not).
+pub fn check_finite(u: &UnitState) -> Result<(), Problem> {
+    let first_bad = |v: &[f32]| v.iter().position(|x| !x.is_finite());
+    if let Some(index) = first_bad(&u.params) {
+        return Err(Problem::NonFinite {
+            tensor: format!("unit `{}`'s parameters", u.name),
+            index,
+            value: u.params[index],
+        });
+    }
+    for (tn, t) in u.optim.iter().flat_map(|o| &o.tensors) {
+        if let Some(index) = first_bad(t) {
+            return Err(Problem::NonFinite {
+                tensor: format!("unit `{}`'s optimizer tensor `{tn}`", u.name),
+                index,
+                value: t[index],
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The checksum stored in a checkpoint file's bytes (its last 8), if long enough.
@@ -519,8 +561,13 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
 }
 
 /// Saves `state` to `path` atomically (see [`write_atomic`]); returns the file's
-/// size and checksum.
+/// size and checksum. A state with a value that is not finite is refused
+/// ([`Problem::NonFinite`]) and nothing is written.
 pub fn save(path: &Path, state: &RankState) -> Result<(u64, u64), CheckpointError> {
+    // A state no load would accept is not written (nor does it replace a good file).
+    for u in &state.units {
+        check_finite(u).map_err(|e| CheckpointError::new(path, e))?;
+    }
     let bytes = encode(state);
     write_atomic(path, &bytes)?;
     Ok((bytes.len() as u64, stored_checksum(&bytes).unwrap_or(0)))
