@@ -1032,8 +1032,18 @@ fn encoder_and_body<'e>(
 /// names: it goes around a whole schedule (only `refine` may go around it). False,
 /// with an error, when `body` (an argument of `e`) is a `layers`.
 fn outermost_layers(e: &Expr, body: &Expr, errors: &mut Vec<DeriveError>) -> bool {
-    if body.name() != "layers" || matches!(e.name(), "layers" | "refine") {
+    if body.name() != "layers" || e.name() == "refine" {
         return true;
+    }
+    if e.name() == "layers" {
+        errors.push(err(
+            ErrorKind::BadArgument,
+            body.span,
+            "`layers` inside `layers`: one `layers` already computes every unit layer by \
+             layer (only `refine` may go around it); write `layers(..)` once"
+                .to_string(),
+        ));
+        return false;
     }
     errors.push(err(
         ErrorKind::BadArgument,

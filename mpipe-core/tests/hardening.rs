@@ -246,3 +246,36 @@ fn figures_at_the_limit_refine_cleanly() {
         assert!(r.report.makespan.is_finite(), "{expr}");
     }
 }
+
+/// `layers` may be wrapped by `refine` only (the guide's rule): `layers(layers(..))`
+/// was accepted; it is refused with an error under the inner `layers`.
+#[test]
+fn layers_inside_layers_is_refused_with_a_span_error() {
+    let profile = Profile::from_toml_str(&format!("{ENCODER}{LLM}")).unwrap();
+    let req = Request::new(&profile, 2, 4);
+    for text in [
+        "layers(layers(1f1b))",
+        "refine(layers(layers(1f1b)))",
+        "layers(layers(transpose(vision, 1f1b)))",
+    ] {
+        let errors = derive_str(&req, text).expect_err(text);
+        assert_eq!(errors.len(), 1, "{text}: {errors:?}");
+        let e = &errors[0];
+        assert!(
+            e.message.contains("`layers` inside `layers`"),
+            "{text}: {e}"
+        );
+        // The span is the inner `layers(..)`.
+        let inner = text.rfind("layers(").unwrap();
+        let span = e.span.byte_range();
+        assert_eq!(span.start, inner, "{text}: {span:?}");
+        assert_eq!(&text[span.end - 1..span.end], ")", "{text}: {span:?}");
+    }
+    for ok in [
+        "layers(1f1b)",
+        "refine(layers(1f1b))",
+        "layers(transpose(vision, 1f1b))",
+    ] {
+        assert!(derive_str(&req, ok).is_ok(), "{ok}");
+    }
+}
