@@ -9,6 +9,8 @@
 //! - `hang RANK CODE`: rank RANK exits with CODE right after connecting; the others
 //!   sleep for a minute without communicating (hung ranks, for the launcher to
 //!   kill).
+//! - `late RANK MS`: rank RANK waits MS milliseconds before connecting; then all
+//!   run `ring` (a window for strangers to knock at the rendezvous).
 //! - `sleep`: every rank prints `rank R pid P` after connecting, then sleeps for a
 //!   minute (for signals to the launcher).
 //!
@@ -73,13 +75,28 @@ fn ring(c: &mut impl HostComm) -> Result<(), String> {
     Ok(())
 }
 
-const USAGE: &str = "usage: comm-selftest [ring | fail RANK CODE | hang RANK CODE | sleep]";
+const USAGE: &str =
+    "usage: comm-selftest [ring | fail RANK CODE | hang RANK CODE | late RANK MS | sleep]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("ring");
     let fail: Option<(usize, u8)> = match mode {
         "ring" | "sleep" => None,
+        "late" => {
+            let (r, ms) = (
+                args.get(1).and_then(|s| s.parse::<usize>().ok()),
+                args.get(2).and_then(|s| s.parse::<u64>().ok()),
+            );
+            let (Some(r), Some(ms)) = (r, ms) else {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            };
+            if std::env::var("RANK").ok().and_then(|v| v.parse().ok()) == Some(r) {
+                std::thread::sleep(std::time::Duration::from_millis(ms));
+            }
+            None
+        }
         "fail" | "hang" => match (
             args.get(1).and_then(|s| s.parse().ok()),
             args.get(2).and_then(|s| s.parse().ok()),

@@ -2,8 +2,9 @@
 //! `mpipe-run` binary does.
 //!
 //! Each rank gets `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
-//! `MASTER_ADDR=127.0.0.1` and `MASTER_PORT` (what [`crate::host::tcp::from_env`]
-//! reads), and its output lines are copied to ours prefixed with `[rank R] ` (stdout
+//! `MASTER_ADDR=127.0.0.1`, `MASTER_PORT` and the launch's random rendezvous secret
+//! in `MPIPE_RDZV_SECRET` (what [`crate::host::tcp::from_env`] reads; the secret keeps
+//! other processes of the machine out of the job), and its output lines are copied to ours prefixed with `[rank R] ` (stdout
 //! to stdout, stderr to stderr). When a rank exits unsuccessfully, the others get a
 //! grace period to exit on their own (they should: the failed rank aborted them, or
 //! its connections closed), then are killed; the launch's exit code is that of the
@@ -323,6 +324,10 @@ fn ephemeral_ports() -> Option<(u16, u16)> {
 
 fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String> {
     let n = cfg.ranks;
+    // This launch's rendezvous secret: only its own ranks can join (tcp, "Who may
+    // join"). Passed in the environment, which other users cannot read.
+    let secret = tcp::new_secret()
+        .map_err(|e| format!("cannot make a rendezvous secret (reading /dev/urandom): {e}"))?;
     let (eof_tx, eof_rx) = mpsc::channel();
     let mut children: Vec<Child> = Vec::with_capacity(n);
     let mut pumps = 0;
@@ -339,6 +344,7 @@ fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String>
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .env(tcp::BLAME_DIR_VAR, dir)
+            .env(tcp::SECRET_VAR, &secret)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())

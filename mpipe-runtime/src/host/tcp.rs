@@ -14,6 +14,20 @@
 //! Everything is bounded by the timeout given; a rank that does not show up makes
 //! the others fail with [`Error::Timeout`] naming what was missing.
 //!
+//! **Who may join.** Every hello (a registration, a peer's greeting) and rank 0's
+//! table carry the job's *rendezvous secret*: 32 random bytes that the launcher
+//! (`mpipe-run`, [`crate::host::launch`]) makes for each launch and hands to its
+//! ranks in the environment variable [`SECRET_VAR`] (64 hex digits; never on the
+//! command line, which every user of the machine can read). A connection is read
+//! for its hello only, and what it says is believed only if it carries the secret
+//! (compared in constant time); otherwise it is dropped, and a hello with the right
+//! magic but the wrong secret is reported on standard error. Connections that say
+//! nothing within [`HELLO_TIMEOUT`], or say something else, are dropped without
+//! holding up the set-up: strangers on the machine can neither join a job nor make
+//! it fail. Without [`SECRET_VAR`] (ranks started by another launcher) the secret is
+//! empty and anyone on the machine who speaks the protocol can join: set it to the
+//! same random value for every rank of a job ([`new_secret`]).
+//!
 //! **Wire format.** Every message is a frame: its length in bytes (`u64`, little
 //! endian, not counting itself), a type byte, then the body — `READY` (1): a channel;
 //! `DATA` (2): a channel then the `f32` values, little-endian; `ABORT` (3): the
@@ -35,7 +49,69 @@ use super::{host_comm, run_comms, Chan, Endpoint, Inbox, Link, Msg, Op};
 use crate::comm::{Error, Tag, Tensor};
 
 const MAGIC: u32 = 0x4d50_4950; // "MPIP"
-const PROTOCOL: u32 = 1;
+/// 2: hellos and the table carry the rendezvous secret.
+const PROTOCOL: u32 = 2;
+
+/// The environment variable through which a launcher hands its ranks the job's
+/// rendezvous secret: 64 hex digits ([`new_secret`]).
+pub const SECRET_VAR: &str = "MPIPE_RDZV_SECRET";
+
+/// The bytes of a rendezvous secret.
+pub const SECRET_LEN: usize = 32;
+
+/// A job's rendezvous secret (all zeros: none).
+pub type Secret = [u8; SECRET_LEN];
+
+/// How long a connection accepted during set-up may take to send its hello before
+/// it is dropped (the set-up goes on meanwhile).
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The most connections waiting to send their hello at once; beyond it the oldest
+/// is dropped (a flood of idle connections cannot exhaust the rank).
+const MAX_PENDING: usize = 64;
+
+/// A new random rendezvous secret, as [`SECRET_VAR`] holds it (64 hex digits, from
+/// the system's random source).
+///
+/// # Errors
+/// When the system's random source cannot be read.
+pub fn new_secret() -> io::Result<String> {
+    let mut b = [0u8; SECRET_LEN];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
+}
+
+/// The secret [`SECRET_VAR`]'s text gives.
+fn parse_secret(text: &str) -> Result<Secret, Error> {
+    let t = text.trim();
+    let bad = || {
+        Error::Setup(format!(
+            "{SECRET_VAR} is not {} hex digits (the launcher sets it; leave it alone)",
+            2 * SECRET_LEN
+        ))
+    };
+    if t.len() != 2 * SECRET_LEN || !t.is_ascii() {
+        return Err(bad());
+    }
+    let mut out = [0u8; SECRET_LEN];
+    for (i, x) in out.iter_mut().enumerate() {
+        *x = u8::from_str_radix(&t[2 * i..2 * i + 2], 16).map_err(|_| bad())?;
+    }
+    Ok(out)
+}
+
+/// Whether `a` and `b` are equal, in a time that does not depend on where they
+/// differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A line on standard error (ignoring a closed stream).
+fn log(text: &str) {
+    let mut e = io::stderr().lock();
+    let _ = e.write_all(text.as_bytes());
+    let _ = e.write_all(b"\n");
+}
 
 const READY: u8 = 1;
 const DATA: u8 = 2;
@@ -261,8 +337,12 @@ pub fn from_env(timeout: Duration) -> Result<TcpComm, Error> {
     // Under mpipe-run: note whom this rank blames if another rank fails first.
     let blame = std::env::var_os(BLAME_DIR_VAR)
         .map(|d| std::path::PathBuf::from(d).join(blame_file_name(rank)));
+    let secret = match std::env::var(SECRET_VAR) {
+        Ok(text) => parse_secret(&text)?,
+        Err(_) => [0; SECRET_LEN],
+    };
     let mode = super::default_mode()?;
-    let mut comm = connect_noting_blame(rank, world, master, None, timeout, blame)?;
+    let mut comm = connect_noting_blame(rank, world, master, None, timeout, blame, &secret)?;
     comm.ep.set_mode(mode);
     Ok(comm)
 }
@@ -287,7 +367,19 @@ pub fn connect(
     master: SocketAddr,
     timeout: Duration,
 ) -> Result<TcpComm, Error> {
-    connect_noting_blame(rank, world, master, None, timeout, None)
+    connect_noting_blame(rank, world, master, None, timeout, None, &[0; SECRET_LEN])
+}
+
+/// [`connect`], proving `secret` to the other ranks and accepting only those that
+/// prove it (see the module doc, "Who may join").
+pub fn connect_with_secret(
+    rank: usize,
+    world: usize,
+    master: SocketAddr,
+    secret: &Secret,
+    timeout: Duration,
+) -> Result<TcpComm, Error> {
+    connect_noting_blame(rank, world, master, None, timeout, None, secret)
 }
 
 /// [`connect`], with rank 0's master listener already bound (`bound`, by the
@@ -300,6 +392,7 @@ fn connect_noting_blame(
     bound: Option<TcpListener>,
     timeout: Duration,
     blame: Option<std::path::PathBuf>,
+    secret: &Secret,
 ) -> Result<TcpComm, Error> {
     if rank >= world {
         return Err(Error::Setup(format!(
@@ -322,35 +415,29 @@ fn connect_noting_blame(
             .map_err(|e| Error::io(format!("rank {rank}: listener address"), e))?
             .port();
         let ports = if rank == 0 {
-            serve_table(master, bound, world, port, deadline, timeout)?
+            serve_table(master, bound, world, port, deadline, timeout, secret)?
         } else {
-            register(rank, world, master, port, deadline, timeout)?
+            register(rank, world, master, port, deadline, timeout, secret)?
         };
         for (q, &port) in ports.iter().enumerate().skip(rank + 1) {
             let addr = SocketAddr::new(ip, port);
             let mut s = connect_retry(addr, deadline, timeout, &|| {
                 format!("rank {rank}: connecting to rank {q} at {addr}")
             })?;
-            s.write_all(&peer_hello(rank, world))
+            s.write_all(&peer_hello(rank, world, secret))
                 .map_err(|e| Error::io(format!("rank {rank}: greeting rank {q}"), e))?;
             streams[q] = Some(s);
         }
         listener
             .set_nonblocking(true)
             .map_err(|e| Error::io("set_nonblocking", e))?;
+        let mut door = Door::new(&listener, 4, secret, format!("rank {rank}"));
         while streams[..rank].iter().any(Option::is_none) {
             let missing: Vec<usize> = (0..rank).filter(|&q| streams[q].is_none()).collect();
-            let mut s = accept_until(&listener, deadline, timeout, &|| {
+            let (s, h) = door.next(deadline, timeout, &|| {
                 format!("ranks {missing:?} to connect to rank {rank}")
             })?;
-            let mut h = [0u8; 16];
-            if read_exact_until(&mut s, &mut h, deadline).is_err() {
-                continue;
-            }
-            let [magic, proto, q, w] = words(&h);
-            if magic != MAGIC || proto != PROTOCOL {
-                continue; // not one of ours
-            }
+            let [_, _, q, w] = words(&h);
             let (q, w) = (q as usize, w as usize);
             if w != world {
                 return Err(Error::Setup(format!(
@@ -376,11 +463,144 @@ fn words<const N: usize>(b: &[u8]) -> [u32; N] {
     w
 }
 
-fn peer_hello(rank: usize, world: usize) -> Vec<u8> {
-    [MAGIC, PROTOCOL, rank as u32, world as u32]
+fn peer_hello(rank: usize, world: usize, secret: &Secret) -> Vec<u8> {
+    let mut h: Vec<u8> = [MAGIC, PROTOCOL, rank as u32, world as u32]
         .iter()
         .flat_map(|w| w.to_le_bytes())
-        .collect()
+        .collect();
+    h.extend_from_slice(secret);
+    h
+}
+
+/// A connection accepted during set-up that has not sent its whole hello yet.
+struct Pending {
+    s: TcpStream,
+    from: Option<SocketAddr>,
+    got: Vec<u8>,
+    since: Instant,
+}
+
+/// The set-up's door: accepts connections on a non-blocking listener and hands out
+/// those whose hello (`words` `u32`s: the magic, the protocol, ...; then the secret)
+/// proves the job's secret. Hellos are read from every waiting connection at once,
+/// so a stranger that connects and says nothing (or too little) holds up nobody:
+/// it is dropped after [`HELLO_TIMEOUT`].
+struct Door<'l> {
+    listener: &'l TcpListener,
+    /// Bytes of a hello: the words, then the secret.
+    len: usize,
+    secret: &'l Secret,
+    /// Who is listening (for the log).
+    who: String,
+    pending: Vec<Pending>,
+}
+
+impl<'l> Door<'l> {
+    fn new(listener: &'l TcpListener, words: usize, secret: &'l Secret, who: String) -> Door<'l> {
+        Door {
+            listener,
+            len: 4 * words + SECRET_LEN,
+            secret,
+            who,
+            pending: Vec::new(),
+        }
+    }
+
+    /// The next connection with a hello that proves the secret, and its hello
+    /// (blocking again); a timeout naming `what` at `deadline`.
+    fn next(
+        &mut self,
+        deadline: Instant,
+        timeout: Duration,
+        what: &dyn Fn() -> String,
+    ) -> Result<(TcpStream, Vec<u8>), Error> {
+        loop {
+            let mut busy = false;
+            // Everyone at the door comes in.
+            loop {
+                match self.listener.accept() {
+                    Ok((s, from)) => {
+                        busy = true;
+                        if s.set_nonblocking(true).is_err() {
+                            continue;
+                        }
+                        if self.pending.len() >= MAX_PENDING {
+                            self.pending.remove(0);
+                        }
+                        self.pending.push(Pending {
+                            s,
+                            from: Some(from),
+                            got: Vec::with_capacity(self.len),
+                            since: Instant::now(),
+                        });
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    // A connection that failed before it was accepted, or a
+                    // transient shortage: try again on the next round.
+                    Err(_) => break,
+                }
+            }
+            // Read what each has said so far.
+            let mut i = 0;
+            while i < self.pending.len() {
+                let p = &mut self.pending[i];
+                let mut buf = [0u8; 128];
+                let want = self.len - p.got.len();
+                let keep = match p.s.read(&mut buf[..want.min(128)]) {
+                    Ok(0) => false,
+                    Ok(k) => {
+                        busy = true;
+                        p.got.extend_from_slice(&buf[..k]);
+                        true
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                        p.since.elapsed() < HELLO_TIMEOUT
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => true,
+                    Err(_) => false,
+                };
+                if !keep {
+                    self.pending.swap_remove(i);
+                    continue;
+                }
+                if p.got.len() < self.len {
+                    i += 1;
+                    continue;
+                }
+                let p = self.pending.swap_remove(i);
+                let [magic, proto] = words(&p.got);
+                if magic != MAGIC || proto != PROTOCOL {
+                    continue; // not one of ours
+                }
+                if !same_secret(&p.got[self.len - SECRET_LEN..], self.secret) {
+                    let from = p
+                        .from
+                        .map_or("an unknown address".to_string(), |a| a.to_string());
+                    log(&format!(
+                        "mpipe: {}: rejected a connection from {from}: its hello does not \
+                         carry this job's rendezvous secret ({SECRET_VAR}); not one of this \
+                         job's ranks",
+                        self.who
+                    ));
+                    continue;
+                }
+                if p.s.set_nonblocking(false).is_err() {
+                    continue;
+                }
+                return Ok((p.s, p.got));
+            }
+            if Instant::now() >= deadline {
+                return Err(Error::Timeout {
+                    after: timeout,
+                    waiting_for: what(),
+                });
+            }
+            if !busy {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+    }
 }
 
 /// Rank 0: collects every rank's listener port at `master`, then sends everyone the
@@ -392,6 +612,7 @@ fn serve_table(
     my_port: u16,
     deadline: Instant,
     timeout: Duration,
+    secret: &Secret,
 ) -> Result<Vec<u16>, Error> {
     let listener = match bound {
         Some(l) => l,
@@ -408,19 +629,13 @@ fn serve_table(
     let mut ports = vec![0u16; world];
     ports[0] = my_port;
     let mut registered: Vec<Option<TcpStream>> = (0..world).map(|_| None).collect();
+    let mut door = Door::new(&listener, 5, secret, format!("rank 0 at {master}"));
     while registered[1..].iter().any(Option::is_none) {
         let missing: Vec<usize> = (1..world).filter(|&q| registered[q].is_none()).collect();
-        let mut s = accept_until(&listener, deadline, timeout, &|| {
+        let (s, h) = door.next(deadline, timeout, &|| {
             format!("ranks {missing:?} to register with rank 0 at {master}")
         })?;
-        let mut h = [0u8; 20];
-        if read_exact_until(&mut s, &mut h, deadline).is_err() {
-            continue;
-        }
-        let [magic, proto, q, w, port] = words(&h);
-        if magic != MAGIC || proto != PROTOCOL {
-            continue;
-        }
+        let [_, _, q, w, port] = words(&h);
         let (q, w) = (q as usize, w as usize);
         if w != world {
             return Err(Error::Setup(format!(
@@ -439,6 +654,7 @@ fn serve_table(
         .iter()
         .flat_map(|w| w.to_le_bytes())
         .collect();
+    table.extend_from_slice(secret);
     for p in &ports {
         table.extend_from_slice(&u32::from(*p).to_le_bytes());
     }
@@ -460,11 +676,12 @@ fn register(
     my_port: u16,
     deadline: Instant,
     timeout: Duration,
+    secret: &Secret,
 ) -> Result<Vec<u16>, Error> {
     let what =
         || format!("rank {rank}: registering with rank 0 at {master} (MASTER_ADDR:MASTER_PORT)");
     let mut s = connect_retry(master, deadline, timeout, &what)?;
-    let hello: Vec<u8> = [
+    let mut hello: Vec<u8> = [
         MAGIC,
         PROTOCOL,
         rank as u32,
@@ -474,8 +691,9 @@ fn register(
     .iter()
     .flat_map(|w| w.to_le_bytes())
     .collect();
+    hello.extend_from_slice(secret);
     s.write_all(&hello).map_err(|e| Error::io(what(), e))?;
-    let mut table = vec![0u8; 8 + 4 * world];
+    let mut table = vec![0u8; 8 + SECRET_LEN + 4 * world];
     read_exact_until(&mut s, &mut table, deadline).map_err(|e| match e.kind() {
         io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => Error::Timeout {
             after: timeout,
@@ -484,12 +702,13 @@ fn register(
         _ => Error::io(format!("rank {rank}: reading the address table from rank 0"), e),
     })?;
     let [magic, w] = words(&table);
-    if magic != MAGIC || w as usize != world {
+    if magic != MAGIC || w as usize != world || !same_secret(&table[8..8 + SECRET_LEN], secret) {
         return Err(Error::Setup(format!(
-            "rank {rank}: bad address table from {master} (another program on MASTER_PORT?)"
+            "rank {rank}: bad address table from {master} (another program on MASTER_PORT, \
+             or a rank 0 of another job: check {SECRET_VAR})"
         )));
     }
-    Ok(table[8..]
+    Ok(table[8 + SECRET_LEN..]
         .chunks_exact(4)
         .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) as u16)
         .collect())
@@ -519,40 +738,6 @@ fn connect_retry(
             });
         }
         std::thread::sleep(Duration::from_millis(10).min(left));
-    }
-}
-
-/// Accepts one connection on a non-blocking `listener` before `deadline`.
-fn accept_until(
-    listener: &TcpListener,
-    deadline: Instant,
-    timeout: Duration,
-    what: &dyn Fn() -> String,
-) -> Result<TcpStream, Error> {
-    loop {
-        match listener.accept() {
-            Ok((s, _)) => {
-                s.set_nonblocking(false)
-                    .map_err(|e| Error::io("set_nonblocking", e))?;
-                return Ok(s);
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                if Instant::now() >= deadline {
-                    return Err(Error::Timeout {
-                        after: timeout,
-                        waiting_for: what(),
-                    });
-                }
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                return Err(Error::io(
-                    format!("accepting while waiting for {}", what()),
-                    e,
-                ))
-            }
-        }
     }
 }
 
@@ -624,11 +809,15 @@ pub fn world(n: usize, timeout: Duration) -> Result<Vec<TcpComm>, Error> {
         .local_addr()
         .map_err(|e| Error::io("listener address", e))?;
     let mut bound = Some(listener);
+    let secret = new_secret()
+        .map_err(|e| Error::io("reading the system's random source for a secret", e))
+        .and_then(|t| parse_secret(&t))?;
+    let secret = &secret;
     let comms: Vec<Result<TcpComm, Error>> = std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|r| {
                 let mine = if r == 0 { bound.take() } else { None };
-                s.spawn(move || connect_noting_blame(r, n, master, mine, timeout, None))
+                s.spawn(move || connect_noting_blame(r, n, master, mine, timeout, None, secret))
             })
             .collect();
         handles
