@@ -43,7 +43,8 @@ pub enum Kind {
 }
 
 /// One buffer: `(kind, unit, mb)` from action `first` to action `last` (indices in
-/// the rank's list, inclusive), at `offset` in the arena.
+/// the rank's list, inclusive; the actions of one batch all count at the index of the
+/// batch's first), at `offset` in the arena.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Buffer {
     pub kind: Kind,
@@ -142,6 +143,17 @@ pub fn plan(program: &Program, rank: usize, out_len: &[usize]) -> Result<Plan, P
             .sum()
     };
 
+    // A batch's transfers run together (one `HcclBatchSendRecv`): every action of a
+    // batch takes place at the index of its first, so a buffer it sends and one it
+    // receives are live at once and never share bytes.
+    let mut at: Vec<usize> = (0..list.len()).collect();
+    for i in 1..list.len() {
+        if let (ActionRef::P2p(x), ActionRef::P2p(y)) = (list[i - 1].view(), list[i].view()) {
+            if x.batch.is_some() && x.batch == y.batch {
+                at[i] = at[i - 1];
+            }
+        }
+    }
     let mut buffers: Vec<Buffer> = Vec::new();
     let mut current: BTreeMap<(Kind, UnitId, usize), usize> = BTreeMap::new();
     let mut by_def = BTreeMap::new();
@@ -158,8 +170,8 @@ pub fn plan(program: &Program, rank: usize, out_len: &[usize]) -> Result<Plan, P
             unit,
             mb,
             len,
-            first: i,
-            last: i,
+            first: at[i],
+            last: at[i],
             offset: 0,
             reuses: Vec::new(),
         });
@@ -171,7 +183,7 @@ pub fn plan(program: &Program, rank: usize, out_len: &[usize]) -> Result<Plan, P
                  i: usize,
                  key: (Kind, UnitId, usize)| {
         if let Some(&b) = current.get(&key) {
-            buffers[b].last = i;
+            buffers[b].last = at[i];
         }
     };
     for (i, a) in list.iter().enumerate() {

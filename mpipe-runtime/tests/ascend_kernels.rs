@@ -210,7 +210,7 @@ fn host_step(p: &[Vec<f64>; 4], x: &[f64], t: &[i64]) -> HostStep {
     for (i, v) in z.iter_mut().enumerate() {
         *v += b2[i % C];
     }
-    let mut logp = vec![0.0; N * C];
+    let mut logp = [0.0; N * C];
     for r in 0..N {
         let row = &z[r * C..(r + 1) * C];
         let mx = row.iter().cloned().fold(f64::NEG_INFINITY, f64::max);

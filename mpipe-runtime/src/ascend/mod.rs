@@ -66,6 +66,7 @@
 //! `MASTER_ADDR:MASTER_PORT`, the others fetch them. Both work on the emulator (its
 //! root info carries the address of the process that serves the group).
 
+pub mod device;
 #[allow(unsafe_code)]
 pub mod kernels;
 #[allow(unsafe_code)]
