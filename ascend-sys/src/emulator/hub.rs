@@ -11,9 +11,21 @@
 //! receive has taken the data, an unbatched send-send cycle times out with the same
 //! report, and collectives reduce in rank order.
 //!
+//! Who may connect: the listener is reachable by every process of the machine, so a
+//! lane's hello carries the job's rendezvous secret, the 64 hex digits of
+//! `MPIPE_RDZV_SECRET` that the launcher (`mpipe-run`) gives every rank, and the
+//! serving process compares it (in constant time) with its own before it reads
+//! anything else; a wrong one is reported on standard error and the connection
+//! closed. Without the variable the secret is empty (zeros), and any local process
+//! that knows a group id can join. A hello must arrive within [`HELLO_TIMEOUT`], and
+//! at most [`MAX_GREETING`] connections may be saying hello at once. Every length in a
+//! request is checked against [`max_message`] before anything is allocated, and
+//! buffers are allocated fallibly: a request the process cannot hold fails its lane,
+//! never the process.
+//!
 //! Wire format (little-endian; one request, one reply, on one connection at a time):
-//! - hello: `MAGIC`, group id `u64`, kind `u8` (0 join, 1 attach another lane),
-//!   ranks `u32`, rank `u32` -> status `u32`;
+//! - hello: `MAGIC`, the secret (32 bytes), group id `u64`, kind `u8` (0 join, 1
+//!   attach another lane), ranks `u32`, rank `u32` -> status `u32`;
 //! - send: `1`, peer `u32`, length `u64`, data -> status;
 //! - receive: `2`, peer `u32`, length `u64` -> status, data;
 //! - batch: `3`, sends `u32` x (peer `u32`, length `u64`, data), receives `u32` x
@@ -30,8 +42,72 @@ use super::hccl::{element_size, join_group, timeout, CollOp, Group, MAGIC};
 use crate::bindings::*;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
+
+/// The environment variable holding the job's rendezvous secret (64 hex digits; set
+/// by `mpipe-run` for every rank, as `mpipe_runtime::host::tcp::SECRET_VAR`).
+pub const SECRET_VAR: &str = "MPIPE_RDZV_SECRET";
+
+const SECRET_LEN: usize = 32;
+
+/// How long a new connection may take to send its hello.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The most connections saying hello at once; more are closed at once.
+pub const MAX_GREETING: usize = 256;
+
+/// The most sends or receives in one batch request.
+const MAX_BATCH_ITEMS: u32 = 1 << 16;
+
+/// The default of [`max_message`]: 1 GiB.
+const DEFAULT_MAX_MESSAGE: usize = 1 << 30;
+
+/// The largest transfer or collective input one request may carry, in bytes (all of
+/// a batch's together): `MPIPE_ASCEND_EMU_MAX_MESSAGE` or 1 GiB.
+pub fn max_message() -> usize {
+    static MAX: OnceLock<usize> = OnceLock::new();
+    *MAX.get_or_init(|| {
+        std::env::var("MPIPE_ASCEND_EMU_MAX_MESSAGE")
+            .ok()
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(DEFAULT_MAX_MESSAGE)
+    })
+}
+
+/// This process's rendezvous secret ([`SECRET_VAR`]; zeros without it).
+fn secret() -> &'static [u8; SECRET_LEN] {
+    static SECRET: OnceLock<[u8; SECRET_LEN]> = OnceLock::new();
+    SECRET.get_or_init(|| {
+        let mut out = [0u8; SECRET_LEN];
+        let Ok(text) = std::env::var(SECRET_VAR) else {
+            return out;
+        };
+        let t = text.trim();
+        let parsed = t.len() == 2 * SECRET_LEN
+            && t.is_ascii()
+            && out.iter_mut().enumerate().all(|(i, x)| {
+                u8::from_str_radix(&t[2 * i..2 * i + 2], 16)
+                    .map(|v| *x = v)
+                    .is_ok()
+            });
+        if !parsed {
+            eprintln!(
+                "ascend-sys emulator: {SECRET_VAR} is not {} hex digits; ignored (any local \
+                 process that knows a group id can join this process's communicators)",
+                2 * SECRET_LEN
+            );
+            return [0; SECRET_LEN];
+        }
+        out
+    })
+}
+
+/// Whether `a` and `b` are equal, in a time that does not depend on where they differ.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
 
 const JOIN: u8 = 0;
 const ATTACH: u8 = 1;
@@ -60,10 +136,20 @@ pub(super) fn address() -> Option<SocketAddr> {
         std::thread::Builder::new()
             .name("ascend-emu-hub".into())
             .spawn(move || {
+                static GREETING: AtomicUsize = AtomicUsize::new(0);
                 for conn in listener.incoming().flatten() {
-                    let _ = std::thread::Builder::new()
+                    // A flood of connections that say nothing costs at most
+                    // MAX_GREETING threads for HELLO_TIMEOUT each.
+                    if GREETING.fetch_add(1, Ordering::SeqCst) >= MAX_GREETING {
+                        GREETING.fetch_sub(1, Ordering::SeqCst);
+                        continue;
+                    }
+                    let spawned = std::thread::Builder::new()
                         .name("ascend-emu-lane".into())
-                        .spawn(move || serve(conn));
+                        .spawn(move || serve(conn, &GREETING));
+                    if spawned.is_err() {
+                        GREETING.fetch_sub(1, Ordering::SeqCst);
+                    }
                 }
             })
             .ok()?;
@@ -99,16 +185,25 @@ fn get_u64(r: &mut impl Read) -> io::Result<u64> {
     Ok(u64::from_le_bytes(x))
 }
 
-/// A length read from a peer, bounded so a corrupt message cannot exhaust memory.
+/// A length read from a peer, at most [`max_message`] (checked before anything is
+/// allocated for it).
 fn get_len(r: &mut impl Read) -> io::Result<usize> {
     let n = get_u64(r)?;
-    if n > 1 << 40 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidData,
-            "length too large",
-        ));
+    match usize::try_from(n) {
+        Ok(n) if n <= max_message() => Ok(n),
+        _ => Err(too_large(n)),
     }
-    Ok(n as usize)
+}
+
+fn too_large(n: u64) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!(
+            "a request of {n} bytes, over the {} a request may carry \
+             (MPIPE_ASCEND_EMU_MAX_MESSAGE)",
+            max_message()
+        ),
+    )
 }
 
 /// A byte buffer aligned for every HCCL data type (reductions read it as `f64`/`u64`).
@@ -125,8 +220,23 @@ impl Aligned {
         }
     }
 
+    /// [`Aligned::zeroed`], failing instead of aborting the process when the memory
+    /// cannot be had.
+    fn try_zeroed(len: usize) -> io::Result<Aligned> {
+        let n = len.div_ceil(8).max(1);
+        let mut words = Vec::new();
+        words.try_reserve_exact(n).map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!("cannot allocate {len} bytes for a request"),
+            )
+        })?;
+        words.resize(n, 0);
+        Ok(Aligned { words, len })
+    }
+
     fn read(r: &mut impl Read, len: usize) -> io::Result<Aligned> {
-        let mut a = Aligned::zeroed(len);
+        let mut a = Aligned::try_zeroed(len)?;
         r.read_exact(a.bytes_mut())?;
         Ok(a)
     }
@@ -171,10 +281,16 @@ unsafe fn copy_out(data: &[u8], addr: usize) {
 
 // ------------------------------------------------------------------ server side
 
-/// One lane of a remote rank: the hello, then its requests until it closes.
-fn serve(mut conn: TcpStream) {
+/// One lane of a remote rank: the hello (within [`HELLO_TIMEOUT`]; `greeting`
+/// counts the connections at that stage), then its requests until it closes.
+fn serve(mut conn: TcpStream, greeting: &AtomicUsize) {
     let _ = conn.set_nodelay(true);
-    let Ok((group, rank)) = hello(&mut conn) else {
+    let greeted = conn
+        .set_read_timeout(Some(HELLO_TIMEOUT))
+        .and_then(|()| hello(&mut conn))
+        .and_then(|g| conn.set_read_timeout(None).map(|()| g));
+    greeting.fetch_sub(1, Ordering::SeqCst);
+    let Ok((group, rank)) = greeted else {
         return;
     };
     group.remote_opened();
@@ -193,11 +309,26 @@ fn reply_status(conn: &mut TcpStream, rc: HcclResult) -> io::Result<()> {
 fn hello(conn: &mut TcpStream) -> io::Result<(Arc<Group>, u32)> {
     let mut magic = [0u8; 8];
     conn.read_exact(&mut magic)?;
+    if &magic != MAGIC {
+        return Err(io::Error::other("not a lane"));
+    }
+    let mut theirs = [0u8; SECRET_LEN];
+    conn.read_exact(&mut theirs)?;
+    if !same_secret(&theirs, secret()) {
+        let from = conn
+            .peer_addr()
+            .map_or("an unknown address".to_string(), |a| a.to_string());
+        eprintln!(
+            "ascend-sys emulator: rejected a connection from {from}: its hello does not \
+             carry this job's rendezvous secret ({SECRET_VAR}); not one of this job's ranks"
+        );
+        return Err(io::Error::other("wrong secret"));
+    }
     let id = get_u64(conn)?;
     let kind = get_u8(conn)?;
     let ranks = get_u32(conn)?;
     let rank = get_u32(conn)?;
-    let joined = if &magic != MAGIC || rank >= ranks || kind > ATTACH {
+    let joined = if rank >= ranks || kind > ATTACH {
         Err(HcclResult::HCCL_E_PARA)
     } else {
         join_group(id, ranks, kind == JOIN)
@@ -232,7 +363,7 @@ fn handle(group: &Group, rank: u32, op: u8, conn: &mut TcpStream) -> io::Result<
         RECV => {
             let peer = get_u32(conn)?;
             let len = get_len(conn)?;
-            let mut data = Aligned::zeroed(len);
+            let mut data = Aligned::try_zeroed(len)?;
             let rc = if ok_peer(peer) {
                 group.receive(peer, rank, data.addr(), len)
             } else {
@@ -243,19 +374,44 @@ fn handle(group: &Group, rank: u32, op: u8, conn: &mut TcpStream) -> io::Result<
             conn.write_all(&out)
         }
         BATCH => {
-            let n = get_u32(conn)?;
+            // All of a batch's data together is bounded like one request's.
+            let mut total = 0usize;
+            let mut add = |len: usize| -> io::Result<()> {
+                total = total.saturating_add(len);
+                if total > max_message() {
+                    return Err(too_large(total as u64));
+                }
+                Ok(())
+            };
+            let count = |n: u32| -> io::Result<u32> {
+                if n > MAX_BATCH_ITEMS {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!("a batch of {n} items, over {MAX_BATCH_ITEMS}"),
+                    ));
+                }
+                Ok(n)
+            };
+            let n = count(get_u32(conn)?)?;
             let mut sends = Vec::new();
             for _ in 0..n {
                 let peer = get_u32(conn)?;
                 let len = get_len(conn)?;
+                add(len)?;
                 sends.push((peer, Aligned::read(conn, len)?));
             }
-            let n = get_u32(conn)?;
-            let mut recvs = Vec::new();
+            let n = count(get_u32(conn)?)?;
+            let mut lens = Vec::new();
             for _ in 0..n {
                 let peer = get_u32(conn)?;
                 let len = get_len(conn)?;
-                recvs.push((peer, Aligned::zeroed(len)));
+                add(len)?;
+                lens.push((peer, len));
+            }
+            // Allocated once every length has been checked.
+            let mut recvs = Vec::new();
+            for (peer, len) in lens {
+                recvs.push((peer, Aligned::try_zeroed(len)?));
             }
             let all_ok = sends.iter().chain(&recvs).all(|(p, _)| ok_peer(*p));
             let rc = if all_ok {
@@ -281,14 +437,17 @@ fn handle(group: &Group, rank: u32, op: u8, conn: &mut TcpStream) -> io::Result<
             let coll = CollOp::decode(conn)?;
             let len = get_len(conn)?;
             let mut input = Aligned::read(conn, len)?;
-            let (rc, output) = if len != coll.input_bytes() || coll.root() >= group.size {
+            let (rc, output) = if len != coll.input_bytes()
+                || coll.root() >= group.size
+                || coll.output_bytes() > max_message()
+            {
                 (HcclResult::HCCL_E_PARA, Vec::new())
             } else if coll.in_place() {
                 let addr = input.addr();
                 let rc = coll.run(group, rank, addr, addr);
                 (rc, input.bytes().to_vec())
             } else {
-                let mut output = Aligned::zeroed(coll.output_bytes());
+                let mut output = Aligned::try_zeroed(coll.output_bytes())?;
                 let rc = coll.run(group, rank, input.addr(), output.addr());
                 (rc, output.bytes().to_vec())
             };
@@ -350,6 +509,7 @@ impl Remote {
         })?;
         let _ = conn.set_nodelay(true);
         let mut hello = MAGIC.to_vec();
+        hello.extend_from_slice(secret());
         put_u64(&mut hello, self.id);
         hello.push(kind);
         put_u32(&mut hello, self.size);
@@ -408,7 +568,25 @@ impl Remote {
         }
     }
 
+    /// `HCCL_E_PARA`, said on standard error, when `bytes` is over what one request
+    /// may carry to the serving process.
+    fn over_limit(&self, bytes: usize) -> Option<HcclResult> {
+        (bytes > max_message()).then(|| {
+            eprintln!(
+                "ascend-sys emulator: rank {}: a transfer of {bytes} bytes to another \
+                 process, over the {} one request may carry (raise \
+                 MPIPE_ASCEND_EMU_MAX_MESSAGE) (HCCL_E_PARA)",
+                self.rank,
+                max_message()
+            );
+            HcclResult::HCCL_E_PARA
+        })
+    }
+
     pub(super) fn send(&self, peer: u32, addr: usize, len: usize) -> HcclResult {
+        if let Some(rc) = self.over_limit(len) {
+            return rc;
+        }
         let mut req = vec![SEND];
         put_u32(&mut req, peer);
         put_u64(&mut req, len as u64);
@@ -418,6 +596,9 @@ impl Remote {
     }
 
     pub(super) fn receive(&self, peer: u32, addr: usize, len: usize) -> HcclResult {
+        if let Some(rc) = self.over_limit(len) {
+            return rc;
+        }
         let mut req = vec![RECV];
         put_u32(&mut req, peer);
         put_u64(&mut req, len as u64);
@@ -437,6 +618,13 @@ impl Remote {
         sends: &[(u32, usize, usize)],
         recvs: &[(u32, usize, usize)],
     ) -> HcclResult {
+        let total = sends
+            .iter()
+            .chain(recvs)
+            .fold(0usize, |t, &(_, _, len)| t.saturating_add(len));
+        if let Some(rc) = self.over_limit(total) {
+            return rc;
+        }
         let mut req = vec![BATCH];
         put_u32(&mut req, sends.len() as u32);
         for &(peer, addr, len) in sends {
@@ -466,6 +654,9 @@ impl Remote {
     /// Runs `coll` with this rank's input at `input` and output at `output` (the same
     /// address for in-place operations).
     pub(super) fn collective(&self, coll: CollOp, input: usize, output: usize) -> HcclResult {
+        if let Some(rc) = self.over_limit(coll.input_bytes().max(coll.output_bytes())) {
+            return rc;
+        }
         let mut req = vec![COLLECTIVE];
         coll.encode(&mut req);
         let len = coll.input_bytes();
