@@ -739,6 +739,8 @@ fn run_check(frozen: bool, backend: Backend) -> Result<()> {
 #[cfg(feature = "ascend")]
 mod ascend {
     use super::*;
+    // The closed-pipe-safe macros, not the prelude's (the glob above is ambiguous).
+    use super::{eprintln, println};
     use mpipe::runtime::ascend::{counters, run_ranks, AscendComm};
     use mpipe_mllm::pipeline::StepReport;
     use mpipe_mllm::pipeline::{rel_diff, train as train_host};
