@@ -13,10 +13,10 @@
 //! the action. Each action's wall-clock interval is recorded for a trace.
 
 use crate::comm::{Comm, Tag};
+use crate::cursor::{unit_index, Cursor, Held, Units};
 use crate::model::{Model, Tensor};
 use crate::{Dir, P2p, Step, Tensor as Kind, UnitId};
-use mpipe_core::plan::needs_backward;
-use mpipe_core::program::{ActionRef, Op, Program};
+use mpipe_core::program::{ActionRef, CollKind, Op, Program};
 use mpipe_core::timeline::{Slot, Timeline};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -59,25 +59,12 @@ pub enum ExecError {
     NoSuchRank { rank: usize, ranks: usize },
 }
 
-/// Unit facts the executor needs, by unit id.
-struct UnitInfo {
-    inputs: Vec<UnitId>,
-    /// Successors that need a backward (their gradients flow into this unit).
-    grad_from: Vec<UnitId>,
-    act: f64,
-    /// Elements of the unit's forward output ([`Model::output_len`]).
-    out_len: usize,
-}
-
 /// One rank's executor for one step.
 pub struct Executor<'a, C: Comm, M: Model> {
-    rank: usize,
-    program: &'a Program,
+    at: Cursor<'a>,
     comm: &'a mut C,
     model: &'a mut M,
-    units: Vec<UnitInfo>,
-    /// Next action index in the rank's list.
-    pc: usize,
+    units: Units,
     acts: BTreeMap<(UnitId, usize), Tensor>,
     stashes: BTreeMap<(UnitId, usize), M::Stash>,
     /// Input gradients produced by `B(unit, mb)` (one per input), local or received.
@@ -85,57 +72,26 @@ pub struct Executor<'a, C: Comm, M: Model> {
     /// Remaining local uses of each buffer (readers and sends still to come).
     act_uses: BTreeMap<(UnitId, usize), usize>,
     grad_uses: BTreeMap<(UnitId, usize), usize>,
-    /// Live activation memory (program-format units) and its peak.
-    live: f64,
-    peak: f64,
-    held: BTreeMap<(UnitId, usize), f64>,
-    /// `(op, unit, mb)` of every compute action of this rank, with its index.
-    computes: BTreeMap<(Op, UnitId, usize), usize>,
+    held: Held,
     start: Instant,
     slots: Vec<Slot>,
-}
-
-fn unit_index(p: &Program, name: &str) -> UnitId {
-    p.unit_index(name).map_or(UnitId::MAX, |i| i as UnitId)
 }
 
 impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
     /// An executor for `comm.rank()`'s actions of `program`.
     pub fn new(program: &'a Program, comm: &'a mut C, model: &'a mut M) -> Self {
         let rank = comm.rank();
-        let need = needs_backward(&program.units);
-        let units: Vec<UnitInfo> = program
-            .units
-            .iter()
-            .map(|u| UnitInfo {
-                inputs: u.inputs.iter().map(|n| unit_index(program, n)).collect(),
-                grad_from: program
-                    .units
-                    .iter()
-                    .enumerate()
-                    .filter(|(s, su)| need[*s] && su.inputs.contains(&u.name))
-                    .map(|(s, _)| s as UnitId)
-                    .collect(),
-                act: u.act,
-                out_len: 0,
-            })
-            .collect();
-        let mut units = units;
-        for (u, info) in units.iter_mut().enumerate() {
-            info.out_len = model.output_len(u as UnitId);
-        }
+        let units = Units::new(program, |u| model.output_len(u));
         // Count how often this rank reads or sends each buffer, to free it after
         // its last use.
         let mut act_uses = BTreeMap::new();
         let mut grad_uses = BTreeMap::new();
-        let mut computes = BTreeMap::new();
         let list = program.programs.get(rank).map_or(&[][..], Vec::as_slice);
-        for (i, a) in list.iter().enumerate() {
+        for a in list {
             match a.view() {
                 ActionRef::Compute(c) => {
                     let u = unit_index(program, c.unit);
-                    computes.insert((c.op, u, c.mb), i);
-                    let Some(info) = units.get(u as usize) else {
+                    let Some(info) = units.0.get(u as usize) else {
                         continue;
                     };
                     match c.op {
@@ -166,21 +122,16 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
             }
         }
         Executor {
-            rank,
-            program,
+            at: Cursor::new(program, rank),
             comm,
             model,
             units,
-            pc: 0,
             acts: BTreeMap::new(),
             stashes: BTreeMap::new(),
             grads: BTreeMap::new(),
             act_uses,
             grad_uses,
-            live: 0.0,
-            peak: 0.0,
-            held: BTreeMap::new(),
-            computes,
+            held: Held::default(),
             start: Instant::now(),
             slots: Vec::with_capacity(list.len()),
         }
@@ -188,7 +139,7 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
 
     /// Peak activation memory of the run so far (program-format units).
     pub fn peak_memory(&self) -> f64 {
-        self.peak
+        self.held.peak
     }
 
     /// The rank's executed actions' wall-clock intervals, in seconds from the
@@ -199,69 +150,7 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
 
     /// Whether every action of the rank has run.
     pub fn finished(&self) -> bool {
-        self.pc == self.list().len()
-    }
-
-    fn list(&self) -> &'a [mpipe_core::program::Action] {
-        self.program
-            .programs
-            .get(self.rank)
-            .map_or(&[][..], Vec::as_slice)
-    }
-
-    /// Check that the next action is `called` (rendered by `matches`); advance.
-    fn expect(
-        &mut self,
-        called: String,
-        matches: impl Fn(ActionRef) -> bool,
-    ) -> Result<usize, ExecError> {
-        let index = self.pc;
-        match self.list().get(index) {
-            Some(a) if matches(a.view()) => {
-                self.pc += 1;
-                Ok(index)
-            }
-            other => Err(ExecError::OutOfStep {
-                rank: self.rank,
-                index,
-                called,
-                expected: other.map_or_else(
-                    || "nothing (the rank's list is over)".to_string(),
-                    |a| a.to_string(),
-                ),
-            }),
-        }
-    }
-
-    /// The rank's action `index`, as the program format writes it.
-    fn action_at(&self, index: usize) -> String {
-        self.list()
-            .get(index)
-            .map_or_else(String::new, |a| a.to_string())
-    }
-
-    fn missing(&self, index: usize, what: String) -> ExecError {
-        let action = self.action_at(index);
-        ExecError::Missing {
-            rank: self.rank,
-            index,
-            action,
-            what,
-        }
-    }
-
-    fn comm_error(
-        &self,
-        index: usize,
-        e: impl std::error::Error + Send + Sync + 'static,
-    ) -> ExecError {
-        let action = self.action_at(index);
-        ExecError::Comm {
-            rank: self.rank,
-            index,
-            action,
-            source: Box::new(e),
-        }
+        self.at.pc == self.at.list().len()
     }
 
     /// Elements of the message carrying `tensor` of `unit`: its output for an
@@ -269,74 +158,46 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
     /// for an input transfer (the receiver reads the micro-batch itself).
     fn message_len(&self, tensor: Kind, unit: UnitId) -> usize {
         match tensor {
-            Kind::Act => self.units.get(unit as usize).map_or(0, |x| x.out_len),
-            Kind::Grad => self.grad_parts(unit).iter().sum(),
+            Kind::Act => self.units.0.get(unit as usize).map_or(0, |x| x.out_len),
+            Kind::Grad => self.units.grad_parts(unit).iter().sum(),
             Kind::Input => 0,
         }
     }
 
-    /// The lengths of a gradient message's parts: `unit`'s inputs' outputs, in order.
-    fn grad_parts(&self, unit: UnitId) -> Vec<usize> {
-        self.units.get(unit as usize).map_or_else(Vec::new, |info| {
-            info.inputs
-                .iter()
-                .map(|&i| self.units.get(i as usize).map_or(0, |x| x.out_len))
-                .collect()
-        })
-    }
-
     /// The error for a send whose buffer this rank does not hold.
     fn nothing_to_send(&self, index: usize, x: &P2p) -> ExecError {
-        self.missing(
+        self.at.missing(
             index,
             format!(
                 "the {:?} of `{}` for micro-batch {} to send",
                 x.tensor,
-                self.name(x.unit),
+                self.at.name(x.unit),
                 x.mb
             ),
         )
     }
 
     fn shape_error(&self, index: usize, what: String) -> ExecError {
-        let action = self.action_at(index);
         ExecError::Shape {
-            rank: self.rank,
+            rank: self.at.rank,
             index,
-            action,
+            action: self.at.action_at(index),
             what,
         }
     }
 
-    fn name(&self, u: UnitId) -> &str {
-        self.program
-            .units
-            .get(u as usize)
-            .map_or("?", |x| x.name.as_str())
-    }
-
     fn compute(&mut self, op: Op, unit: UnitId, mb: usize) -> Result<(), ExecError> {
         let t0 = self.start.elapsed().as_secs_f64();
-        let name = self.name(unit).to_string();
-        let index = self.expect(
-            format!("{}({name},{mb})", op.as_str()),
-            |a| matches!(a, ActionRef::Compute(c) if c.op == op && c.unit == name && c.mb == mb),
-        )?;
+        let index = self.at.expect_compute(op, unit, mb)?;
         match op {
             Op::F | Op::RF => self.forward(index, unit, mb, op == Op::RF)?,
             Op::B => {
                 self.backward_input(index, unit, mb)?;
                 // A unit without weights here (no W of it follows on this rank)
                 // is done with its stash once its input gradient is out.
-                let w_follows = self
-                    .computes
-                    .get(&(Op::W, unit, mb))
-                    .is_some_and(|&i| i > index);
-                if !w_follows {
+                if !self.at.later(Op::W, unit, mb, index) {
                     self.stashes.remove(&(unit, mb));
-                    if let Some(act) = self.held.remove(&(unit, mb)) {
-                        self.live -= act;
-                    }
+                    self.held.release(unit, mb);
                 }
             }
             Op::W => self.backward_weight(index, unit, mb)?,
@@ -359,12 +220,15 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
         mb: usize,
         recompute: bool,
     ) -> Result<(), ExecError> {
-        let inputs = self.units[unit as usize].inputs.clone();
+        let inputs = self.units.get(unit).inputs.clone();
         for &p in &inputs {
             if !self.acts.contains_key(&(p, mb)) {
-                return Err(self.missing(
+                return Err(self.at.missing(
                     index,
-                    format!("the activation of `{}` for micro-batch {mb}", self.name(p)),
+                    format!(
+                        "the activation of `{}` for micro-batch {mb}",
+                        self.at.name(p)
+                    ),
                 ));
             }
         }
@@ -375,13 +239,13 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
                 .collect();
             self.model.forward(unit, mb, &refs)
         };
-        let want = self.units[unit as usize].out_len;
+        let want = self.units.get(unit).out_len;
         if out.len() != want {
             return Err(self.shape_error(
                 index,
                 format!(
                     "the model's forward of `{}` returned {} values; its output_len is {want}",
-                    self.name(unit),
+                    self.at.name(unit),
                     out.len()
                 ),
             ));
@@ -390,19 +254,9 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
             self.use_act(p, mb);
         }
         // Keep the stash only if this rank runs the backward; count it as held.
-        let later = |op: Op| {
-            self.computes
-                .get(&(op, unit, mb))
-                .is_some_and(|&i| i > index)
-        };
-        let backward_here = later(Op::B) || later(Op::BW);
-        let recomputed_later = !recompute && later(Op::RF);
-        if backward_here && !recomputed_later {
-            let act = self.units[unit as usize].act;
+        if self.at.keeps_stash(unit, mb, index, recompute) {
             self.stashes.insert((unit, mb), stash);
-            self.held.insert((unit, mb), act);
-            self.live += act;
-            self.peak = self.peak.max(self.live);
+            self.held.hold(unit, mb, self.units.get(unit).act);
         }
         if self.act_uses.get(&(unit, mb)).copied().unwrap_or(0) > 0 {
             self.acts.insert((unit, mb), out);
@@ -433,18 +287,18 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
     fn backward_input(&mut self, index: usize, unit: UnitId, mb: usize) -> Result<(), ExecError> {
         // The gradient of this unit's output: the sum of what each successor's
         // backward produced for it.
-        let from = self.units[unit as usize].grad_from.clone();
+        let from = self.units.get(unit).grad_from.clone();
         let mut grad_out: Option<Tensor> = None;
         for &s in &from {
-            let slot = self.units[s as usize]
-                .inputs
-                .iter()
-                .position(|&i| i == unit);
+            let slot = self.units.get(s).inputs.iter().position(|&i| i == unit);
             let part = slot.and_then(|k| self.grads.get(&(s, mb)).and_then(|g| g.get(k)));
             let Some(part) = part else {
-                return Err(self.missing(
+                return Err(self.at.missing(
                     index,
-                    format!("the gradient from `{}` for micro-batch {mb}", self.name(s)),
+                    format!(
+                        "the gradient from `{}` for micro-batch {mb}",
+                        self.at.name(s)
+                    ),
                 ));
             };
             match &mut grad_out {
@@ -456,35 +310,29 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
             self.use_grad(s, mb);
         }
         let Some(stash) = self.stashes.get_mut(&(unit, mb)) else {
-            return Err(self.missing(
-                index,
-                format!(
-                    "the forward's stash of `{}` for micro-batch {mb}",
-                    self.name(unit)
-                ),
-            ));
+            return Err(self.at.no_stash(index, unit, mb));
         };
         let produced = self
             .model
             .backward_input(unit, mb, stash, grad_out.as_ref());
-        let inputs = &self.units[unit as usize].inputs;
+        let inputs = &self.units.get(unit).inputs;
         let wrong = if produced.len() != inputs.len() {
             Some(format!(
                 "the model's backward of `{}` returned {} input gradients for {} inputs",
-                self.name(unit),
+                self.at.name(unit),
                 produced.len(),
                 inputs.len()
             ))
         } else {
             inputs.iter().zip(&produced).find_map(|(&i, g)| {
-                let want = self.units[i as usize].out_len;
+                let want = self.units.get(i).out_len;
                 (g.len() != want).then(|| {
                     format!(
                         "the model's backward of `{}` returned {} values for the gradient of \
                          `{}`, whose output_len is {want}",
-                        self.name(unit),
+                        self.at.name(unit),
                         g.len(),
-                        self.name(i)
+                        self.at.name(i)
                     )
                 })
             })
@@ -500,18 +348,10 @@ impl<'a, C: Comm, M: Model> Executor<'a, C, M> {
 
     fn backward_weight(&mut self, index: usize, unit: UnitId, mb: usize) -> Result<(), ExecError> {
         let Some(stash) = self.stashes.remove(&(unit, mb)) else {
-            return Err(self.missing(
-                index,
-                format!(
-                    "the forward's stash of `{}` for micro-batch {mb}",
-                    self.name(unit)
-                ),
-            ));
+            return Err(self.at.no_stash(index, unit, mb));
         };
         self.model.backward_weight(unit, mb, stash);
-        if let Some(act) = self.held.remove(&(unit, mb)) {
-            self.live -= act;
-        }
+        self.held.release(unit, mb);
         Ok(())
     }
 }
@@ -555,38 +395,29 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
 
     fn p2p(&mut self, batch: &[P2p]) -> Result<(), ExecError> {
         let t0 = self.start.elapsed().as_secs_f64();
-        let first = self.pc;
         // The batch is this many consecutive actions of the program.
-        for x in batch {
-            let name = self.name(x.unit).to_string();
-            let called = format!("{:?} {:?}({name},{})", x.dir, x.tensor, x.mb);
-            self.expect(called, |a| {
-                matches!(a, ActionRef::P2p(p)
-                    if (p.dir == mpipe_core::program::Dir::Send) == (x.dir == Dir::Send)
-                    && p.unit == name && p.mb == x.mb && p.peer == x.peer
-                    && p.tensor.as_str() == match x.tensor { Kind::Act => "act", Kind::Grad => "grad", Kind::Input => "input" })
-            })?;
-        }
+        let first = self.at.expect_batch(batch)?;
+        let rank = self.at.rank;
         // A transfer between this rank and itself is an alias: the received buffer
         // is the sent one, under the same (unit, micro-batch) key, so it never
         // reaches the backend. Each such receive needs its send in the batch.
         for x in batch
             .iter()
-            .filter(|x| x.dir == Dir::Recv && x.peer == self.rank)
+            .filter(|x| x.dir == Dir::Recv && x.peer == rank)
         {
             let paired = batch.iter().any(|s| {
                 s.dir == Dir::Send
-                    && s.peer == self.rank
+                    && s.peer == rank
                     && (s.tensor, s.unit, s.mb) == (x.tensor, x.unit, x.mb)
             });
             if !paired {
-                return Err(self.missing(
+                return Err(self.at.missing(
                     first,
                     format!(
                         "a SEND to this rank of the {:?} of `{}` for micro-batch {} in the same \
                          batch (a transfer to the rank itself)",
                         x.tensor,
-                        self.name(x.unit),
+                        self.at.name(x.unit),
                         x.mb
                     ),
                 ));
@@ -597,7 +428,7 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
         for x in batch {
             let t = Tag::transfer(x.tensor, x.unit, x.mb);
             match x.dir {
-                Dir::Send if x.peer == self.rank => {
+                Dir::Send if x.peer == rank => {
                     let present = match x.tensor {
                         Kind::Act => self.acts.contains_key(&(x.unit, x.mb)),
                         Kind::Grad => self.grads.contains_key(&(x.unit, x.mb)),
@@ -607,7 +438,7 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
                         return Err(self.nothing_to_send(first, x));
                     }
                 }
-                Dir::Recv if x.peer == self.rank => {}
+                Dir::Recv if x.peer == rank => {}
                 Dir::Send => {
                     let data = match x.tensor {
                         Kind::Act => self.acts.get(&(x.unit, x.mb)).cloned(),
@@ -628,7 +459,7 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
             .collect();
         let got = match self.comm.batch(&sends, &recvs) {
             Ok(g) => g,
-            Err(e) => return Err(self.comm_error(first, e)),
+            Err(e) => return Err(self.at.comm_error(first, e)),
         };
         for x in batch.iter().filter(|x| x.dir == Dir::Send) {
             match x.tensor {
@@ -639,17 +470,20 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
         }
         let remote = batch
             .iter()
-            .filter(|x| x.dir == Dir::Recv && x.peer != self.rank);
+            .filter(|x| x.dir == Dir::Recv && x.peer != rank);
         for (x, data) in remote.zip(got) {
             match x.tensor {
                 Kind::Act => {
                     self.acts.insert((x.unit, x.mb), data);
                 }
                 Kind::Grad => {
-                    let Some(parts) = unpack(&data, self.grad_parts(x.unit)) else {
-                        return Err(self.missing(
+                    let Some(parts) = unpack(&data, self.units.grad_parts(x.unit)) else {
+                        return Err(self.at.missing(
                             first,
-                            format!("a well-formed gradient message for `{}`", self.name(x.unit)),
+                            format!(
+                                "a well-formed gradient message for `{}`",
+                                self.at.name(x.unit)
+                            ),
                         ));
                     };
                     self.grads.insert((x.unit, x.mb), parts);
@@ -666,14 +500,11 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
 
     fn broadcast(&mut self, unit: UnitId, root: usize, group: &[usize]) -> Result<(), ExecError> {
         let t0 = self.start.elapsed().as_secs_f64();
-        let name = self.name(unit).to_string();
-        let index = self.expect(format!("BCAST({name})"), |a| {
-            matches!(a, ActionRef::Coll(c) if c.kind == mpipe_core::program::CollKind::Bcast && c.unit == name && c.root == root)
-        })?;
+        let index = self.at.expect_collective(CollKind::Bcast, unit, root)?;
         let t = Tag::params(unit);
         let buf = self.model.params_mut(unit);
         if let Err(e) = self.comm.broadcast(root, group, t, buf) {
-            return Err(self.comm_error(index, e));
+            return Err(self.at.comm_error(index, e));
         }
         self.slots.push(Slot {
             start: t0,
@@ -684,14 +515,11 @@ impl<C: Comm, M: Model> Step for Executor<'_, C, M> {
 
     fn reduce(&mut self, unit: UnitId, root: usize, group: &[usize]) -> Result<(), ExecError> {
         let t0 = self.start.elapsed().as_secs_f64();
-        let name = self.name(unit).to_string();
-        let index = self.expect(format!("REDUCE({name})"), |a| {
-            matches!(a, ActionRef::Coll(c) if c.kind == mpipe_core::program::CollKind::Reduce && c.unit == name && c.root == root)
-        })?;
+        let index = self.at.expect_collective(CollKind::Reduce, unit, root)?;
         let t = Tag::grads(unit);
         let buf = self.model.grads_mut(unit);
         if let Err(e) = self.comm.reduce(root, group, t, buf) {
-            return Err(self.comm_error(index, e));
+            return Err(self.at.comm_error(index, e));
         }
         self.slots.push(Slot {
             start: t0,

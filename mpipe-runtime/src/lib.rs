@@ -27,6 +27,7 @@ pub mod arena;
 pub mod ascend;
 pub mod checkpoint;
 pub mod comm;
+mod cursor;
 pub mod exec;
 pub mod host;
 pub mod interpret;

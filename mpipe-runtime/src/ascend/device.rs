@@ -39,10 +39,10 @@ use super::safe::{read_device, DataType, DeviceBuffer, Direction, Event, Stream}
 use super::tensor::{DType, DevTensor};
 use super::{AscendComm, AscendError};
 use crate::arena::{self, Kind as Buf, Plan};
+use crate::cursor::{Cursor, Held, Units};
 use crate::exec::ExecError;
 use crate::{Dir, P2p, Step, Tensor as Kind, UnitId};
-use mpipe_core::plan::needs_backward;
-use mpipe_core::program::{ActionRef, Op, Program};
+use mpipe_core::program::{CollKind, Op, Program};
 use mpipe_core::timeline::Slot;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -173,14 +173,6 @@ impl DeviceRank {
     }
 }
 
-/// Unit facts the step needs, by unit id.
-struct UnitInfo {
-    inputs: Vec<UnitId>,
-    grad_from: Vec<UnitId>,
-    act: f64,
-    out_len: usize,
-}
-
 /// What a finished step reports.
 #[derive(Clone, Debug, Default)]
 pub struct StepReport {
@@ -197,11 +189,10 @@ pub struct StepReport {
 /// One rank's step on the device. See the [module docs](self).
 pub struct DeviceStep<'a, M: DeviceModel> {
     dev: &'a mut DeviceRank,
-    program: &'a Program,
+    at: Cursor<'a>,
     model: &'a mut M,
     rank: usize,
-    units: Vec<UnitInfo>,
-    pc: usize,
+    units: Units,
     /// The live buffer of each `(kind, unit, mb)`.
     current: BTreeMap<(Buf, UnitId, usize), usize>,
     /// Per buffer, the last access of each kind this step: by batch number (sends
@@ -225,16 +216,9 @@ pub struct DeviceStep<'a, M: DeviceModel> {
     /// but the optimizer will).
     coll_pending: Vec<(Vec<usize>, Option<UnitId>)>,
     stashes: BTreeMap<(UnitId, usize), M::Stash>,
-    held: BTreeMap<(UnitId, usize), f64>,
-    live: f64,
-    peak: f64,
-    compute_at: BTreeMap<(Op, UnitId, usize), usize>,
+    held: Held,
     start: Instant,
     slots: Vec<Slot>,
-}
-
-fn unit_index(p: &Program, name: &str) -> UnitId {
-    p.unit_index(name).map_or(UnitId::MAX, |i| i as UnitId)
 }
 
 /// Queues `stream`'s wait for `event`, counted on `comm` so a mutation test can leave
@@ -249,41 +233,15 @@ fn wait(comm: &mut AscendComm, stream: &Stream, event: &Event) -> Result<(), Asc
 impl<'a, M: DeviceModel> DeviceStep<'a, M> {
     fn new(dev: &'a mut DeviceRank, program: &'a Program, model: &'a mut M) -> Self {
         let rank = dev.comm.rank;
-        let need = needs_backward(&program.units);
-        let units: Vec<UnitInfo> = program
-            .units
-            .iter()
-            .enumerate()
-            .map(|(i, u)| UnitInfo {
-                inputs: u.inputs.iter().map(|n| unit_index(program, n)).collect(),
-                grad_from: program
-                    .units
-                    .iter()
-                    .enumerate()
-                    .filter(|(s, su)| need[*s] && su.inputs.contains(&u.name))
-                    .map(|(s, _)| s as UnitId)
-                    .collect(),
-                act: u.act,
-                out_len: model.output_len(i as UnitId),
-            })
-            .collect();
+        let units = Units::new(program, |u| model.output_len(u));
         let list = program.programs.get(rank).map_or(&[][..], Vec::as_slice);
-        let compute_at = list
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| match a.view() {
-                ActionRef::Compute(c) => Some(((c.op, unit_index(program, c.unit), c.mb), i)),
-                _ => None,
-            })
-            .collect();
         let n = dev.plan.buffers.len();
         DeviceStep {
             dev,
-            program,
+            at: Cursor::new(program, rank),
             model,
             rank,
             units,
-            pc: 0,
             current: BTreeMap::new(),
             p2p_read: vec![0; n],
             p2p_write: vec![0; n],
@@ -299,74 +257,14 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
             coll_sees: BTreeMap::new(),
             coll_pending: Vec::new(),
             stashes: BTreeMap::new(),
-            held: BTreeMap::new(),
-            live: 0.0,
-            peak: 0.0,
-            compute_at,
+            held: Held::default(),
             start: Instant::now(),
             slots: Vec::with_capacity(list.len()),
         }
     }
 
-    fn list(&self) -> &'a [mpipe_core::program::Action] {
-        self.program
-            .programs
-            .get(self.rank)
-            .map_or(&[][..], Vec::as_slice)
-    }
-
-    fn name(&self, u: UnitId) -> &str {
-        self.program
-            .units
-            .get(u as usize)
-            .map_or("?", |x| x.name.as_str())
-    }
-
-    fn action_at(&self, index: usize) -> String {
-        self.list()
-            .get(index)
-            .map_or_else(String::new, |a| a.to_string())
-    }
-
-    fn expect(
-        &mut self,
-        called: String,
-        matches: impl Fn(ActionRef) -> bool,
-    ) -> Result<usize, ExecError> {
-        let index = self.pc;
-        match self.list().get(index) {
-            Some(a) if matches(a.view()) => {
-                self.pc += 1;
-                Ok(index)
-            }
-            other => Err(ExecError::OutOfStep {
-                rank: self.rank,
-                index,
-                called,
-                expected: other.map_or_else(
-                    || "nothing (the rank's list is over)".to_string(),
-                    |a| a.to_string(),
-                ),
-            }),
-        }
-    }
-
-    fn missing(&self, index: usize, what: String) -> ExecError {
-        ExecError::Missing {
-            rank: self.rank,
-            index,
-            action: self.action_at(index),
-            what,
-        }
-    }
-
     fn failed(&self, index: usize, e: AscendError) -> ExecError {
-        ExecError::Comm {
-            rank: self.rank,
-            index,
-            action: self.action_at(index),
-            source: Box::new(e),
-        }
+        self.at.comm_error(index, e)
     }
 
     /// The device view of buffer `b` (all of it, flat).
@@ -392,9 +290,12 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
                 Buf::Act => "activation",
                 Buf::Grad | Buf::GradSum => "gradient",
             };
-            self.missing(
+            self.at.missing(
                 index,
-                format!("the {what} of `{}` for micro-batch {mb}", self.name(unit)),
+                format!(
+                    "the {what} of `{}` for micro-batch {mb}",
+                    self.at.name(unit)
+                ),
             )
         })
     }
@@ -412,7 +313,10 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
             .plan
             .defined_at(index, kind, unit, mb)
             .ok_or_else(|| {
-                self.missing(index, format!("an arena buffer for `{}`", self.name(unit)))
+                self.at.missing(
+                    index,
+                    format!("an arena buffer for `{}`", self.at.name(unit)),
+                )
             })?;
         self.current.insert((kind, unit, mb), b);
         Ok(b)
@@ -487,36 +391,23 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
         mb: usize,
     ) -> Result<(usize, DevTensor), ExecError> {
         let b = self.live_buffer(index, Buf::Grad, from, mb)?;
-        let inputs = &self.units[from as usize].inputs;
+        let inputs = &self.units.get(from).inputs;
         let k = inputs.iter().position(|&i| i == unit).unwrap_or(0);
-        let at: usize = inputs[..k]
-            .iter()
-            .map(|&i| self.units[i as usize].out_len)
-            .sum();
-        let len = self.units[unit as usize].out_len;
+        let at: usize = inputs[..k].iter().map(|&i| self.units.get(i).out_len).sum();
+        let len = self.units.get(unit).out_len;
         Ok((b, self.view(b).narrow(0, at, len)))
     }
 
     fn compute(&mut self, op: Op, unit: UnitId, mb: usize) -> Result<(), ExecError> {
         let t0 = self.start.elapsed().as_secs_f64();
-        let name = self.name(unit).to_string();
-        let index = self.expect(
-            format!("{}({name},{mb})", op.as_str()),
-            |a| matches!(a, ActionRef::Compute(c) if c.op == op && c.unit == name && c.mb == mb),
-        )?;
+        let index = self.at.expect_compute(op, unit, mb)?;
         match op {
             Op::F | Op::RF => self.forward(index, unit, mb, op == Op::RF)?,
             Op::B => {
                 self.backward_input(index, unit, mb)?;
-                let w_follows = self
-                    .compute_at
-                    .get(&(Op::W, unit, mb))
-                    .is_some_and(|&i| i > index);
-                if !w_follows {
+                if !self.at.later(Op::W, unit, mb, index) {
                     self.stashes.remove(&(unit, mb));
-                    if let Some(act) = self.held.remove(&(unit, mb)) {
-                        self.live -= act;
-                    }
+                    self.held.release(unit, mb);
                 }
             }
             Op::W => self.backward_weight(index, unit, mb)?,
@@ -539,7 +430,7 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
         mb: usize,
         recompute: bool,
     ) -> Result<(), ExecError> {
-        let inputs = self.units[unit as usize].inputs.clone();
+        let inputs = self.units.get(unit).inputs.clone();
         let mut bufs = Vec::with_capacity(inputs.len());
         for &p in &inputs {
             bufs.push(self.live_buffer(index, Buf::Act, p, mb)?);
@@ -553,25 +444,15 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
             .model
             .forward(&mut dev.kernels, unit, mb, &views, &out)
             .map_err(|e| self.failed(index, e))?;
-        let later = |op: Op| {
-            self.compute_at
-                .get(&(op, unit, mb))
-                .is_some_and(|&i| i > index)
-        };
-        let backward_here = later(Op::B) || later(Op::BW);
-        let recomputed_later = !recompute && later(Op::RF);
-        if backward_here && !recomputed_later {
-            let act = self.units[unit as usize].act;
+        if self.at.keeps_stash(unit, mb, index, recompute) {
             self.stashes.insert((unit, mb), stash);
-            self.held.insert((unit, mb), act);
-            self.live += act;
-            self.peak = self.peak.max(self.live);
+            self.held.hold(unit, mb, self.units.get(unit).act);
         }
         Ok(())
     }
 
     fn backward_input(&mut self, index: usize, unit: UnitId, mb: usize) -> Result<(), ExecError> {
-        let from = self.units[unit as usize].grad_from.clone();
+        let from = self.units.get(unit).grad_from.clone();
         let mut bufs = Vec::new();
         let mut writes = Vec::new();
         let mut parts = Vec::with_capacity(from.len());
@@ -587,17 +468,18 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
         } else {
             None
         };
-        let has_inputs = !self.units[unit as usize].inputs.is_empty();
+        let has_inputs = !self.units.get(unit).inputs.is_empty();
         let grad_in: Vec<DevTensor> = if has_inputs {
             let b = self.define(index, Buf::Grad, unit, mb)?;
             writes.push(b);
             let whole = self.view(b);
             let mut at = 0;
-            self.units[unit as usize]
+            self.units
+                .get(unit)
                 .inputs
                 .iter()
                 .map(|&i| {
-                    let len = self.units[i as usize].out_len;
+                    let len = self.units.get(i).out_len;
                     let v = whole.narrow(0, at, len);
                     at += len;
                     v
@@ -608,13 +490,7 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
         };
         self.order_compute(index, unit, &bufs, &writes)?;
         if !self.stashes.contains_key(&(unit, mb)) {
-            return Err(self.missing(
-                index,
-                format!(
-                    "the forward's stash of `{}` for micro-batch {mb}",
-                    self.name(unit)
-                ),
-            ));
+            return Err(self.at.no_stash(index, unit, mb));
         }
         let dev = &mut *self.dev;
         let grad_out = match (&sum, parts.as_slice()) {
@@ -647,22 +523,14 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
 
     fn backward_weight(&mut self, index: usize, unit: UnitId, mb: usize) -> Result<(), ExecError> {
         let Some(stash) = self.stashes.remove(&(unit, mb)) else {
-            return Err(self.missing(
-                index,
-                format!(
-                    "the forward's stash of `{}` for micro-batch {mb}",
-                    self.name(unit)
-                ),
-            ));
+            return Err(self.at.no_stash(index, unit, mb));
         };
         self.order_compute(index, unit, &[], &[])?;
         let dev = &mut *self.dev;
         self.model
             .backward_weight(&mut dev.kernels, unit, mb, stash)
             .map_err(|e| self.failed(index, e))?;
-        if let Some(act) = self.held.remove(&(unit, mb)) {
-            self.live -= act;
-        }
+        self.held.release(unit, mb);
         Ok(())
     }
 
@@ -712,14 +580,14 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
     /// once for the compute stream, HCCL's asynchronous errors are checked, and the
     /// losses are read back.
     pub fn finish(mut self) -> Result<StepReport, ExecError> {
-        let index = self.pc;
-        let end = self.list().len();
+        let index = self.at.pc;
+        let end = self.at.list().len();
         if index != end {
             return Err(ExecError::OutOfStep {
                 rank: self.rank,
                 index,
                 called: "the end of the step".into(),
-                expected: self.action_at(index),
+                expected: self.at.action_at(index),
             });
         }
         if self.batches > self.waited {
@@ -758,7 +626,7 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
         }
         Ok(StepReport {
             losses,
-            peak_memory: self.peak,
+            peak_memory: self.held.peak,
             slots: std::mem::take(&mut self.slots),
         })
     }
@@ -785,17 +653,7 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
 
     fn p2p(&mut self, batch: &[P2p]) -> Result<(), ExecError> {
         let t0 = self.start.elapsed().as_secs_f64();
-        let first = self.pc;
-        for x in batch {
-            let name = self.name(x.unit).to_string();
-            let called = format!("{:?} {:?}({name},{})", x.dir, x.tensor, x.mb);
-            self.expect(called, |a| {
-                matches!(a, ActionRef::P2p(p)
-                    if (p.dir == mpipe_core::program::Dir::Send) == (x.dir == Dir::Send)
-                    && p.unit == name && p.mb == x.mb && p.peer == x.peer
-                    && p.tensor.as_str() == match x.tensor { Kind::Act => "act", Kind::Grad => "grad", Kind::Input => "input" })
-            })?;
-        }
+        let first = self.at.expect_batch(batch)?;
         let kind = |t: Kind| match t {
             Kind::Act => Some(Buf::Act),
             Kind::Grad => Some(Buf::Grad),
@@ -817,12 +675,12 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
                 });
                 let present = key.is_none_or(|b| self.current.contains_key(&(b, x.unit, x.mb)));
                 if !paired || !present {
-                    return Err(self.missing(
+                    return Err(self.at.missing(
                         index,
                         format!(
                             "the {:?} of `{}` for micro-batch {} sent to this rank itself in the same batch",
                             x.tensor,
-                            self.name(x.unit),
+                            self.at.name(x.unit),
                             x.mb
                         ),
                     ));
@@ -895,10 +753,7 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
 
     fn broadcast(&mut self, unit: UnitId, root: usize, group: &[usize]) -> Result<(), ExecError> {
         let t0 = self.start.elapsed().as_secs_f64();
-        let name = self.name(unit).to_string();
-        let index = self.expect(format!("BCAST({name})"), |a| {
-            matches!(a, ActionRef::Coll(c) if c.kind == mpipe_core::program::CollKind::Bcast && c.unit == name && c.root == root)
-        })?;
+        let index = self.at.expect_collective(CollKind::Bcast, unit, root)?;
         let params = self.model.params(unit);
         // A rank that receives the parameters orders the unit's first kernel after
         // them; the root only reads them (ordered before the optimizer at the end).
@@ -915,10 +770,7 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
 
     fn reduce(&mut self, unit: UnitId, root: usize, group: &[usize]) -> Result<(), ExecError> {
         let t0 = self.start.elapsed().as_secs_f64();
-        let name = self.name(unit).to_string();
-        let index = self.expect(format!("REDUCE({name})"), |a| {
-            matches!(a, ActionRef::Coll(c) if c.kind == mpipe_core::program::CollKind::Reduce && c.unit == name && c.root == root)
-        })?;
+        let index = self.at.expect_collective(CollKind::Reduce, unit, root)?;
         let grads = self.model.grads(unit);
         let me = self.rank;
         self.collective(index, root, group, None, |comm, stream, r, scratch| {
