@@ -33,12 +33,18 @@
 //! program, for side-by-side viewing in <https://ui.perfetto.dev>.
 //!
 //! **Backends.** `--backend host` (default) is the CPU communicator above;
-//! `--backend ascend` (built with `--features ascend`) runs the ranks over HCCL
-//! through `mpipe_runtime::ascend` (on the ascend-sys emulator when no CANN toolkit
-//! is installed), one device per rank: as threads, or with `--processes` one process
-//! per device as on a cluster (each joins through `AscendComm::from_env`). With
-//! `--check` the Ascend backend always runs one process per device, and every
-//! gradient is compared with the host backend's and the unpipelined step's.
+//! `--backend ascend` (built with `--features ascend`) trains on the device through
+//! `mpipe_runtime::ascend::device` (on the ascend-sys emulator when no CANN toolkit
+//! is installed), one device per rank: the model computes through aclnn kernels
+//! (`mpipe_mllm::device::DeviceMllm`), activations and gradients live in a planned
+//! device arena and travel by one `HcclBatchSendRecv` per batch, the optimizer runs on
+//! the device (`mpipe_mllm::optim::device::DeviceAdam`), and the host waits once per
+//! step. The ranks run as threads, or with `--processes` one process per device as
+//! on a cluster (each joins through `AscendComm::from_env`). With `--checkpoint` the
+//! Ascend backend keeps the model on the host (the host executor over HCCL), which
+//! saves checkpoints. With `--check` the Ascend backend always runs one process per
+//! device, and every gradient is compared with the host backend's and the
+//! unpipelined step's. `--counters` prints the emulator's counters of one step.
 
 use anyhow::{anyhow, bail, Context, Result};
 use clap::{Parser, ValueEnum};
@@ -741,7 +747,10 @@ mod ascend {
     use super::*;
     // The closed-pipe-safe macros, not the prelude's (the glob above is ambiguous).
     use super::{eprintln, println};
+    use mpipe::runtime::ascend::device::DeviceStep;
     use mpipe::runtime::ascend::{counters, run_ranks, AscendComm};
+    use mpipe_mllm::device::DeviceMllm;
+    use mpipe_mllm::pipeline::device::train_rank_device;
     use mpipe_mllm::pipeline::StepReport;
     use mpipe_mllm::pipeline::{rel_diff, train as train_host};
     use mpipe_mllm::Dataset;
@@ -752,6 +761,14 @@ mod ascend {
         frozen: bool,
     ) -> impl Fn(usize, &mut Executor<'_, AscendComm, Mllm>) -> Result<(), ExecError> + Sync {
         move |r, e| sched.run(frozen, r, e)
+    }
+
+    /// The generated code driving a device step (the model on the device).
+    fn device_code(
+        sched: Schedule,
+        frozen: bool,
+    ) -> impl Fn(usize, &mut DeviceStep<'_, DeviceMllm>) -> Result<(), ExecError> + Sync {
+        move |r, s| sched.run(frozen, r, s)
     }
 
     /// One step without an update (the check's training options).
@@ -785,16 +802,9 @@ mod ascend {
         let (expr, json, chunks) = sched.compiled(frozen);
         let program = Program::from_json(json).context("the compiled program")?;
         let t = check_train(&config(program.ranks * chunks, frozen));
-        let mut comm = AscendComm::from_env(t.timeout).context("joining the HCCL world")?;
-        let o = train_rank(
-            &mut comm,
-            &program,
-            &code(sched, frozen),
-            &t,
-            &Checkpointing::default(),
-            None,
-        )
-        .map_err(|e| anyhow!("{expr}: {e}"))?;
+        let comm = AscendComm::from_env(t.timeout).context("joining the HCCL world")?;
+        let o = train_rank_device(comm, &program, &device_code(sched, frozen), &t, None)
+            .map_err(|e| anyhow!("{expr}: {e}"))?;
         let out = RankGrads {
             rank: o.rank,
             grads: o.grads,
@@ -909,19 +919,39 @@ mod ascend {
         Ok(out)
     }
 
+    /// Where the model runs: on the device, or on the host when checkpoints are
+    /// saved (the device path does not save them yet).
+    fn on_device(run: &Run) -> bool {
+        run.ck.checkpoint.is_none()
+    }
+
+    fn where_(run: &Run) -> &'static str {
+        if on_device(run) {
+            "the model on the device"
+        } else {
+            "the model on the host (--checkpoint)"
+        }
+    }
+
     /// Trains on HCCL (ranks as threads, one device each).
     pub fn train(run: &Run) -> Result<()> {
         println!(
-            "training `{}` on {} ranks over HCCL ({}), {} micro-batches per step, {} steps",
+            "training `{}` on {} ranks over HCCL ({}), {}, {} micro-batches per step, {} steps",
             run.expr,
             run.program.ranks,
             ascend_backend(),
+            where_(run),
             run.program.microbatches,
             run.t.steps
         );
         let code = code(run.sched, run.frozen);
+        let dcode = device_code(run.sched, run.frozen);
         let outcomes = run_ranks(run.program.ranks, |mut c| {
-            train_rank(&mut c, &run.program, &code, &run.t, &run.ck, None)
+            if on_device(run) {
+                train_rank_device(c, &run.program, &dcode, &run.t, None)
+            } else {
+                train_rank(&mut c, &run.program, &code, &run.t, &run.ck, None)
+            }
         });
         let mut params = Vec::new();
         for o in outcomes {
@@ -941,13 +971,22 @@ mod ascend {
     /// process, one device, joined through `MASTER_ADDR:MASTER_PORT`.
     pub fn train_rank_process(run: &Run) -> Result<ExitCode> {
         let mut comm = AscendComm::from_env(run.t.timeout).context("joining the HCCL world")?;
-        let rank = comm.rank();
-        let code = code(run.sched, run.frozen);
-        let o = match train_rank(&mut comm, &run.program, &code, &run.t, &run.ck, None) {
+        let (rank, device) = (comm.rank(), comm.device());
+        let result = if on_device(run) {
+            let code = device_code(run.sched, run.frozen);
+            train_rank_device(comm, &run.program, &code, &run.t, None)
+        } else {
+            let code = code(run.sched, run.frozen);
+            let r = train_rank(&mut comm, &run.program, &code, &run.t, &run.ck, None);
+            if let Err(e) = &r {
+                comm.abort(&e.to_string());
+            }
+            r
+        };
+        let o = match result {
             Ok(o) => o,
             Err(e) => {
                 eprintln!("{e}");
-                comm.abort(&e.to_string());
                 return Ok(ExitCode::from(1));
             }
         };
@@ -956,9 +995,9 @@ mod ascend {
             println!("loss after the last step {loss:.3}");
         }
         println!(
-            "rank {rank} on device {} ({}): {}",
-            comm.device(),
+            "rank {rank} on device {device} ({}, {}): {}",
             ascend_backend(),
+            where_(run),
             checksum_line(&run.program, &o.params)
         );
         Ok(ExitCode::SUCCESS)
@@ -969,7 +1008,9 @@ mod ascend {
     }
 
     /// `--counters`: per compiled schedule, the device counters of one training step
-    /// after a first one (which fills the buffer pools), summed over the ranks.
+    /// after a first one (which fills the buffer pools and the arena), summed over the
+    /// ranks: the step as issued, its end (the host wait, the read of the losses) and
+    /// the optimizer's update queued after it.
     pub fn counters(frozen: bool) -> Result<()> {
         for sched in ALL {
             let (expr, json, chunks) = sched.compiled(frozen);
@@ -979,7 +1020,7 @@ mod ascend {
                 update: true,
                 ..check_train(&config(program.ranks * chunks, frozen))
             };
-            let code = code(sched, frozen);
+            let code = device_code(sched, frozen);
             // Each rank resets its own device's counters once its first step is done
             // and reads them once its second is: what they hold is its second step
             // alone (the issuing threads too), before any teardown frees a buffer.
@@ -994,15 +1035,8 @@ mod ascend {
                     }
                 }
             };
-            let outcomes = run_ranks(program.ranks, |mut c| {
-                train_rank(
-                    &mut c,
-                    &program,
-                    &code,
-                    &t,
-                    &Checkpointing::default(),
-                    Some(&hook),
-                )
+            let outcomes = run_ranks(program.ranks, |c| {
+                train_rank_device(c, &program, &code, &t, Some(&hook))
             });
             for o in outcomes {
                 o.map_err(|e| anyhow!("{expr}: {e}"))?;

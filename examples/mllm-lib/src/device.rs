@@ -14,10 +14,12 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use mpipe_runtime::ascend::device::DeviceModel;
 use mpipe_runtime::ascend::kernels::Kernels;
 use mpipe_runtime::ascend::safe::DeviceBuffer;
 use mpipe_runtime::ascend::tensor::{DType, DevTensor};
 use mpipe_runtime::ascend::AscendError;
+use mpipe_runtime::UnitId;
 
 use crate::block::Wgrad;
 use crate::data::Sample;
@@ -675,6 +677,8 @@ pub struct DeviceMllm {
     sizes: Vec<usize>,
     batch: Vec<Sample>,
     losses: Option<DeviceBuffer>,
+    /// Whether this rank has run the last unit's forward (so writes losses).
+    computes_loss: bool,
     pool: Pool,
     consts: Consts,
 }
@@ -727,6 +731,7 @@ impl DeviceMllm {
             sizes,
             batch: Vec::new(),
             losses: None,
+            computes_loss: false,
             pool: Pool::new(),
             consts: Consts::default(),
         })
@@ -835,6 +840,7 @@ impl DeviceMllm {
         })?;
         let p = self.params(unit);
         let losses = self.losses();
+        self.computes_loss |= last;
         let net = self.net.clone();
         let mut o = self.ops(k);
         let input = match inputs {
@@ -925,5 +931,66 @@ impl DeviceMllm {
         let net = self.net.clone();
         let mut o = self.ops(k);
         net.backward_weight(&mut o, &p, &mut g, &stash)
+    }
+}
+
+/// The model as the device step drives it ([`mpipe_runtime::ascend::device`]): the
+/// same passes as [`DeviceMllm`]'s methods; `losses` only on the rank that runs the
+/// last unit's forward (the others have none to read back).
+impl DeviceModel for DeviceMllm {
+    type Stash = DeviceStash;
+
+    fn output_len(&self, unit: UnitId) -> usize {
+        self.net
+            .output_len(unit as usize, self.net.config().microbatch_size)
+    }
+
+    fn forward(
+        &mut self,
+        k: &mut Kernels,
+        unit: UnitId,
+        mb: usize,
+        inputs: &[DevTensor],
+        out: &DevTensor,
+    ) -> Result<DeviceStash, AscendError> {
+        DeviceMllm::forward(self, k, unit as usize, mb, inputs, out)
+    }
+
+    fn backward_input(
+        &mut self,
+        k: &mut Kernels,
+        unit: UnitId,
+        _mb: usize,
+        stash: &mut DeviceStash,
+        grad_out: Option<&DevTensor>,
+        grad_in: &[DevTensor],
+    ) -> Result<(), AscendError> {
+        DeviceMllm::backward_input(self, k, unit as usize, stash, grad_out, grad_in)
+    }
+
+    fn backward_weight(
+        &mut self,
+        k: &mut Kernels,
+        unit: UnitId,
+        _mb: usize,
+        stash: DeviceStash,
+    ) -> Result<(), AscendError> {
+        DeviceMllm::backward_weight(self, k, unit as usize, stash)
+    }
+
+    fn params(&self, unit: UnitId) -> DevTensor {
+        DeviceMllm::params(self, unit as usize)
+    }
+
+    fn grads(&self, unit: UnitId) -> DevTensor {
+        DeviceMllm::grads(self, unit as usize)
+    }
+
+    fn losses(&self) -> Option<DevTensor> {
+        if self.computes_loss {
+            DeviceMllm::losses(self)
+        } else {
+            None
+        }
     }
 }

@@ -113,3 +113,6 @@ impl Adam {
         }
     }
 }
+
+#[cfg(feature = "ascend")]
+pub mod device;

@@ -46,6 +46,9 @@ use std::path::PathBuf;
 use std::sync::mpsc::Sender;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+#[cfg(feature = "ascend")]
+pub mod device;
+
 /// The generated `run(rank, step)` of a compiled schedule, for an executor over
 /// communicator `C` (by default the host thread communicator).
 pub trait RunRank<C: Comm = ThreadComm>: Sync {
