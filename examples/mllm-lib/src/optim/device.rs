@@ -9,7 +9,7 @@
 //! decay uses the old `p` in both), bias corrections included, so the arguments are
 //! the host's own (`lr`, `beta1`, `beta2`, `eps`, `weight_decay`) and the host's results
 //! are unchanged. The one difference is where the rounding falls (the emulator
-//! computes in f64 from f32 inputs): within 1e-5 (`tests/device_ops.rs` checks it).
+//! computes in f64 from f32 inputs): within 1e-5 (`tests/device_adam.rs` checks it).
 //! The gradient's scale (the mean over micro-batches) is applied by one `aclnnMuls`
 //! into a scratch buffer, so the accumulated gradients stay as the step left them.
 
