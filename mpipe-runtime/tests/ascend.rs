@@ -354,3 +354,58 @@ fn world_needs_devices() {
     let e = AscendComm::world_in_process(10_000).unwrap_err();
     assert!(matches!(e, AscendError::Setup(_)), "{e}");
 }
+
+/// With a rendezvous secret, rank 0's root-info store hands the root info only to
+/// connections that prove it: a stranger that sends another secret, or nothing, is
+/// dropped, gets no root info, and the real ranks still form their world.
+#[test]
+fn the_root_info_store_serves_only_the_jobs_ranks() {
+    use std::io::{Read, Write};
+    setup();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let master: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let secret = [7u8; 32];
+    let got: Vec<f32> = std::thread::scope(|s| {
+        let root = s.spawn(move || {
+            let mut c =
+                AscendComm::connect_with_secret(0, 2, 0, master, Duration::from_secs(20), &secret)
+                    .unwrap();
+            let mut v = vec![1.0];
+            c.all_reduce(&[0, 1], Tag::new(9, 0, 0), &mut v).unwrap();
+            v[0]
+        });
+        // Strangers first: a wrong secret, then an idle connection.
+        let forged = loop {
+            if let Ok(mut t) = std::net::TcpStream::connect(master) {
+                t.write_all(&[9u8; 32]).unwrap();
+                t.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut buf = Vec::new();
+                let _ = t.read_to_end(&mut buf);
+                break buf;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert!(
+            forged.is_empty(),
+            "a wrong secret got {} bytes",
+            forged.len()
+        );
+        let idle = std::net::TcpStream::connect(master).unwrap();
+        let peer = s.spawn(move || {
+            let mut c =
+                AscendComm::connect_with_secret(1, 2, 1, master, Duration::from_secs(20), &secret)
+                    .unwrap();
+            let mut v = vec![2.0];
+            c.all_reduce(&[0, 1], Tag::new(9, 0, 0), &mut v).unwrap();
+            v[0]
+        });
+        let out = vec![root.join().unwrap(), peer.join().unwrap()];
+        drop(idle);
+        out
+    });
+    assert_eq!(got, vec![3.0; 2]);
+}

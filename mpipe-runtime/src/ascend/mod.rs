@@ -74,6 +74,7 @@ pub mod safe;
 pub mod tensor;
 
 use crate::comm::{Comm, Tag, Tensor};
+use crate::host::tcp;
 pub use safe::AscendError;
 use safe::{
     f32_bytes, f32_bytes_mut, DataType, Device, DeviceBuffer, Direction, Event, HcclComm, RootInfo,
@@ -265,17 +266,38 @@ impl AscendComm {
             .map_err(|e| AscendError::Setup(format!("MASTER_ADDR:MASTER_PORT: {e}")))?
             .next()
             .ok_or_else(|| AscendError::Setup("MASTER_ADDR resolves to nothing".into()))?;
-        Self::connect(rank, world, device as i32, addr, timeout)
+        let secret = match std::env::var(tcp::SECRET_VAR) {
+            Ok(text) => tcp::parse_secret(&text).map_err(|e| AscendError::Setup(e.to_string()))?,
+            Err(_) => [0; tcp::SECRET_LEN],
+        };
+        Self::connect_with_secret(rank, world, device as i32, addr, timeout, &secret)
     }
 
     /// [`from_env`](AscendComm::from_env) with explicit values: the root info crosses
-    /// a TCP connection to `master` (rank 0 listens there).
+    /// a TCP connection to `master` (rank 0 listens there), without a secret.
     pub fn connect(
         rank: usize,
         world: usize,
         device: i32,
         master: SocketAddr,
         timeout: Duration,
+    ) -> Result<AscendComm, AscendError> {
+        Self::connect_with_secret(rank, world, device, master, timeout, &[0; tcp::SECRET_LEN])
+    }
+
+    /// [`connect`](AscendComm::connect) proving `secret` (the launcher's
+    /// `MPIPE_RDZV_SECRET`, as [`from_env`](AscendComm::from_env) reads it): rank 0
+    /// hands the root info only to a connection that sends the same secret first
+    /// (compared in constant time). A connection that sends another, or nothing
+    /// within [`tcp::HELLO_TIMEOUT`], is dropped and logged, and set-up goes on, so a
+    /// stranger on the machine can neither join the world nor break its set-up.
+    pub fn connect_with_secret(
+        rank: usize,
+        world: usize,
+        device: i32,
+        master: SocketAddr,
+        timeout: Duration,
+        secret: &tcp::Secret,
     ) -> Result<AscendComm, AscendError> {
         if rank >= world {
             return Err(AscendError::Setup(format!(
@@ -287,10 +309,10 @@ impl AscendComm {
             let info = RootInfo::new()?;
             let listener = TcpListener::bind(master)
                 .map_err(|e| AscendError::Setup(format!("listening on {master}: {e}")))?;
-            serve_root_info(&listener, &info, world - 1, timeout)?;
+            serve_root_info(&listener, &info, world - 1, timeout, secret)?;
             info
         } else {
-            fetch_root_info(master, timeout)?
+            fetch_root_info(master, timeout, secret)?
         };
         Self::join(rank, world, device, &info)
     }
@@ -670,6 +692,7 @@ fn serve_root_info(
     info: &RootInfo,
     clients: usize,
     timeout: Duration,
+    secret: &tcp::Secret,
 ) -> Result<(), AscendError> {
     let bytes = info.to_bytes();
     let deadline = Instant::now() + timeout;
@@ -679,9 +702,22 @@ fn serve_root_info(
     let mut served = 0;
     while served < clients {
         match listener.accept() {
-            Ok((mut s, _)) => {
-                s.set_nonblocking(false)
-                    .and_then(|()| s.write_all(&bytes))
+            Ok((mut s, peer)) => {
+                // The connection proves the secret before it gets anything.
+                let mut hello = [0u8; tcp::SECRET_LEN];
+                let proved = s
+                    .set_nonblocking(false)
+                    .and_then(|()| s.set_read_timeout(Some(tcp::HELLO_TIMEOUT)))
+                    .and_then(|()| s.read_exact(&mut hello))
+                    .is_ok_and(|()| tcp::same_secret(&hello, secret));
+                if !proved {
+                    crate::errln!(
+                        "mpipe ascend: dropped a connection from {peer} to the root-info store \
+                         that did not prove the job's rendezvous secret"
+                    );
+                    continue;
+                }
+                s.write_all(&bytes)
                     .map_err(|e| AscendError::Setup(format!("serving the root info: {e}")))?;
                 served += 1;
             }
@@ -701,13 +737,18 @@ fn serve_root_info(
 
 /// A non-zero rank's side: fetches the root info from rank 0 (retrying until
 /// `timeout`, as rank 0 may not listen yet).
-fn fetch_root_info(master: SocketAddr, timeout: Duration) -> Result<RootInfo, AscendError> {
+fn fetch_root_info(
+    master: SocketAddr,
+    timeout: Duration,
+    secret: &tcp::Secret,
+) -> Result<RootInfo, AscendError> {
     let deadline = Instant::now() + timeout;
     loop {
         match TcpStream::connect_timeout(&master, Duration::from_millis(500)) {
             Ok(mut s) => {
                 let mut bytes = vec![0u8; ROOT_INFO_BYTES];
-                s.set_read_timeout(Some(timeout))
+                s.write_all(secret)
+                    .and_then(|()| s.set_read_timeout(Some(timeout)))
                     .and_then(|()| s.read_exact(&mut bytes))
                     .map_err(|e| {
                         AscendError::Setup(format!("reading the root info from {master}: {e}"))

@@ -82,7 +82,7 @@ pub fn new_secret() -> io::Result<String> {
 }
 
 /// The secret [`SECRET_VAR`]'s text gives.
-fn parse_secret(text: &str) -> Result<Secret, Error> {
+pub(crate) fn parse_secret(text: &str) -> Result<Secret, Error> {
     let t = text.trim();
     let bad = || {
         Error::Setup(format!(
@@ -102,7 +102,7 @@ fn parse_secret(text: &str) -> Result<Secret, Error> {
 
 /// Whether `a` and `b` are equal, in a time that does not depend on where they
 /// differ.
-fn same_secret(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn same_secret(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
