@@ -12,7 +12,7 @@
 use crate::analysis::{PlanError, Timing};
 use crate::bound::{lower_bound, profile_bound, Bound};
 use crate::expr::{Arg, Expr, Value};
-use crate::generators::{generate, BodyKind, GenError, Weave, BODY_NAMES};
+use crate::generators::{generate_by, BodyKind, GenError, Weave, BODY_NAMES};
 use crate::lower::{assemble, placement_of, prepare, Placed, Placement};
 use crate::operators::chain::{chain, ChainError};
 use crate::operators::fill::fill;
@@ -22,6 +22,7 @@ use crate::operators::prefetch::prefetch;
 use crate::operators::split_w::split_w;
 use crate::operators::transpose::{transpose, Backward, Owners};
 use crate::plan::{Plan, UnitId};
+use crate::policy::SearchPolicy;
 use crate::profile::Profile;
 use crate::program::{ActionRef, Program};
 use crate::refine::{refine, settle_w};
@@ -120,6 +121,9 @@ pub struct Request<'a> {
     /// does) or eager (sends that never wait, as with asynchronous point-to-point
     /// on a communication stream). Every program derived terminates under both.
     pub mode: Mode,
+    /// The tuning of `auto`, `refine` and the lowering: [`SearchPolicy::DEFAULT`]
+    /// unless the caller changes it.
+    pub policy: SearchPolicy,
 }
 
 impl<'a> Request<'a> {
@@ -130,6 +134,7 @@ impl<'a> Request<'a> {
             ranks,
             microbatches,
             mode: Mode::Rendezvous,
+            policy: SearchPolicy::DEFAULT,
         }
     }
 
@@ -376,7 +381,8 @@ fn best_lowering(
 ) -> Result<(Program, SimReport), String> {
     let limit = req.profile.memory.as_ref().map(|m| m.limit);
     let opts = req.sim_options(req.mode);
-    let first = best_lowering_with(plan, Some(text), &opts, limit, refine.is_some())?;
+    let policy = &req.policy;
+    let first = best_lowering_with(plan, Some(text), &opts, limit, refine.is_some(), policy)?;
     let budget = refine.unwrap_or(0);
     if budget == 0 {
         return Ok(first);
@@ -387,7 +393,7 @@ fn best_lowering(
     let cap = match limit {
         Some(l) => l,
         None => {
-            let plain = best_lowering_with(plan, Some(text), &opts, None, false)?;
+            let plain = best_lowering_with(plan, Some(text), &opts, None, false, policy)?;
             peak_memory_with_params(&first.0, &first.1)
                 .max(peak_memory_with_params(&plain.0, &plain.1))
         }
@@ -399,9 +405,10 @@ fn best_lowering(
         opts: &opts,
         fits: &fits,
         moves: crate::reorder::Moves::AcrossRanks,
+        policy,
     };
     crate::reorder::reorder_rounds(plan, &search, budget, &mut best, &|order, best| {
-        best_lowering_with(order, Some(text), &opts, limit, true)
+        best_lowering_with(order, Some(text), &opts, limit, true, policy)
             .ok()
             .filter(|(p, r)| r.makespan < best.makespan && fits(p, r))
     });
@@ -411,13 +418,24 @@ fn best_lowering(
 /// [`best_lowering`] without a profile: simulate under `opts`, and let weight
 /// gradients move only while every rank's activations plus resident parameters stay
 /// within `limit` (anywhere when `None`). `expr` is recorded as the programs' source.
+/// `policy` gives the rounds and budgets.
 pub(crate) fn best_lowering_with(
     plan: &Plan,
     text: Option<&str>,
     opts: &SimOptions,
     limit: Option<f64>,
     refine_too: bool,
+    policy: &SearchPolicy,
 ) -> Result<(Program, SimReport), String> {
+    let SearchPolicy {
+        replace_rounds,
+        refine_budget,
+        refine_actions,
+        w_budget,
+        w_actions,
+        w_min,
+        ..
+    } = *policy;
     let prepared = prepare(plan).map_err(|e| e.to_string())?;
     let target = prepared.time.makespan() * (1.0 + 1e-12);
     let mut best: Option<(Vec<Vec<Placed>>, Program, SimReport)> = None;
@@ -428,7 +446,7 @@ pub(crate) fn best_lowering_with(
         if done(&best) {
             break;
         }
-        let at = placement_of(plan, &prepared, placement).map_err(|e| e.to_string())?;
+        let at = placement_of(plan, &prepared, placement, policy).map_err(|e| e.to_string())?;
         let program = assemble(plan, &at, text);
         let report =
             simulate(&program, opts).map_err(|e| format!("derived program does not run: {e}"))?;
@@ -442,7 +460,7 @@ pub(crate) fn best_lowering_with(
     // Re-place the transfers against the times the best program actually ran at:
     // waiting shifts the timeline, and meeting points chosen on the shifted one
     // fit it better. A few rounds, keeping the fastest program.
-    for _ in 0..ROUNDS {
+    for _ in 0..replace_rounds {
         let Some((_, program, report)) = &best else {
             break;
         };
@@ -455,7 +473,7 @@ pub(crate) fn best_lowering_with(
         let again = prepared.retimed(time);
         let mut improved = false;
         for placement in PLACEMENTS {
-            let Ok(at) = placement_of(plan, &again, placement) else {
+            let Ok(at) = placement_of(plan, &again, placement, policy) else {
                 continue;
             };
             let program = assemble(plan, &at, text);
@@ -478,8 +496,8 @@ pub(crate) fn best_lowering_with(
     if report.makespan <= target || !refine_too {
         return Ok((program, report));
     }
-    let budget = REFINE_BUDGET
-        .min(REFINE_ACTIONS / program.programs.iter().map(Vec::len).sum::<usize>().max(1));
+    let budget = refine_budget
+        .min(refine_actions / program.programs.iter().map(Vec::len).sum::<usize>().max(1));
     let moved = refine(plan, at, (program, report), text, opts, budget);
     if moved.1.makespan <= target {
         return Ok(moved);
@@ -496,11 +514,11 @@ pub(crate) fn best_lowering_with(
         })
     };
     let budget =
-        W_BUDGET.min(W_ACTIONS / moved.0.programs.iter().map(Vec::len).sum::<usize>().max(1));
-    if budget < W_MIN {
+        w_budget.min(w_actions / moved.0.programs.iter().map(Vec::len).sum::<usize>().max(1));
+    if budget < w_min {
         return Ok(moved);
     }
-    Ok(settle_w(moved, opts, &fits, budget))
+    Ok(settle_w(moved, opts, &fits, budget, policy))
 }
 
 /// The placement rules tried, in order.
@@ -511,24 +529,6 @@ pub(crate) const PLACEMENTS: [Placement; 5] = [
     Placement::Late,
     Placement::Join,
 ];
-
-/// Simulations refinement may spend: at most this many, and fewer for large
-/// programs (about this many actions simulated in all).
-const REFINE_BUDGET: usize = 300;
-const REFINE_ACTIONS: usize = 1_500_000;
-
-/// Simulations `refine` may spend moving weight gradients ([`settle_w`]): at most
-/// this many, and fewer for large programs (about this many actions in all), which
-/// keeps `auto` (it refines its finalists) within a second or two of its time
-/// without: the moves pay most on small programs (3% on evaluation profile (a)).
-const W_BUDGET: usize = 2000;
-const W_ACTIONS: usize = 3_000_000;
-/// Below this many simulations moving weight gradients is not tried: a few moves on
-/// a large program rarely change its step and cost seconds.
-const W_MIN: usize = 200;
-
-/// Rounds of re-placement against simulated times.
-const ROUNDS: usize = 2;
 
 /// The compute tasks' times in a simulation of `program` (a lowering of `plan`), as a
 /// [`Timing`] of the plan: settle order by end, then start, then the ideal order.
@@ -662,15 +662,12 @@ thread_local! {
 /// The last few plans evaluated, by (balanced split, canonical expression text): a
 /// plan depends on nothing else within one request.
 struct PlanMemo {
+    /// Plans kept ([`SearchPolicy::plan_memo`]).
+    capacity: usize,
     entries: std::collections::VecDeque<((bool, String), Plan)>,
 }
 
 impl PlanMemo {
-    /// Enough for one candidate's nest of operators and its neighbours' (the search
-    /// evaluates candidates that share inner expressions one after another); kept
-    /// small because a plan at 16 x 128 is about a megabyte.
-    const CAPACITY: usize = 24;
-
     fn get(&mut self, key: &(bool, String)) -> Option<Plan> {
         let at = self.entries.iter().position(|(k, _)| k == key)?;
         let hit = self.entries.remove(at)?;
@@ -680,7 +677,7 @@ impl PlanMemo {
     }
 
     fn put(&mut self, key: (bool, String), plan: Plan) {
-        if self.entries.len() == Self::CAPACITY {
+        if self.entries.len() >= self.capacity {
             self.entries.pop_front();
         }
         self.entries.push_back((key, plan));
@@ -689,10 +686,11 @@ impl PlanMemo {
 
 /// Runs `f` with the plans of sub-expressions remembered on this thread for one
 /// request (the search evaluates thousands of candidates that share inner
-/// expressions). Results are the same with or without it.
-pub(crate) fn with_plan_memo<T>(f: impl FnOnce() -> T) -> T {
+/// expressions), at most `capacity` of them. Results are the same with or without it.
+pub(crate) fn with_plan_memo<T>(capacity: usize, f: impl FnOnce() -> T) -> T {
     let before = MEMO.with(|m| {
         m.replace(Some(PlanMemo {
+            capacity,
             entries: Default::default(),
         }))
     });
@@ -704,7 +702,7 @@ pub(crate) fn with_plan_memo<T>(f: impl FnOnce() -> T) -> T {
 fn eval_uncached(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
     let name = e.name();
     if let Some(kind) = body_kind(e, errors) {
-        return match generate(kind, req.profile, req.ranks, req.microbatches) {
+        return match generate_by(kind, req.profile, req.ranks, req.microbatches, &req.policy) {
             Ok(plan) => Some(plan),
             Err(g) => {
                 let kind = match g {

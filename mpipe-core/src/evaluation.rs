@@ -92,10 +92,8 @@ impl Evaluation {
 /// timed under `mode`.
 pub fn evaluate(profile: &Profile, ranks: usize, microbatches: usize, mode: Mode) -> Evaluation {
     let req = Request {
-        profile,
-        ranks,
-        microbatches,
         mode,
+        ..Request::new(profile, ranks, microbatches)
     };
     let names = peers(profile);
     let stage = Stage::begin("evaluating the schedules", names.len() + 1);

@@ -29,6 +29,7 @@
 
 use crate::analysis::{dependencies, timing, PlanError, Timing};
 use crate::plan::Plan;
+use crate::policy::SearchPolicy;
 use crate::program::{Action, Dir, Name, Op, Prefetch, Program, Source, Tensor, FORMAT};
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
@@ -183,22 +184,36 @@ pub fn lower_prepared(
     expr: Option<&str>,
     placement: Placement,
 ) -> Result<Program, LowerError> {
-    let at = placement_of(plan, prepared, placement)?;
+    lower_prepared_by(plan, prepared, expr, placement, &SearchPolicy::DEFAULT)
+}
+
+/// [`lower_prepared`] under `policy` (its meeting-point knobs).
+pub(crate) fn lower_prepared_by(
+    plan: &Plan,
+    prepared: &Prepared,
+    expr: Option<&str>,
+    placement: Placement,
+    policy: &SearchPolicy,
+) -> Result<Program, LowerError> {
+    let at = placement_of(plan, prepared, placement, policy)?;
     Ok(assemble(plan, &at, expr))
 }
 
-/// The placement of every transfer's ends under `placement`.
+/// The placement of every transfer's ends under `placement`; `policy` gives the
+/// meeting-point knobs ([`SearchPolicy::meet_candidates`],
+/// [`SearchPolicy::meet_idle_parts`]).
 pub(crate) fn placement_of(
     plan: &Plan,
     prepared: &Prepared,
     placement: Placement,
+    policy: &SearchPolicy,
 ) -> Result<Vec<Vec<Placed>>, LowerError> {
     let (time, transfers) = (&prepared.time, &prepared.transfers);
-    match place(plan, time, transfers, placement) {
+    match place(plan, time, transfers, placement, policy) {
         Ok(at) => Ok(at),
         // The meeting-point heuristic may, with zero-cost tasks, ask for an order
         // the constraints forbid; the ready-time rule is always feasible.
-        Err(_) => place(plan, time, transfers, Placement::Ready),
+        Err(_) => place(plan, time, transfers, Placement::Ready, policy),
     }
 }
 
@@ -366,9 +381,6 @@ fn join(time: &Timing, transfers: &[(TransferId, Ends)], taus: &mut [(f64, f64)]
     }
 }
 
-/// At most this many candidate meeting points are tried per rank and transfer.
-const CANDIDATES: usize = 4;
-
 /// Place every transfer's two ends: `result[rank]` lists them in key order, slots
 /// non-decreasing.
 fn place(
@@ -376,8 +388,11 @@ fn place(
     time: &Timing,
     transfers: &[(TransferId, Ends)],
     strategy: Placement,
+    policy: &SearchPolicy,
 ) -> Result<Vec<Vec<Placed>>, LowerError> {
     let p = plan.ranks;
+    // At most this many candidate meeting points per rank and transfer.
+    let (candidates, idle_parts) = (policy.meet_candidates, policy.meet_idle_parts);
 
     // Slot of rank r at time t: after every task that ends by t.
     let slot_at = |r: usize, t: f64| time.end[r].partition_point(|&e| e <= t);
@@ -397,7 +412,7 @@ fn place(
                         .zip(&time.end[r])
                         .map(|(s, e)| e - s)
                         .sum();
-                    1.0 / ((span - busy).max(0.0) + span / 100.0 + f64::MIN_POSITIVE)
+                    1.0 / ((span - busy).max(0.0) + span / idle_parts + f64::MIN_POSITIVE)
                 })
                 .collect()
         }
@@ -413,11 +428,11 @@ fn place(
             Placement::Late => (need.max(ready), 0.0),
             Placement::Meet | Placement::Critical | Placement::Join => {
                 // Candidate slots on each side: those whose gap opens within
-                // [ready, need], at most CANDIDATES of them.
+                // [ready, need], at most `candidates` of them.
                 let window = |r: usize, first: usize| {
                     let ends = &time.end[r];
                     let mut last = first;
-                    while last < ends.len() && last - first < CANDIDATES && ends[last] <= need {
+                    while last < ends.len() && last - first < candidates && ends[last] <= need {
                         last += 1;
                     }
                     (first, last) // slots first..=last

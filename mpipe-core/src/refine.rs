@@ -19,6 +19,7 @@
 
 use crate::lower::{assemble, Placed};
 use crate::plan::Plan;
+use crate::policy::SearchPolicy;
 use crate::program::{Action, ActionRef, P2pRef, Program};
 use crate::simulate::{simulate, SimOptions, SimReport};
 
@@ -232,7 +233,9 @@ pub(crate) fn settle_w(
     opts: &SimOptions,
     fits: &dyn Fn(&SimReport) -> bool,
     budget: usize,
+    policy: &SearchPolicy,
 ) -> (Program, SimReport) {
+    let (moves_per_round, fit) = (policy.w_moves_per_round, policy.w_fit);
     let (mut program, mut report) = start;
     let score = |r: &SimReport| (r.makespan, ends(r));
     let mut best = score(&report);
@@ -273,12 +276,12 @@ pub(crate) fn settle_w(
         let mut improved = false;
         let mut tried = 0;
         for (wait, r, i) in transfer_waits(&program, &report) {
-            if tried >= MOVES_PER_ROUND || spent >= budget {
+            if tried >= moves_per_round || spent >= budget {
                 break;
             }
             let candidates = [
-                fill_move(&program, r, i, wait, &cost),
-                make_way_move(&program, &report, r, i, &cost),
+                fill_move(&program, r, i, wait, fit, &cost),
+                make_way_move(&program, &report, r, i, fit, &cost),
             ];
             for (rank, from, to) in candidates.into_iter().flatten() {
                 if spent >= budget {
@@ -351,9 +354,6 @@ impl Lengths {
     }
 }
 
-/// Candidate moves tried per round before `settle_w` gives up.
-const MOVES_PER_ROUND: usize = 800;
-
 /// Every point-to-point action a rank spent time in, `(time, rank, index)`, the
 /// longest first (ties by rank and index).
 fn transfer_waits(program: &Program, report: &SimReport) -> Vec<(f64, usize, usize)> {
@@ -392,12 +392,14 @@ fn batch_bounds(list: &[Action], i: usize) -> (usize, usize) {
     (lo, hi)
 }
 
-/// Of the `W`s in `range` of `list` whose cost is at most twice `wait`, the one
-/// closest to `wait` (the earliest on ties) that `ok` accepts.
+/// Of the `W`s in `range` of `list` whose cost is at most `fit` times `wait`
+/// ([`SearchPolicy::w_fit`]), the one closest to `wait` (the earliest on ties) that
+/// `ok` accepts.
 fn closest_w(
     list: &[Action],
     range: std::ops::Range<usize>,
     wait: f64,
+    fit: f64,
     ok: &dyn Fn(usize) -> bool,
     cost: &dyn Fn(&Action) -> f64,
 ) -> Option<usize> {
@@ -408,7 +410,7 @@ fn closest_w(
             continue;
         }
         let c = cost(&list[j]);
-        if c > 2.0 * wait || !ok(j) {
+        if c > fit * wait || !ok(j) {
             continue;
         }
         let gap = (c - wait).abs();
@@ -426,6 +428,7 @@ fn fill_move(
     r: usize,
     i: usize,
     wait: f64,
+    fit: f64,
     cost: &dyn Fn(&Action) -> f64,
 ) -> Option<(usize, usize, usize)> {
     let list = &program.programs[r];
@@ -438,7 +441,7 @@ fn fill_move(
             matches!(a.view(), ActionRef::Compute(b) if b.op == crate::program::Op::B && b.unit == w.unit && b.mb == w.mb)
         })
     };
-    let j = closest_w(list, hi + 1..list.len(), wait, &b_before, cost)?;
+    let j = closest_w(list, hi + 1..list.len(), wait, fit, &b_before, cost)?;
     Some((r, j, lo))
 }
 
@@ -532,6 +535,7 @@ fn make_way_move(
     report: &SimReport,
     r: usize,
     i: usize,
+    fit: f64,
     cost: &dyn Fn(&Action) -> f64,
 ) -> Option<(usize, usize, usize)> {
     let ActionRef::P2p(me) = program.programs[r][i].view() else {
@@ -551,7 +555,7 @@ fn make_way_move(
         .iter()
         .rposition(|a| !matches!(a.view(), ActionRef::Compute(_)))
         .map_or(0, |x| x + 1);
-    let j = closest_w(list, since..lo, late, &|_| true, cost)?;
+    let j = closest_w(list, since..lo, late, fit, &|_| true, cost)?;
     // After removing `j` (before the batch), the batch ends at `hi - 1`.
     Some((me.peer, j, hi))
 }

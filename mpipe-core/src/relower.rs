@@ -244,10 +244,14 @@ pub fn relower_ordered(
             .ok()
             .map(|r| peak_memory_with_params(program, r))
     });
-    let (mut derived, mut report) = best_lowering_with(&plan, expr.as_deref(), opts, cap, true)
-        .map_err(|m| match crate::lower::prepare(&plan) {
-            Err(LowerError::Plan(p)) => RelowerError::Order(p),
-            _ => RelowerError::Internal(m),
+    // A program from elsewhere has no request: the default tuning.
+    let policy = &crate::policy::SearchPolicy::DEFAULT;
+    let (mut derived, mut report) =
+        best_lowering_with(&plan, expr.as_deref(), opts, cap, true, policy).map_err(|m| {
+            match crate::lower::prepare(&plan) {
+                Err(LowerError::Plan(p)) => RelowerError::Order(p),
+                _ => RelowerError::Internal(m),
+            }
         })?;
     if order > 0 {
         // Without a limit or a valid input, the order search keeps to the memory of
@@ -261,9 +265,10 @@ pub fn relower_ordered(
             opts,
             fits: &fits,
             moves: crate::reorder::Moves::WithinRanks,
+            policy,
         };
         crate::reorder::reorder_rounds(&plan, &search, order, &mut best, &|o, best| {
-            best_lowering_with(o, expr.as_deref(), opts, cap, true)
+            best_lowering_with(o, expr.as_deref(), opts, cap, true, policy)
                 .ok()
                 .filter(|(p, r)| r.makespan < best.makespan && fits(p, r) && terminates(p))
         });

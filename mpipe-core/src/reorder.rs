@@ -62,20 +62,14 @@
 
 use crate::analysis::dependencies;
 use crate::derive::PLACEMENTS;
-use crate::lower::{lower_prepared, lower_with, prepare, Placement};
+use crate::lower::{lower_prepared_by, prepare, Placement};
 use crate::plan::{Plan, Task, TaskIndex};
+use crate::policy::SearchPolicy;
 use crate::program::{ActionRef, Op, Program};
 use crate::progress::Stage;
 use crate::refine::ends;
 use crate::simulate::{simulate, SimOptions, SimReport};
 use std::collections::{BTreeMap, BTreeSet};
-
-/// How far down a rank's list a task may come from to fill a wait.
-pub const LOOKAHEAD: usize = 20;
-
-/// Waits shorter than this (in the profile's time unit, relative to the step) are
-/// not worth a simulation.
-const MIN_WAIT: f64 = 1e-6;
 
 /// Better plans than `plan`, if the search finds any within `budget` simulations
 /// (see the module documentation), and the simulations spent; no plan when no move
@@ -85,7 +79,7 @@ const MIN_WAIT: f64 = 1e-6;
 /// caller's full derivation can rank them otherwise). `fits` says whether a
 /// program's memory is acceptable.
 fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
-    let width = workers(plan.order.iter().map(Vec::len).sum());
+    let width = workers(plan.order.iter().map(Vec::len).sum(), search.policy);
     reorder_on(plan, search, budget, width)
 }
 
@@ -96,9 +90,14 @@ fn reorder_on(plan: &Plan, search: &Search, budget: usize, width: usize) -> (Vec
         opts,
         fits,
         moves,
+        policy,
     } = *search;
+    // How far down a rank's list a task may come from to fill a wait, and the
+    // shortest wait (relative to the step) worth a simulation.
+    let (lookahead, min_wait) = (policy.lookahead, policy.min_wait);
+    let (sources, targets) = (policy.migrate_sources, policy.migrate_targets);
     let stage = Stage::begin("ordering the compute (simulations)", budget);
-    let Some((rule, mut best)) = first_lowering(plan, text, opts) else {
+    let Some((rule, mut best)) = first_lowering(plan, text, opts, policy) else {
         return (Vec::new(), PLACEMENTS.len().min(budget));
     };
     // The plan as it was before the first move between ranks, if it had improved,
@@ -126,7 +125,7 @@ fn reorder_on(plan: &Plan, search: &Search, budget: usize, width: usize) -> (Vec
         let mut waits: Vec<(f64, usize, usize)> = Vec::new();
         for (r, rank) in times.iter().enumerate() {
             for (j, slot) in rank.iter().enumerate() {
-                if slot.wait > MIN_WAIT * report.makespan.max(1.0) {
+                if slot.wait > min_wait * report.makespan.max(1.0) {
                     waits.push((slot.wait, r, j));
                 }
             }
@@ -142,7 +141,7 @@ fn reorder_on(plan: &Plan, search: &Search, budget: usize, width: usize) -> (Vec
             // Generated as they are tried: the first kept ends the list.
             let mut tries: Box<dyn Iterator<Item = Try>> = match kind {
                 Kind::Migrate if moves == Moves::AcrossRanks => Box::new(
-                    migrations(&plan, &family, &best.0, &best.1)
+                    migrations(&plan, &family, &best.0, &best.1, (sources, targets))
                         .into_iter()
                         .map(Try::Migrate),
                 ),
@@ -154,7 +153,7 @@ fn reorder_on(plan: &Plan, search: &Search, budget: usize, width: usize) -> (Vec
                         .then(|| fill_with_w(&plan, &index, r, j, wait))
                         .flatten();
                     fill.into_iter().chain(
-                        candidates(&plan, &deps, &times, (r, j), wait, kind)
+                        candidates(&plan, &deps, &times, (r, j), wait, kind, lookahead)
                             .into_iter()
                             .map(|(q, from, to)| {
                                 let list = &plan.order[q];
@@ -197,7 +196,7 @@ fn reorder_on(plan: &Plan, search: &Search, budget: usize, width: usize) -> (Vec
                         Try::Fill((q, ..), j, count) => Some(fill(&plan, &index, q, j, count)),
                     })
                     .collect();
-                let lowered = lower_all(&nexts, text, opts, rule);
+                let lowered = lower_all(&nexts, text, opts, rule, policy);
                 for ((t, next), lowered) in batch.into_iter().zip(nexts).zip(lowered) {
                     tried.insert(t.key());
                     if spent >= budget {
@@ -241,6 +240,8 @@ pub(crate) struct Search<'a> {
     pub opts: &'a SimOptions,
     pub fits: &'a dyn Fn(&Program, &SimReport) -> bool,
     pub moves: Moves,
+    /// The tuning of the search and of the lowerings it tries.
+    pub policy: &'a SearchPolicy,
 }
 
 /// The caller's full derivation of a plan, given the best report so far: the
@@ -326,17 +327,15 @@ impl Try {
     }
 }
 
-/// Plans with at least this many tasks are lowered and simulated on several threads
-/// (smaller ones take less time than starting a thread).
-const PARALLEL_TASKS: usize = 1500;
-
-/// Threads the search lowers candidates on: every core (at most 8) for a plan of
-/// `tasks` tasks, when it is large enough.
-fn workers(tasks: usize) -> usize {
-    if tasks < PARALLEL_TASKS {
+/// Threads the search lowers candidates on: every core (at most
+/// [`SearchPolicy::max_threads`]) for a plan of `tasks` tasks, when it has at least
+/// [`SearchPolicy::parallel_tasks`] (smaller ones take less time than starting a
+/// thread).
+fn workers(tasks: usize, policy: &SearchPolicy) -> usize {
+    if tasks < policy.parallel_tasks {
         return 1;
     }
-    std::thread::available_parallelism().map_or(1, |n| n.get().clamp(1, 8))
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(policy.max_threads).max(1))
 }
 
 /// The moves of `kind` for the wait of `wait` before task `j` on rank `r`
@@ -350,6 +349,7 @@ fn candidates(
     (r, j): (usize, usize),
     wait: f64,
     kind: Kind,
+    lookahead: usize,
 ) -> Vec<(usize, usize, usize)> {
     let list = &plan.order[r];
     match kind {
@@ -358,7 +358,7 @@ fn candidates(
             // Ready by the middle of the wait: produced here before `j`, or
             // elsewhere by then in the simulation.
             let by = times[r][j].start - wait / 2.0;
-            (j + 1..list.len().min(j + 1 + LOOKAHEAD))
+            (j + 1..list.len().min(j + 1 + lookahead))
                 .filter(|&k| {
                     deps.of(r, k).iter().all(|d| {
                         let (q, i) = d.producer;
@@ -375,7 +375,7 @@ fn candidates(
         Kind::Shift => {
             // A weight gradient has no consumer: it may go anywhere later (one
             // right before `j` is there already).
-            let mut out: Vec<(usize, usize, usize)> = (j.saturating_sub(LOOKAHEAD)
+            let mut out: Vec<(usize, usize, usize)> = (j.saturating_sub(lookahead)
                 ..j.saturating_sub(1))
                 .filter(|&i| list[i].op == Op::W)
                 .map(|i| (r, i, j - 1))
@@ -399,7 +399,7 @@ fn candidates(
                     .chain(own_before.map(|k| k + 1))
                     .max()
                     .unwrap_or(0)
-                    .max(i.saturating_sub(LOOKAHEAD));
+                    .max(i.saturating_sub(lookahead));
                 let mut ws = i;
                 while ws > lo && own[ws - 1].op == Op::W {
                     ws -= 1;
@@ -502,11 +502,6 @@ pub(crate) enum Moves {
     AcrossRanks,
 }
 
-/// How many ranks encoder work may move from (of those that set the pace, and of
-/// the busiest), and how many of the least busy it may move to.
-const SOURCES: usize = 3;
-const TARGETS: usize = 3;
-
 /// A move of encoder work: from rank `from` to rank `to`, micro-batch `mb` of one
 /// unit (`whole` false) or of all the units of that unit's family on `from`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -518,10 +513,10 @@ struct Migration {
     whole: bool,
 }
 
-/// Candidate moves of encoder work: from each of the [`SOURCES`] ranks that set the
+/// Candidate moves of encoder work: from each of the `SOURCES` ranks that set the
 /// pace of `program` (compute plus the time the others waited for them, largest
-/// first), then each of the [`SOURCES`] busiest by compute not among them, to each
-/// of the [`TARGETS`] with the least compute that have less, each movable encoder
+/// first), then each of the `SOURCES` busiest by compute not among them, to each
+/// of the `TARGETS` with the least compute that have less, each movable encoder
 /// micro-batch: first whole families (an encoder's units
 /// on the rank, its chunks `ENC.k` or layers `ENC/N`, so that a chain of layers stays
 /// together), largest first, then single units of a family cut into several.
@@ -534,6 +529,7 @@ fn migrations(
     family: &[usize],
     program: &Program,
     report: &SimReport,
+    (n_sources, n_targets): (usize, usize),
 ) -> Vec<Migration> {
     let load = |r: usize| report.compute.get(r).copied().unwrap_or(0.0);
     // How long the other ranks waited for each rank: a rank others wait for paces
@@ -547,8 +543,8 @@ fn migrations(
     let pace = |r: usize| load(r) + waited_for[r];
     let mut paced: Vec<usize> = (0..plan.ranks).collect();
     paced.sort_by(|&a, &b| pace(b).total_cmp(&pace(a)).then(a.cmp(&b)));
-    let mut sources: Vec<usize> = paced.iter().take(SOURCES).copied().collect();
-    for &r in busy.iter().take(SOURCES) {
+    let mut sources: Vec<usize> = paced.iter().take(n_sources).copied().collect();
+    for &r in busy.iter().take(n_sources) {
         if !sources.contains(&r) {
             sources.push(r);
         }
@@ -562,7 +558,7 @@ fn migrations(
             .rev()
             .copied()
             .filter(|&r| load(r) < load(from))
-            .take(TARGETS)
+            .take(n_targets)
             .collect();
         let movable = |u: usize, mb: usize| {
             !crate::bound::is_stage(&plan.units[u])
@@ -682,12 +678,13 @@ fn first_lowering(
     plan: &Plan,
     text: Option<&str>,
     opts: &SimOptions,
+    policy: &SearchPolicy,
 ) -> Option<(Placement, (Program, SimReport))> {
     // One preparation (dependencies, ideal timing, transfers) for every rule.
     let prepared = prepare(plan).ok()?;
     let mut best: Option<(Placement, (Program, SimReport))> = None;
     for rule in PLACEMENTS {
-        let program = lower_prepared(plan, &prepared, text, rule).ok();
+        let program = lower_prepared_by(plan, &prepared, text, rule, policy).ok();
         let run = program.and_then(|p| simulate(&p, opts).ok().map(|r| (p, r)));
         if let Some(x) = run {
             if best
@@ -702,25 +699,23 @@ fn first_lowering(
 }
 
 /// `plan` lowered with `rule` and simulated; `None` if either fails.
-/// [`lower_one`] of each plan, side by side on up to [`workers`] threads when
-/// the plans are large enough to pay for them; in order.
+/// [`lower_one`] of each plan, side by side (the caller sizes the batch by
+/// [`workers`]); in order. A panic in one is the caller's, as on one thread
+/// ([`crate::parallel`]).
 fn lower_all(
     plans: &[Option<Plan>],
     text: Option<&str>,
     opts: &SimOptions,
     rule: Placement,
+    policy: &SearchPolicy,
 ) -> Vec<Option<(Program, SimReport)>> {
-    let one = |p: &Option<Plan>| p.as_ref().and_then(|p| lower_one(p, text, opts, rule));
-    if plans.len() < 2 {
-        return plans.iter().map(one).collect();
-    }
-    std::thread::scope(|s| {
-        let rest: Vec<_> = plans[1..].iter().map(|p| s.spawn(move || one(p))).collect();
-        let mut out = vec![one(&plans[0])];
-        // A worker that panicked gives no program, as a failed lowering does.
-        out.extend(rest.into_iter().map(|h| h.join().ok().flatten()));
-        out
-    })
+    let one = |i: usize| {
+        plans[i]
+            .as_ref()
+            .and_then(|p| lower_one(p, text, opts, rule, policy))
+    };
+    let order: Vec<usize> = (0..plans.len()).collect();
+    crate::parallel::ordered_map(&order, plans.len(), 1, |body| body(), one)
 }
 
 fn lower_one(
@@ -728,8 +723,9 @@ fn lower_one(
     text: Option<&str>,
     opts: &SimOptions,
     rule: Placement,
+    policy: &SearchPolicy,
 ) -> Option<(Program, SimReport)> {
-    let program = lower_with(plan, text, rule).ok()?;
+    let program = lower_prepared_by(plan, &prepare(plan).ok()?, text, rule, policy).ok()?;
     let report = simulate(&program, opts).ok()?;
     Some((program, report))
 }
@@ -793,7 +789,8 @@ mod tests {
             derive_str(&req, "refine(layers(zb2p(encoders = ramp, costs = unit)))").unwrap();
         let plan = crate::relower::plan_of_program(&derived.program).unwrap();
         let opts = req.sim_options(req.mode);
-        let (rule, (program, report)) = first_lowering(&plan, None, &opts).unwrap();
+        let (rule, (program, report)) =
+            first_lowering(&plan, None, &opts, &SearchPolicy::DEFAULT).unwrap();
         let times = compute_times(&program, &report);
         (plan, opts, rule, times)
     }
@@ -810,6 +807,7 @@ mod tests {
             opts: &opts,
             fits: &fits,
             moves: Moves::AcrossRanks,
+            policy: &SearchPolicy::DEFAULT,
         };
         for budget in [7, 40, 151] {
             let one = reorder_on(&plan, &search, budget, 1);
@@ -838,11 +836,19 @@ mod tests {
         let mut seen = [0usize; 3];
         for (r, rank) in times.iter().enumerate() {
             for (j, slot) in rank.iter().enumerate() {
-                if slot.wait <= MIN_WAIT {
+                if slot.wait <= SearchPolicy::DEFAULT.min_wait {
                     continue;
                 }
                 for kind in [Kind::Advance, Kind::Shift] {
-                    for (q, from, to) in candidates(&plan, &deps, &times, (r, j), slot.wait, kind) {
+                    for (q, from, to) in candidates(
+                        &plan,
+                        &deps,
+                        &times,
+                        (r, j),
+                        slot.wait,
+                        kind,
+                        SearchPolicy::DEFAULT.lookahead,
+                    ) {
                         let task = plan.order[q][from];
                         match kind {
                             Kind::Advance => {
@@ -863,12 +869,13 @@ mod tests {
                         let mut next = plan.clone();
                         let t = next.order[q].remove(from);
                         next.order[q].insert(to, t);
-                        let lowered = lower_with(&next, None, rule).unwrap_or_else(|e| {
-                            panic!(
-                                "{kind:?} {r} {j} {q} {from} {to} {:?} {:?}: {e}",
-                                plan.order[q][from], plan.order[r][j]
-                            )
-                        });
+                        let lowered =
+                            crate::lower::lower_with(&next, None, rule).unwrap_or_else(|e| {
+                                panic!(
+                                    "{kind:?} {r} {j} {q} {from} {to} {:?} {:?}: {e}",
+                                    plan.order[q][from], plan.order[r][j]
+                                )
+                            });
                         assert_eq!(verify_static(&lowered), vec![], "{kind:?} {q} {from} {to}");
                         simulate(&lowered, &opts).unwrap();
                     }
@@ -921,7 +928,7 @@ mod tests {
                     .copied()
                     .collect();
                 assert_eq!(new[j + count..], rest[..]);
-                let lowered = lower_with(&next, None, rule).unwrap();
+                let lowered = crate::lower::lower_with(&next, None, rule).unwrap();
                 assert_eq!(verify_static(&lowered), vec![]);
                 simulate(&lowered, &opts).unwrap();
             }

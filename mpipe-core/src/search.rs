@@ -17,7 +17,7 @@
 //! compares against is in it, so `auto` is never slower than any of them.
 //!
 //! The space multiplies with each encoder's placements (about twenty, in every
-//! nesting order), so only the [`FULL_ENCODERS`] heaviest encoders are searched
+//! nesting order), so only the heaviest few ([`SearchPolicy::full_encoders`]) encoders are searched
 //! that way. The others are placed alike, outside them: all inline, all
 //! `transpose`d or all `fill`ed, so a third encoder or more triples the space once
 //! (the peers, which may nest differently, are added). On a 2-core machine, Omni's
@@ -29,15 +29,15 @@
 //! the plan can beat; candidates are then derived in full (lowered, verified,
 //! simulated, checked against the memory limit) in order of that ideal time, and the
 //! search stops at the first candidate whose ideal time is more than
-//! [`DERIVE_WITHIN`] behind the best simulated time found (refinement can beat a
+//! [`SearchPolicy::derive_within`] behind the best simulated time found (refinement can beat a
 //! plan's ideal time, since it changes the plan). Ties go to the lower peak memory,
 //! then to the earlier candidate, so the answer is deterministic. The five fastest,
 //! and the one whose
 //! plan is fastest ideally (refinement works towards that time: under rendezvous a
 //! plan well ahead there can come out behind in its first lowering and win once
 //! refined), are then refined, and the compute order of the winner (and of that
-//! one, when it is within [`IDEAL_WITHIN`] of it) searched. Where micro-batches are
-//! at least twice the ranks and the result is still more than [`GOAL`] above the
+//! one, when it is within [`SearchPolicy::ideal_within`] of it) searched. Where micro-batches are
+//! at least twice the ranks and the result is still more than [`SearchPolicy::goal`] above the
 //! lower bound, that order search runs again with a larger budget (the bound tells
 //! the search where more effort may pay; elsewhere it costs nothing).
 //!
@@ -56,15 +56,11 @@ use crate::derive::{finish_unspanned, plan_of, DeriveError, Derived, ErrorKind, 
 use crate::expr::{parse_str, Expr};
 use crate::operators::layers::layers;
 use crate::plan::Plan;
+use crate::policy::SearchPolicy;
 use crate::profile::Profile;
 use crate::progress::Stage;
 use crate::simulate::Mode;
 use std::cell::Cell;
-
-/// Candidates whose transfers `auto` refines by simulation (the fastest before
-/// refinement; twins, which would refine to the same programs, take no place), and
-/// besides them the fastest in the ideal timing.
-const FINALISTS: usize = 5;
 
 /// Bodies whose backward is fused (`BW`), which `split_w` can split.
 const FUSED: [&str; 5] = [
@@ -74,9 +70,8 @@ const FUSED: [&str; 5] = [
     "interleaved(v = 3)",
     "interleaved(v = 4)",
 ];
-/// Chunks per rank `auto` goes up to beyond `interleaved(v = 4)`, where they divide
-/// the layers evenly.
-const MAX_CHUNKS: usize = 8;
+/// The most chunks per rank an `interleaved` body of [`FUSED`] names.
+const LISTED_V: usize = 4;
 
 /// Bodies that already split `B` from `W`.
 const SPLIT: [&str; 7] = [
@@ -114,8 +109,19 @@ const RAMP: [&str; 3] = [
 ];
 
 /// Every expression `auto` considers for `profile` on `ranks` x `microbatches`, in the
-/// order that breaks ties.
+/// order that breaks ties, under the default policy.
 pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<String> {
+    candidates_for(profile, ranks, microbatches, &SearchPolicy::DEFAULT)
+}
+
+/// [`candidates`] under `policy` (its [`SearchPolicy::max_chunks`] and
+/// [`SearchPolicy::full_encoders`]).
+pub fn candidates_for(
+    profile: &Profile,
+    ranks: usize,
+    microbatches: usize,
+    policy: &SearchPolicy,
+) -> Vec<String> {
     // More chunks where they split the layers exactly: finer tasks wait less for
     // their neighbours under rendezvous, and equal chunks keep the loop even.
     let layers = profile.llm.layers as usize;
@@ -123,7 +129,7 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
         .iter()
         .map(|b| b.to_string())
         .chain(
-            (5..=MAX_CHUNKS)
+            (LISTED_V + 1..=policy.max_chunks)
                 .filter(|v| ranks > 0 && layers.is_multiple_of(ranks * v))
                 .map(|v| format!("interleaved(v = {v})")),
         )
@@ -141,7 +147,7 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
     // Per encoder: `None` inline, else the operator placing it and the arguments
     // after the body. The heaviest encoders are searched in full; the others are
     // placed alike, below.
-    let full = searched_in_full(profile);
+    let full = searched_in_full(profile, policy.full_encoders);
     let others: Vec<usize> = (0..profile.encoders.len())
         .filter(|i| !full.contains(i))
         .collect();
@@ -308,7 +314,7 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
         }
     }
     // The evaluation's peers, so that `auto` is never slower than one; beyond
-    // [`FULL_ENCODERS`] encoders some nest outside the space above.
+    // [`SearchPolicy::full_encoders`] encoders some nest outside the space above.
     for peer in crate::evaluation::peers(profile) {
         if seen.insert(peer.clone()) {
             out.push(peer);
@@ -317,21 +323,19 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
     out
 }
 
-/// Encoders whose placements `auto` searches in full (every operator and mode, in
-/// every nesting order); the others are placed alike (all inline, all `transpose`d
-/// or all `fill`ed) outside them, so more encoders triple the space once.
-pub const FULL_ENCODERS: usize = 2;
-
-/// The [`FULL_ENCODERS`] heaviest encoders of `profile` (by work per micro-batch,
-/// the earlier on ties), in profile order.
-fn searched_in_full(profile: &Profile) -> Vec<usize> {
+/// The `full` heaviest encoders of `profile` (by work per micro-batch, the earlier
+/// on ties), in profile order: those whose placements `auto` searches in full
+/// (every operator and mode, in every nesting order); the others are placed alike
+/// (all inline, all `transpose`d or all `fill`ed) outside them, so more encoders
+/// triple the space once.
+fn searched_in_full(profile: &Profile, full: usize) -> Vec<usize> {
     let work = |i: usize| {
         let e = &profile.encoders[i];
         f64::from(e.layers) * crate::units::encoder_layer_work(e)
     };
     let mut by_work: Vec<usize> = (0..profile.encoders.len()).collect();
     by_work.sort_by(|&a, &b| work(b).total_cmp(&work(a)).then(a.cmp(&b)));
-    by_work.truncate(FULL_ENCODERS);
+    by_work.truncate(full);
     by_work.sort_unstable();
     by_work
 }
@@ -395,66 +399,30 @@ fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64
     let mut visit: Vec<usize> = (0..texts.len()).collect();
     let nests: Vec<Vec<String>> = texts.iter().map(|t| nest(t)).collect();
     visit.sort_by(|&a, &b| nests[a].cmp(&nests[b]).then(a.cmp(&b)));
-    // Runs of 16: a run's shared inner plans are built once.
-    on_threads(&visit, texts.len(), 16, &stage, |i| one(&texts[i]))
-        .into_iter()
-        .map(|r| r.unwrap_or((None, None)))
-        .collect()
+    // Runs of `plan_run`: a run's shared inner plans are built once.
+    on_threads(&req.policy, &visit, req.policy.plan_run, &stage, |i| {
+        one(&texts[i])
+    })
 }
 
-/// `f(i)` for every index in `order`, on every core ([`workers`]), each thread
-/// taking the next `run` entries of `order` in turn, with its own plan memo and
-/// reporting to `stage`'s observer; results by index, `None` for an index whose
-/// worker panicked (and for indices not in `order`). Inside a procedural macro, `f`
-/// may touch `proc_macro2` only under a [`Fallback`].
+/// `f(i)` for every index in `order` (a permutation of its indices), on every core
+/// ([`workers`]), each thread taking the next `run` entries of `order` in turn, with
+/// its own plan memo and reporting to `stage`'s observer; results by index. A panic
+/// in `f` is the caller's, on one thread and on many ([`crate::parallel`]). Inside
+/// a procedural macro, `f` may touch `proc_macro2` only under a [`Fallback`].
 fn on_threads<T: Send>(
+    policy: &SearchPolicy,
     order: &[usize],
-    len: usize,
     run: usize,
     stage: &Stage,
     f: impl Fn(usize) -> T + Sync,
-) -> Vec<Option<T>> {
-    let mut slots: Vec<Option<T>> = (0..len).map(|_| None).collect();
-    let threads = workers(order.len());
-    if threads == 1 {
-        crate::derive::with_plan_memo(|| {
-            for &i in order {
-                slots[i] = Some(f(i));
-            }
-        });
-        return slots;
-    }
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|_| {
-                let (f, next) = (&f, &next);
-                s.spawn(move || {
-                    stage.within(|| {
-                        crate::derive::with_plan_memo(|| {
-                            let mut done = Vec::new();
-                            loop {
-                                let at = next.fetch_add(run, std::sync::atomic::Ordering::Relaxed);
-                                if at >= order.len() {
-                                    break done;
-                                }
-                                for &i in &order[at..(at + run).min(order.len())] {
-                                    done.push((i, f(i)));
-                                }
-                            }
-                        })
-                    })
-                })
-            })
-            .collect();
-        for h in handles {
-            // A panicking worker leaves its indices out.
-            for (i, r) in h.join().unwrap_or_default() {
-                slots[i] = Some(r);
-            }
-        }
-    });
-    slots
+) -> Vec<T> {
+    let threads = workers(order.len(), policy.max_threads);
+    let memo = policy.plan_memo;
+    let within = |body: &mut dyn FnMut()| {
+        stage.within(|| crate::derive::with_plan_memo(memo, body));
+    };
+    crate::parallel::ordered_map(order, threads, run, within, f)
 }
 
 /// The nest of a candidate, innermost body first: the texts of its body, the body's
@@ -504,7 +472,22 @@ pub struct Search {
 /// Run the search for `req`. Fails only when no candidate can be derived (then the
 /// errors of the fastest-looking candidate say why, e.g. memory over the limit).
 pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
-    let texts = candidates(req.profile, req.ranks, req.microbatches);
+    let SearchPolicy {
+        derive_within,
+        finalists: finalists_kept,
+        runner_up_within,
+        ideal_within,
+        order_budget,
+        order_actions,
+        order_min,
+        goal,
+        goal_microbatches_per_rank,
+        far_budget,
+        far_actions,
+        max_threads,
+        ..
+    } = req.policy;
+    let texts = candidates_for(req.profile, req.ranks, req.microbatches, &req.policy);
     let timed = plan_all(req, &texts);
     let mut tried: Vec<Tried> = Vec::new();
     let mut planned = Vec::new();
@@ -542,7 +525,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     // In ideal order, `workers` candidates at a time, their results taken in that
     // order: the same stop and the same winner as one at a time, at most
     // `workers - 1` derivations wasted past the stop.
-    let workers = workers(planned.len());
+    let workers = workers(planned.len(), max_threads);
     // Left early when no candidate left can win: the stage then ends short.
     let stage = Stage::begin("auto: deriving the fastest-looking", planned.len());
     let mut rest = planned.into_iter().zip(twins).peekable();
@@ -551,7 +534,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         while batch.len() < workers {
             let Some(next) = rest.next_if(|((ideal, ..), _)| {
                 best.as_ref()
-                    .is_none_or(|(span, ..)| *ideal <= *span * DERIVE_WITHIN)
+                    .is_none_or(|(span, ..)| *ideal <= *span * derive_within)
             }) else {
                 break;
             };
@@ -569,7 +552,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         drop(jobs);
         for ((ideal, order, slot, plan), twin) in batch {
             if let Some((span, ..)) = &best {
-                if ideal > *span * DERIVE_WITHIN {
+                if ideal > *span * derive_within {
                     break 'batches;
                 }
             }
@@ -625,7 +608,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     let mut at = 0;
     finalists.retain(|f| {
         at += 1;
-        at <= FINALISTS || Some(f.2) == ideal_finalist
+        at <= finalists_kept || Some(f.2) == ideal_finalist
     });
     let fine: Vec<Option<Plan>> = finalists
         .iter()
@@ -673,7 +656,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     // Then the winner's compute order, by simulation (`refine(X, order = N)`), with a
     // budget that shrinks as programs grow; again only a strict gain counts. When
     // that finds nothing, the runner-up's (the fastest refined program of another
-    // expression, if within `RUNNER_UP_WITHIN` of the winner): the search may gain on
+    // expression, if within `runner_up_within` of the winner): the search may gain on
     // one where it cannot on the other (on a schedule cut layer by layer, say, and
     // not on the same schedule uncut).
     let inner_of = |expr: &str| {
@@ -691,7 +674,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             .map(|(_, _, plan, _)| *plan)?;
         let actions: usize = d.program.programs.iter().map(Vec::len).sum();
         let budget = most.min(actions_in_all / actions.max(1));
-        if budget < ORDER_MIN {
+        if budget < order_min {
             return None;
         }
         let text = format!("refine({inner}, order = {budget})");
@@ -707,18 +690,18 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             .iter()
             .find(|(.., d)| inner_of(&d.expr) != inner)
             .map(|(.., d)| d)
-            .filter(|d| d.report.makespan <= winner.report.makespan * RUNNER_UP_WITHIN)
+            .filter(|d| d.report.makespan <= winner.report.makespan * runner_up_within)
     };
     // And that of the finalist fastest in the ideal timing (its fastest refined
-    // program), when it is another expression within `IDEAL_WITHIN` of the winner:
+    // program), when it is another expression within `ideal_within` of the winner:
     // its order has the most to gain.
     let ideal_pick = ranked
         .iter()
         .find(|(_, _, order, _)| Some(*order) == ideal_finalist)
         .map(|(.., d)| d)
         .filter(|d| inner_of(&d.expr) != inner_of(&winner.expr))
-        .filter(|d| d.report.makespan <= winner.report.makespan * IDEAL_WITHIN);
-    let polish = |d: &Derived, what: &str| polish_with(d, what, (ORDER_BUDGET, ORDER_ACTIONS));
+        .filter(|d| d.report.makespan <= winner.report.makespan * ideal_within);
+    let polish = |d: &Derived, what: &str| polish_with(d, what, (order_budget, order_actions));
     // The faster of the two (the winner's on a tie), with the program it came from.
     let polished = [
         polish(&winner, "the winner's compute").map(|p| (p, &winner)),
@@ -732,19 +715,19 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         Some((polish(d, "the runner-up's compute")?, d))
     });
     // Where the goal applies (micro-batches at least twice the ranks) and the
-    // program is still more than `GOAL` above the bound, the same order search again
+    // program is still more than `goal` above the bound, the same order search again
     // with a larger budget; kept when it is faster.
     let (polished, from) = polished.map_or((None, &winner), |(p, from)| (Some(p), from));
     let current = polished.as_ref().unwrap_or(&winner);
-    let short =
-        req.microbatches >= 2 * req.ranks && current.report.makespan > GOAL * current.bound.value();
+    let short = req.microbatches >= goal_microbatches_per_rank * req.ranks
+        && current.report.makespan > goal * current.bound.value();
     let further = short
         .then(|| {
             let what = format!(
                 "its compute further (more than {:.0}% above the bound)",
-                (GOAL - 1.0) * 100.0
+                (goal - 1.0) * PERCENT
             );
-            polish_with(from, &what, (FAR_BUDGET, FAR_ACTIONS))
+            polish_with(from, &what, (far_budget, far_actions))
         })
         .flatten()
         .filter(|p| p.report.makespan < current.report.makespan);
@@ -752,45 +735,8 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     Ok(Search { best, tried })
 }
 
-/// How far a candidate's ideal time may be behind the best simulated time for
-/// `auto` to still derive it in full: 1 would be exact for unrefined programs
-/// (the ideal time bounds the simulated one), but refinement and the order search
-/// can take a program below its plan's ideal time (they change the plan), so a
-/// candidate just behind may still win once refined (profile (a) under eager
-/// semantics: `balance(zb2p(encoders = chain))`, ideally 1076.0 ms against the best
-/// simulated 1073.8, refines to 1042.7).
-const DERIVE_WITHIN: f64 = 1.01;
-
-/// How close the runner-up must be to the winner (as a factor of its step) for
-/// `auto` to search its compute order when the winner's finds nothing: the search
-/// gains a few percent at most, and where the runner-up is farther behind the time
-/// is spent for nothing (it cost up to a third more search time on the benchmarks).
-const RUNNER_UP_WITHIN: f64 = 1.01;
-
-/// How close the finalist whose plan is fastest in the ideal timing must be to the
-/// winner, once refined, for `auto` to search its compute order too (and keep the
-/// faster of the two): the order search gains up to about 2% where the refined
-/// program is far from its plan's ideal time (profile (c) at 8 x 16 under
-/// rendezvous: 2992.8 -> 2932.6 ms for `zb2p(v = 2, encoders = ramp)`'s plan).
-const IDEAL_WITHIN: f64 = 1.02;
-
-/// Simulations `auto` may spend on its winner's compute order: at most
-/// `ORDER_BUDGET`, and fewer for large programs (about `ORDER_ACTIONS` actions
-/// simulated in all); below `ORDER_MIN` it is not tried (a few moves rarely pay for
-/// the full derivation that follows them).
-const ORDER_BUDGET: usize = 3000;
-const ORDER_ACTIONS: usize = 12_000_000;
-const ORDER_MIN: usize = 100;
-
-/// The distance to the lower bound `auto` aims for where micro-batches are at least
-/// twice the ranks (issue 6's goal): a program farther away has its compute order
-/// searched again with up to `FAR_BUDGET` simulations (about `FAR_ACTIONS` actions
-/// simulated in all). On `profiles/qwen2vl-7b.toml` at 8 x 32 under rendezvous
-/// that takes the step from 2196.5 ms (1.0515 of the bound) to 2191.3 (1.049), in
-/// about 14 s more on 2 cores; where `auto` is within the goal it costs nothing.
-const GOAL: f64 = 1.05;
-const FAR_BUDGET: usize = 12_000;
-const FAR_ACTIONS: usize = 100_000_000;
+/// A factor as a percentage, for messages.
+const PERCENT: f64 = 100.0;
 
 /// For each candidate of `planned` (sorted by ideal time, then candidate order), the
 /// slot of the first earlier one with the same ideal time and an equal plan, if any.
@@ -808,15 +754,16 @@ fn twins(planned: &[(f64, usize, usize, Plan)]) -> Vec<Option<usize>> {
     out
 }
 
-/// Threads for `jobs` independent pieces of work: every core, at most 8.
-fn workers(jobs: usize) -> usize {
+/// Threads for `jobs` independent pieces of work: every core, at most `most`.
+fn workers(jobs: usize, most: usize) -> usize {
     #[cfg(test)]
     if let Some(n) = tests::THREADS.with(Cell::get) {
         return n;
     }
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())
-        .clamp(1, 8)
+        .min(most)
+        .max(1)
         .min(jobs.max(1))
 }
 
@@ -863,16 +810,10 @@ fn finish_all(
     };
     let order: Vec<usize> = (0..jobs.len()).collect();
     let span = proc_macro2::Span::call_site();
-    on_threads(&order, jobs.len(), 1, stage, |i| one(&jobs[i]))
+    on_threads(&req.policy, &order, 1, stage, |i| one(&jobs[i]))
         .into_iter()
         .map(|r| {
-            let lost = || {
-                vec![(
-                    ErrorKind::Invalid,
-                    "the derivation stopped unexpectedly (a bug in mpipe, please report it)".into(),
-                )]
-            };
-            r.unwrap_or_else(|| Err(lost())).map_err(|es| {
+            r.map_err(|es| {
                 es.into_iter()
                     .map(|(kind, message)| DeriveError {
                         message,

@@ -9,6 +9,7 @@
 //! parameters and no reduction of their gradients.
 
 use crate::plan::UnitId;
+use crate::policy::SearchPolicy;
 use crate::profile::Profile;
 use crate::program::Unit;
 use crate::units::{
@@ -416,6 +417,31 @@ pub fn ramp_split(
     microbatches: usize,
     v: usize,
 ) -> Option<RampSplit> {
+    ramp_split_by(
+        profile,
+        units,
+        ranks,
+        microbatches,
+        v,
+        &SearchPolicy::DEFAULT,
+    )
+}
+
+/// [`ramp_split`] under `policy` (its `ramp_*` knobs).
+pub fn ramp_split_by(
+    profile: &Profile,
+    units: &[Unit],
+    ranks: usize,
+    microbatches: usize,
+    v: usize,
+    policy: &SearchPolicy,
+) -> Option<RampSplit> {
+    let SearchPolicy {
+        ramp_trade_slack,
+        ramp_max_shift,
+        ramp_min_gain,
+        ..
+    } = *policy;
     let n_enc = profile.encoders.len();
     let e = chained_encoder(units, n_enc)?;
     let llm = &profile.llm;
@@ -476,12 +502,12 @@ pub fn ramp_split(
     let start = costs.floor(&split, &chunks);
     let mut best = start;
     // Encoder layers worth one LLM layer, and a few more.
-    let trade = (per_layer / costs.enc_work.max(1e-9)).ceil() as u32 + 2;
+    let trade = (per_layer / costs.enc_work.max(1e-9)).ceil() as u32 + ramp_trade_slack;
     loop {
         let mut step: Option<(f64, Vec<usize>, Vec<u32>)> = None;
         let mut consider = |l: Vec<usize>, c: Vec<u32>| {
             let f = costs.floor(&l, &c);
-            if f < best - 1e-3 && step.as_ref().is_none_or(|s| f < s.0) {
+            if f < best - ramp_min_gain && step.as_ref().is_none_or(|s| f < s.0) {
                 step = Some((f, l, c));
             }
         };
@@ -497,7 +523,7 @@ pub fn ramp_split(
                         consider(l, c);
                     }
                 }
-                for k in 1..=3.min(chunks[a]) {
+                for k in 1..=ramp_max_shift.min(chunks[a]) {
                     let mut c = chunks.clone();
                     c[a] -= k;
                     c[b] += k;

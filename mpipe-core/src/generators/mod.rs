@@ -16,9 +16,10 @@ mod zb2p;
 mod zbh1;
 mod zbv;
 
-pub use chain::{ramp_split, RampSplit};
+pub use chain::{ramp_split, ramp_split_by, RampSplit};
 
 use crate::plan::{Layout, Plan, Task, UnitId};
+use crate::policy::SearchPolicy;
 use crate::profile::{Profile, Split};
 use crate::program::{Op, Unit};
 use crate::units::{build_units, UnitsError};
@@ -209,6 +210,17 @@ pub fn generate(
     ranks: usize,
     microbatches: usize,
 ) -> Result<Plan, GenError> {
+    generate_by(kind, profile, ranks, microbatches, &SearchPolicy::DEFAULT)
+}
+
+/// [`generate`] under `policy` (the ramp's split search, [`ramp_split_by`]).
+pub fn generate_by(
+    kind: BodyKind,
+    profile: &Profile,
+    ranks: usize,
+    microbatches: usize,
+    policy: &SearchPolicy,
+) -> Result<Plan, GenError> {
     if microbatches == 0 {
         return Err(GenError::NoMicrobatches);
     }
@@ -297,7 +309,7 @@ pub fn generate(
                 rebuilt = build_units(profile, ranks, 1, kind.layout())?;
                 &rebuilt
             };
-            match chain::ramp_split(profile, single, ranks, microbatches, v) {
+            match chain::ramp_split_by(profile, single, ranks, microbatches, v, policy) {
                 Some(split) => {
                     let own = split.applied(profile, v);
                     let units = build_units(&own, ranks, v, kind.layout())?;

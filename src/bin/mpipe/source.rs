@@ -211,10 +211,8 @@ pub fn derive_one(
     mode: Mode,
 ) -> Result<Loaded, Failure> {
     let req = Request {
-        profile,
-        ranks,
-        microbatches,
         mode,
+        ..Request::new(profile, ranks, microbatches)
     };
     let d = derive_str(&req, expr).map_err(|es| expr_failure(expr, &es))?;
     // `auto` (the only expression derived as another) names its choice.

@@ -1,0 +1,180 @@
+//! Every tuning constant of the search, the derivation, the lowering and the
+//! generators, in one value: [`SearchPolicy`].
+//!
+//! A [`crate::derive::Request`] carries one (`Request::new` gives
+//! [`SearchPolicy::DEFAULT`]); each pass copies the fields it needs into locals
+//! before its loops. Each field says what it trades: mostly search time against how
+//! close the answer comes to the best one the algebra holds. The defaults are the
+//! values `auto` and `derive` have been tuned with; programs derived under them are
+//! pinned by `tests/byte_identity.rs`. Changing a field changes which programs are
+//! derived (never whether one is valid: every program is verified).
+//!
+//! A test (`tests/policy_constants.rs`) fails when a numeric tuning literal appears
+//! in those passes outside this file.
+
+/// The knobs of `auto`, of `refine(...)` and of the lowering, with today's values
+/// in [`SearchPolicy::DEFAULT`] (also [`Default`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SearchPolicy {
+    // --- `auto`: the search space -------------------------------------------------
+    /// Chunks per rank `auto` goes up to with `interleaved(v = N)` beyond `v = 4`
+    /// (where the chunks divide the layers evenly). More: finer tasks and a larger
+    /// space (one body more per value, under every placement).
+    pub max_chunks: usize,
+    /// Encoders whose placements `auto` searches in full (every operator and mode,
+    /// in every nesting order); the others are placed alike outside them. Each one
+    /// more multiplies the space by about twenty (and by the orders of nesting).
+    pub full_encoders: usize,
+
+    // --- `auto`: which candidates are derived, refined and ordered ---------------
+    /// How far (a factor) a candidate's ideal time may be behind the best simulated
+    /// time for it still to be derived in full. 1 would be exact for unrefined
+    /// programs; refinement can beat a plan's ideal time, so a little more keeps
+    /// candidates that win once refined, at the cost of more full derivations.
+    pub derive_within: f64,
+    /// Candidates refined by simulation (the fastest as derived; the fastest in the
+    /// ideal timing is refined besides). More: more refinements, each a few
+    /// hundred simulations.
+    pub finalists: usize,
+    /// How close (a factor of the winner's step) the runner-up must be for its
+    /// compute order to be searched when the winner's gains nothing. Larger: more
+    /// order searches that rarely pay.
+    pub runner_up_within: f64,
+    /// How close (a factor of the winner's step) the finalist fastest in the ideal
+    /// timing must be, once refined, for its compute order to be searched too.
+    /// Larger: more order searches; they gain most where a program is far from its
+    /// plan's ideal time.
+    pub ideal_within: f64,
+    /// Most simulations the compute-order search of a winner may spend.
+    pub order_budget: usize,
+    /// Actions simulated in all by that order search: its budget shrinks to this
+    /// over the program's actions, so large programs take about the same time.
+    pub order_actions: usize,
+    /// Below this many simulations the order search is not tried: a few moves rarely
+    /// pay for the full derivation that follows them.
+    pub order_min: usize,
+    /// The distance to the lower bound (a factor) `auto` aims for: a program farther
+    /// away has its compute order searched again with [`Self::far_budget`]. Lower:
+    /// more programs get the long search.
+    pub goal: f64,
+    /// The goal applies where micro-batches are at least this many times the ranks
+    /// (fewer micro-batches leave a fill and drain no schedule can hide).
+    pub goal_microbatches_per_rank: usize,
+    /// Most simulations of that second, longer order search.
+    pub far_budget: usize,
+    /// Actions simulated in all by the longer order search (as
+    /// [`Self::order_actions`]).
+    pub far_actions: usize,
+
+    // --- threads -------------------------------------------------------------------
+    /// Most threads the search and the order search use (never more than the cores).
+    /// The answer is the same on any number; more threads, more memory.
+    pub max_threads: usize,
+    /// Candidates a search thread plans in a row: candidates that share inner
+    /// expressions come together, so a run's shared plans are built once. Longer
+    /// runs share more, shorter ones balance the threads better.
+    pub plan_run: usize,
+    /// Sub-expression plans each thread remembers ([`crate::derive`]'s plan memo).
+    /// More: more reuse across candidates, about a megabyte each at 16 x 128.
+    pub plan_memo: usize,
+
+    // --- the derivation: lowering and `refine` ---------------------------------------
+    /// Rounds of re-placing the transfers against simulated times (each tries every
+    /// placement rule once more). More: slower lowering, rarely a better one.
+    pub replace_rounds: usize,
+    /// Candidate meeting points the lowering weighs for each transfer. More: a
+    /// slower lowering that may wait less.
+    pub meet_candidates: usize,
+    /// The critical-path placement weighs a rank's lost time by one over its idle
+    /// time plus the makespan divided by this: smaller weighs busy and idle ranks
+    /// more alike when choosing meeting points, larger favours the busiest ranks.
+    pub meet_idle_parts: f64,
+    /// Most simulations `refine` spends moving transfers.
+    pub refine_budget: usize,
+    /// Actions simulated in all by that refinement (its budget shrinks for large
+    /// programs so they take about the same time).
+    pub refine_actions: usize,
+    /// Most simulations `refine` spends moving weight gradients into waits.
+    pub w_budget: usize,
+    /// Actions simulated in all moving weight gradients (as
+    /// [`Self::refine_actions`]).
+    pub w_actions: usize,
+    /// Below this many simulations weight gradients are not moved: a few moves on a
+    /// large program rarely change its step and cost seconds.
+    pub w_min: usize,
+    /// Candidate moves of weight gradients tried per round before giving up.
+    pub w_moves_per_round: usize,
+    /// A weight gradient is moved into a wait only if it costs at most this many
+    /// times the wait: larger fills more waits but may push work later.
+    pub w_fit: f64,
+
+    // --- the compute-order search (`refine(X, order = N)`) ------------------------------
+    /// How many tasks back or ahead of a wait the order search looks for a task to
+    /// move. More: more candidate moves per wait, each a simulation.
+    pub lookahead: usize,
+    /// Waits shorter than this fraction of the makespan are not worth a move.
+    pub min_wait: f64,
+    /// Plans with at least this many tasks are lowered and simulated on several
+    /// threads (smaller ones take less time than starting a thread).
+    pub parallel_tasks: usize,
+    /// Busiest ranks encoder work may move away from, per round.
+    pub migrate_sources: usize,
+    /// Least busy ranks encoder work may move to, per round.
+    pub migrate_targets: usize,
+
+    // --- generators: the ramp's stage split (`zb2p(encoders = ramp)`) -----------------
+    /// LLM layers a step of the ramp's split search may trade beyond those one
+    /// encoder chunk is worth. More: a wider, slower search.
+    pub ramp_trade_slack: u32,
+    /// Most layers one move of the ramp's split search shifts between two ranks.
+    pub ramp_max_shift: u32,
+    /// Least gain (in the profile's time unit) a ramp split must predict to replace
+    /// the current one; smaller chases smaller gains for longer.
+    pub ramp_min_gain: f64,
+}
+
+impl SearchPolicy {
+    /// Today's values: the ones `auto` and `derive` are tuned and tested with.
+    pub const DEFAULT: SearchPolicy = SearchPolicy {
+        max_chunks: 8,
+        full_encoders: 2,
+        derive_within: 1.01,
+        finalists: 5,
+        runner_up_within: 1.01,
+        ideal_within: 1.02,
+        order_budget: 3000,
+        order_actions: 12_000_000,
+        order_min: 100,
+        goal: 1.05,
+        goal_microbatches_per_rank: 2,
+        far_budget: 12_000,
+        far_actions: 100_000_000,
+        max_threads: 8,
+        plan_run: 16,
+        plan_memo: 24,
+        replace_rounds: 2,
+        meet_candidates: 4,
+        meet_idle_parts: 100.0,
+        refine_budget: 300,
+        refine_actions: 1_500_000,
+        w_budget: 2000,
+        w_actions: 3_000_000,
+        w_min: 200,
+        w_moves_per_round: 800,
+        w_fit: 2.0,
+        lookahead: 20,
+        min_wait: 1e-6,
+        parallel_tasks: 1500,
+        migrate_sources: 3,
+        migrate_targets: 3,
+        ramp_trade_slack: 2,
+        ramp_max_shift: 3,
+        ramp_min_gain: 1e-3,
+    };
+}
+
+impl Default for SearchPolicy {
+    fn default() -> Self {
+        Self::DEFAULT
+    }
+}
