@@ -452,76 +452,82 @@ fn ratio_to_bound_report() {
     }
 }
 
+/// The goals `auto` serves, for one derived request: the chosen program verifies,
+/// it is never slower than any peer schedule (the best named schedule the search
+/// holds), and where micro-batches are at least twice the ranks it is within the
+/// policy's goal of the lower bound (issue 6's 5%). Returns its ratio to the bound.
+fn meets_the_goals(req: &Request, d: &mpipe_core::derive::Derived) -> f64 {
+    let violations = mpipe_core::verify::verify(&d.program);
+    assert!(violations.is_empty(), "`{}`: {violations:?}", d.expr);
+    for e in peers(req.profile) {
+        if let Ok(peer) = derive_str(req, &e) {
+            assert!(
+                d.report.makespan <= peer.report.makespan * (1.0 + 1e-9),
+                "auto chose `{}` at {}, but `{e}` takes {}",
+                d.expr,
+                d.report.makespan,
+                peer.report.makespan
+            );
+        }
+    }
+    let ratio = d.report.makespan / d.bound.value();
+    let policy = &req.policy;
+    if req.microbatches >= policy.goal_microbatches_per_rank * req.ranks {
+        assert!(
+            ratio <= policy.goal,
+            "`{}`: {ratio:.4} of the bound, the goal is {}",
+            d.expr,
+            policy.goal
+        );
+    }
+    ratio
+}
+
 /// The evaluation profiles at their intended sizes, where micro-batches >= 2 x ranks:
-/// `auto`'s distance to the lower bound stays at most what the README reports (a
-/// regression guard), and is within issue 6's 5%. On (c) under rendezvous the
-/// bound, 2794 ms, comes from the split `balance(zb2p(v = 2, encoders = ramp))`
-/// chooses, and `auto` reaches 5% only with that split, its frozen encoder
-/// prefetched, its order searched (1.049; with the three fastest finalists alone
-/// and a third of the order budget, 1.062).
+/// `auto` meets its goals ([`meets_the_goals`]: within 5% of the lower bound, never
+/// slower than a peer, a valid program). On (c) under rendezvous the bound comes
+/// from the split `balance(zb2p(v = 2, encoders = ramp))` chooses, and `auto`
+/// reaches 5% only with that split, its frozen encoder prefetched and its order
+/// searched.
 #[test]
 fn auto_keeps_its_distance_to_the_bound_where_microbatches_are_twice_the_ranks() {
     let cases = [
-        (
-            include_str!("../../profiles/eval-b-qwen2vl72b-frozen.toml"),
-            1.023,
-            true,
-        ),
-        (
-            include_str!("../../profiles/eval-b-qwen2vl72b.toml"),
-            1.026,
-            true,
-        ),
-        (include_str!("../../profiles/eval-c-omni.toml"), 1.049, true),
+        include_str!("../../profiles/eval-b-qwen2vl72b-frozen.toml"),
+        include_str!("../../profiles/eval-b-qwen2vl72b.toml"),
+        include_str!("../../profiles/eval-c-omni.toml"),
     ];
-    for (text, reported, within_goal) in cases {
+    for text in cases {
         let profile = Profile::from_toml_str(text).unwrap();
         let (p, m) = intended_size(text).expect("an evaluate line");
         assert!(m >= 2 * p);
         let req = Request::new(&profile, p, m);
         let d = derive_str(&req, "auto").unwrap();
-        let ratio = d.report.makespan / d.bound.value();
-        assert!(
-            ratio <= reported + 0.0005,
-            "`{}`: {ratio:.4} of the bound, the README says {reported}",
-            d.expr
-        );
-        if within_goal {
-            assert!(ratio <= 1.05, "`{}`: {ratio:.4} of the bound", d.expr);
-        }
+        meets_the_goals(&req, &d);
     }
 }
 
 /// `profiles/qwen2vl-7b.toml` at its intended 8 x 32, where the trainable ViT weighs
-/// about one stage: with asynchronous sends `auto` cuts the encoder into a chain of
-/// layer chunks woven into the schedule, with the stage split and chunk sizes
-/// chosen together (`zb2p(encoders = ramp)`), within 5% of the bound (1.037; the
-/// guide quotes it). Under rendezvous (the spec's default) the lockstep form of the
-/// ramp, computed layer by layer (`layers`) so that transfers find meeting points,
-/// is the fastest: 1.0515 with `refine` and its order search at `auto`'s usual
-/// budget, and 1.049 (within issue 6's 5%) once the order is searched further, as
-/// `auto` does where a program is more than 5% above the bound.
+/// about one stage: `auto` cuts the encoder into a chain of layer chunks woven into
+/// the schedule, with the stage split and chunk sizes chosen together
+/// (`zb2p(encoders = ramp)`), and meets its goals under both semantics (within 5%
+/// of the bound; under rendezvous that takes the longer order search `auto` runs
+/// where a program is more than 5% above the bound).
 #[test]
 fn auto_chains_a_stage_sized_encoder() {
     let text = include_str!("../../profiles/qwen2vl-7b.toml");
     let profile = Profile::from_toml_str(text).unwrap();
-    let mut req = Request::new(&profile, 8, 32);
-    req.mode = mpipe_core::simulate::Mode::Eager;
-    let d = derive_str(&req, "auto").unwrap();
-    assert!(d.expr.contains("encoders = ramp"), "{}", d.expr);
-    let ratio = d.report.makespan / d.bound.value();
-    assert!(ratio <= 1.0375, "{}: {ratio:.4}", d.expr);
-
-    req.mode = mpipe_core::simulate::Mode::Rendezvous;
-    let d = derive_str(&req, "auto").unwrap();
-    assert!(
-        d.expr.contains("layers(") && d.expr.contains("encoders = ramp, costs = unit"),
-        "{}",
-        d.expr
-    );
-    let ratio = d.report.makespan / d.bound.value();
-    assert!(ratio <= 1.0495, "{}: {ratio:.4}", d.expr);
-    assert!(d.expr.ends_with("order = 12000)"), "{}", d.expr);
+    for mode in [
+        mpipe_core::simulate::Mode::Eager,
+        mpipe_core::simulate::Mode::Rendezvous,
+    ] {
+        let req = Request {
+            mode,
+            ..Request::new(&profile, 8, 32)
+        };
+        let d = derive_str(&req, "auto").unwrap();
+        assert!(d.expr.contains("encoders = ramp"), "{mode:?}: {}", d.expr);
+        meets_the_goals(&req, &d);
+    }
 }
 
 /// The ramp (which chooses the stage split itself) is searched from both splits
