@@ -4,6 +4,7 @@
 use crate::cache::{self, Cache};
 use crate::emit::{fallback, module, Facts};
 use crate::input::{Input, Source};
+use mpipe_core::advice::for_written;
 use mpipe_core::bound::lower_bound;
 use mpipe_core::derive::{derive, derive_str, resident_params, DeriveError, Derived, Request};
 use mpipe_core::expr::Expr;
@@ -71,7 +72,10 @@ pub fn schedule_with(tokens: TokenStream, cache: Option<&Cache>) -> TokenStream 
                 ),
             )),
             Ok(d) => derived = Some(d),
-            Err(es) => errors.extend(es.into_iter().map(|e| syn::Error::new(e.span, e.message))),
+            Err(es) => errors.extend(
+                es.into_iter()
+                    .map(|e| syn::Error::new(e.span, for_written(expr.name(), &e.message))),
+            ),
         }
     }
     let path = profile.and_then(|(_, path)| path);

@@ -321,18 +321,10 @@ pub(crate) fn finish_unspanned(
     }
     let params = resident_params(&program);
     if let Some(limit) = req.profile.memory.as_ref().map(|m| m.limit) {
-        for (r, (&act, &par)) in report.peak_memory.iter().zip(&params).enumerate() {
-            if act + par > limit {
-                errors.push((
-                    ErrorKind::Memory,
-                    format!(
-                        "`{text}` needs {:.2} memory on rank {r} (activations {act:.2} + parameters {par:.2}), \
-                         over memory.limit = {limit}; use a schedule that keeps fewer micro-batches in flight \
-                         (1f1b, zbh1), more ranks, or a larger limit",
-                        act + par
-                    ),
-                ));
-            }
+        // One error for every rank over the limit (issue 38 item 6).
+        if let Some(m) = crate::advice::memory_over_limit(text, &report.peak_memory, &params, limit)
+        {
+            errors.push((ErrorKind::Memory, m));
         }
     }
     if !errors.is_empty() {

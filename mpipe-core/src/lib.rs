@@ -42,6 +42,7 @@ pub const SOURCE_FINGERPRINT: &str = concat!(
     env!("MPIPE_CORE_SOURCE_HASH")
 );
 
+pub mod advice;
 pub mod analysis;
 pub mod bound;
 pub mod calibrate;

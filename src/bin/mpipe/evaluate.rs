@@ -66,9 +66,9 @@ pub fn evaluate(o: &Options) -> Result<u8, Failure> {
     let mut failed = 0u8;
     for d in &done {
         if let Err(es) = &d.eval.best.outcome {
-            let first = es
-                .first()
-                .map_or("no schedule derives", |e| e.message.as_str());
+            let first = es.first().map_or("no schedule derives".to_string(), |e| {
+                mpipe_core::advice::for_written("auto", &e.message)
+            });
             errln!(
                 "error: {}: `auto` gave no schedule on {} ranks x {} micro-batches: {first}",
                 d.name,

@@ -1,6 +1,7 @@
 //! A command's failure: every problem found, rendered once for the terminal and once
 //! as JSON (for `--json`).
 
+use mpipe_core::advice::for_written;
 use mpipe_core::derive::DeriveError;
 use mpipe_core::expr::{render_error, ExprError};
 use serde_json::{json, Value};
@@ -143,13 +144,14 @@ pub fn expr_failure(expr: &str, errors: &[DeriveError]) -> Failure {
     let problems = errors
         .iter()
         .map(|e| {
+            let message = for_written(expr, &e.message);
             let shown = ExprError {
-                message: e.message.clone(),
+                message: message.clone(),
                 span: e.span,
             };
             let mut obj = json!({
                 "kind": snake(e.kind),
-                "message": e.message,
+                "message": message,
                 "expr": expr,
             });
             let (start, end) = (e.span.start(), e.span.end());
