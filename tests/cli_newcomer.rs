@@ -102,3 +102,80 @@ fn memory_failure_is_one_error_over_the_ranks() {
     assert!(!err.contains("(`1f1b`, `zbh1`)"), "{err}");
     assert!(err.contains("more ranks"), "{err}");
 }
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The cell of column `header` in the row starting with `row` of a text table.
+fn cell(table: &str, header: &str, row: &str) -> String {
+    let lines: Vec<&str> = table.lines().collect();
+    let h = lines
+        .iter()
+        .position(|l| l.starts_with("schedule") && l.contains(header))
+        .unwrap_or_else(|| panic!("no header with {header}: {table}"));
+    // Columns are right-aligned: a cell ends where its header ends.
+    let end = lines[h].find(header).unwrap() + header.len();
+    let line = lines[h + 2..]
+        .iter()
+        .find(|l| l.starts_with(row))
+        .unwrap_or_else(|| panic!("no row {row}: {table}"));
+    let before = &line[..end.min(line.len())];
+    before.split_whitespace().last().unwrap().to_string()
+}
+
+/// `compare` and `evaluate` mean the same by peak memory (activations plus resident
+/// parameters, as the limit), say so, and print the profile's `[units]` in headers;
+/// a profile without `[units]` still works, with no unit in its headers.
+#[test]
+fn peak_memory_means_one_thing_with_units() {
+    let with = Written::new(&format!(
+        "{SMALL_LLM}params = 0.25\n\n[units]\ntime = \"ms\"\nmemory = \"GiB\"\n"
+    ));
+    let args = ["--ranks", "4", "--microbatches", "8"];
+    let mut c = vec!["compare", "--model", with.path()];
+    c.extend(args);
+    c.extend(["1f1b", "zbv"]);
+    let compare = mpipe(&c, &[]);
+    assert!(compare.status.success(), "{}", stderr(&compare));
+    let mut e = vec!["evaluate", with.path()];
+    e.extend(args);
+    let evaluate = mpipe(&e, &[]);
+    assert!(evaluate.status.success(), "{}", stderr(&evaluate));
+    let (ct, et) = (stdout(&compare), stdout(&evaluate));
+    for t in [&ct, &et] {
+        assert!(
+            t.contains("makespan (ms)") && t.contains("peak memory (GiB)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("peak memory: activations plus resident parameters"),
+            "{t}"
+        );
+    }
+    for expr in ["1f1b", "zbv"] {
+        let a = cell(&ct, "peak memory (GiB)", expr);
+        let b = cell(&et, "peak memory (GiB)", expr);
+        assert_eq!(a, b, "{expr}:\n{ct}\n{et}");
+    }
+    // 1f1b on 4 ranks, 2 layers each: rank 0 holds 4 micro-batches x 2 layers of
+    // activations plus 2 x 0.25 of parameters.
+    assert_eq!(cell(&ct, "peak memory (GiB)", "1f1b"), "8.5", "{ct}");
+    let mut s = vec!["simulate", "--model", with.path()];
+    s.extend(args);
+    s.push("1f1b");
+    let sim = stdout(&mpipe(&s, &[]));
+    assert!(
+        sim.contains("compute (ms)") && sim.contains("activations (GiB)"),
+        "{sim}"
+    );
+
+    let without = Written::new(SMALL_LLM);
+    let mut c = vec!["compare", "--model", without.path()];
+    c.extend(args);
+    c.push("1f1b");
+    let o = mpipe(&c, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!stdout(&o).contains('('), "{}", stdout(&o));
+    assert_eq!(cell(&stdout(&o), "peak memory", "1f1b"), "8");
+}

@@ -11,7 +11,7 @@ use serde::Deserialize;
 
 use super::{
     check, EncoderProfile, Extra, LinkProfile, LlmProfile, MemoryProfile, Profile, ProfileError,
-    ProfileFormat, ProfileIssue, MAX_ENCODERS,
+    ProfileFormat, ProfileIssue, UnitsProfile, MAX_ENCODERS, MAX_UNIT_NAME_LEN,
 };
 
 /// Parse and validate TOML text.
@@ -246,7 +246,7 @@ fn strip_json_position(message: &str) -> String {
 // Decoding the tree into a Profile, collecting every structural problem
 // ---------------------------------------------------------------------------
 
-const TOP_KEYS: &[&str] = &["encoder", "llm", "memory", "link"];
+const TOP_KEYS: &[&str] = &["encoder", "llm", "memory", "link", "units"];
 const ENCODER_KEYS: &[&str] = &[
     "name",
     "layers",
@@ -273,6 +273,7 @@ const LLM_KEYS: &[&str] = &[
 const EXTRA_KEYS: &[&str] = &["forward", "backward", "weight", "activation", "params"];
 const MEMORY_KEYS: &[&str] = &["limit"];
 const LINK_KEYS: &[&str] = &["latency", "bandwidth"];
+const UNITS_KEYS: &[&str] = &["time", "memory"];
 
 /// What a key holds, for "expected ..." in messages.
 fn expectation(key: &str) -> &'static str {
@@ -296,6 +297,8 @@ fn expectation(key: &str) -> &'static str {
         "llm" => "an `[llm]` table with layers, forward, backward, weight and activation",
         "memory" => "a `[memory]` table with `limit`",
         "link" => "a `[link]` table with `latency` and `bandwidth`",
+        "units" => "a `[units]` table with `time` and/or `memory`, such as `time = \"ms\"`",
+        "unit" => "a unit name, such as \"ms\" or \"GiB\": 1 to 16 printable characters",
         _ => "a value",
     }
 }
@@ -534,6 +537,7 @@ impl<'t> Decoder<'t> {
             llm: placeholder_llm(),
             memory: None,
             link: None,
+            units: None,
         };
         let Some(top) = self.table(root, "", TOP_KEYS, "a table of profile keys") else {
             return profile;
@@ -590,7 +594,56 @@ impl<'t> Decoder<'t> {
                 });
             }
         }
+        if let Some(node) = self.get(&top, "units") {
+            if let Some(t) = self.table(node, "units", UNITS_KEYS, expectation("units")) {
+                profile.units = Some(UnitsProfile {
+                    time: self.unit_name(&t, "time"),
+                    memory: self.unit_name(&t, "memory"),
+                });
+            }
+        }
         profile
+    }
+
+    /// An optional unit name in `[units]`: 1 to [`MAX_UNIT_NAME_LEN`] characters, none
+    /// of them a control character (it is printed in tables' headers).
+    fn unit_name(&mut self, t: &Tbl<'_>, key: &str) -> Option<String> {
+        match self.get(t, key)? {
+            SNode {
+                node: Node::Str(s), ..
+            } if !s.is_empty()
+                && s.chars().count() <= MAX_UNIT_NAME_LEN
+                && !s.chars().any(char::is_control) =>
+            {
+                Some(s.clone())
+            }
+            node @ SNode {
+                node: Node::Str(s), ..
+            } => {
+                let line = self.line(node);
+                let shown: String = s.chars().take(MAX_UNIT_NAME_LEN).collect();
+                self.issue(
+                    &join(&t.path, key),
+                    line,
+                    format!(
+                        "expected {}, found {:?}{}",
+                        expectation("unit"),
+                        shown,
+                        if s.chars().count() > MAX_UNIT_NAME_LEN {
+                            "..."
+                        } else {
+                            ""
+                        }
+                    ),
+                    true,
+                );
+                None
+            }
+            other => {
+                self.wrong_type(t, key, other, expectation("unit"));
+                None
+            }
+        }
     }
 
     fn encoder(&mut self, node: &SNode, path: &str) -> EncoderProfile {

@@ -74,6 +74,55 @@ pub struct Profile {
     /// Interconnect between ranks, if transfers should cost time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub link: Option<LinkProfile>,
+    /// The names of the profile's time and memory units, for tables' headers
+    /// (`[units]`, optional: without it, figures are in "units").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub units: Option<UnitsProfile>,
+}
+
+/// The names of a profile's units (`docs/spec/model-format.md` §1.1): only what
+/// tables print beside the figures; the figures mean the same without them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnitsProfile {
+    /// The unit of every time (`forward`, `latency`, ...), such as `"ms"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time: Option<String>,
+    /// The unit of every memory and size (`activation`, `params`, `output`,
+    /// `limit`), such as `"GiB"`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<String>,
+}
+
+/// The longest unit name `[units]` may give, in characters.
+pub const MAX_UNIT_NAME_LEN: usize = 16;
+
+/// What a unit is called when the profile does not say.
+pub const DEFAULT_UNIT: &str = "units";
+
+impl Profile {
+    /// The name of the profile's time unit: `units.time`, or [`DEFAULT_UNIT`].
+    pub fn time_unit(&self) -> &str {
+        self.units
+            .as_ref()
+            .and_then(|u| u.time.as_deref())
+            .unwrap_or(DEFAULT_UNIT)
+    }
+
+    /// The name of the profile's memory unit: `units.memory`, or [`DEFAULT_UNIT`].
+    pub fn memory_unit(&self) -> &str {
+        self.units
+            .as_ref()
+            .and_then(|u| u.memory.as_deref())
+            .unwrap_or(DEFAULT_UNIT)
+    }
+
+    /// Whether the profile names any unit (tables then print them in headers).
+    pub fn declares_units(&self) -> bool {
+        self.units
+            .as_ref()
+            .is_some_and(|u| u.time.is_some() || u.memory.is_some())
+    }
 }
 
 /// One modality encoder. Costs are per layer (the encoder's total `F` is

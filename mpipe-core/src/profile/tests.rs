@@ -84,6 +84,7 @@ fn spec_profile() -> Profile {
         },
         memory: Some(MemoryProfile { limit: 80.0 }),
         link: None,
+        units: None,
     }
 }
 
@@ -524,4 +525,37 @@ fn format_from_extension() {
         Some(ProfileFormat::Json)
     );
     assert_eq!(ProfileFormat::from_extension("yaml"), None);
+}
+
+/// `[units]` (issue 38 item 7): optional names for tables; old profiles read as
+/// before, bad names are errors naming the key.
+#[test]
+fn units_are_optional_names() {
+    let base = "[llm]\nlayers = 4\nforward = 1.0\nbackward = 1.0\nweight = 1.0\nactivation = 1.0\n";
+    let old = Profile::from_toml_str(base).unwrap();
+    assert_eq!(old.units, None);
+    assert_eq!((old.time_unit(), old.memory_unit()), ("units", "units"));
+    assert!(!old.declares_units());
+    let p = Profile::from_toml_str(&format!("{base}[units]\ntime = \"ms\"\nmemory = \"GiB\"\n"))
+        .unwrap();
+    assert_eq!((p.time_unit(), p.memory_unit()), ("ms", "GiB"));
+    assert!(p.declares_units());
+    let half = Profile::from_toml_str(&format!("{base}[units]\ntime = \"s\"\n")).unwrap();
+    assert_eq!((half.time_unit(), half.memory_unit()), ("s", "units"));
+    let json = r#"{"llm": {"layers": 4, "forward": 1, "backward": 1, "weight": 1,
+        "activation": 1}, "units": {"memory": "MB"}}"#;
+    assert_eq!(Profile::from_json_str(json).unwrap().memory_unit(), "MB");
+    for bad in [
+        "time = 3",
+        "time = \"\"",
+        "time = \"a-very-long-unit-name\"",
+        "tme = \"ms\"",
+    ] {
+        let e = Profile::from_toml_str(&format!("{base}[units]\n{bad}\n")).unwrap_err();
+        assert!(e.to_string().contains("units."), "{bad}: {e}");
+    }
+    // A profile written back with serde keeps its units (and old ones gain none).
+    let text = toml::to_string(&p).unwrap();
+    assert!(text.contains("[units]"), "{text}");
+    assert!(!toml::to_string(&old).unwrap().contains("units"));
 }

@@ -5,7 +5,7 @@ use crate::source::{
     check_link_args, conditions, derive_one, derive_schedule, file_label, link_override, load,
     load_inputs, load_profile, read_program, Loaded,
 };
-use crate::table::{num, pct, Table};
+use crate::table::{num, pct, Table, PEAK_MEMORY_MEANS};
 use crate::{ScheduleArgs, SourceArgs};
 use mpipe_core::program::ActionRef;
 use mpipe_core::render::svg::{gantt_svg, SvgOptions};
@@ -65,6 +65,16 @@ fn max_peak(peaks: &[f64]) -> Option<(usize, f64)> {
             Some((_, b)) if b >= m => best,
             _ => Some((r, m)),
         })
+}
+
+/// Per rank: peak activations plus resident parameters (what "peak memory" means in
+/// every table, [`PEAK_MEMORY_MEANS`]).
+fn with_params(activations: &[f64], params: &[f64]) -> Vec<f64> {
+    activations
+        .iter()
+        .enumerate()
+        .map(|(r, a)| a + params.get(r).copied().unwrap_or(0.0))
+        .collect()
 }
 
 fn peak_text(peaks: &[f64]) -> String {
@@ -141,7 +151,10 @@ pub fn check(file: &str, mode: Mode, as_json: bool) -> Result<u8, Failure> {
                 "makespan {}, bubble {}, peak memory {}; {}",
                 num(r.makespan),
                 pct(r.bubble),
-                peak_text(&r.peak_memory),
+                peak_text(&with_params(
+                    &r.peak_memory,
+                    &mpipe_core::derive::resident_params(&program)
+                )),
                 conditions(mode, None)
             );
         }
@@ -215,17 +228,19 @@ pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure
         plural(p.microbatches, "micro-batch", "micro-batches"),
         loaded.conditions(mode)
     );
-    let mut t = Table::new(&[
-        "rank",
-        "actions",
-        "compute",
-        "idle",
-        "warm-up",
-        "steady",
-        "cool-down",
-        "busy",
-        "peak memory",
-        "params",
+    let u = &loaded.units;
+    let mut t = Table::with_header(vec![
+        "rank".into(),
+        "actions".into(),
+        u.time("compute"),
+        "idle".into(),
+        "warm-up".into(),
+        "steady".into(),
+        "cool-down".into(),
+        "busy".into(),
+        u.memory("activations"),
+        "params".into(),
+        "peak memory".into(),
     ]);
     let idle = r.timeline.idle(p, r.makespan);
     for (rank, list) in p.programs.iter().enumerate() {
@@ -246,6 +261,8 @@ pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure
             }),
             num(r.peak_memory.get(rank).copied().unwrap_or(0.0)),
             num(loaded.params.get(rank).copied().unwrap_or(0.0)),
+            num(r.peak_memory.get(rank).copied().unwrap_or(0.0)
+                + loaded.params.get(rank).copied().unwrap_or(0.0)),
         ]);
     }
     out!("{}", t.render());
@@ -268,13 +285,13 @@ pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure
     );
     let limit = loaded
         .limit
-        .map(|l| format!("; memory.limit {} applies to their sum", num(l)))
+        .map(|l| format!("; memory.limit {} applies to it", num(l)))
         .unwrap_or_default();
     outln!(
         "idle: split into warm-up (before the rank's first stage forward), steady and cool-down (after its last stage forward)"
     );
     outln!(
-        "peak memory: activations held at the peak; params: parameters resident on the rank{limit}"
+        "activations: held at the rank's peak; params: resident on the rank; peak memory: their sum{limit}"
     );
     let waits = waits(p, &r.timeline, r.makespan);
     if waits.iter().any(|w| !w.by_peer.is_empty()) {
@@ -330,6 +347,7 @@ pub fn compare(
 ) -> Result<u8, Failure> {
     let all: Vec<&str> = exprs.iter().map(String::as_str).collect();
     let profile = load_inputs(model, ranks, mbs, &all)?;
+    let units = crate::table::Units::of(&profile);
     // Every expression in order: its figures, or why it failed.
     let mut results: Vec<(&str, Outcome)> = Vec::new();
     for e in exprs {
@@ -394,18 +412,18 @@ pub fn compare(
             conditions(mode, comm)
         );
         let mut header = vec![
-            "schedule",
-            "makespan",
-            "speedup",
-            "bubble",
-            "peak memory",
-            "bound",
-            "vs bound",
+            "schedule".to_string(),
+            units.time("makespan"),
+            "speedup".into(),
+            "bubble".into(),
+            units.memory("peak memory"),
+            units.time("bound"),
+            "vs bound".into(),
         ];
         if failed > 0 {
-            header.push("note");
+            header.push("note".into());
         }
-        let mut t = Table::new(&header);
+        let mut t = Table::with_header(header);
         t.left(7);
         for (e, r) in &results {
             match r {
@@ -416,7 +434,9 @@ pub fn compare(
                         num(rep.makespan),
                         baseline.map_or("-".into(), |(_, b)| format!("{:.2}x", b / rep.makespan)),
                         pct(rep.bubble),
-                        num(rep.peak_memory.iter().copied().fold(0.0, f64::max)),
+                        num(with_params(&rep.peak_memory, &l.params)
+                            .into_iter()
+                            .fold(0.0, f64::max)),
                         num(bound),
                         format!(
                             "{:.3}",
@@ -437,7 +457,7 @@ pub fn compare(
             }
         }
         out!("{}", t.render());
-        outln!("peak memory: the largest over ranks of the activations held; bound: lower bound on the makespan");
+        outln!("{PEAK_MEMORY_MEANS}; bound: lower bound on the makespan");
         if failed > 0 {
             let mut blocks = Vec::new();
             for (e, r) in &results {

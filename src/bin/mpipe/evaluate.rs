@@ -4,7 +4,7 @@
 
 use crate::failure::Failure;
 use crate::source::{conditions, load_profile};
-use crate::table::{num, pct, Table};
+use crate::table::{num, pct, Table, Units, PEAK_MEMORY_MEANS};
 use mpipe_core::evaluation::{evaluate as run_evaluation, intended_size, Evaluation, Row};
 use mpipe_core::render::svg::{gantt_svg, SvgOptions};
 use mpipe_core::simulate::Mode;
@@ -55,7 +55,8 @@ pub fn evaluate(o: &Options) -> Result<u8, Failure> {
         );
         let eval = run_evaluation(&profile, ranks, mbs, o.mode);
         let comm = profile.comm_model();
-        print_profile(&name, &eval, &conditions(o.mode, comm), o.markdown);
+        let units = Units::of(&profile);
+        print_profile(&name, &eval, &conditions(o.mode, comm), &units, o.markdown);
         if let Some(dir) = o.svg_dir {
             charts(dir, &name, &eval)?;
         }
@@ -107,7 +108,7 @@ fn why(row: &Row) -> String {
     }
 }
 
-fn print_profile(name: &str, e: &Evaluation, conditions: &str, markdown: bool) {
+fn print_profile(name: &str, e: &Evaluation, conditions: &str, units: &Units, markdown: bool) {
     let bound = e.bound.map(|b| b.value());
     let base = e.baseline();
     if markdown {
@@ -116,7 +117,11 @@ fn print_profile(name: &str, e: &Evaluation, conditions: &str, markdown: bool) {
             e.ranks,
             e.microbatches
         );
-        outln!("| schedule | makespan | vs 1f1b | / bound | peak memory | note |");
+        outln!(
+            "| schedule | {} | vs 1f1b | / bound | {} | note |",
+            units.time("makespan"),
+            units.memory("peak memory")
+        );
         outln!("| --- | ---: | ---: | ---: | ---: | --- |");
     } else {
         outln!(
@@ -126,13 +131,13 @@ fn print_profile(name: &str, e: &Evaluation, conditions: &str, markdown: bool) {
             bound.map_or("-".into(), num)
         );
     }
-    let mut t = Table::new(&[
-        "schedule",
-        "makespan",
-        "vs 1f1b",
-        "/ bound",
-        "peak memory",
-        "note",
+    let mut t = Table::with_header(vec![
+        "schedule".into(),
+        units.time("makespan"),
+        "vs 1f1b".into(),
+        "/ bound".into(),
+        units.memory("peak memory"),
+        "note".into(),
     ]);
     t.left(5);
     let best_label = match &e.best.outcome {
@@ -173,7 +178,7 @@ fn print_profile(name: &str, e: &Evaluation, conditions: &str, markdown: bool) {
     }
     if !markdown {
         out!("{}", t.render());
-        outln!("peak memory: activations plus resident parameters, the largest over ranks");
+        outln!("{PEAK_MEMORY_MEANS}");
     }
 }
 

@@ -166,6 +166,8 @@ pub struct Loaded {
     pub limit: Option<f64>,
     /// Whether the program comes from a file (it has not been verified).
     pub from_file: bool,
+    /// The unit names the profile declares (none for a program file).
+    pub units: crate::table::Units,
 }
 
 impl Loaded {
@@ -229,6 +231,7 @@ pub fn derive_one(
         params: d.params,
         limit: profile.memory.as_ref().map(|m| m.limit),
         from_file: false,
+        units: crate::table::Units::of(profile),
     })
 }
 
@@ -369,6 +372,7 @@ pub fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
                 bound,
                 limit: None,
                 from_file: true,
+                units: Default::default(),
             };
             (loaded, None)
         })

@@ -7,7 +7,55 @@ pub struct Table {
     left: Vec<usize>,
 }
 
+/// The unit names a profile declares (`[units]`), for tables' headers: `None` where
+/// it declares none (headers then name no unit, as before `[units]` existed).
+#[derive(Clone, Debug, Default)]
+pub struct Units {
+    pub time: Option<String>,
+    pub memory: Option<String>,
+}
+
+impl Units {
+    pub fn of(profile: &mpipe_core::profile::Profile) -> Units {
+        let u = profile.units.clone().unwrap_or_default();
+        Units {
+            time: u.time,
+            memory: u.memory,
+        }
+    }
+
+    /// `makespan (ms)`, or `makespan` when the time unit is not declared.
+    pub fn time(&self, header: &str) -> String {
+        with_unit(header, self.time.as_deref())
+    }
+
+    /// `peak memory (GiB)`, or `peak memory` when the memory unit is not declared.
+    pub fn memory(&self, header: &str) -> String {
+        with_unit(header, self.memory.as_deref())
+    }
+}
+
+fn with_unit(header: &str, unit: Option<&str>) -> String {
+    match unit {
+        Some(u) => format!("{header} ({u})"),
+        None => header.to_string(),
+    }
+}
+
+/// What "peak memory" means in every table of the tool (`compare`, `evaluate`,
+/// `simulate`, `check`): what `memory.limit` is compared with.
+pub const PEAK_MEMORY_MEANS: &str =
+    "peak memory: activations plus resident parameters, the largest over ranks";
+
 impl Table {
+    /// A table with owned header cells (headers that carry units).
+    pub fn with_header(header: Vec<String>) -> Table {
+        Table {
+            rows: vec![header],
+            left: vec![0],
+        }
+    }
+
     pub fn new(header: &[&str]) -> Table {
         Table {
             rows: vec![header.iter().map(|s| s.to_string()).collect()],
