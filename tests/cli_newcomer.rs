@@ -179,3 +179,43 @@ fn peak_memory_means_one_thing_with_units() {
     assert!(!stdout(&o).contains('('), "{}", stdout(&o));
     assert_eq!(cell(&stdout(&o), "peak memory", "1f1b"), "8");
 }
+
+/// On a pipe (not a terminal), a long `auto` reports progress on standard error, one
+/// line per interval (`MPIPE_PROGRESS_INTERVAL`, shortened here so that the run
+/// outlasts several intervals); standard output keeps only the result.
+#[test]
+fn auto_reports_progress_on_a_pipe() {
+    let heavy = concat!(env!("CARGO_MANIFEST_DIR"), "/profiles/encoder-heavy.toml");
+    let args = [
+        "simulate",
+        "--model",
+        heavy,
+        "--ranks",
+        "4",
+        "--microbatches",
+        "8",
+        "auto",
+    ];
+    let started = std::time::Instant::now();
+    let o = mpipe(&args, &[("MPIPE_PROGRESS_INTERVAL", "0.01")]);
+    let took = started.elapsed();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    let lines: Vec<&str> = err
+        .lines()
+        .filter(|l| l.starts_with("mpipe: auto"))
+        .collect();
+    assert!(
+        took.as_secs_f64() > 0.05,
+        "the run is shorter than the test needs"
+    );
+    assert!(!lines.is_empty(), "no progress line in {took:?}: {err}");
+    assert!(
+        lines.iter().all(|l| l.contains('/') && l.ends_with("s)")),
+        "{err}"
+    );
+    assert!(
+        !stdout(&o).contains("mpipe: auto"),
+        "progress went to stdout"
+    );
+}

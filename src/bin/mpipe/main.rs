@@ -429,9 +429,15 @@ fn main() -> ExitCode {
             | Command::Compare { json: true, .. }
             | Command::Calibrate { json: true, .. }
     );
-    // Long work (`auto`, `evaluate`) shows progress bars on a terminal.
-    let bars = std::sync::Arc::new(progress::Bars::new());
-    let result = mpipe_core::progress::with_progress(bars, || run(cli.command));
+    // Long work (`auto`, `evaluate`) shows progress bars on a terminal, and a line
+    // every few seconds (MPIPE_PROGRESS_INTERVAL) on a pipe or in a log.
+    let observer: std::sync::Arc<dyn mpipe_core::progress::Progress> =
+        if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+            std::sync::Arc::new(progress::Bars::new())
+        } else {
+            std::sync::Arc::new(progress::Lines::new(progress::interval_from_env()))
+        };
+    let result = mpipe_core::progress::with_progress(observer, || run(cli.command));
     match result {
         Ok(code) => ExitCode::from(code),
         Err(f) => {

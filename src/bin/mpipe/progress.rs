@@ -1,5 +1,5 @@
 //! Progress bars for long work (`auto`'s search, `evaluate`), on standard error and
-//! only when it is a terminal: piped or captured output never sees them.
+//! when it is a terminal ([`Bars`]); otherwise one line every few seconds ([`Lines`]).
 
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use mpipe_core::progress::Progress;
@@ -50,6 +50,95 @@ impl Progress for Bars {
         if let Some(bar) = bar {
             bar.finish_and_clear();
             self.multi.remove(&bar);
+        }
+    }
+}
+
+/// How often [`Lines`] reports, in seconds, unless `MPIPE_PROGRESS_INTERVAL` says.
+pub const DEFAULT_INTERVAL_SECS: f64 = 10.0;
+
+/// The interval `MPIPE_PROGRESS_INTERVAL` gives (seconds, a number > 0), else
+/// [`DEFAULT_INTERVAL_SECS`].
+pub fn interval_from_env() -> std::time::Duration {
+    let secs = std::env::var("MPIPE_PROGRESS_INTERVAL")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e6)
+        .unwrap_or(DEFAULT_INTERVAL_SECS);
+    std::time::Duration::from_secs_f64(secs)
+}
+
+/// One open stage as [`Lines`] knows it: what, done, total, when it began.
+struct Open {
+    what: String,
+    done: u64,
+    total: u64,
+    began: std::time::Instant,
+}
+
+/// Progress for a standard error that is not a terminal (a pipe, CI's log): every
+/// interval while work is open, one line `mpipe: <stage>: <done>/<total> (<secs>s)`
+/// for the outermost open stage, so a long `auto` is never silent. A background
+/// thread prints; it stops with the process.
+pub struct Lines {
+    open: std::sync::Arc<Mutex<BTreeMap<u64, Open>>>,
+}
+
+impl Lines {
+    pub fn new(interval: std::time::Duration) -> Lines {
+        let open: std::sync::Arc<Mutex<BTreeMap<u64, Open>>> = Default::default();
+        let seen = std::sync::Arc::clone(&open);
+        let spawned = std::thread::Builder::new()
+            .name("mpipe-progress".into())
+            .spawn(move || loop {
+                std::thread::sleep(interval);
+                let line = seen.lock().ok().and_then(|open| {
+                    open.values().next().map(|o| {
+                        format!(
+                            "mpipe: {}: {}/{} ({:.1}s)",
+                            o.what,
+                            o.done.min(o.total),
+                            o.total,
+                            o.began.elapsed().as_secs_f64()
+                        )
+                    })
+                });
+                if let Some(line) = line {
+                    errln!("{line}");
+                }
+            });
+        // Without the thread there is only no progress line.
+        drop(spawned);
+        Lines { open }
+    }
+}
+
+impl Progress for Lines {
+    fn begin(&self, id: u64, what: &str, total: u64) {
+        if let Ok(mut open) = self.open.lock() {
+            open.insert(
+                id,
+                Open {
+                    what: what.to_string(),
+                    done: 0,
+                    total,
+                    began: std::time::Instant::now(),
+                },
+            );
+        }
+    }
+
+    fn advance(&self, id: u64, n: u64) {
+        if let Ok(mut open) = self.open.lock() {
+            if let Some(o) = open.get_mut(&id) {
+                o.done = o.done.saturating_add(n);
+            }
+        }
+    }
+
+    fn end(&self, id: u64) {
+        if let Ok(mut open) = self.open.lock() {
+            open.remove(&id);
         }
     }
 }
