@@ -219,3 +219,43 @@ fn auto_reports_progress_on_a_pipe() {
         "progress went to stdout"
     );
 }
+
+/// `transpose(vision, 1f1b)` with fewer micro-batches than ranks is valid but leaves
+/// ranks with no encoder work: it derives (exit 0) with a `warning:` naming them.
+#[test]
+fn degenerate_transpose_warns() {
+    let heavy = concat!(env!("CARGO_MANIFEST_DIR"), "/profiles/encoder-heavy.toml");
+    let run = |mbs: &str| {
+        mpipe(
+            &[
+                "simulate",
+                "--model",
+                heavy,
+                "--ranks",
+                "4",
+                "--microbatches",
+                mbs,
+                "transpose(vision, 1f1b)",
+            ],
+            &[],
+        )
+    };
+    let o = run("2");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    let warning = err
+        .lines()
+        .find(|l| l.starts_with("warning:"))
+        .unwrap_or_else(|| panic!("{err}"));
+    assert!(
+        warning.contains("ranks 2-3") && warning.contains("no encoder work"),
+        "{warning}"
+    );
+    assert!(!err.contains("error"), "{err}");
+    let o = run("8");
+    assert!(
+        o.status.success() && !stderr(&o).contains("warning:"),
+        "{}",
+        stderr(&o)
+    );
+}

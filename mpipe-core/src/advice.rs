@@ -131,6 +131,67 @@ pub fn for_written(written: &str, message: &str) -> String {
     }
 }
 
+/// Ranks of `program` that compute nothing of the encoders (units named as one of
+/// `encoders`, or their chunks and layers `ENC.k`, `ENC/N`).
+pub fn ranks_without_encoder_work(
+    program: &crate::program::Program,
+    encoders: &[&str],
+) -> Vec<usize> {
+    let is_encoder = |unit: &str| {
+        encoders.iter().any(|e| {
+            unit == *e
+                || unit
+                    .strip_prefix(e)
+                    .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('/'))
+        })
+    };
+    program
+        .programs
+        .iter()
+        .enumerate()
+        .filter(|(_, list)| {
+            !list.iter().any(
+                |a| matches!(a.view(), crate::program::ActionRef::Compute(c) if is_encoder(c.unit)),
+            )
+        })
+        .map(|(r, _)| r)
+        .collect()
+}
+
+/// A warning for a valid but degenerate schedule: `transpose` meant to spread the
+/// encoders over the ranks, and some ranks own no encoder work (fewer micro-batches
+/// than ranks, typically). `None` when nothing is degenerate.
+pub fn degenerate(
+    text: &str,
+    program: &crate::program::Program,
+    encoders: &[&str],
+) -> Option<String> {
+    let transposed = text
+        .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .any(|w| w == "transpose");
+    if !transposed || encoders.is_empty() {
+        return None;
+    }
+    let idle = ranks_without_encoder_work(program, encoders);
+    if idle.is_empty() {
+        return None;
+    }
+    let fix = if program.microbatches < program.ranks {
+        format!(
+            " ({} micro-batches on {} ranks): use at least {} micro-batches, or keep the \
+             encoders inline",
+            program.microbatches, program.ranks, program.ranks
+        )
+    } else {
+        String::new()
+    };
+    Some(format!(
+        "`{text}` leaves {} of {} with no encoder work{fix}",
+        ranks_phrase(&idle),
+        program.ranks
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -217,6 +217,10 @@ pub fn derive_one(
         ..Request::new(profile, ranks, microbatches)
     };
     let d = derive_str(&req, expr).map_err(|es| expr_failure(expr, &es))?;
+    let encoders: Vec<&str> = profile.encoders.iter().map(|e| e.name.as_str()).collect();
+    if let Some(w) = mpipe_core::advice::degenerate(&d.expr, &d.program, &encoders) {
+        errln!("warning: {w}");
+    }
     // `auto` (the only expression derived as another) names its choice.
     let written = mpipe_core::expr::parse_str(expr).map(|e| e.to_string());
     let label = match written {
