@@ -42,6 +42,21 @@ pub mod aclnn;
 pub mod emulator;
 pub mod profile;
 
+/// The rank of `comm` whose process the emulator found gone (ended or killed) when work
+/// queued on `comm` failed with `HCCL_E_REMOTE`, if any; always `None` with CANN,
+/// which reports only the code.
+pub fn departed_rank(comm: HcclComm) -> Option<u32> {
+    #[cfg(ascend_emulator)]
+    {
+        emulator::departed_rank(comm)
+    }
+    #[cfg(not(ascend_emulator))]
+    {
+        let _ = comm;
+        None
+    }
+}
+
 /// Which implementation this build links: `"cann"` (the real libraries) or `"emulator"`.
 #[cfg(ascend_cann)]
 pub const BACKEND: &str = "cann";

@@ -3,6 +3,13 @@
 //! batches, collectives with real reductions, and a deadlock report on timeout
 //! (`MPIPE_ASCEND_EMU_TIMEOUT_MS`, default 20000).
 //!
+//! **Dead ranks.** A rank in another process whose connection to the group closes
+//! without `HcclCommDestroy` (its process ended or was killed) is *gone*: every
+//! operation waiting on it (a receive from it, a send to it, a batch or collective it
+//! is part of) fails at once with `HCCL_E_REMOTE`, and so does every later one,
+//! instead of waiting for the timeout; standard error says which rank is gone, and
+//! [`departed_rank`] tells the communicator's owner.
+//!
 //! A group lives in the process that made its root info. Ranks that are threads of
 //! that process operate on it directly; ranks in other processes reach it through
 //! [`super::hub`], whose serving threads call the same [`Group`] methods for them.
@@ -58,6 +65,8 @@ pub(super) struct Group {
     posted: Condvar,
     collective: Mutex<Collective>,
     collective_done: Condvar,
+    /// Ranks found gone (their process's connection closed), in the order found.
+    gone: Mutex<Vec<u32>>,
 }
 
 /// How a rank reaches its group.
@@ -73,6 +82,8 @@ struct Comm {
     size: u32,
     rank: u32,
     async_error: Mutex<HcclResult>,
+    /// The first rank this communicator's work found gone ([`departed_rank`]).
+    departed: Mutex<Option<u32>>,
 }
 
 impl Comm {
@@ -122,6 +133,7 @@ pub(super) fn join_group(id: u64, n_ranks: u32, join: bool) -> Result<Arc<Group>
             posted: Condvar::new(),
             collective: Mutex::default(),
             collective_done: Condvar::new(),
+            gone: Mutex::default(),
         })
     });
     if group.size != n_ranks {
@@ -263,6 +275,16 @@ fn record(comm: &Comm, rc: HcclResult) -> aclError {
     if rc == HcclResult::HCCL_SUCCESS {
         return ACL_SUCCESS;
     }
+    if rc == HcclResult::HCCL_E_REMOTE && lock(&comm.departed).is_none() {
+        let gone = match &comm.link {
+            Link::Local(g) => g.first_gone(),
+            Link::Remote(r) => r.first_gone(),
+        };
+        let mut d = lock(&comm.departed);
+        if d.is_none() {
+            *d = gone;
+        }
+    }
     let mut e = lock(&comm.async_error);
     if *e == HcclResult::HCCL_SUCCESS {
         *e = rc;
@@ -278,6 +300,67 @@ impl Group {
     pub(super) fn remote_closed(&self) {
         *lock(&self.remote_lanes) -= 1;
         self.remote_closed.notify_all();
+    }
+
+    /// Rank `rank` is gone (a connection of its process closed without
+    /// `HcclCommDestroy`): every send posted to or by it is failed with
+    /// `HCCL_E_REMOTE`, and every waiter is woken to find out.
+    pub(super) fn mark_gone(&self, rank: u32) {
+        {
+            let mut gone = lock(&self.gone);
+            if gone.contains(&rank) {
+                return;
+            }
+            gone.push(rank);
+        }
+        eprintln!(
+            "ascend-sys emulator: rank {rank} is gone: its connection to the communicator \
+             closed without HcclCommDestroy (its process ended or was killed); every \
+             operation with rank {rank} fails (HCCL_E_REMOTE)"
+        );
+        // Set before the locks below are taken: a waiter checks `gone` under the lock
+        // it waits with, so it either sees the mark or is woken after it.
+        let mut posts = lock(&self.posts);
+        for (&(src, dst), q) in posts.iter_mut() {
+            if src == rank || dst == rank {
+                for p in q.drain(..) {
+                    *lock(&p.taken.0) = Some(HcclResult::HCCL_E_REMOTE);
+                    p.taken.1.notify_all();
+                }
+            }
+        }
+        self.posted.notify_all();
+        drop(posts);
+        let _c = lock(&self.collective);
+        self.collective_done.notify_all();
+    }
+
+    /// The first rank found gone, if any.
+    pub(super) fn first_gone(&self) -> Option<u32> {
+        lock(&self.gone).first().copied()
+    }
+
+    /// Every rank found gone, in the order found.
+    pub(super) fn gone_ranks(&self) -> Vec<u32> {
+        lock(&self.gone).clone()
+    }
+
+    /// The first of `ranks` that is gone.
+    fn gone_among(&self, ranks: impl IntoIterator<Item = u32>) -> Option<u32> {
+        let gone = lock(&self.gone);
+        ranks.into_iter().find(|r| gone.contains(r))
+    }
+
+    /// Says on standard error that `rank`'s `what` failed because `gone` is gone,
+    /// unless `rank` is the gone one itself; returns `HCCL_E_REMOTE`.
+    fn gone_error(&self, rank: u32, what: &str, gone: u32) -> HcclResult {
+        if self.gone_among([rank]).is_none() {
+            eprintln!(
+                "ascend-sys emulator: rank {rank}'s {what} failed: rank {gone} is gone (its \
+                 process ended or was killed) (HCCL_E_REMOTE)"
+            );
+        }
+        HcclResult::HCCL_E_REMOTE
     }
 
     /// Waits (up to the timeout) until no rank of another process is connected, so
@@ -301,7 +384,12 @@ impl Group {
     /// An unbatched send: posts it and waits for the receiver.
     pub(super) fn send(&self, src: u32, dst: u32, ptr: usize, bytes: usize) -> HcclResult {
         let taken = self.post(src, dst, ptr, bytes);
-        self.await_taken(src, dst, &taken)
+        let rc = self.await_taken(src, dst, &taken);
+        if rc == HcclResult::HCCL_E_REMOTE {
+            let gone = self.gone_among([dst, src]).unwrap_or(dst);
+            return self.gone_error(src, &format!("HcclSend to rank {dst}"), gone);
+        }
+        rc
     }
 
     /// A batch of `rank`: posts every send, then takes the receives in whatever order
@@ -319,10 +407,22 @@ impl Group {
             .map(|&(peer, ptr, bytes)| (peer, self.post(rank, peer, ptr, bytes)))
             .collect();
         let mut rc = self.receive_all(rank, recvs);
+        if rc == HcclResult::HCCL_E_REMOTE {
+            // A peer is gone: the batch cannot complete; withdraw the sends nobody
+            // took rather than wait for them.
+            for (peer, taken) in &posted {
+                self.withdraw(rank, *peer, taken);
+            }
+        }
         for (peer, taken) in &posted {
             let r = self.await_taken(rank, *peer, taken);
             if rc == HcclResult::HCCL_SUCCESS {
                 rc = r;
+                if r == HcclResult::HCCL_E_REMOTE {
+                    let gone = self.gone_among([*peer, rank]).unwrap_or(*peer);
+                    let what = format!("HcclBatchSendRecv (sending to rank {peer})");
+                    self.gone_error(rank, &what, gone);
+                }
             }
         }
         rc
@@ -336,6 +436,15 @@ impl Group {
         let mut rc = HcclResult::HCCL_SUCCESS;
         let mut posts = lock(&self.posts);
         while !pending.is_empty() {
+            let involved = pending.iter().map(|&(src, _, _)| src).chain([dst]);
+            if let Some(gone) = self.gone_among(involved) {
+                let from: Vec<String> = pending.iter().map(|p| p.0.to_string()).collect();
+                let what = format!(
+                    "HcclBatchSendRecv (receiving from rank {})",
+                    from.join(", ")
+                );
+                return self.gone_error(dst, &what, gone);
+            }
             let ready = pending
                 .iter()
                 .position(|&(src, _, _)| posts.get(&(src, dst)).is_some_and(|q| !q.is_empty()));
@@ -382,16 +491,31 @@ impl Group {
         bytes: usize,
     ) -> Arc<(Mutex<Option<HcclResult>>, Condvar)> {
         let taken = Arc::new((Mutex::new(None), Condvar::new()));
-        lock(&self.posts)
-            .entry((src, dst))
-            .or_default()
-            .push_back(Post {
-                src: ptr,
-                bytes,
-                taken: Arc::clone(&taken),
-            });
+        let mut posts = lock(&self.posts);
+        if self.gone_among([src, dst]).is_some() {
+            // Never posted: it fails as soon as it is awaited.
+            *lock(&taken.0) = Some(HcclResult::HCCL_E_REMOTE);
+            return taken;
+        }
+        posts.entry((src, dst)).or_default().push_back(Post {
+            src: ptr,
+            bytes,
+            taken: Arc::clone(&taken),
+        });
         self.posted.notify_all();
         taken
+    }
+
+    /// Withdraws a posted send not yet taken, failing it with `HCCL_E_REMOTE` (one
+    /// taken meanwhile is left to complete).
+    fn withdraw(&self, src: u32, dst: u32, taken: &Arc<(Mutex<Option<HcclResult>>, Condvar)>) {
+        let mut posts = lock(&self.posts);
+        if let Some(q) = posts.get_mut(&(src, dst)) {
+            if let Some(i) = q.iter().position(|p| Arc::ptr_eq(&p.taken, taken)) {
+                q.remove(i);
+                *lock(&taken.0) = Some(HcclResult::HCCL_E_REMOTE);
+            }
+        }
     }
 
     /// Waits for the receiver of a posted send; on timeout withdraws it and reports.
@@ -436,6 +560,9 @@ impl Group {
         let deadline = Instant::now() + timeout();
         let mut posts = lock(&self.posts);
         loop {
+            if let Some(gone) = self.gone_among([src, dst]) {
+                return self.gone_error(dst, &format!("HcclRecv from rank {src}"), gone);
+            }
             if let Some(p) = posts.get_mut(&(src, dst)).and_then(|q| q.pop_front()) {
                 drop(posts);
                 return deliver(p, src, dst, dst_ptr, bytes);
@@ -471,6 +598,9 @@ impl Group {
             c.arrived = vec![None; self.size as usize];
         }
         let generation = c.generation;
+        if let Some(gone) = self.gone_among(0..self.size) {
+            return self.gone_error(rank, "collective", gone);
+        }
         c.arrived[rank as usize] = Some(bufs);
         if c.arrived.iter().all(Option::is_some) {
             let all: Vec<(usize, usize)> =
@@ -482,6 +612,10 @@ impl Group {
             return HcclResult::HCCL_SUCCESS;
         }
         while c.generation == generation {
+            if let Some(gone) = self.gone_among(0..self.size) {
+                c.arrived[rank as usize] = None;
+                return self.gone_error(rank, "collective", gone);
+            }
             let now = Instant::now();
             if now >= deadline {
                 c.arrived[rank as usize] = None;
@@ -673,6 +807,7 @@ pub unsafe extern "C" fn HcclCommInitRootInfo(
         size: n_ranks,
         rank,
         async_error: Mutex::new(HcclResult::HCCL_SUCCESS),
+        departed: Mutex::new(None),
     });
     let handle = Arc::as_ptr(&c) as usize;
     lock(comms()).insert(handle, c);
@@ -1173,7 +1308,15 @@ pub extern "C" fn HcclGetErrorString(code: HcclResult) -> *const c_char {
         HcclResult::HCCL_E_UNAVAIL => b"resource unavailable\0",
         HcclResult::HCCL_E_TIMEOUT => b"timeout\0",
         HcclResult::HCCL_E_RUNTIME => b"runtime error\0",
+        HcclResult::HCCL_E_REMOTE => b"remote rank error\0",
         _ => b"unknown HCCL error\0",
     };
     s.as_ptr().cast()
+}
+
+/// The first rank that work queued on `comm` found gone (its process ended or was
+/// killed; the operation failed with `HCCL_E_REMOTE`), if any. An extension of the
+/// emulator: HCCL reports only the code.
+pub fn departed_rank(comm: HcclComm) -> Option<u32> {
+    comm_of(comm).and_then(|c| *lock(&c.departed))
 }

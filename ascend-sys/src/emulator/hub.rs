@@ -31,7 +31,14 @@
 //! - batch: `3`, sends `u32` x (peer `u32`, length `u64`, data), receives `u32` x
 //!   (peer `u32`, length `u64`) -> status, each receive's data;
 //! - collective: `4`, [`CollOp`], input length `u64`, input -> status, output length
-//!   `u64`, output.
+//!   `u64`, output;
+//! - goodbye: `5` (no reply; the lane closes): the rank destroyed its communicator;
+//! - gone: `6` -> status, count `u32`, the ranks found gone (`u32` each).
+//!
+//! **Liveness.** A lane that closes without its goodbye means the rank's process ended
+//! or was killed: the serving process marks the rank gone in the group, and every
+//! operation with it, pending or later, fails at once with `HCCL_E_REMOTE` (see
+//! [`super::hccl`]); a rank that learns that asks which rank is gone (`6`).
 //!
 //! A rank keeps a pool of connections (lanes), so operations on several streams of one
 //! communicator proceed independently, as on a device. The serving process keeps its
@@ -115,6 +122,8 @@ const SEND: u8 = 1;
 const RECV: u8 = 2;
 const BATCH: u8 = 3;
 const COLLECTIVE: u8 = 4;
+const GOODBYE: u8 = 5;
+const GONE: u8 = 6;
 
 /// This process's listener address, started on first use; `None` when it cannot listen
 /// (then root infos made here name no address and only threads can join).
@@ -294,10 +303,19 @@ fn serve(mut conn: TcpStream, greeting: &AtomicUsize) {
         return;
     };
     group.remote_opened();
+    let mut goodbye = false;
     while let Ok(op) = get_u8(&mut conn) {
+        if op == GOODBYE {
+            goodbye = true;
+            break;
+        }
         if handle(&group, rank, op, &mut conn).is_err() {
             break;
         }
+    }
+    if !goodbye {
+        // Closed (or broken) without HcclCommDestroy: the rank's process is gone.
+        group.mark_gone(rank);
     }
     group.remote_closed();
 }
@@ -456,6 +474,15 @@ fn handle(group: &Group, rank: u32, op: u8, conn: &mut TcpStream) -> io::Result<
             out.extend_from_slice(&output);
             conn.write_all(&out)
         }
+        GONE => {
+            let gone = group.gone_ranks();
+            let mut out = HcclResult::HCCL_SUCCESS.0.to_le_bytes().to_vec();
+            put_u32(&mut out, gone.len() as u32);
+            for r in gone {
+                put_u32(&mut out, r);
+            }
+            conn.write_all(&out)
+        }
         _ => Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "unknown request",
@@ -568,6 +595,25 @@ impl Remote {
         }
     }
 
+    /// The first rank the serving process found gone, if any (asked when an operation
+    /// failed with `HCCL_E_REMOTE`).
+    pub(super) fn first_gone(&self) -> Option<u32> {
+        let mut first = None;
+        let rc = self.call(&[GONE], 0, |conn, rc| {
+            if rc == HcclResult::HCCL_SUCCESS {
+                let n = get_u32(conn)?;
+                for i in 0..n {
+                    let r = get_u32(conn)?;
+                    if i == 0 {
+                        first = Some(r);
+                    }
+                }
+            }
+            Ok(())
+        });
+        first.filter(|_| rc == HcclResult::HCCL_SUCCESS)
+    }
+
     /// `HCCL_E_PARA`, said on standard error, when `bytes` is over what one request
     /// may carry to the serving process.
     fn over_limit(&self, bytes: usize) -> Option<HcclResult> {
@@ -673,6 +719,17 @@ impl Remote {
             }
             Ok(())
         })
+    }
+}
+
+/// Closing a rank's lanes with a goodbye: it destroyed its communicator, it is not
+/// gone (a lane closing without one marks the rank gone).
+impl Drop for Remote {
+    fn drop(&mut self) {
+        let lanes = std::mem::take(&mut *self.lanes.lock().unwrap_or_else(|e| e.into_inner()));
+        for mut lane in lanes {
+            let _ = lane.write_all(&[GOODBYE]);
+        }
     }
 }
 

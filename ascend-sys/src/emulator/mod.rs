@@ -38,6 +38,8 @@ pub mod counters;
 pub mod hazards;
 mod hccl;
 mod hub;
+
+pub use hccl::departed_rank;
 pub mod memory;
 
 use hazards::Use;
