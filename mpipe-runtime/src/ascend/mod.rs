@@ -55,7 +55,9 @@
 //! *later* calls fail at once too; a call already waiting inside HCCL ends only at
 //! HCCL's own timeout (the emulator's `MPIPE_ASCEND_EMU_TIMEOUT_MS`, default 20 s;
 //! on CANN, `HCCL_EXEC_TIMEOUT`). Ranks in other processes learn nothing (they time
-//! out). After an HCCL error the buffers of the failed call are leaked rather than
+//! out), unless the failed rank's process ends: on the emulator its connection
+//! closes, every call with it fails at once (`HCCL_E_REMOTE`), and the error is
+//! [`AscendError::PeerFailed`] naming that rank. After an HCCL error the buffers of the failed call are leaked rather than
 //! freed under a transfer that may still be queued.
 //!
 //! ## Start-up
@@ -357,9 +359,32 @@ impl AscendComm {
         Ok(())
     }
 
-    /// An error of a synchronization: HCCL's asynchronous error if there is one.
-    fn sync_error(comm: &HcclComm, e: AscendError, during: impl FnOnce() -> String) -> AscendError {
+    /// An error of a synchronization: HCCL's asynchronous error if there is one; a
+    /// peer whose process is gone (`HCCL_E_REMOTE`, named by the emulator) as
+    /// [`AscendError::PeerFailed`] naming it (`group` maps the communicator's ranks to
+    /// the world's; `None` for the world communicator).
+    fn sync_error(
+        comm: &HcclComm,
+        group: Option<&[usize]>,
+        e: AscendError,
+        during: impl FnOnce() -> String,
+    ) -> AscendError {
         match comm.async_error() {
+            Err(h) if h.hccl_code() == Some(ascend_sys::HcclResult::HCCL_E_REMOTE.0) => {
+                match comm.departed_rank() {
+                    Some(r) => AscendError::PeerFailed {
+                        rank: group
+                            .and_then(|g| g.get(r as usize).copied())
+                            .unwrap_or(r as usize),
+                        what: format!(
+                            "its process ended or was killed (HCCL_E_REMOTE while this rank \
+                             was doing {})",
+                            during()
+                        ),
+                    },
+                    None => h.during(during),
+                }
+            }
             Err(h) => h.during(during),
             Ok(()) => e,
         }
@@ -496,7 +521,7 @@ impl AscendComm {
         let result = queue(comm, stream, &send, &recv, root_index).and_then(|()| {
             stream
                 .synchronize()
-                .map_err(|e| Self::sync_error(comm, e, during))
+                .map_err(|e| Self::sync_error(comm, Some(group), e, during))
         });
         if let Err(e) = result {
             std::mem::forget(send);
@@ -605,7 +630,9 @@ impl AscendComm {
                 .batch_send_recv(&items, DataType::F32, &self.p2p)?;
             self.p2p.synchronize().map_err(|e| {
                 let what = describe_batch(&remote_sends, &remote_recvs);
-                Self::sync_error(&self.comm, e, || format!("HcclBatchSendRecv of {what}"))
+                Self::sync_error(&self.comm, None, e, || {
+                    format!("HcclBatchSendRecv of {what}")
+                })
             })
         })();
         if let Err(e) = posted {
@@ -853,7 +880,7 @@ impl Comm for AscendComm {
         self.comm.barrier(&self.coll).and_then(|()| {
             self.coll
                 .synchronize()
-                .map_err(|e| Self::sync_error(&self.comm, e, || "BARRIER".into()))
+                .map_err(|e| Self::sync_error(&self.comm, None, e, || "BARRIER".into()))
         })
     }
 

@@ -667,6 +667,13 @@ impl HcclComm {
         hccl("HCCL work queued on a stream", e)
     }
 
+    /// The rank of this communicator whose process the emulator found gone (ended or
+    /// killed) when work queued here failed with `HCCL_E_REMOTE`; `None` on CANN,
+    /// which reports only the code.
+    pub fn departed_rank(&self) -> Option<u32> {
+        sys::departed_rank(self.raw)
+    }
+
     /// Queues sending `count` elements of `buf` to `peer` on `stream`.
     pub fn send(
         &self,
