@@ -13,6 +13,8 @@
 //!   run `ring` (a window for strangers to knock at the rendezvous).
 //! - `sleep`: every rank prints `rank R pid P` after connecting, then sleeps for a
 //!   minute (for signals to the launcher).
+//! - `stall MS`: every rank prints `rank R pid P` after connecting, waits MS
+//!   milliseconds, then runs `ring` (a window to stop a rank with `SIGSTOP`).
 //!
 //! The timeout is `MPIPE_COMM_TIMEOUT` seconds (default 10); the transfers' mode is
 //! `MPIPE_COMM_MODE` (`rendezvous`, the default, or `eager`; `ok (eager)` then).
@@ -76,13 +78,20 @@ fn ring(c: &mut impl HostComm) -> Result<(), String> {
 }
 
 const USAGE: &str =
-    "usage: comm-selftest [ring | fail RANK CODE | hang RANK CODE | late RANK MS | sleep]";
+    "usage: comm-selftest [ring | fail RANK CODE | hang RANK CODE | late RANK MS | sleep | stall MS]";
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mode = args.first().map(String::as_str).unwrap_or("ring");
     let fail: Option<(usize, u8)> = match mode {
         "ring" | "sleep" => None,
+        "stall" => {
+            if args.get(1).and_then(|s| s.parse::<u64>().ok()).is_none() {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+            None
+        }
         "late" => {
             let (r, ms) = (
                 args.get(1).and_then(|s| s.parse::<usize>().ok()),
@@ -124,6 +133,11 @@ fn main() -> ExitCode {
         println!("rank {r} pid {}", std::process::id());
         std::thread::sleep(std::time::Duration::from_secs(60));
         return ExitCode::SUCCESS;
+    }
+    if mode == "stall" {
+        println!("rank {r} pid {}", std::process::id());
+        let ms = args.get(1).and_then(|s| s.parse::<u64>().ok()).unwrap_or(0);
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
     if let Some((bad, code)) = fail {
         if r == bad {

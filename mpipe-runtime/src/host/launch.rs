@@ -184,8 +184,15 @@ fn pump(rank: usize, src: impl Read, to_stderr: bool, done: mpsc::Sender<(usize,
 /// answer, however early its exit was seen: ranks learn of a failure and exit within
 /// a millisecond, faster than a loaded machine lets the launcher tell exit times
 /// apart. Among the others (the ranks that failed of their own accord), the earliest
-/// to end is the answer. If every failed rank blames another (which the protocol does
-/// not produce), the earliest failed rank is.
+/// to end is the answer.
+///
+/// A rank that timed out notes the peer it waited for, so when every failed rank
+/// blames another, the answer is where the blame leads: each failed rank's chain of
+/// notes is followed (through ranks that did not succeed) to its end, and the rank
+/// most chains end at is the answer (ties: the earliest to end). That is a rank that
+/// stopped making progress (stopped with `SIGSTOP`, hung), which its peers timed out
+/// on and which the launcher killed after the grace period, never the first of them
+/// to time out.
 fn first_failure(
     exits: &[RankExit],
     blamed: &[Option<usize>],
@@ -204,8 +211,29 @@ fn first_failure(
     let earliest =
         |candidates: &mut dyn Iterator<Item = usize>| candidates.min_by_key(|&r| (ended_at[r], r));
     let all = 0..exits.len();
-    earliest(&mut all.clone().filter(|&r| failed(r) && !consequence(r)))
-        .or_else(|| earliest(&mut all.filter(|&r| failed(r))))
+    if let Some(r) = earliest(&mut all.clone().filter(|&r| failed(r) && !consequence(r))) {
+        return Some(r);
+    }
+    // Every failed rank blames another: follow the notes to where they end.
+    let end_of = |r: usize| {
+        let mut path = vec![r];
+        let mut at = r;
+        while consequence(at) {
+            let next = blamed[at].expect("a consequence blames a rank");
+            if path.contains(&next) {
+                break; // a cycle (a deadlock): its first rank stands for it
+            }
+            path.push(next);
+            at = next;
+        }
+        at
+    };
+    let mut ends = vec![0usize; exits.len()];
+    for r in all.clone().filter(|&r| failed(r)) {
+        ends[end_of(r)] += 1;
+    }
+    all.filter(|&r| ends[r] > 0)
+        .max_by_key(|&r| (ends[r], std::cmp::Reverse((ended_at[r], r))))
 }
 
 fn kill_all(children: &mut [Child]) {
@@ -484,8 +512,13 @@ fn run(cfg: &Launch, port: u16, dir: &std::path::Path) -> Result<Report, String>
             .filter(|&q| q != r && exits[q] != RankExit::Success)
             .map(|q| format!("rank {q}: {}", exits[q]))
             .collect();
+        let stalled = if exits[r] == RankExit::Killed {
+            " and had stopped making progress: the others timed out waiting for it"
+        } else {
+            ""
+        };
         say(&format!(
-            "mpipe-run: rank {r} failed first ({}){}",
+            "mpipe-run: rank {r} failed first ({}{stalled}){}",
             exits[r],
             if others.is_empty() {
                 String::new()
@@ -524,6 +557,36 @@ mod tests {
         // Without its note, rank 2 would have been taken for the first failure.
         let unnoted = [Some(1), None, None, Some(1)];
         assert_eq!(first_failure(&exits, &unnoted, &ended), Some(2));
+    }
+
+    /// Rank 2 was stopped (SIGSTOP): ranks 1 and 3 timed out waiting for it (their
+    /// notes name it), rank 0 timed out waiting for rank 1, and rank 3's exit was
+    /// seen first; rank 2 was killed after the grace period. Issue 37, item 10: the
+    /// launcher said "rank 3 failed first".
+    #[test]
+    fn a_stalled_rank_that_the_others_timed_out_on_failed_first() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let exits = [
+            RankExit::Code(1),
+            RankExit::Code(1),
+            RankExit::Killed,
+            RankExit::Code(1),
+        ];
+        let blamed = [Some(1), Some(2), None, Some(2)];
+        let ended = [at(5), at(4), at(9000), at(1)];
+        assert_eq!(first_failure(&exits, &blamed, &ended), Some(2));
+        // A deadlock between two failed ranks (each timed out on the other): one of
+        // them, not a bystander.
+        let exits = [RankExit::Code(1), RankExit::Code(1), RankExit::Success];
+        let r = first_failure(&exits, &[Some(1), Some(0), None], &[at(2), at(1), at(0)]);
+        assert!(matches!(r, Some(0 | 1)), "{r:?}");
+        // A rank that timed out on a rank that succeeded failed of its own accord.
+        let exits = [RankExit::Success, RankExit::Code(1)];
+        assert_eq!(
+            first_failure(&exits, &[None, Some(0)], &[at(0), at(1)]),
+            Some(1)
+        );
     }
 
     #[test]

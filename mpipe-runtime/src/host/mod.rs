@@ -235,6 +235,17 @@ impl Inbox {
         self.st.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Notes for `mpipe-run` that this rank timed out waiting for `peer` (`what`),
+    /// unless it already learnt of a failure: a rank that stopped making progress
+    /// (stopped, hung) is the one its peers time out on, so the launcher can follow
+    /// the notes to it instead of blaming the first rank to time out.
+    fn note_timeout(&self, st: &InboxState, peer: usize, what: &str) {
+        if let (true, true, Some(path)) = (st.failure.is_none(), peer != self.me, &self.blame_file)
+        {
+            let _ = std::fs::write(path, format!("{peer}\ntimed out waiting for {what}\n"));
+        }
+    }
+
     /// A message from rank `from` arrived.
     pub(crate) fn handle(&self, from: usize, msg: Msg<Tensor>) {
         let mut st = self.lock();
@@ -460,9 +471,12 @@ impl Endpoint {
                 e.kind(),
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
             ) {
+                let waiting_for = format!("rank {to} to take a message (socket write)");
+                self.inbox
+                    .note_timeout(&self.inbox.lock(), to, &waiting_for);
                 return Error::Timeout {
                     after: self.timeout,
-                    waiting_for: format!("rank {to} to take a message (socket write)"),
+                    waiting_for,
                 };
             }
             let departed = self.inbox.lock().departed.get(to).copied().unwrap_or(false);
@@ -604,6 +618,7 @@ impl Endpoint {
                     1 => waiting_for.push_str(" (and 1 more transfer of the batch)"),
                     n => waiting_for.push_str(&format!(" (and {n} more transfers of the batch)")),
                 }
+                self.inbox.note_timeout(&st, peer, &waiting_for);
                 return Err(Error::Timeout {
                     after: self.timeout,
                     waiting_for,
