@@ -38,6 +38,7 @@
 //! identical inputs.
 
 use std::collections::BTreeMap;
+use std::io::{self, Write};
 
 use serde_json::{json, Map, Value};
 
@@ -78,8 +79,39 @@ impl Default for TraceOptions {
 const PID: u64 = 1;
 
 /// Render timeline `t` of program `p` as a Chrome trace (see the module
-/// documentation for the events it contains).
+/// documentation for the events it contains). [`write_chrome_trace`] writes the same
+/// bytes to a stream.
 pub fn chrome_trace(p: &Program, t: &Timeline, opts: &TraceOptions) -> String {
+    let mut out = Vec::new();
+    write_chrome_trace(p, t, opts, &mut out).expect("writing to memory does not fail");
+    String::from_utf8(out).expect("serde_json writes UTF-8")
+}
+
+/// Writes events one by one, separated as [`chrome_trace`]'s list.
+struct Events<'w, W: Write> {
+    w: &'w mut W,
+    first: bool,
+}
+
+impl<W: Write> Events<'_, W> {
+    fn emit(&mut self, e: Value) -> io::Result<()> {
+        if !self.first {
+            self.w.write_all(b",\n")?;
+        }
+        self.first = false;
+        serde_json::to_writer(&mut *self.w, &e).map_err(io::Error::from)
+    }
+}
+
+/// [`chrome_trace`] written to `w` event by event: memory is bounded by the program
+/// and the pairing of transfers, not by the trace's size (wrap a file in a
+/// `BufWriter`).
+pub fn write_chrome_trace<W: Write>(
+    p: &Program,
+    t: &Timeline,
+    opts: &TraceOptions,
+    w: &mut W,
+) -> io::Result<()> {
     let scale = if opts.time_scale.is_finite() && opts.time_scale > 0.0 {
         opts.time_scale
     } else {
@@ -97,21 +129,22 @@ pub fn chrome_trace(p: &Program, t: &Timeline, opts: &TraceOptions) -> String {
     let look_of = |u: &str| looks.get(u).copied().unwrap_or(UnitLook::UNKNOWN);
     let nrows = p.ranks.max(p.programs.len());
 
-    let mut events: Vec<Value> = Vec::new();
+    w.write_all(b"{\"traceEvents\":[\n")?;
+    let mut events = Events { w, first: true };
     let name = opts.name.as_deref().unwrap_or("mpipe");
-    events.push(
+    events.emit(
         json!({"ph": "M", "pid": PID, "tid": 0, "name": "process_name",
                        "args": {"name": name}}),
-    );
+    )?;
     for r in 0..nrows {
-        events.push(
+        events.emit(
             json!({"ph": "M", "pid": PID, "tid": r, "name": "thread_name",
                            "args": {"name": format!("rank {r}")}}),
-        );
-        events.push(
+        )?;
+        events.emit(
             json!({"ph": "M", "pid": PID, "tid": r, "name": "thread_sort_index",
                            "args": {"sort_index": r}}),
-        );
+        )?;
     }
 
     // (tensor, unit, mb, from, to) -> the middle times of the sends / receives, in order.
@@ -175,10 +208,10 @@ pub fn chrome_trace(p: &Program, t: &Timeline, opts: &TraceOptions) -> String {
                 (event_name(a), "collective", args)
             }
         };
-        events.push(json!({
+        events.emit(json!({
             "ph": "X", "pid": PID, "tid": r, "name": name, "cat": cat,
             "ts": us(s.start), "dur": us((s.end - s.start).max(0.0)), "args": Value::Object(args),
-        }));
+        }))?;
     }
 
     if opts.flows {
@@ -187,12 +220,12 @@ pub fn chrome_trace(p: &Program, t: &Timeline, opts: &TraceOptions) -> String {
             let Some(rs) = recvs.get(key) else { continue };
             for (&(sr, st), &(rr, rt)) in ss.iter().zip(rs) {
                 let name = format!("{} {} mb{}", key.0.as_str(), key.1, key.2);
-                events.push(json!({"ph": "s", "pid": PID, "tid": sr, "id": id,
-                                   "name": name, "cat": "p2p", "ts": us(st)}));
-                events.push(
+                events.emit(json!({"ph": "s", "pid": PID, "tid": sr, "id": id,
+                                   "name": name, "cat": "p2p", "ts": us(st)}))?;
+                events.emit(
                     json!({"ph": "f", "bp": "e", "pid": PID, "tid": rr, "id": id,
                                    "name": name, "cat": "p2p", "ts": us(rt)}),
-                );
+                )?;
                 id += 1;
             }
         }
@@ -206,32 +239,25 @@ pub fn chrome_trace(p: &Program, t: &Timeline, opts: &TraceOptions) -> String {
                 let mut sample = |ts: f64, level: f64| {
                     // Rounded like the times, so a level that returns to zero reads 0.
                     let level = (level * 1e9).round() / 1e9;
-                    events.push(json!({"ph": "C", "pid": PID, "name": name,
-                                       "ts": us(ts), "args": {"activations": level}}));
+                    events.emit(json!({"ph": "C", "pid": PID, "name": name,
+                                       "ts": us(ts), "args": {"activations": level}}))
                 };
-                sample(0.0, 0.0);
+                sample(0.0, 0.0)?;
                 for &(ts, level) in steps {
-                    sample(ts, level);
+                    sample(ts, level)?;
                 }
             }
         }
     }
 
-    let mut out = String::from("{\"traceEvents\":[\n");
-    for (i, e) in events.iter().enumerate() {
-        if i > 0 {
-            out.push_str(",\n");
-        }
-        out.push_str(&e.to_string());
-    }
-    out.push_str("\n],\"displayTimeUnit\":\"ms\"");
+    let w = events.w;
+    w.write_all(b"\n],\"displayTimeUnit\":\"ms\"")?;
     if opts.embed_program {
         let meta = json!({"program": p, "time_scale": scale});
-        out.push_str(",\"mpipe\":");
-        out.push_str(&meta.to_string());
+        w.write_all(b",\"mpipe\":")?;
+        serde_json::to_writer(&mut *w, &meta).map_err(io::Error::from)?;
     }
-    out.push_str("}\n");
-    out
+    w.write_all(b"}\n")
 }
 
 /// The name of an action's event: `F llm.0 mb3`, `SEND act llm.0 mb3 -> 1`,

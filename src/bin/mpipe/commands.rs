@@ -9,7 +9,7 @@ use crate::table::{num, pct, Table, PEAK_MEMORY_MEANS};
 use crate::{ScheduleArgs, SourceArgs};
 use mpipe_core::program::ActionRef;
 use mpipe_core::render::svg::{gantt_svg, SvgOptions};
-use mpipe_core::render::trace::{chrome_trace, TraceOptions};
+use mpipe_core::render::trace::{write_chrome_trace, TraceOptions};
 use mpipe_core::simulate::{simulate as run, Mode, SimOptions, SimReport};
 use mpipe_core::verify::verify_mode;
 use mpipe_core::waits::{waits, Waits};
@@ -544,10 +544,24 @@ pub fn trace(
         embed_program,
         ..TraceOptions::default()
     };
-    write(
-        Some(output),
-        &chrome_trace(&loaded.program, &r.timeline, &opts),
-    )?;
+    // Streamed event by event: memory bounded by the program, not by the trace.
+    let written = std::fs::File::create(output).and_then(|f| {
+        let mut w = std::io::BufWriter::new(f);
+        write_chrome_trace(&loaded.program, &r.timeline, &opts, &mut w)?;
+        std::io::Write::flush(&mut w)
+    });
+    if let Err(e) = written {
+        let message = format!("cannot write {}: {e}", output.display());
+        return Err(Failure {
+            code: 2,
+            problems: vec![Problem {
+                json: vec![
+                    json!({"kind": "io", "file": output.display().to_string(), "message": message}),
+                ],
+                text: message,
+            }],
+        });
+    }
     errln!(
         "wrote {}: {} tracks, makespan {}; {} (open it in ui.perfetto.dev or chrome://tracing)",
         output.display(),
