@@ -250,6 +250,9 @@ fn console_examples_run() {
     let cases = trycmd::TestCases::new();
     cases
         .register_bin("mpipe", Path::new(env!("CARGO_BIN_EXE_mpipe")))
+        // The outputs shown are a terminal's: no periodic progress lines, however
+        // long a command takes on a loaded machine.
+        .env("MPIPE_PROGRESS_INTERVAL", "1000000")
         .timeout(std::time::Duration::from_secs(120));
     for (name, text) in chapters() {
         if text.contains("```console") {

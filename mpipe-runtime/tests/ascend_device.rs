@@ -374,3 +374,61 @@ fn every_event_wait_is_needed() {
         }
     }
 }
+
+/// A rank that fails records it ([`DeviceRank::abort`]); the other ranks of the world
+/// stop at their next batch with an error naming it, instead of waiting for HCCL's
+/// timeout.
+#[test]
+fn a_failed_rank_stops_the_others_at_their_next_batch() {
+    let _devices = DEVICES.lock().unwrap_or_else(|e| e.into_inner());
+    let prog = program("1f1b");
+    let comms = AscendComm::world_in_process(RANKS).expect("world");
+    let failed = Barrier::new(RANKS);
+    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                let (prog, failed) = (&prog, &failed);
+                s.spawn(move || {
+                    let r = comm.rank();
+                    let lens = vec![LEN; prog.units.len()];
+                    let set_up = DeviceRank::new(comm, prog, &lens).and_then(|mut dev| {
+                        let model = Toy::new(prog, dev.kernels())?;
+                        Ok((dev, model))
+                    });
+                    // Every rank is set up before rank 2 fails.
+                    failed.wait();
+                    let (mut dev, mut model) = match set_up {
+                        Ok(x) => x,
+                        Err(e) => {
+                            failed.wait();
+                            return Err(format!("rank {r} set-up: {e}"));
+                        }
+                    };
+                    if r == 2 {
+                        dev.abort("the test's rank 2 gave up");
+                        failed.wait();
+                        return Ok(());
+                    }
+                    failed.wait();
+                    let started = std::time::Instant::now();
+                    let mut step = dev.step(prog, &mut model);
+                    let out = interpret::run(prog, r, &mut step).map_err(|e| e.to_string());
+                    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+                    out
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("rank thread"))
+            .collect()
+    });
+    for (r, res) in results.iter().enumerate() {
+        if r != 2 {
+            let e = res.as_ref().expect_err("the step fails");
+            assert!(!e.contains("set-up"), "rank {r}: {e}");
+            assert!(e.contains("rank 2 failed"), "rank {r}: {e}");
+        }
+    }
+}

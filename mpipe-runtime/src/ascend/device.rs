@@ -154,6 +154,13 @@ impl DeviceRank {
         self.arena.len()
     }
 
+    /// Records that this rank failed doing `what`: every later call of the ranks that
+    /// share this world's failure record (an in-process world) fails at once naming
+    /// it, as [`Comm::abort`](crate::comm::Comm::abort) does for the communicator.
+    pub fn abort(&mut self, what: &str) {
+        crate::comm::Comm::abort(&mut self.comm, what);
+    }
+
     pub fn comm(&mut self) -> &mut AscendComm {
         &mut self.comm
     }
@@ -552,6 +559,7 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
         let dev = &mut *self.dev;
         let seen = self.coll_sees.entry(group.to_vec()).or_insert(0);
         let r = (|| {
+            dev.comm.check_failed()?;
             let root_index = dev.comm.group_root(group, root)?;
             let order = *seen < self.computes_issued;
             if order {
@@ -721,6 +729,9 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
             let order = need > self.p2p_sees;
             let dev = &mut *self.dev;
             let r = (|| {
+                // A rank of this world that failed stops the others at their next
+                // batch, not at HCCL's timeout.
+                dev.comm.check_failed()?;
                 if order {
                     dev.computed.record(dev.kernels.stream())?;
                     if dev.comm.next_wait() {

@@ -83,76 +83,84 @@ pub fn train_rank_device(
     let out_len: Vec<usize> = (0..n).map(|u| host.output_len_of(u)).collect();
     let mut dev = DeviceRank::new(comm, program, &out_len)
         .map_err(device_err(rank, "setting up the device"))?;
-    let params: Vec<&[f32]> = (0..n).map(|u| host.unit_params(u)).collect();
-    let mut model = DeviceMllm::new(dev.kernels(), &t.cfg, &params)
-        .map_err(device_err(rank, "putting the model on the device"))?;
-    drop(params);
-    drop(host);
-    let mut adam = DeviceAdam::new(t.adam);
-    let home: Vec<usize> = (0..n)
-        .filter(|&u| program.units[u].home == rank && program.units[u].trainable)
-        .collect();
-    let mut outcome = RankOutcome {
-        rank,
-        grads: vec![],
-        params: vec![],
-        losses: vec![],
-        peaks: vec![],
-        slots: vec![],
-        origin_ns: 0,
-        first_step: 0,
-        checkpoints: vec![],
-    };
-    for step in 0..t.steps {
-        let began = Instant::now();
-        model
-            .set_batch(&data.batch(step, mbs))
-            .map_err(device_err(rank, "setting the step's batch"))?;
-        model
-            .zero_grads(dev.kernels())
-            .map_err(device_err(rank, "zeroing the gradients"))?;
-        let origin = super::now_ns();
-        let mut s = dev.step(program, &mut model);
-        run.run(rank, &mut s)?;
-        let report = s.finish()?;
-        outcome.peaks.push(report.peak_memory);
-        outcome.slots = report.slots;
-        outcome.origin_ns = origin;
-        outcome.losses = report.losses;
-        if t.update {
-            let units: Vec<_> = home
-                .iter()
-                .map(|&u| (u, model.params(u), model.grads(u)))
-                .collect();
-            adam.step(dev.kernels(), &units, 1.0 / mbs as f32)
-                .map_err(device_err(rank, "the optimizer's update"))?;
+    // A failure on this rank is recorded, so ranks sharing the world fail their later
+    // calls at once instead of waiting for this one.
+    let result = (|| -> Result<RankOutcome, TrainError> {
+        let params: Vec<&[f32]> = (0..n).map(|u| host.unit_params(u)).collect();
+        let mut model = DeviceMllm::new(dev.kernels(), &t.cfg, &params)
+            .map_err(device_err(rank, "putting the model on the device"))?;
+        drop(params);
+        drop(host);
+        let mut adam = DeviceAdam::new(t.adam);
+        let home: Vec<usize> = (0..n)
+            .filter(|&u| program.units[u].home == rank && program.units[u].trainable)
+            .collect();
+        let mut outcome = RankOutcome {
+            rank,
+            grads: vec![],
+            params: vec![],
+            losses: vec![],
+            peaks: vec![],
+            slots: vec![],
+            origin_ns: 0,
+            first_step: 0,
+            checkpoints: vec![],
+        };
+        for step in 0..t.steps {
+            let began = Instant::now();
+            model
+                .set_batch(&data.batch(step, mbs))
+                .map_err(device_err(rank, "setting the step's batch"))?;
+            model
+                .zero_grads(dev.kernels())
+                .map_err(device_err(rank, "zeroing the gradients"))?;
+            let origin = super::now_ns();
+            let mut s = dev.step(program, &mut model);
+            run.run(rank, &mut s)?;
+            let report = s.finish()?;
+            outcome.peaks.push(report.peak_memory);
+            outcome.slots = report.slots;
+            outcome.origin_ns = origin;
+            outcome.losses = report.losses;
+            if t.update {
+                let units: Vec<_> = home
+                    .iter()
+                    .map(|&u| (u, model.params(u), model.grads(u)))
+                    .collect();
+                adam.step(dev.kernels(), &units, 1.0 / mbs as f32)
+                    .map_err(device_err(rank, "the optimizer's update"))?;
+            }
+            let loss = (!outcome.losses.is_empty())
+                .then(|| outcome.losses.iter().sum::<f32>() / outcome.losses.len() as f32);
+            if let Some(report) = progress {
+                report(&StepReport {
+                    step,
+                    rank,
+                    loss,
+                    peak_memory: outcome.peaks.last().copied().unwrap_or(0.0),
+                    seconds: began.elapsed().as_secs_f64(),
+                });
+            }
         }
-        let loss = (!outcome.losses.is_empty())
-            .then(|| outcome.losses.iter().sum::<f32>() / outcome.losses.len() as f32);
-        if let Some(report) = progress {
-            report(&StepReport {
-                step,
-                rank,
-                loss,
-                peak_memory: outcome.peaks.last().copied().unwrap_or(0.0),
-                seconds: began.elapsed().as_secs_f64(),
-            });
+        // The end of the run: the home units' gradients (of the last step) and
+        // parameters (after its update), read back.
+        let k = dev.kernels();
+        let read = |k: &mut mpipe_runtime::ascend::kernels::Kernels, t| {
+            k.download_f32(&t)
+                .map_err(device_err(rank, "reading the results back"))
+        };
+        for &u in &home {
+            let g = read(k, model.grads(u))?;
+            outcome.grads.push((u, g));
         }
+        for &u in &home {
+            let p = read(k, model.params(u))?;
+            outcome.params.push((u, p));
+        }
+        Ok(outcome)
+    })();
+    if let Err(e) = &result {
+        dev.abort(&e.to_string());
     }
-    // The end of the run: the home units' gradients (of the last step) and
-    // parameters (after its update), read back.
-    let k = dev.kernels();
-    let read = |k: &mut mpipe_runtime::ascend::kernels::Kernels, t| {
-        k.download_f32(&t)
-            .map_err(device_err(rank, "reading the results back"))
-    };
-    for &u in &home {
-        let g = read(k, model.grads(u))?;
-        outcome.grads.push((u, g));
-    }
-    for &u in &home {
-        let p = read(k, model.params(u))?;
-        outcome.params.push((u, p));
-    }
-    Ok(outcome)
+    result
 }
