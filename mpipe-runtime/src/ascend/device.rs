@@ -617,10 +617,15 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
             }
         }
         let dev = &mut *self.dev;
+        // A failed transfer shows at the synchronisation or as HCCL's asynchronous
+        // error; a rank that died is named (not HCCL's bare remote error).
         let synced = dev
             .kernels
             .synchronize()
-            .and_then(|()| dev.comm.comm.async_error());
+            .and_then(|()| dev.comm.comm.async_error())
+            .map_err(|e| {
+                AscendComm::sync_error(&dev.comm.comm, None, e, || "a device step".into())
+            });
         synced.map_err(|e| self.failed(index.saturating_sub(1), e))?;
         let mut losses = Vec::new();
         if let Some(t) = self.model.losses() {
