@@ -170,8 +170,10 @@ fn the_host_rank_carries_the_encoders_memory() {
     let tight = profile((40, 0.1, true), 1, Some(peak + d.params[3] - 0.5));
     let req = Request::new(&tight, 4, 8);
     let errors = derive_str(&req, "host(audio, 1f1b, rank = 3)").unwrap_err();
+    // One error for the cause, naming the host rank as the one over the limit.
+    assert_eq!(errors.len(), 1, "{errors:?}");
     assert!(
-        errors.iter().any(|e| e.message.contains("on rank 3")),
+        errors[0].message.starts_with("rank 3 is over memory.limit"),
         "{errors:?}"
     );
 }
