@@ -13,7 +13,11 @@
 //!   value;
 //! - `build.rs` links CANN's `ascendcl` and `hccl` when it finds a toolkit, otherwise the
 //!   host emulator (feature `emulator`, on by default), otherwise fails with what to
-//!   install. [`BACKEND`] says which one this build uses.
+//!   install. [`BACKEND`] says which one this build uses;
+//! - the aclnn operators ([`aclnn`]) are not linked: their function-pointer types are
+//!   written from CANN's public operator documentation and resolved at run time from
+//!   `libopapi.so`/`libnnopbase.so` (the emulator's CPU kernels otherwise), as
+//!   torch_npu resolves them.
 //!
 //! Everything here is `unsafe` and raw; the safe layer (typed errors, RAII) belongs to
 //! `mpipe-runtime`'s Ascend backend.
