@@ -20,10 +20,8 @@
 pub mod arena;
 // `unsafe_code` is denied in the workspace; the Ascend backend's FFI modules
 // (`ascend/safe.rs`, `ascend/kernels.rs`) are allowed where `ascend/mod.rs` declares
-// them. This allow covers the rest of `ascend/` only until the one `unsafe` block
-// left in `ascend/mod.rs` (`copy_to_device_async`) moves into `safe.rs`; then it goes.
+// them, and nowhere else.
 #[cfg(feature = "ascend")]
-#[allow(unsafe_code)]
 pub mod ascend;
 pub mod checkpoint;
 pub mod comm;

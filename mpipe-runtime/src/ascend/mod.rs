@@ -69,6 +69,7 @@
 //! root info carries the address of the process that serves the group).
 
 pub mod device;
+// The two modules whose top doc says they hold the backend's `unsafe` FFI calls.
 #[allow(unsafe_code)]
 pub mod kernels;
 #[allow(unsafe_code)]
@@ -604,10 +605,9 @@ impl AscendComm {
         let posted = (|| -> Result<(), AscendError> {
             for &&(_, _, d) in &remote_sends {
                 let buf = self.take(std::mem::size_of_val(d))?;
-                // SAFETY of the async copy: `d` is borrowed for this whole call, and the
-                // point-to-point stream, which waits for the copies' event, is
-                // synchronized before the call returns (or the buffers are leaked).
-                unsafe { self.compute.copy_to_device_async(&buf, f32_bytes(d))? };
+                // The stream keeps the staged bytes until the point-to-point stream,
+                // which waits for the copies' event, is synchronized.
+                self.compute.upload_async(&buf, f32_bytes(d).into())?;
                 send_bufs.push(buf);
             }
             for &(_, &(_, _, n)) in &remote_recvs {

@@ -2,13 +2,16 @@
 //! failed call and the ACL/HCCL error, and RAII owners of the device binding
 //! ([`Device`]), streams ([`Stream`]), events ([`Event`]), device memory
 //! ([`DeviceBuffer`]) and communicators ([`HcclComm`]). Every `unsafe` FFI call of the
-//! backend is in this file.
+//! backend is in this file, except the aclnn kernels' (in [`super::kernels`]); the rest of
+//! `ascend/` is safe code (`unsafe_code` is denied there). Host memory of an
+//! asynchronous upload is owned by its stream until a host wait proves the copy ran
+//! ([`Stream::upload_async`]), so no caller has to promise a lifetime.
 
 use ascend_sys as sys;
 use std::ffi::{c_void, CStr};
 use std::fmt;
 use std::ptr::null_mut;
-use std::sync::OnceLock;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 /// Why an Ascend call failed.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -272,10 +275,60 @@ pub fn read_device(addr: usize, out: &mut [u8]) -> Result<(), AscendError> {
     })
 }
 
+/// Host bytes of host-to-device copies queued on one stream ([`Stream::upload_async`]),
+/// each with its sequence number on that stream, kept (their heap storage does not
+/// move) until a host wait proves the copy has run.
+#[derive(Debug, Default)]
+struct Staged {
+    held: Vec<(u64, Box<[u8]>)>,
+    next: u64,
+}
+
+type StagedRef = Arc<Mutex<Staged>>;
+
+/// A point in a stream's uploads: every upload numbered below `seq` on `staged`'s
+/// stream was queued before it.
+#[derive(Clone, Debug)]
+struct Mark {
+    staged: StagedRef,
+    seq: u64,
+}
+
+impl Mark {
+    /// The uploads before this mark have run (a host wait ordered after it returned).
+    fn release(&self) {
+        lock(&self.staged).held.retain(|(seq, _)| *seq >= self.seq);
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        // Copies that no host wait has proved run may still read these bytes: leak them
+        // rather than free them under a queued copy.
+        for (_, b) in self.held.drain(..) {
+            std::mem::forget(b);
+        }
+    }
+}
+
+/// A poisoned lock only means another thread panicked while holding it; the data (a
+/// list of held buffers) is still consistent.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// An `aclrtStream`; dropping it waits for its queued work and destroys it.
+///
+/// It keeps the host memory of its [uploads](Stream::upload_async) until a host wait
+/// proves them run: its own [`synchronize`](Stream::synchronize), or that of an event
+/// recorded after them, or of a stream that [waited](Stream::wait_event) for such an
+/// event.
 #[derive(Debug)]
 pub struct Stream {
     raw: sys::aclrtStream,
+    staged: StagedRef,
+    /// Marks of other streams' uploads this stream's later work is ordered after.
+    after: Mutex<Vec<Mark>>,
 }
 
 // SAFETY: a stream handle may be used from any thread bound to its device (AscendCL's
@@ -292,19 +345,40 @@ impl Stream {
         acl("aclrtCreateStream", unsafe {
             sys::aclrtCreateStream(&mut raw)
         })?;
-        Ok(Stream { raw })
+        Ok(Stream {
+            raw,
+            staged: StagedRef::default(),
+            after: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// The current end of this stream's uploads.
+    fn mark(&self) -> Mark {
+        Mark {
+            staged: Arc::clone(&self.staged),
+            seq: lock(&self.staged).next,
+        }
     }
 
     pub fn raw(&self) -> sys::aclrtStream {
         self.raw
     }
 
-    /// Waits for everything queued so far; reports the first failure among it.
+    /// Waits for everything queued so far; reports the first failure among it. On
+    /// success it releases the host memory of the uploads it has proved run (this
+    /// stream's, and those of events this stream waited for).
     pub fn synchronize(&self) -> Result<(), AscendError> {
+        let own = self.mark();
+        let after = std::mem::take(&mut *lock(&self.after));
         // SAFETY: a live stream handle.
-        acl("aclrtSynchronizeStream", unsafe {
+        let r = acl("aclrtSynchronizeStream", unsafe {
             sys::aclrtSynchronizeStream(self.raw)
-        })
+        });
+        if r.is_ok() {
+            own.release();
+            after.iter().for_each(Mark::release);
+        }
+        r
     }
 
     /// Makes this stream's later work wait for `event`'s latest recording.
@@ -312,7 +386,11 @@ impl Stream {
         // SAFETY: live handles.
         acl("aclrtStreamWaitEvent", unsafe {
             sys::aclrtStreamWaitEvent(self.raw, event.raw)
-        })
+        })?;
+        if let Some(m) = lock(&event.mark).clone() {
+            lock(&self.after).push(m);
+        }
+        Ok(())
     }
 
     /// Queues a device-to-device copy of `bytes` bytes from `src` to `dst` (device
@@ -339,22 +417,17 @@ impl Stream {
         })
     }
 
-    /// Queues a host-to-device copy of `src` into `dst` (from offset 0).
-    ///
-    /// # Safety
-    /// `src` must stay alive and unchanged until the stream has run the copy (until
-    /// the next [`synchronize`](Stream::synchronize) of this stream, or of a stream
-    /// waiting on an event recorded after it).
-    pub unsafe fn copy_to_device_async(
-        &self,
-        dst: &DeviceBuffer,
-        src: &[u8],
-    ) -> Result<(), AscendError> {
+    /// Queues a host-to-device copy of `src` into `dst` (from offset 0). The stream
+    /// keeps `src` until a host wait proves the copy has run (see [`Stream`]); a copy no
+    /// wait ever proves run leaks its bytes rather than free them under it.
+    pub fn upload_async(&self, dst: &DeviceBuffer, src: Box<[u8]>) -> Result<(), AscendError> {
         if src.is_empty() {
             return Ok(());
         }
-        // SAFETY: `dst` holds `dst.bytes` bytes (checked as destMax); `src` is alive
-        // until the copy runs by the caller's promise.
+        let mut staged = lock(&self.staged);
+        // SAFETY: `dst` holds `dst.bytes` bytes (checked as destMax); `src`'s heap
+        // storage is kept in `self.staged` until a host wait ordered after this copy
+        // returns (or leaked), so it outlives the copy.
         acl("aclrtMemcpyAsync", unsafe {
             sys::aclrtMemcpyAsync(
                 dst.ptr,
@@ -364,12 +437,21 @@ impl Stream {
                 sys::aclrtMemcpyKind::ACL_MEMCPY_HOST_TO_DEVICE,
                 self.raw,
             )
-        })
+        })?;
+        let seq = staged.next;
+        staged.next += 1;
+        staged.held.push((seq, src));
+        Ok(())
     }
 }
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        // Uploads no wait has proved run: wait for them so their host bytes are freed
+        // (if the wait fails they are leaked, see `Staged`).
+        if !lock(&self.staged).held.is_empty() {
+            let _ = self.synchronize();
+        }
         // SAFETY: a live handle, destroyed once.
         let _ = unsafe { sys::aclrtDestroyStream(self.raw) };
     }
@@ -379,6 +461,8 @@ impl Drop for Stream {
 #[derive(Debug)]
 pub struct Event {
     raw: sys::aclrtEvent,
+    /// The uploads of the stream it was last recorded on that precede the recording.
+    mark: Mutex<Option<Mark>>,
 }
 
 // SAFETY: as for `Stream`.
@@ -393,23 +477,35 @@ impl Event {
         acl("aclrtCreateEvent", unsafe {
             sys::aclrtCreateEvent(&mut raw)
         })?;
-        Ok(Event { raw })
+        Ok(Event {
+            raw,
+            mark: Mutex::new(None),
+        })
     }
 
     /// Records the event at the current end of `stream`.
     pub fn record(&self, stream: &Stream) -> Result<(), AscendError> {
+        let mark = stream.mark();
         // SAFETY: live handles.
         acl("aclrtRecordEvent", unsafe {
             sys::aclrtRecordEvent(self.raw, stream.raw)
-        })
+        })?;
+        *lock(&self.mark) = Some(mark);
+        Ok(())
     }
 
-    /// Waits for the latest recording.
+    /// Waits for the latest recording (releasing the host memory of the uploads
+    /// before it).
     pub fn synchronize(&self) -> Result<(), AscendError> {
+        let mark = lock(&self.mark).clone();
         // SAFETY: a live handle.
         acl("aclrtSynchronizeEvent", unsafe {
             sys::aclrtSynchronizeEvent(self.raw)
-        })
+        })?;
+        if let Some(m) = mark {
+            m.release();
+        }
+        Ok(())
     }
 
     /// Milliseconds from `start`'s recording to this one's.
