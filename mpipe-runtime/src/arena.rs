@@ -40,6 +40,9 @@ pub enum Kind {
     /// The sum of a unit's output gradients from several successors, for one
     /// backward (lives for that one action).
     GradSum,
+    /// What a unit's forward keeps for its backward, for one micro-batch
+    /// ([`plan_stash`]; never in a [`plan`]).
+    Stash,
 }
 
 /// One buffer: `(kind, unit, mb)` from action `first` to action `last` (indices in
@@ -261,6 +264,91 @@ pub fn plan(program: &Program, rank: usize, out_len: &[usize]) -> Result<Plan, P
             ActionRef::Coll(_) => {}
         }
     }
+    let (size, peak_live) = place(&mut buffers);
+    Ok(Plan {
+        buffers,
+        size,
+        peak_live,
+        by_def,
+    })
+}
+
+/// Plans `rank`'s stash: what each forward keeps for its backward, `stash_len[u]`
+/// elements for unit `u` (f32), over exactly the lifetimes the simulator counts as
+/// activation memory (`mpipe_core::simulate`, "Memory"): from the last `F`/`RF` of
+/// `(u, mb)` before its consumer to the consumer, the last `W(u, mb)` on the rank if
+/// there is one, else the last `B`/`BW`; a forward without a consumer on the rank keeps
+/// nothing.
+///
+/// The two figures then agree: a rank's actions run one after another, so (with
+/// compute actions of positive duration) two stashes overlap in time exactly when
+/// their action ranges overlap, and [`Plan::peak_live`] is the simulator's
+/// `peak_memory` of that rank with `act(u)` = the stash's bytes (exactly, when those
+/// are multiples of [`ALIGN`]); [`Plan::size`] is the memory a placement needs, equal
+/// to it when every stash has one size.
+///
+/// [`plan`]'s transfer buffers are not in the simulator's figure: a unit's output that
+/// this rank computes and also stashes lives inside its stash's lifetime (it is sent or
+/// consumed before the gradient can come back), but received activations and
+/// gradients in flight are extra, bounded by [`plan`]'s own `size`.
+pub fn plan_stash(program: &Program, rank: usize, stash_len: &[usize]) -> Result<Plan, PlanError> {
+    let ranks = program.programs.len();
+    let list = program
+        .programs
+        .get(rank)
+        .ok_or(PlanError::NoSuchRank { rank, ranks })?;
+    if stash_len.len() != program.units.len() {
+        return Err(PlanError::Lengths {
+            got: stash_len.len(),
+            want: program.units.len(),
+        });
+    }
+    // Per (unit, mb): the last consumer, and the last forward before it.
+    let mut consumer: BTreeMap<(UnitId, usize), (usize, bool)> = BTreeMap::new();
+    let mut computes: Vec<(usize, UnitId, usize, Op)> = Vec::new();
+    for (i, a) in list.iter().enumerate() {
+        if let ActionRef::Compute(c) = a.view() {
+            let u = program
+                .unit_index(c.unit)
+                .ok_or_else(|| PlanError::UnknownUnit(c.unit.to_string()))?
+                as UnitId;
+            computes.push((i, u, c.mb, c.op));
+            let is_w = c.op == Op::W;
+            if is_w || matches!(c.op, Op::B | Op::BW) {
+                let e = consumer.entry((u, c.mb)).or_insert((i, is_w));
+                // A `W` wins over any `B`/`BW`; among equals, the last.
+                if is_w || !e.1 {
+                    *e = (i, is_w);
+                }
+            }
+        }
+    }
+    let mut holder: BTreeMap<(UnitId, usize), usize> = BTreeMap::new();
+    for &(i, u, mb, op) in &computes {
+        if matches!(op, Op::F | Op::RF) && consumer.get(&(u, mb)).is_some_and(|&(c, _)| i < c) {
+            holder.insert((u, mb), i);
+        }
+    }
+    let mut buffers: Vec<Buffer> = holder
+        .iter()
+        .map(|(&(u, mb), &first)| Buffer {
+            kind: Kind::Stash,
+            unit: u,
+            mb,
+            len: stash_len[u as usize],
+            first,
+            last: consumer[&(u, mb)].0,
+            offset: 0,
+            reuses: Vec::new(),
+        })
+        .filter(|b| b.len > 0)
+        .collect();
+    buffers.sort_by_key(|b| (b.first, b.unit, b.mb));
+    let by_def = buffers
+        .iter()
+        .enumerate()
+        .map(|(b, x)| ((x.first, Kind::Stash, x.unit, x.mb), b))
+        .collect();
     let (size, peak_live) = place(&mut buffers);
     Ok(Plan {
         buffers,

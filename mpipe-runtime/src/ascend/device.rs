@@ -294,7 +294,7 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
     ) -> Result<usize, ExecError> {
         self.current.get(&(kind, unit, mb)).copied().ok_or_else(|| {
             let what = match kind {
-                Buf::Act => "activation",
+                Buf::Act | Buf::Stash => "activation",
                 Buf::Grad | Buf::GradSum => "gradient",
             };
             self.at.missing(
