@@ -5,10 +5,13 @@
 //! micro-batches; see the search-time table of docs/guide/results.md). The search is deterministic:
 //! its choice is a function of the profile, the ranks, the micro-batches, the
 //! semantics and mpipe-core's code ([`mpipe_core::SOURCE_FINGERPRINT`]) and of
-//! nothing else (not the number of cores). So the macro keeps each choice in a file
-//! and, when all of those are the same again, derives the chosen expression alone,
-//! which gives the program the search gave (`tests/schedule_macro.rs` checks that
-//! deriving `EXPR` reproduces the emitted program).
+//! nothing else (not the number of cores). So the macro keeps each choice in a file,
+//! as the chosen *program* (`mpipe-program/1` JSON) with its expression for display,
+//! and, when all of those inputs are the same again, verifies and simulates that
+//! program instead of deriving anything: no search, and no re-derivation either
+//! (which for a choice like `refine(..., order = 12000)` would run its order search
+//! again). `tests/schedule_macro.rs` checks that deriving `EXPR` reproduces the
+//! emitted program.
 //!
 //! - **Key.** The inputs in full, as text ([`key`]); the file is named by a hash of
 //!   the key and holds the key itself, and a hit needs the whole key equal, so a
@@ -17,14 +20,16 @@
 //!   else `$CARGO_TARGET_DIR/mpipe-auto`, else `target/mpipe-auto` in the nearest
 //!   ancestor of the calling crate's manifest directory that holds a `Cargo.lock`
 //!   (the workspace root; none found: no cache). `cargo clean` clears it.
-//! - **Failures.** A file that cannot be read, parsed, derived or written means a
+//! - **Failures.** A file that cannot be read or parsed, a program that does not
+//!   verify, does not fit the request or the memory limit, or does not run, means a
 //!   search, as without a cache: the cache can make the macro faster, never change
-//!   what it emits or make it fail. Only successful searches are remembered; errors
-//!   are found again, with their spans.
+//!   what it emits or make it fail (the checks are in `expand`). Only successful
+//!   searches are remembered; errors are found again, with their spans.
 //! - **Writes** go to a temporary file renamed into place, so concurrent builds see
 //!   a whole file or none.
 
 use mpipe_core::derive::Request;
+use mpipe_core::program::Program;
 use std::path::{Path, PathBuf};
 
 /// A directory of remembered `auto` choices.
@@ -33,8 +38,18 @@ pub struct Cache {
     dir: PathBuf,
 }
 
-/// Separates a file's key from the choice that follows it.
+/// What `auto` chose: the expression (for `EXPR` and messages) and the program it
+/// derived, which a rebuild emits after checking it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    pub expr: String,
+    pub program: Program,
+}
+
+/// Separates a file's key from the chosen expression that follows it.
 const CHOICE: &str = "\n-- choice --\n";
+/// Separates the chosen expression from the chosen program.
+const PROGRAM: &str = "\n-- program --\n";
 
 impl Cache {
     /// A cache in `dir` (created on the first store).
@@ -57,8 +72,13 @@ impl Cache {
             .map(|root| Cache::at(root.join("target").join("mpipe-auto")))
     }
 
+    /// The directory the choices are kept in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     /// The file for `key`.
-    fn file(&self, key: &str) -> PathBuf {
+    pub fn file(&self, key: &str) -> PathBuf {
         // FNV-1a: the name only spreads keys; the file's content decides a hit.
         let mut hash = 0xcbf2_9ce4_8422_2325_u64;
         for &b in key.as_bytes() {
@@ -68,24 +88,40 @@ impl Cache {
         self.dir.join(format!("{hash:016x}.txt"))
     }
 
-    /// The choice remembered for `key`, if a file holds exactly this key.
-    pub fn load(&self, key: &str) -> Option<String> {
+    /// The choice remembered for `key`, if a file holds exactly this key, an
+    /// expression and a program that parses (not yet checked against the request:
+    /// the caller verifies it).
+    pub fn load(&self, key: &str) -> Option<Choice> {
         let text = std::fs::read_to_string(self.file(key)).ok()?;
-        let (stored, choice) = text.rsplit_once(CHOICE)?;
-        let choice = choice.trim();
-        (stored == key && !choice.is_empty()).then(|| choice.to_string())
+        let (stored, rest) = text.split_once(CHOICE)?;
+        let (expr, program) = rest.split_once(PROGRAM)?;
+        let expr = expr.trim();
+        if stored != key || expr.is_empty() {
+            return None;
+        }
+        let program = Program::from_json(program).ok()?;
+        Some(Choice {
+            expr: expr.to_string(),
+            program,
+        })
     }
 
     /// Remember `choice` for `key`; silently does nothing if the directory cannot be
     /// written (the next build searches again).
-    pub fn store(&self, key: &str, choice: &str) {
+    pub fn store(&self, key: &str, choice: &Choice) {
+        let Ok(program) = serde_json::to_string(&choice.program) else {
+            return;
+        };
         let path = self.file(key);
         if std::fs::create_dir_all(&self.dir).is_err() {
             return;
         }
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        let written = std::fs::write(&tmp, format!("{key}{CHOICE}{choice}\n"))
-            .and_then(|()| std::fs::rename(&tmp, &path));
+        let written = std::fs::write(
+            &tmp,
+            format!("{key}{CHOICE}{}{PROGRAM}{program}\n", choice.expr),
+        )
+        .and_then(|()| std::fs::rename(&tmp, &path));
         if written.is_err() {
             let _ = std::fs::remove_file(&tmp);
         }
@@ -99,7 +135,7 @@ impl Cache {
 pub fn key(req: &Request) -> Option<String> {
     let profile = serde_json::to_string(req.profile).ok()?;
     Some(format!(
-        "mpipe schedule! auto/1\ncore {}\nmode {:?}\nranks {}\nmicrobatches {}\nprofile {profile}",
+        "mpipe schedule! auto/2\ncore {}\nmode {:?}\nranks {}\nmicrobatches {}\nprofile {profile}",
         mpipe_core::SOURCE_FINGERPRINT,
         req.mode,
         req.ranks,
@@ -142,22 +178,41 @@ mod tests {
         }
     }
 
+    /// A real choice: the program `gpipe` derives for the test profile.
+    fn choice(expr: &str) -> Choice {
+        let p = profile(PROFILE);
+        let d = mpipe_core::derive::derive_str(&Request::new(&p, 2, 4), expr).unwrap();
+        Choice {
+            expr: d.expr,
+            program: d.program,
+        }
+    }
+
     #[test]
     fn a_stored_choice_comes_back_for_its_key_only() {
         let dir = tempfile::tempdir().unwrap();
         let cache = Cache::at(dir.path().join("nested"));
         assert_eq!(cache.load("k1"), None);
-        cache.store("k1", "zbh1");
-        assert_eq!(cache.load("k1").as_deref(), Some("zbh1"));
+        let gpipe = choice("gpipe");
+        cache.store("k1", &gpipe);
+        assert_eq!(cache.load("k1"), Some(gpipe.clone()));
         assert_eq!(cache.load("k2"), None);
+        let whole = std::fs::read_to_string(cache.file("k1")).unwrap();
         // A file under k1's name that holds another key (a collision, an edit).
-        std::fs::write(cache.file("k1"), format!("k2{CHOICE}1f1b\n")).unwrap();
+        std::fs::write(cache.file("k1"), whole.replacen("k1", "k2", 1)).unwrap();
         assert_eq!(cache.load("k1"), None);
-        // Torn or empty files are misses.
-        std::fs::write(cache.file("k1"), "k1").unwrap();
-        assert_eq!(cache.load("k1"), None);
-        std::fs::write(cache.file("k1"), format!("k1{CHOICE}")).unwrap();
-        assert_eq!(cache.load("k1"), None);
+        // Torn, empty or program-less files are misses.
+        let (head, _) = whole.split_at(whole.len() / 2);
+        for torn in [
+            "k1".to_string(),
+            format!("k1{CHOICE}"),
+            format!("k1{CHOICE}gpipe\n"),
+            format!("k1{CHOICE}{PROGRAM}{}", gpipe.program.to_json()),
+            head.to_string(),
+        ] {
+            std::fs::write(cache.file("k1"), &torn).unwrap();
+            assert_eq!(cache.load("k1"), None, "{torn:.60}");
+        }
         // No temporary file is left behind.
         let names: Vec<_> = std::fs::read_dir(dir.path().join("nested"))
             .unwrap()
@@ -172,7 +227,7 @@ mod tests {
         let blocker = dir.path().join("file");
         std::fs::write(&blocker, "not a directory").unwrap();
         let cache = Cache::at(blocker.join("cache"));
-        cache.store("k", "zbh1");
+        cache.store("k", &choice("gpipe"));
         assert_eq!(cache.load("k"), None);
     }
 }

@@ -1,19 +1,21 @@
 //! From the macro's input to its output: read the profile, parse the expression,
 //! derive, and emit — or emit every error found, with a fallback module.
 
-use crate::cache::{self, Cache};
+use crate::cache::{self, Cache, Choice};
 use crate::emit::{fallback, module, Facts};
 use crate::input::{Input, Source};
-use mpipe_core::advice::for_written;
+use mpipe_core::advice::{for_written, memory_over_limit};
 use mpipe_core::bound::lower_bound;
-use mpipe_core::derive::{derive, derive_str, resident_params, DeriveError, Derived, Request};
+use mpipe_core::derive::{bound_for, derive, resident_params, DeriveError, Derived, Request};
 use mpipe_core::expr::Expr;
 use mpipe_core::profile::{Profile, ProfileFormat};
 use mpipe_core::program::Program;
 use mpipe_core::simulate::{simulate, Mode, SimOptions};
 use mpipe_core::verify::verify;
-use proc_macro2::TokenStream;
-use std::path::PathBuf;
+use proc_macro2::{Span, TokenStream};
+use quote::quote;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 use syn::LitStr;
 
 /// Expand `schedule! { ... }`, with `auto`'s choices remembered where the
@@ -25,6 +27,12 @@ pub fn schedule(tokens: TokenStream) -> TokenStream {
 /// Expand `schedule! { ... }`, with `auto`'s choices remembered in `cache` (none:
 /// every `auto` searches).
 pub fn schedule_with(tokens: TokenStream, cache: Option<&Cache>) -> TokenStream {
+    schedule_noting(tokens, cache, LONG_SEARCH)
+}
+
+/// [`schedule_with`], noting at compile time (a warning) any `auto` search that
+/// takes `long` or more.
+pub fn schedule_noting(tokens: TokenStream, cache: Option<&Cache>, long: Duration) -> TokenStream {
     let input = match syn::parse2::<Input>(tokens) {
         Ok(input) => input,
         Err(e) => return e.to_compile_error(),
@@ -32,7 +40,7 @@ pub fn schedule_with(tokens: TokenStream, cache: Option<&Cache>) -> TokenStream 
     let mut errors = input.errors.clone();
     if let Some(src) = &input.program {
         let loaded = load_program(src, input.mode, &mut errors);
-        return finish(&input, loaded, errors);
+        return finish(&input, loaded, errors, &[]);
     }
     let profile = input
         .model
@@ -49,6 +57,7 @@ pub fn schedule_with(tokens: TokenStream, cache: Option<&Cache>) -> TokenStream 
             }
         });
     let mut derived = None;
+    let mut warnings = Vec::new();
     if let (Some((profile, _)), Some((ranks, _)), Some((microbatches, _)), Some(expr)) =
         (&profile, input.ranks, input.microbatches, &expr)
     {
@@ -57,10 +66,18 @@ pub fn schedule_with(tokens: TokenStream, cache: Option<&Cache>) -> TokenStream 
             ..Request::new(profile, ranks, microbatches)
         };
         let found = if expr.name() == "auto" && expr.args.is_empty() {
-            auto(&req, expr, cache)
+            let (found, note) = auto(&req, expr, cache, long);
+            warnings.extend(note.map(|n| (expr.span, n)));
+            found
         } else {
             mpipe_core::search::for_macro(|| derive(&req, expr))
         };
+        if let Ok(d) = &found {
+            let encoders: Vec<&str> = profile.encoders.iter().map(|e| e.name.as_str()).collect();
+            if let Some(w) = mpipe_core::advice::degenerate(&d.expr, &d.program, &encoders) {
+                warnings.push((expr.span, w));
+            }
+        }
         match found {
             Ok(d) if !d.program.prefetch.is_empty() => errors.push(syn::Error::new(
                 expr.span,
@@ -79,34 +96,144 @@ pub fn schedule_with(tokens: TokenStream, cache: Option<&Cache>) -> TokenStream 
         }
     }
     let path = profile.and_then(|(_, path)| path);
-    finish(&input, derived.map(|d| (d, path)), errors)
+    finish(&input, derived.map(|d| (d, path)), errors, &warnings)
 }
 
-/// `auto` as the macro runs it: the choice `cache` remembers for `req`, derived
-/// alone, or else a search among the schedules the macro can emit (its threads
-/// parse under `proc_macro2`'s fallback, see [`mpipe_core::search::for_macro`]),
-/// whose choice is then remembered.
-fn auto(req: &Request, expr: &Expr, cache: Option<&Cache>) -> Result<Derived, Vec<DeriveError>> {
+/// How long a search may run before the macro notes, at compile time, how to avoid
+/// running it again.
+pub const LONG_SEARCH: Duration = Duration::from_secs(5);
+
+/// `auto` as the macro runs it: the program `cache` remembers for `req`, checked
+/// ([`remembered`]), or else a search among the schedules the macro can emit (its
+/// threads parse under `proc_macro2`'s fallback, see
+/// [`mpipe_core::search::for_macro`]), whose choice is then remembered. A search
+/// longer than `long` also returns a note for the user (how to skip it next time).
+fn auto(
+    req: &Request,
+    expr: &Expr,
+    cache: Option<&Cache>,
+    long: Duration,
+) -> (Result<Derived, Vec<DeriveError>>, Option<String>) {
     let key = cache.and_then(|_| cache::key(req));
     if let (Some(cache), Some(key)) = (cache, &key) {
-        let remembered = cache
-            .load(key)
-            .and_then(|choice| derive_str(req, &choice).ok())
-            .filter(|d| d.program.prefetch.is_empty());
-        if let Some(d) = remembered {
-            return Ok(d);
+        if let Some(d) = cache.load(key).and_then(|c| remembered(req, c)) {
+            return (Ok(d), None);
         }
     }
+    let started = Instant::now();
     let found = mpipe_core::search::for_macro(|| derive(req, expr));
-    if let (Some(cache), Some(key), Ok(d)) = (cache, &key, &found) {
-        cache.store(key, &d.expr);
+    let took = started.elapsed();
+    let stored = match (cache, &key, &found) {
+        (Some(cache), Some(key), Ok(d)) => {
+            let choice = Choice {
+                expr: d.expr.clone(),
+                program: d.program.clone(),
+            };
+            cache.store(key, &choice);
+            // Only a file that reads back is worth naming.
+            (cache.load(key).as_ref() == Some(&choice)).then(|| cache.dir().to_path_buf())
+        }
+        _ => None,
+    };
+    let note = match &found {
+        Ok(d) if took >= long => Some(long_search_note(&d.expr, took, stored.as_deref())),
+        _ => None,
+    };
+    (found, note)
+}
+
+/// The compile-time note for a search that took `took` and chose `chosen`,
+/// remembered in `stored` (a directory) if it could be.
+fn long_search_note(chosen: &str, took: Duration, stored: Option<&Path>) -> String {
+    let cached = match stored {
+        Some(dir) => format!(
+            "the choice is cached in {} (MPIPE_AUTO_CACHE names another directory), so \
+             rebuilds reuse it while the profile, sizes, mode and mpipe stay the same; keep \
+             that directory between builds (CI caches)",
+            dir.display()
+        ),
+        None => "it could not be cached (set MPIPE_AUTO_CACHE to a writable directory, \
+                 not `off`, to keep it between builds)"
+            .to_string(),
+    };
+    let pin = if chosen.contains("order =") {
+        " (that re-runs its order search on every build; to skip all work, save \
+         `PROGRAM_JSON` to a file and write `program = \"that-file.json\";` instead of \
+         `model`, `ranks`, `microbatches` and `schedule`)"
+    } else {
+        ""
+    };
+    format!(
+        "`auto` searched for {:.1} s and chose `{chosen}`; {cached}; or pin the choice: \
+         write `schedule = {chosen};` in place of `auto`{pin}",
+        took.as_secs_f64()
+    )
+}
+
+/// A remembered choice as the derivation it stands for, if it holds for `req`: the
+/// program has `req`'s sizes and the choice's expression as its source, breaks no
+/// rule (rules 1-5, [`verify`]), runs under `req`'s semantics, fits the profile's
+/// memory limit, and prefetches nothing. Anything else is `None` (a search).
+fn remembered(req: &Request, choice: Choice) -> Option<Derived> {
+    let Choice { expr, program } = choice;
+    let fits = program.ranks == req.ranks
+        && program.microbatches == req.microbatches
+        && program.prefetch.is_empty()
+        && program.source.as_ref().is_some_and(|s| s.expr == expr);
+    if !fits || !verify(&program).is_empty() {
+        return None;
     }
-    found
+    let opts = req.sim_options(req.mode);
+    let report = simulate(&program, &opts).ok()?;
+    let params = resident_params(&program);
+    if let Some(limit) = req.profile.memory.as_ref().map(|m| m.limit) {
+        if memory_over_limit(&expr, &report.peak_memory, &params, limit).is_some() {
+            return None;
+        }
+    }
+    let bound = bound_for(req.profile, &program, &opts);
+    Some(Derived {
+        program,
+        report,
+        bound,
+        params,
+        expr,
+    })
+}
+
+/// A compile-time warning at `span`. Procedural macros on stable Rust cannot emit
+/// warnings, so this is the use of a deprecated constant whose deprecation note is
+/// the message: rustc prints `warning: use of deprecated constant `_::warning`:
+/// MESSAGE` at `span` (`#[allow(deprecated)]` silences it, `-D warnings` makes it an
+/// error, like any warning).
+pub fn warning(span: Span, message: &str) -> TokenStream {
+    let name = syn::Ident::new("warning", span);
+    quote! {
+        const _: () = {
+            #[deprecated(note = #message)]
+            #[allow(non_upper_case_globals)]
+            const #name: () = ();
+            #name
+        };
+    }
 }
 
 /// The module for a derived (or loaded) program, or, if anything went wrong, the
-/// fallback module followed by every error.
+/// fallback module followed by every error; then every warning.
 fn finish(
+    input: &Input,
+    derived: Option<(Derived, Option<PathBuf>)>,
+    errors: Vec<syn::Error>,
+    warnings: &[(Span, String)],
+) -> TokenStream {
+    let mut out = finish_module(input, derived, errors);
+    for (span, message) in warnings {
+        out.extend(warning(*span, message));
+    }
+    out
+}
+
+fn finish_module(
     input: &Input,
     derived: Option<(Derived, Option<PathBuf>)>,
     errors: Vec<syn::Error>,

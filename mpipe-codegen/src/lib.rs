@@ -22,4 +22,4 @@ pub mod size;
 #[cfg(test)]
 mod snapshots;
 
-pub use expand::{schedule, schedule_with};
+pub use expand::{schedule, schedule_noting, schedule_with};

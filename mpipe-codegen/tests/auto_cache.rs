@@ -1,11 +1,15 @@
-//! `schedule = auto` with a cache: the second expansion reads the first's choice,
-//! emits exactly what the search emitted, and a remembered choice is really used.
+//! `schedule = auto` with a cache: the second expansion reads the first's choice (the
+//! program itself), emits exactly what the search emitted without deriving anything,
+//! a remembered program is checked before it is used, and a long search leaves a
+//! compile-time note.
 
-use mpipe_codegen::cache::{self, Cache};
-use mpipe_codegen::{schedule, schedule_with};
-use mpipe_core::derive::Request;
+use mpipe_codegen::cache::{self, Cache, Choice};
+use mpipe_codegen::{schedule, schedule_noting, schedule_with};
+use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::profile::{Profile, ProfileFormat};
+use mpipe_core::program::{Program, Source};
 use quote::quote;
+use std::time::{Duration, Instant};
 
 const PROFILE: &str = r#"
 [[encoder]]
@@ -33,13 +37,18 @@ fn input(expr: proc_macro2::TokenStream) -> proc_macro2::TokenStream {
 
 /// The `EXPR` constant of an expansion.
 fn expr_of(tokens: &proc_macro2::TokenStream) -> String {
+    const_str(tokens, "EXPR")
+}
+
+/// The value of the string constant `name` of an expansion.
+fn const_str(tokens: &proc_macro2::TokenStream, name: &str) -> String {
     let file: syn::File = syn::parse2(tokens.clone()).expect("the expansion parses");
     let syn::Item::Mod(m) = &file.items[0] else {
         panic!("a module first")
     };
     for item in &m.content.as_ref().expect("an inline module").1 {
         if let syn::Item::Const(c) = item {
-            if c.ident == "EXPR" {
+            if c.ident == name {
                 if let syn::Expr::Lit(syn::ExprLit {
                     lit: syn::Lit::Str(s),
                     ..
@@ -50,41 +59,74 @@ fn expr_of(tokens: &proc_macro2::TokenStream) -> String {
             }
         }
     }
-    panic!("no EXPR in {tokens}")
+    panic!("no {name} in {tokens}")
+}
+
+fn profile() -> Profile {
+    Profile::parse(PROFILE, ProfileFormat::Toml).unwrap()
 }
 
 fn key() -> String {
-    let profile = Profile::parse(PROFILE, ProfileFormat::Toml).unwrap();
-    cache::key(&Request::new(&profile, 2, 4)).unwrap()
+    cache::key(&Request::new(&profile(), 2, 4)).unwrap()
+}
+
+/// What deriving `expr` for `ranks` gives, as a choice.
+fn derived(expr: &str, ranks: usize) -> Choice {
+    let p = profile();
+    let d = derive_str(&Request::new(&p, ranks, 4), expr).unwrap();
+    Choice {
+        expr: d.expr,
+        program: d.program,
+    }
 }
 
 #[test]
 fn a_rebuild_emits_what_the_search_emitted() {
     let dir = tempfile::tempdir().unwrap();
     let cache = Cache::at(dir.path());
-    let searched = schedule_with(input(quote!(auto)), None).to_string();
-    assert!(!searched.contains("compile_error"), "{searched}");
+    let searched = schedule_with(input(quote!(auto)), None);
+    let searched_text = searched.to_string();
+    assert!(!searched_text.contains("compile_error"), "{searched}");
     let first = schedule_with(input(quote!(auto)), Some(&cache)).to_string();
-    assert_eq!(first, searched);
+    assert_eq!(first, searched_text);
     let files = std::fs::read_dir(dir.path()).unwrap().count();
     assert_eq!(files, 1, "one file for one choice");
-    let chosen = expr_of(&first.parse().unwrap());
-    assert_eq!(cache.load(&key()).as_deref(), Some(chosen.as_str()));
+    // The file holds the program the search emitted, and its expression.
+    let remembered = cache.load(&key()).expect("a remembered choice");
+    assert_eq!(remembered.expr, expr_of(&searched));
+    assert_eq!(
+        remembered.program,
+        Program::from_json(&const_str(&searched, "PROGRAM_JSON")).unwrap()
+    );
     let second = schedule_with(input(quote!(auto)), Some(&cache)).to_string();
-    assert_eq!(second, searched);
+    assert_eq!(second, searched_text);
 }
 
 #[test]
-fn a_remembered_choice_is_derived_alone() {
-    // Plant a choice the search would not make: the macro emits it, which shows a
-    // hit skips the search (and that the file, not the search, decides a hit).
+fn a_remembered_program_is_emitted_without_deriving() {
+    // Plant gpipe's program under an expression whose derivation would run an order
+    // search of a billion simulations: the macro emits the program at once, which
+    // shows that a hit neither searches nor derives.
     let dir = tempfile::tempdir().unwrap();
     let cache = Cache::at(dir.path());
-    cache.store(&key(), "gpipe");
-    let planted = schedule_with(input(quote!(auto)), Some(&cache));
-    assert_eq!(expr_of(&planted), "gpipe");
+    let slow = "refine(gpipe, order = 1000000000)";
+    let mut planted = derived("gpipe", 2);
+    planted.expr = slow.to_string();
+    planted.program.source = Some(Source {
+        expr: slow.to_string(),
+    });
+    cache.store(&key(), &planted);
+    let started = Instant::now();
+    let out = schedule_with(input(quote!(auto)), Some(&cache));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert_eq!(expr_of(&out), slow);
+    assert_eq!(
+        Program::from_json(&const_str(&out, "PROGRAM_JSON")).unwrap(),
+        planted.program
+    );
+    // Everything but the expression's text is what `gpipe` itself emits.
     let direct = schedule(input(quote!(gpipe))).to_string();
-    assert_eq!(planted.to_string(), direct);
+    assert_eq!(out.to_string().replace(slow, "gpipe"), direct);
 }
 
 #[test]
@@ -92,15 +134,63 @@ fn a_bad_remembered_choice_means_a_search() {
     let dir = tempfile::tempdir().unwrap();
     let cache = Cache::at(dir.path());
     let searched = schedule_with(input(quote!(auto)), None).to_string();
-    for bad in ["not an expression (", "transpose(nope, 1f1b)"] {
-        cache.store(&key(), bad);
+    let good = derived("gpipe", 2);
+    // Another request's program (4 ranks, not 2).
+    let other_sizes = derived("gpipe", 4);
+    // A program that breaks a rule: rank 0 loses its last action.
+    let mut broken = good.clone();
+    broken.program.programs[0].pop();
+    // An expression that is not the program's source.
+    let mut relabelled = good.clone();
+    relabelled.expr = "1f1b".to_string();
+    for (what, bad) in [
+        ("other sizes", other_sizes),
+        ("broken", broken),
+        ("relabelled", relabelled),
+    ] {
+        cache.store(&key(), &bad);
+        assert!(cache.load(&key()).is_some(), "{what}: stored");
         let out = schedule_with(input(quote!(auto)), Some(&cache)).to_string();
-        assert_eq!(out, searched, "after {bad:?}");
+        assert_eq!(out, searched, "after {what}");
         // ... and the search's choice replaces it.
-        assert_ne!(cache.load(&key()).as_deref(), Some(bad));
+        assert_ne!(cache.load(&key()), Some(bad), "{what}");
     }
+    // A file cut short.
+    let text = std::fs::read_to_string(cache.file(&key())).unwrap();
+    std::fs::write(cache.file(&key()), &text[..text.len() - 40]).unwrap();
+    let out = schedule_with(input(quote!(auto)), Some(&cache)).to_string();
+    assert_eq!(out, searched, "after a torn file");
 }
 
+/// A search that runs long leaves a compile-time note (a deprecated item's use)
+/// naming the choice, the cache and how to pin it; a cached rebuild leaves none.
+#[test]
+fn a_long_search_leaves_a_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::at(dir.path());
+    let quiet = schedule_with(input(quote!(auto)), None).to_string();
+    assert!(!quiet.contains("deprecated"), "{quiet}");
+    let out = schedule_noting(input(quote!(auto)), Some(&cache), Duration::ZERO);
+    let chosen = expr_of(&out);
+    let text = out.to_string();
+    assert!(text.starts_with(&quiet), "the module is unchanged");
+    let note = &text[quiet.len()..];
+    assert!(note.contains("deprecated"), "{note}");
+    assert!(note.contains("`auto` searched for"), "{note}");
+    assert!(
+        note.contains(&format!("write `schedule = {chosen};` in place of `auto`")),
+        "{note}"
+    );
+    assert!(note.contains(&dir.path().display().to_string()), "{note}");
+    // The note compiles as a warning: it parses as items.
+    syn::parse_str::<syn::File>(note).expect("the note is items");
+    // Rebuilt from the cache: no search, no note.
+    let hit = schedule_noting(input(quote!(auto)), Some(&cache), Duration::ZERO).to_string();
+    assert_eq!(hit, quiet);
+    // Without a cache, the note says how to get one.
+    let uncached = schedule_noting(input(quote!(auto)), None, Duration::ZERO).to_string();
+    assert!(uncached.contains("MPIPE_AUTO_CACHE"), "{uncached}");
+}
 #[test]
 fn errors_are_not_remembered() {
     let dir = tempfile::tempdir().unwrap();
