@@ -130,3 +130,135 @@ pub fn hazard_reports(device: i32) -> Vec<String> {
         Vec::new()
     }
 }
+
+/// One span of virtual device time on a stream: a charged kernel duration or an HCCL
+/// operation (from its start on this stream to its completion).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Span {
+    pub start: f64,
+    pub end: f64,
+    pub label: String,
+}
+
+/// One stream's virtual-clock record since [`clock_start`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamTrace {
+    /// The device the stream was created on.
+    pub device: i32,
+    /// The stream's handle (an identity only).
+    pub stream: usize,
+    /// Its spans in stream order.
+    pub spans: Vec<Span>,
+    /// Its virtual time after its last work (event waits included).
+    pub end: f64,
+}
+
+/// The emulator's device-time trace: per stream its spans and end time (see
+/// `emulator::clock` for what is modelled).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Trace {
+    pub streams: Vec<StreamTrace>,
+}
+
+impl Trace {
+    /// The step's device time: the latest end over every stream.
+    pub fn device_time(&self) -> f64 {
+        self.streams.iter().map(|s| s.end).fold(0.0, f64::max)
+    }
+
+    /// The latest end over `device`'s streams (0 if it has none).
+    pub fn device_end(&self, device: i32) -> f64 {
+        self.streams
+            .iter()
+            .filter(|s| s.device == device)
+            .map(|s| s.end)
+            .fold(0.0, f64::max)
+    }
+
+    /// The first pair of spans of one stream that overlap (a later span starting
+    /// before the earlier one ended), as `(stream index, earlier, later)`.
+    pub fn overlap(&self) -> Option<(usize, &Span, &Span)> {
+        self.streams.iter().enumerate().find_map(|(i, s)| {
+            s.spans
+                .windows(2)
+                .find(|w| w[1].start < w[0].end || w[0].end < w[0].start)
+                .map(|w| (i, &w[0], &w[1]))
+        })
+    }
+}
+
+/// Starts the emulator's virtual device clock (every stream at time 0, traces empty);
+/// call it with the devices idle. Nothing on CANN (use the profiler).
+pub fn clock_start() {
+    #[cfg(ascend_emulator)]
+    crate::emulator::clock::start();
+}
+
+/// Stops the virtual clock; nothing on CANN.
+pub fn clock_stop() {
+    #[cfg(ascend_emulator)]
+    crate::emulator::clock::stop();
+}
+
+/// Whether the virtual clock runs (never on CANN): callers skip building labels when not.
+pub fn clock_enabled() -> bool {
+    #[cfg(ascend_emulator)]
+    {
+        crate::emulator::clock::enabled()
+    }
+    #[cfg(not(ascend_emulator))]
+    {
+        false
+    }
+}
+
+/// The virtual clock's trace since [`clock_start`] (read it with the devices idle);
+/// `None` on CANN.
+pub fn clock_trace() -> Option<Trace> {
+    #[cfg(ascend_emulator)]
+    {
+        Some(crate::emulator::clock::trace())
+    }
+    #[cfg(not(ascend_emulator))]
+    {
+        None
+    }
+}
+
+/// Queues on `stream` a span of `duration` of virtual device time labelled `label()`
+/// (a kernel's duration taken from a profile); a no-op on CANN and while the clock is
+/// off. Errors as the emulator's `clock::charge`: an unknown stream or a bad duration.
+pub fn charge(
+    stream: crate::aclrtStream,
+    duration: f64,
+    label: impl FnOnce() -> String,
+) -> crate::aclError {
+    #[cfg(ascend_emulator)]
+    {
+        crate::emulator::clock::charge(stream, duration, label)
+    }
+    #[cfg(not(ascend_emulator))]
+    {
+        let _ = (stream, duration, label);
+        0
+    }
+}
+
+/// States the transfer costs of the next HCCL operation queued on `stream` (per item of
+/// a `HcclBatchSendRecv`, one value for the others) and its span's label; a no-op on
+/// CANN and while the clock is off.
+pub fn charge_transfers(
+    stream: crate::aclrtStream,
+    costs: &[f64],
+    label: impl FnOnce() -> String,
+) -> crate::aclError {
+    #[cfg(ascend_emulator)]
+    {
+        crate::emulator::clock::charge_transfers(stream, costs, label)
+    }
+    #[cfg(not(ascend_emulator))]
+    {
+        let _ = (stream, costs, label);
+        0
+    }
+}

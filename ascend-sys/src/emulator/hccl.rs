@@ -14,6 +14,7 @@
 //! that process operate on it directly; ranks in other processes reach it through
 //! [`super::hub`], whose serving threads call the same [`Group`] methods for them.
 
+use super::clock;
 use super::counters;
 use super::hazards::{self, Use};
 use super::hub::{self, Aligned, Remote};
@@ -40,18 +41,59 @@ pub(super) fn timeout() -> Duration {
     Duration::from_millis(ms.unwrap_or(20_000))
 }
 
+/// The slot a receiver fills for a posted send: its result, and (as `f64` bits) the
+/// virtual time the transfer completed at ([`super::clock`]), written before the result.
+type Taken = Arc<(Mutex<Option<HcclResult>>, Condvar, AtomicU64)>;
+
 /// A posted send, waiting for its receiver.
 struct Post {
     src: usize,
     bytes: usize,
     /// Set by the receiver once it has copied the data.
-    taken: Arc<(Mutex<Option<HcclResult>>, Condvar)>,
+    taken: Taken,
+    /// The sender's virtual start time and the transfer cost it charged.
+    at: f64,
+    cost: f64,
+}
+
+/// An operation's virtual timing on one rank ([`super::clock`]): its start (its
+/// stream's time), and the transfer cost of each send and each receive (for a
+/// collective, `sends[0]`); missing costs are 0. All zero while the clock is off.
+#[derive(Default)]
+pub(super) struct OpTime {
+    pub(super) start: f64,
+    pub(super) sends: Vec<f64>,
+    pub(super) recvs: Vec<f64>,
+}
+
+impl OpTime {
+    fn send(&self, i: usize) -> f64 {
+        self.sends.get(i).copied().unwrap_or(0.0)
+    }
+
+    fn recv(&self, i: usize) -> f64 {
+        self.recvs.get(i).copied().unwrap_or(0.0)
+    }
+
+    /// Without the peers' clocks (a rank in another process): this side's start plus
+    /// its largest cost.
+    fn alone(&self) -> f64 {
+        self.sends
+            .iter()
+            .chain(&self.recvs)
+            .fold(self.start, |t, &c| t.max(self.start + c))
+    }
 }
 
 #[derive(Default)]
 struct Collective {
     generation: u64,
     arrived: Vec<Option<(usize, usize)>>,
+    /// Virtual clock ([`super::clock`]): the latest start and largest cost of this
+    /// generation's arrivals, and the last completed generation's completion.
+    latest: f64,
+    cost: f64,
+    done: f64,
 }
 
 pub(super) struct Group {
@@ -86,32 +128,44 @@ struct Comm {
     departed: Mutex<Option<u32>>,
 }
 
+/// Each returns the result and the operation's virtual completion time.
 impl Comm {
-    fn send(&self, peer: u32, addr: usize, bytes: usize) -> HcclResult {
+    fn send(&self, peer: u32, addr: usize, bytes: usize, t: &OpTime) -> (HcclResult, f64) {
         match &self.link {
-            Link::Local(g) => g.send(self.rank, peer, addr, bytes),
-            Link::Remote(r) => r.send(peer, addr, bytes),
+            Link::Local(g) => g.send_timed(self.rank, peer, addr, bytes, t),
+            Link::Remote(r) => (r.send(peer, addr, bytes), t.alone()),
         }
     }
 
-    fn receive(&self, peer: u32, addr: usize, bytes: usize) -> HcclResult {
+    fn receive(&self, peer: u32, addr: usize, bytes: usize, t: &OpTime) -> (HcclResult, f64) {
         match &self.link {
-            Link::Local(g) => g.receive(peer, self.rank, addr, bytes),
-            Link::Remote(r) => r.receive(peer, addr, bytes),
+            Link::Local(g) => g.receive_timed(peer, self.rank, addr, bytes, t),
+            Link::Remote(r) => (r.receive(peer, addr, bytes), t.alone()),
         }
     }
 
-    fn batch(&self, sends: &[(u32, usize, usize)], recvs: &[(u32, usize, usize)]) -> HcclResult {
+    fn batch(
+        &self,
+        sends: &[(u32, usize, usize)],
+        recvs: &[(u32, usize, usize)],
+        t: &OpTime,
+    ) -> (HcclResult, f64) {
         match &self.link {
-            Link::Local(g) => g.batch(self.rank, sends, recvs),
-            Link::Remote(r) => r.batch(sends, recvs),
+            Link::Local(g) => g.batch_timed(self.rank, sends, recvs, t),
+            Link::Remote(r) => (r.batch(sends, recvs), t.alone()),
         }
     }
 
-    fn collective(&self, coll: CollOp, input: usize, output: usize) -> HcclResult {
+    fn collective(
+        &self,
+        coll: CollOp,
+        input: usize,
+        output: usize,
+        t: &OpTime,
+    ) -> (HcclResult, f64) {
         match &self.link {
-            Link::Local(g) => coll.run(g, self.rank, input, output),
-            Link::Remote(r) => r.collective(coll, input, output),
+            Link::Local(g) => coll.run_timed(g, self.rank, input, output, t),
+            Link::Remote(r) => (r.collective(coll, input, output), t.alone()),
         }
     }
 }
@@ -209,16 +263,33 @@ impl CollOp {
 
     /// Runs the operation for `rank` of `group` (blocking until every rank arrives).
     pub(super) fn run(&self, group: &Group, rank: u32, input: usize, output: usize) -> HcclResult {
+        self.run_timed(group, rank, input, output, &OpTime::default())
+            .0
+    }
+
+    /// [`CollOp::run`] with this rank's virtual timing; also returns the completion time.
+    fn run_timed(
+        &self,
+        group: &Group,
+        rank: u32,
+        input: usize,
+        output: usize,
+        time: &OpTime,
+    ) -> (HcclResult, f64) {
+        let at = (time.start, time.send(0));
         match *self {
             CollOp::AllReduce { t, op, count } => {
-                group.collective(rank, (input, output), reduce_op(t, op, count, None))
+                group.collective(rank, (input, output), at, reduce_op(t, op, count, None))
             }
-            CollOp::Reduce { t, op, count, root } => {
-                group.collective(rank, (input, output), reduce_op(t, op, count, Some(root)))
-            }
+            CollOp::Reduce { t, op, count, root } => group.collective(
+                rank,
+                (input, output),
+                at,
+                reduce_op(t, op, count, Some(root)),
+            ),
             CollOp::Broadcast { root, .. } => {
                 let bytes = self.elements();
-                group.collective(rank, (input, input), move |all| {
+                group.collective(rank, (input, input), at, move |all| {
                     let src = all[root as usize].0;
                     for (r, &(_, dst)) in all.iter().enumerate() {
                         if r != root as usize {
@@ -235,7 +306,7 @@ impl CollOp {
                     }
                 })
             }
-            CollOp::Barrier => group.collective(rank, (0, 0), |_| {}),
+            CollOp::Barrier => group.collective(rank, (0, 0), at, |_| {}),
         }
     }
 }
@@ -383,13 +454,29 @@ impl Group {
 
     /// An unbatched send: posts it and waits for the receiver.
     pub(super) fn send(&self, src: u32, dst: u32, ptr: usize, bytes: usize) -> HcclResult {
-        let taken = self.post(src, dst, ptr, bytes);
+        self.send_timed(src, dst, ptr, bytes, &OpTime::default()).0
+    }
+
+    /// [`Group::send`] with the sender's virtual timing; also returns its completion.
+    fn send_timed(
+        &self,
+        src: u32,
+        dst: u32,
+        ptr: usize,
+        bytes: usize,
+        t: &OpTime,
+    ) -> (HcclResult, f64) {
+        let taken = self.post(src, dst, ptr, bytes, t.start, t.send(0));
         let rc = self.await_taken(src, dst, &taken);
+        let done = f64::from_bits(taken.2.load(Ordering::Acquire)).max(t.start);
         if rc == HcclResult::HCCL_E_REMOTE {
             let gone = self.gone_among([dst, src]).unwrap_or(dst);
-            return self.gone_error(src, &format!("HcclSend to rank {dst}"), gone);
+            return (
+                self.gone_error(src, &format!("HcclSend to rank {dst}"), gone),
+                done,
+            );
         }
-        rc
+        (rc, done)
     }
 
     /// A batch of `rank`: posts every send, then takes the receives in whatever order
@@ -402,11 +489,26 @@ impl Group {
         sends: &[(u32, usize, usize)],
         recvs: &[(u32, usize, usize)],
     ) -> HcclResult {
+        self.batch_timed(rank, sends, recvs, &OpTime::default()).0
+    }
+
+    /// [`Group::batch`] with `rank`'s virtual timing; also returns the batch's
+    /// completion (its last item's).
+    fn batch_timed(
+        &self,
+        rank: u32,
+        sends: &[(u32, usize, usize)],
+        recvs: &[(u32, usize, usize)],
+        t: &OpTime,
+    ) -> (HcclResult, f64) {
         let posted: Vec<_> = sends
             .iter()
-            .map(|&(peer, ptr, bytes)| (peer, self.post(rank, peer, ptr, bytes)))
+            .enumerate()
+            .map(|(i, &(peer, ptr, bytes))| {
+                (peer, self.post(rank, peer, ptr, bytes, t.start, t.send(i)))
+            })
             .collect();
-        let mut rc = self.receive_all(rank, recvs);
+        let (mut rc, mut done) = self.receive_all(rank, recvs, t);
         if rc == HcclResult::HCCL_E_REMOTE {
             // A peer is gone: the batch cannot complete; withdraw the sends nobody
             // took rather than wait for them.
@@ -416,6 +518,7 @@ impl Group {
         }
         for (peer, taken) in &posted {
             let r = self.await_taken(rank, *peer, taken);
+            done = done.max(f64::from_bits(taken.2.load(Ordering::Acquire)));
             if rc == HcclResult::HCCL_SUCCESS {
                 rc = r;
                 if r == HcclResult::HCCL_E_REMOTE {
@@ -425,37 +528,46 @@ impl Group {
                 }
             }
         }
-        rc
+        (rc, done)
     }
 
     /// Takes every receive `(src, address, length)` of `dst`, each as soon as its
-    /// sender has posted; the first failure is the result.
-    fn receive_all(&self, dst: u32, recvs: &[(u32, usize, usize)]) -> HcclResult {
+    /// sender has posted; the first failure is the result, with the latest virtual
+    /// completion of the receives.
+    fn receive_all(
+        &self,
+        dst: u32,
+        recvs: &[(u32, usize, usize)],
+        t: &OpTime,
+    ) -> (HcclResult, f64) {
         let deadline = Instant::now() + timeout();
-        let mut pending: Vec<(u32, usize, usize)> = recvs.to_vec();
+        let mut pending: Vec<(usize, (u32, usize, usize))> =
+            recvs.iter().copied().enumerate().collect();
         let mut rc = HcclResult::HCCL_SUCCESS;
+        let mut done = t.start;
         let mut posts = lock(&self.posts);
         while !pending.is_empty() {
-            let involved = pending.iter().map(|&(src, _, _)| src).chain([dst]);
+            let involved = pending.iter().map(|&(_, (src, _, _))| src).chain([dst]);
             if let Some(gone) = self.gone_among(involved) {
-                let from: Vec<String> = pending.iter().map(|p| p.0.to_string()).collect();
+                let from: Vec<String> = pending.iter().map(|p| p.1 .0.to_string()).collect();
                 let what = format!(
                     "HcclBatchSendRecv (receiving from rank {})",
                     from.join(", ")
                 );
-                return self.gone_error(dst, &what, gone);
+                return (self.gone_error(dst, &what, gone), done);
             }
-            let ready = pending
-                .iter()
-                .position(|&(src, _, _)| posts.get(&(src, dst)).is_some_and(|q| !q.is_empty()));
+            let ready = pending.iter().position(|&(_, (src, _, _))| {
+                posts.get(&(src, dst)).is_some_and(|q| !q.is_empty())
+            });
             if let Some(i) = ready {
-                let (src, ptr, bytes) = pending.remove(i);
+                let (k, (src, ptr, bytes)) = pending.remove(i);
                 let p = posts
                     .get_mut(&(src, dst))
                     .and_then(|q| q.pop_front())
                     .expect("checked non-empty under the lock");
                 drop(posts);
-                let r = deliver(p, src, dst, ptr, bytes);
+                let (r, at) = deliver(p, src, dst, ptr, bytes, (t.start, t.recv(k)));
+                done = done.max(at);
                 if rc == HcclResult::HCCL_SUCCESS {
                     rc = r;
                 }
@@ -464,14 +576,14 @@ impl Group {
             }
             let now = Instant::now();
             if now >= deadline {
-                for &(src, _, _) in &pending {
+                for &(_, (src, _, _)) in &pending {
                     eprintln!(
                         "ascend-sys emulator: deadlock: rank {dst}'s HcclRecv from rank {src} \
                          found no matching HcclSend within {:?} (HCCL_E_TIMEOUT)",
                         timeout()
                     );
                 }
-                return HcclResult::HCCL_E_TIMEOUT;
+                return (HcclResult::HCCL_E_TIMEOUT, done);
             }
             posts = self
                 .posted
@@ -479,18 +591,12 @@ impl Group {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        rc
+        (rc, done)
     }
 
     /// Posts a send; returns the slot the receiver fills.
-    fn post(
-        &self,
-        src: u32,
-        dst: u32,
-        ptr: usize,
-        bytes: usize,
-    ) -> Arc<(Mutex<Option<HcclResult>>, Condvar)> {
-        let taken = Arc::new((Mutex::new(None), Condvar::new()));
+    fn post(&self, src: u32, dst: u32, ptr: usize, bytes: usize, at: f64, cost: f64) -> Taken {
+        let taken = Arc::new((Mutex::new(None), Condvar::new(), AtomicU64::new(0)));
         let mut posts = lock(&self.posts);
         if self.gone_among([src, dst]).is_some() {
             // Never posted: it fails as soon as it is awaited.
@@ -501,6 +607,8 @@ impl Group {
             src: ptr,
             bytes,
             taken: Arc::clone(&taken),
+            at,
+            cost,
         });
         self.posted.notify_all();
         taken
@@ -508,7 +616,7 @@ impl Group {
 
     /// Withdraws a posted send not yet taken, failing it with `HCCL_E_REMOTE` (one
     /// taken meanwhile is left to complete).
-    fn withdraw(&self, src: u32, dst: u32, taken: &Arc<(Mutex<Option<HcclResult>>, Condvar)>) {
+    fn withdraw(&self, src: u32, dst: u32, taken: &Taken) {
         let mut posts = lock(&self.posts);
         if let Some(q) = posts.get_mut(&(src, dst)) {
             if let Some(i) = q.iter().position(|p| Arc::ptr_eq(&p.taken, taken)) {
@@ -519,12 +627,7 @@ impl Group {
     }
 
     /// Waits for the receiver of a posted send; on timeout withdraws it and reports.
-    fn await_taken(
-        &self,
-        src: u32,
-        dst: u32,
-        taken: &Arc<(Mutex<Option<HcclResult>>, Condvar)>,
-    ) -> HcclResult {
+    fn await_taken(&self, src: u32, dst: u32, taken: &Taken) -> HcclResult {
         let deadline = Instant::now() + timeout();
         let mut slot = lock(&taken.0);
         while slot.is_none() {
@@ -557,15 +660,30 @@ impl Group {
 
     /// Takes the oldest send from `src` to `dst` and copies it into `dst_ptr`.
     pub(super) fn receive(&self, src: u32, dst: u32, dst_ptr: usize, bytes: usize) -> HcclResult {
+        self.receive_timed(src, dst, dst_ptr, bytes, &OpTime::default())
+            .0
+    }
+
+    /// [`Group::receive`] with the receiver's virtual timing; also returns its
+    /// completion.
+    fn receive_timed(
+        &self,
+        src: u32,
+        dst: u32,
+        dst_ptr: usize,
+        bytes: usize,
+        t: &OpTime,
+    ) -> (HcclResult, f64) {
         let deadline = Instant::now() + timeout();
         let mut posts = lock(&self.posts);
         loop {
             if let Some(gone) = self.gone_among([src, dst]) {
-                return self.gone_error(dst, &format!("HcclRecv from rank {src}"), gone);
+                let rc = self.gone_error(dst, &format!("HcclRecv from rank {src}"), gone);
+                return (rc, t.start);
             }
             if let Some(p) = posts.get_mut(&(src, dst)).and_then(|q| q.pop_front()) {
                 drop(posts);
-                return deliver(p, src, dst, dst_ptr, bytes);
+                return deliver(p, src, dst, dst_ptr, bytes, (t.start, t.recv(0)));
             }
             let now = Instant::now();
             if now >= deadline {
@@ -574,7 +692,7 @@ impl Group {
                      matching HcclSend within {:?} (HCCL_E_TIMEOUT)",
                     timeout()
                 );
-                return HcclResult::HCCL_E_TIMEOUT;
+                return (HcclResult::HCCL_E_TIMEOUT, t.start);
             }
             posts = self
                 .posted
@@ -584,14 +702,17 @@ impl Group {
         }
     }
 
-    /// Every rank arrives with (send, recv) buffers; the last one runs `op` over all of
-    /// them while the others wait, so every buffer is alive during `op`.
+    /// Every rank arrives with (send, recv) buffers and its virtual (start, cost); the
+    /// last one runs `op` over all of them while the others wait, so every buffer is
+    /// alive during `op`. Returns the result and the virtual completion: the latest
+    /// start plus the largest cost.
     fn collective(
         &self,
         rank: u32,
         bufs: (usize, usize),
+        (start, cost): (f64, f64),
         op: impl FnOnce(&[(usize, usize)]),
-    ) -> HcclResult {
+    ) -> (HcclResult, f64) {
         let deadline = Instant::now() + timeout();
         let mut c = lock(&self.collective);
         if c.arrived.len() != self.size as usize {
@@ -599,22 +720,26 @@ impl Group {
         }
         let generation = c.generation;
         if let Some(gone) = self.gone_among(0..self.size) {
-            return self.gone_error(rank, "collective", gone);
+            return (self.gone_error(rank, "collective", gone), start);
         }
         c.arrived[rank as usize] = Some(bufs);
+        c.latest = c.latest.max(start);
+        c.cost = c.cost.max(cost);
         if c.arrived.iter().all(Option::is_some) {
             let all: Vec<(usize, usize)> =
                 c.arrived.iter().map(|b| b.expect("all arrived")).collect();
             op(&all);
             c.arrived = vec![None; self.size as usize];
+            c.done = c.latest + c.cost;
+            (c.latest, c.cost) = (0.0, 0.0);
             c.generation += 1;
             self.collective_done.notify_all();
-            return HcclResult::HCCL_SUCCESS;
+            return (HcclResult::HCCL_SUCCESS, c.done);
         }
         while c.generation == generation {
             if let Some(gone) = self.gone_among(0..self.size) {
                 c.arrived[rank as usize] = None;
-                return self.gone_error(rank, "collective", gone);
+                return (self.gone_error(rank, "collective", gone), start);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -623,7 +748,7 @@ impl Group {
                     "ascend-sys emulator: deadlock: rank {rank} waited {:?} in a collective",
                     timeout()
                 );
-                return HcclResult::HCCL_E_TIMEOUT;
+                return (HcclResult::HCCL_E_TIMEOUT, start);
             }
             c = self
                 .collective_done
@@ -631,7 +756,9 @@ impl Group {
                 .unwrap_or_else(|e| e.into_inner())
                 .0;
         }
-        HcclResult::HCCL_SUCCESS
+        // Read before this rank's next arrival: no later generation can complete
+        // without it.
+        (HcclResult::HCCL_SUCCESS, c.done)
     }
 }
 
@@ -648,15 +775,57 @@ fn prologue(
     Ok((c, s))
 }
 
+/// Queues `work` on `stream` with its virtual timing `time` (`None` while the clock
+/// is off): it starts at the stream's virtual time, and its completion becomes the
+/// stream's time and one traced span.
 fn enqueue(
     comm: Arc<Comm>,
     stream: &super::Stream,
-    work: impl FnOnce(&Comm) -> HcclResult + Send + 'static,
+    time: Option<(OpTime, String)>,
+    work: impl FnOnce(&Comm, &OpTime) -> (HcclResult, f64) + Send + 'static,
 ) -> HcclResult {
-    if stream.enqueue(Box::new(move || record(&comm, work(&comm)))) == ACL_SUCCESS {
+    let task = move || {
+        let rc = match time {
+            None => work(&comm, &OpTime::default()).0,
+            Some((mut t, label)) => {
+                t.start = clock::now();
+                let (rc, done) = work(&comm, &t);
+                clock::finish(t.start, done, label);
+                rc
+            }
+        };
+        record(&comm, rc)
+    };
+    if stream.enqueue(Box::new(task)) == ACL_SUCCESS {
         HcclResult::HCCL_SUCCESS
     } else {
         HcclResult::HCCL_E_RUNTIME
+    }
+}
+
+/// The virtual timing of an operation `call` being issued on `stream`: the costs
+/// charged for it ([`clock::charge_transfers`]) split by `split` (item costs into
+/// sends and receives), and its span's label; `None` while the clock is off.
+fn timing(
+    stream: &super::Stream,
+    call: &str,
+    split: impl FnOnce(Vec<f64>) -> OpTime,
+) -> Option<(OpTime, String)> {
+    if !clock::enabled() {
+        return None;
+    }
+    let (costs, label) = match stream.clock.take_pending() {
+        Some(c) => (c.costs, c.label),
+        None => (Vec::new(), call.to_string()),
+    };
+    Some((split(costs), label))
+}
+
+/// Costs of a single-sided operation or a collective.
+fn sends_only(costs: Vec<f64>) -> OpTime {
+    OpTime {
+        sends: costs,
+        ..OpTime::default()
     }
 }
 
@@ -872,10 +1041,11 @@ pub extern "C" fn HcclSend(
         stream as usize,
         vec![Use::read(&span, "HcclSend", "to").peer(dest_rank)],
     );
+    let time = timing(&s, "HcclSend", sends_only);
     counted(
-        enqueue(c, &s, move |c| {
+        enqueue(c, &s, time, move |c, t| {
             let span = span; // the whole span: it keeps the allocation alive
-            c.send(dest_rank, span.ptr, span.len)
+            c.send(dest_rank, span.ptr, span.len, t)
         }),
         |k| k.send += 1,
     )
@@ -900,10 +1070,14 @@ pub extern "C" fn HcclRecv(
         stream as usize,
         vec![Use::write(&span, "HcclRecv", "from").peer(src_rank)],
     );
+    let time = timing(&s, "HcclRecv", |costs| OpTime {
+        recvs: costs,
+        ..OpTime::default()
+    });
     counted(
-        enqueue(c, &s, move |c| {
+        enqueue(c, &s, time, move |c, t| {
             let span = span; // the whole span: it keeps the allocation alive
-            c.receive(src_rank, span.ptr, span.len)
+            c.receive(src_rank, span.ptr, span.len, t)
         }),
         |k| k.recv += 1,
     )
@@ -973,10 +1147,23 @@ pub unsafe extern "C" fn HcclBatchSendRecv(
         })
         .collect();
     hazards::on_stream(stream as usize, uses);
+    // Item costs in the caller's order, split as the items are.
+    let time = timing(&s, "HcclBatchSendRecv", |costs| {
+        let mut t = OpTime::default();
+        for (i, it) in items.iter().enumerate() {
+            let cost = costs.get(i).copied().unwrap_or(0.0);
+            if it.sendRecvType == HcclSendRecvType::HCCL_SEND {
+                t.sends.push(cost);
+            } else {
+                t.recvs.push(cost);
+            }
+        }
+        t
+    });
     counted(
-        enqueue(c, &s, move |c| {
+        enqueue(c, &s, time, move |c, t| {
             let _alive = &spans;
-            c.batch(&sends, &recvs)
+            c.batch(&sends, &recvs, t)
         }),
         |k| {
             k.batch_send_recv += 1;
@@ -986,8 +1173,19 @@ pub unsafe extern "C" fn HcclBatchSendRecv(
 }
 
 /// Completes a taken send `p` from `src` into `dst`'s buffer at `dst_ptr` of `bytes`
-/// bytes (a length mismatch is HCCL's parameter error) and wakes its sender.
-fn deliver(p: Post, src: u32, dst: u32, dst_ptr: usize, bytes: usize) -> HcclResult {
+/// bytes (a length mismatch is HCCL's parameter error) and wakes its sender. `(at,
+/// cost)` is the receiver's virtual start and charged cost; the transfer completes at
+/// the later start plus the larger cost, which the sender learns too.
+fn deliver(
+    p: Post,
+    src: u32,
+    dst: u32,
+    dst_ptr: usize,
+    bytes: usize,
+    (at, cost): (f64, f64),
+) -> (HcclResult, f64) {
+    let done = p.at.max(at) + p.cost.max(cost);
+    p.taken.2.store(done.to_bits(), Ordering::Release);
     let rc = if p.bytes != bytes {
         eprintln!(
             "ascend-sys emulator: rank {dst} receives {bytes} bytes from rank {src}, \
@@ -1003,7 +1201,7 @@ fn deliver(p: Post, src: u32, dst: u32, dst_ptr: usize, bytes: usize) -> HcclRes
     };
     *lock(&p.taken.0) = Some(rc);
     p.taken.1.notify_all();
-    rc
+    (rc, done)
 }
 
 /// Element-wise `acc = op(acc, x)` over `count` elements of `t` at raw addresses.
@@ -1154,11 +1352,12 @@ pub extern "C" fn HcclAllReduce(
             Use::write(&output, "HcclAllReduce", "output"),
         ],
     );
+    let time = timing(&s, "HcclAllReduce", sends_only);
     counted(
-        enqueue(c, &s, move |c| {
+        enqueue(c, &s, time, move |c, t| {
             // The whole spans: they keep the allocations alive.
             let (input, output) = (input, output);
-            c.collective(coll, input.ptr, output.ptr)
+            c.collective(coll, input.ptr, output.ptr, t)
         }),
         |k| k.collectives += 1,
     )
@@ -1213,11 +1412,12 @@ pub extern "C" fn HcclReduce(
             Use::write(&output, "HcclReduce", "output"),
         ],
     );
+    let time = timing(&s, "HcclReduce", sends_only);
     counted(
-        enqueue(c, &s, move |c| {
+        enqueue(c, &s, time, move |c, t| {
             // The whole spans: they keep the allocations alive.
             let (input, output) = (input, output);
-            c.collective(coll, input.ptr, output.ptr)
+            c.collective(coll, input.ptr, output.ptr, t)
         }),
         |k| k.collectives += 1,
     )
@@ -1258,10 +1458,11 @@ pub extern "C" fn HcclBroadcast(
         Use::write(&span, "HcclBroadcast", "buffer")
     };
     hazards::on_stream(stream as usize, vec![role]);
+    let time = timing(&s, "HcclBroadcast", sends_only);
     counted(
-        enqueue(c, &s, move |c| {
+        enqueue(c, &s, time, move |c, t| {
             let span = span; // the whole span: it keeps the allocation alive
-            c.collective(coll, span.ptr, span.ptr)
+            c.collective(coll, span.ptr, span.ptr, t)
         }),
         |k| k.collectives += 1,
     )
@@ -1273,8 +1474,9 @@ pub extern "C" fn HcclBarrier(comm: HcclComm, stream: aclrtStream) -> HcclResult
         Ok(x) => x,
         Err(e) => return e,
     };
+    let time = timing(&s, "HcclBarrier", sends_only);
     counted(
-        enqueue(c, &s, |c| c.collective(CollOp::Barrier, 0, 0)),
+        enqueue(c, &s, time, |c, t| c.collective(CollOp::Barrier, 0, 0, t)),
         |k| k.collectives += 1,
     )
 }

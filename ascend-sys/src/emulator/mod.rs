@@ -29,11 +29,17 @@
 //!   streams and host threads; events and host synchronisations are the edges) that
 //!   reports every access to device memory not ordered after a conflicting one, and
 //!   frees of buffers still in use (on by default; `MPIPE_ASCEND_EMU_HAZARDS=0` turns
-//!   it off).
+//!   it off);
+//! - [`clock`]: a virtual device clock per stream (off until `clock::start`): kernel
+//!   durations charged by the program (`clock::charge`, from a profile), event
+//!   edges, HCCL operations completing at the matched sides' later start plus their
+//!   charged cost; per stream a trace of spans, so a step's device time can be
+//!   compared with a simulator's prediction.
 //!
 //! Devices: `MPIPE_ASCEND_EMU_DEVICES` (default 8). Errors use the documented codes.
 
 pub mod aclnn;
+pub mod clock;
 pub mod counters;
 pub mod hazards;
 mod hccl;
@@ -89,13 +95,17 @@ struct StreamState {
 
 pub(crate) struct Stream {
     tx: Mutex<Option<mpsc::Sender<Task>>>,
+    /// Its virtual clock ([`clock`]).
+    pub(crate) clock: Arc<clock::StreamClock>,
     state: Arc<(Mutex<StreamState>, Condvar)>,
     worker: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Stream {
-    fn new() -> Stream {
+    fn new(device: i32) -> Stream {
         let (tx, rx) = mpsc::channel::<Task>();
+        let clock = clock::StreamClock::new(device);
+        let worker_clock = Arc::clone(&clock);
         let state = Arc::new((
             Mutex::new(StreamState {
                 queued: 0,
@@ -108,6 +118,7 @@ impl Stream {
         let worker = std::thread::Builder::new()
             .name("ascend-emu-stream".into())
             .spawn(move || {
+                clock::bind_worker(worker_clock);
                 for task in rx {
                     gate().wait_open();
                     let rc = task();
@@ -122,6 +133,7 @@ impl Stream {
             .expect("spawn stream worker");
         Stream {
             tx: Mutex::new(Some(tx)),
+            clock,
             state,
             worker: Mutex::new(Some(worker)),
         }
@@ -208,6 +220,8 @@ struct EventState {
     queued: u64,
     done: u64,
     at: Option<Instant>,
+    /// The virtual time of the latest queued recording ([`clock`]), while the clock runs.
+    stamp: Option<Arc<clock::Stamp>>,
 }
 
 struct Event(Mutex<EventState>, Condvar);
@@ -392,8 +406,9 @@ pub unsafe extern "C" fn aclrtCreateStream(stream: *mut aclrtStream) -> aclError
     if rc != ACL_SUCCESS {
         return rc;
     }
-    let s = Arc::new(Stream::new());
+    let s = Arc::new(Stream::new(current_device().unwrap_or(-1)));
     let handle = Arc::as_ptr(&s) as usize;
+    s.clock.set_handle(handle);
     lock(streams()).insert(handle, s);
     hazards::stream_created(handle);
     // SAFETY: non-null, and the caller passes a writable handle.
@@ -407,6 +422,7 @@ pub extern "C" fn aclrtDestroyStream(stream: aclrtStream) -> aclError {
         return ACL_ERROR_INVALID_PARAM;
     };
     hazards::stream_destroyed(stream as usize);
+    clock::stream_destroyed(&s.clock);
     // Queued work still runs (as on the device), then the worker ends.
     lock(&s.tx).take();
     if let Some(w) = lock(&s.worker).take() {
@@ -432,9 +448,15 @@ pub extern "C" fn aclrtStreamWaitEvent(stream: aclrtStream, event: aclrtEvent) -
     let (Some(s), Some(e)) = (stream_of(stream), event_of(event)) else {
         return ACL_ERROR_INVALID_PARAM;
     };
-    let generation = lock(&e.0).queued;
+    let (generation, stamp) = {
+        let st = lock(&e.0);
+        (st.queued, st.stamp.clone())
+    };
     let rc = s.enqueue(Box::new(move || {
         e.wait_for(generation);
+        if let Some(stamp) = stamp {
+            stamp.apply();
+        }
         ACL_SUCCESS
     }));
     if rc == ACL_SUCCESS {
@@ -461,12 +483,17 @@ pub extern "C" fn aclrtRecordEvent(event: aclrtEvent, stream: aclrtStream) -> ac
     let (Some(s), Some(e)) = (stream_of(stream), event_of(event)) else {
         return ACL_ERROR_INVALID_PARAM;
     };
+    let stamp = clock::Stamp::issue();
     let generation = {
         let mut st = lock(&e.0);
         st.queued += 1;
+        st.stamp = stamp.clone();
         st.queued
     };
     let rc = s.enqueue(Box::new(move || {
+        if let Some(stamp) = stamp {
+            stamp.capture();
+        }
         let mut st = lock(&e.0);
         st.done = st.done.max(generation);
         st.at = Some(Instant::now());
