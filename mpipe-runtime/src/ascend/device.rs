@@ -33,6 +33,16 @@
 //! completes when its partner posts, as the program format's rendezvous semantics
 //! require; what the host backend runs in lockstep, here overlaps as far as the
 //! events allow, so a step's device time approaches the simulator's eager figure.
+//!
+//! ## Device time (the emulator's virtual clock)
+//! While the emulator's clock runs (`counters::clock_start`), the step charges the
+//! program's costs on it (`charge_compute`, and the batch and collective paths):
+//! each compute action's [`Op::cost`] on the compute stream, after the action's event
+//! waits and before its kernels; each batch item's and each collective's transfer
+//! time under [`DeviceRank::set_comm_model`] (`latency + bytes / bandwidth` of the
+//! unit's `bytes`, or `params` for a collective, as the simulator's `CommModel`). A
+//! transfer to the rank itself is an alias and costs nothing. On CANN, and with the
+//! clock off, charging does nothing.
 
 use super::kernels::Kernels;
 use super::safe::{read_device, DataType, DeviceBuffer, Direction, Event, Stream};
@@ -43,6 +53,7 @@ use crate::cursor::{Cursor, Held, Units};
 use crate::exec::ExecError;
 use crate::{Dir, P2p, Step, Tensor as Kind, UnitId};
 use mpipe_core::program::{CollKind, Op, Program};
+use mpipe_core::simulate::CommModel;
 use mpipe_core::timeline::Slot;
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -115,6 +126,8 @@ pub struct DeviceRank {
     collected: BTreeMap<Vec<usize>, Event>,
     /// Root-side receive buffers of reductions, by unit (allocated on first use).
     scratch: BTreeMap<UnitId, DeviceBuffer>,
+    /// The transfer cost model charged on the emulator's virtual clock.
+    comm_model: Option<CommModel>,
 }
 
 impl DeviceRank {
@@ -137,11 +150,19 @@ impl DeviceRank {
             moved: Event::new()?,
             collected: BTreeMap::new(),
             scratch: BTreeMap::new(),
+            comm_model: None,
             comm,
             kernels,
             plan,
             arena,
         })
+    }
+
+    /// The cost of transfers charged on the emulator's virtual clock (`None`, the
+    /// default: transfers cost nothing but waiting for their partners). Compute costs
+    /// are always the program's.
+    pub fn set_comm_model(&mut self, model: Option<CommModel>) {
+        self.comm_model = model;
     }
 
     /// The arena's plan (sizes, lifetimes, offsets).
@@ -223,6 +244,8 @@ pub struct DeviceStep<'a, M: DeviceModel> {
     /// but the optimizer will).
     coll_pending: Vec<(Vec<usize>, Option<UnitId>)>,
     stashes: BTreeMap<(UnitId, usize), M::Stash>,
+    /// The compute action whose cost is charged at its next kernel (after its waits).
+    charge: Option<(Op, UnitId, usize)>,
     held: Held,
     start: Instant,
     slots: Vec<Slot>,
@@ -264,6 +287,7 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
             coll_sees: BTreeMap::new(),
             coll_pending: Vec::new(),
             stashes: BTreeMap::new(),
+            charge: None,
             held: Held::default(),
             start: Instant::now(),
             slots: Vec::with_capacity(list.len()),
@@ -379,6 +403,7 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
             Ok(())
         })();
         r.map_err(|e| self.failed(index, e))?;
+        self.charge_compute(index)?;
         self.computes_issued += 1;
         for &b in reads {
             self.comp_read[b] = self.computes_issued;
@@ -405,9 +430,42 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
         Ok((b, self.view(b).narrow(0, at, len)))
     }
 
+    /// Device time: the program's cost of the compute action being issued, charged on
+    /// the compute stream once its waits are queued (a no-op unless the emulator's
+    /// clock runs); and the transfer cost of a unit's message (`bytes`) or parameters
+    /// (`params`) under the comm model.
+    fn charge_compute(&mut self, index: usize) -> Result<(), ExecError> {
+        let Some((op, unit, mb)) = self.charge.take() else {
+            return Ok(());
+        };
+        if !ascend_sys::profile::clock_enabled() {
+            return Ok(());
+        }
+        let name = self.at.name(unit);
+        let cost = self
+            .at
+            .program
+            .units
+            .get(unit as usize)
+            .map_or(0.0, |u| op.cost(&u.cost));
+        let stream = self.dev.kernels.stream().raw();
+        let rc =
+            ascend_sys::profile::charge(stream, cost, || format!("{} {name} mb {mb}", op.as_str()));
+        super::safe::acl("charging device time", rc).map_err(|e| self.failed(index, e))
+    }
+
+    fn transfer_cost(&self, unit: UnitId, params: bool) -> f64 {
+        let u = self.at.program.units.get(unit as usize);
+        match (self.dev.comm_model, u) {
+            (Some(c), Some(u)) => c.transfer_time(if params { u.params } else { u.bytes }),
+            _ => 0.0,
+        }
+    }
+
     fn compute(&mut self, op: Op, unit: UnitId, mb: usize) -> Result<(), ExecError> {
         let t0 = self.start.elapsed().as_secs_f64();
         let index = self.at.expect_compute(op, unit, mb)?;
+        self.charge = Some((op, unit, mb));
         match op {
             Op::F | Op::RF => self.forward(index, unit, mb, op == Op::RF)?,
             Op::B => {
@@ -549,6 +607,7 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
         root: usize,
         group: &[usize],
         before: Option<UnitId>,
+        unit: UnitId,
         queue: impl FnOnce(
             &super::safe::HcclComm,
             &Stream,
@@ -556,6 +615,9 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
             &mut BTreeMap<UnitId, DeviceBuffer>,
         ) -> Result<(), AscendError>,
     ) -> Result<(), ExecError> {
+        let cost = self.transfer_cost(unit, true);
+        let label = || format!("{} at action {index}", self.at.action_at(index));
+        let label = ascend_sys::profile::clock_enabled().then(label);
         let dev = &mut *self.dev;
         let seen = self.coll_sees.entry(group.to_vec()).or_insert(0);
         let r = (|| {
@@ -571,6 +633,10 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
                 stream.wait_event(&dev.computed)?;
             }
             *seen = self.computes_issued;
+            if let Some(label) = label {
+                let rc = ascend_sys::profile::charge_transfers(stream.raw(), &[cost], || label);
+                super::safe::acl("charging device time", rc)?;
+            }
             queue(comm, stream, root_index, &mut dev.scratch)?;
             let event = match dev.collected.entry(group.to_vec()) {
                 std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
@@ -674,6 +740,9 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
         };
         let base = self.dev.arena.as_ptr() as usize;
         let mut items: Vec<(Direction, usize, usize, u32)> = Vec::new();
+        // Device time: each item's transfer cost, when the emulator's clock runs.
+        let timed = ascend_sys::profile::clock_enabled();
+        let mut costs = Vec::new();
         let (mut sent, mut received) = (Vec::new(), Vec::new());
         for (k, x) in batch.iter().enumerate() {
             let index = first + k;
@@ -704,6 +773,9 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
                 Dir::Send => Direction::Send,
                 Dir::Recv => Direction::Recv,
             };
+            if timed {
+                costs.push(self.transfer_cost(x.unit, false));
+            }
             let buf = match (key, x.dir) {
                 // An input transfer carries nothing (the receiver reads the
                 // micro-batch itself): a zero-count item.
@@ -743,6 +815,13 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
                         dev.comm.p2p.wait_event(&dev.computed)?;
                     }
                 }
+                if timed {
+                    let rc =
+                        ascend_sys::profile::charge_transfers(dev.comm.p2p.raw(), &costs, || {
+                            format!("batch at action {first}")
+                        });
+                    super::safe::acl("charging device time", rc)?;
+                }
                 dev.comm
                     .comm
                     .batch_send_recv_at(&items, DataType::F32, &dev.comm.p2p)?;
@@ -774,7 +853,7 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
         // A rank that receives the parameters orders the unit's first kernel after
         // them; the root only reads them (ordered before the optimizer at the end).
         let before = (self.rank != root).then_some(unit);
-        self.collective(index, root, group, before, |comm, stream, r, _| {
+        self.collective(index, root, group, before, unit, |comm, stream, r, _| {
             comm.broadcast_at(params.data_addr(), params.numel(), r, stream)
         })?;
         self.slots.push(Slot {
@@ -789,21 +868,28 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
         let index = self.at.expect_collective(CollKind::Reduce, unit, root)?;
         let grads = self.model.grads(unit);
         let me = self.rank;
-        self.collective(index, root, group, None, |comm, stream, r, scratch| {
-            let bytes = grads.numel() * 4;
-            let buf = match scratch.entry(unit) {
-                std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-                std::collections::btree_map::Entry::Vacant(v) => {
-                    v.insert(DeviceBuffer::new(bytes)?)
+        self.collective(
+            index,
+            root,
+            group,
+            None,
+            unit,
+            |comm, stream, r, scratch| {
+                let bytes = grads.numel() * 4;
+                let buf = match scratch.entry(unit) {
+                    std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                    std::collections::btree_map::Entry::Vacant(v) => {
+                        v.insert(DeviceBuffer::new(bytes)?)
+                    }
+                };
+                let at = buf.as_ptr() as usize;
+                comm.reduce_sum_at(grads.data_addr(), at, grads.numel(), r, stream)?;
+                if me == root {
+                    stream.copy_device_async(grads.data_addr(), at, bytes)?;
                 }
-            };
-            let at = buf.as_ptr() as usize;
-            comm.reduce_sum_at(grads.data_addr(), at, grads.numel(), r, stream)?;
-            if me == root {
-                stream.copy_device_async(grads.data_addr(), at, bytes)?;
-            }
-            Ok(())
-        })?;
+                Ok(())
+            },
+        )?;
         self.slots.push(Slot {
             start: t0,
             end: self.start.elapsed().as_secs_f64(),
