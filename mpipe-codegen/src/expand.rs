@@ -58,6 +58,9 @@ pub fn schedule_noting(tokens: TokenStream, cache: Option<&Cache>, long: Duratio
         });
     let mut derived = None;
     let mut warnings = Vec::new();
+    // The units of what was declared, when known even though something failed: the
+    // fallback module keeps them, so code sized by `UNITS` sees no secondary errors.
+    let mut shape: Option<Vec<String>> = None;
     if let (Some((profile, _)), Some((ranks, _)), Some((microbatches, _)), Some(expr)) =
         (&profile, input.ranks, input.microbatches, &expr)
     {
@@ -78,6 +81,11 @@ pub fn schedule_noting(tokens: TokenStream, cache: Option<&Cache>, long: Duratio
                 warnings.push((expr.span, w));
             }
         }
+        shape = match &found {
+            Ok(d) => Some(unit_names(&d.program)),
+            Err(es) if expr.name() != "auto" => relaxed_units(&req, expr, es),
+            Err(_) => None,
+        };
         match found {
             Ok(d) if !d.program.prefetch.is_empty() => errors.push(syn::Error::new(
                 expr.span,
@@ -96,7 +104,83 @@ pub fn schedule_noting(tokens: TokenStream, cache: Option<&Cache>, long: Duratio
         }
     }
     let path = profile.and_then(|(_, path)| path);
-    finish(&input, derived.map(|d| (d, path)), errors, &warnings)
+    let failed = derived.is_none() || !errors.is_empty();
+    let out = finish(&input, derived.map(|d| (d, path)), errors, &warnings);
+    match shape {
+        Some(units) if failed => shaped(out, &units),
+        _ => out,
+    }
+}
+
+/// The unit names of `program`.
+fn unit_names(program: &Program) -> Vec<String> {
+    program.units.iter().map(|u| u.name.clone()).collect()
+}
+
+/// The units `expr` would have for `req` had it not failed with `errors`, when
+/// those are about sizes only: too few micro-batches, or over the memory limit.
+/// Units do not depend on either, so the expression is derived again with more
+/// micro-batches and no limit. `None` for any other error, or if that fails too.
+fn relaxed_units(req: &Request, expr: &Expr, errors: &[DeriveError]) -> Option<Vec<String>> {
+    use mpipe_core::derive::ErrorKind;
+    let sizes_only = !errors.is_empty()
+        && errors
+            .iter()
+            .all(|e| matches!(e.kind, ErrorKind::Microbatches | ErrorKind::Memory));
+    if !sizes_only {
+        return None;
+    }
+    let mut profile = req.profile.clone();
+    profile.memory = None;
+    let relaxed = Request {
+        profile: &profile,
+        microbatches: req.microbatches.max(4 * req.ranks),
+        ..*req
+    };
+    let d = mpipe_core::search::for_macro(|| derive(&relaxed, expr)).ok()?;
+    Some(unit_names(&d.program))
+}
+
+/// `out`, a fallback module and its errors, with the fallback's `UNITS` and
+/// `units` made those of `units` (the module's other items are kept as they are).
+fn shaped(out: TokenStream, units: &[String]) -> TokenStream {
+    let mut items = Vec::new();
+    let mut rest = TokenStream::new();
+    let Ok(file) = syn::parse2::<syn::File>(out.clone()) else {
+        return out;
+    };
+    for (i, item) in file.items.into_iter().enumerate() {
+        match item {
+            syn::Item::Mod(mut m) if i == 0 => {
+                if let Some((_, content)) = &mut m.content {
+                    for inner in content.iter_mut() {
+                        match inner {
+                            syn::Item::Const(c) if c.ident == "UNITS" => {
+                                let n = units.len();
+                                *inner = syn::parse_quote! {
+                                    pub const UNITS: [&str; #n] = [#(#units),*];
+                                };
+                            }
+                            syn::Item::Mod(u) if u.ident == "units" => {
+                                let consts = units.iter().enumerate().map(|(k, n)| {
+                                    let id = quote::format_ident!("{}", crate::emit::const_name(n));
+                                    let k = proc_macro2::Literal::u32_unsuffixed(k as u32);
+                                    quote! { pub const #id: ::mpipe::runtime::UnitId = #k; }
+                                });
+                                *inner = syn::parse_quote! { pub mod units { #(#consts)* } };
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                items.push(quote!(#m));
+            }
+            other => rest.extend(quote!(#other)),
+        }
+    }
+    let mut shaped: TokenStream = items.into_iter().collect();
+    shaped.extend(rest);
+    shaped
 }
 
 /// How long a search may run before the macro notes, at compile time, how to avoid

@@ -5,8 +5,8 @@
 //! [`input`] parses the macro's input, [`expand`] reads the profile, parses the
 //! expression, derives with `mpipe-core` and collects every error; [`emit`] turns a
 //! derived program, re-rolled into loops, into the module's tokens; [`cache`]
-//! remembers `auto`'s choices between builds, so that a rebuild derives the chosen
-//! expression alone instead of searching again.
+//! remembers `auto`'s choices (the chosen programs) between builds, so that a
+//! rebuild verifies and emits the chosen program instead of searching again.
 //!
 //! Promises: never panics on any input; every error becomes a `compile_error!` with
 //! the span of the token at fault, all of them at once; on error a fallback module
