@@ -8,7 +8,15 @@
 //! the figure is rank 0's. The emulator runs kernels on CPU threads, so the whole
 //! step's time is the emulator's, not an NPU's; the issuing time is what the runtime
 //! itself costs the host per step, and it is the same code on CANN.
+//!
+//! It also prints, per schedule, the step's device time on the emulator's virtual clock
+//! (the program's costs charged as the step issues them, transfers under the profile's
+//! link; see `tests/ascend_device_time.rs`) against the simulator's eager and
+//! rendezvous makespans of the same program, and the ratio device / eager:
+//! `device time <expr>: device D, simulator eager E, rendezvous R, device/eager X`.
 
+#[path = "../tests/support/device_time.rs"]
+mod device_time;
 #[path = "../tests/support/toy.rs"]
 #[allow(dead_code)]
 mod toy;
@@ -17,6 +25,7 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::profile::Profile;
 use mpipe_core::program::Program;
+use mpipe_core::simulate::{simulate, Mode, SimOptions};
 use mpipe_runtime::ascend::device::DeviceRank;
 use mpipe_runtime::ascend::AscendComm;
 use mpipe_runtime::comm::Comm;
@@ -30,6 +39,35 @@ const RANKS: usize = 4;
 const PROFILE: &str = "[[encoder]]\nname = \"vision\"\nlayers = 2\nforward = 2.0\nbackward = 2.0\n\
 weight = 1.0\nactivation = 0.5\nparams = 0.5\ntrainable = true\n\
 [llm]\nlayers = 8\nforward = 1.0\nbackward = 1.0\nweight = 1.0\nactivation = 1.0\nparams = 0.1\n";
+
+/// The profile with message sizes and a link (for the device-time figures).
+const LINKED: &str = "[[encoder]]\nname = \"vision\"\nlayers = 2\nforward = 2.0\nbackward = 2.0\n\
+weight = 1.0\nactivation = 0.5\nparams = 0.5\ntrainable = true\noutput = 0.6\n\
+[llm]\nlayers = 8\nforward = 1.0\nbackward = 1.0\nweight = 1.0\nactivation = 1.0\nparams = 0.1\n\
+output = 0.8\n[link]\nlatency = 0.15\nbandwidth = 2.0\n";
+
+/// Prints one step's device time on the virtual clock against the simulator's
+/// prediction for the same program.
+fn device_time_report(expr: &str) {
+    let profile = Profile::from_toml_str(LINKED).expect("linked profile parses");
+    let prog = derive_str(&Request::new(&profile, RANKS, toy::MBS), expr)
+        .expect("derives")
+        .program;
+    let link = profile.comm_model();
+    let (trace, _) = device_time::measure(&prog, link);
+    let sim = |mode| {
+        simulate(&prog, &SimOptions { mode, comm: link })
+            .expect("simulates")
+            .makespan
+    };
+    let (device, eager, rendezvous) =
+        (trace.device_time(), sim(Mode::Eager), sim(Mode::Rendezvous));
+    println!(
+        "device time {expr}: device {device:.3}, simulator eager {eager:.3}, rendezvous \
+         {rendezvous:.3}, device/eager {:.4}",
+        device / eager
+    );
+}
 
 /// Runs `iters` steps (after one warm-up step) on every rank; returns rank 0's total
 /// time issuing (`whole = false`) or issuing and finishing (`whole = true`).
@@ -81,6 +119,7 @@ fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("device step 4x8 (rank 0)");
     g.sample_size(10);
     for expr in ["1f1b", "transpose(vision, 1f1b)"] {
+        device_time_report(expr);
         let prog = derive_str(&req, expr).expect("derives").program;
         g.bench_function(format!("{expr}: issue"), |b| {
             b.iter_custom(|iters| steps(&prog, iters, false))
