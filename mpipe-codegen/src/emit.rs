@@ -92,6 +92,7 @@ pub fn module(input: &Input, facts: &Facts) -> TokenStream {
             }
         }
     });
+    let batch_consts = tables(&rolled);
     let arms = (0..p.ranks).map(|r| {
         let name = format_ident!("rank_{}", r);
         let r = lit(r);
@@ -126,6 +127,7 @@ pub fn module(input: &Input, facts: &Facts) -> TokenStream {
         /// The derived program, as `mpipe-program/1` JSON.
         pub const PROGRAM_JSON: &str = #json;
         #include
+        #batch_consts
         #(#rank_fns)*
         /// Run `rank`'s actions for one step.
         pub fn run<S: ::mpipe::runtime::Step + ?Sized>(rank: usize, step: &mut S) -> ::core::result::Result<(), S::Error> {
@@ -167,6 +169,7 @@ pub fn fallback(input: &Input) -> TokenStream {
             pub const LOWER_BOUND: f64 = 0.0;
             pub const PEAK_MEMORY: [f64; #ranks] = [0.0; #ranks];
             pub const PROGRAM_JSON: &str = "";
+            pub const BATCHES: [&[::mpipe::runtime::batches::Entry]; #ranks] = [&[]; #ranks];
             #(#rank_fns)*
             pub fn run<S: ::mpipe::runtime::Step + ?Sized>(rank: usize, step: &mut S) -> ::core::result::Result<(), S::Error> {
                 let _ = rank;
@@ -295,4 +298,78 @@ fn p2p(x: &P2p) -> TokenStream {
     };
     let (unit, mb, peer) = (Literal::u32_unsuffixed(x.unit), affine(&x.mb), lit(x.peer));
     quote! { P2p::#ctor(Tensor::#tensor, #unit, #mb, #peer) }
+}
+
+/// `BATCHES`: per rank, each transfer batch of the program in program order, rolled
+/// into the same loops as the rank's function (so its size does not grow with the
+/// micro-batch count): `Skip(n)` for `n` actions that are not transfers, `Batch` for a
+/// batch's items, `Loop` for a loop. Element counts are not known here (the profile's
+/// sizes are abstract): each item's count source follows from its tensor, resolved by
+/// the runtime from the model at start-up (`mpipe_runtime::batches`).
+fn tables(rolled: &mpipe_core::rolled::Rolled) -> TokenStream {
+    fn entries(ops: &[ROp], out: &mut Vec<TokenStream>, skip: &mut usize) {
+        for op in ops {
+            match op {
+                ROp::Batch(items) => {
+                    flush(out, skip);
+                    let items = items.iter().map(|x| {
+                        let dir = match x.dir {
+                            Dir::Send => quote!(Send),
+                            Dir::Recv => quote!(Recv),
+                        };
+                        let tensor = match x.tensor {
+                            Tensor::Act => quote!(Act),
+                            Tensor::Grad => quote!(Grad),
+                            Tensor::Input => quote!(Input),
+                        };
+                        let unit = Literal::u32_unsuffixed(x.unit);
+                        let (base, stride) = (
+                            Literal::i64_unsuffixed(x.mb.base),
+                            Literal::i64_unsuffixed(x.mb.stride),
+                        );
+                        let peer = lit(x.peer);
+                        quote! { X::new(D::#dir, T::#tensor, #unit, #base, #stride, #peer) }
+                    });
+                    out.push(quote! { E::Batch(&[#(#items),*]) });
+                }
+                ROp::Compute { .. } | ROp::Coll { .. } => *skip += 1,
+            }
+        }
+    }
+    fn flush(out: &mut Vec<TokenStream>, skip: &mut usize) {
+        if *skip > 0 {
+            let n = lit(*skip);
+            out.push(quote! { E::Skip(#n) });
+            *skip = 0;
+        }
+    }
+    let per_rank = rolled.ranks.iter().map(|blocks| {
+        let (mut out, mut skip) = (Vec::new(), 0);
+        for b in blocks {
+            match b {
+                Block::Op(op) => entries(std::slice::from_ref(op), &mut out, &mut skip),
+                Block::Loop { count, body } => {
+                    flush(&mut out, &mut skip);
+                    let (mut inner, mut inner_skip) = (Vec::new(), 0);
+                    entries(body, &mut inner, &mut inner_skip);
+                    flush(&mut inner, &mut inner_skip);
+                    let count = lit(*count);
+                    out.push(quote! { E::Loop { count: #count, body: &[#(#inner),*] } });
+                }
+            }
+        }
+        quote! { &[#(#out),*] }
+    });
+    quote! {
+        /// Per rank, each transfer batch of the program in order, rolled into the loops
+        /// of the rank's function (`Skip(n)`: `n` actions that are not transfers): each
+        /// item's direction, tensor, unit, micro-batch (`base + stride * i`) and peer;
+        /// its element count's source and type follow from the tensor. Counts are filled
+        /// from the model at start-up (`mpipe::runtime::batches::{check, sizes}`).
+        pub const BATCHES: [&[::mpipe::runtime::batches::Entry]; RANKS] = {
+            use ::mpipe::runtime::batches::{Entry as E, Transfer as X};
+            use ::mpipe::runtime::{Dir as D, Tensor as T};
+            [#(#per_rank),*]
+        };
+    }
 }

@@ -18,6 +18,7 @@
 //! backend can post it as one batched send/receive (HCCL's `HcclBatchSendRecv`).
 
 pub mod arena;
+pub mod batches;
 // `unsafe_code` is denied in the workspace; the Ascend backend's FFI modules
 // (`ascend/safe.rs`, `ascend/kernels.rs`) are allowed where `ascend/mod.rs` declares
 // them, and nowhere else.
