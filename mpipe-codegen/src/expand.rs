@@ -184,8 +184,10 @@ fn shaped(out: TokenStream, units: &[String]) -> TokenStream {
 }
 
 /// How long a search may run before the macro notes, at compile time, how to avoid
-/// running it again.
-pub const LONG_SEARCH: Duration = Duration::from_secs(5);
+/// running it again: well above what the small searches of this repository's own
+/// tests take in an unoptimized macro (so `clippy -D warnings` stays clean), well
+/// below a real model's (minutes in a dev build).
+pub const LONG_SEARCH: Duration = Duration::from_secs(10);
 
 /// `auto` as the macro runs it: the program `cache` remembers for `req`, checked
 /// ([`remembered`]), or else a search among the schedules the macro can emit (its
