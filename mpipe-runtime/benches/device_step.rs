@@ -16,6 +16,7 @@
 //! `device time <expr>: device D, simulator eager E, rendezvous R, device/eager X`.
 
 #[path = "../tests/support/device_time.rs"]
+#[allow(dead_code)]
 mod device_time;
 #[path = "../tests/support/toy.rs"]
 #[allow(dead_code)]

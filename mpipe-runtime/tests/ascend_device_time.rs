@@ -35,11 +35,12 @@ mod device_time;
 #[allow(dead_code)]
 mod toy;
 
-use device_time::measure;
+use device_time::{measure, measure_with};
 use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::profile::Profile;
-use mpipe_core::program::Program;
+use mpipe_core::program::{ActionRef, Dir, Op, Program, Tensor};
 use mpipe_core::simulate::{simulate, CommModel, Mode, SimOptions};
+use mpipe_runtime::ascend::counters::Trace;
 use toy::MBS;
 
 const RANKS: usize = 4;
@@ -73,6 +74,74 @@ fn is_compute(label: &str) -> bool {
         .any(|p| label.starts_with(p))
 }
 
+/// The action index a span's label ends with (`... at action N`).
+fn action_of(label: &str) -> Option<usize> {
+    label.rsplit_once(" at action ")?.1.parse().ok()
+}
+
+/// On every rank, each compute span that reads a tensor the rank received (a forward
+/// its inputs' activations, a backward its consumers' gradients) starts no earlier than
+/// the span of the batch that received it ends: virtual time respects the data
+/// dependencies, whatever the simulator says. A kernel the step failed to order after
+/// its transfer breaks it whenever the transfer ended later.
+fn dependencies_hold(prog: &Program, trace: &Trace, devices: &[i32]) -> Result<(), String> {
+    for (r, &d) in devices.iter().enumerate() {
+        let spans: Vec<_> = trace
+            .streams
+            .iter()
+            .filter(|s| s.device == d)
+            .flat_map(|s| &s.spans)
+            .collect();
+        // The batch spans by their first action, in order.
+        let mut batches: Vec<(usize, f64)> = spans
+            .iter()
+            .filter(|s| s.label.starts_with("batch"))
+            .filter_map(|s| Some((action_of(&s.label)?, s.end)))
+            .collect();
+        batches.sort_by_key(|b| b.0);
+        let list = &prog.programs[r];
+        for s in spans.iter().filter(|s| is_compute(&s.label)) {
+            let i = action_of(&s.label).ok_or(format!("no action in {:?}", s.label))?;
+            let ActionRef::Compute(c) = list[i].view() else {
+                return Err(format!("rank {r}: action {i} is not {:?}", s.label));
+            };
+            let unit = &prog.units[prog.unit_index(c.unit).expect("unit")];
+            let needs: Vec<(Tensor, &str)> = match c.op {
+                Op::F | Op::RF => unit
+                    .inputs
+                    .iter()
+                    .map(|p| (Tensor::Act, p.as_str()))
+                    .collect(),
+                Op::B | Op::BW => prog
+                    .units
+                    .iter()
+                    .filter(|v| v.inputs.contains(&unit.name))
+                    .map(|v| (Tensor::Grad, v.name.as_str()))
+                    .collect(),
+                Op::W => Vec::new(),
+            };
+            for (tensor, from) in needs {
+                let recv = (0..i).rev().find(|&j| {
+                    matches!(list[j].view(), ActionRef::P2p(x) if x.dir == Dir::Recv
+                        && x.peer != r && x.tensor == tensor && x.unit == from && x.mb == c.mb)
+                });
+                let Some(j) = recv else { continue };
+                let Some(&(first, end)) = batches.iter().rev().find(|b| b.0 <= j) else {
+                    return Err(format!("rank {r}: no batch span for action {j}"));
+                };
+                if !le(end, s.start) {
+                    return Err(format!(
+                        "rank {r}: {:?} starts at {} before the batch at action {first}, which \
+                         receives what it reads (action {j}), ends at {end}",
+                        s.label, s.start
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `a <= b` up to a relative 1e-9 (sums of floats in different orders).
 fn le(a: f64, b: f64) -> bool {
     a <= b + 1e-9 * b.abs().max(1.0)
@@ -100,6 +169,7 @@ fn device_time_lies_between_the_eager_and_rendezvous_makespans() {
             eager.makespan,
             rendezvous.makespan
         );
+        dependencies_hold(&prog, &trace, &devices).unwrap_or_else(|e| panic!("{expr}: {e}"));
         if let Some((i, a, b)) = trace.overlap() {
             panic!("{expr}: stream {i}: span {a:?} overlaps {b:?}");
         }
@@ -120,6 +190,30 @@ fn device_time_lies_between_the_eager_and_rendezvous_makespans() {
             assert!(le(trace.device_end(d), device));
         }
     }
+}
+
+/// The dependency check can fail: leaving out event waits of rank 0's step one at a
+/// time, some kernel starts before the batch that received its input ends (the
+/// emulator's hazard check, `tests/ascend_device.rs`, catches every one of them; the
+/// clock sees those whose transfer ended later than the kernel would start), while the
+/// unmutated step keeps every dependency.
+#[test]
+fn a_missing_event_wait_shows_in_the_trace() {
+    let (prog, link) = setup("1f1b");
+    let plain = measure_with(&prog, link, None);
+    dependencies_hold(&prog, &plain.trace, &plain.devices).expect("the step keeps them");
+    let waits = plain.waits[0];
+    assert!(waits > 0);
+    let caught = (0..waits)
+        .filter(|&k| {
+            let m = measure_with(&prog, link, Some((0, k)));
+            dependencies_hold(&prog, &m.trace, &m.devices).is_err()
+        })
+        .count();
+    assert!(
+        caught > 0,
+        "none of rank 0's {waits} event waits, left out, let a kernel start before its data"
+    );
 }
 
 /// Without charges the clock stays at zero: device time comes only from what the

@@ -449,8 +449,9 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
             .get(unit as usize)
             .map_or(0.0, |u| op.cost(&u.cost));
         let stream = self.dev.kernels.stream().raw();
-        let rc =
-            ascend_sys::profile::charge(stream, cost, || format!("{} {name} mb {mb}", op.as_str()));
+        let rc = ascend_sys::profile::charge(stream, cost, || {
+            format!("{} {name} mb {mb} at action {index}", op.as_str())
+        });
         super::safe::acl("charging device time", rc).map_err(|e| self.failed(index, e))
     }
 
