@@ -31,7 +31,7 @@
 //! with a rank of another process takes this side's start plus its cost (it does not
 //! wait for the peer's clock). Ranks that are threads of one process are exact.
 //!
-//! [`start`] and [`take_trace`] are meant for idle devices (after a host wait): they
+//! [`start`] and [`trace`] are meant for idle devices (after a host wait): they
 //! reset or read every stream's clock, and work still running would race with them.
 
 use super::lock;
