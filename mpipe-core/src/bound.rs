@@ -104,10 +104,10 @@
 //! every schedule of a profile is compared with (`tests/bound_splits.rs` checks it
 //! against the own-split bound of derived programs).
 
+use crate::model::CommModel;
 use crate::plan::{needs_backward, Layout};
 use crate::profile::{Profile, Split};
 use crate::program::Unit;
-use crate::simulate::CommModel;
 use crate::units::{build_units, layer_chunks, replace_with_chunks};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -226,17 +226,7 @@ impl Bound {
     }
 }
 
-/// Whether `unit` is part of the LLM pinned to its home in a pipeline-parallel
-/// program: a stage (`llm.N`) or, cut by `layers`, one of its layers (`llm/N`,
-/// `llm/first_stage_extra`, `llm/last_stage_extra`).
-pub fn is_stage(unit: &Unit) -> bool {
-    let digits = |n: &str| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit());
-    unit.name.strip_prefix("llm.").is_some_and(digits)
-        || unit
-            .name
-            .strip_prefix("llm/")
-            .is_some_and(|n| digits(n) || n == "first_stage_extra" || n == "last_stage_extra")
-}
+pub use crate::role::is_stage;
 
 /// Release times and tails of every unit's task types.
 struct Chains {

@@ -12,32 +12,7 @@ use crate::profile::Profile;
 use crate::progress::Stage;
 use crate::simulate::Mode;
 
-/// The bodies of the peer schedules, the baseline first.
-pub const PEER_BODIES: [&str; 5] = ["1f1b", "interleaved(v = 2)", "zbh1", "zbv", "dualpipev"];
-
-/// The peer schedules of `profile`: each body with the encoders inline, then each body
-/// with every encoder transposed (in each nesting order, for two encoders).
-pub fn peers(profile: &Profile) -> Vec<String> {
-    let mut out: Vec<String> = PEER_BODIES.iter().map(|b| b.to_string()).collect();
-    if profile.encoders.is_empty() {
-        return out;
-    }
-    let names: Vec<&str> = profile.encoders.iter().map(|e| e.name.as_str()).collect();
-    let mut orders = vec![names.clone()];
-    if names.len() == 2 {
-        orders.push(vec![names[1], names[0]]);
-    }
-    for b in PEER_BODIES {
-        for order in &orders {
-            let mut e = b.to_string();
-            for n in order {
-                e = format!("transpose({n}, {e})");
-            }
-            out.push(e);
-        }
-    }
-    out
-}
+pub use crate::search::{peers, PEER_BODIES};
 
 /// One schedule of an evaluation.
 #[derive(Debug)]

@@ -61,8 +61,8 @@
 //! which ends early when no move is left.
 
 use crate::analysis::dependencies;
-use crate::derive::PLACEMENTS;
 use crate::lower::{lower_prepared_by, prepare, Placement};
+use crate::place::PLACEMENTS;
 use crate::plan::{Plan, Task, TaskIndex};
 use crate::policy::SearchPolicy;
 use crate::program::{ActionRef, Op, Program};
@@ -277,7 +277,7 @@ pub(crate) fn reorder_rounds(
             break;
         }
         // The next round starts from the kept program's compute order.
-        match crate::relower::plan_of_program(&best.0) {
+        match crate::replan::plan_of_program(&best.0) {
             Ok(p) if p.units == plan.units => plan.order = p.order,
             _ => break,
         }
@@ -561,7 +561,7 @@ fn migrations(
             .take(n_targets)
             .collect();
         let movable = |u: usize, mb: usize| {
-            !crate::bound::is_stage(&plan.units[u])
+            !crate::role::is_stage(&plan.units[u])
                 && ops.iter().all(|&op| {
                     index
                         .get(op, u, mb)
@@ -574,7 +574,7 @@ fn migrations(
         let mut groups: BTreeMap<(usize, usize), (f64, Vec<usize>, bool)> = BTreeMap::new();
         let mut seen: BTreeSet<(usize, usize)> = BTreeSet::new();
         for t in &plan.order[from] {
-            if crate::bound::is_stage(&plan.units[t.unit]) || !seen.insert((t.unit, t.mb)) {
+            if crate::role::is_stage(&plan.units[t.unit]) || !seen.insert((t.unit, t.mb)) {
                 continue;
             }
             let g = groups
@@ -624,7 +624,7 @@ fn families(plan: &Plan) -> Vec<usize> {
         .iter()
         .enumerate()
         .map(|(i, u)| {
-            if crate::bound::is_stage(u) {
+            if crate::role::is_stage(u) {
                 i
             } else {
                 *first.entry(stem(&u.name)).or_insert(i)
@@ -787,7 +787,7 @@ mod tests {
         let req = Request::new(&profile, 4, 8);
         let derived =
             derive_str(&req, "refine(layers(zb2p(encoders = ramp, costs = unit)))").unwrap();
-        let plan = crate::relower::plan_of_program(&derived.program).unwrap();
+        let plan = crate::replan::plan_of_program(&derived.program).unwrap();
         let opts = req.sim_options(req.mode);
         let (rule, (program, report)) =
             first_lowering(&plan, None, &opts, &SearchPolicy::DEFAULT).unwrap();

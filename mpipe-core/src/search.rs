@@ -52,8 +52,9 @@
 //! sequential search's). Inside `schedule!` too (see [`for_macro`]).
 
 use crate::analysis::{dependencies, timing};
-use crate::derive::{finish_unspanned, plan_of, DeriveError, Derived, ErrorKind, Request};
+use crate::eval::{plan_of, with_plan_memo, DeriveError, ErrorKind, Request};
 use crate::expr::{parse_str, Expr};
+use crate::finish::{finish_unspanned, Derived};
 use crate::operators::layers::layers;
 use crate::plan::Plan;
 use crate::policy::SearchPolicy;
@@ -315,7 +316,7 @@ pub fn candidates_for(
     }
     // The evaluation's peers, so that `auto` is never slower than one; beyond
     // [`SearchPolicy::full_encoders`] encoders some nest outside the space above.
-    for peer in crate::evaluation::peers(profile) {
+    for peer in peers(profile) {
         if seen.insert(peer.clone()) {
             out.push(peer);
         }
@@ -420,7 +421,7 @@ fn on_threads<T: Send>(
     let threads = workers(order.len(), policy.max_threads);
     let memo = policy.plan_memo;
     let within = |body: &mut dyn FnMut()| {
-        stage.within(|| crate::derive::with_plan_memo(memo, body));
+        stage.within(|| with_plan_memo(memo, body));
     };
     crate::parallel::ordered_map(order, threads, run, within, f)
 }
@@ -871,6 +872,34 @@ pub(crate) fn auto(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveErro
             })
             .collect()),
     }
+}
+
+/// The bodies of the peer schedules, the baseline first.
+pub const PEER_BODIES: [&str; 5] = ["1f1b", "interleaved(v = 2)", "zbh1", "zbv", "dualpipev"];
+
+/// The peer schedules of `profile` (what [`crate::evaluation`] sets `auto` against, and
+/// where `auto` starts): each body with the encoders inline, then each body
+/// with every encoder transposed (in each nesting order, for two encoders).
+pub fn peers(profile: &Profile) -> Vec<String> {
+    let mut out: Vec<String> = PEER_BODIES.iter().map(|b| b.to_string()).collect();
+    if profile.encoders.is_empty() {
+        return out;
+    }
+    let names: Vec<&str> = profile.encoders.iter().map(|e| e.name.as_str()).collect();
+    let mut orders = vec![names.clone()];
+    if names.len() == 2 {
+        orders.push(vec![names[1], names[0]]);
+    }
+    for b in PEER_BODIES {
+        for order in &orders {
+            let mut e = b.to_string();
+            for n in order {
+                e = format!("transpose({n}, {e})");
+            }
+            out.push(e);
+        }
+    }
+    out
 }
 
 #[cfg(test)]

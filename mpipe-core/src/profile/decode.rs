@@ -9,6 +9,8 @@ use std::ops::Range;
 
 use serde::Deserialize;
 
+use crate::text::edit_distance;
+
 use super::{
     check, EncoderProfile, Extra, LinkProfile, LlmProfile, MemoryProfile, Profile, ProfileError,
     ProfileFormat, ProfileIssue, UnitsProfile, MAX_ENCODERS, MAX_UNIT_NAME_LEN,
@@ -789,35 +791,6 @@ fn did_you_mean<'k>(key: &str, valid: &[&'k str]) -> Option<&'k str> {
         }
     }
     best.map(|(_, c)| c)
-}
-
-/// Optimal-string-alignment distance: insertions, deletions, substitutions and
-/// transpositions of adjacent characters each cost 1 (a swap of two neighbouring
-/// characters is the commonest typo). Also behind [`crate::derive::did_you_mean`].
-pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
-    let a: Vec<char> = a.chars().collect();
-    let b: Vec<char> = b.chars().collect();
-    let w = b.len() + 1;
-    let mut d = vec![0usize; (a.len() + 1) * w];
-    for i in 0..=a.len() {
-        d[i * w] = i;
-    }
-    for (j, cell) in d.iter_mut().enumerate().take(w) {
-        *cell = j;
-    }
-    for i in 1..=a.len() {
-        for j in 1..=b.len() {
-            let cost = usize::from(a[i - 1] != b[j - 1]);
-            let mut v = (d[(i - 1) * w + j] + 1)
-                .min(d[i * w + j - 1] + 1)
-                .min(d[(i - 1) * w + j - 1] + cost);
-            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
-                v = v.min(d[(i - 2) * w + j - 2] + 1);
-            }
-            d[i * w + j] = v;
-        }
-    }
-    d[a.len() * w + b.len()]
 }
 
 #[cfg(test)]

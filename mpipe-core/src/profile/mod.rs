@@ -25,7 +25,6 @@
 
 mod check;
 mod decode;
-pub(crate) use decode::edit_distance;
 #[cfg(test)]
 mod tests;
 
@@ -330,8 +329,8 @@ fn list_issues(issues: &[ProfileIssue]) -> String {
 
 impl Profile {
     /// The simulator's communication model of the profile's `[link]`, if it has one.
-    pub fn comm_model(&self) -> Option<crate::simulate::CommModel> {
-        self.link.as_ref().map(|l| crate::simulate::CommModel {
+    pub fn comm_model(&self) -> Option<crate::model::CommModel> {
+        self.link.as_ref().map(|l| crate::model::CommModel {
             latency: l.latency,
             bandwidth: l.bandwidth,
         })

@@ -1,0 +1,182 @@
+//! A plan to a verified, simulated program: the best lowering ([`crate::place`]),
+//! with `refine(X, order = N)` the compute-order search ([`crate::reorder`]) on top,
+//! then the checks every derived program passes (termination under rendezvous, the
+//! static rules, the memory limit) and its lower bound.
+
+use crate::bound::{lower_bound, profile_bound, Bound};
+use crate::eval::{err, DeriveError, ErrorKind, Request};
+use crate::place::{best_lowering_with, peak_memory_with_params, resident_params};
+use crate::plan::Plan;
+use crate::profile::Profile;
+use crate::program::Program;
+use crate::simulate::{simulate, Mode, SimOptions, SimReport};
+use crate::verify::verify_static;
+use proc_macro2::Span;
+
+/// A derived program with its predicted figures.
+#[derive(Clone, Debug)]
+pub struct Derived {
+    pub program: Program,
+    pub report: SimReport,
+    pub bound: Bound,
+    /// Per rank: parameter memory resident during the step (home units plus units
+    /// broadcast to or replicated on the rank).
+    pub params: Vec<f64>,
+    /// The expression derived, in canonical form: the one given, or the one `auto`
+    /// chose (also the program's `source.expr`).
+    pub expr: String,
+}
+
+impl Derived {
+    /// The largest, over the ranks, of peak activations plus resident parameters:
+    /// what `memory.limit` is compared with.
+    pub fn peak_with_params(&self) -> f64 {
+        self.report
+            .peak_memory
+            .iter()
+            .zip(&self.params)
+            .map(|(a, p)| a + p)
+            .fold(0.0, f64::max)
+    }
+}
+
+/// Lower, verify and simulate the plan of expression `text` (errors point at `span`),
+/// and check it against the memory limit.
+/// `refine`: also refine the transfers' placement by simulation (`refine`),
+/// and, given `Some(n)` with `n > 0`, the compute order with at most `n` simulations
+/// (`reorder`).
+pub(crate) fn finish(
+    req: &Request,
+    plan: &Plan,
+    text: &str,
+    span: Span,
+    refine: Option<usize>,
+) -> Result<Derived, Vec<DeriveError>> {
+    finish_unspanned(req, plan, text, refine).map_err(|es| {
+        es.into_iter()
+            .map(|(kind, message)| err(kind, span, message))
+            .collect()
+    })
+}
+
+/// [`finish`] with errors as kind and message: it touches no `proc_macro2` value, so
+/// any thread may run it, even inside a procedural macro (where `proc_macro2` works
+/// only on the thread the compiler called the macro on).
+pub(crate) fn finish_unspanned(
+    req: &Request,
+    plan: &Plan,
+    text: &str,
+    refine: Option<usize>,
+) -> Result<Derived, Vec<(ErrorKind, String)>> {
+    let mut errors = Vec::new();
+    let (program, report) =
+        best_lowering(req, plan, text, refine).map_err(|m| vec![(ErrorKind::Invalid, m)])?;
+    // Rule 5 (termination under rendezvous) holds: `best_lowering` ran it to the end,
+    // under rendezvous unless the request asked for eager semantics; then check it.
+    if req.mode != Mode::Rendezvous {
+        if let Err(e) = simulate(&program, &req.sim_options(Mode::Rendezvous)) {
+            return Err(vec![(
+                ErrorKind::Invalid,
+                format!("derived program does not run under rendezvous (a bug in mpipe, please report it): {e}"),
+            )]);
+        }
+    }
+    let violations = verify_static(&program);
+    if !violations.is_empty() {
+        return Err(violations
+            .iter()
+            .map(|v| {
+                (
+                    ErrorKind::Invalid,
+                    format!("derived program is invalid (a bug in mpipe, please report it): {v}"),
+                )
+            })
+            .collect());
+    }
+    let params = resident_params(&program);
+    if let Some(limit) = req.profile.memory.as_ref().map(|m| m.limit) {
+        // One error for every rank over the limit (issue 38 item 6).
+        if let Some(m) = crate::advice::memory_over_limit(text, &report.peak_memory, &params, limit)
+        {
+            errors.push((ErrorKind::Memory, m));
+        }
+    }
+    if !errors.is_empty() {
+        return Err(errors);
+    }
+    let bound = bound_for(req.profile, &program, &req.sim_options(req.mode));
+    Ok(Derived {
+        program,
+        report,
+        bound,
+        params,
+        expr: text.to_string(),
+    })
+}
+
+/// The lower bound a `program` derived for `profile` is read against, timed with
+/// `opts`: the least over the algebra's stage splits, so that every schedule of the
+/// profile is read against the same figure, or the program's own units' bound where
+/// that is lower.
+pub fn bound_for(profile: &Profile, program: &Program, opts: &SimOptions) -> Bound {
+    let link = opts.held_link();
+    let own = lower_bound(&program.units, program.ranks, program.microbatches, link);
+    match profile_bound(profile, program.ranks, program.microbatches, link) {
+        Some(b) if b.value() < own.value() => b,
+        _ => own,
+    }
+}
+
+/// Lower `plan` with every placement rule and keep the program that runs faster
+/// under the request's semantics (rendezvous unless asked otherwise). All are
+/// correct; they differ in where each transfer meets. The best placement is then
+/// re-placed against the times its simulation measured, and refined move by move
+/// (`refine`). Every step stops once a program reaches the plan's ideal
+/// (communication-free) timing, which no program of the plan can beat.
+///
+/// `refine`: `None` lowers only; `Some(n)` also refines the transfers and, for
+/// `n > 0`, searches the compute order with at most `n` simulations
+/// (`reorder`), keeping its plan only if its full derivation is faster and
+/// within the memory limit (without one, within the larger peak of the plan's own
+/// lowering and of its refinement).
+fn best_lowering(
+    req: &Request,
+    plan: &Plan,
+    text: &str,
+    refine: Option<usize>,
+) -> Result<(Program, SimReport), String> {
+    let limit = req.profile.memory.as_ref().map(|m| m.limit);
+    let opts = req.sim_options(req.mode);
+    let policy = &req.policy;
+    let first = best_lowering_with(plan, Some(text), &opts, limit, refine.is_some(), policy)?;
+    let budget = refine.unwrap_or(0);
+    if budget == 0 {
+        return Ok(first);
+    }
+    // Without a limit, the search may use the memory of the plan's own lowering or
+    // of its refinement, whichever is more: refinement moves weight gradients
+    // earlier, which lowers the peak, and the search judges its moves on lowerings.
+    let cap = match limit {
+        Some(l) => l,
+        None => {
+            let plain = best_lowering_with(plan, Some(text), &opts, None, false, policy)?;
+            peak_memory_with_params(&first.0, &first.1)
+                .max(peak_memory_with_params(&plain.0, &plain.1))
+        }
+    } * (1.0 + 1e-12);
+    let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= cap;
+    let mut best = first;
+    let search = crate::reorder::Search {
+        text: Some(text),
+        opts: &opts,
+        fits: &fits,
+        moves: crate::reorder::Moves::AcrossRanks,
+        policy,
+    };
+    crate::reorder::reorder_rounds(plan, &search, budget, &mut best, &|order, best| {
+        best_lowering_with(order, Some(text), &opts, limit, true, policy)
+            .ok()
+            .filter(|(p, r)| r.makespan < best.makespan && fits(p, r))
+    });
+    Ok(best)
+}

@@ -1,0 +1,214 @@
+//! The best lowering of one plan: every placement rule of the lowering, re-placement
+//! against the simulated times, then transfer and weight-gradient refinement
+//! ([`crate::refine`]), keeping the fastest program. A small search of its own (it
+//! simulates every candidate), and the lowest module of the search floor.
+
+use crate::analysis::Timing;
+use crate::lower::{assemble, placement_of, prepare, Placed, Placement};
+use crate::plan::Plan;
+use crate::policy::SearchPolicy;
+use crate::program::{ActionRef, Program};
+use crate::refine::{refine, settle_w};
+use crate::simulate::{simulate, SimOptions, SimReport};
+
+/// [`best_lowering`] without a profile: simulate under `opts`, and let weight
+/// gradients move only while every rank's activations plus resident parameters stay
+/// within `limit` (anywhere when `None`). `expr` is recorded as the programs' source.
+/// `policy` gives the rounds and budgets.
+pub(crate) fn best_lowering_with(
+    plan: &Plan,
+    text: Option<&str>,
+    opts: &SimOptions,
+    limit: Option<f64>,
+    refine_too: bool,
+    policy: &SearchPolicy,
+) -> Result<(Program, SimReport), String> {
+    let SearchPolicy {
+        replace_rounds,
+        refine_budget,
+        refine_actions,
+        w_budget,
+        w_actions,
+        w_min,
+        ..
+    } = *policy;
+    let prepared = prepare(plan).map_err(|e| e.to_string())?;
+    let target = prepared.time.makespan() * (1.0 + 1e-12);
+    let mut best: Option<(Vec<Vec<Placed>>, Program, SimReport)> = None;
+    let done = |best: &Option<(Vec<Vec<Placed>>, Program, SimReport)>| {
+        best.as_ref().is_some_and(|(_, _, b)| b.makespan <= target)
+    };
+    for placement in PLACEMENTS {
+        if done(&best) {
+            break;
+        }
+        let at = placement_of(plan, &prepared, placement, policy).map_err(|e| e.to_string())?;
+        let program = assemble(plan, &at, text);
+        let report =
+            simulate(&program, opts).map_err(|e| format!("derived program does not run: {e}"))?;
+        if best
+            .as_ref()
+            .is_none_or(|(_, _, b)| report.makespan < b.makespan)
+        {
+            best = Some((at, program, report));
+        }
+    }
+    // Re-place the transfers against the times the best program actually ran at:
+    // waiting shifts the timeline, and meeting points chosen on the shifted one
+    // fit it better. A few rounds, keeping the fastest program.
+    for _ in 0..replace_rounds {
+        let Some((_, program, report)) = &best else {
+            break;
+        };
+        if done(&best) {
+            break;
+        }
+        let Some(time) = simulated_timing(plan, program, report, &prepared.time) else {
+            break;
+        };
+        let again = prepared.retimed(time);
+        let mut improved = false;
+        for placement in PLACEMENTS {
+            let Ok(at) = placement_of(plan, &again, placement, policy) else {
+                continue;
+            };
+            let program = assemble(plan, &at, text);
+            let Ok(report) = simulate(&program, opts) else {
+                continue;
+            };
+            if best
+                .as_ref()
+                .is_none_or(|(_, _, b)| report.makespan < b.makespan)
+            {
+                best = Some((at, program, report));
+                improved = true;
+            }
+        }
+        if !improved {
+            break;
+        }
+    }
+    let (at, program, report) = best.ok_or_else(|| "no lowering".to_string())?;
+    if report.makespan <= target || !refine_too {
+        return Ok((program, report));
+    }
+    let budget = refine_budget
+        .min(refine_actions / program.programs.iter().map(Vec::len).sum::<usize>().max(1));
+    let moved = refine(plan, at, (program, report), text, opts, budget);
+    if moved.1.makespan <= target {
+        return Ok(moved);
+    }
+    // Then weight gradients into the waits left, within the memory limit (moving
+    // parameters nowhere: the resident parameters stay the program's).
+    let params = resident_params(&moved.0);
+    let fits = |rep: &SimReport| {
+        limit.is_none_or(|l| {
+            rep.peak_memory
+                .iter()
+                .zip(&params)
+                .all(|(act, par)| act + par <= l)
+        })
+    };
+    let budget =
+        w_budget.min(w_actions / moved.0.programs.iter().map(Vec::len).sum::<usize>().max(1));
+    if budget < w_min {
+        return Ok(moved);
+    }
+    Ok(settle_w(moved, opts, &fits, budget, policy))
+}
+
+/// The placement rules tried, in order.
+pub(crate) const PLACEMENTS: [Placement; 5] = [
+    Placement::Meet,
+    Placement::Ready,
+    Placement::Critical,
+    Placement::Late,
+    Placement::Join,
+];
+
+/// The compute tasks' times in a simulation of `program` (a lowering of `plan`), as a
+/// [`Timing`] of the plan: settle order by end, then start, then the ideal order.
+fn simulated_timing(
+    plan: &Plan,
+    program: &Program,
+    report: &SimReport,
+    ideal: &Timing,
+) -> Option<Timing> {
+    let mut start: Vec<Vec<f64>> = Vec::with_capacity(plan.ranks);
+    let mut end: Vec<Vec<f64>> = Vec::with_capacity(plan.ranks);
+    for (r, list) in program.programs.iter().enumerate() {
+        let slots = report.timeline.ranks.get(r)?;
+        let (mut s, mut e) = (Vec::new(), Vec::new());
+        for (a, slot) in list.iter().zip(slots) {
+            if matches!(a.view(), ActionRef::Compute(_)) {
+                s.push(slot.start);
+                e.push(slot.end);
+            }
+        }
+        if s.len() != plan.order[r].len() {
+            return None;
+        }
+        start.push(s);
+        end.push(e);
+    }
+    let mut all: Vec<(usize, usize)> = (0..plan.ranks)
+        .flat_map(|r| (0..plan.order[r].len()).map(move |i| (r, i)))
+        .collect();
+    all.sort_by(|&(a, i), &(b, j)| {
+        end[a][i]
+            .total_cmp(&end[b][j])
+            .then(start[a][i].total_cmp(&start[b][j]))
+            .then(ideal.seq[a][i].cmp(&ideal.seq[b][j]))
+    });
+    let mut seq: Vec<Vec<usize>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
+    for (k, (r, i)) in all.into_iter().enumerate() {
+        seq[r][i] = k;
+    }
+    Some(Timing { start, end, seq })
+}
+
+/// The largest, over the ranks, of `report`'s peak activations plus `program`'s
+/// resident parameters: what `memory.limit` is compared with.
+pub(crate) fn peak_memory_with_params(program: &Program, report: &SimReport) -> f64 {
+    report
+        .peak_memory
+        .iter()
+        .zip(resident_params(program))
+        .map(|(a, b)| a + b)
+        .fold(0.0, f64::max)
+}
+
+/// Parameter memory resident on each rank: every unit's parameters on its home, and
+/// on every rank that computes it elsewhere (broadcast or replicated).
+pub fn resident_params(program: &Program) -> Vec<f64> {
+    let index: std::collections::BTreeMap<&str, usize> = program
+        .units
+        .iter()
+        .enumerate()
+        .map(|(i, u)| (u.name.as_str(), i))
+        .collect();
+    let mut held = vec![std::collections::BTreeSet::new(); program.ranks];
+    for (u, unit) in program.units.iter().enumerate() {
+        if unit.home < program.ranks {
+            held[unit.home].insert(u);
+        }
+    }
+    for (r, list) in program.programs.iter().enumerate().take(program.ranks) {
+        let mut last: Option<&str> = None;
+        for a in list {
+            if let ActionRef::Compute(c) = a.view() {
+                // Runs of actions on one unit are common: skip the lookup for them.
+                if last == Some(c.unit) {
+                    continue;
+                }
+                last = Some(c.unit);
+                if let Some(&u) = index.get(c.unit) {
+                    held[r].insert(u);
+                }
+            }
+        }
+    }
+    held.iter()
+        .map(|set| set.iter().map(|&u| program.units[u].params).sum())
+        .collect()
+}
