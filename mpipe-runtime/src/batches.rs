@@ -174,7 +174,7 @@ pub fn unroll(table: &[Entry]) -> Result<Vec<OwnedBatch>, TableError> {
 }
 
 /// Why a table cannot be used.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Clone, Debug, thiserror::Error, PartialEq, Eq)]
 pub enum TableError {
     #[error("rank {rank} does not exist: the program has {ranks} ranks")]
     NoSuchRank { rank: usize, ranks: usize },

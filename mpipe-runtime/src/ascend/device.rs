@@ -49,6 +49,7 @@ use super::safe::{read_device, DataType, DeviceBuffer, Direction, Event, Stream}
 use super::tensor::{DType, DevTensor};
 use super::{AscendComm, AscendError};
 use crate::arena::{self, Kind as Buf, Plan};
+use crate::batches::{self, Entry, OwnedBatch};
 use crate::cursor::{Cursor, Held, Units};
 use crate::exec::ExecError;
 use crate::{Dir, P2p, Step, Tensor as Kind, UnitId};
@@ -128,6 +129,11 @@ pub struct DeviceRank {
     scratch: BTreeMap<UnitId, DeviceBuffer>,
     /// The transfer cost model charged on the emulator's virtual clock.
     comm_model: Option<CommModel>,
+    /// This rank's batches (compiled by `schedule!` and checked, or derived from the
+    /// program) and each item's element count: every `HcclBatchSendRecv` is issued
+    /// from them.
+    table: Vec<OwnedBatch>,
+    counts: Vec<Vec<usize>>,
 }
 
 impl DeviceRank {
@@ -135,11 +141,41 @@ impl DeviceRank {
     /// `out_len[u]` elements (the model's `output_len`): binds the calling thread to
     /// the rank's device, makes the kernels (and compute stream), plans the arena and
     /// allocates it (the one allocation of activations and gradients of the run).
+    ///
+    /// The rank's batch table is derived from `program` ([`batches::derive`]); with a
+    /// table `schedule!` compiled, use [`DeviceRank::with_table`]. Both then run the
+    /// same code.
     pub fn new(
-        mut comm: AscendComm,
+        comm: AscendComm,
         program: &Program,
         out_len: &[usize],
     ) -> Result<DeviceRank, AscendError> {
+        let table = batches::derive(program, comm.rank)?;
+        DeviceRank::build(comm, program, out_len, table)
+    }
+
+    /// As [`DeviceRank::new`], with the batch table `schedule!` emitted for this rank
+    /// (`BATCHES[rank]`): checked once against `program` ([`batches::check`]; a table
+    /// from another derivation is [`AscendError::Table`] naming the first difference),
+    /// its element counts filled once from `out_len` ([`batches::sizes`]); each batch's
+    /// `HcclBatchSendRecv` is then issued from the table's items, in their order.
+    pub fn with_table(
+        comm: AscendComm,
+        program: &Program,
+        out_len: &[usize],
+        table: &[Entry],
+    ) -> Result<DeviceRank, AscendError> {
+        let table = batches::check(table, program, comm.rank)?;
+        DeviceRank::build(comm, program, out_len, table)
+    }
+
+    fn build(
+        mut comm: AscendComm,
+        program: &Program,
+        out_len: &[usize],
+        table: Vec<OwnedBatch>,
+    ) -> Result<DeviceRank, AscendError> {
+        let counts = batches::sizes(&table, program, out_len)?;
         comm.enter()?;
         let kernels = Kernels::new()?;
         let plan = arena::plan(program, comm.rank, out_len)
@@ -155,6 +191,8 @@ impl DeviceRank {
             kernels,
             plan,
             arena,
+            table,
+            counts,
         })
     }
 
@@ -163,6 +201,16 @@ impl DeviceRank {
     /// are always the program's.
     pub fn set_comm_model(&mut self, model: Option<CommModel>) {
         self.comm_model = model;
+    }
+
+    /// This rank's batches, as the step issues them.
+    pub fn batches(&self) -> &[OwnedBatch] {
+        &self.table
+    }
+
+    /// The element count of each item of each batch (as [`DeviceRank::batches`]).
+    pub fn counts(&self) -> &[Vec<usize>] {
+        &self.counts
     }
 
     /// The arena's plan (sizes, lifetimes, offsets).
@@ -229,8 +277,10 @@ pub struct DeviceStep<'a, M: DeviceModel> {
     p2p_write: Vec<u64>,
     comp_read: Vec<u64>,
     comp_write: Vec<u64>,
-    /// Batches and compute actions issued so far.
+    /// Batches and compute actions issued so far (`batches` counts those with a
+    /// remote item); the next entry of the rank's batch table.
     batches: u64,
+    next_batch: usize,
     computes_issued: u64,
     /// The last batch the compute stream is ordered after; the last compute action
     /// the point-to-point stream, and each collective group's stream, is ordered after.
@@ -278,6 +328,7 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
             comp_read: vec![0; n],
             comp_write: vec![0; n],
             batches: 0,
+            next_batch: 0,
             // Work queued on the compute stream before the step (uploads, the
             // optimizer) counts as one compute action: the first collective on each
             // group waits for it.
@@ -734,6 +785,37 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
     fn p2p(&mut self, batch: &[P2p]) -> Result<(), ExecError> {
         let t0 = self.start.elapsed().as_secs_f64();
         let first = self.at.expect_batch(batch)?;
+        // The generated call is the program's batch (checked just now); the rank's
+        // table, checked against the same program at start-up, has it as its next
+        // entry unless the step runs another program than the rank was built for.
+        let k = self.next_batch;
+        let fits = self
+            .dev
+            .table
+            .get(k)
+            .is_some_and(|b| b.first == first && b.items.len() == batch.len());
+        if !fits {
+            return Err(ExecError::OutOfStep {
+                rank: self.rank,
+                index: first,
+                called: format!(
+                    "a batch of {} items at action {first} (the step's program)",
+                    batch.len()
+                ),
+                expected: self.dev.table.get(k).map_or_else(
+                    || "no further batch (the rank's batch table)".into(),
+                    |b| {
+                        format!(
+                            "a batch of {} items at action {} (the rank's batch table); \
+                             build the DeviceRank from the program the step runs",
+                            b.items.len(),
+                            b.first
+                        )
+                    },
+                ),
+            });
+        }
+        self.next_batch += 1;
         let kind = |t: Kind| match t {
             Kind::Act => Some(Buf::Act),
             Kind::Grad => Some(Buf::Grad),
@@ -745,13 +827,15 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
         let timed = ascend_sys::profile::clock_enabled();
         let mut costs = Vec::new();
         let (mut sent, mut received) = (Vec::new(), Vec::new());
-        for (k, x) in batch.iter().enumerate() {
-            let index = first + k;
+        for j in 0..batch.len() {
+            let x = self.dev.table[k].items[j];
+            let count = self.dev.counts[k][j];
+            let index = first + j;
             let key = kind(x.tensor);
             if x.peer == self.rank {
                 // A transfer to this rank itself is an alias of the sent buffer; its
                 // receive needs the send in the same batch.
-                let paired = batch.iter().any(|s| {
+                let paired = self.dev.table[k].items.iter().any(|s| {
                     s.dir != x.dir
                         && s.peer == self.rank
                         && (s.tensor, s.unit, s.mb) == (x.tensor, x.unit, x.mb)
@@ -781,7 +865,7 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
                 // An input transfer carries nothing (the receiver reads the
                 // micro-batch itself): a zero-count item.
                 (None, _) => {
-                    items.push((dir, base, 0, x.peer as u32));
+                    items.push((dir, base, count, x.peer as u32));
                     continue;
                 }
                 (Some(b), Dir::Send) => {
@@ -796,7 +880,19 @@ impl<M: DeviceModel> Step for DeviceStep<'_, M> {
                 }
             };
             let v = &self.dev.plan.buffers[buf];
-            items.push((dir, base + v.offset, v.len, x.peer as u32));
+            if v.len != count {
+                return Err(ExecError::Shape {
+                    rank: self.rank,
+                    index,
+                    action: self.at.action_at(index),
+                    what: format!(
+                        "the batch table's count is {count} elements, the arena's buffer \
+                         {} (both from the model's output lengths: a bug in the runtime)",
+                        v.len
+                    ),
+                });
+            }
+            items.push((dir, base + v.offset, count, x.peer as u32));
         }
         if !items.is_empty() {
             let need = self

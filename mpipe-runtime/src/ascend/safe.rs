@@ -58,6 +58,10 @@ pub enum AscendError {
         name: &'static str,
         detail: String,
     },
+    /// The rank's batch table does not fit the program (a compiled table from another
+    /// derivation: rebuild) or the model's sizes.
+    #[error(transparent)]
+    Table(#[from] crate::batches::TableError),
 }
 
 fn detail_suffix(d: &str) -> String {
