@@ -225,4 +225,30 @@ fn a_user_crate_with_auto_rebuilds_in_seconds() {
         times.iter().any(|t| *t < Duration::from_secs(5)),
         "a rebuild took {times:.2?}, not under 5 s"
     );
+
+    // A mistake in the chapter's schedule, or a profile that is not there, is one
+    // error: the fallback module keeps the rest of the crate compiling.
+    let main = std::fs::read_to_string(krate.join("src/main.rs")).unwrap();
+    for (what, broken) in [
+        (
+            "a misspelt encoder",
+            main.replace("transpose(vision, 1f1b)", "transpose(visoin, 1f1b)"),
+        ),
+        (
+            "a missing profile",
+            main.replace("\"my-model.toml\"", "\"no-such-model.toml\""),
+        ),
+    ] {
+        assert_ne!(broken, main, "{what}: the chapter's code changed");
+        std::fs::write(krate.join("src/main.rs"), &broken).unwrap();
+        let (out, _) = build(&krate, &target, &cache_dir);
+        assert!(!out.status.success(), "{what}: {}", show(&out));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let errors: Vec<&str> = stderr
+            .lines()
+            .filter(|l| l.starts_with("error") && !l.starts_with("error: could not compile"))
+            .collect();
+        assert_eq!(errors.len(), 1, "{what}: one error, not\n{stderr}");
+    }
+    std::fs::write(krate.join("src/main.rs"), &main).unwrap();
 }
