@@ -3,8 +3,8 @@
 //! free). The lowering orders transfers by these times; operators that place work
 //! into idle time read them.
 
-use crate::plan::{Plan, Task, TaskIndex, UnitId};
-use crate::program::{Op, Tensor};
+use crate::ir::plan::{Plan, Task, TaskIndex, UnitId};
+use crate::ir::program::{Op, Tensor};
 
 /// A plan that cannot be executed: a generator or operator broke the plan invariant.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -8,21 +8,21 @@
 //! It knows nothing of lowering choices, simulation or the search: `auto` and
 //! `refine(...)` are resolved above it (`derive`), which calls down into [`plan_of`].
 
-use crate::analysis::PlanError;
-use crate::expr::{Arg, Expr, Value};
-use crate::generators::{generate_by, BodyKind, GenError, Weave, BODY_NAMES};
-use crate::model::{Mode, SimOptions};
-use crate::operators::chain::{chain, ChainError};
-use crate::operators::fill::fill;
-use crate::operators::host::{host, Host};
-use crate::operators::layers::layers;
-use crate::operators::prefetch::prefetch;
-use crate::operators::split_w::split_w;
-use crate::operators::transpose::{transpose, Backward, Owners};
-use crate::plan::{Plan, UnitId};
-use crate::policy::SearchPolicy;
-use crate::profile::{Profile, Split};
-use crate::text::did_you_mean;
+use crate::algebra::analysis::PlanError;
+use crate::algebra::expr::{Arg, Expr, Value};
+use crate::algebra::generators::{generate_by, BodyKind, GenError, Weave, BODY_NAMES};
+use crate::algebra::operators::chain::{chain, ChainError};
+use crate::algebra::operators::fill::fill;
+use crate::algebra::operators::host::{host, Host};
+use crate::algebra::operators::layers::layers;
+use crate::algebra::operators::prefetch::prefetch;
+use crate::algebra::operators::split_w::split_w;
+use crate::algebra::operators::transpose::{transpose, Backward, Owners};
+use crate::algebra::profile::{Profile, Split};
+use crate::ir::model::{Mode, SimOptions};
+use crate::ir::plan::{Plan, UnitId};
+use crate::ir::policy::SearchPolicy;
+use crate::ir::text::did_you_mean;
 use proc_macro2::Span;
 
 /// Operator names the language reserves.
@@ -579,7 +579,7 @@ fn check_encoder(req: &Request, enc: &Expr, errors: &mut Vec<DeriveError>) -> bo
 }
 
 /// `balance(BODY)`: `BODY` with the LLM's layers split so that every stage's work is
-/// as even as possible (see [`crate::units`]) instead of evenly per stage.
+/// as even as possible (see [`crate::algebra::units`]) instead of evenly per stage.
 fn eval_balance(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
     no_keys(e, "balance(BODY)", errors);
     let body = one_body(req, e, "balance(zbv)", errors)?;
@@ -735,7 +735,9 @@ fn encoder_and_plan<'e>(
     }
     if plan.unit_id(enc.name()).is_none() {
         // `fill` or `prefetch` in the body cut it into layers: join them again.
-        if let Some((joined, id)) = crate::operators::layers::join_encoder(&plan, enc.name()) {
+        if let Some((joined, id)) =
+            crate::algebra::operators::layers::join_encoder(&plan, enc.name())
+        {
             return Some((enc, id, joined));
         }
     }
@@ -757,6 +759,6 @@ fn encoder_and_plan<'e>(
 }
 
 /// The profile's link as operators take it: `(latency, bandwidth)`.
-fn link(req: &Request) -> crate::operators::fill::Link {
+fn link(req: &Request) -> crate::algebra::operators::fill::Link {
     req.profile.link.as_ref().map(|l| (l.latency, l.bandwidth))
 }

@@ -2,7 +2,7 @@
 //!
 //! All communication is derived here, once, from the plan's data dependencies:
 //! a `SEND`/`RECV` pair for every tensor a task reads from another rank, an `input`
-//! pair for every [`InputShip`](crate::plan::InputShip), a `BCAST` of every trainable
+//! pair for every [`InputShip`](crate::ir::plan::InputShip), a `BCAST` of every trainable
 //! unit to the ranks that compute it away from its home, and a `REDUCE` of its weight
 //! gradients from the ranks that run its `W`/`BW` there.
 //!
@@ -27,10 +27,10 @@
 //! Actions that land between the same two compute tasks are posted together as
 //! batches (at most one `SEND` to and one `RECV` from each peer per batch).
 
-use crate::analysis::{dependencies, timing, PlanError, Timing};
-use crate::plan::Plan;
-use crate::policy::SearchPolicy;
-use crate::program::{Action, Dir, Name, Op, Prefetch, Program, Source, Tensor, FORMAT};
+use crate::algebra::analysis::{dependencies, timing, PlanError, Timing};
+use crate::ir::plan::Plan;
+use crate::ir::policy::SearchPolicy;
+use crate::ir::program::{Action, Dir, Name, Op, Prefetch, Program, Source, Tensor, FORMAT};
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
@@ -592,7 +592,7 @@ fn collectives(plan: &Plan) -> (Vec<Action>, Vec<Action>) {
 /// The canonical order of a batch's members.
 fn member_order(a: &Action) -> (Dir, usize, Tensor, &str) {
     match a.view() {
-        crate::program::ActionRef::P2p(p) => (p.dir, p.peer, p.tensor, p.unit),
+        crate::ir::program::ActionRef::P2p(p) => (p.dir, p.peer, p.tensor, p.unit),
         _ => (Dir::Recv, usize::MAX, Tensor::Input, ""),
     }
 }

@@ -1,7 +1,7 @@
 //! Megatron-LM `--pipeline-model-parallel-layout` strings: how layers map to
 //! pipeline stages, stated the way Megatron-core users already write it.
 //!
-//! A profile may carry one as `llm.layout` (see [`crate::units::build_units`]); this
+//! A profile may carry one as `llm.layout` (see [`crate::algebra::units::build_units`]); this
 //! module only reads and checks the string.
 //!
 //! # Grammar (Megatron-core's)

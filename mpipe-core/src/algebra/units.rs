@@ -6,16 +6,16 @@
 //! embedding, the last the LM head). Per-stage extras are added to the first and last
 //! stage. Every encoder feeds `llm.0` and lives (has its home) where `llm.0` does.
 //!
-//! A profile with `llm.layout` (a Megatron-LM layout string, [`crate::megatron`])
+//! A profile with `llm.layout` (a Megatron-LM layout string, [`crate::algebra::megatron`])
 //! replaces that rule: stage `k` is the layout's stage `k` (Megatron lists chunk 0 of
 //! every rank, then chunk 1, .., which is the pipeline order), with its `t` layers plus
 //! one layer's cost per `m` (MTP) layer, the first-stage extra on the stage holding
 //! `E` and the last-stage extra on the stage holding `L`. Stages may then be empty.
 
-use crate::megatron::{LayoutError, MegatronLayout};
-use crate::plan::Layout;
-use crate::profile::{EncoderProfile, Profile, Split};
-use crate::program::{Cost, Unit};
+use crate::algebra::megatron::{LayoutError, MegatronLayout};
+use crate::algebra::profile::{EncoderProfile, Profile, Split};
+use crate::ir::plan::Layout;
+use crate::ir::program::{Cost, Unit};
 
 /// Why the profile cannot be split as asked.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -104,7 +104,7 @@ fn balanced(profile: &Profile, ranks: usize, chunks: usize) -> Vec<StageShare> {
     let llm = &profile.llm;
     let stages = ranks * chunks;
     let per_layer = llm.forward + llm.backward + llm.weight;
-    let extra = |x: &Option<crate::profile::Extra>| {
+    let extra = |x: &Option<crate::algebra::profile::Extra>| {
         x.as_ref()
             .map_or(0.0, |x| x.forward + x.backward + x.weight)
     };
@@ -361,7 +361,7 @@ pub fn chunks_of(spec: &EncoderProfile, layers: &[u32], first_home: usize) -> Ve
 }
 
 /// Encoder `spec` cut into one chunk per layer, all on rank `home` (what bounds
-/// every way of chunking it, see [`crate::bound`]).
+/// every way of chunking it, see [`crate::judge::bound`]).
 pub(crate) fn layer_chunks(spec: &EncoderProfile, home: usize) -> Vec<Unit> {
     (0..spec.layers.max(1) as usize)
         .map(|j| chunk(spec, j, 1, home))

@@ -8,7 +8,7 @@
 //! operation, the mean (and median and range) of its measured durations, and a
 //! least-squares fit of the link model (`latency + bytes / bandwidth`) to the transfers' and collectives' own
 //! durations. [`Calibration::apply`] puts the measured costs into the program, so
-//! [`crate::simulate::simulate`] predicts the run with them; [`Calibration::scale_profile`]
+//! [`crate::judge::simulate::simulate`] predicts the run with them; [`Calibration::scale_profile`]
 //! scales the profile's per-layer costs by the measured-to-profile ratio of each
 //! family of units (the LLM's layers, its first and last stage's extras, each
 //! encoder) and replaces its link, so a schedule can be searched again on
@@ -47,10 +47,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::profile::{Extra, Profile};
-use crate::program::{ActionRef, CollKind, Cost, Dir, Op, Program, Tensor};
-use crate::simulate::{CommModel, Mode};
-use crate::timeline::{Slot, Timeline};
+use crate::algebra::profile::{Extra, Profile};
+use crate::ir::program::{ActionRef, CollKind, Cost, Dir, Op, Program, Tensor};
+use crate::judge::simulate::{CommModel, Mode};
+use crate::judge::timeline::{Slot, Timeline};
 
 /// The largest bandwidth a fit reports (the profile's range for figures): a link
 /// whose transfers do not grow with their size is modelled as latency only.
@@ -645,7 +645,7 @@ impl Calibration {
             }
         }
         if let Some(l) = &self.link {
-            out.link = Some(crate::profile::LinkProfile {
+            out.link = Some(crate::algebra::profile::LinkProfile {
                 latency: l.latency,
                 bandwidth: l.bandwidth,
             });

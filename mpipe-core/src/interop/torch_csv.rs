@@ -26,7 +26,7 @@
 //! [`Placement::Ready`]), else in the *with-communication* form (then every
 //! `SEND`/`RECV` is taken as written, one point-to-point call each, exactly as torch's
 //! runtime posts them: **unbatched**, so two ranks that each send before they receive
-//! deadlock under rendezvous, which [`crate::verify::verify`] explains under rule 5).
+//! deadlock under rendezvous, which [`crate::judge::verify::verify`] explains under rule 5).
 //!
 //! Stages become units `llm.0 ..` in stage order; each stage's rank is where its
 //! compute appears (it must appear on exactly one rank; loop `k mod ranks`,
@@ -38,14 +38,14 @@
 //! `\r\n`; [`import`] reads both). For a file in that form,
 //! `export(import(csv)) == csv` byte for byte.
 
-use crate::lower::{lower_with, LowerError, Placement};
-use crate::plan::{Layout, Plan, Task};
-use crate::profile::Profile;
-use crate::program::{
+use crate::algebra::lower::{lower_with, LowerError, Placement};
+use crate::algebra::profile::Profile;
+use crate::algebra::units::{build_units, stage_name, stage_rank};
+use crate::ir::plan::{Layout, Plan, Task};
+use crate::ir::program::{
     over_limit, Action, ActionRef, Cost, Dir, Op, Program, Tensor, Unit, FORMAT, MAX_MICROBATCHES,
     MAX_RANK_MICROBATCHES,
 };
-use crate::units::{build_units, stage_name, stage_rank};
 use std::fmt;
 
 /// Why a CSV could not be imported: `line` and `column` (1-based, in characters)

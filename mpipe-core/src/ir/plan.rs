@@ -2,14 +2,14 @@
 //!
 //! A [`Plan`] says, for each rank, the ordered list of *compute* tasks it runs, over a
 //! fixed set of units whose homes are decided. It has no communication: transfers,
-//! broadcasts and reductions are derived from it in one place ([`crate::lower`]).
+//! broadcasts and reductions are derived from it in one place ([`crate::algebra::lower`]).
 //! Generators build plans, operators map plans to plans.
 //!
 //! Invariant kept by every generator and operator: each `(op, unit, mb)` the program
 //! needs appears exactly once (rule 1 of docs/spec/program-format.md) and the per-rank orders
 //! together with the data dependencies form an acyclic graph.
 
-use crate::program::{Op, Unit};
+use crate::ir::program::{Op, Unit};
 
 /// Index of a unit in [`Plan::units`].
 pub type UnitId = usize;

@@ -1,7 +1,7 @@
 //! Every tuning constant of the search, the derivation, the lowering and the
 //! generators, in one value: [`SearchPolicy`].
 //!
-//! A [`crate::derive::Request`] carries one (`Request::new` gives
+//! A [`crate::search::derive::Request`] carries one (`Request::new` gives
 //! [`SearchPolicy::DEFAULT`]); each pass copies the fields it needs into locals
 //! before its loops. Each field says what it trades: mostly search time against how
 //! close the answer comes to the best one the algebra holds. The defaults are the
@@ -74,7 +74,7 @@ pub struct SearchPolicy {
     /// expressions come together, so a run's shared plans are built once. Longer
     /// runs share more, shorter ones balance the threads better.
     pub plan_run: usize,
-    /// Sub-expression plans each thread remembers ([`crate::derive`]'s plan memo).
+    /// Sub-expression plans each thread remembers ([`crate::search::derive`]'s plan memo).
     /// More: more reuse across candidates, about a megabyte each at 16 x 128.
     pub plan_memo: usize,
 

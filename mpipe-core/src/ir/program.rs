@@ -2,7 +2,7 @@
 //! (`docs/spec/program-format.md`), as plain data.
 //!
 //! This module only defines the types and their JSON mapping; the passes that read
-//! them live elsewhere ([`crate::verify`], [`crate::simulate`]). Unit names are kept
+//! them live elsewhere ([`crate::judge::verify`], [`crate::judge::simulate`]). Unit names are kept
 //! as strings, exactly as a file spells them, so a hand-written program with an
 //! unknown name still loads and the verifier can say what is wrong with it.
 

@@ -2,7 +2,7 @@
 //! the role is read from the name the unit builder gives (`llm.N`, `llm/N`, ...);
 //! every pass that needs a role asks here.
 
-use crate::program::Unit;
+use crate::ir::program::Unit;
 
 /// Whether `unit` is part of the LLM pinned to its home in a pipeline-parallel
 /// program: a stage (`llm.N`) or, cut by `layers`, one of its layers (`llm/N`,

@@ -1,7 +1,7 @@
 //! What a derivation error says to do: one message per cause, whatever the number of
 //! ranks it touches, with advice that fits the schedule the user wrote.
 
-use crate::generators::BODY_NAMES;
+use crate::algebra::generators::BODY_NAMES;
 
 /// Bodies that keep the fewest micro-batches in flight (at most one per stage
 /// still to come): nothing of the family stores fewer activations.
@@ -134,7 +134,7 @@ pub fn for_written(written: &str, message: &str) -> String {
 /// Ranks of `program` that compute nothing of the encoders (units named as one of
 /// `encoders`, or their chunks and layers `ENC.k`, `ENC/N`).
 pub fn ranks_without_encoder_work(
-    program: &crate::program::Program,
+    program: &crate::ir::program::Program,
     encoders: &[&str],
 ) -> Vec<usize> {
     let is_encoder = |unit: &str| {
@@ -151,7 +151,7 @@ pub fn ranks_without_encoder_work(
         .enumerate()
         .filter(|(_, list)| {
             !list.iter().any(
-                |a| matches!(a.view(), crate::program::ActionRef::Compute(c) if is_encoder(c.unit)),
+                |a| matches!(a.view(), crate::ir::program::ActionRef::Compute(c) if is_encoder(c.unit)),
             )
         })
         .map(|(r, _)| r)
@@ -163,7 +163,7 @@ pub fn ranks_without_encoder_work(
 /// than ranks, typically). `None` when nothing is degenerate.
 pub fn degenerate(
     text: &str,
-    program: &crate::program::Program,
+    program: &crate::ir::program::Program,
     encoders: &[&str],
 ) -> Option<String> {
     let transposed = text

@@ -104,11 +104,11 @@
 //! every schedule of a profile is compared with (`tests/bound_splits.rs` checks it
 //! against the own-split bound of derived programs).
 
-use crate::model::CommModel;
-use crate::plan::{needs_backward, Layout};
-use crate::profile::{Profile, Split};
-use crate::program::Unit;
-use crate::units::{build_units, layer_chunks, replace_with_chunks};
+use crate::algebra::profile::{Profile, Split};
+use crate::algebra::units::{build_units, layer_chunks, replace_with_chunks};
+use crate::ir::model::CommModel;
+use crate::ir::plan::{needs_backward, Layout};
+use crate::ir::program::Unit;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -162,7 +162,7 @@ pub fn profile_bound(
 }
 
 /// The stage splits `zb2p(encoders = ramp)` chooses for the profile (one and two
-/// looped chunks per rank, see [`crate::generators::ramp_split`]; from the even and
+/// looped chunks per rank, see [`crate::algebra::generators::ramp_split`]; from the even and
 /// the balanced split, as `balance` wraps it or not), as units: they need not be
 /// among [`SPLITS`]' even or balanced ones, and a program using one is bounded by
 /// its own split.
@@ -176,7 +176,8 @@ fn ramp_splits(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<Vec<
     [1, 2]
         .into_iter()
         .filter_map(|v| {
-            let split = crate::generators::ramp_split(profile, &single, ranks, microbatches, v)?;
+            let split =
+                crate::algebra::generators::ramp_split(profile, &single, ranks, microbatches, v)?;
             build_units(&split.applied(profile, v), ranks, v, Layout::Looped).ok()
         })
         .collect()
@@ -226,7 +227,7 @@ impl Bound {
     }
 }
 
-pub use crate::role::is_stage;
+pub use crate::ir::role::is_stage;
 
 /// Release times and tails of every unit's task types.
 struct Chains {
@@ -369,7 +370,7 @@ fn window_bound(jobs: &[(f64, f64, f64)], held: &[Vec<Held>]) -> f64 {
 
 /// Bounds for `units` (in topological order, with their homes) run with
 /// `microbatches` on `ranks` ranks. `link`: the link model when transfers hold
-/// their ranks ([`crate::simulate::SimOptions::held_link`]: under rendezvous), else
+/// their ranks ([`crate::judge::simulate::SimOptions::held_link`]: under rendezvous), else
 /// `None`.
 pub fn lower_bound(
     units: &[Unit],

@@ -36,7 +36,7 @@
 //!   the same group, and does not deadlock disjoint groups on one unit). It completes
 //!   at the latest reach time `+ latency + params / bandwidth` under a comm model.
 //! - `transfer(member) = latency + bytes(unit) / bandwidth` under a [`CommModel`],
-//!   else 0; `bytes` is [`Unit::bytes`](crate::program::Unit::bytes).
+//!   else 0; `bytes` is [`Unit::bytes`](crate::ir::program::Unit::bytes).
 //! - *A `SEND`/`RECV` whose peer is its own rank runs like any other transfer (its
 //!   partner is on the same rank, so it completes only within one batch under
 //!   rendezvous).
@@ -59,13 +59,13 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::Serialize;
 
-use crate::program::{
+use crate::ir::program::{
     over_limit, Action, ActionRef, CollKind, Dir, Op, OverLimit, Program, Tensor, MAX_MICROBATCHES,
     MAX_RANK_MICROBATCHES, MAX_UNIT_FIGURE,
 };
-use crate::timeline::{Slot, Timeline};
+use crate::judge::timeline::{Slot, Timeline};
 
-pub use crate::model::{CommModel, Mode, SimOptions};
+pub use crate::ir::model::{CommModel, Mode, SimOptions};
 
 /// What a simulation measured.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -1164,7 +1164,7 @@ fn match_p2p(s: &Setup<'_>) -> Vec<Vec<u32>> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::program::{Cost, Unit};
+    use crate::ir::program::{Cost, Unit};
 
     /// `"F a 0; SEND act a 0 1 [batch]; BCAST a root g1,g2"` -> actions.
     pub(crate) fn acts(s: &str) -> Vec<Action> {
@@ -1198,7 +1198,7 @@ pub(crate) mod tests {
                     }
                     "BCAST" | "REDUCE" => {
                         let group = w[3].split(',').map(|g| g.parse().unwrap()).collect();
-                        let unit: crate::program::Name = w[1].into();
+                        let unit: crate::ir::program::Name = w[1].into();
                         if w[0] == "BCAST" {
                             Action::BCAST {
                                 unit,
@@ -1242,7 +1242,7 @@ pub(crate) mod tests {
 
     pub(crate) fn prog(microbatches: usize, units: Vec<Unit>, lists: &[&str]) -> Program {
         Program {
-            format: crate::program::FORMAT.into(),
+            format: crate::ir::program::FORMAT.into(),
             ranks: lists.len(),
             microbatches,
             units,

@@ -6,8 +6,8 @@
 //! [`Timeline::idle`] splits each rank's idle time into warm-up, steady state and
 //! cool-down, to show where a schedule loses time.
 
-use crate::program::{ActionRef, Op, Program};
-use crate::role::is_stage;
+use crate::ir::program::{ActionRef, Op, Program};
+use crate::ir::role::is_stage;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 

@@ -39,8 +39,10 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::program::{ActionRef, CollKind, Dir, Op, Program, Tensor, FORMAT};
-use crate::simulate::{simulate, split_ops, tensor_index, unit_names, Mode, SimError, SimOptions};
+use crate::ir::program::{ActionRef, CollKind, Dir, Op, Program, Tensor, FORMAT};
+use crate::judge::simulate::{
+    simulate, split_ops, tensor_index, unit_names, Mode, SimError, SimOptions,
+};
 
 /// The five validity rules.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -1394,8 +1396,8 @@ fn longest_increasing(xs: &[u32]) -> Vec<bool> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::program::{Action, Unit};
-    use crate::simulate::tests::{acts, prog, unit};
+    use crate::ir::program::{Action, Unit};
+    use crate::judge::simulate::tests::{acts, prog, unit};
 
     fn u(name: &str, inputs: &[&str], home: usize) -> Unit {
         unit(name, inputs, home, 1.0, 1.0, 1.0, 1.0)
@@ -2005,7 +2007,7 @@ mod tests {
                     prop::collection::vec(0..5usize, 0..4)
                 )
                     .prop_map(|(bc, n, root, group)| {
-                        let unit: crate::program::Name = n.to_string().into();
+                        let unit: crate::ir::program::Name = n.to_string().into();
                         if bc {
                             Action::BCAST { unit, root, group }
                         } else {
@@ -2028,7 +2030,7 @@ mod tests {
                 let mut units = vec![u("a", &[], 0), u("b", &["a"], 1), u("c", &["a", "b"], 3)];
                 units[0].trainable = !frozen_a;
                 let p = Program {
-                    format: crate::program::FORMAT.into(),
+                    format: crate::ir::program::FORMAT.into(),
                     ranks,
                     microbatches,
                     units,

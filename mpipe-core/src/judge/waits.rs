@@ -14,15 +14,15 @@
 //! time (the usual loss of a pipeline whose ranks do unequal work per cycle); under
 //! eager semantics a `SEND` never waits, so only receives do.
 //!
-//! Matching is the simulator's ([`crate::simulate`]): the k-th `SEND(t,u,m)` from
+//! Matching is the simulator's ([`crate::judge::simulate`]): the k-th `SEND(t,u,m)` from
 //! `a` to `b` meets the k-th `RECV(t,u,m)` from `a` on `b`; the k-th collective of
 //! one identity (kind, unit, root, group) on a member meets the k-th on the others.
 //! An operation whose partner is missing (a program that cannot run has no timeline
 //! to read) counts as transfer.
 
-use crate::program::{ActionRef, CollKind, Dir, Program, Tensor};
-use crate::simulate::split_ops;
-use crate::timeline::Timeline;
+use crate::ir::program::{ActionRef, CollKind, Dir, Program, Tensor};
+use crate::judge::simulate::split_ops;
+use crate::judge::timeline::Timeline;
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -73,7 +73,7 @@ type P2pKey<'a> = (Tensor, &'a str, usize, usize, usize, usize);
 type CollKey<'a> = (CollKind, &'a str, usize, &'a [usize], usize);
 
 /// Per rank, whom it waited for in the step `timeline` records for `program` (the
-/// same shape, as [`crate::simulate::simulate`] returns them; actions a timeline of
+/// same shape, as [`crate::judge::simulate::simulate`] returns them; actions a timeline of
 /// another shape lacks are left out, never a panic), whose makespan is `makespan`.
 pub fn waits(program: &Program, timeline: &Timeline, makespan: f64) -> Vec<Waits> {
     // Where every send, receive and collective member was reached.
@@ -201,8 +201,8 @@ enum Meeting<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::simulate::tests::{prog, unit};
-    use crate::simulate::{simulate, CommModel, Mode, SimOptions};
+    use crate::judge::simulate::tests::{prog, unit};
+    use crate::judge::simulate::{simulate, CommModel, Mode, SimOptions};
 
     fn run(p: &Program, mode: Mode, latency: Option<f64>) -> Vec<Waits> {
         let opts = SimOptions {

@@ -9,7 +9,7 @@
 //! micro-batches differ only in loop bounds. It is a pure IR-to-IR pass:
 //! [`unroll`] gives back the program's action lists (in the canonical form of
 //! batches, see below), and nothing else is decided here (no validity check;
-//! [`crate::verify`] judges the flat program).
+//! [`crate::judge::verify`] judges the flat program).
 //!
 //! ```text
 //! rank 3:
@@ -59,7 +59,7 @@
 //! members in that sorted order, and lone transfers carry no `batch`; everything else
 //! is as in the input. Sorting is what lets steps whose members were placed in
 //! different orders (`[RECV act(1), SEND act(0)]`, then `[SEND act(1), RECV
-//! act(2)]`) share a loop body. The lowering ([`crate::lower`]) writes batches in
+//! act(2)]`) share a loop body. The lowering ([`crate::algebra::lower`]) writes batches in
 //! this form, so for a derived program `unroll(&roll(&p)?) == p.programs`.
 //!
 //! # Loop finding
@@ -100,7 +100,9 @@
 //! `dualpipev` roll to a constant size on the profiles tested
 //! (`mpipe-core/tests/rolled.rs`).
 
-use crate::program::{Action, ActionRef, CollKind, Dir, Name, Op as ComputeOp, Program, Tensor};
+use crate::ir::program::{
+    Action, ActionRef, CollKind, Dir, Name, Op as ComputeOp, Program, Tensor,
+};
 use std::collections::HashMap;
 use std::fmt;
 

@@ -44,10 +44,10 @@
 use std::collections::BTreeSet;
 use std::fmt::Write;
 
-use super::{fmt_num, placed, unit_looks, UnitLook};
-use crate::program::{Action, ActionRef, Op, Program, Tensor};
-use crate::simulate::memory_over_time;
-use crate::timeline::{Slot, Timeline};
+use super::look::{fmt_num, placed, unit_looks, UnitLook};
+use crate::ir::program::{Action, ActionRef, Op, Program, Tensor};
+use crate::judge::simulate::memory_over_time;
+use crate::judge::timeline::{Slot, Timeline};
 
 /// Layout and text of a Gantt chart.
 #[derive(Clone, Debug, PartialEq)]

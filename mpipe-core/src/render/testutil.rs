@@ -1,11 +1,13 @@
 //! Test fixtures for the renderers: hand-built programs, a minimal eager-mode
-//! timer (so the tests do not depend on [`crate::simulate`]), a greedy generator
+//! timer (so the tests do not depend on [`crate::judge::simulate`]), a greedy generator
 //! of large schedules, and a tiny XML well-formedness checker.
 
 use std::collections::BTreeMap;
 
-use crate::program::{Action, ActionRef, CollKind, Cost, Dir, Op, Program, Tensor, Unit, FORMAT};
-use crate::timeline::{Slot, Timeline};
+use crate::ir::program::{
+    Action, ActionRef, CollKind, Cost, Dir, Op, Program, Tensor, Unit, FORMAT,
+};
+use crate::judge::timeline::{Slot, Timeline};
 
 pub fn unit(name: &str, inputs: &[&str], home: usize, cost: (f64, f64, f64)) -> Unit {
     Unit {

@@ -42,10 +42,10 @@ use std::io::{self, Write};
 
 use serde_json::{json, Map, Value};
 
-use super::{placed, unit_looks, UnitLook};
-use crate::program::{Action, ActionRef, CollKind, Dir, Program, Tensor};
-use crate::simulate::memory_over_time;
-use crate::timeline::{Slot, Timeline};
+use super::look::{placed, unit_looks, UnitLook};
+use crate::ir::program::{Action, ActionRef, CollKind, Dir, Program, Tensor};
+use crate::judge::simulate::memory_over_time;
+use crate::judge::timeline::{Slot, Timeline};
 
 /// What to call the trace and how to scale its times.
 #[derive(Clone, Debug, PartialEq)]
@@ -527,11 +527,11 @@ mod tests {
     fn render_trace_memory_counters_peak_where_the_simulator_says() {
         let p = small_program();
         // (It runs with asynchronous sends only.)
-        let eager = crate::simulate::SimOptions {
-            mode: crate::simulate::Mode::Eager,
+        let eager = crate::judge::simulate::SimOptions {
+            mode: crate::judge::simulate::Mode::Eager,
             comm: None,
         };
-        let report = crate::simulate::simulate(&p, &eager).unwrap();
+        let report = crate::judge::simulate::simulate(&p, &eager).unwrap();
         let ev = events(&chrome_trace(
             &p,
             &report.timeline,

@@ -51,16 +51,16 @@
 //! order, their results taken in that order (so the stop and the winner are the
 //! sequential search's). Inside `schedule!` too (see [`for_macro`]).
 
-use crate::analysis::{dependencies, timing};
-use crate::eval::{plan_of, with_plan_memo, DeriveError, ErrorKind, Request};
-use crate::expr::{parse_str, Expr};
-use crate::finish::{finish_unspanned, Derived};
-use crate::operators::layers::layers;
-use crate::plan::Plan;
-use crate::policy::SearchPolicy;
-use crate::profile::Profile;
-use crate::progress::Stage;
-use crate::simulate::Mode;
+use crate::algebra::analysis::{dependencies, timing};
+use crate::algebra::eval::{plan_of, with_plan_memo, DeriveError, ErrorKind, Request};
+use crate::algebra::expr::{parse_str, Expr};
+use crate::algebra::operators::layers::layers;
+use crate::algebra::profile::Profile;
+use crate::ir::plan::Plan;
+use crate::ir::policy::SearchPolicy;
+use crate::ir::progress::Stage;
+use crate::judge::simulate::Mode;
+use crate::search::finish::{finish_unspanned, Derived};
 use std::cell::Cell;
 
 /// Bodies whose backward is fused (`BW`), which `split_w` can split.
@@ -332,7 +332,7 @@ pub fn candidates_for(
 fn searched_in_full(profile: &Profile, full: usize) -> Vec<usize> {
     let work = |i: usize| {
         let e = &profile.encoders[i];
-        f64::from(e.layers) * crate::units::encoder_layer_work(e)
+        f64::from(e.layers) * crate::algebra::units::encoder_layer_work(e)
     };
     let mut by_work: Vec<usize> = (0..profile.encoders.len()).collect();
     by_work.sort_by(|&a, &b| work(b).total_cmp(&work(a)).then(a.cmp(&b)));
@@ -409,7 +409,7 @@ fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64
 /// `f(i)` for every index in `order` (a permutation of its indices), on every core
 /// ([`workers`]), each thread taking the next `run` entries of `order` in turn, with
 /// its own plan memo and reporting to `stage`'s observer; results by index. A panic
-/// in `f` is the caller's, on one thread and on many ([`crate::parallel`]). Inside
+/// in `f` is the caller's, on one thread and on many ([`crate::ir::parallel`]). Inside
 /// a procedural macro, `f` may touch `proc_macro2` only under a [`Fallback`].
 fn on_threads<T: Send>(
     policy: &SearchPolicy,
@@ -423,7 +423,7 @@ fn on_threads<T: Send>(
     let within = |body: &mut dyn FnMut()| {
         stage.within(|| with_plan_memo(memo, body));
     };
-    crate::parallel::ordered_map(order, threads, run, within, f)
+    crate::ir::parallel::ordered_map(order, threads, run, within, f)
 }
 
 /// The nest of a candidate, innermost body first: the texts of its body, the body's
@@ -877,7 +877,7 @@ pub(crate) fn auto(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveErro
 /// The bodies of the peer schedules, the baseline first.
 pub const PEER_BODIES: [&str; 5] = ["1f1b", "interleaved(v = 2)", "zbh1", "zbv", "dualpipev"];
 
-/// The peer schedules of `profile` (what [`crate::evaluation`] sets `auto` against, and
+/// The peer schedules of `profile` (what [`crate::search::evaluation`] sets `auto` against, and
 /// where `auto` starts): each body with the encoders inline, then each body
 /// with every encoder transposed (in each nesting order, for two encoders).
 pub fn peers(profile: &Profile) -> Vec<String> {
@@ -916,8 +916,8 @@ mod tests {
     #[test]
     fn planning_all_candidates_equals_planning_each_alone() {
         for (text, p, m) in [
-            (include_str!("../../profiles/eval-c-omni.toml"), 4, 8),
-            (include_str!("../../profiles/qwen2vl-7b.toml"), 4, 8),
+            (include_str!("../../../profiles/eval-c-omni.toml"), 4, 8),
+            (include_str!("../../../profiles/qwen2vl-7b.toml"), 4, 8),
         ] {
             let profile = Profile::from_toml_str(text).unwrap();
             let req = Request::new(&profile, p, m);
@@ -940,7 +940,7 @@ mod tests {
     #[test]
     fn twins_are_equal_plans_with_equal_ideal_times() {
         let profile =
-            Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();
+            Profile::from_toml_str(include_str!("../../../profiles/qwen2vl-7b.toml")).unwrap();
         let req = Request::new(&profile, 4, 8);
         let plan = |e: &str| plan_of(&req, &parse_str(e).unwrap()).unwrap();
         let (a, b) = (plan("zbh1"), plan("1f1b"));
@@ -958,7 +958,7 @@ mod tests {
     #[test]
     fn one_thread_every_core_and_the_macros_search_agree() {
         let profile =
-            Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();
+            Profile::from_toml_str(include_str!("../../../profiles/qwen2vl-7b.toml")).unwrap();
         let req = Request::new(&profile, 4, 8);
         let all = search(&req).unwrap();
         THREADS.with(|t| t.set(Some(1)));

@@ -1,7 +1,7 @@
 //! The derivation: profile + expression -> verified, simulated program. The entry
 //! every caller uses (`mpipe_core::derive::derive`): it checks the request, resolves
-//! `auto` ([`crate::search`]) and `refine(X, order = N)` here, above the algebra, and
-//! calls down: [`crate::eval`] for the plan, [`crate::finish`] for the program.
+//! `auto` ([`crate::search::auto`]) and `refine(X, order = N)` here, above the algebra, and
+//! calls down: [`crate::algebra::eval`] for the plan, [`crate::search::finish`] for the program.
 //!
 //! ```text
 //! Expr ──eval──► Plan ──lower──► Program ──verify──► ──simulate──► memory check
@@ -12,16 +12,16 @@
 //! the sub-expression at fault, and evaluation goes on past an error where it can, so
 //! a user sees every mistake at once.
 
-use crate::eval::{err, eval, one_body, plan_of};
-pub use crate::eval::{DeriveError, ErrorKind, Request, OPERATOR_NAMES};
-use crate::expr::Expr;
-use crate::finish::finish;
-pub use crate::finish::{bound_for, Derived};
-pub use crate::place::resident_params;
-pub use crate::text::did_you_mean;
+use crate::algebra::eval::{err, eval, one_body, plan_of};
+pub use crate::algebra::eval::{DeriveError, ErrorKind, Request, OPERATOR_NAMES};
+use crate::algebra::expr::Expr;
+pub use crate::ir::text::did_you_mean;
+use crate::search::finish::finish;
+pub use crate::search::finish::{bound_for, Derived};
+pub use crate::search::place::resident_params;
 
-use crate::program::OverLimit;
-pub use crate::program::{MAX_MICROBATCHES, MAX_RANK_MICROBATCHES};
+use crate::ir::program::OverLimit;
+pub use crate::ir::program::{MAX_MICROBATCHES, MAX_RANK_MICROBATCHES};
 
 /// Derive, verify and simulate `expr` for `req`. All errors found are returned.
 pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
@@ -40,7 +40,7 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
             "microbatches must be at least 1",
         ));
     }
-    let over = crate::program::over_limit(req.ranks, req.microbatches);
+    let over = crate::ir::program::over_limit(req.ranks, req.microbatches);
     if over == Some(OverLimit::Microbatches) {
         errors.push(err(
             ErrorKind::BadArgument,
@@ -68,7 +68,7 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
         return Err(errors);
     }
     match expr.name() {
-        "auto" => crate::search::auto(req, expr),
+        "auto" => crate::search::auto::auto(req, expr),
         "refine" => {
             let mut errors = Vec::new();
             let order = refine_order(expr, &mut errors);
@@ -132,7 +132,7 @@ fn refine_order(e: &Expr, errors: &mut Vec<DeriveError>) -> usize {
 
 /// Parse `text` and derive it. Parse errors come back as [`ErrorKind::BadArgument`].
 pub fn derive_str(req: &Request, text: &str) -> Result<Derived, Vec<DeriveError>> {
-    let expr = crate::expr::parse_str(text).map_err(|es| {
+    let expr = crate::algebra::expr::parse_str(text).map_err(|es| {
         es.into_iter()
             .map(|e| err(ErrorKind::BadArgument, e.span, e.message))
             .collect::<Vec<_>>()

@@ -6,13 +6,13 @@
 //! encoder moved by MPipe's `transpose` (both nesting orders for two encoders).
 //! Every peer is in `auto`'s search space, so `auto` is never slower than any.
 
-use crate::bound::{profile_bound, Bound};
-use crate::derive::{derive_str, DeriveError, Derived, Request};
-use crate::profile::Profile;
-use crate::progress::Stage;
-use crate::simulate::Mode;
+use crate::algebra::profile::Profile;
+use crate::ir::progress::Stage;
+use crate::judge::bound::{profile_bound, Bound};
+use crate::judge::simulate::Mode;
+use crate::search::derive::{derive_str, DeriveError, Derived, Request};
 
-pub use crate::search::{peers, PEER_BODIES};
+pub use crate::search::auto::{peers, PEER_BODIES};
 
 /// One schedule of an evaluation.
 #[derive(Debug)]

@@ -1,16 +1,16 @@
-//! A plan to a verified, simulated program: the best lowering ([`crate::place`]),
-//! with `refine(X, order = N)` the compute-order search ([`crate::reorder`]) on top,
+//! A plan to a verified, simulated program: the best lowering ([`crate::search::place`]),
+//! with `refine(X, order = N)` the compute-order search ([`crate::search::reorder`]) on top,
 //! then the checks every derived program passes (termination under rendezvous, the
 //! static rules, the memory limit) and its lower bound.
 
-use crate::bound::{lower_bound, profile_bound, Bound};
-use crate::eval::{err, DeriveError, ErrorKind, Request};
-use crate::place::{best_lowering_with, peak_memory_with_params, resident_params};
-use crate::plan::Plan;
-use crate::profile::Profile;
-use crate::program::Program;
-use crate::simulate::{simulate, Mode, SimOptions, SimReport};
-use crate::verify::verify_static;
+use crate::algebra::eval::{err, DeriveError, ErrorKind, Request};
+use crate::algebra::profile::Profile;
+use crate::ir::plan::Plan;
+use crate::ir::program::Program;
+use crate::judge::bound::{lower_bound, profile_bound, Bound};
+use crate::judge::simulate::{simulate, Mode, SimOptions, SimReport};
+use crate::judge::verify::verify_static;
+use crate::search::place::{best_lowering_with, peak_memory_with_params, resident_params};
 use proc_macro2::Span;
 
 /// A derived program with its predicted figures.
@@ -96,7 +96,8 @@ pub(crate) fn finish_unspanned(
     let params = resident_params(&program);
     if let Some(limit) = req.profile.memory.as_ref().map(|m| m.limit) {
         // One error for every rank over the limit (issue 38 item 6).
-        if let Some(m) = crate::advice::memory_over_limit(text, &report.peak_memory, &params, limit)
+        if let Some(m) =
+            crate::judge::advice::memory_over_limit(text, &report.peak_memory, &params, limit)
         {
             errors.push((ErrorKind::Memory, m));
         }
@@ -166,14 +167,14 @@ fn best_lowering(
     } * (1.0 + 1e-12);
     let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= cap;
     let mut best = first;
-    let search = crate::reorder::Search {
+    let search = crate::search::reorder::Search {
         text: Some(text),
         opts: &opts,
         fits: &fits,
-        moves: crate::reorder::Moves::AcrossRanks,
+        moves: crate::search::reorder::Moves::AcrossRanks,
         policy,
     };
-    crate::reorder::reorder_rounds(plan, &search, budget, &mut best, &|order, best| {
+    crate::search::reorder::reorder_rounds(plan, &search, budget, &mut best, &|order, best| {
         best_lowering_with(order, Some(text), &opts, limit, true, policy)
             .ok()
             .filter(|(p, r)| r.makespan < best.makespan && fits(p, r))

@@ -1,15 +1,15 @@
 //! The best lowering of one plan: every placement rule of the lowering, re-placement
 //! against the simulated times, then transfer and weight-gradient refinement
-//! ([`crate::refine`]), keeping the fastest program. A small search of its own (it
+//! ([`crate::search::refine`]), keeping the fastest program. A small search of its own (it
 //! simulates every candidate), and the lowest module of the search floor.
 
-use crate::analysis::Timing;
-use crate::lower::{assemble, placement_of, prepare, Placed, Placement};
-use crate::plan::Plan;
-use crate::policy::SearchPolicy;
-use crate::program::{ActionRef, Program};
-use crate::refine::{refine, settle_w};
-use crate::simulate::{simulate, SimOptions, SimReport};
+use crate::algebra::analysis::Timing;
+use crate::algebra::lower::{assemble, placement_of, prepare, Placed, Placement};
+use crate::ir::plan::Plan;
+use crate::ir::policy::SearchPolicy;
+use crate::ir::program::{ActionRef, Program};
+use crate::judge::simulate::{simulate, SimOptions, SimReport};
+use crate::search::refine::{refine, settle_w};
 
 /// [`best_lowering`] without a profile: simulate under `opts`, and let weight
 /// gradients move only while every rank's activations plus resident parameters stay

@@ -14,14 +14,14 @@
 //! together with the ends that share its slot and come after it, or before it), and
 //! keep each end within the slots its dependencies allow (a `SEND` after its
 //! producer, a `RECV` before its consumer). The deadlock-freedom argument of
-//! [`crate::lower`] depends only on that order, so every refined program terminates
+//! [`crate::algebra::lower`] depends only on that order, so every refined program terminates
 //! under rendezvous, like the one it came from.
 
-use crate::lower::{assemble, Placed};
-use crate::plan::Plan;
-use crate::policy::SearchPolicy;
-use crate::program::{Action, ActionRef, P2pRef, Program};
-use crate::simulate::{simulate, SimOptions, SimReport};
+use crate::algebra::lower::{assemble, Placed};
+use crate::ir::plan::Plan;
+use crate::ir::policy::SearchPolicy;
+use crate::ir::program::{Action, ActionRef, P2pRef, Program};
+use crate::judge::simulate::{simulate, SimOptions, SimReport};
 
 /// Improve `at` (a placement of `plan`'s transfers) for `opts` with at most `budget`
 /// simulations; returns the best program found and its report. `start` is `at`'s
@@ -227,7 +227,7 @@ fn shift(
 /// tried. A move is kept when the makespan (then the sum of the ranks' finishing
 /// times) goes down and every rank stays within `fits` (the memory limit: a `W`
 /// moved later holds its activation longer). Transfers keep their order on every
-/// rank, so the deadlock-freedom argument of [`crate::lower`] still holds.
+/// rank, so the deadlock-freedom argument of [`crate::algebra::lower`] still holds.
 pub(crate) fn settle_w(
     start: (Program, SimReport),
     opts: &SimOptions,
@@ -314,9 +314,9 @@ pub(crate) fn settle_w(
 /// How long a program's actions take: a compute action its unit's cost, a
 /// point-to-point action its transfer under the link model (0 without one).
 struct Lengths {
-    costs: std::collections::BTreeMap<String, crate::program::Cost>,
+    costs: std::collections::BTreeMap<String, crate::ir::program::Cost>,
     bytes: std::collections::BTreeMap<String, f64>,
-    comm: Option<crate::simulate::CommModel>,
+    comm: Option<crate::judge::simulate::CommModel>,
 }
 
 impl Lengths {
@@ -405,7 +405,8 @@ fn closest_w(
 ) -> Option<usize> {
     let mut best: Option<(f64, usize)> = None;
     for j in range {
-        let is_w = matches!(list[j].view(), ActionRef::Compute(c) if c.op == crate::program::Op::W);
+        let is_w =
+            matches!(list[j].view(), ActionRef::Compute(c) if c.op == crate::ir::program::Op::W);
         if !is_w {
             continue;
         }
@@ -438,7 +439,7 @@ fn fill_move(
             return false;
         };
         list[..lo].iter().any(|a| {
-            matches!(a.view(), ActionRef::Compute(b) if b.op == crate::program::Op::B && b.unit == w.unit && b.mb == w.mb)
+            matches!(a.view(), ActionRef::Compute(b) if b.op == crate::ir::program::Op::B && b.unit == w.unit && b.mb == w.mb)
         })
     };
     let j = closest_w(list, hi + 1..list.len(), wait, fit, &b_before, cost)?;
@@ -470,7 +471,7 @@ fn fill_rank(
     while i < list.len() {
         match list[i].view() {
             ActionRef::Compute(c) => {
-                if c.op == crate::program::Op::B {
+                if c.op == crate::ir::program::Op::B {
                     backward.insert((c.unit, c.mb));
                 }
                 i += 1;
@@ -486,7 +487,7 @@ fn fill_rank(
                     .filter(|&j| {
                         !used[j]
                             && matches!(list[j].view(), ActionRef::Compute(w)
-                                if w.op == crate::program::Op::W
+                                if w.op == crate::ir::program::Op::W
                                     && backward.contains(&(w.unit, w.mb)))
                     })
                     .map(|j| (lengths.compute(&list[j]), j))
@@ -563,15 +564,15 @@ fn make_way_move(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::derive::{derive_str, Request};
-    use crate::profile::Profile;
-    use crate::verify::verify_static;
+    use crate::algebra::profile::Profile;
+    use crate::judge::verify::verify_static;
+    use crate::search::derive::{derive_str, Request};
 
     /// The compute actions of a rank, as text, with or without its `W`s.
     fn computes(list: &[Action], with_w: bool) -> Vec<String> {
         list.iter()
             .filter(|a| match a.view() {
-                ActionRef::Compute(c) => with_w || c.op != crate::program::Op::W,
+                ActionRef::Compute(c) => with_w || c.op != crate::ir::program::Op::W,
                 _ => false,
             })
             .map(|a| a.to_string())
@@ -584,7 +585,7 @@ mod tests {
     /// has waits to fill, and a fill shortens the step there.
     #[test]
     fn filling_a_rank_moves_only_its_weight_gradients_earlier() {
-        let text = include_str!("../../profiles/qwen2vl-7b.toml");
+        let text = include_str!("../../../profiles/qwen2vl-7b.toml");
         let profile = Profile::from_toml_str(text).unwrap();
         let req = Request::new(&profile, 4, 8);
         let derived = derive_str(&req, "layers(zb2p(encoders = ramp, costs = unit))").unwrap();

@@ -5,14 +5,14 @@
 //! them. Under rendezvous semantics that placement decides how long ranks wait, and a
 //! wrong one hangs. [`relower`] keeps what each rank computes and in which order,
 //! drops the program's transfers and collectives, and derives them again as
-//! [`crate::derive`] does for its own plans: every placement rule of
-//! [`crate::lower`], re-placement against the simulated times, then refinement by
-//! simulation ([`crate::refine`]), which may also move weight-gradient tasks (`W`)
+//! [`crate::search::derive`] does for its own plans: every placement rule of
+//! [`crate::algebra::lower`], re-placement against the simulated times, then refinement by
+//! simulation ([`crate::search::refine`]), which may also move weight-gradient tasks (`W`)
 //! into waits.
 //!
 //! [`relower_ordered`] may also change the compute order: with a budget of `order`
 //! simulations it first searches the plan's order as `refine(X, order = N)` does
-//! ([`crate::reorder`]), and keeps the search's result only when its derivation is
+//! ([`crate::search::reorder`]), and keeps the search's result only when its derivation is
 //! faster than the input order's.
 //!
 //! Guarantees:
@@ -29,12 +29,12 @@
 //!   exceed it, the input is kept, or without a valid input the call fails);
 //! - deterministic.
 
-use crate::lower::LowerError;
-use crate::place::{best_lowering_with, peak_memory_with_params};
-use crate::program::Program;
-pub use crate::replan::{plan_of_program, RelowerError};
-use crate::simulate::{simulate, Mode, SimOptions, SimReport};
-use crate::verify::verify_static;
+use crate::algebra::lower::LowerError;
+use crate::ir::program::Program;
+use crate::judge::simulate::{simulate, Mode, SimOptions, SimReport};
+use crate::judge::verify::verify_static;
+use crate::search::place::{best_lowering_with, peak_memory_with_params};
+pub use crate::search::replan::{plan_of_program, RelowerError};
 
 /// The outcome of [`relower`].
 #[derive(Clone, Debug)]
@@ -63,7 +63,7 @@ pub fn relower(
 }
 
 /// [`relower`], letting the compute order change too: up to `order` simulations of
-/// [`crate::reorder`]'s search (none when 0). Each rank still runs the same compute
+/// [`crate::search::reorder`]'s search (none when 0). Each rank still runs the same compute
 /// tasks; the order found is kept only when its derivation beats the input order's.
 pub fn relower_ordered(
     program: &Program,
@@ -100,10 +100,10 @@ pub fn relower_ordered(
             .map(|r| peak_memory_with_params(program, r))
     });
     // A program from elsewhere has no request: the default tuning.
-    let policy = &crate::policy::SearchPolicy::DEFAULT;
+    let policy = &crate::ir::policy::SearchPolicy::DEFAULT;
     let (mut derived, mut report) =
         best_lowering_with(&plan, expr.as_deref(), opts, cap, true, policy).map_err(|m| {
-            match crate::lower::prepare(&plan) {
+            match crate::algebra::lower::prepare(&plan) {
                 Err(LowerError::Plan(p)) => RelowerError::Order(p),
                 _ => RelowerError::Internal(m),
             }
@@ -115,14 +115,14 @@ pub fn relower_ordered(
             cap.unwrap_or_else(|| peak_memory_with_params(&derived, &report)) * (1.0 + 1e-12);
         let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= within;
         let mut best = (derived, report);
-        let search = crate::reorder::Search {
+        let search = crate::search::reorder::Search {
             text: expr.as_deref(),
             opts,
             fits: &fits,
-            moves: crate::reorder::Moves::WithinRanks,
+            moves: crate::search::reorder::Moves::WithinRanks,
             policy,
         };
-        crate::reorder::reorder_rounds(&plan, &search, order, &mut best, &|o, best| {
+        crate::search::reorder::reorder_rounds(&plan, &search, order, &mut best, &|o, best| {
             best_lowering_with(o, expr.as_deref(), opts, cap, true, policy)
                 .ok()
                 .filter(|(p, r)| r.makespan < best.makespan && fits(p, r) && terminates(p))

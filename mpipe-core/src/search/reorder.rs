@@ -1,12 +1,12 @@
 //! Refinement of a plan's compute order by simulation (`refine(X, order = N)`).
 //!
-//! [`crate::refine`] moves a program's transfers, and then weight gradients, to
+//! [`crate::search::refine`] moves a program's transfers, and then weight gradients, to
 //! where the ranks wait; every other compute task stays where the plan put it. But
 //! a plan is designed against an ideal timing, and where the real one differs a rank
 //! can sit blocked on a receive while a task further down its own list has had its
 //! inputs for a while. `reorder` moves such tasks into the waits:
 //!
-//! 1. lower the plan with each placement rule of [`crate::lower`] and keep the rule
+//! 1. lower the plan with each placement rule of [`crate::algebra::lower`] and keep the rule
 //!    whose program runs fastest; every candidate below is lowered with that rule;
 //! 2. simulate, and list each rank's waits (the time it spends blocked in transfers
 //!    right before a compute task), longest first;
@@ -22,7 +22,7 @@
 //! 5. when no candidate of any wait does, and the caller allows it
 //!    ([`Moves::AcrossRanks`]), move encoder work instead: from the ranks that set
 //!    the pace (the most compute plus the time the other ranks waited for them, as
-//!    [`crate::waits`] attributes it), then the busiest by compute, to the least
+//!    [`crate::judge::waits`] attributes it), then the busiest by compute, to the least
 //!    busy, one micro-batch of an encoder (all its layers or chunks on that rank
 //!    together, else one layer), each task put where the target was at the time it
 //!    ran; keep the first that shortens the step as in 4 and go
@@ -57,18 +57,18 @@
 //! lowered and simulated side by side on every core, then taken in order, counted
 //! and remembered as one at a time would, so the cores change only the wall time);
 //! the budget counts simulations, so the result does not depend on the machine.
-//! Progress is reported as a stage of `budget` simulations ([`crate::progress`]),
+//! Progress is reported as a stage of `budget` simulations ([`crate::ir::progress`]),
 //! which ends early when no move is left.
 
-use crate::analysis::dependencies;
-use crate::lower::{lower_prepared_by, prepare, Placement};
-use crate::place::PLACEMENTS;
-use crate::plan::{Plan, Task, TaskIndex};
-use crate::policy::SearchPolicy;
-use crate::program::{ActionRef, Op, Program};
-use crate::progress::Stage;
-use crate::refine::ends;
-use crate::simulate::{simulate, SimOptions, SimReport};
+use crate::algebra::analysis::dependencies;
+use crate::algebra::lower::{lower_prepared_by, prepare, Placement};
+use crate::ir::plan::{Plan, Task, TaskIndex};
+use crate::ir::policy::SearchPolicy;
+use crate::ir::program::{ActionRef, Op, Program};
+use crate::ir::progress::Stage;
+use crate::judge::simulate::{simulate, SimOptions, SimReport};
+use crate::search::place::PLACEMENTS;
+use crate::search::refine::ends;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Better plans than `plan`, if the search finds any within `budget` simulations
@@ -277,7 +277,7 @@ pub(crate) fn reorder_rounds(
             break;
         }
         // The next round starts from the kept program's compute order.
-        match crate::replan::plan_of_program(&best.0) {
+        match crate::search::replan::plan_of_program(&best.0) {
             Ok(p) if p.units == plan.units => plan.order = p.order,
             _ => break,
         }
@@ -344,7 +344,7 @@ fn workers(tasks: usize, policy: &SearchPolicy) -> usize {
 /// its producers on its own rank.
 fn candidates(
     plan: &Plan,
-    deps: &crate::analysis::Deps,
+    deps: &crate::algebra::analysis::Deps,
     times: &[Vec<Timed>],
     (r, j): (usize, usize),
     wait: f64,
@@ -534,8 +534,8 @@ fn migrations(
     let load = |r: usize| report.compute.get(r).copied().unwrap_or(0.0);
     // How long the other ranks waited for each rank: a rank others wait for paces
     // them, whatever its own compute.
-    let waits = crate::waits::waits(program, &report.timeline, report.makespan);
-    let waited_for = crate::waits::waited_for(&waits, plan.ranks);
+    let waits = crate::judge::waits::waits(program, &report.timeline, report.makespan);
+    let waited_for = crate::judge::waits::waited_for(&waits, plan.ranks);
     let mut busy: Vec<usize> = (0..plan.ranks).collect();
     busy.sort_by(|&a, &b| load(b).total_cmp(&load(a)).then(a.cmp(&b)));
     // Sources: the ranks that set the pace (their compute plus the time the others
@@ -561,7 +561,7 @@ fn migrations(
             .take(n_targets)
             .collect();
         let movable = |u: usize, mb: usize| {
-            !crate::role::is_stage(&plan.units[u])
+            !crate::ir::role::is_stage(&plan.units[u])
                 && ops.iter().all(|&op| {
                     index
                         .get(op, u, mb)
@@ -574,7 +574,7 @@ fn migrations(
         let mut groups: BTreeMap<(usize, usize), (f64, Vec<usize>, bool)> = BTreeMap::new();
         let mut seen: BTreeSet<(usize, usize)> = BTreeSet::new();
         for t in &plan.order[from] {
-            if crate::role::is_stage(&plan.units[t.unit]) || !seen.insert((t.unit, t.mb)) {
+            if crate::ir::role::is_stage(&plan.units[t.unit]) || !seen.insert((t.unit, t.mb)) {
                 continue;
             }
             let g = groups
@@ -624,7 +624,7 @@ fn families(plan: &Plan) -> Vec<usize> {
         .iter()
         .enumerate()
         .map(|(i, u)| {
-            if crate::role::is_stage(u) {
+            if crate::ir::role::is_stage(u) {
                 i
             } else {
                 *first.entry(stem(&u.name)).or_insert(i)
@@ -701,7 +701,7 @@ fn first_lowering(
 /// `plan` lowered with `rule` and simulated; `None` if either fails.
 /// [`lower_one`] of each plan, side by side (the caller sizes the batch by
 /// [`workers`]); in order. A panic in one is the caller's, as on one thread
-/// ([`crate::parallel`]).
+/// ([`crate::ir::parallel`]).
 fn lower_all(
     plans: &[Option<Plan>],
     text: Option<&str>,
@@ -715,7 +715,7 @@ fn lower_all(
             .and_then(|p| lower_one(p, text, opts, rule, policy))
     };
     let order: Vec<usize> = (0..plans.len()).collect();
-    crate::parallel::ordered_map(&order, plans.len(), 1, |body| body(), one)
+    crate::ir::parallel::ordered_map(&order, plans.len(), 1, |body| body(), one)
 }
 
 fn lower_one(
@@ -774,20 +774,20 @@ fn compute_times(program: &Program, report: &SimReport) -> Vec<Vec<Timed>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::derive::{derive_str, Request};
-    use crate::profile::Profile;
-    use crate::verify::verify_static;
+    use crate::algebra::profile::Profile;
+    use crate::judge::verify::verify_static;
+    use crate::search::derive::{derive_str, Request};
 
     /// Qwen2-VL-7B at 4 x 8, the lockstep ramp layer by layer (a rendezvous program
     /// with many waits), as the search sees it: its plan, the simulation options, the
     /// placement rule that did best and the simulated compute times.
     fn lockstep_ramp() -> (Plan, SimOptions, Placement, Vec<Vec<Timed>>) {
-        let text = include_str!("../../profiles/qwen2vl-7b.toml");
+        let text = include_str!("../../../profiles/qwen2vl-7b.toml");
         let profile = Profile::from_toml_str(text).unwrap();
         let req = Request::new(&profile, 4, 8);
         let derived =
             derive_str(&req, "refine(layers(zb2p(encoders = ramp, costs = unit)))").unwrap();
-        let plan = crate::replan::plan_of_program(&derived.program).unwrap();
+        let plan = crate::search::replan::plan_of_program(&derived.program).unwrap();
         let opts = req.sim_options(req.mode);
         let (rule, (program, report)) =
             first_lowering(&plan, None, &opts, &SearchPolicy::DEFAULT).unwrap();
@@ -869,8 +869,8 @@ mod tests {
                         let mut next = plan.clone();
                         let t = next.order[q].remove(from);
                         next.order[q].insert(to, t);
-                        let lowered =
-                            crate::lower::lower_with(&next, None, rule).unwrap_or_else(|e| {
+                        let lowered = crate::algebra::lower::lower_with(&next, None, rule)
+                            .unwrap_or_else(|e| {
                                 panic!(
                                     "{kind:?} {r} {j} {q} {from} {to} {:?} {:?}: {e}",
                                     plan.order[q][from], plan.order[r][j]
@@ -928,7 +928,7 @@ mod tests {
                     .copied()
                     .collect();
                 assert_eq!(new[j + count..], rest[..]);
-                let lowered = crate::lower::lower_with(&next, None, rule).unwrap();
+                let lowered = crate::algebra::lower::lower_with(&next, None, rule).unwrap();
                 assert_eq!(verify_static(&lowered), vec![]);
                 simulate(&lowered, &opts).unwrap();
             }

@@ -1,12 +1,12 @@
 //! The plan a program computes: each rank's compute tasks in order, its raw-input
 //! transfers and prefetched forwards, its transfers and collectives dropped. What
-//! [`crate::relower`] derives again, and what the compute-order search
-//! ([`crate::reorder`]) reads back from a candidate program.
+//! [`crate::search::relower`] derives again, and what the compute-order search
+//! ([`crate::search::reorder`]) reads back from a candidate program.
 
-use crate::analysis::PlanError;
-use crate::plan::{InputShip, Plan, Task};
-use crate::program::{ActionRef, Dir, Program, Tensor};
-use crate::simulate::{check_shape, SimError};
+use crate::algebra::analysis::PlanError;
+use crate::ir::plan::{InputShip, Plan, Task};
+use crate::ir::program::{ActionRef, Dir, Program, Tensor};
+use crate::judge::simulate::{check_shape, SimError};
 use std::collections::BTreeMap;
 
 /// Why a program's communication cannot be derived again.
@@ -36,7 +36,7 @@ pub enum RelowerError {
     )]
     Ranks { lists: usize, ranks: usize },
     /// The document's units, sizes or prefetch entries cannot describe a program
-    /// ([`crate::simulate::check_shape`]).
+    /// ([`crate::judge::simulate::check_shape`]).
     #[error("{0}")]
     Shape(SimError),
     #[error(

@@ -30,8 +30,8 @@ pub const MAX_EXPR_LEN: usize = 4096;
 
 /// The longest name (schedule, operator, encoder, key or value) an expression may
 /// use, in characters: the same limit as a profile's unit names
-/// ([`crate::profile::MAX_NAME_LEN`]).
-pub const MAX_NAME_LEN: usize = crate::profile::MAX_NAME_LEN;
+/// ([`crate::algebra::profile::MAX_NAME_LEN`]).
+pub const MAX_NAME_LEN: usize = crate::algebra::profile::MAX_NAME_LEN;
 
 use super::ast::{Arg, Expr, Ident, Value};
 use super::ExprError;

@@ -1,6 +1,6 @@
 //! An encoder cut into layer chunks, one per rank, scheduled by `zb2p` as stages
 //! before the LLM's (`zb2p(encoders = chain)`; the chunks are
-//! [`crate::units::encoder_chunks`]'s). Where the chunks' work goes then follows
+//! [`crate::algebra::units::encoder_chunks`]'s). Where the chunks' work goes then follows
 //! from the list schedule, as the stages' does.
 //!
 //! What this buys over weaving whole micro-batches (`encoders = spread`): every
@@ -8,13 +8,13 @@
 //! chunk computes on its home rank, so a trainable encoder needs no broadcast of its
 //! parameters and no reduction of their gradients.
 
-use crate::plan::UnitId;
-use crate::policy::SearchPolicy;
-use crate::profile::Profile;
-use crate::program::Unit;
-use crate::units::{
+use crate::algebra::profile::Profile;
+use crate::algebra::units::{
     chunks_of, encoder_layer_work, even_layers, replace_with_chunks, water_fill, water_fill_on,
 };
+use crate::ir::plan::UnitId;
+use crate::ir::policy::SearchPolicy;
+use crate::ir::program::Unit;
 
 /// The units with one encoder cut into chunks (and, for `encoders = chains`, the
 /// other encoders feeding the first stage too, riding along).
@@ -35,7 +35,7 @@ pub struct Chained {
 }
 
 /// Cut the heaviest encoder feeding the first stage into chunks over `ranks` ranks.
-/// `units` are [`crate::units::build_units`]'s: the profile's encoders, in order, then
+/// `units` are [`crate::algebra::units::build_units`]'s: the profile's encoders, in order, then
 /// the stages. The chunk sizes are `layers` (per rank) if given, else water-filled on
 /// each rank's work. `None` when no encoder feeds the first stage.
 pub fn cut(
@@ -229,7 +229,7 @@ pub fn chains_split(profile: &Profile, units: &[Unit], ranks: usize) -> Option<V
         return None;
     }
     let layer_work = llm.forward + llm.backward + llm.weight;
-    let extra = |e: &Option<crate::profile::Extra>| {
+    let extra = |e: &Option<crate::algebra::profile::Extra>| {
         e.as_ref()
             .map_or(0.0, |x| x.forward + x.backward + x.weight)
     };
@@ -449,7 +449,7 @@ pub fn ramp_split_by(
         return None;
     }
     let spec = &profile.encoders[e];
-    let extra = |x: &Option<crate::profile::Extra>| {
+    let extra = |x: &Option<crate::algebra::profile::Extra>| {
         x.as_ref().map_or((0.0, 0.0), |x| {
             (x.forward, x.forward + x.backward + x.weight)
         })

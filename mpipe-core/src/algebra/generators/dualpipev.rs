@@ -6,8 +6,8 @@
 //! Needs at least `2p` micro-batches.
 
 use super::Ctx;
-use crate::plan::Task;
-use crate::program::Op;
+use crate::ir::plan::Task;
+use crate::ir::program::Op;
 use std::collections::VecDeque;
 
 struct Rank<'a, 'c> {

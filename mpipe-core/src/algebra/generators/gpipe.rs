@@ -2,8 +2,8 @@
 //! Under uniform costs the makespan is `(m + p - 1)(F + B + W)`, peak memory `m`.
 
 use super::Ctx;
-use crate::plan::Task;
-use crate::program::Op;
+use crate::ir::plan::Task;
+use crate::ir::program::Op;
 
 pub fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
     (0..ctx.ranks)

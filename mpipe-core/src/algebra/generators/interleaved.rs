@@ -6,8 +6,8 @@
 //! `(p - 1)(F + B + W) / v` and rank `r` holds at most `warm-up + 1` chunk activations.
 
 use super::Ctx;
-use crate::plan::Task;
-use crate::program::Op;
+use crate::ir::plan::Task;
+use crate::ir::program::Op;
 
 /// Warm-up length (in virtual steps) of rank `r`.
 pub fn warmup(p: usize, m: usize, v: usize, r: usize) -> usize {

@@ -18,11 +18,11 @@ mod zbv;
 
 pub use chain::{ramp_split, ramp_split_by, RampSplit};
 
-use crate::plan::{Layout, Plan, Task, UnitId};
-use crate::policy::SearchPolicy;
-use crate::profile::{Profile, Split};
-use crate::program::{Op, Unit};
-use crate::units::{build_units, UnitsError};
+use crate::algebra::profile::{Profile, Split};
+use crate::algebra::units::{build_units, UnitsError};
+use crate::ir::plan::{Layout, Plan, Task, UnitId};
+use crate::ir::policy::SearchPolicy;
+use crate::ir::program::{Op, Unit};
 
 /// The body schedules mpipe can generate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,7 +60,7 @@ pub enum Weave {
     /// Whole micro-batches of encoder work woven into the schedule on every rank.
     Spread,
     /// The heaviest encoder cut into layer chunks, one per rank, that run as a
-    /// pipeline of their own into the first stage (see [`crate::units::encoder_chunks`]).
+    /// pipeline of their own into the first stage (see [`crate::algebra::units::encoder_chunks`]).
     Chain,
     /// Chained as `Chain`, with the LLM's stage split and the chunk sizes chosen
     /// together so that the chunks' forwards fill each rank's warm-up ramp

@@ -4,8 +4,8 @@
 //! most `p - r` activations.
 
 use super::Ctx;
-use crate::plan::Task;
-use crate::program::Op;
+use crate::ir::plan::Task;
+use crate::ir::program::Op;
 
 pub fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
     let (p, m) = (ctx.ranks, ctx.microbatches);

@@ -43,7 +43,7 @@
 //! many encoder transfers between distant ranks cost more than it gains.
 //!
 //! **Chained encoders** (`encoders = chain`): the heaviest encoder feeding the first
-//! stage is cut into per-rank layer chunks ([`crate::units::encoder_chunks`]) that
+//! stage is cut into per-rank layer chunks ([`crate::algebra::units::encoder_chunks`]) that
 //! are scheduled as stages in front of the LLM's (`entry` marks where the LLM
 //! starts), so every encoder transfer is between neighbours and nothing is
 //! broadcast. The cap on micro-batches in flight grows with the longer round trip.
@@ -57,14 +57,14 @@
 //! and chunk sizes are chosen together, see [`super::chain::ramp_split`], and 1.027
 //! with `v = 2, encoders = ramp`, two looped chunks per rank); under
 //! rendezvous the lockstep form of the ramp, computed layer by layer
-//! ([`crate::operators::layers`]) and refined, is the fastest (1.066; 1.0515 with
-//! its compute order searched too, [`crate::reorder`]; the rendezvous bound also
-//! counts the time transfers hold the ranks, see [`crate::bound`]).
+//! ([`crate::algebra::operators::layers`]) and refined, is the fastest (1.066; 1.0515 with
+//! its compute order searched too, [`crate::search::reorder`]; the rendezvous bound also
+//! counts the time transfers hold the ranks, see [`crate::judge::bound`]).
 
 use super::Ctx;
-use crate::analysis::{dependencies, peak_memory, timing};
-use crate::plan::{Plan, Task};
-use crate::program::{Cost, Op};
+use crate::algebra::analysis::{dependencies, peak_memory, timing};
+use crate::ir::plan::{Plan, Task};
+use crate::ir::program::{Cost, Op};
 
 /// The schedule of the context's stages, each on its unit's home rank (looped or in
 /// a V, as the units were built). The LLM starts at stage `entry`; the stages before
@@ -115,7 +115,7 @@ pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<T
     };
     let trainable = |k: usize| ctx.units[ctx.stages[k]].trainable;
     // A frozen chunk of a chained encoder has no backward: its forward is all.
-    let need = crate::plan::needs_backward(ctx.units);
+    let need = crate::ir::plan::needs_backward(ctx.units);
     let needs_b = |k: usize| need[ctx.stages[k]];
     // Lockstep with a chained encoder (attaching): each LLM task takes one of its
     // rank's chunk tasks along, of the same kind where one is ready (a chunk's share
@@ -527,7 +527,7 @@ impl Spread {
         for &(e, ..) in &encs {
             let work = ctx.units[e].work();
             for _ in 0..m {
-                let r = crate::units::least_loaded(&load);
+                let r = crate::algebra::units::least_loaded(&load);
                 load[r] += work;
                 quota[r] += 1;
             }
@@ -654,7 +654,7 @@ pub fn no_worse_than_zbh1(plan: Plan, order: Vec<Vec<Task>>) -> Plan {
 }
 
 /// The parameters of the units homed on rank `r`.
-fn homed_params(units: &[crate::program::Unit], r: usize) -> f64 {
+fn homed_params(units: &[crate::ir::program::Unit], r: usize) -> f64 {
     units.iter().filter(|u| u.home == r).map(|u| u.params).sum()
 }
 

@@ -5,8 +5,8 @@
 //! memory stays 1F1B's (`p` activations on the worst rank).
 
 use super::Ctx;
-use crate::plan::Task;
-use crate::program::Op;
+use crate::ir::plan::Task;
+use crate::ir::program::Op;
 
 pub fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
     let (p, m) = (ctx.ranks, ctx.microbatches);

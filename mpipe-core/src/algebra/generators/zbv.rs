@@ -12,8 +12,8 @@
 //! in micro-batch order, so the decision per step is O(1).
 
 use super::Ctx;
-use crate::plan::Task;
-use crate::program::Op;
+use crate::ir::plan::Task;
+use crate::ir::program::Op;
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
 

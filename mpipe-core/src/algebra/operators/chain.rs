@@ -3,7 +3,7 @@
 //!
 //! The body's plan is taken as it is (its stages, their order, any other encoder's
 //! placement); the encoder's own tasks are taken out and the encoder is replaced by
-//! the chunks of [`crate::units::encoder_chunks`], shared out so that each rank's
+//! the chunks of [`crate::algebra::units::encoder_chunks`], shared out so that each rank's
 //! work (the body's tasks on it plus its chunk) is as even as the layers allow. The
 //! chunks form a pipeline into the first stage, each handing its output to a
 //! neighbour; each computes on its home rank, so nothing is broadcast or reduced.
@@ -30,11 +30,11 @@
 //! neighbours.
 
 use super::fill::{flush, Gaps, Link};
-use crate::analysis::{dependencies_lenient, timing, PlanError, Timing};
-use crate::plan::{Plan, Task, UnitId};
-use crate::profile::EncoderProfile;
-use crate::program::{Op, Unit};
-use crate::units::{encoder_chunks, replace_with_chunks};
+use crate::algebra::analysis::{dependencies_lenient, timing, PlanError, Timing};
+use crate::algebra::profile::EncoderProfile;
+use crate::algebra::units::{encoder_chunks, replace_with_chunks};
+use crate::ir::plan::{Plan, Task, UnitId};
+use crate::ir::program::{Op, Unit};
 
 /// Why `chain` cannot apply.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -78,7 +78,7 @@ pub fn chain(
     let sends: Vec<f64> = (0..n).map(send).collect();
     let home: Vec<usize> = (0..n).map(|c| plan.units[c].home).collect();
     let hop = |c: usize, to: usize| if home[c] == to { 0.0 } else { sends[c] };
-    let costs: Vec<crate::program::Cost> = (0..n).map(|c| plan.units[c].cost).collect();
+    let costs: Vec<crate::ir::program::Cost> = (0..n).map(|c| plan.units[c].cost).collect();
     let cost = |c: usize, op: Op| op.cost(&costs[c]);
 
     let mut time = retime(&plan)?;
@@ -212,7 +212,7 @@ fn replace_unit(plan: Plan, enc: UnitId, chunks: Vec<Unit>) -> Plan {
         .input_ships
         .iter()
         .filter(|s| s.unit != enc)
-        .map(|s| crate::plan::InputShip {
+        .map(|s| crate::ir::plan::InputShip {
             unit: id(s.unit),
             ..*s
         })

@@ -42,10 +42,12 @@
 use super::fill_layers::{place_backward, place_layers};
 use super::insert_all;
 use super::layers::cut_encoder;
-use crate::analysis::{dependencies, dependencies_lenient, peak_memory, timing, PlanError, Timing};
-use crate::plan::{Plan, Task, TaskIndex, UnitId};
-use crate::profile::Profile;
-use crate::program::Op;
+use crate::algebra::analysis::{
+    dependencies, dependencies_lenient, peak_memory, timing, PlanError, Timing,
+};
+use crate::algebra::profile::Profile;
+use crate::ir::plan::{Plan, Task, TaskIndex, UnitId};
+use crate::ir::program::Op;
 
 /// The communication cost model the deadlines account for: `(latency, bandwidth)`.
 pub type Link = Option<(f64, f64)>;

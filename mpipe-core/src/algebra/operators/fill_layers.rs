@@ -27,9 +27,9 @@
 
 use super::fill::{fastest, fastest_backward, first_reader, flush, Chain, Gaps, Link};
 use super::insert_all;
-use crate::analysis::{dependencies_lenient, timing, PlanError};
-use crate::plan::{Plan, Task, UnitId};
-use crate::program::Op;
+use crate::algebra::analysis::{dependencies_lenient, timing, PlanError};
+use crate::ir::plan::{Plan, Task, UnitId};
+use crate::ir::program::Op;
 
 /// Re-place the work of the encoder cut into `pieces` (first layer first) in `plan`,
 /// layer by layer (see the module documentation).

@@ -20,8 +20,8 @@
 //! spreads two encoders over the two least busy ranks.
 
 use super::fill::{place, Link};
-use crate::analysis::PlanError;
-use crate::plan::{Plan, UnitId};
+use crate::algebra::analysis::PlanError;
+use crate::ir::plan::{Plan, UnitId};
 
 /// Which rank hosts the encoder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

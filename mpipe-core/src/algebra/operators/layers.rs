@@ -11,7 +11,7 @@
 //! What it buys is room for transfers to meet. Under rendezvous a send waits until its
 //! receiver posts the receive, and both can only do so between two tasks; with a
 //! stage's four layers as four tasks there are four times as many such points, and the
-//! lowering ([`crate::lower`]) finds meeting points at which neither rank waits long.
+//! lowering ([`crate::algebra::lower`]) finds meeting points at which neither rank waits long.
 //! On the evaluation profiles this cuts the rendezvous step of `auto`'s choice by 0.7
 //! to 5.8% (`auto` tries it on its finalists).
 //!
@@ -23,9 +23,9 @@
 //! next step's copies of each other) or has costs that are not its layers' (a plan
 //! built elsewhere), so one part's units are either all stages or all layers.
 
-use crate::plan::{InputShip, Plan, Task, UnitId};
-use crate::profile::{EncoderProfile, Extra, Profile};
-use crate::program::{Cost, Op, Unit};
+use crate::algebra::profile::{EncoderProfile, Extra, Profile};
+use crate::ir::plan::{InputShip, Plan, Task, UnitId};
+use crate::ir::program::{Cost, Op, Unit};
 
 /// The per-layer units of one unit: their names, costs and sizes.
 struct Pieces {

@@ -10,7 +10,7 @@ pub mod prefetch;
 pub mod split_w;
 pub mod transpose;
 
-use crate::plan::Task;
+use crate::ir::plan::Task;
 
 /// Insert `(position, task)` pairs into `list`; each position refers to the list as
 /// it was (several tasks at one position keep their given order).

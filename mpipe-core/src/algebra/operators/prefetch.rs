@@ -34,10 +34,10 @@
 use super::fill::{Chain, Gaps};
 use super::insert_all;
 use super::layers::cut_encoder;
-use crate::analysis::{dependencies, timing, PlanError};
-use crate::plan::{Plan, Task, UnitId};
-use crate::profile::Profile;
-use crate::program::Op;
+use crate::algebra::analysis::{dependencies, timing, PlanError};
+use crate::algebra::profile::Profile;
+use crate::ir::plan::{Plan, Task, UnitId};
+use crate::ir::program::Op;
 
 /// Prefetch frozen encoder `enc`'s first forwards where that shortens `plan`'s ideal
 /// step, whole or layer by layer (layers from `profile`). The caller checks that

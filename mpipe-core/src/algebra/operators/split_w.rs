@@ -14,9 +14,9 @@
 //! last until `W`, so peak memory can grow; the derivation's memory check applies.
 
 use super::insert_all;
-use crate::analysis::{dependencies, timing, PlanError};
-use crate::plan::{Plan, Task};
-use crate::program::Op;
+use crate::algebra::analysis::{dependencies, timing, PlanError};
+use crate::ir::plan::{Plan, Task};
+use crate::ir::program::Op;
 
 /// Split every trainable unit's `BW` and move the `W`s into idle time.
 pub fn split_w(plan: Plan) -> Result<Plan, PlanError> {

@@ -19,9 +19,11 @@
 //!   backward ([`Backward::Central`]). A frozen encoder has no backward.
 
 use super::insert_all;
-use crate::analysis::{dependencies, dependencies_lenient, peak_memory, timing, PlanError};
-use crate::plan::{InputShip, Plan, Task, UnitId};
-use crate::program::Op;
+use crate::algebra::analysis::{
+    dependencies, dependencies_lenient, peak_memory, timing, PlanError,
+};
+use crate::ir::plan::{InputShip, Plan, Task, UnitId};
+use crate::ir::program::Op;
 
 /// Which ranks own which micro-batches' encoder work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]

@@ -8,7 +8,7 @@ use super::{
     Profile, ProfileIssue, MAX_ENCODERS, MAX_FIGURE, MAX_LAYERS, MAX_LAYOUT_LEN, MAX_NAME_LEN,
     MIN_FIGURE,
 };
-use crate::megatron::MegatronLayout;
+use crate::algebra::megatron::MegatronLayout;
 
 /// Every rule broken by `profile`, in key order (the parser fills in lines).
 pub(super) fn issues(profile: &Profile) -> Vec<ProfileIssue> {

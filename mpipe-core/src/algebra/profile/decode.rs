@@ -9,7 +9,7 @@ use std::ops::Range;
 
 use serde::Deserialize;
 
-use crate::text::edit_distance;
+use crate::ir::text::edit_distance;
 
 use super::{
     check, EncoderProfile, Extra, LinkProfile, LlmProfile, MemoryProfile, Profile, ProfileError,

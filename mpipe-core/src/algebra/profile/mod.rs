@@ -192,7 +192,7 @@ pub struct LlmProfile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_stage_extra: Option<Extra>,
     /// How the layers map to stages, as a Megatron-LM `pipeline_model_parallel_layout`
-    /// string (such as `"Et*3|(tt|)*29,m|L"`; see [`crate::megatron`]). When present it
+    /// string (such as `"Et*3|(tt|)*29,m|L"`; see [`crate::algebra::megatron`]). When present it
     /// replaces the even split: it fixes each stage's transformer layers (`t`, which
     /// must number `layers`; each MTP layer `m` costs one more layer) and the stages
     /// of the embedding `E` (`first_stage_extra`) and the loss `L` (`last_stage_extra`).
@@ -329,8 +329,8 @@ fn list_issues(issues: &[ProfileIssue]) -> String {
 
 impl Profile {
     /// The simulator's communication model of the profile's `[link]`, if it has one.
-    pub fn comm_model(&self) -> Option<crate::model::CommModel> {
-        self.link.as_ref().map(|l| crate::model::CommModel {
+    pub fn comm_model(&self) -> Option<crate::ir::model::CommModel> {
+        self.link.as_ref().map(|l| crate::ir::model::CommModel {
             latency: l.latency,
             bandwidth: l.bandwidth,
         })

@@ -131,14 +131,14 @@ fn serde_round_trip_reads_back() {
 
 #[test]
 fn shipped_example_profiles_are_valid() {
-    let heavy = Profile::from_toml_str(include_str!("../../../profiles/encoder-heavy.toml"))
+    let heavy = Profile::from_toml_str(include_str!("../../../../profiles/encoder-heavy.toml"))
         .unwrap_or_else(|e| panic!("encoder-heavy.toml: {e}"));
     let vision = heavy.encoder("vision").unwrap();
     // The encoder's forward is 9x one of 4 stages' F + B + W.
     let stage = f64::from(heavy.llm.layers / 4)
         * (heavy.llm.forward + heavy.llm.backward + heavy.llm.weight);
     assert_eq!(f64::from(vision.layers) * vision.forward, 9.0 * stage);
-    let qwen = Profile::from_toml_str(include_str!("../../../profiles/qwen2vl-7b.toml"))
+    let qwen = Profile::from_toml_str(include_str!("../../../../profiles/qwen2vl-7b.toml"))
         .unwrap_or_else(|e| panic!("qwen2vl-7b.toml: {e}"));
     assert_eq!((qwen.encoders[0].layers, qwen.llm.layers), (32, 28));
     assert!(qwen.memory.is_some() && qwen.link.is_some());

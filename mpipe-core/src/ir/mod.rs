@@ -1,0 +1,14 @@
+//! Floor 0, the IR: the program every rank runs ([`program`]), the compute-only
+//! [`plan`], the machine a program is timed on ([`model`]), a unit's role
+//! ([`role`]), and what every floor shares: the search's tuning ([`policy`]),
+//! progress reporting ([`progress`]), ordered parallel map, did-you-mean text.
+//! It knows nothing of profiles, expressions or how a program was made.
+
+pub mod model;
+pub(crate) mod parallel;
+pub mod plan;
+pub mod policy;
+pub mod program;
+pub mod progress;
+pub mod role;
+pub(crate) mod text;
