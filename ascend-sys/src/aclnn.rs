@@ -12,7 +12,10 @@
 //!
 //! The signatures are written from CANN's public operator documentation (the aclnn API
 //! reference of the CANN "ops" repositories and hiascend.com); they are Rust types, not
-//! part of the bindgen header, so `tests/abi.rs` does not check them (see README.md).
+//! part of the bindgen header. `tests/abi.rs` compares those the torch-npu wheel
+//! declares (`aclGetRecentErrMsg`, the tensor/scalar/array calls, every second phase,
+//! the `aclDataType`/`aclFormat` values); the first phases and the executor calls it
+//! cannot (see README.md).
 //!
 //! Resolution happens at run time, as torch_npu does: with CANN, [`aclnn`] opens
 //! `libopapi.so` and `libnnopbase.so` with `libloading` (from `$ASCEND_HOME_PATH/lib64`,
