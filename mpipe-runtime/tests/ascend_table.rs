@@ -11,8 +11,9 @@
 //!
 //! (The emitted `BATCHES` of `schedule!` itself cannot be used here: the macro's code
 //! names `::mpipe::runtime`, and a dev-dependency on the facade would link a second
-//! copy of this crate. `tests/schedule_batches.rs` in the facade checks that the
-//! emitted tables equal `batches::derive`, which this test feeds to the device step.)
+//! copy of this crate. The facade's `tests/ascend_table_emitted.rs` runs the generated
+//! code with its emitted tables; `tests/schedule_batches.rs` checks that those equal
+//! `batches::derive`.)
 //!
 //! One binary of its own: the emulator's counters and clock are process-wide.
 //! `cargo test --release --features ascend -p mpipe-runtime --test ascend_table`
