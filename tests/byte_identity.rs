@@ -21,6 +21,10 @@
 //! MPIPE_BLESS=1 cargo test --release --test byte_identity
 //! ```
 //!
+//! Blessing also writes each case's makespan (`tests/golden/makespans.txt`), and a
+//! changed case is reported with its makespan before and after, so the review can
+//! start from whether it got faster.
+//!
 //! A restructuring that changes no behaviour must leave the list as it is.
 
 use std::collections::BTreeMap;
@@ -441,24 +445,29 @@ fn cases() -> (Vec<(String, Profile)>, Vec<Case>) {
     (profiles, cases)
 }
 
-/// The SHA-256 of one case's program JSON (or of `error`), as lower-case hex.
-fn hash_case(profile: &Profile, case: &Case) -> String {
+/// The SHA-256 of one case's program JSON (or of `error`), as lower-case hex, and
+/// the program's simulated makespan (`None`: the derivation fails).
+fn hash_case(profile: &Profile, case: &Case) -> Outcome {
     let mut req = Request::new(profile, case.ranks, case.microbatches);
     req.mode = case.mode;
-    let bytes = match derive_str(&req, &case.expr) {
-        Ok(d) => d.program.to_json().into_bytes(),
-        Err(_) => b"error".to_vec(),
+    let (bytes, makespan) = match derive_str(&req, &case.expr) {
+        Ok(d) => (d.program.to_json().into_bytes(), Some(d.report.makespan)),
+        Err(_) => (b"error".to_vec(), None),
     };
-    Sha256::digest(&bytes)
+    let hash = Sha256::digest(&bytes)
         .iter()
         .map(|b| format!("{b:02x}"))
-        .collect()
+        .collect();
+    (hash, makespan)
 }
 
-/// Every case's hash, in the cases' order, computed on all cores.
-fn hash_all(profiles: &[(String, Profile)], cases: &[Case]) -> Vec<String> {
+/// A case's program hash and makespan (`None`: the derivation fails).
+type Outcome = (String, Option<f64>);
+
+/// Every case's hash and makespan, in the cases' order, computed on all cores.
+fn hash_all(profiles: &[(String, Profile)], cases: &[Case]) -> Vec<Outcome> {
     let next = AtomicUsize::new(0);
-    let out: Mutex<Vec<Option<String>>> = Mutex::new(vec![None; cases.len()]);
+    let out: Mutex<Vec<Option<Outcome>>> = Mutex::new(vec![None; cases.len()]);
     let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
     std::thread::scope(|s| {
         for _ in 0..workers {
@@ -481,6 +490,26 @@ fn golden_path() -> PathBuf {
     root().join("tests/golden/programs.sha256")
 }
 
+/// Each case's makespan when the list was last written: a changed case's review
+/// starts from whether it got faster.
+fn makespans_path() -> PathBuf {
+    root().join("tests/golden/makespans.txt")
+}
+
+/// The committed makespans: case name to makespan (`None`: the derivation failed).
+fn read_makespans(path: &Path) -> BTreeMap<String, Option<f64>> {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .filter_map(|l| l.split_once("  "))
+        .map(|(m, n)| (n.to_string(), m.parse().ok()))
+        .collect()
+}
+
+fn show(makespan: Option<f64>) -> String {
+    makespan.map_or("error".into(), |m| format!("{m}"))
+}
+
 /// The committed list: case name to hash.
 fn read_golden(path: &Path) -> BTreeMap<String, String> {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -494,36 +523,47 @@ fn read_golden(path: &Path) -> BTreeMap<String, String> {
 #[test]
 fn every_pinned_program_is_byte_identical() {
     let (profiles, cases) = cases();
-    let hashes = hash_all(&profiles, &cases);
+    let results = hash_all(&profiles, &cases);
     let path = golden_path();
     if std::env::var_os("MPIPE_BLESS").is_some() {
         let mut text = String::from(
             "# SHA-256 of each case's program JSON (`error`: the derivation fails).\n\
              # Written by `MPIPE_BLESS=1 cargo test --release --test byte_identity`.\n",
         );
-        for (case, hash) in cases.iter().zip(&hashes) {
+        let mut spans = String::from(
+            "# Each case's simulated makespan (`error`: the derivation fails).\n\
+             # Written with tests/golden/programs.sha256.\n",
+        );
+        for (case, (hash, makespan)) in cases.iter().zip(&results) {
             text += &format!("{hash}  {}\n", case.name);
+            spans += &format!("{}  {}\n", show(*makespan), case.name);
         }
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         std::fs::write(&path, text).unwrap();
+        std::fs::write(makespans_path(), spans).unwrap();
         return;
     }
     let golden = read_golden(&path);
+    let before = read_makespans(&makespans_path());
     let error_hash = format!("{:x}", Sha256::digest(b"error"));
     let mut changed = Vec::new();
     let mut new = Vec::new();
     let mut derived = 0;
-    for (case, hash) in cases.iter().zip(&hashes) {
+    for (case, (hash, makespan)) in cases.iter().zip(&results) {
         if *hash != error_hash {
             derived += 1;
         }
         match golden.get(&case.name) {
             Some(h) if h == hash => {}
             Some(h) => changed.push(format!(
-                "{}: {} now {}",
+                "{}: {} now {} (makespan {} now {})",
                 case.name,
                 describe(h, &error_hash),
-                describe(hash, &error_hash)
+                describe(hash, &error_hash),
+                before
+                    .get(&case.name)
+                    .map_or("unknown".into(), |m| show(*m)),
+                show(*makespan),
             )),
             None => new.push(case.name.clone()),
         }
