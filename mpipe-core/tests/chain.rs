@@ -457,9 +457,15 @@ fn chaining_every_encoder_spreads_encoders_that_outweigh_the_llm() {
     let one = t("zb2p(encoders = chain)");
     let all = t("zb2p(encoders = chains)");
     assert!(all < 0.7 * one, "chains {all}, chain {one}");
+    // `auto` finds chaining or something at least as fast, close to the bound.
     let auto = derive_str(&req, "auto").unwrap();
     let ratio = auto.report.makespan / auto.bound.value();
-    assert!(auto.expr.contains("encoders = chains"), "{}", auto.expr);
+    assert!(
+        auto.report.makespan <= all * (1.0 + 1e-9),
+        "{}: {} behind zb2p(encoders = chains) {all}",
+        auto.expr,
+        auto.report.makespan
+    );
     assert!(ratio < 1.08, "{}: {ratio}", auto.expr);
 }
 

@@ -39,14 +39,17 @@ fn encoder_heavy_transpose_is_more_than_twice_as_fast() {
 /// One encoder `vision` (layers, F, B, W per layer, trainable) before a 16-layer
 /// LLM with per-layer (F, B, W).
 fn profile(enc: (u32, f64, f64, f64, bool), llm: (f64, f64, f64)) -> Profile {
+    Profile::from_toml_str(&profile_toml(enc, llm)).unwrap()
+}
+
+fn profile_toml(enc: (u32, f64, f64, f64, bool), llm: (f64, f64, f64)) -> String {
     let (layers, ef, eb, ew, trainable) = enc;
     let (lf, lb, lw) = llm;
-    Profile::from_toml_str(&format!(
+    format!(
         "[[encoder]]\nname = \"vision\"\nlayers = {layers}\nforward = {ef}\nbackward = {eb}\nweight = {ew}\n\
          activation = 0.1\ntrainable = {trainable}\n\n[llm]\nlayers = 16\nforward = {lf}\nbackward = {lb}\n\
          weight = {lw}\nactivation = 1.0\n"
-    ))
-    .unwrap()
+    )
 }
 
 /// The plan's ideal timing: communication free and asynchronous.
@@ -150,4 +153,85 @@ fn transpose_keeps_up_when_backward_is_cheap() {
     let base = makespan(&prof, 7, 5, "1f1b");
     let rr = makespan(&prof, 7, 5, "transpose(vision, 1f1b)");
     assert!(rr <= base * 1.05, "{rr} vs {base}");
+}
+
+/// Issue 36's setting: a frozen encoder whose forward is `enc_f` per micro-batch
+/// before an LLM of `layers` layers with F = B = W = 1 per layer, one layer per stage.
+fn frozen(enc_f: f64, layers: usize) -> Profile {
+    Profile::from_toml_str(&format!(
+        "[[encoder]]\nname = \"vision\"\nlayers = 1\nforward = {enc_f}\nbackward = 0\nweight = 0\n\
+         activation = 0\ntrainable = false\n\n[llm]\nlayers = {layers}\nforward = 1\nbackward = 1\n\
+         weight = 1\nactivation = 1\n"
+    ))
+    .unwrap()
+}
+
+fn eager(profile: &Profile, p: usize, m: usize, expr: &str) -> f64 {
+    let mut req = Request::new(profile, p, m);
+    req.mode = mpipe_core::simulate::Mode::Eager;
+    derive_str(&req, expr)
+        .unwrap_or_else(|e| panic!("{expr}: {e:?}"))
+        .report
+        .makespan
+}
+
+/// The paper's own placement (each owner runs all of its encoder forwards before
+/// its first LLM forward, owners round robin) is reachable as `place = prefix`, and
+/// the default placement is never behind it on the issue's three settings; the
+/// prefix figures are the authors' (120.6, 220.2, 243.0 by their placement).
+#[test]
+fn transpose_at_least_matches_the_authors_placement() {
+    for (enc_f, layers, p, m, authors) in [
+        (0.9, 8, 8, 32, 120.6),
+        (0.9, 8, 8, 64, 220.2),
+        (1.5, 16, 16, 64, 243.0),
+    ] {
+        let prof = frozen(enc_f, layers);
+        let prefix = eager(&prof, p, m, "transpose(vision, 1f1b, place = prefix)");
+        assert!(
+            (prefix - authors).abs() <= 1e-9 * authors,
+            "{p} x {m}: place = prefix gives {prefix}, the authors' placement {authors}"
+        );
+        let ours = eager(&prof, p, m, "transpose(vision, 1f1b)");
+        assert!(
+            ours <= prefix * (1.0 + 1e-9),
+            "{p} x {m}: transpose {ours} behind the authors' placement {prefix}"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(96))]
+
+    /// `transpose(vision, 1f1b)` is never slower than the authors' prefix placement
+    /// (`place = prefix`), frozen or trainable, local or central backward, under
+    /// either semantics, with or without a link cost: the derivation keeps the faster
+    /// of its own placement and the authors' by simulating both programs.
+    #[test]
+    fn transpose_never_behind_the_prefix_placement(
+        enc_layers in 1u32..12, ef in 0.05f64..2.0, eb in 0.05f64..2.0, ew in 0.0f64..1.0, trainable: bool,
+        lf in 0.2f64..2.0, lb in 0.2f64..2.0, lw in 0.0f64..1.5,
+        p in prop::sample::select(vec![2usize, 4, 8]), m in 1usize..49,
+        central: bool, rendezvous: bool, latency in prop::option::of(0.01f64..0.5),
+    ) {
+        let mut prof = profile((enc_layers, ef, eb, ew, trainable), (lf, lb, lw));
+        if let Some(latency) = latency {
+            prof = Profile::from_toml_str(&format!(
+                "{}\n[link]\nlatency = {latency}\nbandwidth = 4.0\n",
+                profile_toml((enc_layers, ef, eb, ew, trainable), (lf, lb, lw))
+            ))
+            .unwrap();
+        }
+        let mut req = Request::new(&prof, p, m);
+        if !rendezvous {
+            req.mode = mpipe_core::simulate::Mode::Eager;
+        }
+        let bw = if central && trainable { ", backward = central" } else { "" };
+        let span = |expr: &str| {
+            derive_str(&req, expr).unwrap_or_else(|e| panic!("{expr}: {e:?}")).report.makespan
+        };
+        let ours = span(&format!("transpose(vision, 1f1b{bw})"));
+        let prefix = span(&format!("transpose(vision, 1f1b, place = prefix{bw})"));
+        prop_assert!(ours <= prefix * (1.0 + 1e-9), "transpose {ours} behind the prefix placement {prefix}");
+    }
 }

@@ -17,7 +17,7 @@ use crate::algebra::operators::host::{host, Host};
 use crate::algebra::operators::layers::layers;
 use crate::algebra::operators::prefetch::prefetch;
 use crate::algebra::operators::split_w::split_w;
-use crate::algebra::operators::transpose::{transpose, Backward, Owners};
+use crate::algebra::operators::transpose::{transpose_with, Backward, Owners, Place};
 use crate::algebra::profile::{Profile, Split};
 use crate::ir::model::{Mode, SimOptions};
 use crate::ir::plan::{Plan, UnitId};
@@ -457,6 +457,7 @@ fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opt
     let mut ok = true;
     let mut owners = Owners::default();
     let mut backward = Backward::default();
+    let mut place = Place::default();
     for (key, value) in e.keys() {
         let choice = |choices: &[&str]| -> Result<usize, DeriveError> {
             value
@@ -479,11 +480,14 @@ fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opt
                 .map(|i| owners = [Owners::RoundRobin, Owners::Min, Owners::Spare][i]),
             "backward" => choice(&["local", "central"])
                 .map(|i| backward = [Backward::Local, Backward::Central][i]),
+            "place" => choice(&["best", "late", "prefix", "idle"]).map(|i| {
+                place = [Place::Best, Place::Late, Place::Prefix, Place::Idle][i];
+            }),
             other => Err(err(
                 ErrorKind::BadArgument,
                 key.span,
                 format!(
-                    "unknown argument `{other}` of `transpose`; expected one of: owners, backward"
+                    "unknown argument `{other}` of `transpose`; expected one of: owners, backward, place"
                 ),
             )),
         };
@@ -493,7 +497,7 @@ fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opt
         }
     }
     let (_, id, plan) = encoder_and_plan(req, e, "transpose(vision, 1f1b)", ok, errors)?;
-    applied(e, transpose(plan, id, owners, backward), errors)
+    applied(e, transpose_with(plan, id, owners, backward, place), errors)
 }
 
 /// The two positional arguments of an encoder operator (`example` shows its use), or

@@ -14,7 +14,8 @@
 
 use crate::algebra::eval::{err, eval, one_body, plan_of};
 pub use crate::algebra::eval::{DeriveError, ErrorKind, Request, OPERATOR_NAMES};
-use crate::algebra::expr::Expr;
+use crate::algebra::expr::{Arg, Expr, Ident, Value};
+use crate::ir::plan::Plan;
 pub use crate::ir::text::did_you_mean;
 use crate::search::finish::finish;
 pub use crate::search::finish::{bound_for, Derived};
@@ -82,8 +83,11 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
                 _ => {}
             }
             let plan = inner.and_then(|x| eval(req, x, &mut errors));
-            match plan {
-                Some(plan) if errors.is_empty() => {
+            match (plan, inner) {
+                (Some(plan), Some(inner)) if errors.is_empty() => {
+                    // The placement chosen as for the body alone, then refined (the
+                    // order search runs once, on the winner).
+                    let (plan, _) = choose_placement(req, plan, inner);
                     finish(req, &plan, &expr.to_string(), expr.span, Some(order))
                 }
                 _ => Err(errors),
@@ -91,9 +95,75 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
         }
         _ => {
             let plan = plan_of(req, expr)?;
-            finish(req, &plan, &expr.to_string(), expr.span, None)
+            choose_placement(req, plan, expr).1
         }
     }
+}
+
+/// [`finish`] `plan`, the plan of `expr`; and where `expr` has a `transpose` whose
+/// placement is the default (`place = best`: chosen by the plan's ideal timing, which
+/// sees neither communication costs nor rendezvous), also the plans with the
+/// authors' placement there (`place = prefix`) and with the late one (`place =
+/// late`), keeping the one whose program is fastest (the first on a tie): so a user
+/// who writes the paper's schedule never gets less than the paper's placement, nor
+/// than `late`. Returns the plan kept and its derivation.
+fn choose_placement(
+    req: &Request,
+    plan: Plan,
+    expr: &Expr,
+) -> (Plan, Result<Derived, Vec<DeriveError>>) {
+    let text = expr.to_string();
+    let mut best = (plan, None);
+    for place in ["prefix", "late"] {
+        let Some(other) = with_placement(expr, place) else {
+            break;
+        };
+        let mut ignored = Vec::new();
+        let alt = match eval(req, &other, &mut ignored) {
+            Some(alt) if ignored.is_empty() && alt != best.0 => alt,
+            _ => continue,
+        };
+        let current = match best.1.take() {
+            Some(d) => d,
+            None => finish(req, &best.0, &text, expr.span, None),
+        };
+        best = match (current, finish(req, &alt, &text, expr.span, None)) {
+            (Ok(a), Ok(b)) if b.report.makespan < a.report.makespan => (alt, Some(Ok(b))),
+            (Err(_), Ok(b)) => (alt, Some(Ok(b))),
+            (current, _) => (best.0, Some(current)),
+        };
+    }
+    let (plan, derived) = best;
+    let derived = derived.unwrap_or_else(|| finish(req, &plan, &text, expr.span, None));
+    (plan, derived)
+}
+
+/// `e` with `place = PLACE` added to every `transpose` that leaves its placement to
+/// the default (and does not ask for `owners = min`, whose placement is the
+/// reference one already); `None` if there is none.
+fn with_placement(e: &Expr, place: &str) -> Option<Expr> {
+    let mut out = e.clone();
+    let mut changed = false;
+    for arg in &mut out.args {
+        if let Arg::Expr(sub) = arg {
+            if let Some(x) = with_placement(sub, place) {
+                *sub = x;
+                changed = true;
+            }
+        }
+    }
+    let own_default = e.name() == "transpose"
+        && e.find_key("place").is_none()
+        && e.find_key("owners").and_then(|v| v.as_name()) != Some("min");
+    if own_default {
+        out.args.push(Arg::Key {
+            key: Ident::new("place", e.span),
+            value: Value::Name(Ident::new(place, e.span)),
+            span: e.span,
+        });
+        changed = true;
+    }
+    changed.then_some(out)
 }
 
 /// The most simulations `refine(X, order = N)` may spend searching the compute order.

@@ -44,14 +44,49 @@ pub enum Backward {
     Central,
 }
 
-/// Re-place encoder `enc`'s work in `plan`.
+/// Where the encoder's forwards go in their owners' orders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Place {
+    /// The fastest of [`Place::Prefix`], [`Place::Idle`] and [`Place::Late`] by the
+    /// plan's ideal timing, among those within the memory limit (earlier in that list
+    /// on a tie: the authors' placement first). With [`Owners::Min`] (the reference implementation's owners) only
+    /// `Late`, which is then the reference placement itself.
+    #[default]
+    Best,
+    /// The first `n` forwards open their owners' lists; later ones go as late as
+    /// still lets them finish before the first stage needs them, by the plan's ideal
+    /// timing.
+    Late,
+    /// The authors' placement: every owner runs all of its forwards, in micro-batch
+    /// order, before its first other work.
+    Prefix,
+    /// Warm-up idle first: each owner's forwards run before its first other work, as
+    /// many on each rank as its predicted idle (the ideal start of its first task)
+    /// holds, micro-batches assigned earliest deadline first to the earliest free
+    /// slot; the pipeline's start is delayed by the least multiple of the encoder's
+    /// forward for which every micro-batch fits before its deadline.
+    Idle,
+}
+
+/// Re-place encoder `enc`'s work in `plan` ([`Place::Best`]).
 pub fn transpose(
-    mut plan: Plan,
+    plan: Plan,
     enc: UnitId,
     owners: Owners,
     backward: Backward,
 ) -> Result<Plan, PlanError> {
-    let (p, m) = (plan.ranks, plan.microbatches);
+    transpose_with(plan, enc, owners, backward, Place::Best)
+}
+
+/// Re-place encoder `enc`'s work in `plan`, its forwards placed by `place`.
+pub fn transpose_with(
+    mut plan: Plan,
+    enc: UnitId,
+    owners: Owners,
+    backward: Backward,
+    place: Place,
+) -> Result<Plan, PlanError> {
+    let p = plan.ranks;
     let first = plan.stages[0];
     let r0 = plan.units[first].home;
     // The ranks that own micro-batches, in turn from the first stage's.
@@ -81,26 +116,124 @@ pub fn transpose(
         }
         _ => (0..p).map(|i| (r0 + i) % p).collect(),
     };
-    let n = ring.len().min(m);
-    let owner = |mb: usize| match owners {
-        Owners::RoundRobin | Owners::Spare => ring[mb % n],
-        Owners::Min if mb < n => ring[mb],
-        Owners::Min => r0,
-    };
-    let trainable = plan.units[enc].trainable;
-    let c_f = plan.units[enc].cost.f;
     for list in &mut plan.order {
         list.retain(|t| t.unit != enc);
     }
     plan.input_ships.retain(|s| s.unit != enc);
 
+    let places: &[Place] = match (place, owners) {
+        (Place::Best, Owners::Min) => &[Place::Late],
+        (Place::Best, _) => &[Place::Prefix, Place::Idle, Place::Late],
+        (Place::Late, _) => &[Place::Late],
+        (Place::Prefix, _) => &[Place::Prefix],
+        (Place::Idle, _) => &[Place::Idle],
+    };
+    let trainable = plan.units[enc].trainable;
+    let mut candidates = Vec::new();
+    for &pl in places {
+        let (placed, owner) = place_forwards(&plan, enc, &ring, owners, pl)?;
+        if !trainable {
+            candidates.push(placed);
+            continue;
+        }
+        // The backward: two placements. Eager: each encoder backward as soon as its
+        // gradient is ready. Deferred: after the rank's other work, so the first
+        // stage's backwards (which other ranks wait for) are not held up by encoder
+        // work nobody waits for; but every encoder activation is then held to the end.
+        for deferred in [false, true] {
+            candidates.push(place_backward(
+                &placed,
+                enc,
+                &|mb| owner[mb],
+                backward,
+                deferred,
+            )?);
+        }
+    }
+    // The fastest candidate among those within the profile's memory limit (so
+    // without a limit a trainable encoder may hold all its activations to the end of
+    // the step); on a tie the earlier candidate.
+    let fits = |peak: f64| plan.memory_limit.is_none_or(|limit| peak <= limit);
+    let mut best: Option<(f64, f64, Plan)> = None;
+    let single = candidates.len() == 1;
+    for candidate in candidates {
+        if single {
+            best = Some((0.0, 0.0, candidate));
+            break;
+        }
+        let span = timing(&candidate, &dependencies(&candidate)?)?.makespan();
+        let peak = peak_memory(&candidate).into_iter().fold(0.0, f64::max);
+        let better = match &best {
+            None => true,
+            Some((b_span, b_peak, _)) => match (fits(peak), fits(*b_peak)) {
+                (true, false) => true,
+                (false, true) => false,
+                _ => span < *b_span,
+            },
+        };
+        if better {
+            best = Some((span, peak, candidate));
+        }
+    }
+    let Some((_, _, mut plan)) = best else {
+        return Ok(plan);
+    };
+    plan.input_ships.sort();
+    Ok(plan)
+}
+
+/// Place encoder `enc`'s forwards in `plan` (which holds none of its tasks) by
+/// `place` (not [`Place::Best`]); returns the plan and each micro-batch's owner.
+fn place_forwards(
+    plan: &Plan,
+    enc: UnitId,
+    ring: &[usize],
+    owners: Owners,
+    place: Place,
+) -> Result<(Plan, Vec<usize>), PlanError> {
+    let mut plan = plan.clone();
+    let (p, m) = (plan.ranks, plan.microbatches);
+    let first = plan.stages[0];
+    let r0 = plan.units[first].home;
+    let n = ring.len().min(m);
+    let c_f = plan.units[enc].cost.f;
+    let mut owner: Vec<usize> = (0..m)
+        .map(|mb| match owners {
+            Owners::RoundRobin | Owners::Spare => ring[mb % n],
+            Owners::Min if mb < n => ring[mb],
+            Owners::Min => r0,
+        })
+        .collect();
+
+    if place == Place::Idle {
+        owner = idle_owners(&plan, ring, c_f)?;
+        let mut fronts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
+        for (mb, &k) in owner.iter().enumerate() {
+            fronts[k].push((0, Task::new(Op::F, enc, mb)));
+        }
+        for (k, items) in fronts.into_iter().enumerate() {
+            insert_all(&mut plan.order[k], items);
+        }
+        return Ok((plan, owner));
+    }
+    if place == Place::Prefix && owners != Owners::Min {
+        let mut fronts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
+        for (mb, &k) in owner.iter().enumerate() {
+            fronts[k].push((0, Task::new(Op::F, enc, mb)));
+        }
+        for (k, items) in fronts.into_iter().enumerate() {
+            insert_all(&mut plan.order[k], items);
+        }
+        return Ok((plan, owner));
+    }
+
     // 1. The warm-up prefix, and (owners = min) the inline rest.
-    for mb in 0..n {
-        plan.order[owner(mb)].insert(0, Task::new(Op::F, enc, mb));
+    for (mb, &k) in owner.iter().enumerate().take(n) {
+        plan.order[k].insert(0, Task::new(Op::F, enc, mb));
     }
     let mut inline = Vec::new();
     for (i, t) in plan.order[r0].iter().enumerate() {
-        if t.unit == first && t.op == Op::F && t.mb >= n && owner(t.mb) == r0 {
+        if t.unit == first && t.op == Op::F && t.mb >= n && owner[t.mb] == r0 {
             inline.push((i, Task::new(Op::F, enc, t.mb)));
         }
     }
@@ -111,8 +244,7 @@ pub fn transpose(
         let timed = timing(&plan, &dependencies_lenient(&plan)?)?;
         let index = plan.locate();
         let mut inserts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
-        for mb in n..m {
-            let k = owner(mb);
+        for (mb, &k) in owner.iter().enumerate().skip(n) {
             if k == r0 {
                 continue; // already inline before the first stage's forward
             }
@@ -136,46 +268,84 @@ pub fn transpose(
             insert_all(&mut plan.order[k], items);
         }
     }
+    Ok((plan, owner))
+}
 
-    if !trainable {
-        return Ok(plan);
+/// [`Place::Idle`]'s owners: micro-batch `mb`'s forward goes to a rank of `ring`.
+///
+/// From the ideal timing of `plan` without the encoder: rank `r`'s first task starts
+/// at `s_r`, and the first stage's forward of micro-batch `mb` at `need_mb`. Delaying
+/// the whole pipeline by `D`, rank `r` has the window `[0, s_r + D)` for encoder
+/// forwards, back to back from time 0 (so its slots end at `c_f, 2 c_f, ..`), and
+/// micro-batch `mb` must finish by `need_mb + D`. All forwards cost the same, so
+/// which rank a slot is on does not matter for feasibility: taking micro-batches
+/// earliest deadline first, each in the earliest free slot, fits them all whenever
+/// any assignment does. Feasibility only grows with `D`; the smallest `D = j c_f`
+/// (`1 <= j <= m`; at `j = m` one rank's window holds every forward) is found by
+/// bisection.
+fn idle_owners(plan: &Plan, ring: &[usize], c_f: f64) -> Result<Vec<usize>, PlanError> {
+    let m = plan.microbatches;
+    let first = plan.stages[0];
+    let timed = timing(plan, &dependencies_lenient(plan)?)?;
+    let end = timed.makespan();
+    let start: Vec<f64> = ring
+        .iter()
+        .map(|&r| timed.start[r].first().copied().unwrap_or(end))
+        .collect();
+    let index = plan.locate();
+    let mut by_deadline: Vec<(f64, usize)> = (0..m)
+        .map(|mb| {
+            let need = index
+                .get(Op::F, first, mb)
+                .map_or(end, |(q, j)| timed.start[q][j]);
+            (need, mb)
+        })
+        .collect();
+    by_deadline.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    // Relative slack for sums of costs that are equal in exact arithmetic.
+    let tol = |x: f64| x + 1e-9 * x.abs().max(1.0);
+    let assign = |delay: f64| -> Option<Vec<usize>> {
+        let mut used = vec![0usize; ring.len()];
+        let mut owner = vec![0usize; m];
+        for &(need, mb) in &by_deadline {
+            // The earliest free slot among the ranks whose window still holds one.
+            let mut pick: Option<(usize, f64)> = None;
+            for (i, &s) in start.iter().enumerate() {
+                let finish = (used[i] + 1) as f64 * c_f;
+                if finish <= tol(s + delay) && pick.is_none_or(|(_, f)| finish < f) {
+                    pick = Some((i, finish));
+                }
+            }
+            let (i, finish) = pick?;
+            if finish > tol(need + delay) {
+                return None;
+            }
+            used[i] += 1;
+            owner[mb] = ring[i];
+        }
+        Some(owner)
+    };
+    if c_f <= 0.0 {
+        return Ok(assign(0.0).unwrap_or_else(|| (0..m).map(|mb| ring[mb % ring.len()]).collect()));
     }
-
-    // 3. The backward: two placements. Eager: each encoder backward as soon as its
-    // gradient is ready. Deferred: after the rank's other work, so the first stage's
-    // backwards (which other ranks wait for) are not held up by encoder work nobody
-    // waits for; but every encoder activation is then held to the end. The faster
-    // one wins among those within the profile's memory limit (so without a limit a
-    // trainable encoder may hold all its activations to the end of the step).
-    let mut candidates = Vec::new();
-    for deferred in [false, true] {
-        let candidate = place_backward(&plan, enc, &owner, backward, deferred)?;
-        let span = timing(&candidate, &dependencies(&candidate)?)?.makespan();
-        let peak = peak_memory(&candidate).into_iter().fold(0.0, f64::max);
-        candidates.push((span, peak, candidate));
-    }
-    let fits = |peak: f64| plan.memory_limit.is_none_or(|limit| peak <= limit);
-    let mut best: Option<(f64, f64, Plan)> = None;
-    for (span, peak, candidate) in candidates {
-        let better = match &best {
-            None => true,
-            Some((b_span, b_peak, _)) => match (fits(peak), fits(*b_peak)) {
-                (true, false) => true,
-                (false, true) => false,
-                _ if span < *b_span => true,
-                _ if span == *b_span => peak < *b_peak,
-                _ => false,
-            },
-        };
-        if better {
-            best = Some((span, peak, candidate));
+    let (mut lo, mut hi) = (1usize, m.max(1));
+    let mut best = assign(hi as f64 * c_f);
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        match assign(mid as f64 * c_f) {
+            Some(owner) => {
+                best = Some(owner);
+                hi = mid;
+            }
+            None => lo = mid + 1,
         }
     }
-    let Some((_, _, mut plan)) = best else {
-        return Ok(plan);
-    };
-    plan.input_ships.sort();
-    Ok(plan)
+    if lo == hi {
+        if let Some(owner) = assign(lo as f64 * c_f) {
+            best = Some(owner);
+        }
+    }
+    Ok(best.unwrap_or_else(|| (0..m).map(|mb| ring[mb % ring.len()]).collect()))
 }
 
 /// Place encoder `enc`'s backward (see [`transpose`]); `deferred` appends each rank's
