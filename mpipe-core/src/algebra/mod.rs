@@ -12,4 +12,5 @@ pub mod lower;
 pub mod megatron;
 pub mod operators;
 pub mod profile;
+pub mod ramp;
 pub mod units;

@@ -176,8 +176,7 @@ fn ramp_splits(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<Vec<
     [1, 2]
         .into_iter()
         .filter_map(|v| {
-            let split =
-                crate::algebra::generators::ramp_split(profile, &single, ranks, microbatches, v)?;
+            let split = crate::algebra::ramp::ramp_split(profile, &single, ranks, microbatches, v)?;
             build_units(&split.applied(profile, v), ranks, v, Layout::Looped).ok()
         })
         .collect()

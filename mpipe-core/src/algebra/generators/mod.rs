@@ -16,7 +16,7 @@ mod zb2p;
 mod zbh1;
 mod zbv;
 
-pub use chain::{ramp_split, ramp_split_by, RampSplit};
+pub use crate::algebra::ramp::{ramp_split, ramp_split_by, RampSplit};
 
 use crate::algebra::profile::{Profile, Split};
 use crate::algebra::units::{build_units, UnitsError};
@@ -271,7 +271,7 @@ pub fn generate_by(
             let cut = match balanced {
                 Some(split) => {
                     let mut own = profile.clone();
-                    own.llm.layout = Some(chain::stage_layout(split.into_iter()));
+                    own.llm.layout = Some(crate::algebra::ramp::stage_layout(split.into_iter()));
                     let units = build_units(&own, ranks, 1, kind.layout())?;
                     chain::cut_all(&own, &units, ranks)
                 }
@@ -309,7 +309,14 @@ pub fn generate_by(
                 rebuilt = build_units(profile, ranks, 1, kind.layout())?;
                 &rebuilt
             };
-            match chain::ramp_split_by(profile, single, ranks, microbatches, v, policy) {
+            match crate::algebra::ramp::ramp_split_by(
+                profile,
+                single,
+                ranks,
+                microbatches,
+                v,
+                policy,
+            ) {
                 Some(split) => {
                     let own = split.applied(profile, v);
                     let units = build_units(&own, ranks, v, kind.layout())?;
