@@ -32,7 +32,7 @@
 //! | --- | --- | --- | --- |
 //! | 0 | [`ir`] | program, plan, timing model ([`model`]), a unit's role, search policy, progress, ordered parallel map, did-you-mean text | profiles, expressions, how a program was made |
 //! | 1 | [`algebra`] | profile, expr, units, megatron, the ramp split, generators, operators, plan analysis, an expression's evaluation to a plan, lowering | simulation, verification, the search |
-//! | 2 | [`judge`] | verify, simulate, timeline, waits, bound, advice | how a program was made (the bound and advice read the profile and the algebra's stage splits) |
+//! | 2 | [`judge`] | verify, simulate, timeline, waits, bound, advice | how a program was made (the bound and advice read the profile, the algebra's stage splits and body names) |
 //! | 3 | [`search`] | refine, best lowering, reorder, relower, a plan to a checked program, `auto`, the `derive` entry, evaluation | who calls it (tool, macro, test) |
 //! | 4 | [`interop`], [`render`] | PyTorch CSVs, calibration from a trace; SVG, Chrome traces, re-rolled loops | |
 //!

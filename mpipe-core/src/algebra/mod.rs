@@ -1,5 +1,6 @@
 //! Floor 1, the algebra: profiles ([`profile`]), expressions ([`expr`]), units
-//! ([`units`], [`megatron`]), the bodies ([`generators`]) and plan-to-plan maps
+//! ([`units`], [`megatron`], the ramp split in [`ramp`]), the bodies ([`generators`])
+//! and plan-to-plan maps
 //! ([`operators`]) over a plan's dependencies ([`analysis`]), an expression's
 //! evaluation to a plan (`eval`), and the lowering of a plan to a program
 //! ([`lower`]). It knows nothing of simulation or the search.

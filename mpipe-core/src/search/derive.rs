@@ -1,16 +1,15 @@
-//! The derivation: profile + expression -> verified, simulated program. The entry
-//! every caller uses (`mpipe_core::derive::derive`): it checks the request, resolves
-//! `auto` ([`crate::search::auto`]) and `refine(X, order = N)` here, above the algebra, and
-//! calls down: [`crate::algebra::eval`] for the plan, [`crate::search::finish`] for the program.
+//! The derivation: profile + expression -> verified, simulated program, and the
+//! entry every caller uses (`mpipe_core::derive::derive`).
 //!
 //! ```text
 //! Expr ──eval──► Plan ──lower──► Program ──verify──► ──simulate──► memory check
 //! ```
 //!
-//! `eval` maps each sub-expression to a plan: a body name runs its generator, an
-//! operator evaluates its body argument and maps the plan. Errors carry the span of
-//! the sub-expression at fault, and evaluation goes on past an error where it can, so
-//! a user sees every mistake at once.
+//! [`derive()`] checks the request, then resolves what only the search can answer
+//! here, above the algebra: `auto` ([`crate::search::auto`]) and
+//! `refine(X, order = N)`. Everything else it hands down: the algebra's evaluation
+//! (`algebra::eval`) gives the plan, with every mistake of the expression
+//! at its span, and `search::finish` the checked, simulated program.
 
 use crate::algebra::eval::{err, eval, one_body, plan_of};
 pub use crate::algebra::eval::{DeriveError, ErrorKind, Request, OPERATOR_NAMES};

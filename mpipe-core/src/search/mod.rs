@@ -3,7 +3,7 @@
 //! (`place`); a program's plan read back (`replan`); the compute-order search
 //! ([`reorder`]); re-derivation of a given program ([`relower`]); a plan to a
 //! checked, simulated program (`finish`); `auto` ([`auto`]); the entry every
-//! caller uses ([`derive`]), which resolves `auto` and `refine(...)` above the
+//! caller uses ([`mod@derive`]), which resolves `auto` and `refine(...)` above the
 //! algebra; and the peers set against `auto` ([`evaluation`]).
 //!
 //! `mpipe_core::search` is also `auto`'s public surface (re-exported below).

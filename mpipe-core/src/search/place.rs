@@ -1,7 +1,7 @@
 //! The best lowering of one plan: every placement rule of the lowering, re-placement
 //! against the simulated times, then transfer and weight-gradient refinement
-//! ([`crate::search::refine`]), keeping the fastest program. A small search of its own (it
-//! simulates every candidate), and the lowest module of the search floor.
+//! ([`crate::search::refine`]), keeping the fastest program. A small search of its
+//! own (it simulates every candidate), just above `refine` in the search floor.
 
 use crate::algebra::analysis::Timing;
 use crate::algebra::lower::{assemble, placement_of, prepare, Placed, Placement};

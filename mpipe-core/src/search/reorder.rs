@@ -13,7 +13,7 @@
 //! 3. for a wait before task `j` on rank `r`, first the weight gradients later on
 //!    `r` whose backward ran before `j`, the longest deferred first, as many as fit
 //!    the wait (when two or more do: [`fill_with_w`]) are a candidate, moved
-//!    together; then every task `k` up to [`LOOKAHEAD`] places later on `r` whose
+//!    together; then every task `k` up to [`lookahead`](crate::ir::policy::SearchPolicy::lookahead) places later on `r` whose
 //!    inputs were all ready by the middle of the wait (produced there, before `j`,
 //!    or elsewhere, by then in the simulation) is one: move `k` to just before `j`,
 //!    lower, simulate;
@@ -30,7 +30,7 @@
 //!    the bounds assume); the lowering adds the parameter broadcast and gradient
 //!    reduction a rank computing away from a unit's home needs;
 //! 6. when nothing of 3-5 helps, shift work along a rank instead: for each wait,
-//!    an earlier weight gradient (up to [`LOOKAHEAD`] places before it) moves into
+//!    an earlier weight gradient (up to [`lookahead`](crate::ir::policy::SearchPolicy::lookahead) places before it) moves into
 //!    it, so that what ran between them, and the sends other ranks wait for among
 //!    that, runs earlier; and the producer on another rank whose output arrived
 //!    last moves earlier on its own rank (before the weight gradients right before
@@ -436,7 +436,7 @@ fn ready_ws<'a>(
 
 /// The move that fills the wait of `wait` before task `j` of rank `r` with weight
 /// gradients at once: the first of [`ready_ws`] (the longest deferred first,
-/// from anywhere later on the rank, not only within [`LOOKAHEAD`]) while their
+/// from anywhere later on the rank, not only within [`lookahead`](crate::ir::policy::SearchPolicy::lookahead)) while their
 /// work fits the wait, when that is at least two (one is a move of
 /// [`candidates`], or does not fit). A zero-bubble schedule defers weight
 /// gradients to the cool-down; where a rank then waits in the steady state with

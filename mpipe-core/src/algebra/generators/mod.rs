@@ -64,7 +64,7 @@ pub enum Weave {
     Chain,
     /// Chained as `Chain`, with the LLM's stage split and the chunk sizes chosen
     /// together so that the chunks' forwards fill each rank's warm-up ramp
-    /// ([`chain::ramp_split`]); one stage per rank.
+    /// ([`crate::algebra::ramp::ramp_split`]); one stage per rank.
     Ramp,
     /// Every encoder chained along the same ranks: the heaviest (trainable) one as
     /// `Chain`, the others' chunks riding along with its chunk on each rank
