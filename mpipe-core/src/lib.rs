@@ -59,6 +59,8 @@
 //!   search's next candidates), through the IR's ordered parallel map, inside a
 //!   procedural macro too ([`search::for_macro`]).
 
+#![warn(unreachable_pub)]
+
 /// This build of mpipe-core: its version and a hash of its source (`build.rs`). Two
 /// builds with the same fingerprint derive the same programs and make the same
 /// `auto` choices; a result remembered under one fingerprint (the `schedule!`

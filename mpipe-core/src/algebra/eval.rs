@@ -62,8 +62,6 @@ pub enum ErrorKind {
     Microbatches,
     /// The profile cannot be split over the ranks.
     Profile,
-    /// Known, but not implemented yet.
-    NotAvailable,
     /// A rank's peak memory exceeds `memory.limit`.
     Memory,
     /// The derived program breaks a validity rule (a bug in mpipe: please report).

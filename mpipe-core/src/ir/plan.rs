@@ -98,11 +98,6 @@ impl Plan {
     pub fn locate(&self) -> TaskIndex {
         TaskIndex::new(self)
     }
-
-    /// Total number of tasks over all ranks.
-    pub fn task_count(&self) -> usize {
-        self.order.iter().map(Vec::len).sum()
-    }
 }
 
 /// `needs backward` for units in topological order (see docs/spec/program-format.md).

@@ -501,22 +501,6 @@ impl Program {
     pub fn unit_index(&self, name: &str) -> Option<usize> {
         self.units.iter().position(|u| u.name == name)
     }
-
-    /// Total compute time of all compute actions (the numerator of the bubble ratio).
-    /// Actions on unknown units count as zero.
-    pub fn total_compute(&self) -> f64 {
-        let mut total = 0.0;
-        for list in &self.programs {
-            for a in list {
-                if let ActionRef::Compute(c) = a.view() {
-                    if let Some(u) = self.unit_index(c.unit) {
-                        total += c.op.cost(&self.units[u].cost);
-                    }
-                }
-            }
-        }
-        total
-    }
 }
 
 #[cfg(test)]

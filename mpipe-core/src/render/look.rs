@@ -19,7 +19,7 @@ pub(crate) struct UnitLook {
 
 impl UnitLook {
     /// The look of a unit the program does not declare.
-    pub const UNKNOWN: UnitLook = UnitLook {
+    pub(crate) const UNKNOWN: UnitLook = UnitLook {
         encoder: false,
         chunk: 0,
         chunks: 1,

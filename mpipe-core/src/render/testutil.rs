@@ -9,7 +9,7 @@ use crate::ir::program::{
 };
 use crate::judge::timeline::{Slot, Timeline};
 
-pub fn unit(name: &str, inputs: &[&str], home: usize, cost: (f64, f64, f64)) -> Unit {
+pub(crate) fn unit(name: &str, inputs: &[&str], home: usize, cost: (f64, f64, f64)) -> Unit {
     Unit {
         name: name.to_string(),
         inputs: inputs.iter().map(|s| s.to_string()).collect(),
@@ -40,7 +40,7 @@ fn recv(t: Tensor, u: &str, mb: usize, peer: usize) -> Action {
 
 /// 2 ranks, 2 micro-batches: an encoder `vision` and `llm.0` on rank 0, `llm.1` on
 /// rank 1; F, B, W, BW and RF, four transfers, one broadcast.
-pub fn small_program() -> Program {
+pub(crate) fn small_program() -> Program {
     use Op::*;
     use Tensor::*;
     let bcast = Action::BCAST {
@@ -95,7 +95,7 @@ pub fn small_program() -> Program {
 
 /// Time a program under the eager semantics of docs/spec/program-format.md (transfers take
 /// no time, collectives rendezvous). Panics on deadlock: fixtures are valid.
-pub fn simulate_eager(p: &Program) -> Timeline {
+pub(crate) fn simulate_eager(p: &Program) -> Timeline {
     let n = p.programs.len();
     let mut idx = vec![0usize; n];
     let mut now = vec![0.0f64; n];
@@ -165,7 +165,7 @@ pub fn simulate_eager(p: &Program) -> Timeline {
 /// list scheduler (backward first, forward while fewer than a limit are in flight,
 /// weight gradients to fill bubbles; the last chunk uses a fused BW). Returns the
 /// program and its eager timeline.
-pub fn big_example(
+pub(crate) fn big_example(
     ranks: usize,
     mbs: usize,
     chunks: usize,
@@ -369,7 +369,7 @@ pub fn big_example(
 /// A small XML well-formedness check: tags balance, attribute values are quoted,
 /// and every `&` starts one of the five predefined entities or a character
 /// reference. Returns the number of elements.
-pub fn check_xml(s: &str) -> Result<usize, String> {
+pub(crate) fn check_xml(s: &str) -> Result<usize, String> {
     fn check_amp(text: &str) -> Result<(), String> {
         let mut rest = text;
         while let Some(i) = rest.find('&') {

@@ -511,16 +511,6 @@ impl Event {
         }
         Ok(())
     }
-
-    /// Milliseconds from `start`'s recording to this one's.
-    pub fn elapsed_since(&self, start: &Event) -> Result<f32, AscendError> {
-        let mut ms = 0f32;
-        // SAFETY: live handles and a writable f32.
-        acl("aclrtEventElapsedTime", unsafe {
-            sys::aclrtEventElapsedTime(&mut ms, start.raw, self.raw)
-        })?;
-        Ok(ms)
-    }
 }
 
 impl Drop for Event {

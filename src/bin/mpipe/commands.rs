@@ -514,7 +514,6 @@ fn failure_note(f: &Failure) -> String {
     let what = match kind {
         "memory" => "over memory.limit".to_string(),
         "simulation" => "does not run".to_string(),
-        "not_available" => "not available yet".to_string(),
         other => other.replace('_', " "),
     };
     let more = f.json_errors().len().saturating_sub(1);

@@ -18,7 +18,7 @@ use crate::ir::program::Unit;
 
 /// The units with one encoder cut into chunks (and, for `encoders = chains`, the
 /// other encoders feeding the first stage too, riding along).
-pub struct Chained {
+pub(crate) struct Chained {
     /// Chunks in data order, then riding chunks, then the other encoders, then the
     /// LLM stages.
     pub units: Vec<Unit>,
@@ -38,7 +38,7 @@ pub struct Chained {
 /// `units` are [`crate::algebra::units::build_units`]'s: the profile's encoders, in order, then
 /// the stages. The chunk sizes are `layers` (per rank) if given, else water-filled on
 /// each rank's work. `None` when no encoder feeds the first stage.
-pub fn cut(
+pub(crate) fn cut(
     profile: &Profile,
     units: &[Unit],
     ranks: usize,
@@ -78,7 +78,7 @@ pub fn cut(
 /// the rank before in the same direction, and the gradients come back the same
 /// way (a trainable rider needs a trainable carrier, which the choice above gives).
 /// `None` when fewer than two encoders feed the first stage.
-pub fn cut_all(profile: &Profile, units: &[Unit], ranks: usize) -> Option<Chained> {
+pub(crate) fn cut_all(profile: &Profile, units: &[Unit], ranks: usize) -> Option<Chained> {
     let n_enc = profile.encoders.len();
     let first = units.get(n_enc)?;
     let (carrier, riders) = carrier_and_riders(units, n_enc)?;
@@ -190,7 +190,7 @@ fn fill_chains(
 /// busy (then the ranks' loads most even), found by moving one layer at a time
 /// between any two stages from the even split. One stage per rank, rank `r` holding
 /// stage `r`; at least one layer each. `None` when [`cut_all`] would not chain.
-pub fn chains_split(profile: &Profile, units: &[Unit], ranks: usize) -> Option<Vec<usize>> {
+pub(crate) fn chains_split(profile: &Profile, units: &[Unit], ranks: usize) -> Option<Vec<usize>> {
     let n_enc = profile.encoders.len();
     let (carrier, riders) = carrier_and_riders(units, n_enc)?;
     let llm = &profile.llm;

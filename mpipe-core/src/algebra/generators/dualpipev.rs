@@ -42,7 +42,7 @@ impl Rank<'_, '_> {
     }
 }
 
-pub fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
+pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
     let (p, m) = (ctx.ranks, ctx.microbatches);
     (0..p)
         .map(|r| {

@@ -5,7 +5,7 @@ use super::Ctx;
 use crate::ir::plan::Task;
 use crate::ir::program::Op;
 
-pub fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
+pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
     (0..ctx.ranks)
         .map(|r| {
             let f = (0..ctx.microbatches).map(|m| ctx.task(Op::F, r, m));

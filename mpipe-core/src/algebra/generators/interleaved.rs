@@ -10,7 +10,7 @@ use crate::ir::plan::Task;
 use crate::ir::program::Op;
 
 /// Warm-up length (in virtual steps) of rank `r`.
-pub fn warmup(p: usize, m: usize, v: usize, r: usize) -> usize {
+pub(crate) fn warmup(p: usize, m: usize, v: usize, r: usize) -> usize {
     let total = m * v;
     if m == p {
         total
@@ -19,7 +19,7 @@ pub fn warmup(p: usize, m: usize, v: usize, r: usize) -> usize {
     }
 }
 
-pub fn order(ctx: &Ctx, v: usize) -> Vec<Vec<Task>> {
+pub(crate) fn order(ctx: &Ctx, v: usize) -> Vec<Vec<Task>> {
     let (p, m) = (ctx.ranks, ctx.microbatches);
     let total = m * v;
     let mb = |k: usize| (k / (p * v)) * p + k % p;

@@ -7,7 +7,7 @@ use super::Ctx;
 use crate::ir::plan::Task;
 use crate::ir::program::Op;
 
-pub fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
+pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
     let (p, m) = (ctx.ranks, ctx.microbatches);
     (0..p)
         .map(|r| {

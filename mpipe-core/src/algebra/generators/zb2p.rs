@@ -69,7 +69,7 @@ use crate::ir::program::{Cost, Op};
 /// The schedule of the context's stages, each on its unit's home rank (looped or in
 /// a V, as the units were built). The LLM starts at stage `entry`; the stages before
 /// it are a chained encoder's chunks (`encoders = chain`).
-pub fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<Task>> {
+pub(crate) fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<Task>> {
     let (p, m) = (ctx.ranks, ctx.microbatches);
     let s = ctx.stages.len();
     let home = |k: usize| ctx.units[ctx.stages[k]].home;
@@ -627,7 +627,7 @@ impl Spread {
 /// greedy order can come out behind ZB-H1's when `B` is several times `F`; ZB-2p's
 /// admission follows the limit, while ZB-H1 holds its `p - r` micro-batches
 /// regardless, hence the check.
-pub fn no_worse_than_zbh1(plan: Plan, order: Vec<Vec<Task>>) -> Plan {
+pub(crate) fn no_worse_than_zbh1(plan: Plan, order: Vec<Vec<Task>>) -> Plan {
     let zbh1 = Plan {
         order,
         ..plan.clone()
@@ -660,7 +660,7 @@ fn homed_params(units: &[crate::ir::program::Unit], r: usize) -> f64 {
 
 /// The encoders whose output the first stage reads (those `encoders = spread`
 /// weaves into the schedule; others stay inline).
-pub fn feeding(ctx: &Ctx) -> Vec<usize> {
+pub(crate) fn feeding(ctx: &Ctx) -> Vec<usize> {
     let first = &ctx.units[ctx.stages[0]];
     (0..ctx.units.len())
         .filter(|u| !ctx.stages.contains(u) && first.inputs.contains(&ctx.units[*u].name))

@@ -34,7 +34,7 @@ impl Ord for Free {
     }
 }
 
-pub fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
+pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
     let (p, m) = (ctx.ranks, ctx.microbatches);
     let s = 2 * p;
     let cost = |k: usize| ctx.units[ctx.stages[k]].cost;
