@@ -1070,11 +1070,12 @@ fn refine_places_every_transfer_of_a_compute_only_program() {
 }
 
 /// `refine --order N` searches the compute order too: faster than `refine` alone
-/// where the order left waits (a transposed ZB-V here), a valid program, and the
-/// budget checked (1 to 100000).
+/// where the order left waits (a transposed ZB-V with the encoder's forwards placed
+/// late, in the steady state, here), a valid program, and the budget checked (1 to
+/// 100000).
 #[test]
 fn refine_order_searches_the_compute_order() {
-    let plain = derive("transpose(vision, zbv)");
+    let plain = derive("transpose(vision, zbv, place = late)");
     let h = heavy();
     let dir = TempDir::new("refine-order");
     let (kept, moved) = (dir.path("kept.json"), dir.path("moved.json"));
