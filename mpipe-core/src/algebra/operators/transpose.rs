@@ -205,18 +205,11 @@ fn place_forwards(
         })
         .collect();
 
-    if place == Place::Idle {
-        owner = idle_owners(&plan, ring, c_f)?;
-        let mut fronts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
-        for (mb, &k) in owner.iter().enumerate() {
-            fronts[k].push((0, Task::new(Op::F, enc, mb)));
+    // Idle and prefix: every owner's forwards open its list, in micro-batch order.
+    if place == Place::Idle || (place == Place::Prefix && owners != Owners::Min) {
+        if place == Place::Idle {
+            owner = idle_owners(&plan, ring, c_f)?;
         }
-        for (k, items) in fronts.into_iter().enumerate() {
-            insert_all(&mut plan.order[k], items);
-        }
-        return Ok((plan, owner));
-    }
-    if place == Place::Prefix && owners != Owners::Min {
         let mut fronts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
         for (mb, &k) in owner.iter().enumerate() {
             fronts[k].push((0, Task::new(Op::F, enc, mb)));
@@ -338,11 +331,6 @@ fn idle_owners(plan: &Plan, ring: &[usize], c_f: f64) -> Result<Vec<usize>, Plan
                 hi = mid;
             }
             None => lo = mid + 1,
-        }
-    }
-    if lo == hi {
-        if let Some(owner) = assign(lo as f64 * c_f) {
-            best = Some(owner);
         }
     }
     Ok(best.unwrap_or_else(|| (0..m).map(|mb| ring[mb % ring.len()]).collect()))
