@@ -117,19 +117,14 @@ fn unit_names(program: &Program) -> Vec<String> {
     program.units.iter().map(|u| u.name.clone()).collect()
 }
 
-/// The units `expr` would have for `req` had it not failed with `errors`, when
-/// those are about sizes only: too few micro-batches, or over the memory limit.
-/// Units do not depend on either, so the expression is derived again with more
-/// micro-batches and no limit. `None` for any other error, or if that fails too.
+/// The units `expr` would have for `req` had it not failed with `errors`: first the
+/// expression itself with room to derive (more micro-batches, no memory limit;
+/// units depend on neither), for errors about sizes only; else what its writer most
+/// likely meant ([`mpipe_core::algebra::repair::likely_meant`]: misspelt names
+/// repaired, then its parts, then the plainest body), likewise relaxed. `None` when
+/// nothing derives.
 fn relaxed_units(req: &Request, expr: &Expr, errors: &[DeriveError]) -> Option<Vec<String>> {
     use mpipe_core::derive::ErrorKind;
-    let sizes_only = !errors.is_empty()
-        && errors
-            .iter()
-            .all(|e| matches!(e.kind, ErrorKind::Microbatches | ErrorKind::Memory));
-    if !sizes_only {
-        return None;
-    }
     let mut profile = req.profile.clone();
     profile.memory = None;
     let relaxed = Request {
@@ -137,8 +132,24 @@ fn relaxed_units(req: &Request, expr: &Expr, errors: &[DeriveError]) -> Option<V
         microbatches: req.microbatches.max(4 * req.ranks),
         ..*req
     };
-    let d = mpipe_core::search::for_macro(|| derive(&relaxed, expr)).ok()?;
-    Some(unit_names(&d.program))
+    let units = |e: &Expr| {
+        mpipe_core::search::for_macro(|| derive(&relaxed, e))
+            .ok()
+            .map(|d| unit_names(&d.program))
+    };
+    let sizes_only = !errors.is_empty()
+        && errors
+            .iter()
+            .all(|e| matches!(e.kind, ErrorKind::Microbatches | ErrorKind::Memory));
+    if sizes_only {
+        if let Some(u) = units(expr) {
+            return Some(u);
+        }
+    }
+    let encoders: Vec<&str> = profile.encoders.iter().map(|e| e.name.as_str()).collect();
+    mpipe_core::algebra::repair::likely_meant(expr, &encoders)
+        .iter()
+        .find_map(units)
 }
 
 /// `out`, a fallback module and its errors, with the fallback's `UNITS` and

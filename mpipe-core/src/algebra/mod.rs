@@ -3,7 +3,8 @@
 //! and plan-to-plan maps
 //! ([`operators`]) over a plan's dependencies ([`analysis`]), an expression's
 //! evaluation to a plan (`eval`), and the lowering of a plan to a program
-//! ([`lower`]). It knows nothing of simulation or the search.
+//! ([`lower`]); for an expression that does not derive, what its writer most likely
+//! meant ([`repair`]). It knows nothing of simulation or the search.
 
 pub mod analysis;
 pub(crate) mod eval;
@@ -14,4 +15,5 @@ pub mod megatron;
 pub mod operators;
 pub mod profile;
 pub mod ramp;
+pub mod repair;
 pub mod units;
