@@ -199,6 +199,12 @@ fn check_rejects_a_mutated_program_naming_the_rule() {
         err.contains(file.to_str().unwrap()),
         "names the file: {err}"
     );
+    // The rules are cited by a path that exists in the project.
+    let spec = mpipe_core::verify::SPEC;
+    assert!(err.contains(spec), "cites the spec: {err}");
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join(spec)).expect("the cited spec exists");
+    assert!(text.contains("Validity rules"), "{spec} has the rules");
 }
 
 #[test]

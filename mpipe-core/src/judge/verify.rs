@@ -44,7 +44,10 @@ use crate::judge::simulate::{
     simulate, split_ops, tensor_index, unit_names, Mode, SimError, SimOptions,
 };
 
-/// The five validity rules.
+/// Where the validity rules are specified, as the project's messages cite it.
+pub const SPEC: &str = "docs/spec/program-format.md";
+
+/// The five validity rules ([`SPEC`], "Validity rules").
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Rule {
     Coverage = 1,

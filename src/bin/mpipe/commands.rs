@@ -160,8 +160,10 @@ pub fn check(file: &str, mode: Mode, as_json: bool) -> Result<u8, Failure> {
         }
     } else {
         errln!(
-            "{label}: invalid, {} (termination checked under {} semantics):",
+            "{label}: invalid, {} of {}'s validity rules (termination checked under {} \
+             semantics):",
             plural(violations.len(), "violation", "violations"),
+            mpipe_core::verify::SPEC,
             mode.name()
         );
         for v in &violations {
