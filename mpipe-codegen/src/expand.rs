@@ -415,7 +415,13 @@ fn load_program(
     let violations = verify(&program);
     if !violations.is_empty() {
         for v in &violations {
-            errors.push(syn::Error::new(lit.span(), format!("{name} breaks {v} (the rules: {})", mpipe_core::verify::SPEC)));
+            errors.push(syn::Error::new(
+                lit.span(),
+                format!(
+                    "{name} breaks {v} (the rules: {})",
+                    mpipe_core::verify::SPEC
+                ),
+            ));
         }
         return None;
     }
