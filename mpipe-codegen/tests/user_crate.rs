@@ -32,7 +32,9 @@ struct Block {
     text: String,
 }
 
-/// The chapter's blocks marked `<!-- driver-crate: [append ]PATH -->`, in order.
+/// The chapter's blocks marked `<!-- driver-crate: [append ]PATH -->`, in order. (Their
+/// Rust blocks are fenced as `rs`, which rustdoc does not take for doctests: they are
+/// compiled here, in a crate of their own, not as doctests of the `mpipe` crate.)
 fn blocks(chapter: &str) -> Vec<Block> {
     let mut out = Vec::new();
     let mut lines = chapter.lines();

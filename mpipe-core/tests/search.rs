@@ -1,51 +1,18 @@
 //! `auto` against the peer schedules: never slower than any of them, deterministic.
 //!
-//! The ratio of `auto`'s step time to the lower bound over random profiles, for the
-//! README: `MPIPE_SEARCH_REPORT=400 cargo test --release -p mpipe-core --test search
-//! -- --ignored --nocapture` (the number of random cases; `MPIPE_SEARCH_DUMP=FILE`
-//! also writes every case there, worst first).
+//! The distribution of `auto`'s ratio to the lower bound over random profiles (for
+//! the guide's results) is a task, not a test: `cargo run --release -p mpipe-core
+//! --example ratio_report -- 400`.
+
+#[path = "search_cases/mod.rs"]
+mod search_cases;
+use search_cases::{auto_and_peers, peers, random_profile};
 
 use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::evaluation::intended_size;
 use mpipe_core::profile::Profile;
 use mpipe_core::search::{candidates, search};
 use proptest::prelude::*;
-use proptest::strategy::ValueTree;
-use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
-
-/// The peer schedules of the evaluation: each body with every encoder inline, and
-/// with every encoder transposed.
-fn peers(profile: &Profile) -> Vec<String> {
-    let bodies = ["1f1b", "interleaved(v = 2)", "zbh1", "zbv", "dualpipev"];
-    let mut out: Vec<String> = bodies.iter().map(|b| b.to_string()).collect();
-    for b in bodies {
-        // Every encoder transposed, in either nesting order.
-        let mut e = b.to_string();
-        for enc in &profile.encoders {
-            e = format!("transpose({}, {e})", enc.name);
-        }
-        out.push(e);
-        if profile.encoders.len() == 2 {
-            let mut e = b.to_string();
-            for enc in profile.encoders.iter().rev() {
-                e = format!("transpose({}, {e})", enc.name);
-            }
-            out.push(e);
-        }
-    }
-    out
-}
-
-/// `auto`'s step time, and every derivable peer's.
-fn auto_and_peers(profile: &Profile, p: usize, m: usize) -> (f64, String, f64, Vec<(String, f64)>) {
-    let req = Request::new(profile, p, m);
-    let auto = derive_str(&req, "auto").unwrap_or_else(|e| panic!("auto: {e:?}"));
-    let peers = peers(profile)
-        .into_iter()
-        .filter_map(|e| derive_str(&req, &e).ok().map(|d| (e, d.report.makespan)))
-        .collect();
-    (auto.report.makespan, auto.expr, auto.bound.value(), peers)
-}
 
 fn check_not_slower(profile: &Profile, p: usize, m: usize) -> Result<f64, TestCaseError> {
     let (best, chosen, bound, peers) = auto_and_peers(profile, p, m);
@@ -348,35 +315,6 @@ fn auto_inside_an_operator_is_an_error() {
     );
 }
 
-/// A random multimodal profile: a vision encoder, sometimes an audio encoder too,
-/// each frozen or trainable, before a 16-layer LLM.
-fn random_profile() -> impl Strategy<Value = (String, usize, usize)> {
-    (
-        (1u32..33, 0.05f64..2.0, 0.05f64..2.0, 0.0f64..1.0, any::<bool>()),
-        prop::option::of((1u32..13, 0.05f64..1.0, any::<bool>())),
-        (0.2f64..2.0, 0.2f64..2.0, 0.0f64..1.5),
-        prop::sample::select(vec![2usize, 4, 8]),
-        1usize..5,
-    )
-        .prop_map(|((vl, vf, vb, vw, vt), audio, (lf, lb, lw), p, k)| {
-            let mut text = format!(
-                "[[encoder]]\nname = \"vision\"\nlayers = {vl}\nforward = {vf}\nbackward = {vb}\n\
-                 weight = {vw}\nactivation = 0.1\ntrainable = {vt}\n\n"
-            );
-            if let Some((al, af, at)) = audio {
-                text += &format!(
-                    "[[encoder]]\nname = \"audio\"\nlayers = {al}\nforward = {af}\nbackward = {af}\n\
-                     weight = {}\nactivation = 0.1\ntrainable = {at}\n\n",
-                    af / 2.0
-                );
-            }
-            text += &format!(
-                "[llm]\nlayers = 16\nforward = {lf}\nbackward = {lb}\nweight = {lw}\nactivation = 1.0\n"
-            );
-            (text, p, p * k)
-        })
-}
-
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(48))]
 
@@ -384,71 +322,6 @@ proptest! {
     fn auto_is_never_slower_than_a_peer((text, p, m) in random_profile()) {
         let profile = Profile::from_toml_str(&text).unwrap();
         check_not_slower(&profile, p, m)?;
-    }
-}
-
-/// Prints the distribution of `auto`'s ratio to the lower bound over random profiles
-/// (median, worst and the worst profile) for the README.
-#[test]
-#[ignore = "a report, not a check: run with MPIPE_SEARCH_REPORT=N and --nocapture"]
-fn ratio_to_bound_report() {
-    let n: u32 = std::env::var("MPIPE_SEARCH_REPORT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    // A fixed seed, so that the README's figures can be reproduced.
-    let mut runner = TestRunner::new_with_rng(
-        Config {
-            cases: n,
-            ..Config::default()
-        },
-        TestRng::deterministic_rng(RngAlgorithm::ChaCha),
-    );
-    let mut rows: Vec<(f64, f64, String, usize, usize)> = Vec::new();
-    for _ in 0..n {
-        let (text, p, m): (String, usize, usize) =
-            random_profile().new_tree(&mut runner).unwrap().current();
-        let profile = Profile::from_toml_str(&text).unwrap();
-        let (best, chosen, bound, _) = auto_and_peers(&profile, p, m);
-        rows.push((
-            best / bound,
-            (m / p) as f64,
-            format!("{chosen}\n{text}"),
-            p,
-            m,
-        ));
-    }
-    // MPIPE_SEARCH_DUMP=FILE also writes every case, worst first (ratio, sizes,
-    // `auto`'s expression and the profile), for a closer look.
-    if let Ok(path) = std::env::var("MPIPE_SEARCH_DUMP") {
-        let mut all: Vec<_> = rows.iter().collect();
-        all.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let text: String = all
-            .iter()
-            .map(|(ratio, _, what, p, m)| format!("## {ratio:.4} {p} x {m}: {what}\n"))
-            .collect();
-        std::fs::write(&path, text).expect("write the dump");
-    }
-    for (label, keep) in [
-        ("all", &(|_: f64| true) as &dyn Fn(f64) -> bool),
-        ("micro-batches >= 2 x ranks", &|k: f64| k >= 2.0),
-    ] {
-        let mut r: Vec<_> = rows.iter().filter(|x| keep(x.1)).collect();
-        r.sort_by(|a, b| a.0.total_cmp(&b.0));
-        if r.is_empty() {
-            continue;
-        }
-        let within = r.iter().filter(|x| x.0 <= 1.05).count();
-        let worst = r.last().unwrap();
-        println!(
-            "{label}: {} cases, median {:.3}, within 5%: {within}, worst {:.3} ({} ranks, {} micro-batches, auto = {})",
-            r.len(),
-            r[r.len() / 2].0,
-            worst.0,
-            worst.3,
-            worst.4,
-            worst.2
-        );
     }
 }
 

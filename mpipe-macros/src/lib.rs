@@ -6,7 +6,7 @@
 
 /// Derive a pipeline schedule at compile time and emit one function per rank.
 ///
-/// ```ignore
+/// ```rs
 /// mpipe::schedule! {
 ///     /// Qwen2-VL-7B on 8 pipeline ranks
 ///     pub mod plan {

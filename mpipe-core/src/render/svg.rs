@@ -918,36 +918,4 @@ mod tests {
         check_xml(&svg).unwrap();
         assert_eq!(count(&svg, r#"<rect class="op "#), 2 + 5);
     }
-
-    /// Writes /tmp/mpipe-gantt-*.svg for looking at: `cargo test -p mpipe-core
-    /// render_svg_write_examples -- --ignored`.
-    #[test]
-    #[ignore]
-    fn render_svg_write_examples() {
-        for (name, (p, t)) in [
-            ("v", big_example(8, 32, 2, false)),
-            ("interleaved", big_example(4, 8, 2, true)),
-            ("plain", big_example(4, 8, 1, true)),
-        ] {
-            let opts = SvgOptions {
-                title: Some(format!(
-                    "{name}: {} ranks × {} micro-batches",
-                    p.ranks, p.microbatches
-                )),
-                ..SvgOptions::default()
-            };
-            std::fs::write(
-                format!("/tmp/mpipe-gantt-{name}.svg"),
-                gantt_svg(&p, &t, &opts),
-            )
-            .unwrap();
-        }
-        let p = small_program();
-        let t = simulate_eager(&p);
-        let opts = SvgOptions {
-            title: Some("small".into()),
-            ..SvgOptions::default()
-        };
-        std::fs::write("/tmp/mpipe-gantt-small.svg", gantt_svg(&p, &t, &opts)).unwrap();
-    }
 }

@@ -590,19 +590,6 @@ mod tests {
         );
     }
 
-    /// Writes /tmp/mpipe-trace-*.json for loading into Perfetto: `cargo test -p
-    /// mpipe-core render_trace_write_examples -- --ignored`.
-    #[test]
-    #[ignore]
-    fn render_trace_write_examples() {
-        let p = small_program();
-        let t = simulate_eager(&p);
-        let opts = TraceOptions::default();
-        std::fs::write("/tmp/mpipe-trace-small.json", chrome_trace(&p, &t, &opts)).unwrap();
-        let (p, t) = big_example(8, 32, 2, false);
-        std::fs::write("/tmp/mpipe-trace-v.json", chrome_trace(&p, &t, &opts)).unwrap();
-    }
-
     #[test]
     fn render_trace_big_schedule() {
         let (p, t) = big_example(8, 32, 2, true);
