@@ -440,3 +440,76 @@ fn slugs_are_githubs() {
     );
     assert_eq!(slug("snake_case <em>too</em>"), "snake_case-too");
 }
+
+/// The repository paths a text names in inline code (`mpipe-core/src/judge/bound.rs`,
+/// `docs/spec/program-format.md`): spans that start with a workspace member's
+/// directory, `docs/` or `profiles/` (paths a reader resolves from the repository's
+/// root whatever file names them; a crate's own `src/...` or `tests/...` is left
+/// out, being relative to a crate the text only implies), and hold no space, glob or
+/// placeholder. With the 1-based line each is on.
+fn code_paths(text: &str) -> Vec<(usize, String)> {
+    const ROOTS: [&str; 8] = [
+        "mpipe-core/",
+        "mpipe-codegen/",
+        "mpipe-macros/",
+        "mpipe-runtime/",
+        "ascend-sys/",
+        "examples/mllm",
+        "docs/",
+        "profiles/",
+    ];
+    let mut out = Vec::new();
+    let mut fence = false;
+    for (i, line) in text.lines().enumerate() {
+        if line.trim_start().starts_with("```") {
+            fence = !fence;
+            continue;
+        }
+        if fence {
+            continue;
+        }
+        for (k, span) in line.split('`').enumerate() {
+            let plain = span
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "/._-".contains(c));
+            if k % 2 == 1 && plain && ROOTS.iter().any(|r| span.starts_with(r)) {
+                out.push((i + 1, span.trim_end_matches('.').to_string()));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_repository_path_the_docs_name_in_code_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut missing = Vec::new();
+    let mut seen = 0;
+    for file in doc_files(root) {
+        let text = std::fs::read_to_string(root.join(&file)).unwrap();
+        for (line, path) in code_paths(&text) {
+            seen += 1;
+            if !root.join(&path).exists() {
+                missing.push(format!("{}:{line}: `{path}`", file.display()));
+            }
+        }
+    }
+    assert!(
+        seen > 20,
+        "the docs name repository paths; found only {seen}"
+    );
+    assert!(
+        missing.is_empty(),
+        "paths named in the docs that do not exist (moved? renamed?):\n{}",
+        missing.join("\n")
+    );
+}
+
+#[test]
+fn code_paths_are_read_from_inline_code_outside_fences() {
+    let text = "see `mpipe-core/src/judge/bound.rs` and `cargo test`\n```\n`docs/x.md`\n```\n`docs/a b.md` `docs/*.md` `src/main.rs`";
+    assert_eq!(
+        code_paths(text),
+        vec![(1, "mpipe-core/src/judge/bound.rs".to_string())]
+    );
+}
