@@ -440,18 +440,12 @@ fn regular_schedules_roll_to_a_size_independent_of_microbatches() {
     }
 }
 
-/// `transpose(vision, 1f1b)` with round-robin owners does not roll to a constant size:
-/// the program itself has no short period. The transpose operator places each later
-/// encoder forward "as late as still meets the first stage's need by the plan's ideal
-/// timing", and that placement drifts: at 4096 micro-batches rank 2 runs
-/// `F(vision, 3906)` next to `F(llm.2, 2501)`, and the peak activation memory grows
-/// with the micro-batch count (rank 0: 60.8 at 64, 492.8 at 1024, 1875.2 at 4096,
-/// where `transpose(vision, 1f1b, owners = min)` stays at 60.8). The lowering's
-/// timing-driven transfer placement follows the drift. Code size (largest rank): 247
-/// at 64, 761 at 256, 886 at 4096, 1149 at 8192. Kept as the target this pass cannot
-/// meet alone.
+/// `transpose(vision, 1f1b)` with round-robin owners rolls to a constant size too: its
+/// placement (the best of the prefix, idle and late placements by the plan's ideal
+/// timing, every owner's forwards at its front) repeats every micro-batch. (Its peak
+/// activation memory still grows with the micro-batch count, 60.8 at 64 and 1875.2
+/// at 4096 on rank 0: the owners run their forwards ahead of the first stage.)
 #[test]
-#[ignore = "transpose's round-robin placement drifts with the micro-batch (see the doc comment)"]
 fn transpose_round_robin_rolls_to_a_constant_size() {
     let (small, _) = sizes_at("transpose(vision, 1f1b)", true, 64);
     let (large, _) = sizes_at("transpose(vision, 1f1b)", true, 4096);
