@@ -172,6 +172,51 @@ fn derived_programs_round_trip() {
     assert!(checked >= 140, "{checked} programs checked");
 }
 
+/// The generators `BODIES` leaves out (`interleaved` with more chunks, every `zb2p`
+/// form of `auto`'s search space) and `fill` over the bodies: the round trip is exact
+/// and the unrolled program runs to the derivation's figures (4 ranks, small-mllm
+/// with 48 LLM layers: 2, 3 or 4 chunks per rank). The code sizes of the same
+/// schedules are in `mpipe-codegen/tests/code_size.rs`.
+#[test]
+fn more_generators_and_fill_round_trip() {
+    let text = include_str!("../../docs/guide/examples/small-mllm.toml")
+        .replace("[llm]\nlayers = 8\n", "[llm]\nlayers = 48\n");
+    assert!(text.contains("layers = 48"), "profile text changed");
+    let profile = Profile::from_toml_str(&text).unwrap();
+    let mut exprs: Vec<String> = [
+        "interleaved(v = 3)",
+        "interleaved(v = 4)",
+        "zb2p",
+        "zb2p(costs = unit)",
+        "zb2p(v = 2)",
+        "zb2p(layout = v)",
+        "zb2p(encoders = spread)",
+        "zb2p(encoders = spread, costs = unit)",
+        "zb2p(encoders = spread, layout = v)",
+        "zb2p(encoders = chain)",
+        "zb2p(encoders = chain, costs = unit)",
+        "zb2p(encoders = ramp)",
+        "zb2p(encoders = ramp, costs = unit)",
+        "zb2p(v = 2, encoders = ramp)",
+    ]
+    .map(String::from)
+    .to_vec();
+    for body in BODIES
+        .iter()
+        .chain(&["interleaved(v = 3)", "zb2p", "zb2p(v = 2)"])
+    {
+        exprs.push(format!("fill(vision, {body})"));
+        exprs.push(format!("transpose(vision, {body})"));
+    }
+    for m in [8, 40, 128] {
+        for expr in &exprs {
+            let req = Request::new(&profile, 4, m);
+            let d = derive(&profile, 4, m, expr);
+            check_derived(&d, &req).unwrap_or_else(|e| panic!("{expr} (4 x {m}): {e}"));
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Random small derivations.
 
@@ -452,13 +497,24 @@ fn transpose_round_robin_rolls_to_a_constant_size() {
     assert_eq!(small, large);
 }
 
-/// See [`CONSTANT_SIZE`]: `gpipe` with the trainable encoder-heavy encoder.
+/// See [`CONSTANT_SIZE`]: `gpipe` with the trainable encoder-heavy encoder does *not*
+/// roll to a constant size. Rank 0's backward (`BW(llm.0)` + `BW(vision)`) is slower
+/// than rank 1's, so the meeting points the lowering chooses (where neither rank
+/// waits) slide one compute task along rank 0's list every few micro-batches, and the
+/// program repeats only every 89 micro-batches. Fixing each gradient receive at one
+/// distance from its consumer makes rank 1 wait, which the tries so far (the most
+/// frequent, the latest or the earliest distance, family by family) paid for in
+/// makespan. What holds: the code stops growing once the micro-batches hold that
+/// period a few times (largest rank: 44 steps at 64 micro-batches, 120 at 256, 295 at
+/// 1024, 260 at 4096).
 #[test]
-#[ignore = "the lowering's meeting-point placement repeats only every 89 micro-batches here"]
-fn gpipe_trainable_encoder_rolls_to_a_constant_size() {
-    let (small, _) = sizes_at("gpipe", true, 64);
-    let (large, _) = sizes_at("gpipe", true, 4096);
-    assert_eq!(small, large);
+fn gpipe_trainable_encoder_rolls_to_a_bounded_size() {
+    let max = |m| sizes_at("gpipe", true, m).0.into_iter().max().unwrap();
+    let (mid, large) = (max(1024), max(4096));
+    assert!(
+        large as f64 <= 1.1 * mid as f64,
+        "largest rank: {mid} steps at 1024 micro-batches, {large} at 4096"
+    );
 }
 
 /// The sizes table and the time of the pass (run with `--ignored --nocapture`).

@@ -97,8 +97,13 @@
 //! operators such as `transpose` place work by (simulated or ideal) timing, and
 //! where that timing drifts from one micro-batch to the next the program has no
 //! short period. The body schedules `1f1b`, `zbh1`, `interleaved`, `zbv`,
-//! `dualpipev` roll to a constant size on the profiles tested
-//! (`mpipe-core/tests/rolled.rs`).
+//! `dualpipev` and `transpose(vision, 1f1b)` roll to a constant size on the profiles
+//! tested (`mpipe-core/tests/rolled.rs`). Over every generator and `transpose` and
+//! `fill` over them (`mpipe-codegen/tests/code_size.rs`, 4 ranks), most programs
+//! either roll to a constant size or repeat with a period longer than 32
+//! micro-batches hold, so their code stops growing past a few hundred; the woven
+//! `zb2p(encoders = spread)` has no period (its list scheduler places the encoder by
+//! timing) and its code grows with the micro-batch count.
 
 use crate::ir::program::{
     Action, ActionRef, CollKind, Dir, Name, Op as ComputeOp, Program, Tensor,
