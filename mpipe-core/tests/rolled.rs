@@ -518,53 +518,6 @@ fn gpipe_trainable_encoder_rolls_to_a_bounded_size() {
 }
 
 /// The sizes table and the time of the pass (run with `--ignored --nocapture`).
-#[test]
-#[ignore = "a report, not a check"]
-fn report_sizes_and_time() {
-    let exprs = [
-        ("1f1b", true),
-        ("gpipe", true),
-        ("gpipe", false),
-        ("zbh1", true),
-        ("interleaved(v = 2)", true),
-        ("transpose(vision, 1f1b)", true),
-        ("transpose(vision, 1f1b, owners = min)", true),
-        ("zbv", true),
-        ("dualpipev", true),
-        ("transpose(vision, zbv)", true),
-    ];
-    println!("| expr | encoder | 32 | 256 | 4096 | largest rank's actions at 4096 |");
-    println!("| --- | --- | --- | --- | --- | --- |");
-    for (expr, trainable) in exprs {
-        let mut row = Vec::new();
-        let mut actions = 0;
-        for m in [32, 256, 4096] {
-            let (s, a) = sizes_at(expr, trainable, m);
-            row.push(s.into_iter().max().unwrap().to_string());
-            actions = a;
-        }
-        let enc = if trainable { "trainable" } else { "frozen" };
-        println!("| `{expr}` | {enc} | {} | {actions} |", row.join(" | "));
-    }
-    for (p, m) in [(16, 4096), (64, 1024)] {
-        for (expr, trainable) in exprs {
-            let text = include_str!("../../profiles/encoder-heavy.toml")
-                .replace("[llm]\nlayers = 8\n", "[llm]\nlayers = 128\n")
-                .replace("trainable = true", &format!("trainable = {trainable}"));
-            let profile = Profile::from_toml_str(&text).unwrap();
-            let d = derive(&profile, p, m, expr);
-            let t = std::time::Instant::now();
-            let r = roll(&d.program).unwrap();
-            let dt = t.elapsed();
-            let actions: usize = d.program.programs.iter().map(Vec::len).sum();
-            println!(
-                "{p} ranks x {m}: `{expr}` (trainable encoder: {trainable}): roll {dt:.2?} \
-                 for {actions} actions, max code size {}",
-                r.max_code_size()
-            );
-        }
-    }
-}
 
 // ---------------------------------------------------------------------------
 // Hand-made programs.
