@@ -1367,3 +1367,74 @@ fn evaluate_fails_when_auto_gives_no_schedule() {
         stderr(&o)
     );
 }
+
+/// Issue 37 (item 5 and the bug behind it): with zero-cost LLM forwards (the
+/// profile's `llm.forward = 0`, or a program whose LLM units have `F = 0`), the
+/// lowering put a SEND after zero-length tasks that end when it is ready, past the
+/// consumer of a RECV it must come before: `transpose` and `refine` failed with
+/// "internal error: cannot place RECV". Each now gives a program that runs.
+#[test]
+fn zero_cost_forwards_lower_without_an_internal_error() {
+    let dir = TempDir::new("zero-forward");
+    let text = std::fs::read_to_string(heavy()).unwrap();
+    let at = text.find("[llm]").unwrap();
+    let (head, llm) = text.split_at(at);
+    let llm = llm.replacen("forward = 1.0", "forward = 0.0", 1);
+    assert!(llm.contains("forward = 0.0"), "{llm}");
+    let model = dir.path("zero-forward.toml");
+    std::fs::write(&model, format!("{head}{llm}")).unwrap();
+    let model = model.to_str().unwrap();
+    for (ranks, mbs) in [("2", "4"), ("2", "8"), ("4", "8")] {
+        for expr in [
+            "transpose(vision, 1f1b)",
+            "transpose(vision, zbv)",
+            "transpose(vision, dualpipev)",
+            "refine(transpose(vision, 1f1b))",
+        ] {
+            let o = mpipe(&[
+                "simulate",
+                "--model",
+                model,
+                "--ranks",
+                ranks,
+                "--microbatches",
+                mbs,
+                expr,
+            ]);
+            assert_status(&o, 0);
+            assert!(stdout(&o).contains("makespan"), "{expr}: {}", stdout(&o));
+        }
+    }
+    // The same through `refine` of a program file whose LLM forwards cost nothing.
+    let program = dir.path("p.json");
+    let o = mpipe(&[
+        "derive",
+        "--model",
+        &heavy(),
+        "--ranks",
+        "2",
+        "--microbatches",
+        "4",
+        "transpose(vision, 1f1b)",
+        "-o",
+        program.to_str().unwrap(),
+    ]);
+    assert_status(&o, 0);
+    let mut v = json(&std::fs::read_to_string(&program).unwrap());
+    for u in v["units"].as_array_mut().unwrap() {
+        if u["name"].as_str().unwrap().starts_with("llm") {
+            u["cost"]["F"] = 0.0.into();
+        }
+    }
+    std::fs::write(&program, v.to_string()).unwrap();
+    let refined = dir.path("r.json");
+    let o = mpipe(&[
+        "refine",
+        program.to_str().unwrap(),
+        "-o",
+        refined.to_str().unwrap(),
+    ]);
+    assert_status(&o, 0);
+    assert!(!stderr(&o).contains("internal error"), "{}", stderr(&o));
+    assert_status(&mpipe(&["check", refined.to_str().unwrap()]), 0);
+}

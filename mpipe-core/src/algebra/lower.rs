@@ -510,10 +510,25 @@ fn place(
     for (r, mut its) in items.into_iter().enumerate() {
         // Keys are unique per rank (one end of each transfer), so unstable is exact.
         its.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        // Under the ready-time rule, the latest slot each item may take without
+        // pushing a later one past its limit: `lo` is where the item would rather go
+        // (a SEND after every task that ends by its ready time), and with zero-cost
+        // tasks that ends with them, past the consumer of a later RECV of this rank.
+        // The keys guarantee only `min` (a SEND right after its producer) fits, so
+        // the preference gives way there. Where no preference overshoots (every
+        // positive-cost plan) this changes nothing.
+        let mut cap = vec![usize::MAX; its.len()];
+        if strategy == Placement::Ready {
+            let mut c = usize::MAX;
+            for (k, it) in its.iter().enumerate().rev() {
+                c = c.min(it.hi);
+                cap[k] = c;
+            }
+        }
         let mut at: Vec<Placed> = Vec::with_capacity(its.len());
         let mut slot = 0;
-        for it in its {
-            slot = slot.max(it.lo);
+        for (it, cap) in its.into_iter().zip(cap) {
+            slot = slot.max(it.lo.min(cap)).max(it.min);
             let k = it.key;
             let action = Action::p2p(
                 it.dir,
