@@ -27,6 +27,13 @@ pub enum PlanError {
     },
     #[error("the plan's orders and data dependencies form a cycle; stuck tasks: {0}")]
     Cycle(String),
+    /// A `fill` placement inside `auto` would re-time the plan past its budget
+    /// (`SearchPolicy::fill_work`); `auto` leaves that candidate out.
+    #[error(
+        "`fill`'s placement would re-time the plan for more than {cap} task visits at \
+         this size (auto's budget, SearchPolicy::fill_work)"
+    )]
+    OverBudget { cap: u64 },
 }
 
 /// One input of a task: the tensor it reads and the task that produces it.

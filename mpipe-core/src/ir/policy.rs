@@ -65,6 +65,34 @@ pub struct SearchPolicy {
     /// Actions simulated in all by the longer order search (as
     /// [`Self::order_actions`]).
     pub far_actions: usize,
+    /// `auto`'s work budget, in task visits: one task of a plan timed once, or one
+    /// action of a program lowered or simulated once. Each piece of work (planning a
+    /// candidate, deriving one in full, a refinement, an order search) is estimated
+    /// from the step's size before it starts, and is not started when it would take
+    /// the search past the budget: `auto` then returns the best program found so far
+    /// and says what it left out ([`crate::search::auto::Search::notes`], and a note
+    /// to the progress observer). The first candidate is always derived. The default
+    /// holds every size the shipped profiles, the guide and the evaluation use (their
+    /// answers are the unbounded search's) and bounds `auto` at the largest sizes
+    /// accepted (where `fill`'s placement, which re-times the plan for each
+    /// micro-batch no idle gap takes, would run for hours at one rank). Larger: more
+    /// of the space searched at large sizes, for longer.
+    pub work_budget: u64,
+    /// Task visits planning one candidate costs per task of the step, in
+    /// [`Self::work_budget`]'s estimates (evaluating its operators, which time the
+    /// plan a few times each, and its ideal timing).
+    pub work_per_planned_task: u64,
+    /// Task visits one full derivation costs per action, in [`Self::work_budget`]'s
+    /// estimates (the lowering tries every placement rule, re-places the transfers
+    /// and simulates each try).
+    pub work_per_derived_action: u64,
+    /// Most task visits one `fill` placement of a candidate may spend re-timing the
+    /// plan (once per micro-batch no idle gap takes, on every rank: at one rank every
+    /// micro-batch, so its work grows with the square of the micro-batches). Past
+    /// it, `auto` leaves the candidate out and says so. The default is above what
+    /// every size the tests, the guide and the benchmarks use needs. `fill` written
+    /// by hand is not limited.
+    pub fill_work: u64,
 
     // --- threads -------------------------------------------------------------------
     /// Most threads the search and the order search use (never more than the cores).
@@ -149,6 +177,10 @@ impl SearchPolicy {
         goal_microbatches_per_rank: 2,
         far_budget: 12_000,
         far_actions: 100_000_000,
+        work_budget: 1_000_000_000,
+        work_per_planned_task: 20,
+        work_per_derived_action: 50,
+        fill_work: 20_000_000,
         max_threads: 8,
         plan_run: 16,
         plan_memo: 24,

@@ -26,6 +26,17 @@ pub trait Progress: Send + Sync {
     /// Stage `id` is over (finished, or left early: the search stops as soon as
     /// no candidate left can win).
     fn end(&self, id: u64);
+    /// A note for whoever runs the work, such as `auto` stopping early within its
+    /// work budget ([`note`]). Ignored unless the observer shows it.
+    fn note(&self, _text: &str) {}
+}
+
+/// Tells this thread's observer (if any) `text`, a note on the work that the
+/// result alone does not show (such as `auto` stopping early within its budget).
+pub fn note(text: &str) {
+    if let Some(inst) = CURRENT.with(|c| c.borrow().clone()) {
+        inst.observer.note(text);
+    }
 }
 
 struct Installed {

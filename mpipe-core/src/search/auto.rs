@@ -54,10 +54,12 @@
 use crate::algebra::analysis::{dependencies, timing};
 use crate::algebra::eval::{plan_of, with_plan_memo, DeriveError, ErrorKind, Request};
 use crate::algebra::expr::{parse_str, Expr};
+use crate::algebra::operators::fill::with_fill_cap;
 use crate::algebra::operators::layers::layers;
 use crate::algebra::profile::Profile;
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
+use crate::ir::program::Op;
 use crate::ir::progress::Stage;
 use crate::judge::simulate::Mode;
 use crate::search::finish::{finish_unspanned, Derived};
@@ -174,7 +176,11 @@ pub fn candidates_for(
                 .collect();
             opts.extend(more);
         }
-        opts.push(Some(("fill", String::new())));
+        // `fill` puts work into idle time; one rank has none (it only reorders, and
+        // its placement re-times the plan for every micro-batch: quadratic).
+        if ranks > 1 {
+            opts.push(Some(("fill", String::new())));
+        }
         if !enc.trainable && !FOR_MACRO.with(Cell::get) {
             // A frozen encoder's forwards may also run a step ahead.
             opts.push(Some(("prefetch", String::new())));
@@ -196,11 +202,14 @@ pub fn candidates_for(
     }
     // The encoders beyond the heaviest: all inline, all transposed or all filled.
     if !others.is_empty() {
-        let alike = [
+        let alike: Vec<_> = [
             None,
             Some(("transpose", String::new())),
             Some(("fill", String::new())),
-        ];
+        ]
+        .into_iter()
+        .filter(|o| ranks > 1 || !matches!(o, Some(("fill", _))))
+        .collect();
         let others = &others;
         combos = combos
             .into_iter()
@@ -376,23 +385,27 @@ pub fn for_macro<T>(f: impl FnOnce() -> T) -> T {
 }
 
 /// Each candidate's canonical text (`None` if it does not parse) and, if its plan can
-/// be built, the plan and its ideal time; on every core, in candidate order.
+/// be built, the plan and its ideal time, and whether a `fill` in it went past
+/// [`SearchPolicy::fill_work`] (then it has no plan); on every core, in candidate
+/// order.
 #[allow(clippy::type_complexity)]
-fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64, Plan)>)> {
+fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64, Plan)>, bool)> {
     // Nothing parsed here leaves this function: texts and plans only.
     let _fallback = Fallback::in_macro();
     let stage = Stage::begin("auto: planning the candidates", texts.len());
     let one = |text: &String| {
         let _step = StepOnDrop(&stage);
         let Ok(expr) = parse_str(text) else {
-            return (None, None);
+            return (None, None, false);
         };
-        let ideal = plan_of(req, &expr).ok().and_then(|plan| {
-            let deps = dependencies(&plan).ok()?;
-            let span = timing(&plan, &deps).ok()?.makespan();
-            Some((span, plan))
+        let (ideal, hit) = with_fill_cap(req.policy.fill_work, || {
+            plan_of(req, &expr).ok().and_then(|plan| {
+                let deps = dependencies(&plan).ok()?;
+                let span = timing(&plan, &deps).ok()?.makespan();
+                Some((span, plan))
+            })
         });
-        (Some(expr.to_string()), ideal)
+        (Some(expr.to_string()), ideal, hit)
     };
     // Candidates that share inner expressions are evaluated one after another, on
     // one thread, so that the plan memo (`derive::with_plan_memo`) holds the shared
@@ -468,6 +481,77 @@ pub struct Tried {
 pub struct Search {
     pub best: Derived,
     pub tried: Vec<Tried>,
+    /// What the search left out to stay within [`SearchPolicy::work_budget`] (empty
+    /// when it searched its whole space): `best` is then the best program found
+    /// within the budget.
+    pub notes: Vec<String>,
+    /// The work the search spent, in [`SearchPolicy::work_budget`]'s task visits
+    /// (estimated before each piece of work started).
+    pub work: u64,
+}
+
+/// `auto`'s work meter ([`SearchPolicy::work_budget`]): each piece of work is
+/// estimated, in task visits, from the step's size before it starts, and started
+/// only when it keeps the search within the budget.
+struct Meter {
+    budget: u64,
+    spent: Cell<u64>,
+    /// About the tasks of one plan of this step: `F`, `B` and `W` of every
+    /// micro-batch of each encoder and of each rank's stage.
+    tasks: u64,
+    per_task: u64,
+    per_action: u64,
+    notes: std::cell::RefCell<Vec<String>>,
+}
+
+impl Meter {
+    fn new(req: &Request) -> Meter {
+        let ops = [Op::F, Op::B, Op::W].len() as u64;
+        let units = (req.profile.encoders.len() + req.ranks) as u64;
+        Meter {
+            budget: req.policy.work_budget,
+            spent: Cell::new(0),
+            tasks: ops
+                .saturating_mul(req.microbatches as u64)
+                .saturating_mul(units),
+            per_task: req.policy.work_per_planned_task,
+            per_action: req.policy.work_per_derived_action,
+            notes: Default::default(),
+        }
+    }
+
+    /// Planning one candidate (a `fill` in it may spend up to
+    /// [`SearchPolicy::fill_work`] besides, which bounds it separately).
+    fn plan_cost(&self) -> u64 {
+        self.tasks.saturating_mul(self.per_task)
+    }
+
+    /// A full derivation of a plan of `tasks` tasks, plus `simulated` actions
+    /// simulated by its refinements.
+    fn derive_cost(&self, tasks: usize, simulated: usize) -> u64 {
+        (tasks as u64)
+            .saturating_mul(self.per_action)
+            .saturating_add(simulated as u64)
+    }
+
+    /// Takes `cost` if it keeps the search within the budget (or if `anyway`).
+    fn take(&self, cost: u64, anyway: bool) -> bool {
+        let after = self.spent.get().saturating_add(cost);
+        let ok = anyway || after <= self.budget;
+        if ok {
+            self.spent.set(after);
+        }
+        ok
+    }
+
+    fn note(&self, text: String) {
+        self.notes.borrow_mut().push(text);
+    }
+}
+
+/// The tasks of `plan`, on every rank.
+fn tasks_of(plan: &Plan) -> usize {
+    plan.order.iter().map(Vec::len).sum()
 }
 
 /// Run the search for `req`. Fails only when no candidate can be derived (then the
@@ -488,11 +572,41 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         max_threads,
         ..
     } = req.policy;
-    let texts = candidates_for(req.profile, req.ranks, req.microbatches, &req.policy);
+    let meter = Meter::new(req);
+    let all = candidates_for(req.profile, req.ranks, req.microbatches, &req.policy);
+    // The candidates planned: in candidate order, while the budget holds (the first
+    // always).
+    let mut texts = Vec::with_capacity(all.len());
+    for (i, text) in all.iter().enumerate() {
+        if meter.take(meter.plan_cost(), i == 0) {
+            texts.push(text.clone());
+        }
+    }
+    if texts.len() < all.len() {
+        meter.note(format!(
+            "{} of the {} candidates were not planned: at {} x {} they would take the \
+             search past its work budget (SearchPolicy::work_budget)",
+            all.len() - texts.len(),
+            all.len(),
+            req.ranks,
+            req.microbatches
+        ));
+    }
     let timed = plan_all(req, &texts);
+    let cut = timed
+        .iter()
+        .filter(|(_, ideal, hit)| *hit && ideal.is_none())
+        .count();
+    if cut > 0 {
+        meter.note(format!(
+            "{cut} candidates with `fill` were left out: at {} x {} its placement would \
+             re-time the plan past its budget (SearchPolicy::fill_work)",
+            req.ranks, req.microbatches
+        ));
+    }
     let mut tried: Vec<Tried> = Vec::new();
     let mut planned = Vec::new();
-    for (i, (text, ideal)) in timed.into_iter().enumerate() {
+    for (i, (text, ideal, _)) in timed.into_iter().enumerate() {
         let Some(text) = text else {
             continue;
         };
@@ -530,7 +644,10 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     // Left early when no candidate left can win: the stage then ends short.
     let stage = Stage::begin("auto: deriving the fastest-looking", planned.len());
     let mut rest = planned.into_iter().zip(twins).peekable();
-    'batches: while rest.peek().is_some() {
+    // Set when the next candidate would take the search past its budget: the batch
+    // taken so far is derived, and the search stops there.
+    let mut over = false;
+    'batches: while rest.peek().is_some() && !over {
         let mut batch = Vec::new();
         while batch.len() < workers {
             let Some(next) = rest.next_if(|((ideal, ..), _)| {
@@ -539,6 +656,19 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             }) else {
                 break;
             };
+            // A twin derives nothing; the first candidate is always derived.
+            let first = best.is_none() && derived.is_empty() && batch.is_empty();
+            let cost = meter.derive_cost(tasks_of(&(next.0).3), 0);
+            if next.1.is_none() && !meter.take(cost, first) {
+                meter.note(format!(
+                    "stopped deriving candidates in full after {} of them (the next would \
+                     take the search past its work budget, SearchPolicy::work_budget): \
+                     the best program so far",
+                    derived.len() + batch.len()
+                ));
+                over = true;
+                break;
+            }
             batch.push(next);
         }
         if batch.is_empty() {
@@ -624,6 +754,21 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             jobs.push((*order, format!("refine(layers({expr}))"), fine, true));
         }
     }
+    // Within the budget, in that order: a refinement simulates at most its budgets'
+    // actions besides its derivation.
+    let refined = req.policy.refine_actions + req.policy.w_actions;
+    let wanted = jobs.len();
+    jobs.retain(|(_, _, plan, refine)| {
+        let simulated = if *refine { refined } else { 0 };
+        meter.take(meter.derive_cost(tasks_of(plan), simulated), false)
+    });
+    if jobs.len() < wanted {
+        meter.note(format!(
+            "refined {} of the {wanted} finalists' programs (the others would take the \
+             search past its work budget, SearchPolicy::work_budget)",
+            jobs.len()
+        ));
+    }
     let stage = Stage::begin("auto: refining the finalists", jobs.len());
     let work: Vec<(&Plan, &str, bool)> = jobs
         .iter()
@@ -676,6 +821,14 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         let actions: usize = d.program.programs.iter().map(Vec::len).sum();
         let budget = most.min(actions_in_all / actions.max(1));
         if budget < order_min {
+            return None;
+        }
+        let simulated = budget.saturating_mul(actions);
+        if !meter.take(meter.derive_cost(actions, simulated), false) {
+            meter.note(format!(
+                "did not search {what} order ({budget} simulations would take the \
+                 search past its work budget, SearchPolicy::work_budget)"
+            ));
             return None;
         }
         let text = format!("refine({inner}, order = {budget})");
@@ -733,7 +886,13 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         .flatten()
         .filter(|p| p.report.makespan < current.report.makespan);
     let best = further.or(polished).unwrap_or(winner);
-    Ok(Search { best, tried })
+    let work = meter.spent.get();
+    Ok(Search {
+        best,
+        tried,
+        notes: meter.notes.into_inner(),
+        work,
+    })
 }
 
 /// A factor as a percentage, for messages.
@@ -854,7 +1013,12 @@ pub(crate) fn auto(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveErro
         }]);
     }
     match search(req) {
-        Ok(s) => Ok(s.best),
+        Ok(s) => {
+            for note in &s.notes {
+                crate::ir::progress::note(&format!("auto: {note}"));
+            }
+            Ok(s.best)
+        }
         Err(es) if es.is_empty() => Err(vec![DeriveError {
             message: "`auto` found no schedule for this profile, ranks and micro-batches".into(),
             span: expr.span,
@@ -924,7 +1088,7 @@ mod tests {
             let texts = candidates(&profile, p, m);
             let all = plan_all(&req, &texts);
             assert_eq!(all.len(), texts.len());
-            for (text, (canonical, got)) in texts.iter().zip(all) {
+            for (text, (canonical, got, _)) in texts.iter().zip(all) {
                 let expr = parse_str(text).unwrap();
                 assert_eq!(canonical.as_deref(), Some(expr.to_string().as_str()));
                 let alone = plan_of(&req, &expr).ok();

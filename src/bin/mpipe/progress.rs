@@ -52,6 +52,13 @@ impl Progress for Bars {
             self.multi.remove(&bar);
         }
     }
+
+    fn note(&self, text: &str) {
+        // Above the bars; straight to standard error when they are hidden.
+        if self.multi.println(format!("mpipe: note: {text}")).is_err() {
+            errln!("mpipe: note: {text}");
+        }
+    }
 }
 
 /// How often [`Lines`] reports, in seconds, unless `MPIPE_PROGRESS_INTERVAL` says.
@@ -140,5 +147,9 @@ impl Progress for Lines {
         if let Ok(mut open) = self.open.lock() {
             open.remove(&id);
         }
+    }
+
+    fn note(&self, text: &str) {
+        errln!("mpipe: note: {text}");
     }
 }

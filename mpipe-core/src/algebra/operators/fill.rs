@@ -52,6 +52,40 @@ use crate::ir::program::Op;
 /// The communication cost model the deadlines account for: `(latency, bandwidth)`.
 pub type Link = Option<(f64, f64)>;
 
+thread_local! {
+    /// While `auto` plans its candidates ([`with_fill_cap`]): the most task visits
+    /// one `fill` placement may spend re-timing the plan after micro-batches that
+    /// no idle gap takes (each costs a timing per rank, and at one rank every
+    /// micro-batch is one), and whether a placement went past it. None elsewhere:
+    /// `fill` written by hand is never cut short.
+    static CAP: std::cell::Cell<(Option<u64>, bool)> = const { std::cell::Cell::new((None, false)) };
+}
+
+/// Runs `f` with every `fill` placement on this thread limited to `cap` task
+/// visits of re-timing (past it, the placement fails with
+/// [`PlanError::OverBudget`]); also says whether one went past it.
+pub(crate) fn with_fill_cap<T>(cap: u64, f: impl FnOnce() -> T) -> (T, bool) {
+    let before = CAP.with(|c| c.replace((Some(cap), false)));
+    let out = f();
+    let (_, hit) = CAP.with(|c| c.replace(before));
+    (out, hit)
+}
+
+/// Charges one fallback's re-timings of `plan` (a timing per rank, one of the
+/// result, and its index) to `spent`; an error once past the cap, if any.
+pub(super) fn charge(spent: &mut u64, plan: &Plan) -> Result<(), PlanError> {
+    let (Some(cap), _) = CAP.with(std::cell::Cell::get) else {
+        return Ok(());
+    };
+    let tasks: u64 = plan.order.iter().map(|l| l.len() as u64).sum();
+    *spent = spent.saturating_add(tasks.saturating_mul(plan.ranks as u64 + 2));
+    if *spent > cap {
+        CAP.with(|c| c.set((Some(cap), true)));
+        return Err(PlanError::OverBudget { cap });
+    }
+    Ok(())
+}
+
 /// Re-place encoder `enc`'s work in `plan` (see the module documentation), whole
 /// or layer by layer (layers from `profile`; see [`super::fill_layers`]). Never a
 /// longer ideal step than `plan`: if the placement comes out longer, `plan` is kept.
@@ -95,6 +129,7 @@ pub(super) fn place(
     let mut pending: Vec<Vec<(usize, Task)>> = vec![Vec::new(); plan.ranks];
     // The readers never move; the index changes only when a fallback does.
     let mut index = plan.locate();
+    let mut spent = 0;
     for mb in 0..m {
         let task = Task::new(Op::F, enc, mb);
         let Some((deadline, home)) = first_reader(&index, &time, &consumers, mb) else {
@@ -108,6 +143,7 @@ pub(super) fn place(
             continue;
         }
         flush(&mut plan, &mut pending);
+        charge(&mut spent, &plan)?;
         plan = fallback(plan, task, deadline, home, send, only)?;
         time = timing(&plan, &dependencies_lenient(&plan)?)?;
         index = plan.locate();

@@ -25,7 +25,7 @@
 //! The caller ([`super::fill::fill`]) keeps this placement only when its ideal step
 //! is shorter than the whole encoder's (and within the memory limit when that one is).
 
-use super::fill::{fastest, fastest_backward, first_reader, flush, Chain, Gaps, Link};
+use super::fill::{charge, fastest, fastest_backward, first_reader, flush, Chain, Gaps, Link};
 use super::insert_all;
 use crate::algebra::analysis::{dependencies_lenient, timing, PlanError};
 use crate::ir::plan::{Plan, Task, UnitId};
@@ -56,6 +56,7 @@ pub(super) fn place_layers(
     let mut pending: Vec<Vec<(usize, Task)>> = vec![Vec::new(); plan.ranks];
     // The readers never move; the index changes only when a fallback does.
     let mut index = plan.locate();
+    let mut spent = 0;
     for mb in 0..m {
         let Some((deadline, home)) = first_reader(&index, &time, &consumers, mb) else {
             // Nobody reads it (cannot happen for an encoder): keep it at its home.
@@ -80,6 +81,7 @@ pub(super) fn place_layers(
             continue;
         }
         flush(&mut plan, &mut pending);
+        charge(&mut spent, &plan)?;
         plan = fallback(plan, pieces, mb, deadline, home, send)?;
         time = timing(&plan, &dependencies_lenient(&plan)?)?;
         index = plan.locate();

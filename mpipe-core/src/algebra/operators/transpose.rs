@@ -349,15 +349,19 @@ fn place_backward(
     let (p, m) = (plan.ranks, plan.microbatches);
     let first = plan.stages[0];
     let r0 = plan.units[first].home;
-    let after_first_backward = |plan: &Plan, mb: usize| {
-        if deferred {
-            return plan.order[r0].len();
+    // Right after the first stage's (first) backward of each micro-batch on `r0`, found
+    // in one pass (a scan per micro-batch made this quadratic: at one rank, every
+    // micro-batch's backward goes there).
+    let len0 = plan.order[r0].len();
+    let mut after = vec![len0; m];
+    if !deferred {
+        for (i, t) in plan.order[r0].iter().enumerate().rev() {
+            if t.unit == first && t.mb < m && matches!(t.op, Op::B | Op::BW) {
+                after[t.mb] = i + 1;
+            }
         }
-        plan.order[r0]
-            .iter()
-            .position(|t| t.unit == first && t.mb == mb && matches!(t.op, Op::B | Op::BW))
-            .map_or(plan.order[r0].len(), |i| i + 1)
-    };
+    }
+    let after_first_backward = |_: &Plan, mb: usize| after.get(mb).copied().unwrap_or(len0);
     let mut at_r0 = Vec::new();
     let mut remote: Vec<(usize, usize)> = Vec::new();
     for mb in 0..m {
