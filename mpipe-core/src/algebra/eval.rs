@@ -281,6 +281,7 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
     let keys: &[&str] = match e.name() {
         "interleaved" => &["v"],
         "zb2p" => &["v", "layout", "costs", "encoders"],
+        "zbv" | "zbh1" => &["list"],
         _ => &[],
     };
     let before = errors.len();
@@ -292,10 +293,10 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
                 format!(
                     "`{}` takes no schedule argument{}",
                     e.name(),
-                    if keys.is_empty() {
-                        "s"
-                    } else {
-                        "; it takes `v = N`"
+                    match keys {
+                        [] => "s",
+                        ["list"] => "; it takes `list = fixed | search`",
+                        _ => "; it takes `v = N`",
                     }
                 ),
             )),
@@ -362,6 +363,13 @@ fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
                     errors.push(err(ErrorKind::BadArgument, v.span(), message));
                     return None;
                 }
+            }
+        }
+        (BodyKind::ZbV | BodyKind::ZbH1, _) => {
+            let vshape = kind == BodyKind::ZbV;
+            match one_of(e, "list", &["fixed", "search"], errors)? {
+                1 => BodyKind::ZbList { vshape },
+                _ => kind,
             }
         }
         (k, _) => k,

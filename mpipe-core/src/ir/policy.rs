@@ -159,6 +159,22 @@ pub struct SearchPolicy {
     /// Least gain (in the profile's time unit) a ramp split must predict to replace
     /// the current one; smaller chases smaller gains for longer.
     pub ramp_min_gain: f64,
+
+    // --- generators: the zero-bubble list search (`zbv(list = search)`, `zbh1(list = search)`) ---
+    /// Shares of a rank's activation budget below which a ready `F` goes before a
+    /// ready `B` (a deeper warm-up); 0 keeps `B` first. Each value more multiplies the
+    /// rules list-scheduled (each O(tasks x ranks)).
+    pub zb_fill: &'static [f64],
+    /// Shares of the budget from which a pending `W` goes before a ready `F` (it frees
+    /// memory before the budget stalls the rank); infinite: never.
+    pub zb_w_first: &'static [f64],
+    /// How many of its own costs a ready `F` is held back (a pending `W` running
+    /// instead, or the rank waiting) for a `B` of the rank about to be ready; 0: never.
+    pub zb_wait_b: &'static [f64],
+    /// Rules (the fastest by the scheduler's own times) whose plans are then timed
+    /// ideally and checked against the memory limit, besides the fixed order. More:
+    /// a closer choice, one plan timing each.
+    pub zb_keep: usize,
 }
 
 impl SearchPolicy {
@@ -202,6 +218,10 @@ impl SearchPolicy {
         ramp_trade_slack: 2,
         ramp_max_shift: 3,
         ramp_min_gain: 1e-3,
+        zb_fill: &[0.0, 0.75],
+        zb_w_first: &[f64::INFINITY, 0.9],
+        zb_wait_b: &[0.0, 0.5, 1.0],
+        zb_keep: 4,
     };
 }
 

@@ -1,7 +1,8 @@
 //! `auto`: the fastest expression of the algebra for a profile, found by search.
 //!
 //! The search space ([`candidates`]) is every body generator (`1f1b`, `gpipe`, `zbh1`,
-//! `zbv`, `dualpipev`, `interleaved(v = 2..4)` and `v = 5..8` where the chunks split
+//! `zbv`, `dualpipev`, the list search of both (`zbv(list = search)`,
+//! `zbh1(list = search)`), `interleaved(v = 2..4)` and `v = 5..8` where the chunks split
 //! the layers evenly, `zb2p` with one chunk (also in lockstep, `costs = unit`), two
 //! looped and two in a V, and `zb2p(encoders = spread | chain | ramp)`, which place
 //! the encoders themselves, in eight forms, `ramp` (also over two looped chunks per
@@ -77,7 +78,7 @@ const FUSED: [&str; 5] = [
 const LISTED_V: usize = 4;
 
 /// Bodies that already split `B` from `W`.
-const SPLIT: [&str; 7] = [
+const SPLIT: [&str; 9] = [
     "zbh1",
     "zbv",
     "dualpipev",
@@ -85,6 +86,8 @@ const SPLIT: [&str; 7] = [
     "zb2p(costs = unit)",
     "zb2p(v = 2)",
     "zb2p(layout = v)",
+    "zbv(list = search)",
+    "zbh1(list = search)",
 ];
 
 /// Bodies that place the encoders themselves (on every rank), tried with no

@@ -14,6 +14,7 @@ mod interleaved;
 mod onef1b;
 mod zb2p;
 mod zbh1;
+mod zblist;
 mod zbv;
 
 pub use crate::algebra::ramp::{ramp_split, ramp_split_by, RampSplit};
@@ -39,6 +40,11 @@ pub enum BodyKind {
     ZbV,
     /// DeepSeek's DualPipeV (DualPipe folded into a V).
     DualPipeV,
+    /// `zbv(list = search)` (`vshape`) or `zbh1(list = search)`: ZB-V's or ZB-H1's
+    /// shape, each `F`, `B` and `W` placed by a list scheduler on the profile's costs
+    /// under a family of rules and budgets up to the memory limit, the fastest kept
+    /// (the fixed `zbv` / `zbh1` order among them).
+    ZbList { vshape: bool },
     /// Zero Bubble's ZB-2p: greedy list scheduling of split `B`/`W` under twice
     /// 1F1B's activation budget, `v` chunks per rank looped, or two in a V;
     /// `lockstep` schedules as if every task took the same time; `encoders` says
@@ -104,9 +110,10 @@ pub const BODY_NAMES: [&str; 7] = [
 impl BodyKind {
     pub fn layout(self) -> Layout {
         match self {
-            BodyKind::ZbV | BodyKind::DualPipeV | BodyKind::Zb2p { vshape: true, .. } => {
-                Layout::VShape
-            }
+            BodyKind::ZbV
+            | BodyKind::DualPipeV
+            | BodyKind::Zb2p { vshape: true, .. }
+            | BodyKind::ZbList { vshape: true } => Layout::VShape,
             _ => Layout::Looped,
         }
     }
@@ -115,7 +122,7 @@ impl BodyKind {
     pub fn chunks(self) -> usize {
         match self {
             BodyKind::Interleaved { v } | BodyKind::Zb2p { v, .. } => v,
-            BodyKind::ZbV | BodyKind::DualPipeV => 2,
+            BodyKind::ZbV | BodyKind::DualPipeV | BodyKind::ZbList { vshape: true } => 2,
             _ => 1,
         }
     }
@@ -129,6 +136,8 @@ impl BodyKind {
             BodyKind::ZbH1 => "zbh1".into(),
             BodyKind::ZbV => "zbv".into(),
             BodyKind::DualPipeV => "dualpipev".into(),
+            BodyKind::ZbList { vshape: true } => "zbv(list = search)".into(),
+            BodyKind::ZbList { vshape: false } => "zbh1(list = search)".into(),
             BodyKind::Zb2p {
                 v,
                 vshape,
@@ -361,6 +370,8 @@ pub fn generate_by(
         BodyKind::ZbH1 => zbh1::order(&ctx),
         BodyKind::ZbV => zbv::order(&ctx),
         BodyKind::DualPipeV => dualpipev::order(&ctx),
+        BodyKind::ZbList { vshape: true } => zbv::order(&ctx),
+        BodyKind::ZbList { vshape: false } => zbh1::order(&ctx),
         BodyKind::Zb2p {
             lockstep, encoders, ..
         } => zb2p::order(&ctx, entry, lockstep, encoders == Weave::Spread),
@@ -383,6 +394,11 @@ pub fn generate_by(
         }
     )
     .then(|| zbh1::order(&ctx));
+    // The list search's other orders, tried once the plan is finished (below).
+    let alternatives = match kind {
+        BodyKind::ZbList { vshape } => list_search(&ctx, if vshape { 2 } else { 1 }, policy),
+        _ => Vec::new(),
+    };
     let body = ride_along(body, &riders, &units);
     let mut plan = Plan {
         ranks,
@@ -411,10 +427,67 @@ pub fn generate_by(
             !woven.contains(e) && !scheduled.contains(e) && !riders.iter().any(|(r, _)| r == e)
         })
         .collect();
-    for e in encs {
+    for &e in &encs {
         inline_encoder(&mut plan, e);
     }
+    if !alternatives.is_empty() {
+        // The fastest finished plan that fits the memory limit; the fixed order
+        // (`plan`) on ties and when none fits.
+        let mut best = (zblist_span(&plan), plan);
+        for order in alternatives {
+            let mut alt = Plan {
+                order: ride_along(order, &riders, &best.1.units),
+                ..best.1.clone()
+            };
+            for &e in &encs {
+                inline_encoder(&mut alt, e);
+            }
+            let span = zblist_span(&alt);
+            if span < best.0 && zb2p::fits(&alt) {
+                best = (span, alt);
+            }
+        }
+        plan = best.1;
+    }
     Ok(plan)
+}
+
+/// The list search's candidate orders on `chunks` stages per rank (see
+/// [`zblist`]): the [`SearchPolicy::zb_keep`] fastest distinct ones by the
+/// scheduler's own times, over every rule of the family and both budgets (1F1B's,
+/// and the memory limit less each rank's resident parameters).
+fn list_search(ctx: &Ctx, chunks: usize, policy: &SearchPolicy) -> Vec<Vec<Vec<Task>>> {
+    let mut budgets = vec![zblist::default_budget(ctx, chunks)];
+    if let Some(limit) = ctx.memory_limit {
+        let own: Vec<f64> = (0..ctx.ranks)
+            .map(|r| limit - zb2p::homed_params(ctx.units, r))
+            .collect();
+        if own != budgets[0] {
+            budgets.push(own);
+        }
+    }
+    let mut runs: Vec<(f64, Vec<Vec<Task>>)> = zblist::family(&budgets, chunks, policy)
+        .iter()
+        .filter_map(|rule| zblist::run(ctx, chunks, rule))
+        .collect();
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut out: Vec<Vec<Vec<Task>>> = Vec::new();
+    for (_, order) in runs {
+        if out.len() >= policy.zb_keep {
+            break;
+        }
+        if !out.contains(&order) {
+            out.push(order);
+        }
+    }
+    out
+}
+
+/// A plan's ideal makespan (infinite if it cannot be timed).
+fn zblist_span(plan: &Plan) -> f64 {
+    crate::algebra::analysis::dependencies(plan)
+        .and_then(|d| crate::algebra::analysis::timing(plan, &d))
+        .map_or(f64::INFINITY, |t| t.makespan())
 }
 
 /// `order` with every rider's task right after its carrier's (see

@@ -637,15 +637,6 @@ pub(crate) fn no_worse_than_zbh1(plan: Plan, order: Vec<Vec<Task>>) -> Plan {
             .and_then(|d| timing(p, &d))
             .map_or(f64::INFINITY, |t| t.makespan())
     };
-    let fits = |p: &Plan| {
-        let peaks = peak_memory(p);
-        p.memory_limit.is_none_or(|limit| {
-            peaks
-                .iter()
-                .enumerate()
-                .all(|(r, peak)| peak + homed_params(&p.units, r) <= limit)
-        })
-    };
     if span(&zbh1) < span(&plan) && fits(&zbh1) {
         zbh1
     } else {
@@ -653,8 +644,20 @@ pub(crate) fn no_worse_than_zbh1(plan: Plan, order: Vec<Vec<Task>>) -> Plan {
     }
 }
 
+/// Whether every rank's peak activations plus resident parameters are within the
+/// plan's memory limit (if any).
+pub(crate) fn fits(p: &Plan) -> bool {
+    let peaks = peak_memory(p);
+    p.memory_limit.is_none_or(|limit| {
+        peaks
+            .iter()
+            .enumerate()
+            .all(|(r, peak)| peak + homed_params(&p.units, r) <= limit)
+    })
+}
+
 /// The parameters of the units homed on rank `r`.
-fn homed_params(units: &[crate::ir::program::Unit], r: usize) -> f64 {
+pub(crate) fn homed_params(units: &[crate::ir::program::Unit], r: usize) -> f64 {
     units.iter().filter(|u| u.home == r).map(|u| u.params).sum()
 }
 
