@@ -105,7 +105,11 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
 /// authors' placement there (`place = prefix`) and with the late one (`place =
 /// late`), keeping the one whose program is fastest (the first on a tie): so a user
 /// who writes the paper's schedule never gets less than the paper's placement, nor
-/// than `late`. Returns the plan kept and its derivation.
+/// than `late`. Likewise where `expr` has a `zbv(list = search)` or
+/// `zbh1(list = search)` (chosen by the plans' ideal timing too), also the plan
+/// with the fixed order there (`list = fixed`): the searched body is never behind
+/// `zbv` / `zbh1` in the same place, under either semantics. Returns the plan kept
+/// and its derivation.
 fn choose_placement(
     req: &Request,
     plan: Plan,
@@ -113,10 +117,11 @@ fn choose_placement(
 ) -> (Plan, Result<Derived, Vec<DeriveError>>) {
     let text = expr.to_string();
     let mut best = (plan, None);
-    for place in ["prefix", "late"] {
-        let Some(other) = with_placement(expr, place) else {
-            break;
-        };
+    let others = ["prefix", "late"]
+        .iter()
+        .map_while(|place| with_placement(expr, place))
+        .chain(with_fixed_list(expr));
+    for other in others {
         let mut ignored = Vec::new();
         let alt = match eval(req, &other, &mut ignored) {
             Some(alt) if ignored.is_empty() && alt != best.0 => alt,
@@ -161,6 +166,31 @@ fn with_placement(e: &Expr, place: &str) -> Option<Expr> {
             span: e.span,
         });
         changed = true;
+    }
+    changed.then_some(out)
+}
+
+/// `e` with every `zbv(list = search)` / `zbh1(list = search)` made `list = fixed`;
+/// `None` if there is none.
+fn with_fixed_list(e: &Expr) -> Option<Expr> {
+    let mut out = e.clone();
+    let mut changed = false;
+    let searched = matches!(e.name(), "zbv" | "zbh1")
+        && e.find_key("list").and_then(|v| v.as_name()) == Some("search");
+    for arg in &mut out.args {
+        match arg {
+            Arg::Expr(sub) => {
+                if let Some(x) = with_fixed_list(sub) {
+                    *sub = x;
+                    changed = true;
+                }
+            }
+            Arg::Key { key, value, .. } if searched && key.name == "list" => {
+                *value = Value::Name(Ident::new("fixed", value.span()));
+                changed = true;
+            }
+            Arg::Key { .. } => {}
+        }
     }
     changed.then_some(out)
 }

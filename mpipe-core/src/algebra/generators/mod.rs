@@ -433,7 +433,9 @@ pub fn generate_by(
     if !alternatives.is_empty() {
         // The fastest finished plan that fits the memory limit; the fixed order
         // (`plan`) on ties and when none fits.
+        let fixed_fits = zb2p::fits(&plan);
         let mut best = (zblist_span(&plan), plan);
+        let mut best_fits = fixed_fits;
         for order in alternatives {
             let mut alt = Plan {
                 order: ride_along(order, &riders, &best.1.units),
@@ -443,8 +445,9 @@ pub fn generate_by(
                 inline_encoder(&mut alt, e);
             }
             let span = zblist_span(&alt);
-            if span < best.0 && zb2p::fits(&alt) {
+            if (span < best.0 || !best_fits) && zb2p::fits(&alt) {
                 best = (span, alt);
+                best_fits = true;
             }
         }
         plan = best.1;
@@ -458,21 +461,28 @@ pub fn generate_by(
 /// and the memory limit less each rank's resident parameters).
 fn list_search(ctx: &Ctx, chunks: usize, policy: &SearchPolicy) -> Vec<Vec<Vec<Task>>> {
     let mut budgets = vec![zblist::default_budget(ctx, chunks)];
-    if let Some(limit) = ctx.memory_limit {
-        let own: Vec<f64> = (0..ctx.ranks)
+    let own: Option<Vec<f64>> = ctx.memory_limit.map(|limit| {
+        (0..ctx.ranks)
             .map(|r| limit - zb2p::homed_params(ctx.units, r))
-            .collect();
-        if own != budgets[0] {
-            budgets.push(own);
-        }
+            .collect()
+    });
+    if let Some(own) = own.as_ref().filter(|own| **own != budgets[0]) {
+        budgets.push(own.clone());
     }
-    let mut runs: Vec<(f64, Vec<Vec<Task>>)> = zblist::family(&budgets, chunks, policy)
+    // Only runs within the limit (as far as the body's own stages go: the plan is
+    // checked again once finished).
+    let within = |run: &zblist::Run| {
+        own.as_ref()
+            .is_none_or(|own| run.peak.iter().zip(own).all(|(p, o)| *p <= *o))
+    };
+    let mut runs: Vec<zblist::Run> = zblist::family(&budgets, chunks, policy)
         .iter()
         .filter_map(|rule| zblist::run(ctx, chunks, rule))
+        .filter(within)
         .collect();
-    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    runs.sort_by(|a, b| a.makespan.total_cmp(&b.makespan));
     let mut out: Vec<Vec<Vec<Task>>> = Vec::new();
-    for (_, order) in runs {
+    for zblist::Run { order, .. } in runs {
         if out.len() >= policy.zb_keep {
             break;
         }

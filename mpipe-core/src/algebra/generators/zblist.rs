@@ -22,8 +22,10 @@
 //! The budget is either 1F1B's (what ZB-V and ZB-H1 keep: `p` micro-batches of the
 //! rank's chunks) or, under a `memory.limit`, the limit less the parameters resident
 //! on the rank. The family of rules ([`family`]) is every combination of the values
-//! in [`SearchPolicy`] (`zb_fill`, `zb_w_first`, `zb_wait_b`), both chunk orders and
-//! both budgets. Each rule is list-scheduled; the [`SearchPolicy::zb_keep`] fastest
+//! in [`SearchPolicy`] (`zb_fill`, `zb_w_first`, `zb_wait_b`), both chunk orders,
+//! with and without a reserve for the deep chunk (a shallow `F` must leave room for
+//! a deep one, so that a tight budget cannot fill with shallow forwards and stall)
+//! and both budgets. Each rule is list-scheduled; the [`SearchPolicy::zb_keep`] fastest
 //! by their own times, and the fixed ZB-V (or ZB-H1) order itself, are then timed
 //! ideally on the finished plan and checked against the memory limit, and the
 //! fastest that fits wins (the fixed order on ties). So the body is never ideally
@@ -51,6 +53,10 @@ pub(crate) struct Rule {
     pub shallow_f: bool,
     /// How many `F` costs a rank holds an `F` back for a `B` about to be ready.
     pub wait_b: f64,
+    /// Whether a shallow chunk's `F` must leave room in the budget for a deep one
+    /// (V only): without it, a budget below ZB-V's can fill with shallow forwards
+    /// and stall the rank.
+    pub reserve: bool,
 }
 
 /// The stage layout: `chunks` (1 or 2) stages per rank, in a V when 2.
@@ -101,15 +107,18 @@ pub(crate) fn family(budgets: &[Vec<f64>], chunks: usize, policy: &SearchPolicy)
             for &w_first in policy.zb_w_first {
                 for &wait_b in policy.zb_wait_b {
                     for &shallow_f in orders {
-                        let rule = Rule {
-                            budget: budget.clone(),
-                            fill,
-                            w_first,
-                            shallow_f,
-                            wait_b,
-                        };
-                        if !out.contains(&rule) {
-                            out.push(rule);
+                        for &reserve in orders {
+                            let rule = Rule {
+                                budget: budget.clone(),
+                                fill,
+                                w_first,
+                                shallow_f,
+                                wait_b,
+                                reserve,
+                            };
+                            if !out.contains(&rule) {
+                                out.push(rule);
+                            }
                         }
                     }
                 }
@@ -119,10 +128,19 @@ pub(crate) fn family(budgets: &[Vec<f64>], chunks: usize, policy: &SearchPolicy)
     out
 }
 
+/// What one rule gives.
+pub(crate) struct Run {
+    /// The makespan by the scheduler's own times.
+    pub makespan: f64,
+    /// Each rank's peak activations.
+    pub peak: Vec<f64>,
+    pub order: Vec<Vec<Task>>,
+}
+
 /// The order `rule` gives on `chunks` stages per rank, with its makespan by the
 /// scheduler's own times (an upper bound on the order's ideal time); `None` if the
 /// rule stalls (its budget too small for the shape).
-pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<(f64, Vec<Vec<Task>>)> {
+pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<Run> {
     let (p, m) = (ctx.ranks, ctx.microbatches);
     let shape = Shape { ranks: p, chunks };
     let s = shape.stages();
@@ -134,6 +152,7 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<(f64, Vec<Vec
     let mut wq: Vec<VecDeque<usize>> = vec![VecDeque::new(); p];
     let mut wmb: Vec<VecDeque<usize>> = vec![VecDeque::new(); p];
     let mut held = vec![0.0f64; p];
+    let mut peak = vec![0.0f64; p];
     let mut free = vec![0.0f64; p];
     let mut order: Vec<Vec<Task>> = vec![Vec::with_capacity(3 * m * chunks); p];
     let mut remaining = 3 * m * s;
@@ -175,7 +194,18 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<(f64, Vec<Vec
                     fend[k][mb].max(down)
                 };
                 let budget = rule.budget[r];
-                let fits = |k: usize| held[r] == 0.0 || held[r] + unit(k).act <= budget + EPS;
+                // Room for the F of chunk `c` (and, under `reserve`, for a deep F after
+                // a shallow one).
+                let deep = unit(shape.stage(r, chunks - 1)).act;
+                let fits = |c: usize| {
+                    let k = shape.stage(r, c);
+                    let room = if rule.reserve && c + 1 < chunks {
+                        deep
+                    } else {
+                        0.0
+                    };
+                    held[r] == 0.0 || held[r] + unit(k).act + room <= budget + EPS
+                };
                 let mut b_pick: Option<usize> = None;
                 for &c in b_chunks {
                     if b_ready(c) <= now && b_pick.is_none_or(|x| next_b[r][c] < next_b[r][x]) {
@@ -185,7 +215,7 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<(f64, Vec<Vec
                 let f_pick = f_chunks
                     .iter()
                     .copied()
-                    .find(|&c| f_ready(c) <= now && fits(shape.stage(r, c)));
+                    .find(|&c| f_ready(c) <= now && fits(c));
                 let has_w = !wq[r].is_empty();
                 let choice = match (b_pick, f_pick) {
                     (_, Some(c))
@@ -227,6 +257,7 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<(f64, Vec<Vec
                         let mb = next_f[r][c];
                         next_f[r][c] += 1;
                         held[r] += unit(k).act;
+                        peak[r] = peak[r].max(held[r]);
                         fend[k][mb] = now + unit(k).cost.f;
                         (k, mb, unit(k).cost.f)
                     }
@@ -250,7 +281,11 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<(f64, Vec<Vec
         // Nothing more starts now: on to the next task's end (none: the rule stalls).
         now = later(&free, now)?;
     }
-    Some((makespan, order))
+    Some(Run {
+        makespan,
+        peak,
+        order,
+    })
 }
 
 /// The earliest rank free time after `now`.
@@ -261,4 +296,107 @@ fn later(free: &[f64], now: f64) -> Option<f64> {
         .filter(|&t| t > now)
         .fold(f64::INFINITY, f64::min);
     t.is_finite().then_some(t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algebra::profile::Profile;
+    use crate::algebra::units::build_units;
+    use crate::ir::plan::Layout;
+
+    /// The profile: 16 layers of F 0.5, B 0.75, W 0.25, activation 1.
+    fn units(p: usize, chunks: usize) -> Vec<crate::ir::program::Unit> {
+        let prof = Profile::from_toml_str(
+            "[llm]\nlayers = 16\nforward = 0.5\nbackward = 0.75\nweight = 0.25\nactivation = 1.0\n",
+        )
+        .unwrap();
+        let layout = if chunks == 2 {
+            Layout::VShape
+        } else {
+            Layout::Looped
+        };
+        build_units(&prof, p, chunks, layout).unwrap()
+    }
+
+    fn ctx<'a>(
+        units: &'a [crate::ir::program::Unit],
+        stages: &'a [usize],
+        p: usize,
+        m: usize,
+    ) -> Ctx<'a> {
+        Ctx {
+            ranks: p,
+            microbatches: m,
+            stages,
+            units,
+            memory_limit: None,
+            riders: &[],
+        }
+    }
+
+    /// ZB-V's own rule: `B` first, then `F` (deep chunk first), then `W`.
+    fn zbv_rule(budget: Vec<f64>) -> Rule {
+        Rule {
+            budget,
+            fill: 0.0,
+            w_first: f64::INFINITY,
+            shallow_f: false,
+            wait_b: 0.0,
+            reserve: false,
+        }
+    }
+
+    #[test]
+    fn zbv_rule_reaches_zero_bubbles_figure() {
+        // Without the missed wake-ups of the fixed `zbv` greedy (105.5), the same rule
+        // gives Zero Bubble's own scheduler's 102.75.
+        let (p, m) = (8, 32);
+        let u = units(p, 2);
+        let stages: Vec<usize> = (0..u.len()).collect();
+        let c = ctx(&u, &stages, p, m);
+        let run = run(&c, 2, &zbv_rule(default_budget(&c, 2))).unwrap();
+        assert_eq!(run.makespan, 102.75);
+        assert_eq!(run.order.iter().map(Vec::len).sum::<usize>(), 3 * m * 2 * p);
+    }
+
+    #[test]
+    fn every_rule_keeps_its_budget_and_every_task() {
+        let (p, m) = (4, 12);
+        for chunks in [1, 2] {
+            let u = units(p, chunks);
+            let stages: Vec<usize> = (0..u.len()).collect();
+            let c = ctx(&u, &stages, p, m);
+            let default = default_budget(&c, chunks);
+            let tight: Vec<f64> = default.iter().map(|b| b * 0.6).collect();
+            let rules = family(&[default, tight], chunks, &SearchPolicy::DEFAULT);
+            let d = SearchPolicy::DEFAULT;
+            let per = d.zb_fill.len() * d.zb_w_first.len() * d.zb_wait_b.len();
+            assert_eq!(rules.len(), 2 * per * if chunks == 2 { 4 } else { 1 });
+            for rule in &rules {
+                let Some(run) = run(&c, chunks, rule) else {
+                    continue;
+                };
+                for r in 0..p {
+                    // One chunk pair's activations beyond the budget at most (an F
+                    // is always allowed with nothing held).
+                    assert!(run.peak[r] <= rule.budget[r].max(2.0) + EPS, "{rule:?}");
+                    assert_eq!(run.order[r].len(), 3 * m * chunks);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_budget_below_one_chunk_pair_stalls() {
+        let (p, m) = (4, 8);
+        let u = units(p, 2);
+        let stages: Vec<usize> = (0..u.len()).collect();
+        let c = ctx(&u, &stages, p, m);
+        // Each chunk holds 2 layers' activations: room for one F, never its pair.
+        assert!(run(&c, 2, &zbv_rule(vec![2.0; p])).is_none());
+        let mut reserve = zbv_rule(vec![4.0; p]);
+        reserve.reserve = true;
+        assert!(run(&c, 2, &reserve).is_some());
+    }
 }
