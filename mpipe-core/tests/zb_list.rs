@@ -130,7 +130,7 @@ proptest! {
     #[test]
     fn never_behind_the_fixed_bodies(
         f in 0.1f64..2.0, b in 0.1f64..2.0, w in 0.0f64..1.5,
-        p in prop::sample::select(vec![2usize, 3, 4, 6]),
+        p in prop::sample::select(vec![2usize, 3, 4, 6, 8]),
         per_rank in 1usize..5, extra in 0usize..3,
         head in prop::sample::select(vec![0.0, 0.5, 2.0]),
         params in prop::sample::select(vec![0.0, 0.1]),

@@ -2,15 +2,17 @@
 
 use mpipe_core::generators::{BodyKind, Weave};
 
-/// One of each body generator (default arguments; `zb2p` both looped and in a V),
+/// One of each body generator (default arguments; `zb2p` both looped and in a V;
+/// `zbv(list = search)`),
 /// for the operators' property tests. `BodyKind::expr` gives each one's text.
-pub const BODIES: [BodyKind; 8] = [
+pub const BODIES: [BodyKind; 9] = [
     BodyKind::GPipe,
     BodyKind::OneFOneB,
     BodyKind::Interleaved { v: 2 },
     BodyKind::ZbH1,
     BodyKind::ZbV,
     BodyKind::DualPipeV,
+    BodyKind::ZbList { vshape: true },
     BodyKind::Zb2p {
         v: 1,
         vshape: false,

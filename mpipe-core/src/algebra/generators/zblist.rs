@@ -78,7 +78,25 @@ impl Shape {
     }
 }
 
-/// 1F1B's activation budget of each rank: `p` micro-batches of the rank's chunks.
+/// The activations one micro-batch of stage `k` holds on its rank: the stage's, and
+/// for the first stage those of the trainable encoders placed inline with it
+/// (their forward runs just before its forward, their backward just after its
+/// backward).
+fn held_by(ctx: &Ctx, k: usize) -> f64 {
+    let own = ctx.units[ctx.stages[k]].act;
+    if k > 0 {
+        return own;
+    }
+    let inline: f64 = (0..ctx.units.len())
+        .filter(|u| !ctx.stages.contains(u) && !ctx.riders.iter().any(|(r, _)| r == u))
+        .filter(|&u| ctx.units[u].trainable)
+        .map(|u| ctx.units[u].act)
+        .sum();
+    own + inline
+}
+
+/// 1F1B's activation budget of each rank: `p` micro-batches of the rank's chunks
+/// (with the inline encoders').
 pub(crate) fn default_budget(ctx: &Ctx, chunks: usize) -> Vec<f64> {
     let shape = Shape {
         ranks: ctx.ranks,
@@ -86,9 +104,7 @@ pub(crate) fn default_budget(ctx: &Ctx, chunks: usize) -> Vec<f64> {
     };
     (0..ctx.ranks)
         .map(|r| {
-            let held: f64 = (0..chunks)
-                .map(|c| ctx.units[ctx.stages[shape.stage(r, c)]].act)
-                .sum();
+            let held: f64 = (0..chunks).map(|c| held_by(ctx, shape.stage(r, c))).sum();
             ctx.ranks as f64 * held
         })
         .collect()
@@ -145,6 +161,7 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<Run> {
     let shape = Shape { ranks: p, chunks };
     let s = shape.stages();
     let unit = |k: usize| &ctx.units[ctx.stages[k]];
+    let acts: Vec<f64> = (0..s).map(|k| held_by(ctx, k)).collect();
     let mut fend = vec![vec![f64::INFINITY; m]; s];
     let mut bend = vec![vec![f64::INFINITY; m]; s];
     let mut next_f = vec![[0usize; 2]; p];
@@ -196,7 +213,7 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<Run> {
                 let budget = rule.budget[r];
                 // Room for the F of chunk `c` (and, under `reserve`, for a deep F after
                 // a shallow one).
-                let deep = unit(shape.stage(r, chunks - 1)).act;
+                let deep = acts[shape.stage(r, chunks - 1)];
                 let fits = |c: usize| {
                     let k = shape.stage(r, c);
                     let room = if rule.reserve && c + 1 < chunks {
@@ -204,7 +221,7 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<Run> {
                     } else {
                         0.0
                     };
-                    held[r] == 0.0 || held[r] + unit(k).act + room <= budget + EPS
+                    held[r] == 0.0 || held[r] + acts[k] + room <= budget + EPS
                 };
                 let mut b_pick: Option<usize> = None;
                 for &c in b_chunks {
@@ -220,8 +237,7 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<Run> {
                 let choice = match (b_pick, f_pick) {
                     (_, Some(c))
                         if rule.fill > 0.0
-                            && held[r] + unit(shape.stage(r, c)).act
-                                <= rule.fill * budget + EPS =>
+                            && held[r] + acts[shape.stage(r, c)] <= rule.fill * budget + EPS =>
                     {
                         Some((Op::F, c))
                     }
@@ -256,7 +272,7 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<Run> {
                         let k = shape.stage(r, c);
                         let mb = next_f[r][c];
                         next_f[r][c] += 1;
-                        held[r] += unit(k).act;
+                        held[r] += acts[k];
                         peak[r] = peak[r].max(held[r]);
                         fend[k][mb] = now + unit(k).cost.f;
                         (k, mb, unit(k).cost.f)
@@ -264,7 +280,7 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<Run> {
                     _ => {
                         let k = wq[r].pop_front()?;
                         let mb = wmb[r].pop_front()?;
-                        held[r] = (held[r] - unit(k).act).max(0.0);
+                        held[r] = (held[r] - acts[k]).max(0.0);
                         (k, mb, unit(k).cost.w)
                     }
                 };
