@@ -38,11 +38,19 @@ pub(crate) fn best_lowering_with(
     let done = |best: &Option<(Vec<Vec<Placed>>, Program, SimReport)>| {
         best.as_ref().is_some_and(|(_, _, b)| b.makespan <= target)
     };
+    // Placements already lowered and simulated. Rules often agree (on every transfer,
+    // or again after re-timing); a placement seen before gives the same program and
+    // the same simulation, which can never beat the best kept (ties keep the first),
+    // so it is skipped without lowering or simulating it again.
+    let mut seen: Vec<Vec<usize>> = Vec::new();
     for placement in PLACEMENTS {
         if done(&best) {
             break;
         }
         let at = placement_of(plan, &prepared, placement, policy).map_err(|e| e.to_string())?;
+        if !first_sight(&mut seen, &at) {
+            continue;
+        }
         let program = assemble(plan, &at, text);
         let report =
             simulate(&program, opts).map_err(|e| format!("derived program does not run: {e}"))?;
@@ -72,6 +80,9 @@ pub(crate) fn best_lowering_with(
             let Ok(at) = placement_of(plan, &again, placement, policy) else {
                 continue;
             };
+            if !first_sight(&mut seen, &at) {
+                continue;
+            }
             let program = assemble(plan, &at, text);
             let Ok(report) = simulate(&program, opts) else {
                 continue;
@@ -115,6 +126,22 @@ pub(crate) fn best_lowering_with(
         return Ok(moved);
     }
     Ok(settle_w(moved, opts, &fits, budget, policy))
+}
+
+/// Record `at` in `seen` and say whether it is new. A placement is its ends' slots
+/// and transfers, rank by rank, in order: the program `assemble` builds from it is a
+/// function of exactly these (each end's action follows from its transfer and rank).
+fn first_sight(seen: &mut Vec<Vec<usize>>, at: &[Vec<Placed>]) -> bool {
+    let mut sig = Vec::with_capacity(at.len() + 2 * at.iter().map(Vec::len).sum::<usize>());
+    for list in at {
+        sig.push(list.len());
+        sig.extend(list.iter().flat_map(|x| [x.slot, x.id]));
+    }
+    if seen.contains(&sig) {
+        return false;
+    }
+    seen.push(sig);
+    true
 }
 
 /// The placement rules tried, in order.
