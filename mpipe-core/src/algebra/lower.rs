@@ -31,7 +31,6 @@ use crate::algebra::analysis::{dependencies, timing, PlanError, Timing};
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{Action, Dir, Name, Op, Prefetch, Program, Source, Tensor, FORMAT};
-use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
 /// The lowering failed: the plan is not executable, or (a bug) the placement
@@ -84,19 +83,22 @@ struct Key {
     tensor: Tensor,
     unit: usize,
     mb: usize,
-    to: usize,
 }
 
 impl Key {
-    fn cmp(&self, o: &Key) -> Ordering {
-        self.time
-            .total_cmp(&o.time)
-            .then(self.seq.cmp(&o.seq))
-            .then(self.tensor.cmp(&o.tensor))
-            .then(self.unit.cmp(&o.unit))
-            .then(self.mb.cmp(&o.mb))
-            .then(self.to.cmp(&o.to))
+    /// The key's order as plain integers, for the transfer numbered `id` in the
+    /// prepared list: time (as `f64::total_cmp` orders it), then `seq`, then
+    /// `(tensor, unit, mb, to)`, which is the order of the prepared list itself (it is
+    /// sorted by exactly that and holds each transfer once), so `id` stands for it.
+    fn order(&self, id: usize) -> (i64, usize, usize) {
+        (total_order(self.time), self.seq, id)
     }
+}
+
+/// An integer ordered as `f64::total_cmp` orders `x`.
+pub(crate) fn total_order(x: f64) -> i64 {
+    let bits = x.to_bits() as i64;
+    bits ^ (((bits >> 63) as u64) >> 1) as i64
 }
 
 /// A transfer: `(tensor, unit, mb, destination rank)`.
@@ -232,7 +234,7 @@ pub(crate) fn assemble(plan: &Plan, at: &[Vec<Placed>], expr: Option<&str>) -> P
     let mut programs = Vec::with_capacity(p);
     for (r, at) in at.iter().enumerate() {
         let n = plan.order[r].len();
-        let mut list = Vec::with_capacity(n * 2);
+        let mut list = Vec::with_capacity(bcasts.len() + n + at.len() + reduces.len());
         list.extend(bcasts.iter().filter(|a| member(a, r)).cloned());
         let mut batch = 0u64;
         let mut comm = at.iter().peekable();
@@ -272,6 +274,9 @@ pub(crate) fn assemble(plan: &Plan, at: &[Vec<Placed>], expr: Option<&str>) -> P
 /// the step (which terminates without them), and then the first unfinished transfer
 /// in that order has both its ends next in their lists, so each one completes.
 fn prefetch_transfers(plan: &Plan, names: &[Name], programs: &mut [Vec<Action>]) -> Vec<Prefetch> {
+    if plan.prefetch.is_empty() {
+        return Vec::new();
+    }
     let index = plan.locate();
     let mut out = Vec::with_capacity(plan.prefetch.len());
     for &(u, mb) in &plan.prefetch {
@@ -351,15 +356,17 @@ fn join(time: &Timing, transfers: &[(TransferId, Ends)], taus: &mut [(f64, f64)]
             from.max(to),
         )
     };
-    let mut by_width: Vec<usize> = (0..transfers.len()).collect();
-    by_width.sort_by(|&a, &b| {
-        let (ra, na, ..) = window(a);
-        let (rb, nb, ..) = window(b);
-        (na - ra).total_cmp(&(nb - rb)).then(a.cmp(&b))
-    });
+    // Narrowest first, ties by index: a total order, so an unstable sort is exact.
+    let mut by_width: Vec<(i64, usize)> = (0..transfers.len())
+        .map(|id| {
+            let (ready, need, ..) = window(id);
+            (total_order(need - ready), id)
+        })
+        .collect();
+    by_width.sort_unstable();
     // Settled meeting times per pair of ranks, sorted.
     let mut settled: std::collections::BTreeMap<(usize, usize), Vec<f64>> = Default::default();
-    for id in by_width {
+    for (_, id) in by_width {
         let (ready, need, lo, hi) = window(id);
         let times = settled.entry((lo, hi)).or_default();
         let (own, cost) = taus[id];
@@ -469,7 +476,13 @@ fn place(
     if strategy == Placement::Join {
         join(time, transfers, &mut taus);
     }
-    let mut items: Vec<Vec<Item>> = (0..p).map(|_| Vec::new()).collect();
+    // Each rank's ends, counted first so that no list grows.
+    let mut ends = vec![0usize; p];
+    for &((_, _, _, to), (from, _, _)) in transfers {
+        ends[from] += 1;
+        ends[to] += 1;
+    }
+    let mut items: Vec<Vec<Item>> = ends.iter().map(|&n| Vec::with_capacity(n)).collect();
     for (id, &((tensor, unit, mb, to), (from, j, i))) in transfers.iter().enumerate() {
         let tau = taus[id].0;
         let key = Key {
@@ -478,7 +491,6 @@ fn place(
             tensor,
             unit,
             mb,
-            to,
         };
         items[from].push(Item {
             key,
@@ -506,10 +518,15 @@ fn place(
             id,
         });
     }
+    let names: Vec<Name> = plan
+        .units
+        .iter()
+        .map(|u| Name::from(u.name.as_str()))
+        .collect();
     let mut out = Vec::with_capacity(p);
     for (r, mut its) in items.into_iter().enumerate() {
         // Keys are unique per rank (one end of each transfer), so unstable is exact.
-        its.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+        its.sort_unstable_by_key(|it| it.key.order(it.id));
         // Under the ready-time rule, the latest slot each item may take without
         // pushing a later one past its limit: `lo` is where the item would rather go
         // (a SEND after every task that ends by its ready time), and with zero-cost
@@ -530,14 +547,7 @@ fn place(
         for (it, cap) in its.into_iter().zip(cap) {
             slot = slot.max(it.lo.min(cap)).max(it.min);
             let k = it.key;
-            let action = Action::p2p(
-                it.dir,
-                k.tensor,
-                plan.units[k.unit].name.clone(),
-                k.mb,
-                it.peer,
-                None,
-            );
+            let action = Action::p2p(it.dir, k.tensor, names[k.unit].clone(), k.mb, it.peer, None);
             if slot > it.hi {
                 return Err(LowerError::Placement {
                     rank: r,
@@ -571,11 +581,21 @@ fn collectives(plan: &Plan) -> (Vec<Action>, Vec<Action>) {
     let n = plan.units.len();
     let mut users: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
     let mut reducers: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
+    // Per rank, which units it computes and which it reduces, then one insertion each.
+    let (mut uses, mut reduced) = (vec![false; n], vec![false; n]);
     for (r, list) in plan.order.iter().enumerate() {
         for t in list {
-            users[t.unit].insert(r);
+            uses[t.unit] = true;
             if matches!(t.op, Op::W | Op::BW) {
-                reducers[t.unit].insert(r);
+                reduced[t.unit] = true;
+            }
+        }
+        for (u, (used, red)) in uses.iter_mut().zip(&mut reduced).enumerate() {
+            if std::mem::take(used) {
+                users[u].insert(r);
+            }
+            if std::mem::take(red) {
+                reducers[u].insert(r);
             }
         }
     }
