@@ -265,8 +265,9 @@ pub fn memory_over_time(p: &Program, t: &Timeline) -> Result<Vec<Vec<(f64, f64)>
             });
         }
     }
+    let mut table = Vec::new();
     Ok((0..p.programs.len())
-        .map(|r| setup.memory_steps(r, &t.ranks[r]))
+        .map(|r| setup.memory_steps(r, &t.ranks[r], &mut table))
         .collect())
 }
 
@@ -477,6 +478,8 @@ struct Setup<'p> {
     bytes: Vec<f64>,
     params: Vec<f64>,
     act: Vec<f64>,
+    /// Number of actions in the program.
+    actions: usize,
     acts: Vec<Vec<RAct>>,
     /// Distinct collective identities, in first-seen order.
     coll_ids: Vec<CollId>,
@@ -530,17 +533,26 @@ impl<'p> Setup<'p> {
         let mut coll_ids: Vec<CollId> = Vec::new();
         let mut coll_of = BTreeMap::new();
         let mut occ_count: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+        // The last name looked up, by address and length: actions share their unit's
+        // name, so a run of actions on one unit costs one look-up.
+        let mut last: (*const u8, usize, u32) = (std::ptr::null(), 0, 0);
         for (r, list) in p.programs.iter().enumerate() {
             let mut out = Vec::with_capacity(list.len());
             for (i, a) in list.iter().enumerate() {
                 let unit_name = a.unit();
-                let Some(&unit) = names.get(unit_name) else {
-                    return Err(SimError::UnknownUnit {
-                        rank: r,
-                        index: i,
-                        action: a.to_string(),
-                        unit: unit_name.to_string(),
-                    });
+                let unit = if (unit_name.as_ptr(), unit_name.len()) == (last.0, last.1) {
+                    last.2
+                } else {
+                    let Some(&unit) = names.get(unit_name) else {
+                        return Err(SimError::UnknownUnit {
+                            rank: r,
+                            index: i,
+                            action: a.to_string(),
+                            unit: unit_name.to_string(),
+                        });
+                    };
+                    last = (unit_name.as_ptr(), unit_name.len(), unit);
+                    unit
                 };
                 let check_mb = |mb: usize| {
                     if mb < p.microbatches {
@@ -616,6 +628,7 @@ impl<'p> Setup<'p> {
             bytes: p.units.iter().map(|u| u.bytes).collect(),
             params: p.units.iter().map(|u| u.params).collect(),
             act: p.units.iter().map(|u| u.act).collect(),
+            actions: total,
             acts,
             coll_ids,
             coll_of,
@@ -626,35 +639,19 @@ impl<'p> Setup<'p> {
     /// level)` steps, each level held from its time until the next step's (0 before
     /// the first). All changes at one time count together, releases with
     /// acquisitions (half-open intervals), so a peak is the largest level.
-    fn memory_steps(&self, r: usize, slots: &[Slot]) -> Vec<(f64, f64)> {
+    /// `table` is scratch space kept across calls (its entries empty between them).
+    fn memory_steps(&self, r: usize, slots: &[Slot], table: &mut Vec<[u32; 3]>) -> Vec<(f64, f64)> {
         let s = self;
         let acts = &s.acts[r];
-        let mut entries: Vec<(u64, u32, Op, u32)> = acts
-            .iter()
-            .enumerate()
-            .filter_map(|(i, a)| match *a {
-                RAct::Compute { op, unit, mb } => Some((s.key(unit, mb), i as u32, op, unit)),
-                _ => None,
-            })
-            .collect();
-        entries.sort_unstable_by_key(|e| (e.0, e.1));
         let mut delta = vec![0.0f64; acts.len()];
         let mut at_start = vec![false; acts.len()];
-        for group in entries.chunk_by(|a, b| a.0 == b.0) {
-            let last = |pred: fn(Op) -> bool| group.iter().rev().find(|e| pred(e.2)).map(|e| e.1);
-            let consumer =
-                last(|op| op == Op::W).or_else(|| last(|op| matches!(op, Op::B | Op::BW)));
-            let Some(c) = consumer else { continue };
-            let holder = group
-                .iter()
-                .rev()
-                .find(|e| matches!(e.2, Op::F | Op::RF) && e.1 < c)
-                .map(|e| e.1);
-            let Some(h) = holder else { continue };
-            let a = s.act[group[0].3 as usize];
-            delta[h as usize] += a;
-            at_start[h as usize] = true;
-            delta[c as usize] -= a;
+        // With a table of every (unit, mb) no larger than the program, passes in list
+        // order find what each holds; otherwise a sort groups them.
+        let keys = (s.p.units.len() as u64).saturating_mul(s.p.microbatches as u64);
+        if keys <= s.actions as u64 {
+            s.hold_by_table(acts, table, &mut delta, &mut at_start);
+        } else {
+            s.hold_by_sort(acts, &mut delta, &mut at_start);
         }
         // A rank's actions are sequential, so these times only grow in list order.
         let mut steps: Vec<(f64, f64)> = Vec::new();
@@ -675,6 +672,94 @@ impl<'p> Setup<'p> {
             }
         }
         steps
+    }
+
+    /// The activation each (unit, mb) of `acts` holds, as `+act` at its holding
+    /// forward (marked in `at_start`) and `-act` at its consumer: the consumer is the
+    /// last `W(unit, mb)`, else the last `B`/`BW`; the holder the last `F`/`RF` before
+    /// it. Found by sorting the compute actions by (unit, mb).
+    fn hold_by_sort(&self, acts: &[RAct], delta: &mut [f64], at_start: &mut [bool]) {
+        let s = self;
+        let mut entries: Vec<(u64, u32, Op, u32)> = acts
+            .iter()
+            .enumerate()
+            .filter_map(|(i, a)| match *a {
+                RAct::Compute { op, unit, mb } => Some((s.key(unit, mb), i as u32, op, unit)),
+                _ => None,
+            })
+            .collect();
+        entries.sort_unstable_by_key(|e| (e.0, e.1));
+        for group in entries.chunk_by(|a, b| a.0 == b.0) {
+            let last = |pred: fn(Op) -> bool| group.iter().rev().find(|e| pred(e.2)).map(|e| e.1);
+            let consumer =
+                last(|op| op == Op::W).or_else(|| last(|op| matches!(op, Op::B | Op::BW)));
+            let Some(c) = consumer else { continue };
+            let holder = group
+                .iter()
+                .rev()
+                .find(|e| matches!(e.2, Op::F | Op::RF) && e.1 < c)
+                .map(|e| e.1);
+            let Some(h) = holder else { continue };
+            let a = s.act[group[0].3 as usize];
+            delta[h as usize] += a;
+            at_start[h as usize] = true;
+            delta[c as usize] -= a;
+        }
+    }
+
+    /// [`Setup::hold_by_sort`]'s answer from a table indexed by [`Setup::key`], in
+    /// three passes over `acts`: per (unit, mb) its last `W`, its last `B`/`BW`, then
+    /// its holding forward. Each action is one (unit, mb)'s, so every `delta` entry is
+    /// written at most once, as there. Every entry touched is emptied again.
+    fn hold_by_table(
+        &self,
+        acts: &[RAct],
+        table: &mut Vec<[u32; 3]>,
+        delta: &mut [f64],
+        at_start: &mut [bool],
+    ) {
+        let keys = self.p.units.len() * self.p.microbatches;
+        if table.len() < keys {
+            table.resize(keys, [NONE; 3]);
+        }
+        let consumer = |e: &[u32; 3]| if e[0] != NONE { e[0] } else { e[1] };
+        for (i, a) in acts.iter().enumerate() {
+            if let RAct::Compute { op, unit, mb } = *a {
+                let e = &mut table[self.key(unit, mb) as usize];
+                match op {
+                    Op::W => e[0] = i as u32,
+                    Op::B | Op::BW => e[1] = i as u32,
+                    Op::F | Op::RF => {}
+                }
+            }
+        }
+        for (i, a) in acts.iter().enumerate() {
+            if let RAct::Compute {
+                op: Op::F | Op::RF,
+                unit,
+                mb,
+            } = *a
+            {
+                let e = &mut table[self.key(unit, mb) as usize];
+                let c = consumer(e);
+                if c != NONE && (i as u32) < c {
+                    e[2] = i as u32;
+                }
+            }
+        }
+        for a in acts {
+            if let RAct::Compute { unit, mb, .. } = *a {
+                let e = std::mem::replace(&mut table[self.key(unit, mb) as usize], [NONE; 3]);
+                let (c, h) = (consumer(&e), e[2]);
+                if c == NONE || h == NONE {
+                    continue;
+                }
+                let a = self.act[unit as usize];
+                delta[h as usize] += a;
+                at_start[h as usize] = true;
+                delta[c as usize] -= a;
+            }
+        }
     }
 
     fn key(&self, unit: u32, mb: u32) -> u64 {
@@ -920,7 +1005,10 @@ impl<'s, 'p> Engine<'s, 'p> {
         } else {
             0.0
         };
-        let peak_memory = (0..nr).map(|r| self.peak(r, &slots[r])).collect();
+        let mut table = Vec::new();
+        let peak_memory = (0..nr)
+            .map(|r| self.peak(r, &slots[r], &mut table))
+            .collect();
         Ok(SimReport {
             makespan,
             bubble,
@@ -1081,9 +1169,9 @@ impl<'s, 'p> Engine<'s, 'p> {
     }
 
     /// Peak activation memory of rank `r`, given its timeline.
-    fn peak(&self, r: usize, slots: &[Slot]) -> f64 {
+    fn peak(&self, r: usize, slots: &[Slot], table: &mut Vec<[u32; 3]>) -> f64 {
         self.s
-            .memory_steps(r, slots)
+            .memory_steps(r, slots, table)
             .into_iter()
             .fold(0.0, |peak, (_, level)| peak.max(level))
     }
