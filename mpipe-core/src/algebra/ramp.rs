@@ -132,12 +132,15 @@ impl RampCosts {
             .sum::<f64>()
             + chunks.iter().filter(|&&n| n > 0).count().saturating_sub(1) as f64 * self.enc_hop;
         let mut end = 0.0f64;
+        // `after[k]`: the largest chunk time from chunk `k` on (0 if none), one
+        // backward pass instead of a scan per rank (the maximum of the same products).
+        let mut after = vec![0.0f64; chunks.len() + 1];
+        for k in (0..chunks.len()).rev() {
+            after[k] = after[k + 1].max(f64::from(chunks[k]) * self.enc_f);
+        }
         for r in 0..p {
             let n = f64::from(chunks[r]);
-            let upstream = chunks[r + 1..]
-                .iter()
-                .map(|&q| f64::from(q) * self.enc_f)
-                .fold(0.0, f64::max);
+            let upstream = after[r + 1];
             let ready = if upstream > 0.0 {
                 (ramp / upstream).min(m)
             } else {
