@@ -524,9 +524,15 @@ fn place(
         .map(|u| Name::from(u.name.as_str()))
         .collect();
     let mut out = Vec::with_capacity(p);
-    for (r, mut its) in items.into_iter().enumerate() {
+    for (r, its) in items.into_iter().enumerate() {
         // Keys are unique per rank (one end of each transfer), so unstable is exact.
-        its.sort_unstable_by_key(|it| it.key.order(it.id));
+        // Sorted as small (key, position) pairs rather than moving whole items.
+        let mut order: Vec<((i64, usize, usize), usize)> = its
+            .iter()
+            .enumerate()
+            .map(|(k, it)| (it.key.order(it.id), k))
+            .collect();
+        order.sort_unstable();
         // Under the ready-time rule, the latest slot each item may take without
         // pushing a later one past its limit: `lo` is where the item would rather go
         // (a SEND after every task that ends by its ready time), and with zero-cost
@@ -534,17 +540,18 @@ fn place(
         // The keys guarantee only `min` (a SEND right after its producer) fits, so
         // the preference gives way there. Where no preference overshoots (every
         // positive-cost plan) this changes nothing.
-        let mut cap = vec![usize::MAX; its.len()];
+        let mut cap = vec![usize::MAX; order.len()];
         if strategy == Placement::Ready {
             let mut c = usize::MAX;
-            for (k, it) in its.iter().enumerate().rev() {
-                c = c.min(it.hi);
+            for (k, &(_, i)) in order.iter().enumerate().rev() {
+                c = c.min(its[i].hi);
                 cap[k] = c;
             }
         }
         let mut at: Vec<Placed> = Vec::with_capacity(its.len());
         let mut slot = 0;
-        for (it, cap) in its.into_iter().zip(cap) {
+        for ((_, k), cap) in order.into_iter().zip(cap) {
+            let it = &its[k];
             slot = slot.max(it.lo.min(cap)).max(it.min);
             let k = it.key;
             let action = Action::p2p(it.dir, k.tensor, names[k.unit].clone(), k.mb, it.peer, None);
