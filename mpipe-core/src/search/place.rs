@@ -4,7 +4,7 @@
 //! own (it simulates every candidate), just above `refine` in the search floor.
 
 use crate::algebra::analysis::Timing;
-use crate::algebra::lower::{assemble, placement_of, prepare, Placed, Placement};
+use crate::algebra::lower::{assemble, placement_of, prepare, total_order, Placed, Placement};
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{ActionRef, Program};
@@ -181,11 +181,13 @@ fn simulated_timing(
     let mut all: Vec<(usize, usize)> = (0..plan.ranks)
         .flat_map(|r| (0..plan.order[r].len()).map(move |i| (r, i)))
         .collect();
-    all.sort_by(|&(a, i), &(b, j)| {
-        end[a][i]
-            .total_cmp(&end[b][j])
-            .then(start[a][i].total_cmp(&start[b][j]))
-            .then(ideal.seq[a][i].cmp(&ideal.seq[b][j]))
+    // `seq` numbers the tasks, so the order is total and an unstable sort exact.
+    all.sort_unstable_by_key(|&(r, i)| {
+        (
+            total_order(end[r][i]),
+            total_order(start[r][i]),
+            ideal.seq[r][i],
+        )
     });
     let mut seq: Vec<Vec<usize>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
     for (k, (r, i)) in all.into_iter().enumerate() {
