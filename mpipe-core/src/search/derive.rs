@@ -16,8 +16,8 @@ pub use crate::algebra::eval::{DeriveError, ErrorKind, Request, OPERATOR_NAMES};
 use crate::algebra::expr::{Arg, Expr, Ident, Value};
 use crate::ir::plan::Plan;
 pub use crate::ir::text::did_you_mean;
-use crate::search::finish::finish;
 pub use crate::search::finish::{bound_for, Derived};
+use crate::search::finish::{finish, finish_checked};
 pub use crate::search::place::resident_params;
 
 use crate::ir::program::OverLimit;
@@ -129,17 +129,18 @@ fn choose_placement(
         };
         let current = match best.1.take() {
             Some(d) => d,
-            None => finish(req, &best.0, &text, expr.span, None),
+            None => finish_checked(req, &best.0, &text, expr.span, None),
         };
-        best = match (current, finish(req, &alt, &text, expr.span, None)) {
+        best = match (current, finish_checked(req, &alt, &text, expr.span, None)) {
             (Ok(a), Ok(b)) if b.report.makespan < a.report.makespan => (alt, Some(Ok(b))),
             (Err(_), Ok(b)) => (alt, Some(Ok(b))),
             (current, _) => (best.0, Some(current)),
         };
     }
+    // Only the program kept needs its lower bound.
     let (plan, derived) = best;
-    let derived = derived.unwrap_or_else(|| finish(req, &plan, &text, expr.span, None));
-    (plan, derived)
+    let derived = derived.unwrap_or_else(|| finish_checked(req, &plan, &text, expr.span, None));
+    (plan, derived.map(|c| c.bounded(req)))
 }
 
 /// `e` with `place = PLACE` added to every `transpose` that leaves its placement to

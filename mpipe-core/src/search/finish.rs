@@ -52,7 +52,41 @@ pub(crate) fn finish(
     span: Span,
     refine: Option<usize>,
 ) -> Result<Derived, Vec<DeriveError>> {
-    finish_unspanned(req, plan, text, refine).map_err(|es| {
+    finish_checked(req, plan, text, span, refine).map(|c| c.bounded(req))
+}
+
+/// A derivation checked as [`finish`] checks it, without its lower bound yet: a
+/// caller comparing several derivations bounds only the one it keeps.
+pub(crate) struct Checked {
+    program: Program,
+    pub report: SimReport,
+    params: Vec<f64>,
+    expr: String,
+}
+
+impl Checked {
+    /// The derivation, with the lower bound its program is read against.
+    pub(crate) fn bounded(self, req: &Request) -> Derived {
+        let bound = bound_for(req.profile, &self.program, &req.sim_options(req.mode));
+        Derived {
+            program: self.program,
+            report: self.report,
+            bound,
+            params: self.params,
+            expr: self.expr,
+        }
+    }
+}
+
+/// [`finish`] up to the lower bound (see [`Checked`]).
+pub(crate) fn finish_checked(
+    req: &Request,
+    plan: &Plan,
+    text: &str,
+    span: Span,
+    refine: Option<usize>,
+) -> Result<Checked, Vec<DeriveError>> {
+    check_unspanned(req, plan, text, refine).map_err(|es| {
         es.into_iter()
             .map(|(kind, message)| err(kind, span, message))
             .collect()
@@ -68,6 +102,16 @@ pub(crate) fn finish_unspanned(
     text: &str,
     refine: Option<usize>,
 ) -> Result<Derived, Vec<(ErrorKind, String)>> {
+    check_unspanned(req, plan, text, refine).map(|c| c.bounded(req))
+}
+
+/// [`finish_unspanned`] up to the lower bound (see [`Checked`]).
+fn check_unspanned(
+    req: &Request,
+    plan: &Plan,
+    text: &str,
+    refine: Option<usize>,
+) -> Result<Checked, Vec<(ErrorKind, String)>> {
     let mut errors = Vec::new();
     let (program, report) =
         best_lowering(req, plan, text, refine).map_err(|m| vec![(ErrorKind::Invalid, m)])?;
@@ -105,11 +149,9 @@ pub(crate) fn finish_unspanned(
     if !errors.is_empty() {
         return Err(errors);
     }
-    let bound = bound_for(req.profile, &program, &req.sim_options(req.mode));
-    Ok(Derived {
+    Ok(Checked {
         program,
         report,
-        bound,
         params,
         expr: text.to_string(),
     })
