@@ -349,27 +349,24 @@ fn place_backward(
     let (p, m) = (plan.ranks, plan.microbatches);
     let first = plan.stages[0];
     let r0 = plan.units[first].home;
-    // Right after the first stage's (first) backward of each micro-batch on `r0`, found
-    // in one pass (a scan per micro-batch made this quadratic: at one rank, every
-    // micro-batch's backward goes there).
-    let len0 = plan.order[r0].len();
-    let mut after = vec![len0; m];
+    // Just after the first stage's first backward of each micro-batch on `r0` (the
+    // end of its list if there is none), from one pass over the list.
+    let len = plan.order[r0].len();
+    let mut first_backward = vec![len; m];
     if !deferred {
         for (i, t) in plan.order[r0].iter().enumerate().rev() {
             if t.unit == first && t.mb < m && matches!(t.op, Op::B | Op::BW) {
-                after[t.mb] = i + 1;
+                first_backward[t.mb] = i + 1;
             }
         }
     }
-    let after_first_backward = |_: &Plan, mb: usize| after.get(mb).copied().unwrap_or(len0);
     let mut at_r0 = Vec::new();
     let mut remote: Vec<(usize, usize)> = Vec::new();
-    for mb in 0..m {
+    for (mb, &pos) in first_backward.iter().enumerate() {
         let k = owner(mb);
         if k == r0 {
-            at_r0.push((after_first_backward(&plan, mb), Task::new(Op::BW, enc, mb)));
+            at_r0.push((pos, Task::new(Op::BW, enc, mb)));
         } else if backward == Backward::Central {
-            let pos = after_first_backward(&plan, mb);
             at_r0.push((pos, Task::new(Op::RF, enc, mb)));
             at_r0.push((pos, Task::new(Op::BW, enc, mb)));
             plan.input_ships.push(InputShip {
