@@ -373,11 +373,20 @@ impl<'p> Checker<'p> {
         let p = self.p;
         let (names, _) = unit_names(p);
         let mut all = Vec::with_capacity(self.nr);
+        // The last name looked up, by address and length: actions share their unit's
+        // name, so a run of actions on one unit costs one look-up.
+        let mut last: (*const u8, usize, Option<u32>) = (std::ptr::null(), 0, None);
         for (r, list) in p.programs.iter().enumerate() {
             let mut out = Vec::with_capacity(list.len());
             for (i, a) in list.iter().enumerate() {
                 let name = a.unit();
-                let unit = names.get(name).copied();
+                let unit = if (name.as_ptr(), name.len()) == (last.0, last.1) {
+                    last.2
+                } else {
+                    let unit = names.get(name).copied();
+                    last = (name.as_ptr(), name.len(), unit);
+                    unit
+                };
                 let v = match a.view() {
                     ActionRef::Compute(c) => match unit {
                         None => {
