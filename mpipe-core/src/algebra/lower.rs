@@ -98,7 +98,9 @@ impl Key {
 /// An integer ordered as `f64::total_cmp` orders `x`.
 pub(crate) fn total_order(x: f64) -> i64 {
     let bits = x.to_bits() as i64;
-    bits ^ (((bits >> 63) as u64) >> 1) as i64
+    // Negative numbers (sign bit set) have their other bits flipped.
+    let sign = bits >> (i64::BITS - 1);
+    bits ^ ((sign as u64) >> 1) as i64
 }
 
 /// A transfer: `(tensor, unit, mb, destination rank)`.
