@@ -1187,7 +1187,10 @@ fn match_p2p(s: &Setup<'_>) -> Vec<Vec<u32>> {
         recvs: Vec<(u64, u32)>,
     }
     let mut partner: Vec<Vec<u32>> = s.acts.iter().map(|l| vec![NONE; l.len()]).collect();
-    let mut chans: BTreeMap<(u32, u32), Chan> = BTreeMap::new();
+    // Channels in first-seen order, found by a look-up-only hash map (each channel
+    // pairs its own actions, so the order they are paired in does not matter).
+    let mut chans: Vec<((u32, u32), Chan)> = Vec::new();
+    let mut chan_of: HashMap<(u32, u32), usize, BuildHasherDefault<Fnv>> = HashMap::default();
     for (r, list) in s.acts.iter().enumerate() {
         for (i, a) in list.iter().enumerate() {
             if let RAct::P2p {
@@ -1199,23 +1202,24 @@ fn match_p2p(s: &Setup<'_>) -> Vec<Vec<u32>> {
             } = *a
             {
                 let key = s.key(unit, mb) * 3 + tensor_index(tensor);
+                let ends = match dir {
+                    Dir::Send => (r as u32, peer),
+                    Dir::Recv => (peer, r as u32),
+                };
+                let c = *chan_of.entry(ends).or_insert_with(|| {
+                    chans.push((ends, Chan::default()));
+                    chans.len() - 1
+                });
+                let chan = &mut chans[c].1;
                 match dir {
-                    Dir::Send => chans
-                        .entry((r as u32, peer))
-                        .or_default()
-                        .sends
-                        .push((key, i as u32)),
-                    Dir::Recv => chans
-                        .entry((peer, r as u32))
-                        .or_default()
-                        .recvs
-                        .push((key, i as u32)),
+                    Dir::Send => chan.sends.push((key, i as u32)),
+                    Dir::Recv => chan.recvs.push((key, i as u32)),
                 }
             }
         }
     }
-    for (&(a, b), chan) in &mut chans {
-        let (a, b) = (a as usize, b as usize);
+    for ((a, b), chan) in &mut chans {
+        let (a, b) = (*a as usize, *b as usize);
         let n = chan.sends.len().min(chan.recvs.len());
         let mut k = 0;
         while k < n && chan.sends[k].0 == chan.recvs[k].0 {
