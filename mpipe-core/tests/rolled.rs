@@ -517,8 +517,6 @@ fn gpipe_trainable_encoder_rolls_to_a_bounded_size() {
     );
 }
 
-/// The sizes table and the time of the pass (run with `--ignored --nocapture`).
-
 // ---------------------------------------------------------------------------
 // Hand-made programs.
 
