@@ -385,6 +385,42 @@ fn check_sizes(rows: &[Vec<Cell>]) -> Result<(), ImportError> {
     Ok(())
 }
 
+/// Every stage runs a forward of every micro-batch, so a complete file has at least
+/// `stages x micro-batches` compute actions. The program's tables are sized by that
+/// product: a short file naming a high micro-batch on many stages (883 bytes: 64
+/// stages, micro-batch 65535) took half a gigabyte to import. Refused before they are
+/// sized, the tables stay linear in the file.
+fn check_complete(rows: &[Vec<Cell>], stages: usize) -> Result<(), ImportError> {
+    let compute = rows
+        .iter()
+        .flatten()
+        .filter(|c| c.kind.is_compute())
+        .count();
+    // (The first cell with the highest micro-batch.)
+    if let Some(high) = rows
+        .iter()
+        .flatten()
+        .reduce(|a, b| if b.mb > a.mb { b } else { a })
+    {
+        let microbatches = high.mb + 1;
+        if stages.saturating_mul(microbatches) > compute {
+            return Err(at(
+                high.line,
+                high.column,
+                format!(
+                    "micro-batch {} means {microbatches} micro-batches, but the file has \
+                     {compute} compute actions for its {stages} stages: every stage runs a \
+                     forward of every micro-batch, so at least {} are needed; give the \
+                     whole schedule (or number the micro-batches from 0)",
+                    high.mb,
+                    stages.saturating_mul(microbatches)
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Import a torch schedule CSV with unit costs (or a profile's), transfers unbatched.
 pub fn import(text: &str, profile: Option<&Profile>) -> Result<Program, ImportError> {
     import_with(
@@ -453,6 +489,7 @@ pub fn import_with(text: &str, opts: &ImportOptions) -> Result<Program, ImportEr
     }
     let units = stage_units(&homes, ranks, opts.profile)?;
     let stages = homes.len();
+    check_complete(&rows, stages)?;
     if !any_p2p {
         let order: Vec<Vec<Task>> = rows
             .iter()
