@@ -246,6 +246,141 @@ fn mutations(seed: u64, seeds: &[String], count: usize) -> Vec<String> {
         .collect()
 }
 
+/// Mutate a JSON document at the value level, so that it stays JSON and the reader
+/// gets past the syntax: a leaf becomes an interesting number, a long or odd string,
+/// null; a key is removed, renamed or added; an array element is repeated or dropped.
+fn mutate_json(rng: &mut Rng, v: &mut serde_json::Value) {
+    use serde_json::Value;
+    match v {
+        Value::Object(m) if !m.is_empty() && rng.below(4) != 0 => {
+            let keys: Vec<String> = m.keys().cloned().collect();
+            let k = rng.pick(&keys).clone();
+            match rng.below(8) {
+                0 => {
+                    m.remove(&k);
+                }
+                1 => {
+                    let x = m.remove(&k).unwrap();
+                    m.insert(format!("{k}{}", rng.pick(&TOKENS)), x);
+                }
+                2 => {
+                    m.insert(format!("unknown{}", rng.next() % 100), 1.into());
+                }
+                _ => mutate_json(rng, m.get_mut(&k).unwrap()),
+            }
+        }
+        Value::Array(a) if !a.is_empty() && rng.below(4) != 0 => {
+            let i = rng.below(a.len());
+            match rng.below(8) {
+                0 => {
+                    a.remove(i);
+                }
+                1 => {
+                    let x = a[i].clone();
+                    let times = 1 + rng.below(50);
+                    for _ in 0..times {
+                        a.insert(i, x.clone());
+                    }
+                }
+                _ => mutate_json(rng, &mut a[i]),
+            }
+        }
+        _ => {
+            *v = match rng.below(6) {
+                0 | 1 | 2 => {
+                    let n = *rng.pick(&NUMBERS);
+                    serde_json::from_str(n).unwrap_or_else(|_| n.into())
+                }
+                3 => "v".repeat(1 + rng.below(300)).into(),
+                4 => Value::Null,
+                _ => rng.pick(&TOKENS).to_string().into(),
+            }
+        }
+    }
+}
+
+/// `count` value-level mutations of JSON seeds (one to three each).
+fn json_mutations(seed: u64, seeds: &[String], count: usize) -> Vec<String> {
+    let mut rng = Rng(seed);
+    let values: Vec<serde_json::Value> = seeds
+        .iter()
+        .map(|s| serde_json::from_str(s).unwrap())
+        .collect();
+    (0..count)
+        .map(|i| {
+            let mut v = values[i % values.len()].clone();
+            for _ in 0..1 + rng.below(3) {
+                mutate_json(&mut rng, &mut v);
+            }
+            if rng.below(2) == 0 {
+                serde_json::to_string_pretty(&v).unwrap()
+            } else {
+                v.to_string()
+            }
+        })
+        .collect()
+}
+
+/// Expressions mutated by words: a name or number becomes another of the seeds'
+/// words or an interesting number, or the whole is wrapped in an operator, so that
+/// most cases still parse and reach the derivation.
+fn expr_word_mutations(seed: u64, seeds: &[String], count: usize) -> Vec<String> {
+    let mut rng = Rng(seed);
+    let mut words: Vec<String> = seeds
+        .iter()
+        .flat_map(|s| {
+            s.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.'))
+                .filter(|w| !w.is_empty())
+                .map(String::from)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    words.sort();
+    words.dedup();
+    (0..count)
+        .map(|i| {
+            let mut e = seeds[i % seeds.len()].clone();
+            for _ in 0..1 + rng.below(2) {
+                match rng.below(5) {
+                    0 => {
+                        e = format!(
+                            "{}({e})",
+                            rng.pick(&["refine", "layers", "fill", "transpose"])
+                        )
+                    }
+                    1 => e = format!("refine({e}, order = {})", rng.pick(&NUMBERS)),
+                    _ => {
+                        let spans: Vec<(usize, usize)> = e
+                            .match_indices(|c: char| c.is_alphanumeric() || c == '_' || c == '.')
+                            .map(|(at, m)| (at, at + m.len()))
+                            .collect();
+                        if spans.is_empty() {
+                            continue;
+                        }
+                        // Grow the character at a random place to its whole word.
+                        let (mut a, mut b) = *rng.pick(&spans);
+                        let bytes = e.as_bytes();
+                        let word = |c: u8| c.is_ascii_alphanumeric() || c == b'_' || c == b'.';
+                        while a > 0 && word(bytes[a - 1]) {
+                            a -= 1;
+                        }
+                        while b < bytes.len() && word(bytes[b]) {
+                            b += 1;
+                        }
+                        let by = if rng.below(3) == 0 {
+                            rng.pick(&NUMBERS).to_string()
+                        } else {
+                            rng.pick(&words).clone()
+                        };
+                        e.replace_range(a..b, &by);
+                    }
+                }
+            }
+            e
+        })
+        .collect()
+}
+
 // ---------------------------------------------------------------------------------
 // The per-case checks.
 
@@ -438,8 +573,9 @@ fn profiles_in_toml_and_json() {
         });
         n += 1;
     }
-    for (i, text) in mutations(0x75_07, &json_seeds, 400)
+    for (i, text) in mutations(0x75_07, &json_seeds, 200)
         .iter()
+        .chain(&json_mutations(0x75_08, &json_seeds, 300))
         .chain(&json_structure())
         .enumerate()
     {
@@ -498,8 +634,9 @@ fn expr_structure() -> Vec<String> {
 fn schedule_expressions() {
     let _g = serial();
     let profile = small_profile();
-    let cases: Vec<String> = mutations(0xe4_9e, &expr_seeds(), 400)
+    let cases: Vec<String> = mutations(0xe4_9e, &expr_seeds(), 200)
         .into_iter()
+        .chain(expr_word_mutations(0xe4_9f, &expr_seeds(), 300))
         .chain(expr_structure())
         .collect();
     for (i, text) in cases.iter().enumerate() {
@@ -606,8 +743,9 @@ fn program_outcome(text: &str) -> String {
 #[test]
 fn program_files() {
     let _g = serial();
-    let cases: Vec<String> = mutations(0x9a_0f, &program_seeds(), 400)
+    let cases: Vec<String> = mutations(0x9a_0f, &program_seeds(), 200)
         .into_iter()
+        .chain(json_mutations(0x9a_10, &program_seeds(), 300))
         .chain(program_structure())
         .collect();
     for (i, text) in cases.iter().enumerate() {
@@ -746,8 +884,9 @@ fn traces() {
         program("transpose(vision, 1f1b)", 2, 4),
     ];
     let seeds: Vec<String> = programs.iter().map(trace_of).collect();
-    let cases: Vec<String> = mutations(0x7a_ce, &seeds, 400)
+    let cases: Vec<String> = mutations(0x7a_ce, &seeds, 200)
         .into_iter()
+        .chain(json_mutations(0x7a_cf, &seeds, 300))
         .chain(trace_structure(&programs[0]))
         .collect();
     for (i, text) in cases.iter().enumerate() {
