@@ -287,7 +287,7 @@ fn mutate_json(rng: &mut Rng, v: &mut serde_json::Value) {
         }
         _ => {
             *v = match rng.below(6) {
-                0 | 1 | 2 => {
+                0..=2 => {
                     let n = *rng.pick(&NUMBERS);
                     serde_json::from_str(n).unwrap_or_else(|_| n.into())
                 }
