@@ -1118,3 +1118,98 @@ fn a_short_csv_naming_a_high_micro_batch_on_many_stages_is_refused() {
         });
     }
 }
+
+/// Issue 37, item 2 (the writer): `mpipe trace` held the whole trace in memory (10.7
+/// GB for 806 MB, at least the file's size). Written to a stream, the peak allocation
+/// (the timeline's pairing of transfers) stays below the bytes written.
+#[test]
+fn the_trace_writer_streams() {
+    let _g = serial();
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let p = program("1f1b", 4, 1024);
+    let r = simulate(
+        &p,
+        &SimOptions {
+            mode: Mode::Rendezvous,
+            comm: None,
+        },
+    )
+    .unwrap();
+    let mut out = Count(0);
+    ALLOC.reset_peak_usage();
+    let base = ALLOC.current_usage();
+    mpipe::core::render::trace::write_chrome_trace(
+        &p,
+        &r.timeline,
+        &TraceOptions::default(),
+        &mut out,
+    )
+    .unwrap();
+    let peak = ALLOC.peak_usage().saturating_sub(base);
+    assert!(out.0 > 1 << 20, "{} bytes", out.0);
+    assert!(
+        peak < out.0,
+        "{peak} bytes allocated at the peak to write {} bytes",
+        out.0
+    );
+}
+
+/// Issue 37, item 2 (the reader): `mpipe calibrate` took 9.9 GB to say that a trace
+/// embeds no program. The reader is held to the fuzz's linear bound on a large
+/// trace without one, and says what to give instead.
+#[test]
+fn a_large_trace_without_a_program_is_refused_in_linear_memory() {
+    let _g = serial();
+    let p = program("1f1b", 2, 4);
+    let mut v: serde_json::Value = serde_json::from_str(&trace_of(&p)).unwrap();
+    v.as_object_mut().unwrap().remove("mpipe");
+    let event = v["traceEvents"][0].clone();
+    v["traceEvents"] = vec![event; 200_000].into();
+    let text = v.to_string();
+    case("trace (regression)", 0, &text, || {
+        let e = embedded_program(&text).unwrap_err();
+        assert!(e.to_string().contains("--program"), "{e}");
+        e.to_string()
+    });
+}
+
+/// Issue 37, item 5 through the binary: a program whose costs are all 1e308 is
+/// refused by `refine`, `check` and `simulate` as input, never as "a bug in mpipe".
+#[test]
+fn a_program_of_1e308_costs_is_refused_as_input() {
+    let _g = serial();
+    let mut p = program("1f1b", 2, 4);
+    for u in &mut p.units {
+        u.cost.f = 1e308;
+        u.cost.b = 1e308;
+        u.cost.w = 1e308;
+    }
+    let dir = std::env::temp_dir().join(format!("mpipe-fuzz-1e308-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("p.json");
+    std::fs::write(&f, p.to_json()).unwrap();
+    let f = f.display().to_string();
+    for args in [
+        vec![
+            "refine".to_string(),
+            f.clone(),
+            "-o".into(),
+            "/dev/null".into(),
+        ],
+        vec!["check".into(), f.clone()],
+        vec!["simulate".into(), "--program".into(), f.clone()],
+    ] {
+        let o = cli(0, &args);
+        assert_eq!(o.status.code(), Some(1), "{args:?}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
