@@ -213,10 +213,17 @@ fn auto_chooses_at_compile_time() {
     let req = mpipe::core::derive::Request::new(&profile, 4, 8);
     let d = mpipe::core::derive::derive_str(&req, auto_s::EXPR).unwrap();
     assert_eq!(Program::from_json(auto_s::PROGRAM_JSON).unwrap(), d.program);
-    // The search inside the macro plans and derives on worker threads too (parsing
-    // under proc_macro2's fallback): a candidate lost there would show as another
-    // choice.
-    let here = mpipe::core::search::for_macro(|| mpipe::core::search::search(&req)).unwrap();
+    // The search inside the macro plans and derives on worker threads too, among
+    // the schedules it can emit (no `prefetch`): a candidate lost there would show
+    // as another choice.
+    let in_macro = mpipe::core::derive::Request {
+        policy: mpipe::core::policy::SearchPolicy {
+            prefetch: false,
+            ..Default::default()
+        },
+        ..req
+    };
+    let here = mpipe::core::search::search(&in_macro).unwrap();
     assert_eq!(auto_s::EXPR, here.best.expr);
 }
 

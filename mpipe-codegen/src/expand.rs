@@ -4,10 +4,12 @@
 use crate::cache::{self, Cache, Choice};
 use crate::emit::{fallback, module, Facts};
 use crate::input::{Input, Source};
+use crate::places;
 use mpipe_core::advice::{for_written, memory_over_limit};
 use mpipe_core::bound::lower_bound;
 use mpipe_core::derive::{bound_for, derive, resident_params, DeriveError, Derived, Request};
 use mpipe_core::expr::Expr;
+use mpipe_core::policy::SearchPolicy;
 use mpipe_core::profile::{Profile, ProfileFormat};
 use mpipe_core::program::Program;
 use mpipe_core::simulate::{simulate, Mode, SimOptions};
@@ -46,16 +48,20 @@ pub fn schedule_noting(tokens: TokenStream, cache: Option<&Cache>, long: Duratio
         .model
         .as_ref()
         .and_then(|src| load_profile(src, &mut errors));
-    let expr = input
-        .schedule
-        .clone()
-        .and_then(|ts| match mpipe_core::expr::parse(ts) {
-            Ok(e) => Some(e),
-            Err(es) => {
-                errors.extend(es.into_iter().map(|e| syn::Error::new(e.span, e.message)));
-                None
-            }
-        });
+    // The expression's tokens as mpipe-core reads them; `places` maps the places of
+    // its errors back to the compiler's spans.
+    let (tokens, places) = input.schedule.clone().map(places::tokens).unzip();
+    let places = places.unwrap_or_default();
+    let expr = tokens.and_then(|ts| match mpipe_core::expr::parse(&ts) {
+        Ok(e) => Some(e),
+        Err(es) => {
+            errors.extend(
+                es.into_iter()
+                    .map(|e| syn::Error::new(places.span(e.span), e.message)),
+            );
+            None
+        }
+    });
     let mut derived = None;
     let mut warnings = Vec::new();
     // The units of what was declared, when known even though something failed: the
@@ -64,21 +70,27 @@ pub fn schedule_noting(tokens: TokenStream, cache: Option<&Cache>, long: Duratio
     if let (Some((profile, _)), Some((ranks, _)), Some((microbatches, _)), Some(expr)) =
         (&profile, input.ranks, input.microbatches, &expr)
     {
+        // Among the schedules the macro can emit: not `prefetch`, whose next-step
+        // forwards the generated code cannot run yet.
         let req = Request {
             mode: input.mode,
+            policy: SearchPolicy {
+                prefetch: false,
+                ..SearchPolicy::DEFAULT
+            },
             ..Request::new(profile, ranks, microbatches)
         };
         let found = if expr.name() == "auto" && expr.args.is_empty() {
             let (found, note) = auto(&req, expr, cache, long);
-            warnings.extend(note.map(|n| (expr.span, n)));
+            warnings.extend(note.map(|n| (places.span(expr.span), n)));
             found
         } else {
-            mpipe_core::search::for_macro(|| derive(&req, expr))
+            derive(&req, expr)
         };
         if let Ok(d) = &found {
             let encoders: Vec<&str> = profile.encoders.iter().map(|e| e.name.as_str()).collect();
             if let Some(w) = mpipe_core::advice::degenerate(&d.expr, &d.program, &encoders) {
-                warnings.push((expr.span, w));
+                warnings.push((places.span(expr.span), w));
             }
         }
         shape = match &found {
@@ -88,7 +100,7 @@ pub fn schedule_noting(tokens: TokenStream, cache: Option<&Cache>, long: Duratio
         };
         match found {
             Ok(d) if !d.program.prefetch.is_empty() => errors.push(syn::Error::new(
-                expr.span,
+                places.span(expr.span),
                 format!(
                     "`{}` prefetches encoder forwards for the next step, which generated code \
                      cannot run yet (the runtime's `Step` has no next-step forward); simulate \
@@ -97,10 +109,9 @@ pub fn schedule_noting(tokens: TokenStream, cache: Option<&Cache>, long: Duratio
                 ),
             )),
             Ok(d) => derived = Some(d),
-            Err(es) => errors.extend(
-                es.into_iter()
-                    .map(|e| syn::Error::new(e.span, for_written(expr.name(), &e.message))),
-            ),
+            Err(es) => errors.extend(es.into_iter().map(|e| {
+                syn::Error::new(places.span(e.span), for_written(expr.name(), &e.message))
+            })),
         }
     }
     let path = profile.and_then(|(_, path)| path);
@@ -132,11 +143,7 @@ fn relaxed_units(req: &Request, expr: &Expr, errors: &[DeriveError]) -> Option<V
         microbatches: req.microbatches.max(4 * req.ranks),
         ..*req
     };
-    let units = |e: &Expr| {
-        mpipe_core::search::for_macro(|| derive(&relaxed, e))
-            .ok()
-            .map(|d| unit_names(&d.program))
-    };
+    let units = |e: &Expr| derive(&relaxed, e).ok().map(|d| unit_names(&d.program));
     let sizes_only = !errors.is_empty()
         && errors
             .iter()
@@ -201,9 +208,9 @@ fn shaped(out: TokenStream, units: &[String]) -> TokenStream {
 pub const LONG_SEARCH: Duration = Duration::from_secs(10);
 
 /// `auto` as the macro runs it: the program `cache` remembers for `req`, checked
-/// ([`remembered`]), or else a search among the schedules the macro can emit (its
-/// threads parse under `proc_macro2`'s fallback, see
-/// [`mpipe_core::search::for_macro`]), whose choice is then remembered. A search
+/// ([`remembered`]), or else a search among the schedules the macro can emit
+/// (`req`'s policy has [`SearchPolicy::prefetch`] off), whose choice is then
+/// remembered. A search
 /// longer than `long` also returns a note for the user (how to skip it next time).
 fn auto(
     req: &Request,
@@ -218,7 +225,7 @@ fn auto(
         }
     }
     let started = Instant::now();
-    let found = mpipe_core::search::for_macro(|| derive(req, expr));
+    let found = derive(req, expr);
     let took = started.elapsed();
     let stored = match (cache, &key, &found) {
         (Some(cache), Some(key), Ok(d)) => {

@@ -3,7 +3,8 @@
 //! The `mpipe-macros` crate is a one-function shell over [`schedule`]; keeping the
 //! work here lets tests, snapshots and benchmarks call it directly. Pipeline:
 //! [`input`] parses the macro's input, [`expand`] reads the profile, parses the
-//! expression, derives with `mpipe-core` and collects every error; [`emit`] turns a
+//! expression (its tokens handed to mpipe-core and its error places mapped back to
+//! the compiler's spans by [`places`]), derives with `mpipe-core` and collects every error; [`emit`] turns a
 //! derived program, re-rolled into loops, into the module's tokens; [`cache`]
 //! remembers `auto`'s choices (the chosen programs) between builds, so that a
 //! rebuild verifies and emits the chosen program instead of searching again.
@@ -18,6 +19,7 @@ pub mod cache;
 pub mod emit;
 pub mod expand;
 pub mod input;
+pub mod places;
 pub mod size;
 #[cfg(test)]
 mod snapshots;

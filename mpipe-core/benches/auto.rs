@@ -2,14 +2,15 @@
 //! promising ones derived in full) for 8 ranks x 64 micro-batches and 16 ranks x 128
 //! micro-batches, on the shipped Qwen2-VL-72B-class profile (one trainable encoder)
 //! and the audio+vision profile (two encoders, so every nesting order too); and, at
-//! 16 x 128, as `schedule!` runs it ([`for_macro`]: without `prefetch`).
+//! 16 x 128, as `schedule!` runs it (`SearchPolicy::prefetch` false).
 //!
 //! Run: `cargo bench -p mpipe-core --bench auto`.
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use mpipe_core::derive::Request;
+use mpipe_core::policy::SearchPolicy;
 use mpipe_core::profile::Profile;
-use mpipe_core::search::{for_macro, search};
+use mpipe_core::search::search;
 
 const PROFILES: [(&str, &str); 2] = [
     (
@@ -36,9 +37,15 @@ fn bench(c: &mut Criterion) {
     g.sample_size(10);
     for (name, text) in PROFILES {
         let profile = Profile::from_toml_str(text).expect("profile parses");
-        let req = Request::new(&profile, 16, 128);
+        let req = Request {
+            policy: SearchPolicy {
+                prefetch: false,
+                ..SearchPolicy::DEFAULT
+            },
+            ..Request::new(&profile, 16, 128)
+        };
         g.bench_function(format!("{name} 16x128"), |b| {
-            b.iter(|| for_macro(|| search(&req).map(|s| s.best.report.makespan)))
+            b.iter(|| search(&req).map(|s| s.best.report.makespan))
         });
     }
     g.finish();

@@ -56,8 +56,12 @@
 //! - long work (the search, an evaluation) reports its progress only to an observer
 //!   the caller installs ([`progress`]); results never depend on it;
 //! - threads run only in the search floor (`auto`'s candidates, the compute-order
-//!   search's next candidates), through the IR's ordered parallel map, inside a
-//!   procedural macro too ([`search::for_macro`]).
+//!   search's next candidates), through the IR's ordered parallel map; nothing
+//!   the core holds is tied to a thread, so the same search runs inside a
+//!   procedural macro;
+//! - the core knows nothing of procedural macros: an expression's places are byte
+//!   ranges into its text ([`expr::Span`]), which `mpipe-codegen` maps to the
+//!   compiler's spans.
 
 #![warn(unreachable_pub)]
 

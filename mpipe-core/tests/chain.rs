@@ -189,7 +189,7 @@ fn an_encoder_cut_into_chunks_cannot_be_placed_again() {
             e[0].message
         );
         assert_eq!(
-            e[0].span.start().column,
+            e[0].span.start(text).column,
             text.find("vision").unwrap(),
             "{text}"
         );

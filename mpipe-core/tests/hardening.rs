@@ -309,7 +309,7 @@ fn layers_inside_layers_is_refused_with_a_span_error() {
         );
         // The span is the inner `layers(..)`.
         let inner = text.rfind("layers(").unwrap();
-        let span = e.span.byte_range();
+        let span = e.span.lo..e.span.hi;
         assert_eq!(span.start, inner, "{text}: {span:?}");
         assert_eq!(&text[span.end - 1..span.end], ")", "{text}: {span:?}");
     }

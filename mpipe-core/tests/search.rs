@@ -419,7 +419,15 @@ fn the_ramp_is_searched_balanced_and_with_frozen_encoders_prefetched() {
     for e in expected {
         assert!(space.iter().any(|x| x == e), "{e} is not searched");
     }
-    let in_macro = mpipe_core::search::for_macro(|| candidates(&omni, 8, 16));
+    let in_macro = mpipe_core::search::candidates_for(
+        &omni,
+        8,
+        16,
+        &mpipe_core::policy::SearchPolicy {
+            prefetch: false,
+            ..Default::default()
+        },
+    );
     assert!(in_macro
         .iter()
         .any(|x| x == "balance(zb2p(v = 2, encoders = ramp))"));

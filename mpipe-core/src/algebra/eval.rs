@@ -9,6 +9,7 @@
 //! `refine(...)` are resolved above it (`derive`), which calls down into [`plan_of`].
 
 use crate::algebra::analysis::PlanError;
+use crate::algebra::expr::Span;
 use crate::algebra::expr::{Arg, Expr, Value};
 use crate::algebra::generators::{generate_by, BodyKind, GenError, Weave, BODY_NAMES};
 use crate::algebra::operators::chain::{chain, ChainError};
@@ -23,7 +24,6 @@ use crate::ir::model::{Mode, SimOptions};
 use crate::ir::plan::{Plan, UnitId};
 use crate::ir::policy::SearchPolicy;
 use crate::ir::text::did_you_mean;
-use proc_macro2::Span;
 
 /// Operator names the language reserves.
 pub const OPERATOR_NAMES: [&str; 10] = [
@@ -44,7 +44,8 @@ pub const OPERATOR_NAMES: [&str; 10] = [
 #[error("{message}")]
 pub struct DeriveError {
     pub message: String,
-    /// The sub-expression at fault (call-site when the whole request is at fault).
+    /// The sub-expression at fault, in the text the expression was read from
+    /// ([`Span::NONE`] when the whole request is at fault).
     pub span: Span,
     /// What kind of problem it is.
     pub kind: ErrorKind,

@@ -25,6 +25,11 @@ pub struct SearchPolicy {
     /// in every nesting order); the others are placed alike outside them. Each one
     /// more multiplies the space by about twenty (and by the orders of nesting).
     pub full_encoders: usize,
+    /// Whether `auto` may place a frozen encoder with `prefetch` (its forwards run
+    /// a step ahead). True where the program is simulated, or run by a runtime with
+    /// next-step forwards; the `schedule!` macro sets it false, as the code it
+    /// generates cannot run those yet. False: a smaller space without `prefetch`.
+    pub prefetch: bool,
 
     // --- `auto`: which candidates are derived, refined and ordered ---------------
     /// How far (a factor) a candidate's ideal time may be behind the best simulated
@@ -181,6 +186,7 @@ impl SearchPolicy {
     /// Today's values: the ones `auto` and `derive` are tuned and tested with.
     pub const DEFAULT: SearchPolicy = SearchPolicy {
         max_chunks: 8,
+        prefetch: true,
         full_encoders: 2,
         derive_within: 1.01,
         finalists: 5,

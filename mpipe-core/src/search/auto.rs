@@ -50,11 +50,12 @@
 //! operator with nothing to move) shares its twin's derivation, which it could only
 //! tie; full derivations run on every core, a few candidates at a time in ideal
 //! order, their results taken in that order (so the stop and the winner are the
-//! sequential search's). Inside `schedule!` too (see [`for_macro`]).
+//! sequential search's). Inside `schedule!` too: nothing the search holds is tied to a
+//! thread.
 
 use crate::algebra::analysis::{dependencies, timing};
 use crate::algebra::eval::{plan_of, with_plan_memo, DeriveError, ErrorKind, Request};
-use crate::algebra::expr::{parse_str, Expr};
+use crate::algebra::expr::{parse_str, Expr, Span};
 use crate::algebra::operators::fill::with_fill_cap;
 use crate::algebra::operators::layers::layers;
 use crate::algebra::profile::Profile;
@@ -63,7 +64,7 @@ use crate::ir::policy::SearchPolicy;
 use crate::ir::program::Op;
 use crate::ir::progress::Stage;
 use crate::judge::simulate::Mode;
-use crate::search::finish::{finish_unspanned, Derived};
+use crate::search::finish::{finish, Derived};
 use std::cell::Cell;
 
 /// Bodies whose backward is fused (`BW`), which `split_w` can split.
@@ -120,8 +121,8 @@ pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<S
     candidates_for(profile, ranks, microbatches, &SearchPolicy::DEFAULT)
 }
 
-/// [`candidates`] under `policy` (its [`SearchPolicy::max_chunks`] and
-/// [`SearchPolicy::full_encoders`]).
+/// [`candidates`] under `policy` (its [`SearchPolicy::max_chunks`],
+/// [`SearchPolicy::full_encoders`] and [`SearchPolicy::prefetch`]).
 pub fn candidates_for(
     profile: &Profile,
     ranks: usize,
@@ -184,7 +185,7 @@ pub fn candidates_for(
         if ranks > 1 {
             opts.push(Some(("fill", String::new())));
         }
-        if !enc.trainable && !FOR_MACRO.with(Cell::get) {
+        if !enc.trainable && policy.prefetch {
             // A frozen encoder's forwards may also run a step ahead.
             opts.push(Some(("prefetch", String::new())));
         }
@@ -306,7 +307,7 @@ pub fn candidates_for(
             let frozen: Vec<&str> = full
                 .iter()
                 .map(|&i| &profile.encoders[i])
-                .filter(|e| !e.trainable && !FOR_MACRO.with(Cell::get))
+                .filter(|e| !e.trainable && policy.prefetch)
                 .map(|e| e.name.as_str())
                 .collect();
             for body in RAMP {
@@ -369,32 +370,12 @@ fn permutations(n: usize) -> Vec<Vec<usize>> {
     out
 }
 
-thread_local! {
-    /// Set by [`for_macro`]: search without `prefetch`, parsing under a [`Fallback`].
-    static FOR_MACRO: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Runs `f` with the search as `schedule!` needs it: among the schedules the macro
-/// can emit (not `prefetch`, whose next-step forwards the runtime cannot run yet),
-/// and with the candidates parsed by `proc_macro2`'s own implementation (inside a
-/// procedural macro the compiler's, which `proc_macro2` uses there by default,
-/// works only on the thread the compiler called the macro on; see [`Fallback`]), so
-/// that the search still runs on every core.
-pub fn for_macro<T>(f: impl FnOnce() -> T) -> T {
-    let before = FOR_MACRO.with(|s| s.replace(true));
-    let out = f();
-    FOR_MACRO.with(|s| s.set(before));
-    out
-}
-
 /// Each candidate's canonical text (`None` if it does not parse) and, if its plan can
 /// be built, the plan and its ideal time, and whether a `fill` in it went past
 /// [`SearchPolicy::fill_work`] (then it has no plan); on every core, in candidate
 /// order.
 #[allow(clippy::type_complexity)]
 fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64, Plan)>, bool)> {
-    // Nothing parsed here leaves this function: texts and plans only.
-    let _fallback = Fallback::in_macro();
     let stage = Stage::begin("auto: planning the candidates", texts.len());
     let one = |text: &String| {
         let _step = StepOnDrop(&stage);
@@ -425,8 +406,7 @@ fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64
 /// `f(i)` for every index in `order` (a permutation of its indices), on every core
 /// ([`workers`]), each thread taking the next `run` entries of `order` in turn, with
 /// its own plan memo and reporting to `stage`'s observer; results by index. A panic
-/// in `f` is the caller's, on one thread and on many ([`crate::ir::parallel`]). Inside
-/// a procedural macro, `f` may touch `proc_macro2` only under a [`Fallback`].
+/// in `f` is the caller's, on one thread and on many ([`crate::ir::parallel`]).
 fn on_threads<T: Send>(
     policy: &SearchPolicy,
     order: &[usize],
@@ -837,7 +817,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         let text = format!("refine({inner}, order = {budget})");
         let stage = Stage::begin(&format!("auto: ordering {what}"), 1);
         let _step = StepOnDrop(&stage);
-        finish_unspanned(req, plan, &text, Some(budget))
+        finish(req, plan, &text, Span::NONE, Some(budget))
             .ok()
             .filter(|p| p.report.makespan < winner.report.makespan)
     };
@@ -919,43 +899,11 @@ fn twins(planned: &[(f64, usize, usize, Plan)]) -> Vec<Option<usize>> {
 
 /// Threads for `jobs` independent pieces of work: every core, at most `most`.
 fn workers(jobs: usize, most: usize) -> usize {
-    #[cfg(test)]
-    if let Some(n) = tests::THREADS.with(Cell::get) {
-        return n;
-    }
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(most)
         .max(1)
         .min(jobs.max(1))
-}
-
-/// Inside [`for_macro`], while alive: `proc_macro2` on every thread uses its own
-/// implementation, not the compiler's. Inside a procedural macro `proc_macro2`
-/// otherwise uses the compiler's on every thread once the macro's thread has asked,
-/// and the compiler's works only on that thread: the candidates parsed on other
-/// threads would panic. Values made under it (spans, token streams) must not meet
-/// the compiler's, so it covers only work whose results hold none (texts, plans).
-/// Dropping it gives the compiler's back. The switch is process-wide, which is
-/// sound because the compiler expands macros one at a time.
-struct Fallback(bool);
-
-impl Fallback {
-    fn in_macro() -> Fallback {
-        let on = FOR_MACRO.with(Cell::get);
-        if on {
-            proc_macro2::fallback::force();
-        }
-        Fallback(on)
-    }
-}
-
-impl Drop for Fallback {
-    fn drop(&mut self) {
-        if self.0 {
-            proc_macro2::fallback::unforce();
-        }
-    }
 }
 
 /// Each job `(plan, expression text, refine)` derived in full ([`finish`]), on every
@@ -967,26 +915,11 @@ fn finish_all(
 ) -> Vec<Result<Derived, Vec<DeriveError>>> {
     let one = |&(plan, text, refine): &(&Plan, &str, bool)| {
         let _step = StepOnDrop(stage);
-        // Errors leave the worker as kind and message, and get their span here, on
-        // the calling thread.
-        finish_unspanned(req, plan, text, refine.then_some(0))
+        // The errors are about an expression `auto` built: no place in the text.
+        finish(req, plan, text, Span::NONE, refine.then_some(0))
     };
     let order: Vec<usize> = (0..jobs.len()).collect();
-    let span = proc_macro2::Span::call_site();
     on_threads(&req.policy, &order, 1, stage, |i| one(&jobs[i]))
-        .into_iter()
-        .map(|r| {
-            r.map_err(|es| {
-                es.into_iter()
-                    .map(|(kind, message)| DeriveError {
-                        message,
-                        span,
-                        kind,
-                    })
-                    .collect()
-            })
-        })
-        .collect()
 }
 
 /// Keep `d` (the candidate at `order`) in `best` if it is faster, or as fast with
@@ -1073,11 +1006,6 @@ pub fn peers(profile: &Profile) -> Vec<String> {
 mod tests {
     use super::*;
 
-    thread_local! {
-        /// Set by a test: the search's threads on this thread, whatever the cores.
-        pub(super) static THREADS: Cell<Option<usize>> = const { Cell::new(None) };
-    }
-
     /// The memo and the grouped, parallel evaluation change nothing: every
     /// candidate's plan and ideal time are those of a fresh, lone evaluation.
     #[test]
@@ -1120,19 +1048,30 @@ mod tests {
         assert_eq!(twins(&planned), [None, None, Some(10), None]);
     }
 
-    /// On one thread, on every core and as inside `schedule!` (parsing under a
-    /// [`Fallback`]) the search gives the same answer.
+    /// On one thread, on every core and as inside `schedule!` (without `prefetch`)
+    /// the search gives the same answer.
     #[test]
     fn one_thread_every_core_and_the_macros_search_agree() {
         let profile =
             Profile::from_toml_str(include_str!("../../../profiles/qwen2vl-7b.toml")).unwrap();
         let req = Request::new(&profile, 4, 8);
         let all = search(&req).unwrap();
-        THREADS.with(|t| t.set(Some(1)));
-        let one = search(&req);
-        THREADS.with(|t| t.set(None));
+        let one = search(&Request {
+            policy: SearchPolicy {
+                max_threads: 1,
+                ..req.policy
+            },
+            ..req
+        });
         // A trainable encoder: nothing to prefetch, so the macro's space is the same.
-        let in_macro = for_macro(|| search(&req)).unwrap();
+        let in_macro = search(&Request {
+            policy: SearchPolicy {
+                prefetch: false,
+                ..req.policy
+            },
+            ..req
+        })
+        .unwrap();
         let spans = |s: &Search| s.tried.iter().map(|t| t.makespan).collect::<Vec<_>>();
         for other in [one.unwrap(), in_macro] {
             assert_eq!(all.best.expr, other.best.expr);

@@ -4,6 +4,7 @@
 //! static rules, the memory limit) and its lower bound.
 
 use crate::algebra::eval::{err, DeriveError, ErrorKind, Request};
+use crate::algebra::expr::Span;
 use crate::algebra::profile::Profile;
 use crate::ir::plan::Plan;
 use crate::ir::program::Program;
@@ -11,7 +12,6 @@ use crate::judge::bound::{lower_bound, profile_bound, Bound};
 use crate::judge::simulate::{simulate, Mode, SimOptions, SimReport};
 use crate::judge::verify::verify_static;
 use crate::search::place::{best_lowering_with, peak_memory_with_params, resident_params};
-use proc_macro2::Span;
 
 /// A derived program with its predicted figures.
 #[derive(Clone, Debug)]
@@ -86,27 +86,16 @@ pub(crate) fn finish_checked(
     span: Span,
     refine: Option<usize>,
 ) -> Result<Checked, Vec<DeriveError>> {
-    check_unspanned(req, plan, text, refine).map_err(|es| {
+    check(req, plan, text, refine).map_err(|es| {
         es.into_iter()
             .map(|(kind, message)| err(kind, span, message))
             .collect()
     })
 }
 
-/// [`finish`] with errors as kind and message: it touches no `proc_macro2` value, so
-/// any thread may run it, even inside a procedural macro (where `proc_macro2` works
-/// only on the thread the compiler called the macro on).
-pub(crate) fn finish_unspanned(
-    req: &Request,
-    plan: &Plan,
-    text: &str,
-    refine: Option<usize>,
-) -> Result<Derived, Vec<(ErrorKind, String)>> {
-    check_unspanned(req, plan, text, refine).map(|c| c.bounded(req))
-}
-
-/// [`finish_unspanned`] up to the lower bound (see [`Checked`]).
-fn check_unspanned(
+/// [`finish_checked`], its errors as kind and message (the caller gives them the
+/// span).
+fn check(
     req: &Request,
     plan: &Plan,
     text: &str,

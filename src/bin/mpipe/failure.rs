@@ -154,14 +154,12 @@ pub fn expr_failure(expr: &str, errors: &[DeriveError]) -> Failure {
                 "message": message,
                 "expr": expr,
             });
-            let (start, end) = (e.span.start(), e.span.end());
-            if start.line > 0 {
-                // 1-based, as editors count; `length` in characters on that line.
-                obj["line"] = json!(start.line);
-                obj["column"] = json!(start.column + 1);
-                if end.line == start.line && end.column > start.column {
-                    obj["length"] = json!(end.column - start.column);
-                }
+            let (start, end) = (e.span.start(expr), e.span.end(expr));
+            // 1-based, as editors count; `length` in characters on that line.
+            obj["line"] = json!(start.line);
+            obj["column"] = json!(start.column + 1);
+            if end.line == start.line && end.column > start.column {
+                obj["length"] = json!(end.column - start.column);
             }
             Problem {
                 text: render_error(expr, &shown),

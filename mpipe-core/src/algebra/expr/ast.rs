@@ -6,7 +6,7 @@
 
 use std::fmt;
 
-use proc_macro2::Span;
+use super::span::Span;
 
 /// A name as written: a schedule, operator, encoder, key or value name.
 #[derive(Clone, Debug)]
@@ -24,8 +24,7 @@ pub struct Expr {
     pub head: Ident,
     /// The arguments, in order (empty for a bare name).
     pub args: Vec<Arg>,
-    /// The whole expression, from the name to the closing parenthesis (where the
-    /// platform can join spans; otherwise the head's span).
+    /// The whole expression, from the name to the closing parenthesis.
     pub span: Span,
 }
 

@@ -6,11 +6,13 @@
 //! arg   := expr | KEY '=' VALUE        VALUE := integer | NAME
 //! ```
 //!
-//! The parser reads [`proc_macro2::TokenStream`]s, so a proc macro passes its input
-//! tokens straight in ([`parse`]) and the command line lexes its text first
-//! ([`parse_str`]). It knows the grammar only: which names are schedules, operators
-//! or encoders, and which keys an operator takes, is decided by the derivation,
-//! which points its errors at the spans (`proc_macro2::Span`) kept in the tree.
+//! The command line's text is lexed ([`lex`]) and parsed ([`parse`]) in one step
+//! ([`parse_str`]); a caller with tokens of its own (the `schedule!` macro, in
+//! `mpipe-codegen`) makes [`TokenTree`]s whose [`Span`]s are byte ranges into a text
+//! it keeps, and maps the spans of the errors back to its own places. The parser
+//! knows the grammar only: which names are schedules, operators or encoders, and
+//! which keys an operator takes, is decided by the derivation, which points its
+//! errors at the spans kept in the tree.
 //!
 //! Promises:
 //! - `1f1b`, `2bp` and the like are names, although Rust lexes them as integer
@@ -22,18 +24,19 @@
 //!   expression;
 //! - no input makes the parser or [`render_error`] panic; the same input always gives
 //!   the same result.
-//!
-//! [`ExprError`] holds a `proc_macro2::Span`, which is neither `Send` nor `Sync`:
-//! convert it to text (its message, or [`render_error`]) before handing it to an
-//! error type that needs those.
+//! - a [`Span`] is a byte range into the text the expression was read from: plain
+//!   data, valid on any thread; [`Span::start`] and [`Span::end`] give its line and
+//!   column in that text.
 
 mod ast;
+mod lex;
 mod parse;
+mod span;
 
 pub use ast::{Arg, Expr, Ident, Value};
+pub use lex::{lex, Delimiter, TokenTree};
 pub use parse::{parse, parse_str, MAX_DEPTH, MAX_EXPR_LEN, MAX_NAME_LEN};
-
-use proc_macro2::Span;
+pub use span::{LineColumn, Span};
 
 /// A syntax error in a schedule expression, at the token at fault.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -65,14 +68,11 @@ impl ExprError {
 /// ```
 ///
 /// `source` must be the text the expression was lexed from ([`parse_str`]'s
-/// argument). When the span has no usable position (a platform without span
-/// locations, an error about empty input), this is just the message.
+/// argument). When the span points past the source's lines (an error about empty
+/// input), this is just the message.
 pub fn render_error(source: &str, err: &ExprError) -> String {
     let mut out = err.message.clone();
-    let (start, end) = (err.span.start(), err.span.end());
-    if start.line == 0 {
-        return out;
-    }
+    let (start, end) = (err.span.start(source), err.span.end(source));
     let Some(text) = source.lines().nth(start.line - 1) else {
         return out;
     };
@@ -108,7 +108,7 @@ mod tests {
 
     #[test]
     fn render_falls_back_to_the_message() {
-        let err = ExprError::new("boom", Span::call_site());
+        let err = ExprError::new("boom", Span::NONE);
         assert_eq!(render_error("", &err), "boom");
         // A span past the end of the given source.
         let e = parse_str("\n\n   zbv zbv").unwrap_err();

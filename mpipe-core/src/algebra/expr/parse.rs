@@ -1,4 +1,4 @@
-//! The parser: token trees in, [`Expr`] or every error found out.
+//! The parser: tokens ([`super::lex`]) in, [`Expr`] or every error found out.
 //!
 //! ```text
 //! expr  := NAME | NAME '(' arg (',' arg)* ','? ')'
@@ -7,16 +7,14 @@
 //!
 //! `NAME` is an identifier (`zbv`, `transpose`) or an integer literal whose text is
 //! identifier-like and contains a letter (`1f1b`, `2bp`: the Rust tokenizer reads
-//! these as an integer with a suffix). Invisible groups (what `macro_rules!` wraps
-//! around a substituted fragment) are looked through.
+//! these as an integer with a suffix).
 //!
 //! Recovery: the arguments of an operator are separated by commas, so an error in
 //! one argument does not hide an error in the next; each argument reports at most
 //! one error, at the token at fault.
 
-use std::str::FromStr;
-
-use proc_macro2::{Delimiter, Group, Span, TokenStream, TokenTree};
+use super::lex::{lex, Delimiter, TokenTree};
+use super::span::Span;
 
 /// How deep operators may nest (`a(b(c(...)))`). Real schedules nest a handful of
 /// levels; the limit keeps the recursive passes over an expression (parsing, planning,
@@ -36,12 +34,12 @@ pub const MAX_NAME_LEN: usize = crate::algebra::profile::MAX_NAME_LEN;
 use super::ast::{Arg, Expr, Ident, Value};
 use super::ExprError;
 
-/// Parse one schedule expression from tokens (the body of a macro, or lexed text).
+/// Parse one schedule expression from tokens ([`lex`]ed text, or tokens a caller
+/// made with spans into a text of its own).
 ///
 /// # Errors
 /// Every error it can find, each with the span of the offending token.
-pub fn parse(tokens: TokenStream) -> Result<Expr, Vec<ExprError>> {
-    let toks = flatten(tokens);
+pub fn parse(toks: &[TokenTree]) -> Result<Expr, Vec<ExprError>> {
     let mut p = Parser {
         errors: Vec::new(),
         depth: 0,
@@ -50,11 +48,11 @@ pub fn parse(tokens: TokenStream) -> Result<Expr, Vec<ExprError>> {
         return Err(vec![ExprError::new(
             "expected a schedule expression such as `1f1b` or `transpose(vision, zbv)`, \
              found nothing",
-            Span::call_site(),
+            Span::NONE,
         )]);
     }
     let mut i = 0;
-    let expr = p.expr(&toks, &mut i, Ctx::Top);
+    let expr = p.expr(toks, &mut i, Ctx::Top);
     if let (Some(e), Some(t)) = (&expr, toks.get(i)) {
         let message = if is_punct(t, '=') {
             format!(
@@ -95,7 +93,7 @@ pub fn parse_str(text: &str) -> Result<Expr, Vec<ExprError>> {
         .max()
         .unwrap_or(0);
     if deepest > MAX_DEPTH {
-        return Err(vec![too_deep(deepest, Span::call_site())]);
+        return Err(vec![too_deep(deepest, Span::NONE)]);
     }
     if text.len() > MAX_EXPR_LEN {
         return Err(vec![ExprError::new(
@@ -104,13 +102,10 @@ pub fn parse_str(text: &str) -> Result<Expr, Vec<ExprError>> {
                  (MAX_EXPR_LEN): write a shorter schedule expression",
                 text.len()
             ),
-            Span::call_site(),
+            Span::NONE,
         )]);
     }
-    match TokenStream::from_str(text) {
-        Ok(tokens) => parse(tokens),
-        Err(e) => Err(vec![ExprError::new(lex_message(text), e.span())]),
-    }
+    parse(&lex(text).map_err(|e| vec![e])?)
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -179,16 +174,22 @@ impl Parser {
         self.check_length(&head);
         *i += 1;
         match toks.get(*i) {
-            Some(TokenTree::Group(g)) if g.delimiter() == Delimiter::Parenthesis => {
+            Some(
+                group @ TokenTree::Group {
+                    delimiter: Delimiter::Parenthesis,
+                    span: group_span,
+                    ..
+                },
+            ) => {
                 *i += 1;
                 if self.depth >= MAX_DEPTH {
                     self.errors.push(too_deep(self.depth + 1, head.span));
                     return None;
                 }
                 self.depth += 1;
-                let args = self.args(g, &head);
+                let args = self.args(group, &head);
                 self.depth -= 1;
-                let span = head.span.join(g.span()).unwrap_or(head.span);
+                let span = head.span.join(*group_span);
                 Some(Expr { head, args, span })
             }
             _ => {
@@ -203,15 +204,23 @@ impl Parser {
     }
 
     /// The comma-separated arguments inside `head(...)`.
-    fn args(&mut self, group: &Group, head: &Ident) -> Vec<Arg> {
-        let toks = flatten(group.stream());
+    fn args(&mut self, group: &TokenTree, head: &Ident) -> Vec<Arg> {
+        let TokenTree::Group {
+            tokens: toks,
+            span: group_span,
+            close,
+            ..
+        } = group
+        else {
+            return Vec::new();
+        };
         if toks.is_empty() {
             self.error(
                 format!(
                     "expected at least one argument inside `{head}(...)`; \
                      write `{head}` alone if it takes none"
                 ),
-                group.span(),
+                *group_span,
             );
             return Vec::new();
         }
@@ -234,7 +243,7 @@ impl Parser {
                 if k == last && k > 0 {
                     continue;
                 }
-                let span = comma.unwrap_or_else(|| group.span_close());
+                let span = comma.unwrap_or(*close);
                 self.error("expected an argument before `,`".to_string(), span);
                 continue;
             }
@@ -296,8 +305,8 @@ impl Parser {
             return None;
         };
         let value = match t {
-            TokenTree::Literal(lit) if is_integer_text(&lit.to_string()) => {
-                let text: String = lit.to_string().chars().filter(|&c| c != '_').collect();
+            TokenTree::Literal { text: lit, .. } if is_integer_text(lit) => {
+                let text: String = lit.chars().filter(|&c| c != '_').collect();
                 match text.parse::<u64>() {
                     Ok(v) => Value::Int {
                         value: v,
@@ -342,40 +351,24 @@ impl Parser {
             );
             return None;
         }
-        let span = key.span.join(value.span()).unwrap_or(key.span);
+        let span = key.span.join(value.span());
         Some(Arg::Key { key, value, span })
     }
 }
 
-/// The token list with invisible groups opened.
-fn flatten(tokens: TokenStream) -> Vec<TokenTree> {
-    let mut out = Vec::new();
-    for t in tokens {
-        match t {
-            TokenTree::Group(g) if g.delimiter() == Delimiter::None => {
-                out.extend(flatten(g.stream()));
-            }
-            other => out.push(other),
-        }
-    }
-    out
-}
-
 fn is_punct(t: &TokenTree, c: char) -> bool {
-    matches!(t, TokenTree::Punct(p) if p.as_char() == c)
+    matches!(t, TokenTree::Punct { ch, .. } if *ch == c)
 }
 
 /// `t` as a NAME: an identifier, or an identifier-like integer literal (`1f1b`).
 fn name_of(t: &TokenTree) -> Option<Ident> {
     match t {
-        TokenTree::Ident(id) => {
-            let text = id.to_string();
-            let name = text.strip_prefix("r#").unwrap_or(&text);
-            Some(Ident::new(name, id.span()))
+        TokenTree::Ident { text, span } => {
+            let name = text.strip_prefix("r#").unwrap_or(text);
+            Some(Ident::new(name, *span))
         }
-        TokenTree::Literal(lit) => {
-            let text = lit.to_string();
-            is_name_literal(&text).then(|| Ident::new(text, lit.span()))
+        TokenTree::Literal { text, span } => {
+            is_name_literal(text).then(|| Ident::new(text.clone(), *span))
         }
         _ => None,
     }
@@ -398,13 +391,13 @@ fn is_integer_text(text: &str) -> bool {
 /// The token as the user wrote it, shortened for messages.
 fn describe(t: &TokenTree) -> String {
     match t {
-        TokenTree::Group(g) => match g.delimiter() {
+        TokenTree::Group { delimiter, .. } => match delimiter {
             Delimiter::Parenthesis => "(...)".to_string(),
             Delimiter::Bracket => "[...]".to_string(),
             Delimiter::Brace => "{...}".to_string(),
-            Delimiter::None => shorten(&g.stream().to_string()),
         },
-        other => shorten(&other.to_string()),
+        TokenTree::Ident { text, .. } | TokenTree::Literal { text, .. } => shorten(text),
+        TokenTree::Punct { ch, .. } => ch.to_string(),
     }
 }
 
@@ -419,7 +412,7 @@ fn shorten(text: &str) -> String {
 }
 
 /// A message for text the Rust tokenizer rejects, naming the likely cause.
-fn lex_message(text: &str) -> String {
+pub(super) fn lex_message(text: &str) -> String {
     let mut open: Vec<char> = Vec::new();
     let mut chars = text.chars().peekable();
     while let Some(c) = chars.next() {
@@ -598,15 +591,15 @@ mod tests {
     fn spans_cover_the_written_text() {
         let text = "transpose(vision, interleaved(v = 2))";
         let e = ok(text);
-        let (s, t) = (e.span.start(), e.span.end());
+        let (s, t) = (e.span.start(text), e.span.end(text));
         assert_eq!((s.line, s.column, t.column), (1, 0, text.len()));
         let inner = e.positional().nth(1).unwrap();
-        assert_eq!(inner.span.start().column, 18);
-        assert_eq!(inner.head.span.end().column, 29);
+        assert_eq!(inner.span.start(text).column, 18);
+        assert_eq!(inner.head.span.end(text).column, 29);
         match &inner.args[0] {
             Arg::Key { span, value, .. } => {
-                assert_eq!((span.start().column, span.end().column), (30, 35));
-                assert_eq!(value.span().start().column, 34);
+                assert_eq!((span.start(text).column, span.end(text).column), (30, 35));
+                assert_eq!(value.span().start(text).column, 34);
             }
             other => panic!("{other:?}"),
         }
@@ -716,8 +709,8 @@ mod tests {
             assert!(e[0].message.contains("at most 64"), "{}", e[0].message);
         }
         // The token path (the macro's) has its own guard.
-        let tokens = TokenStream::from_str(&nest(MAX_DEPTH + 1)).unwrap();
-        let e = parse(tokens).unwrap_err();
+        let tokens = lex(&nest(MAX_DEPTH + 1)).unwrap();
+        let e = parse(&tokens).unwrap_err();
         assert_eq!(e.len(), 1);
         assert!(e[0].message.contains("65 levels"), "{}", e[0].message);
     }
@@ -728,7 +721,7 @@ mod tests {
         let errs = errs(text);
         let found: Vec<(usize, &str)> = errs
             .iter()
-            .map(|e| (e.span.start().column, e.message.as_str()))
+            .map(|e| (e.span.start(text).column, e.message.as_str()))
             .collect();
         assert_eq!(errs.len(), 4, "{found:?}");
         let cols: Vec<usize> = found.iter().map(|(c, _)| *c).collect();
@@ -773,24 +766,6 @@ mod tests {
         // Tabs are kept so the caret lines up.
         let r = rendered("\tzbv x");
         assert!(r.ends_with("\n  | \t    ^"), "{r:?}");
-    }
-
-    #[test]
-    fn invisible_groups_are_transparent() {
-        let inner: TokenStream = "fill(audio, zbv)".parse().unwrap();
-        let mut ts = TokenStream::from_str("transpose(vision, )").unwrap();
-        // Rebuild `transpose(vision, «fill(audio, zbv)»)` with a None-delimited group.
-        let mut trees: Vec<TokenTree> = ts.into_iter().collect();
-        if let Some(TokenTree::Group(g)) = trees.get_mut(1) {
-            let mut args: Vec<TokenTree> = g.stream().into_iter().collect();
-            args.push(TokenTree::Group(Group::new(Delimiter::None, inner)));
-            *g = Group::new(Delimiter::Parenthesis, args.into_iter().collect());
-        }
-        ts = trees.into_iter().collect();
-        assert_eq!(
-            parse(ts).unwrap().to_string(),
-            "transpose(vision, fill(audio, zbv))"
-        );
     }
 }
 
