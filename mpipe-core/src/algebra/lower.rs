@@ -148,8 +148,14 @@ pub fn prepare(plan: &Plan) -> Result<Prepared, LowerError> {
             }
         }
     }
-    let index = plan.locate();
+    // The task index only serves shipped inputs (most plans have none).
+    let index = if plan.input_ships.is_empty() {
+        None
+    } else {
+        Some(plan.locate())
+    };
     for s in &plan.input_ships {
+        let Some(index) = &index else { break };
         let (Some((q, j)), Some((r, i))) = (
             index.get(Op::F, s.unit, s.mb),
             index.get(Op::RF, s.unit, s.mb),

@@ -120,8 +120,14 @@ pub fn needs_backward(units: &[Unit]) -> Vec<bool> {
 pub struct TaskIndex {
     microbatches: usize,
     units: usize,
-    slots: Vec<Option<(usize, usize)>>,
+    /// `(rank, index)` packed in 32 bits each ([`ABSENT`] where no task is): a
+    /// third of the memory of `Option<(usize, usize)>`, and the table is rebuilt
+    /// for every plan the order search tries.
+    slots: Vec<[u32; 2]>,
 }
+
+/// A [`TaskIndex`] slot with no task.
+const ABSENT: [u32; 2] = [u32::MAX; 2];
 
 const OPS: [Op; 5] = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
 
@@ -132,10 +138,12 @@ fn op_slot(op: Op) -> usize {
 impl TaskIndex {
     fn new(plan: &Plan) -> TaskIndex {
         let (m, n) = (plan.microbatches, plan.units.len());
-        let mut slots = vec![None; OPS.len() * n * m];
+        let mut slots = vec![ABSENT; OPS.len() * n * m];
         for (r, list) in plan.order.iter().enumerate() {
             for (i, t) in list.iter().enumerate() {
-                slots[(op_slot(t.op) * n + t.unit) * m + t.mb] = Some((r, i));
+                // Plans are far below 2^32 ranks and tasks per rank (the program
+                // limits), so both fit.
+                slots[(op_slot(t.op) * n + t.unit) * m + t.mb] = [r as u32, i as u32];
             }
         }
         TaskIndex {
@@ -147,6 +155,7 @@ impl TaskIndex {
 
     /// Where `(op, unit, mb)` runs, if it does (the last occurrence if several).
     pub fn get(&self, op: Op, unit: UnitId, mb: usize) -> Option<(usize, usize)> {
-        self.slots[(op_slot(op) * self.units + unit) * self.microbatches + mb]
+        let [r, i] = self.slots[(op_slot(op) * self.units + unit) * self.microbatches + mb];
+        (r != u32::MAX).then_some((r as usize, i as usize))
     }
 }

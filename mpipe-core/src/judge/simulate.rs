@@ -641,20 +641,47 @@ impl<'p> Setup<'p> {
     /// acquisitions (half-open intervals), so a peak is the largest level.
     /// `table` is scratch space kept across calls (its entries empty between them).
     fn memory_steps(&self, r: usize, slots: &[Slot], table: &mut Vec<[u32; 3]>) -> Vec<(f64, f64)> {
+        let mut steps: Vec<(f64, f64)> = Vec::new();
+        self.memory_changes(
+            r,
+            slots,
+            table,
+            &mut Scratch::default(),
+            |t, cur| match steps.last_mut() {
+                Some(last) if last.0 == t => last.1 = cur,
+                _ => steps.push((t, cur)),
+            },
+        );
+        steps
+    }
+
+    /// Every change of rank `r`'s activation memory in time order, as `(time, level
+    /// after it)`; changes at one time come one after another (the level held from
+    /// that time is the last one's). `scratch` is reused across ranks.
+    fn memory_changes(
+        &self,
+        r: usize,
+        slots: &[Slot],
+        table: &mut Vec<[u32; 3]>,
+        scratch: &mut Scratch,
+        mut change: impl FnMut(f64, f64),
+    ) {
         let s = self;
         let acts = &s.acts[r];
-        let mut delta = vec![0.0f64; acts.len()];
-        let mut at_start = vec![false; acts.len()];
+        let Scratch { delta, at_start } = scratch;
+        delta.clear();
+        delta.resize(acts.len(), 0.0);
+        at_start.clear();
+        at_start.resize(acts.len(), false);
         // With a table of every (unit, mb) no larger than the program, passes in list
         // order find what each holds; otherwise a sort groups them.
         let keys = (s.p.units.len() as u64).saturating_mul(s.p.microbatches as u64);
         if keys <= s.actions as u64 {
-            s.hold_by_table(acts, table, &mut delta, &mut at_start);
+            s.hold_by_table(acts, table, delta, at_start);
         } else {
-            s.hold_by_sort(acts, &mut delta, &mut at_start);
+            s.hold_by_sort(acts, delta, at_start);
         }
         // A rank's actions are sequential, so these times only grow in list order.
-        let mut steps: Vec<(f64, f64)> = Vec::new();
         let mut cur = 0.0f64;
         for (i, &d) in delta.iter().enumerate() {
             if d == 0.0 {
@@ -666,12 +693,8 @@ impl<'p> Setup<'p> {
                 slots[i].end
             };
             cur += d;
-            match steps.last_mut() {
-                Some(last) if last.0 == t => last.1 = cur,
-                _ => steps.push((t, cur)),
-            }
+            change(t, cur);
         }
-        steps
     }
 
     /// The activation each (unit, mb) of `acts` holds, as `+act` at its holding
@@ -791,6 +814,13 @@ struct Engine<'s, 'p> {
     pending: Vec<u32>,
     /// Operation ids of every occurrence of a collective identity on a rank.
     coll_occ: BTreeMap<(u32, u32), Vec<u32>>,
+}
+
+/// Per-action buffers of the memory walk, kept across ranks.
+#[derive(Default)]
+struct Scratch {
+    delta: Vec<f64>,
+    at_start: Vec<bool>,
 }
 
 fn too_large(what: &str) -> SimError {
@@ -1005,9 +1035,9 @@ impl<'s, 'p> Engine<'s, 'p> {
         } else {
             0.0
         };
-        let mut table = Vec::new();
+        let (mut table, mut scratch) = (Vec::new(), Scratch::default());
         let peak_memory = (0..nr)
-            .map(|r| self.peak(r, &slots[r], &mut table))
+            .map(|r| self.peak(r, &slots[r], &mut table, &mut scratch))
             .collect();
         Ok(SimReport {
             makespan,
@@ -1169,11 +1199,26 @@ impl<'s, 'p> Engine<'s, 'p> {
     }
 
     /// Peak activation memory of rank `r`, given its timeline.
-    fn peak(&self, r: usize, slots: &[Slot], table: &mut Vec<[u32; 3]>) -> f64 {
-        self.s
-            .memory_steps(r, slots, table)
-            .into_iter()
-            .fold(0.0, |peak, (_, level)| peak.max(level))
+    /// The largest level of [`Setup::memory_steps`], without building the steps:
+    /// a level counts once no later change shares its time.
+    fn peak(
+        &self,
+        r: usize,
+        slots: &[Slot],
+        table: &mut Vec<[u32; 3]>,
+        scratch: &mut Scratch,
+    ) -> f64 {
+        let mut peak = 0.0f64;
+        let mut pending: Option<(f64, f64)> = None;
+        self.s.memory_changes(r, slots, table, scratch, |t, level| {
+            if let Some((at, held)) = pending {
+                if at != t {
+                    peak = peak.max(held);
+                }
+            }
+            pending = Some((t, level));
+        });
+        pending.map_or(peak, |(_, held)| peak.max(held))
     }
 }
 
