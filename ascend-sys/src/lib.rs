@@ -46,6 +46,38 @@ pub mod aclnn;
 pub mod emulator;
 pub mod profile;
 
+/// Leaves `comm` as a rank that failed: on the emulator, its rank becomes *gone* for
+/// the others (every operation with it, pending or later, fails at once with
+/// `HCCL_E_REMOTE`, as when its process dies) and `comm` is released; returns `true`.
+/// With CANN, which has no such call, does nothing and returns `false` (destroy
+/// `comm` as usual).
+pub fn abandon(comm: HcclComm) -> bool {
+    #[cfg(ascend_emulator)]
+    {
+        emulator::abandon(comm)
+    }
+    #[cfg(not(ascend_emulator))]
+    {
+        let _ = comm;
+        false
+    }
+}
+
+/// The rank of `comm` that the first operation queued on `comm` to time out
+/// (`HCCL_E_TIMEOUT`) was waiting for, on the emulator; always `None` with CANN,
+/// which reports only the code.
+pub fn stalled_peer(comm: HcclComm) -> Option<u32> {
+    #[cfg(ascend_emulator)]
+    {
+        emulator::stalled_peer(comm)
+    }
+    #[cfg(not(ascend_emulator))]
+    {
+        let _ = comm;
+        None
+    }
+}
+
 /// The rank of `comm` whose process the emulator found gone (ended or killed) when work
 /// queued on `comm` failed with `HCCL_E_REMOTE`, if any; always `None` with CANN,
 /// which reports only the code.

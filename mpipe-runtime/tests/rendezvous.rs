@@ -13,7 +13,7 @@ use mpipe_runtime::comm::{Comm, Tag};
 use mpipe_runtime::host::tcp::{self, TcpComm, SECRET_LEN, SECRET_VAR};
 
 const MAGIC: u32 = 0x4d50_4950;
-const PROTOCOL: u32 = 2;
+const PROTOCOL: u32 = 3;
 /// Generous: the set-up must not wait for it (strangers are dropped after
 /// HELLO_TIMEOUT, 2 s), and a loaded machine must not fail the test.
 const T: Duration = Duration::from_secs(20);

@@ -109,6 +109,8 @@ pub(super) struct Group {
     collective_done: Condvar,
     /// Ranks found gone (their process's connection closed), in the order found.
     gone: Mutex<Vec<u32>>,
+    /// rank -> the peer its first timed-out operation waited for ([`stalled_peer`]).
+    stalled: Mutex<HashMap<u32, u32>>,
 }
 
 /// How a rank reaches its group.
@@ -126,6 +128,9 @@ struct Comm {
     async_error: Mutex<HcclResult>,
     /// The first rank this communicator's work found gone ([`departed_rank`]).
     departed: Mutex<Option<u32>>,
+    /// The peer this communicator's first timed-out operation waited for
+    /// ([`stalled_peer`]).
+    stalled: Mutex<Option<u32>>,
 }
 
 /// Each returns the result and the operation's virtual completion time.
@@ -188,6 +193,7 @@ pub(super) fn join_group(id: u64, n_ranks: u32, join: bool) -> Result<Arc<Group>
             collective: Mutex::default(),
             collective_done: Condvar::new(),
             gone: Mutex::default(),
+            stalled: Mutex::default(),
         })
     });
     if group.size != n_ranks {
@@ -356,6 +362,16 @@ fn record(comm: &Comm, rc: HcclResult) -> aclError {
             *d = gone;
         }
     }
+    if rc == HcclResult::HCCL_E_TIMEOUT && lock(&comm.stalled).is_none() {
+        let peer = match &comm.link {
+            Link::Local(g) => g.stalled_peer(comm.rank),
+            Link::Remote(r) => r.stalled_peer(),
+        };
+        let mut s = lock(&comm.stalled);
+        if s.is_none() {
+            *s = peer;
+        }
+    }
     let mut e = lock(&comm.async_error);
     if *e == HcclResult::HCCL_SUCCESS {
         *e = rc;
@@ -374,9 +390,10 @@ impl Group {
     }
 
     /// Rank `rank` is gone (a connection of its process closed without
-    /// `HcclCommDestroy`): every send posted to or by it is failed with
-    /// `HCCL_E_REMOTE`, and every waiter is woken to find out.
-    pub(super) fn mark_gone(&self, rank: u32) {
+    /// `HcclCommDestroy`, or it [`abandon`]ed its communicator; `why` says which):
+    /// every send posted to or by it is failed with `HCCL_E_REMOTE`, and every waiter
+    /// is woken to find out.
+    pub(super) fn mark_gone(&self, rank: u32, why: &str) {
         {
             let mut gone = lock(&self.gone);
             if gone.contains(&rank) {
@@ -385,9 +402,8 @@ impl Group {
             gone.push(rank);
         }
         eprintln!(
-            "ascend-sys emulator: rank {rank} is gone: its connection to the communicator \
-             closed without HcclCommDestroy (its process ended or was killed); every \
-             operation with rank {rank} fails (HCCL_E_REMOTE)"
+            "ascend-sys emulator: rank {rank} is gone: {why}; every operation with rank \
+             {rank} fails (HCCL_E_REMOTE)"
         );
         // Set before the locks below are taken: a waiter checks `gone` under the lock
         // it waits with, so it either sees the mark or is woken after it.
@@ -404,6 +420,17 @@ impl Group {
         drop(posts);
         let _c = lock(&self.collective);
         self.collective_done.notify_all();
+    }
+
+    /// Notes that `rank`'s operation timed out waiting for `peer` (the first such
+    /// note of `rank` is kept).
+    fn note_stalled(&self, rank: u32, peer: u32) {
+        lock(&self.stalled).entry(rank).or_insert(peer);
+    }
+
+    /// The peer `rank`'s first timed-out operation waited for, if one timed out.
+    pub(super) fn stalled_peer(&self, rank: u32) -> Option<u32> {
+        lock(&self.stalled).get(&rank).copied()
     }
 
     /// The first rank found gone, if any.
@@ -576,6 +603,9 @@ impl Group {
             }
             let now = Instant::now();
             if now >= deadline {
+                if let Some(&(_, (src, _, _))) = pending.first() {
+                    self.note_stalled(dst, src);
+                }
                 for &(_, (src, _, _)) in &pending {
                     eprintln!(
                         "ascend-sys emulator: deadlock: rank {dst}'s HcclRecv from rank {src} \
@@ -638,6 +668,7 @@ impl Group {
                 let q = posts.entry((src, dst)).or_default();
                 if let Some(i) = q.iter().position(|p| Arc::ptr_eq(&p.taken, taken)) {
                     q.remove(i);
+                    self.note_stalled(src, dst);
                     eprintln!(
                         "ascend-sys emulator: deadlock: rank {src}'s HcclSend to rank {dst} found no \
                          matching HcclRecv within {:?} (HCCL_E_TIMEOUT)",
@@ -687,6 +718,7 @@ impl Group {
             }
             let now = Instant::now();
             if now >= deadline {
+                self.note_stalled(dst, src);
                 eprintln!(
                     "ascend-sys emulator: deadlock: rank {dst}'s HcclRecv from rank {src} found no \
                      matching HcclSend within {:?} (HCCL_E_TIMEOUT)",
@@ -743,6 +775,9 @@ impl Group {
             }
             let now = Instant::now();
             if now >= deadline {
+                if let Some(missing) = (0..self.size).find(|&r| c.arrived[r as usize].is_none()) {
+                    self.note_stalled(rank, missing);
+                }
                 c.arrived[rank as usize] = None;
                 eprintln!(
                     "ascend-sys emulator: deadlock: rank {rank} waited {:?} in a collective",
@@ -977,6 +1012,7 @@ pub unsafe extern "C" fn HcclCommInitRootInfo(
         rank,
         async_error: Mutex::new(HcclResult::HCCL_SUCCESS),
         departed: Mutex::new(None),
+        stalled: Mutex::new(None),
     });
     let handle = Arc::as_ptr(&c) as usize;
     lock(comms()).insert(handle, c);
@@ -1514,6 +1550,34 @@ pub extern "C" fn HcclGetErrorString(code: HcclResult) -> *const c_char {
         _ => b"unknown HCCL error\0",
     };
     s.as_ptr().cast()
+}
+
+/// Leaves `comm` as a failed rank: like `HcclCommDestroy`, but its rank is *gone*
+/// for the others, as if its process had been killed: every operation with it,
+/// pending or later, fails at once with `HCCL_E_REMOTE` naming it
+/// ([`departed_rank`]), instead of waiting for HCCL's timeout. For a rank that fails
+/// while its peers may be waiting for it (the emulator's stand-in for an abort,
+/// which HCCL lacks). Returns whether `comm` was a communicator.
+pub fn abandon(comm: HcclComm) -> bool {
+    let Some(c) = lock(comms()).remove(&(comm as usize)) else {
+        return false;
+    };
+    match &c.link {
+        Link::Local(g) => g.mark_gone(
+            c.rank,
+            "it left its communicator after failing (abandoned it without HcclCommDestroy)",
+        ),
+        Link::Remote(r) => r.abandon(),
+    }
+    true
+}
+
+/// The peer that the first operation queued on `comm` to time out
+/// (`HCCL_E_TIMEOUT`) was waiting for (the receive's sender, the send's receiver,
+/// a collective's first member that had not arrived), if one timed out. An extension
+/// of the emulator: HCCL reports only the code.
+pub fn stalled_peer(comm: HcclComm) -> Option<u32> {
+    comm_of(comm).and_then(|c| *lock(&c.stalled))
 }
 
 /// The first rank that work queued on `comm` found gone (its process ended or was

@@ -33,7 +33,9 @@
 //! - collective: `4`, [`CollOp`], input length `u64`, input -> status, output length
 //!   `u64`, output;
 //! - goodbye: `5` (no reply; the lane closes): the rank destroyed its communicator;
-//! - gone: `6` -> status, count `u32`, the ranks found gone (`u32` each).
+//! - gone: `6` -> status, count `u32`, the ranks found gone (`u32` each);
+//! - stalled: `7` -> status, known `u32` (0 or 1), peer `u32`: the peer the rank's
+//!   first timed-out operation waited for.
 //!
 //! **Liveness.** A lane that closes without its goodbye means the rank's process ended
 //! or was killed: the serving process marks the rank gone in the group, and every
@@ -124,6 +126,7 @@ const BATCH: u8 = 3;
 const COLLECTIVE: u8 = 4;
 const GOODBYE: u8 = 5;
 const GONE: u8 = 6;
+const STALLED: u8 = 7;
 
 /// This process's listener address, started on first use; `None` when it cannot listen
 /// (then root infos made here name no address and only threads can join).
@@ -315,7 +318,11 @@ fn serve(mut conn: TcpStream, greeting: &AtomicUsize) {
     }
     if !goodbye {
         // Closed (or broken) without HcclCommDestroy: the rank's process is gone.
-        group.mark_gone(rank);
+        group.mark_gone(
+            rank,
+            "its connection to the communicator closed without HcclCommDestroy (its \
+             process ended or was killed, or it abandoned the communicator)",
+        );
     }
     group.remote_closed();
 }
@@ -483,6 +490,13 @@ fn handle(group: &Group, rank: u32, op: u8, conn: &mut TcpStream) -> io::Result<
             }
             conn.write_all(&out)
         }
+        STALLED => {
+            let peer = group.stalled_peer(rank);
+            let mut out = HcclResult::HCCL_SUCCESS.0.to_le_bytes().to_vec();
+            put_u32(&mut out, u32::from(peer.is_some()));
+            put_u32(&mut out, peer.unwrap_or(0));
+            conn.write_all(&out)
+        }
         _ => Err(io::Error::new(
             io::ErrorKind::InvalidData,
             "unknown request",
@@ -499,6 +513,8 @@ pub(super) struct Remote {
     size: u32,
     rank: u32,
     lanes: Mutex<Vec<TcpStream>>,
+    /// Set by [`Remote::abandon`]: lanes close without a goodbye.
+    abandoned: std::sync::atomic::AtomicBool,
 }
 
 impl Remote {
@@ -515,6 +531,7 @@ impl Remote {
             size,
             rank,
             lanes: Mutex::new(Vec::new()),
+            abandoned: std::sync::atomic::AtomicBool::new(false),
         };
         let lane = remote.open(JOIN)?;
         remote
@@ -612,6 +629,21 @@ impl Remote {
             Ok(())
         });
         first.filter(|_| rc == HcclResult::HCCL_SUCCESS)
+    }
+
+    /// The peer this rank's first timed-out operation waited for, as the serving
+    /// process saw it (asked when an operation failed with `HCCL_E_TIMEOUT`).
+    pub(super) fn stalled_peer(&self) -> Option<u32> {
+        let mut peer = None;
+        let rc = self.call(&[STALLED], 0, |conn, rc| {
+            if rc == HcclResult::HCCL_SUCCESS {
+                let known = get_u32(conn)?;
+                let p = get_u32(conn)?;
+                peer = (known != 0).then_some(p);
+            }
+            Ok(())
+        });
+        peer.filter(|_| rc == HcclResult::HCCL_SUCCESS)
     }
 
     /// `HCCL_E_PARA`, said on standard error, when `bytes` is over what one request
@@ -722,10 +754,26 @@ impl Remote {
     }
 }
 
+impl Remote {
+    /// Closes this rank's idle lanes without a goodbye: the serving process marks it
+    /// gone (see [`super::hccl::abandon`]). A lane busy with an operation closes when
+    /// the operation ends (this `Remote` is dropped without lanes to say goodbye on).
+    pub(super) fn abandon(&self) {
+        self.abandoned.store(true, Ordering::SeqCst);
+        let lanes = std::mem::take(&mut *self.lanes.lock().unwrap_or_else(|e| e.into_inner()));
+        for lane in lanes {
+            let _ = lane.shutdown(std::net::Shutdown::Both);
+        }
+    }
+}
+
 /// Closing a rank's lanes with a goodbye: it destroyed its communicator, it is not
 /// gone (a lane closing without one marks the rank gone).
 impl Drop for Remote {
     fn drop(&mut self) {
+        if self.abandoned.load(Ordering::SeqCst) {
+            return;
+        }
         let lanes = std::mem::take(&mut *self.lanes.lock().unwrap_or_else(|e| e.into_inner()));
         for mut lane in lanes {
             let _ = lane.write_all(&[GOODBYE]);

@@ -45,7 +45,7 @@ pub mod hazards;
 mod hccl;
 mod hub;
 
-pub use hccl::departed_rank;
+pub use hccl::{abandon, departed_rank, stalled_peer};
 pub mod memory;
 
 use hazards::Use;

@@ -345,7 +345,9 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
         }
     }
 
-    fn failed(&self, index: usize, e: AscendError) -> ExecError {
+    fn failed(&mut self, index: usize, e: AscendError) -> ExecError {
+        // (Leaving the communicator as a failed rank when dropped, see AscendComm.)
+        let e = self.dev.comm.track(Err::<(), _>(e)).expect_err("an error");
         self.at.comm_error(index, e)
     }
 
@@ -742,7 +744,9 @@ impl<'a, M: DeviceModel> DeviceStep<'a, M> {
             .synchronize()
             .and_then(|()| dev.comm.comm.async_error())
             .map_err(|e| {
-                AscendComm::sync_error(&dev.comm.comm, None, e, || "a device step".into())
+                AscendComm::sync_error(&dev.comm.comm, None, &dev.comm.blame, e, || {
+                    "a device step".into()
+                })
             });
         synced.map_err(|e| self.failed(index.saturating_sub(1), e))?;
         let mut losses = Vec::new();

@@ -57,8 +57,22 @@
 //! on CANN, `HCCL_EXEC_TIMEOUT`). Ranks in other processes learn nothing (they time
 //! out), unless the failed rank's process ends: on the emulator its connection
 //! closes, every call with it fails at once (`HCCL_E_REMOTE`), and the error is
-//! [`AscendError::PeerFailed`] naming that rank. After an HCCL error the buffers of the failed call are leaked rather than
-//! freed under a transfer that may still be queued.
+//! [`AscendError::PeerFailed`] naming that rank; if the process that ended is the one
+//! serving the communicator (the emulator's hub, in the process of its rank 0), the
+//! others lose their connection to it (`HCCL_E_TCP_TRANSFER`) and the error names that
+//! rank. A rank that failed (it aborted, a call of its failed on HCCL, or its thread
+//! panics) leaves its communicators as a failed rank when dropped: on the emulator its
+//! peers' pending and later operations with it fail at once naming it, whether it is a
+//! thread or a process (CANN has no such call: destroyed as usual). After an HCCL
+//! error the buffers of the failed call are leaked rather than freed under a transfer
+//! that may still be queued.
+//!
+//! Under `mpipe-run` ([`AscendComm::from_env`] with the launcher's
+//! [`tcp::BLAME_DIR_VAR`]), a rank notes the rank it blames before its call returns
+//! the error, as the host backend does: the rank named by
+//! [`AscendError::PeerFailed`], or, after HCCL's timeout, the peer the timed-out
+//! operation waited for (the emulator says which), so the launcher names the rank that
+//! failed or stopped first, not the first to notice.
 //!
 //! ## Start-up
 //! [`AscendComm::world_in_process`] makes `n` ranks as threads of this process (rank
@@ -103,6 +117,11 @@ pub const LINKED: &str = ascend_sys::BACKEND;
 /// The first failure of a world: `(rank, what)`.
 type Failure = Arc<Mutex<Option<(usize, String)>>>;
 
+/// Where a rank started by `mpipe-run` notes the rank it blames for its failure (the
+/// launcher's [`tcp::BLAME_DIR_VAR`] directory, [`tcp::blame_file_name`]); emptied
+/// once the note is written, so the first rank blamed is the one noted.
+type Blame = Arc<Mutex<Option<std::path::PathBuf>>>;
+
 /// The tag of the root-info messages that form sub-communicators (a kind the runtime
 /// does not use).
 const ROOT_INFO_TAG: Tag = Tag::new(0xFE, 0, 0);
@@ -138,6 +157,10 @@ pub struct AscendComm {
     waits_issued: u64,
     skip_wait: Option<u64>,
     failure: Failure,
+    blame: Blame,
+    /// This rank failed (it aborted, or a call of its failed on HCCL): dropped, it
+    /// leaves its communicators as a failed rank (see [`Drop`]).
+    failed: bool,
     bound: ThreadId,
     device: Device,
 }
@@ -191,6 +214,8 @@ impl AscendComm {
             waits_issued: 0,
             skip_wait: None,
             failure,
+            blame: Blame::default(),
+            failed: false,
             bound: std::thread::current().id(),
             device,
         })
@@ -273,7 +298,13 @@ impl AscendComm {
             Ok(text) => tcp::parse_secret(&text).map_err(|e| AscendError::Setup(e.to_string()))?,
             Err(_) => [0; tcp::SECRET_LEN],
         };
-        Self::connect_with_secret(rank, world, device as i32, addr, timeout, &secret)
+        let comm = Self::connect_with_secret(rank, world, device as i32, addr, timeout, &secret)?;
+        // Under mpipe-run: note whom this rank blames if another rank fails first.
+        if let Some(dir) = std::env::var_os(tcp::BLAME_DIR_VAR) {
+            let path = std::path::PathBuf::from(dir).join(tcp::blame_file_name(rank));
+            *comm.blame.lock().unwrap_or_else(PoisonError::into_inner) = Some(path);
+        }
+        Ok(comm)
     }
 
     /// [`from_env`](AscendComm::from_env) with explicit values: the root info crosses
@@ -363,20 +394,29 @@ impl AscendComm {
     /// An error of a synchronization: HCCL's asynchronous error if there is one; a
     /// peer whose process is gone (`HCCL_E_REMOTE`, named by the emulator) as
     /// [`AscendError::PeerFailed`] naming it (`group` maps the communicator's ranks to
-    /// the world's; `None` for the world communicator).
+    /// the world's; `None` for the world communicator); the process serving the
+    /// communicator lost (`HCCL_E_TCP_TRANSFER`: the emulator's connection to it
+    /// closed or stopped answering, so it ended, was killed or stopped) as
+    /// [`AscendError::PeerFailed`] naming the rank of that process (the
+    /// communicator's rank 0, whose process made its root info). A rank named is
+    /// noted in `blame` (see [`Blame`]) before the error is returned.
     fn sync_error(
         comm: &HcclComm,
         group: Option<&[usize]>,
+        blame: &Blame,
         e: AscendError,
         during: impl FnOnce() -> String,
     ) -> AscendError {
-        match comm.async_error() {
+        let world_rank = |r: u32| {
+            group
+                .and_then(|g| g.get(r as usize).copied())
+                .unwrap_or(r as usize)
+        };
+        let e = match comm.async_error() {
             Err(h) if h.hccl_code() == Some(ascend_sys::HcclResult::HCCL_E_REMOTE.0) => {
                 match comm.departed_rank() {
                     Some(r) => AscendError::PeerFailed {
-                        rank: group
-                            .and_then(|g| g.get(r as usize).copied())
-                            .unwrap_or(r as usize),
+                        rank: world_rank(r),
                         what: format!(
                             "its process ended or was killed (HCCL_E_REMOTE while this rank \
                              was doing {})",
@@ -386,9 +426,49 @@ impl AscendComm {
                     None => h.during(during),
                 }
             }
+            Err(h) if h.hccl_code() == Some(ascend_sys::HcclResult::HCCL_E_TCP_TRANSFER.0) => {
+                AscendError::PeerFailed {
+                    rank: world_rank(0),
+                    what: format!(
+                        "its process, which serves the communicator, ended, was killed or \
+                         stopped answering (HCCL_E_TCP_TRANSFER while this rank was doing {})",
+                        during()
+                    ),
+                }
+            }
+            Err(h) if h.hccl_code() == Some(ascend_sys::HcclResult::HCCL_E_TIMEOUT.0) => {
+                let h = h.during(during);
+                // A rank that stopped making progress (stopped, hung) is the one its
+                // peers time out on: noted, the launcher follows the notes to it
+                // rather than blaming the first rank to time out.
+                if let Some(p) = comm.stalled_peer() {
+                    note_blame(
+                        blame,
+                        world_rank(p),
+                        &format!("timed out waiting for it: {h}"),
+                    );
+                }
+                h
+            }
             Err(h) => h.during(during),
             Ok(()) => e,
+        };
+        if let AscendError::PeerFailed { rank, what } = &e {
+            note_blame(blame, *rank, what);
         }
+        e
+    }
+
+    /// Notes that this rank failed if `r` is a failure of HCCL's or of a peer (not a
+    /// wrong call, which the caller may recover from).
+    fn track<T>(&mut self, r: Result<T, AscendError>) -> Result<T, AscendError> {
+        if let Err(
+            AscendError::Hccl { .. } | AscendError::Acl { .. } | AscendError::PeerFailed { .. },
+        ) = &r
+        {
+            self.failed = true;
+        }
+        r
     }
 
     fn check_peer(&self, peer: usize, what: &str) -> Result<(), AscendError> {
@@ -516,18 +596,19 @@ impl AscendComm {
         let bytes = std::mem::size_of_val(buf);
         let send = self.take(bytes)?;
         let recv = self.take(bytes)?;
+        let blame = self.blame.clone();
         let (comm, stream, root_index) = self.group_comm(group, root)?;
         send.write(f32_bytes(buf))?;
         let during = || format!("{name} {tag} over ranks {group:?} (root {root})");
         let result = queue(comm, stream, &send, &recv, root_index).and_then(|()| {
             stream
                 .synchronize()
-                .map_err(|e| Self::sync_error(comm, Some(group), e, during))
+                .map_err(|e| Self::sync_error(comm, Some(group), &blame, e, during))
         });
         if let Err(e) = result {
             std::mem::forget(send);
             std::mem::forget(recv);
-            return Err(e);
+            return self.track(Err(e));
         }
         let read = match read_back(rank) {
             ReadBack::Nothing => Ok(()),
@@ -630,7 +711,7 @@ impl AscendComm {
                 .batch_send_recv(&items, DataType::F32, &self.p2p)?;
             self.p2p.synchronize().map_err(|e| {
                 let what = describe_batch(&remote_sends, &remote_recvs);
-                Self::sync_error(&self.comm, None, e, || {
+                Self::sync_error(&self.comm, None, &self.blame, e, || {
                     format!("HcclBatchSendRecv of {what}")
                 })
             })
@@ -651,6 +732,16 @@ impl AscendComm {
         self.give(recv_bufs);
         read?;
         Ok(out.into_iter().map(Option::unwrap_or_default).collect())
+    }
+}
+
+/// Notes in `blame`'s file (if it still has one) that this rank blames `rank`, which
+/// failed doing `what`: the launcher then never takes this rank's failure for the
+/// first (see `host::launch`). Only the first note is written.
+fn note_blame(blame: &Blame, rank: usize, what: &str) {
+    let path = blame.lock().unwrap_or_else(PoisonError::into_inner).take();
+    if let Some(path) = path {
+        let _ = std::fs::write(path, format!("{rank}\n{what}\n"));
     }
 }
 
@@ -809,7 +900,8 @@ impl Comm for AscendComm {
         recvs: &[(usize, Tag, usize)],
     ) -> Result<Vec<Tensor>, AscendError> {
         self.enter()?;
-        self.batch_inner(sends, recvs)
+        let r = self.batch_inner(sends, recvs);
+        self.track(r)
     }
 
     fn broadcast(
@@ -877,17 +969,35 @@ impl Comm for AscendComm {
 
     fn barrier(&mut self) -> Result<(), AscendError> {
         self.enter()?;
-        self.comm.barrier(&self.coll).and_then(|()| {
-            self.coll
-                .synchronize()
-                .map_err(|e| Self::sync_error(&self.comm, None, e, || "BARRIER".into()))
-        })
+        let r = self.comm.barrier(&self.coll).and_then(|()| {
+            self.coll.synchronize().map_err(|e| {
+                Self::sync_error(&self.comm, None, &self.blame, e, || "BARRIER".into())
+            })
+        });
+        self.track(r)
     }
 
     fn abort(&mut self, what: &str) {
+        self.failed = true;
         let mut f = self.failure.lock().unwrap_or_else(PoisonError::into_inner);
         if f.is_none() {
             *f = Some((self.rank, what.to_string()));
+        }
+    }
+}
+
+/// A rank that failed (it aborted, a call of its failed on HCCL, or its thread is
+/// panicking) leaves its communicators as a failed rank: on the emulator its peers'
+/// operations with it, pending or later, fail at once naming it, as when a rank's
+/// process dies, instead of waiting for HCCL's timeout (HCCL has no abort; with CANN
+/// they are destroyed as usual).
+impl Drop for AscendComm {
+    fn drop(&mut self) {
+        if self.failed || std::thread::panicking() {
+            for sub in self.subs.values_mut() {
+                sub.comm.leave_as_failed();
+            }
+            self.comm.leave_as_failed();
         }
     }
 }

@@ -661,12 +661,14 @@ impl fmt::Debug for RootInfo {
     }
 }
 
-/// An HCCL communicator (`HcclCommInitRootInfo`/`HcclCommDestroy`).
+/// An HCCL communicator (`HcclCommInitRootInfo`/`HcclCommDestroy`, or
+/// [`sys::abandon`] once [`HcclComm::leave_as_failed`] is called).
 #[derive(Debug)]
 pub struct HcclComm {
     raw: sys::HcclComm,
     rank: u32,
     size: u32,
+    failed: bool,
 }
 
 // SAFETY: HCCL communicators are used from the rank's threads; the emulator's handles
@@ -719,6 +721,7 @@ impl HcclComm {
             raw,
             rank,
             size: n_ranks,
+            failed: false,
         };
         let (mut r, mut s) = (0u32, 0u32);
         // SAFETY: a live handle and writable u32s.
@@ -762,6 +765,12 @@ impl HcclComm {
     /// which reports only the code.
     pub fn departed_rank(&self) -> Option<u32> {
         sys::departed_rank(self.raw)
+    }
+
+    /// The rank of this communicator that the first of its operations to time out
+    /// (`HCCL_E_TIMEOUT`) waited for; `None` on CANN, which reports only the code.
+    pub fn stalled_peer(&self) -> Option<u32> {
+        sys::stalled_peer(self.raw)
     }
 
     /// Queues sending `count` elements of `buf` to `peer` on `stream`.
@@ -994,8 +1003,21 @@ fn check_count(buf: &DeviceBuffer, count: usize, t: DataType) -> Result<(), Asce
     Ok(())
 }
 
+impl HcclComm {
+    /// When dropped, leave as a rank that failed: on the emulator its rank becomes
+    /// gone for the others, whose operations with it fail at once
+    /// (`HCCL_E_REMOTE`, [`HcclComm::departed_rank`] naming it) instead of waiting
+    /// for HCCL's timeout; with CANN, destroyed as usual.
+    pub fn leave_as_failed(&mut self) {
+        self.failed = true;
+    }
+}
+
 impl Drop for HcclComm {
     fn drop(&mut self) {
+        if self.failed && sys::abandon(self.raw) {
+            return;
+        }
         // SAFETY: a live handle, destroyed once.
         let _ = unsafe { sys::HcclCommDestroy(self.raw) };
     }

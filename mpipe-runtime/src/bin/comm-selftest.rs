@@ -15,6 +15,15 @@
 //!   minute (for signals to the launcher).
 //! - `stall MS`: every rank prints `rank R pid P` after connecting, waits MS
 //!   milliseconds, then runs `ring` (a window to stop a rank with `SIGSTOP`).
+//! - `spin`: every rank prints `rank R pid P` after connecting, then sends to the next
+//!   rank and receives from the previous, batch after batch, until a call fails
+//!   (prints the error, aborts, exits 1) or for two minutes (exits 0): ranks busy
+//!   communicating, for a test to kill or stop one of them.
+//!
+//! With `--ascend` first (a build with the `ascend` feature), the ranks join an
+//! HCCL world instead ([`mpipe_runtime::ascend::AscendComm::from_env`], one emulated
+//! device per rank); only `spin` is offered there. HCCL's timeout is the emulator's
+//! `MPIPE_ASCEND_EMU_TIMEOUT_MS`.
 //!
 //! The timeout is `MPIPE_COMM_TIMEOUT` seconds (default 10); the transfers' mode is
 //! `MPIPE_COMM_MODE` (`rendezvous`, the default, or `eager`; `ok (eager)` then).
@@ -77,14 +86,70 @@ fn ring(c: &mut impl HostComm) -> Result<(), String> {
     Ok(())
 }
 
-const USAGE: &str =
-    "usage: comm-selftest [ring | fail RANK CODE | hang RANK CODE | late RANK MS | sleep | stall MS]";
+const USAGE: &str = "usage: comm-selftest [--ascend] [ring | fail RANK CODE | hang RANK CODE | \
+                     late RANK MS | sleep | stall MS | spin]";
+
+/// `spin`: batch after batch around the ring until a call fails or two minutes pass.
+fn spin<C: Comm>(c: &mut C) -> Result<(), C::Error> {
+    let (r, n) = (c.rank(), c.world());
+    let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+    let mine = vec![r as f32; 256];
+    let start = std::time::Instant::now();
+    let mut round = 0u32;
+    while start.elapsed() < std::time::Duration::from_secs(120) {
+        let tag = Tag::act(7, round);
+        c.batch(&[(next, tag, &mine)], &[(prev, tag, mine.len())])?;
+        round = round.wrapping_add(1);
+    }
+    Ok(())
+}
+
+/// Runs `spin` on `c`, saying how it ended.
+fn spin_and_report<C: Comm>(mut c: C) -> ExitCode {
+    let r = c.rank();
+    println!("rank {r} pid {}", std::process::id());
+    match spin(&mut c) {
+        Ok(()) => {
+            println!("rank {r}: ok");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rank {r}: {e}");
+            c.abort(&e.to_string());
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(feature = "ascend")]
+fn ascend(args: &[String]) -> ExitCode {
+    if args != ["spin"] {
+        eprintln!("comm-selftest --ascend offers only `spin`; {USAGE}");
+        return ExitCode::from(2);
+    }
+    match mpipe_runtime::ascend::AscendComm::from_env(default_timeout()) {
+        Ok(c) => spin_and_report(c),
+        Err(e) => {
+            eprintln!("comm-selftest: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(not(feature = "ascend"))]
+fn ascend(_: &[String]) -> ExitCode {
+    eprintln!("comm-selftest: --ascend needs a build with the `ascend` feature");
+    ExitCode::from(2)
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("--ascend") {
+        return ascend(&args[1..]);
+    }
     let mode = args.first().map(String::as_str).unwrap_or("ring");
     let fail: Option<(usize, u8)> = match mode {
-        "ring" | "sleep" => None,
+        "ring" | "sleep" | "spin" => None,
         "stall" => {
             if args.get(1).and_then(|s| s.parse::<u64>().ok()).is_none() {
                 eprintln!("{USAGE}");
@@ -128,6 +193,9 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
+    if mode == "spin" {
+        return spin_and_report(c);
+    }
     let r = c.rank();
     if mode == "sleep" {
         println!("rank {r} pid {}", std::process::id());

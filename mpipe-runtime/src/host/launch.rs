@@ -192,7 +192,9 @@ fn pump(rank: usize, src: impl Read, to_stderr: bool, done: mpsc::Sender<(usize,
 /// most chains end at is the answer (ties: the earliest to end). That is a rank that
 /// stopped making progress (stopped with `SIGSTOP`, hung), which its peers timed out
 /// on and which the launcher killed after the grace period, never the first of them
-/// to time out.
+/// to time out. Chains that end at a rank blaming nobody outrank chains that go round
+/// a cycle (a rank that learnt of the failure of a rank that had timed out waiting for
+/// it); a cycle answers only when every chain ends in one (a deadlock).
 fn first_failure(
     exits: &[RankExit],
     blamed: &[Option<usize>],
@@ -214,23 +216,36 @@ fn first_failure(
     if let Some(r) = earliest(&mut all.clone().filter(|&r| failed(r) && !consequence(r))) {
         return Some(r);
     }
-    // Every failed rank blames another: follow the notes to where they end.
+    // Every failed rank blames another: follow the notes to where they end, and
+    // whether they end in a cycle.
     let end_of = |r: usize| {
         let mut path = vec![r];
         let mut at = r;
         while consequence(at) {
             let next = blamed[at].expect("a consequence blames a rank");
             if path.contains(&next) {
-                break; // a cycle (a deadlock): its first rank stands for it
+                return (at, true); // a cycle: its last rank reached stands for it
             }
             path.push(next);
             at = next;
         }
-        at
+        (at, false)
     };
     let mut ends = vec![0usize; exits.len()];
+    let mut cycle_ends = vec![0usize; exits.len()];
     for r in all.clone().filter(|&r| failed(r)) {
-        ends[end_of(r)] += 1;
+        match end_of(r) {
+            (e, false) => ends[e] += 1,
+            (e, true) => cycle_ends[e] += 1,
+        }
+    }
+    // A chain that reaches a rank blaming nobody (one that stopped making progress)
+    // outranks chains that go round in a cycle: two ranks blame each other when one
+    // timed out on the other and the other learnt of that failure first, though it
+    // was itself waiting for a third. Only a deadlock among failed ranks (cycles
+    // alone) is answered by a cycle.
+    if ends.iter().all(|&c| c == 0) {
+        ends = cycle_ends;
     }
     all.filter(|&r| ends[r] > 0)
         .max_by_key(|&r| (ends[r], std::cmp::Reverse((ended_at[r], r))))
@@ -576,6 +591,18 @@ mod tests {
         let blamed = [Some(1), Some(2), None, Some(2)];
         let ended = [at(5), at(4), at(9000), at(1)];
         assert_eq!(first_failure(&exits, &blamed, &ended), Some(2));
+        // Rank 1 stopped: rank 0 timed out on it; rank 3 timed out on rank 2, which
+        // was waiting for rank 1 but learnt of rank 3's failure first (2 and 3 blame
+        // each other, and ended first).
+        let exits = [
+            RankExit::Code(1),
+            RankExit::Killed,
+            RankExit::Code(1),
+            RankExit::Code(1),
+        ];
+        let blamed = [Some(1), None, Some(3), Some(2)];
+        let ended = [at(9), at(9000), at(2), at(1)];
+        assert_eq!(first_failure(&exits, &blamed, &ended), Some(1));
         // A deadlock between two failed ranks (each timed out on the other): one of
         // them, not a bystander.
         let exits = [RankExit::Code(1), RankExit::Code(1), RankExit::Success];

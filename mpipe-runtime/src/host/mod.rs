@@ -140,8 +140,14 @@ pub(crate) enum Msg<D> {
     Ready(Chan),
     /// The data of a send on this channel, shipped after the matching `Ready`.
     Data(Chan, D),
-    /// Rank `origin` failed while doing `what`.
-    Abort { origin: usize, what: String },
+    /// Rank `origin` failed while doing `what`; `waited_for`: it failed by timing out
+    /// waiting for that rank (which, if it is the receiver and itself waiting for a
+    /// third rank, blames that one in its note for `mpipe-run`).
+    Abort {
+        origin: usize,
+        what: String,
+        waited_for: Option<usize>,
+    },
     /// The sender closed its communicator normally.
     Bye,
 }
@@ -151,9 +157,14 @@ impl Msg<&[f32]> {
         match self {
             Msg::Ready(c) => Msg::Ready(*c),
             Msg::Data(c, d) => Msg::Data(*c, d.to_vec()),
-            Msg::Abort { origin, what } => Msg::Abort {
+            Msg::Abort {
+                origin,
+                what,
+                waited_for,
+            } => Msg::Abort {
                 origin: *origin,
                 what: what.clone(),
+                waited_for: *waited_for,
             },
             Msg::Bye => Msg::Bye,
         }
@@ -176,6 +187,12 @@ struct InboxState {
     data: HashMap<(usize, Chan), VecDeque<Tensor>>,
     /// The first failure heard of: (rank, what).
     failure: Option<(usize, String)>,
+    /// The first failure's rank failed by timing out waiting for this rank.
+    failure_waited_for: Option<usize>,
+    /// This rank timed out waiting for this peer (before hearing of any failure).
+    timed_out_on: Option<usize>,
+    /// The peers of the transfers this rank's current call still waits for.
+    waiting_on: Vec<usize>,
     /// Peers that said goodbye.
     departed: Vec<bool>,
     /// This endpoint is closed; connection losses no longer matter.
@@ -215,7 +232,14 @@ impl Inbox {
     }
 
     /// Records a failure heard from outside if it is the first; then wakes waiters.
-    fn record_failure(&self, mut st: MutexGuard<'_, InboxState>, origin: usize, what: String) {
+    /// `waited_for`: `origin` failed by timing out waiting for that rank.
+    fn record_failure(
+        &self,
+        mut st: MutexGuard<'_, InboxState>,
+        origin: usize,
+        what: String,
+        waited_for: Option<usize>,
+    ) {
         if st.failure.is_none() {
             // The launcher reads this note to tell the first failure from its echoes.
             // Write it before the failure is visible to this rank's calls, under the
@@ -223,9 +247,25 @@ impl Inbox {
             // another message, not only by us) and end the process, and a note not
             // yet written then never is, which made this rank look like the origin.
             if let (true, Some(path)) = (origin != self.me, &self.blame_file) {
-                let _ = std::fs::write(path, format!("{origin}\n{what}\n"));
+                // `origin` timed out waiting for this rank, which is itself waiting
+                // for a peer: the chain of waits leads there (to a rank that stopped
+                // making progress), not back to `origin`.
+                let waiting = st
+                    .waiting_on
+                    .iter()
+                    .copied()
+                    .find(|&p| p != self.me && p != origin);
+                let note = match (waited_for == Some(self.me), waiting) {
+                    (true, Some(p)) => format!(
+                        "{p}\nrank {origin} timed out waiting for this rank, which was waiting \
+                         for rank {p} ({what})\n"
+                    ),
+                    _ => format!("{origin}\n{what}\n"),
+                };
+                let _ = std::fs::write(path, note);
             }
             st.failure = Some((origin, what));
+            st.failure_waited_for = waited_for;
         }
         drop(st);
         self.cv.notify_all();
@@ -239,9 +279,12 @@ impl Inbox {
     /// unless it already learnt of a failure: a rank that stopped making progress
     /// (stopped, hung) is the one its peers time out on, so the launcher can follow
     /// the notes to it instead of blaming the first rank to time out.
-    fn note_timeout(&self, st: &InboxState, peer: usize, what: &str) {
-        if let (true, true, Some(path)) = (st.failure.is_none(), peer != self.me, &self.blame_file)
-        {
+    fn note_timeout(&self, st: &mut InboxState, peer: usize, what: &str) {
+        if st.failure.is_some() || peer == self.me {
+            return;
+        }
+        st.timed_out_on.get_or_insert(peer);
+        if let Some(path) = &self.blame_file {
             let _ = std::fs::write(path, format!("{peer}\ntimed out waiting for {what}\n"));
         }
     }
@@ -252,7 +295,11 @@ impl Inbox {
         match msg {
             Msg::Ready(chan) => *st.ready.entry((from, chan)).or_default() += 1,
             Msg::Data(chan, data) => st.data.entry((from, chan)).or_default().push_back(data),
-            Msg::Abort { origin, what } => return self.record_failure(st, origin, what),
+            Msg::Abort {
+                origin,
+                what,
+                waited_for,
+            } => return self.record_failure(st, origin, what, waited_for),
             Msg::Bye => {
                 if let Some(d) = st.departed.get_mut(from) {
                     *d = true;
@@ -270,7 +317,7 @@ impl Inbox {
         if st.closed || st.departed.get(from).copied().unwrap_or(true) {
             return;
         }
-        self.record_failure(st, from, what);
+        self.record_failure(st, from, what, None);
     }
 
     pub(crate) fn set_closed(&self) {
@@ -332,18 +379,25 @@ impl Aborter {
     /// first failure is what is sent. Also fails this rank's own pending and future
     /// calls. Does not block beyond writing a small message to each peer.
     pub fn abort(&self, what: &str) {
-        let (origin, what) = {
+        let (origin, what, waited_for) = {
             let mut st = self.inbox.lock();
             match &st.failure {
-                Some((rank, what)) => (*rank, what.clone()),
+                Some((rank, what)) => (*rank, what.clone(), st.failure_waited_for),
                 None => {
+                    // A failure of this rank's own: a timeout's peer goes with it.
+                    let waited_for = st.timed_out_on;
                     st.failure = Some((self.rank, what.to_string()));
-                    (self.rank, what.to_string())
+                    st.failure_waited_for = waited_for;
+                    (self.rank, what.to_string(), waited_for)
                 }
             }
         };
         self.inbox.cv.notify_all();
-        let msg = Msg::Abort { origin, what };
+        let msg = Msg::Abort {
+            origin,
+            what,
+            waited_for,
+        };
         for peer in (0..self.world).filter(|&p| p != self.rank) {
             // A peer we cannot reach has failed already; nothing more to do.
             let _ = self.link.deliver(peer, &msg);
@@ -473,7 +527,7 @@ impl Endpoint {
             ) {
                 let waiting_for = format!("rank {to} to take a message (socket write)");
                 self.inbox
-                    .note_timeout(&self.inbox.lock(), to, &waiting_for);
+                    .note_timeout(&mut self.inbox.lock(), to, &waiting_for);
                 return Error::Timeout {
                     after: self.timeout,
                     waiting_for,
@@ -513,6 +567,18 @@ impl Endpoint {
     /// transfers (no `ctx`) in eager mode ship every send at once and post no
     /// receive: only the data is waited for.
     fn exchange(
+        &self,
+        sends: &[SendOf<'_>],
+        recvs: &[(usize, Chan)],
+        ctx: Option<&str>,
+    ) -> Result<Vec<Tensor>, Error> {
+        let r = self.exchange_waiting(sends, recvs, ctx);
+        self.inbox.lock().waiting_on.clear();
+        r
+    }
+
+    /// [`Self::exchange`], noting in the inbox which peers it waits for.
+    fn exchange_waiting(
         &self,
         sends: &[SendOf<'_>],
         recvs: &[(usize, Chan)],
@@ -610,6 +676,8 @@ impl Endpoint {
                     ),
                 });
             }
+            st.waiting_on.clear();
+            st.waiting_on.extend(pending.iter().map(|&(_, p, _)| p));
             let now = Instant::now();
             if now >= deadline {
                 let mut waiting_for = describe(send, peer, chan);
@@ -618,7 +686,7 @@ impl Endpoint {
                     1 => waiting_for.push_str(" (and 1 more transfer of the batch)"),
                     n => waiting_for.push_str(&format!(" (and {n} more transfers of the batch)")),
                 }
-                self.inbox.note_timeout(&st, peer, &waiting_for);
+                self.inbox.note_timeout(&mut st, peer, &waiting_for);
                 return Err(Error::Timeout {
                     after: self.timeout,
                     waiting_for,

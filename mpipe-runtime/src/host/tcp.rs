@@ -49,8 +49,9 @@ use super::{host_comm, run_comms, Chan, Endpoint, Inbox, Link, Msg, Op};
 use crate::comm::{Error, Tag, Tensor};
 
 const MAGIC: u32 = 0x4d50_4950; // "MPIP"
-/// 2: hellos and the table carry the rendezvous secret.
-const PROTOCOL: u32 = 2;
+/// 2: hellos and the table carry the rendezvous secret; 3: an abort says whom its
+/// origin timed out waiting for.
+const PROTOCOL: u32 = 3;
 
 /// The environment variable through which a launcher hands its ranks the job's
 /// rendezvous secret: 64 hex digits ([`new_secret`]).
@@ -189,9 +190,14 @@ fn encode(msg: &Msg<&[f32]>) -> Vec<u8> {
                 b.extend_from_slice(&x.to_le_bytes());
             }
         }
-        Msg::Abort { origin, what } => {
+        Msg::Abort {
+            origin,
+            what,
+            waited_for,
+        } => {
             b.push(ABORT);
             b.extend_from_slice(&(*origin as u64).to_le_bytes());
+            b.extend_from_slice(&waited_for.map_or(u64::MAX, |w| w as u64).to_le_bytes());
             b.extend_from_slice(what.as_bytes());
         }
         Msg::Bye => b.push(BYE),
@@ -235,14 +241,19 @@ fn decode(body: &[u8]) -> io::Result<Msg<Tensor>> {
             Msg::Data(chan, t)
         }
         ABORT => {
-            if rest.len() < 8 {
+            if rest.len() < 16 {
                 return Err(bad("truncated abort"));
             }
-            let mut o = [0u8; 8];
-            o.copy_from_slice(&rest[..8]);
+            let word = |i: usize| {
+                let mut o = [0u8; 8];
+                o.copy_from_slice(&rest[i..i + 8]);
+                u64::from_le_bytes(o)
+            };
+            let waited_for = word(8);
             Msg::Abort {
-                origin: u64::from_le_bytes(o) as usize,
-                what: String::from_utf8_lossy(&rest[8..]).into_owned(),
+                origin: word(0) as usize,
+                what: String::from_utf8_lossy(&rest[16..]).into_owned(),
+                waited_for: (waited_for != u64::MAX).then_some(waited_for as usize),
             }
         }
         BYE => Msg::Bye,

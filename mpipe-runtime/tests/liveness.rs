@@ -1,0 +1,238 @@
+//! Issue 37, "Done when": killing any rank of a job launched as processes by
+//! `mpipe-run` (rank 0, a middle rank, the last rank) stops every other rank within
+//! 10 s, of their own accord (none is left for the launcher to kill), and the
+//! launcher names the killed rank as the one that failed first; a rank stopped with
+//! `SIGSTOP` is named too (the others time out on it). On the host TCP backend, and
+//! with the `ascend` feature on the Ascend backend (HCCL on the ascend-sys emulator,
+//! whose rank 0 also serves the communicator to the other processes).
+//!
+//! The ranks are `comm-selftest spin`: batch after batch around a ring, so every
+//! rank is communicating when the signal arrives. Each rank prints its pid once its
+//! world is formed; the signal goes to that pid (the launcher has not reaped it).
+#![cfg(unix)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const SELFTEST: &str = env!("CARGO_BIN_EXE_comm-selftest");
+const MPIPE_RUN: &str = env!("CARGO_BIN_EXE_mpipe-run");
+
+/// The issue's bound: every other rank stops within this time of the kill.
+const STOP_BOUND: Duration = Duration::from_secs(10);
+
+/// How long the ranks may take to form their world (a loaded machine).
+const SETUP: Duration = Duration::from_secs(60);
+
+/// A launched job: the launcher, its ranks' pids, its standard error.
+struct Job {
+    launcher: Child,
+    pids: Vec<i32>,
+    stderr: std::thread::JoinHandle<String>,
+}
+
+impl Drop for Job {
+    /// A failing assertion leaves nothing running: the launcher's death sends its
+    /// ranks their parent-death signal, and stopped ranks are killed outright.
+    fn drop(&mut self) {
+        for &pid in &self.pids {
+            if self.launcher.try_wait().ok().flatten().is_none() {
+                signal(pid, libc::SIGKILL);
+            }
+        }
+        let _ = self.launcher.kill();
+        let _ = self.launcher.wait();
+    }
+}
+
+/// Sends `sig` to `pid` with `kill(1)`.
+fn signal(pid: i32, sig: i32) -> bool {
+    Command::new("kill")
+        .args([format!("-{sig}"), pid.to_string()])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Starts `mpipe-run -n N --grace G -- comm-selftest ARGS` and waits until every rank
+/// has printed its pid.
+fn launch(n: usize, grace_s: u64, args: &[&str], env: &[(&str, &str)]) -> Job {
+    let mut cmd = Command::new(MPIPE_RUN);
+    cmd.args(["-n", &n.to_string(), "--grace", &grace_s.to_string(), "--"])
+        .arg(SELFTEST)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut launcher = cmd.spawn().expect("start mpipe-run");
+    let stdout = launcher.stdout.take().expect("piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            // "[rank R] rank R pid P"
+            let Some((head, pid)) = line.rsplit_once(" pid ") else {
+                continue;
+            };
+            let rank = head
+                .rsplit(' ')
+                .next()
+                .and_then(|r| r.parse::<usize>().ok());
+            if let (Some(rank), Ok(pid)) = (rank, pid.trim().parse::<i32>()) {
+                let _ = tx.send((rank, pid));
+            }
+        }
+    });
+    let mut err = launcher.stderr.take().expect("piped");
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let mut job = Job {
+        launcher,
+        pids: vec![0; n],
+        stderr,
+    };
+    let until = Instant::now() + SETUP;
+    for _ in 0..n {
+        match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
+            Ok((rank, pid)) => job.pids[rank] = pid,
+            Err(e) => {
+                drop(job);
+                panic!("the ranks did not all start within {SETUP:?}: {e}");
+            }
+        }
+    }
+    job
+}
+
+/// Waits for the launcher to exit (at most `limit`); its exit code and stderr.
+fn finish(mut job: Job, limit: Duration) -> (Option<i32>, String, Duration) {
+    let t = Instant::now();
+    let mut code = None;
+    while t.elapsed() < limit {
+        if let Some(st) = job.launcher.try_wait().expect("wait") {
+            code = Some(st.code().unwrap_or(-1));
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let took = t.elapsed();
+    let launcher_pid = job.launcher.id();
+    // (Kills whatever still runs; the stderr reader then ends.)
+    let stderr_thread = std::mem::replace(&mut job.stderr, std::thread::spawn(String::new));
+    drop(job);
+    let stderr = stderr_thread.join().unwrap_or_default();
+    assert!(
+        code.is_some(),
+        "mpipe-run ({launcher_pid}) still ran {limit:?} after the signal:\n{stderr}"
+    );
+    (code, stderr, took)
+}
+
+/// Kills `victim` of an `n`-rank job running `args` with SIGKILL: the launcher ends
+/// within [`STOP_BOUND`] (its grace period is far longer, so no rank is left for it to
+/// kill), naming the victim as the first failure.
+fn kill_one(n: usize, victim: usize, args: &[&str], env: &[(&str, &str)]) {
+    // Grace far beyond the bound: a rank that does not stop of its own accord shows
+    // as "killed rank" and a launch longer than the bound.
+    let job = launch(n, 60, args, env);
+    // The ranks are in their loop of batches (each printed its pid after set-up).
+    assert!(signal(job.pids[victim], libc::SIGKILL));
+    let (code, stderr, took) = finish(job, STOP_BOUND + Duration::from_secs(20));
+    assert!(
+        stderr.contains(&format!(
+            "mpipe-run: rank {victim} failed first (signal {})",
+            libc::SIGKILL
+        )),
+        "rank {victim} was killed:\n{stderr}"
+    );
+    assert!(
+        !stderr.contains("mpipe-run: killed rank"),
+        "every other rank should stop on its own:\n{stderr}"
+    );
+    assert_eq!(code, Some(128 + libc::SIGKILL), "{stderr}");
+    assert!(
+        took < STOP_BOUND,
+        "the others took {took:?} to stop after rank {victim} was killed:\n{stderr}"
+    );
+}
+
+/// Stops `victim` with SIGSTOP: the others time out on it (after the backend's
+/// timeout, set short by `env`), the launcher kills it after the grace period and
+/// names it, not the first rank to time out.
+fn stop_one(n: usize, victim: usize, args: &[&str], env: &[(&str, &str)]) {
+    let job = launch(n, 3, args, env);
+    assert!(signal(job.pids[victim], libc::SIGSTOP));
+    let (code, stderr, _) = finish(job, Duration::from_secs(90));
+    assert!(
+        stderr.contains(&format!("mpipe-run: rank {victim} failed first")),
+        "rank {victim} was stopped:\n{stderr}"
+    );
+    assert!(stderr.contains("stopped making progress"), "{stderr}");
+    assert_eq!(code, Some(137), "{stderr}");
+}
+
+mod host {
+    use super::*;
+
+    const ENV: &[(&str, &str)] = &[("MPIPE_COMM_TIMEOUT", "2")];
+
+    #[test]
+    fn killing_rank_0_stops_the_others_naming_it() {
+        kill_one(4, 0, &["spin"], ENV);
+    }
+
+    #[test]
+    fn killing_a_middle_rank_stops_the_others_naming_it() {
+        kill_one(4, 2, &["spin"], ENV);
+    }
+
+    #[test]
+    fn killing_the_last_rank_stops_the_others_naming_it() {
+        kill_one(4, 3, &["spin"], ENV);
+    }
+
+    #[test]
+    fn a_stopped_rank_is_blamed() {
+        stop_one(4, 1, &["spin"], ENV);
+    }
+}
+
+#[cfg(feature = "ascend")]
+mod ascend {
+    use super::*;
+
+    /// HCCL's timeout: only a stopped rank's peers reach it.
+    const ENV: &[(&str, &str)] = &[("MPIPE_ASCEND_EMU_TIMEOUT_MS", "2000")];
+
+    /// Rank 0's process also serves the communicator (the emulator's hub): the
+    /// others lose it and name rank 0.
+    #[test]
+    fn killing_rank_0_stops_the_others_naming_it() {
+        kill_one(4, 0, &["--ascend", "spin"], ENV);
+    }
+
+    #[test]
+    fn killing_a_middle_rank_stops_the_others_naming_it() {
+        kill_one(4, 2, &["--ascend", "spin"], ENV);
+    }
+
+    #[test]
+    fn killing_the_last_rank_stops_the_others_naming_it() {
+        kill_one(4, 3, &["--ascend", "spin"], ENV);
+    }
+
+    #[test]
+    fn a_stopped_rank_is_blamed() {
+        stop_one(4, 2, &["--ascend", "spin"], ENV);
+    }
+
+    #[test]
+    fn a_stopped_rank_0_is_blamed() {
+        stop_one(4, 0, &["--ascend", "spin"], ENV);
+    }
+}
