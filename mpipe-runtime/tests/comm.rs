@@ -86,6 +86,7 @@ both!(
     timeout_names_the_transfer,
     abort_mid_protocol_stops_everyone,
     panicking_rank_is_reported,
+    any_panicking_rank_stops_the_others_naming_it,
     aborter_from_another_thread,
     dropped_peer_fails_its_partners,
     invalid_calls,
@@ -443,6 +444,47 @@ fn panicking_rank_is_reported<B: Backend>() {
             Err("rank 1 failed: panicked: boom".to_string()),
             "rank {r}"
         );
+    }
+}
+
+/// Issue 37: whichever rank dies (rank 0, a middle rank, the last rank) while every
+/// rank is busy exchanging batches around a ring, every other rank stops within 10 s
+/// (the timeout is far longer, so only liveness passes) naming it.
+fn any_panicking_rank_stops_the_others_naming_it<B: Backend>() {
+    let n = 4;
+    for victim in [0, 2, n - 1] {
+        let died = std::sync::OnceLock::new();
+        let out = B::run(n, Duration::from_secs(60), |mut c| {
+            let (r, n) = (c.rank(), c.world());
+            let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+            for mb in 0..u32::MAX {
+                if r == victim && mb == 50 {
+                    died.get_or_init(Instant::now);
+                    panic!("killed on purpose");
+                }
+                if let Err(e) = c.batch(
+                    &[(next, Tag::act(0, mb), &[r as f32; 64])],
+                    &[(prev, Tag::act(0, mb), 64)],
+                ) {
+                    let after = died.get().map(|t| t.elapsed());
+                    return Ok((e, after));
+                }
+            }
+            unreachable!("the ring ran to completion");
+        });
+        for (r, o) in out.iter().enumerate() {
+            if r == victim {
+                assert_eq!(o.as_ref().unwrap_err(), "panicked: killed on purpose");
+                continue;
+            }
+            let (e, after) = o.as_ref().unwrap_or_else(|e| panic!("rank {r}: {e}"));
+            assert_eq!(e.failed_rank(), Some(victim), "rank {r}: {e}");
+            let after = after.expect("fails only after the victim died");
+            assert!(
+                after < Duration::from_secs(10),
+                "rank {r} stopped {after:?} after rank {victim} died"
+            );
+        }
     }
 }
 

@@ -205,6 +205,56 @@ mod host {
 #[cfg(feature = "ascend")]
 mod ascend {
     use super::*;
+    use mpipe_runtime::ascend::{run_ranks, AscendError};
+    use mpipe_runtime::comm::{Comm, Tag};
+
+    /// Ranks as threads of one process (one emulated device each): whichever rank's
+    /// thread dies (panics) while every rank is busy exchanging batches around a
+    /// ring, every other rank stops within [`STOP_BOUND`] (HCCL's timeout is 60 s
+    /// here, so only liveness passes), its error naming the dead rank.
+    #[test]
+    fn a_dying_rank_thread_stops_the_others_naming_it() {
+        // The only in-process HCCL of this binary; read when a wait starts.
+        std::env::set_var("MPIPE_ASCEND_EMU_TIMEOUT_MS", "60000");
+        let n = 4;
+        for victim in [0, 2, n - 1] {
+            let died = std::sync::OnceLock::new();
+            let out = run_ranks(n, |mut c| -> Result<_, AscendError> {
+                let (r, n) = (c.rank(), c.world());
+                let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
+                for mb in 0..u32::MAX {
+                    if r == victim && mb == 50 {
+                        died.get_or_init(Instant::now);
+                        panic!("killed on purpose");
+                    }
+                    if let Err(e) = c.batch(
+                        &[(next, Tag::act(0, mb), &[r as f32; 64])],
+                        &[(prev, Tag::act(0, mb), 64)],
+                    ) {
+                        return Ok((e, died.get().map(|t| t.elapsed())));
+                    }
+                }
+                unreachable!("the ring ran to completion");
+            });
+            for (r, o) in out.iter().enumerate() {
+                if r == victim {
+                    let e = o.as_ref().unwrap_err();
+                    assert!(e.contains("killed on purpose"), "{e}");
+                    continue;
+                }
+                let (e, after) = o.as_ref().unwrap_or_else(|e| panic!("rank {r}: {e}"));
+                assert!(
+                    matches!(e, AscendError::PeerFailed { rank, .. } if *rank == victim),
+                    "rank {r} should name rank {victim}: {e}"
+                );
+                let after = after.expect("fails only after the victim died");
+                assert!(
+                    after < STOP_BOUND,
+                    "rank {r} stopped {after:?} after rank {victim} died"
+                );
+            }
+        }
+    }
 
     /// HCCL's timeout: only a stopped rank's peers reach it.
     const ENV: &[(&str, &str)] = &[("MPIPE_ASCEND_EMU_TIMEOUT_MS", "2000")];

@@ -418,8 +418,8 @@ impl AscendComm {
                     Some(r) => AscendError::PeerFailed {
                         rank: world_rank(r),
                         what: format!(
-                            "its process ended or was killed (HCCL_E_REMOTE while this rank \
-                             was doing {})",
+                            "it died: its process ended or was killed, or it left after \
+                             failing (HCCL_E_REMOTE while this rank was doing {})",
                             during()
                         ),
                     },

@@ -411,8 +411,13 @@ impl Aborter {
 
     /// Closes the rank's side: a goodbye to every peer (or, for `Err(what)`, an
     /// abort), then the connections.
+    /// A rank that heard of a failure aborts even on `Ok`: it passes the first
+    /// failure on, so a peer waiting for it blames that failure's rank, not this one
+    /// for leaving.
     fn finish(&self, outcome: Result<(), &str>) {
+        let heard = self.inbox.lock().failure.is_some();
         match outcome {
+            Ok(()) if heard => self.abort("finished after hearing of a failure"),
             Ok(()) => {
                 for peer in (0..self.world).filter(|&p| p != self.rank) {
                     let _ = self.link.deliver(peer, &Msg::Bye);
