@@ -812,32 +812,69 @@ fn serve_root_info(
     timeout: Duration,
     secret: &tcp::Secret,
 ) -> Result<(), AscendError> {
-    let bytes = info.to_bytes();
+    /// The most connections proving (or failing to prove) the secret at once; more
+    /// are closed at once (a flood of strangers costs bounded threads).
+    const MAX_GREETING: usize = 256;
+    let bytes: Arc<[u8]> = info.to_bytes().into();
     let deadline = Instant::now() + timeout;
     listener
         .set_nonblocking(true)
         .map_err(|e| AscendError::Setup(format!("root info store: {e}")))?;
+    // Each connection is greeted on a thread of its own, so strangers that say
+    // nothing (each dropped after HELLO_TIMEOUT) delay no rank.
+    let (done, greeted) = std::sync::mpsc::channel::<Result<(), (SocketAddr, &'static str)>>();
+    let greeting = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let mut served = 0;
     while served < clients {
+        while let Ok(outcome) = greeted.try_recv() {
+            match outcome {
+                Ok(()) => served += 1,
+                Err((peer, why)) => crate::errln!(
+                    "mpipe ascend: dropped a connection from {peer} to the root-info store \
+                     that {why}"
+                ),
+            }
+        }
+        if served >= clients {
+            break;
+        }
         match listener.accept() {
             Ok((mut s, peer)) => {
-                // The connection proves the secret before it gets anything.
-                let mut hello = [0u8; tcp::SECRET_LEN];
-                let proved = s
-                    .set_nonblocking(false)
-                    .and_then(|()| s.set_read_timeout(Some(tcp::HELLO_TIMEOUT)))
-                    .and_then(|()| s.read_exact(&mut hello))
-                    .is_ok_and(|()| tcp::same_secret(&hello, secret));
-                if !proved {
-                    crate::errln!(
-                        "mpipe ascend: dropped a connection from {peer} to the root-info store \
-                         that did not prove the job's rendezvous secret"
-                    );
+                use std::sync::atomic::Ordering::SeqCst;
+                if greeting.fetch_add(1, SeqCst) >= MAX_GREETING {
+                    greeting.fetch_sub(1, SeqCst);
                     continue;
                 }
-                s.write_all(&bytes)
-                    .map_err(|e| AscendError::Setup(format!("serving the root info: {e}")))?;
-                served += 1;
+                let (bytes, done, greeter, secret) = (
+                    Arc::clone(&bytes),
+                    done.clone(),
+                    Arc::clone(&greeting),
+                    *secret,
+                );
+                let spawned = std::thread::Builder::new()
+                    .name("root-info-store".into())
+                    .spawn(move || {
+                        // The connection proves the secret before it gets anything.
+                        let mut hello = [0u8; tcp::SECRET_LEN];
+                        let proved = s
+                            .set_nonblocking(false)
+                            .and_then(|()| s.set_read_timeout(Some(tcp::HELLO_TIMEOUT)))
+                            .and_then(|()| s.set_write_timeout(Some(tcp::HELLO_TIMEOUT)))
+                            .and_then(|()| s.read_exact(&mut hello))
+                            .is_ok_and(|()| tcp::same_secret(&hello, &secret));
+                        let outcome = if !proved {
+                            Err((peer, "did not prove the job's rendezvous secret"))
+                        } else if s.write_all(&bytes).is_err() {
+                            Err((peer, "proved the secret but did not take the root info"))
+                        } else {
+                            Ok(())
+                        };
+                        greeter.fetch_sub(1, SeqCst);
+                        let _ = done.send(outcome);
+                    });
+                if spawned.is_err() {
+                    greeting.fetch_sub(1, SeqCst);
+                }
             }
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 if Instant::now() >= deadline {

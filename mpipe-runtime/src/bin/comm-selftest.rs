@@ -22,8 +22,12 @@
 //!
 //! With `--ascend` first (a build with the `ascend` feature), the ranks join an
 //! HCCL world instead ([`mpipe_runtime::ascend::AscendComm::from_env`], one emulated
-//! device per rank); only `spin` is offered there. HCCL's timeout is the emulator's
-//! `MPIPE_ASCEND_EMU_TIMEOUT_MS`.
+//! device per rank); offered there: `spin`, and `late RANK MS`: every rank prints
+//! `rank R pid P` before joining, rank RANK waits MS milliseconds before joining
+//! (a window for strangers to knock at the root-info store and at the emulator's
+//! hub in rank 0's process; with `MPIPE_SELFTEST_GO` naming a file, it waits until
+//! that file exists instead, for at most MS milliseconds), then every rank runs 100
+//! batches of `spin` and prints `rank R: ok`. HCCL's timeout is the emulator's `MPIPE_ASCEND_EMU_TIMEOUT_MS`.
 //!
 //! The timeout is `MPIPE_COMM_TIMEOUT` seconds (default 10); the transfers' mode is
 //! `MPIPE_COMM_MODE` (`rendezvous`, the default, or `eager`; `ok (eager)` then).
@@ -89,14 +93,16 @@ fn ring(c: &mut impl HostComm) -> Result<(), String> {
 const USAGE: &str = "usage: comm-selftest [--ascend] [ring | fail RANK CODE | hang RANK CODE | \
                      late RANK MS | sleep | stall MS | spin]";
 
-/// `spin`: batch after batch around the ring until a call fails or two minutes pass.
-fn spin<C: Comm>(c: &mut C) -> Result<(), C::Error> {
+/// `spin`: batch after batch around the ring until a call fails, two minutes pass or
+/// (if given) `rounds` batches are done.
+fn spin<C: Comm>(c: &mut C, rounds: Option<u32>) -> Result<(), C::Error> {
     let (r, n) = (c.rank(), c.world());
     let (next, prev) = ((r + 1) % n, (r + n - 1) % n);
     let mine = vec![r as f32; 256];
     let start = std::time::Instant::now();
     let mut round = 0u32;
-    while start.elapsed() < std::time::Duration::from_secs(120) {
+    while start.elapsed() < std::time::Duration::from_secs(120) && rounds.is_none_or(|k| round < k)
+    {
         let tag = Tag::act(7, round);
         c.batch(&[(next, tag, &mine)], &[(prev, tag, mine.len())])?;
         round = round.wrapping_add(1);
@@ -104,11 +110,13 @@ fn spin<C: Comm>(c: &mut C) -> Result<(), C::Error> {
     Ok(())
 }
 
-/// Runs `spin` on `c`, saying how it ended.
-fn spin_and_report<C: Comm>(mut c: C) -> ExitCode {
+/// Runs `spin` on `c` (saying its pid first if `say_pid`), saying how it ended.
+fn spin_and_report<C: Comm>(mut c: C, say_pid: bool, rounds: Option<u32>) -> ExitCode {
     let r = c.rank();
-    println!("rank {r} pid {}", std::process::id());
-    match spin(&mut c) {
+    if say_pid {
+        println!("rank {r} pid {}", std::process::id());
+    }
+    match spin(&mut c, rounds) {
         Ok(()) => {
             println!("rank {r}: ok");
             ExitCode::SUCCESS
@@ -123,12 +131,42 @@ fn spin_and_report<C: Comm>(mut c: C) -> ExitCode {
 
 #[cfg(feature = "ascend")]
 fn ascend(args: &[String]) -> ExitCode {
-    if args != ["spin"] {
-        eprintln!("comm-selftest --ascend offers only `spin`; {USAGE}");
-        return ExitCode::from(2);
+    let late = match args {
+        [m] if m == "spin" => None,
+        [m, r, ms] if m == "late" => match (r.parse::<usize>(), ms.parse::<u64>()) {
+            (Ok(r), Ok(ms)) => Some((r, ms)),
+            _ => {
+                eprintln!("{USAGE}");
+                return ExitCode::from(2);
+            }
+        },
+        _ => {
+            eprintln!("comm-selftest --ascend offers `spin` and `late RANK MS`; {USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if let Some((late, ms)) = late {
+        let me = std::env::var("RANK")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok());
+        if let Some(me) = me {
+            println!("rank {me} pid {}", std::process::id());
+        }
+        if me == Some(late) {
+            let limit = std::time::Duration::from_millis(ms);
+            match std::env::var_os("MPIPE_SELFTEST_GO") {
+                Some(go) => {
+                    let t = std::time::Instant::now();
+                    while !std::path::Path::new(&go).exists() && t.elapsed() < limit {
+                        std::thread::sleep(std::time::Duration::from_millis(10));
+                    }
+                }
+                None => std::thread::sleep(limit),
+            }
+        }
     }
     match mpipe_runtime::ascend::AscendComm::from_env(default_timeout()) {
-        Ok(c) => spin_and_report(c),
+        Ok(c) => spin_and_report(c, late.is_none(), late.map(|_| 100)),
         Err(e) => {
             eprintln!("comm-selftest: {e}");
             ExitCode::from(1)
@@ -194,7 +232,7 @@ fn main() -> ExitCode {
         }
     };
     if mode == "spin" {
-        return spin_and_report(c);
+        return spin_and_report(c, true, None);
     }
     let r = c.rank();
     if mode == "sleep" {
