@@ -382,7 +382,12 @@ impl AscendComm {
 
     /// Checks for a recorded failure and binds the calling thread to the device.
     fn enter(&mut self) -> Result<(), AscendError> {
-        self.check_failed()?;
+        if let Err(e) = self.check_failed() {
+            // A rank that learnt of a failure leaves as a failed rank too: its peers
+            // may be waiting for it.
+            self.failed = true;
+            return Err(e);
+        }
         let me = std::thread::current().id();
         if me != self.bound {
             self.device.bind_thread()?;
@@ -1030,7 +1035,12 @@ impl Comm for AscendComm {
 /// they are destroyed as usual).
 impl Drop for AscendComm {
     fn drop(&mut self) {
-        if self.failed || std::thread::panicking() {
+        let heard = self
+            .failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some();
+        if self.failed || heard || std::thread::panicking() {
             for sub in self.subs.values_mut() {
                 sub.comm.leave_as_failed();
             }
