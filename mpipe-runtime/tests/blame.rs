@@ -17,7 +17,12 @@ fn a_stopped_rank_is_blamed_not_the_first_to_time_out() {
     let stopped = 2;
     // Every rank waits 2 s after connecting, then runs the ring; rank 2 is stopped
     // by then, so its neighbours time out on it (after 2 s).
-    let mut launcher = Command::new(MPIPE_RUN)
+    let mut launcher = Command::new(MPIPE_RUN);
+    // Its own process group, as a shell job: were the test's group orphaned (a CI
+    // runner without job control), a member's exit would send the stopped rank
+    // SIGHUP (POSIX: a newly orphaned group with a stopped member).
+    std::os::unix::process::CommandExt::process_group(&mut launcher, 0);
+    let mut launcher = launcher
         .args([
             "-n",
             &n.to_string(),

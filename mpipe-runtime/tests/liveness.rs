@@ -59,6 +59,11 @@ fn signal(pid: i32, sig: i32) -> bool {
 /// has printed its pid.
 fn launch(n: usize, grace_s: u64, args: &[&str], env: &[(&str, &str)]) -> Job {
     let mut cmd = Command::new(MPIPE_RUN);
+    // Its own process group, as a shell job: were the test's group orphaned (a CI
+    // runner without job control), a member's exit would send a stopped rank SIGHUP
+    // (POSIX: a newly orphaned group with a stopped member), which is not the
+    // stop the test is about.
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
     cmd.args(["-n", &n.to_string(), "--grace", &grace_s.to_string(), "--"])
         .arg(SELFTEST)
         .args(args)
