@@ -4,11 +4,12 @@
 //! (`MPIPE_ASCEND_EMU_TIMEOUT_MS`, default 20000).
 //!
 //! **Dead ranks.** A rank in another process whose connection to the group closes
-//! without `HcclCommDestroy` (its process ended or was killed) is *gone*: every
-//! operation waiting on it (a receive from it, a send to it, a batch or collective it
-//! is part of) fails at once with `HCCL_E_REMOTE`, and so does every later one,
-//! instead of waiting for the timeout; standard error says which rank is gone, and
-//! [`departed_rank`] tells the communicator's owner.
+//! without `HcclCommDestroy` (its process ended or was killed), or that [`abandon`]s
+//! its communicator, is *gone*: the communicator is broken, every operation of it
+//! pending or later (with the gone rank or not: live ranks usually wait for work the
+//! failure cut short) fails at once with `HCCL_E_REMOTE`, instead of waiting for the
+//! timeout; standard error says which rank is gone, and [`departed_rank`] names the
+//! first gone to the communicator's owners.
 //!
 //! A group lives in the process that made its root info. Ranks that are threads of
 //! that process operate on it directly; ranks in other processes reach it through
@@ -407,13 +408,15 @@ impl Group {
         );
         // Set before the locks below are taken: a waiter checks `gone` under the lock
         // it waits with, so it either sees the mark or is woken after it.
+        // The whole communicator fails, not only the operations with `rank`: ranks
+        // that talk only to each other are usually waiting for work the failure cut
+        // short (a pipeline's later batches), and would otherwise wait for the
+        // timeout. (As a communicator aborted on a member's death does.)
         let mut posts = lock(&self.posts);
-        for (&(src, dst), q) in posts.iter_mut() {
-            if src == rank || dst == rank {
-                for p in q.drain(..) {
-                    *lock(&p.taken.0) = Some(HcclResult::HCCL_E_REMOTE);
-                    p.taken.1.notify_all();
-                }
+        for q in posts.values_mut() {
+            for p in q.drain(..) {
+                *lock(&p.taken.0) = Some(HcclResult::HCCL_E_REMOTE);
+                p.taken.1.notify_all();
             }
         }
         self.posted.notify_all();
@@ -497,7 +500,7 @@ impl Group {
         let rc = self.await_taken(src, dst, &taken);
         let done = f64::from_bits(taken.2.load(Ordering::Acquire)).max(t.start);
         if rc == HcclResult::HCCL_E_REMOTE {
-            let gone = self.gone_among([dst, src]).unwrap_or(dst);
+            let gone = self.first_gone().unwrap_or(dst);
             return (
                 self.gone_error(src, &format!("HcclSend to rank {dst}"), gone),
                 done,
@@ -549,7 +552,7 @@ impl Group {
             if rc == HcclResult::HCCL_SUCCESS {
                 rc = r;
                 if r == HcclResult::HCCL_E_REMOTE {
-                    let gone = self.gone_among([*peer, rank]).unwrap_or(*peer);
+                    let gone = self.first_gone().unwrap_or(*peer);
                     let what = format!("HcclBatchSendRecv (sending to rank {peer})");
                     self.gone_error(rank, &what, gone);
                 }
@@ -574,8 +577,7 @@ impl Group {
         let mut done = t.start;
         let mut posts = lock(&self.posts);
         while !pending.is_empty() {
-            let involved = pending.iter().map(|&(_, (src, _, _))| src).chain([dst]);
-            if let Some(gone) = self.gone_among(involved) {
+            if let Some(gone) = self.first_gone() {
                 let from: Vec<String> = pending.iter().map(|p| p.1 .0.to_string()).collect();
                 let what = format!(
                     "HcclBatchSendRecv (receiving from rank {})",
@@ -628,7 +630,7 @@ impl Group {
     fn post(&self, src: u32, dst: u32, ptr: usize, bytes: usize, at: f64, cost: f64) -> Taken {
         let taken = Arc::new((Mutex::new(None), Condvar::new(), AtomicU64::new(0)));
         let mut posts = lock(&self.posts);
-        if self.gone_among([src, dst]).is_some() {
+        if self.first_gone().is_some() {
             // Never posted: it fails as soon as it is awaited.
             *lock(&taken.0) = Some(HcclResult::HCCL_E_REMOTE);
             return taken;
@@ -708,7 +710,7 @@ impl Group {
         let deadline = Instant::now() + timeout();
         let mut posts = lock(&self.posts);
         loop {
-            if let Some(gone) = self.gone_among([src, dst]) {
+            if let Some(gone) = self.first_gone() {
                 let rc = self.gone_error(dst, &format!("HcclRecv from rank {src}"), gone);
                 return (rc, t.start);
             }
@@ -751,7 +753,7 @@ impl Group {
             c.arrived = vec![None; self.size as usize];
         }
         let generation = c.generation;
-        if let Some(gone) = self.gone_among(0..self.size) {
+        if let Some(gone) = self.first_gone() {
             return (self.gone_error(rank, "collective", gone), start);
         }
         c.arrived[rank as usize] = Some(bufs);
@@ -769,7 +771,7 @@ impl Group {
             return (HcclResult::HCCL_SUCCESS, c.done);
         }
         while c.generation == generation {
-            if let Some(gone) = self.gone_among(0..self.size) {
+            if let Some(gone) = self.first_gone() {
                 c.arrived[rank as usize] = None;
                 return (self.gone_error(rank, "collective", gone), start);
             }
