@@ -34,6 +34,7 @@ pub(crate) mod look;
 pub mod rolled;
 pub mod svg;
 pub mod trace;
+pub mod trace_read;
 
 pub use svg::{gantt_svg, SvgOptions};
 pub use trace::{

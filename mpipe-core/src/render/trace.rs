@@ -31,7 +31,9 @@
 //!
 //! [`timeline_from_trace`] reads such a trace back (any trace whose complete events
 //! carry these names, one per action): the k-th event of a name on a rank's track
-//! is the slot of the k-th action of that name on the rank.
+//! is the slot of the k-th action of that name on the rank. The readers live in
+//! [`super::trace_read`] (re-exported here) and read a stream in memory bounded by
+//! the program, not by the trace.
 //!
 //! `ts` and `dur` are in microseconds: time units times `opts.time_scale`, rounded
 //! to 0.001 µs. The output is compact JSON, one event per line, byte-identical for
@@ -43,9 +45,14 @@ use std::io::{self, Write};
 use serde_json::{json, Map, Value};
 
 use super::look::{placed, unit_looks, UnitLook};
-use crate::ir::program::{Action, ActionRef, CollKind, Dir, Program, Tensor};
+use super::trace_read::event_name;
+pub use super::trace_read::{
+    embedded_program, embedded_program_from_reader, timeline_from_trace,
+    timeline_from_trace_reader, TraceReadError,
+};
+use crate::ir::program::{ActionRef, CollKind, Dir, Program, Tensor};
 use crate::judge::simulate::memory_over_time;
-use crate::judge::timeline::{Slot, Timeline};
+use crate::judge::timeline::Timeline;
 
 /// What to call the trace and how to scale its times.
 #[derive(Clone, Debug, PartialEq)]
@@ -258,184 +265,6 @@ pub fn write_chrome_trace<W: Write>(
         serde_json::to_writer(&mut *w, &meta).map_err(io::Error::from)?;
     }
     w.write_all(b"}\n")
-}
-
-/// The name of an action's event: `F llm.0 mb3`, `SEND act llm.0 mb3 -> 1`,
-/// `RECV act llm.0 mb3 <- 0`, `BCAST llm.0 root 0`.
-fn event_name(a: &Action) -> String {
-    match a.view() {
-        ActionRef::Compute(c) => format!("{} {} mb{}", c.op.as_str(), c.unit, c.mb),
-        ActionRef::P2p(x) => {
-            let (op, arrow) = match x.dir {
-                Dir::Send => ("SEND", "->"),
-                Dir::Recv => ("RECV", "<-"),
-            };
-            format!(
-                "{op} {} {} mb{} {arrow} {}",
-                x.tensor.as_str(),
-                x.unit,
-                x.mb,
-                x.peer
-            )
-        }
-        ActionRef::Coll(c) => {
-            let op = match c.kind {
-                CollKind::Bcast => "BCAST",
-                CollKind::Reduce => "REDUCE",
-            };
-            format!("{op} {} root {}", c.unit, c.root)
-        }
-    }
-}
-
-/// Why a trace cannot be read back as a timeline of a program.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum TraceReadError {
-    #[error("the trace is not JSON: {0}")]
-    Json(String),
-    #[error(
-        "the trace has no `traceEvents` list; give a trace in the JSON trace-event \
-         format, as `mpipe trace` or the runtime writes"
-    )]
-    NoEvents,
-    #[error("trace event {index}: {what}")]
-    Event { index: usize, what: String },
-    #[error(
-        "rank {rank}: the program's action {index} `{action}` has no event in the trace; \
-         give the trace of this program's run"
-    )]
-    Missing {
-        rank: usize,
-        index: usize,
-        action: String,
-    },
-    #[error(
-        "rank {rank}: {count} event(s) in the trace match no action of the program (the \
-         first: `{name}`); give the trace of this program's run"
-    )]
-    Extra {
-        rank: usize,
-        count: usize,
-        name: String,
-    },
-    #[error(
-        "the trace embeds no program (no `mpipe.program`); give the program that ran \
-         (`--program`)"
-    )]
-    NoProgram,
-    #[error("the trace's embedded program (`mpipe.program`) cannot be read: {0}")]
-    Program(String),
-}
-
-fn parse_trace(text: &str) -> Result<Value, TraceReadError> {
-    serde_json::from_str(text).map_err(|e| TraceReadError::Json(e.to_string()))
-}
-
-/// The program a trace embeds ([`TraceOptions::embed_program`]).
-pub fn embedded_program(text: &str) -> Result<Program, TraceReadError> {
-    let v = parse_trace(text)?;
-    let p = v
-        .get("mpipe")
-        .and_then(|m| m.get("program"))
-        .ok_or(TraceReadError::NoProgram)?;
-    serde_json::from_value(p.clone()).map_err(|e| TraceReadError::Program(e.to_string()))
-}
-
-/// The timeline of `program` in `text`, a trace of its run whose complete events
-/// are named as [`chrome_trace`] names them (`tid` is the rank). Times are in units
-/// of `us_per_unit` microseconds (1000: milliseconds). Events of other names and
-/// other phases are ignored; every action must have its event.
-pub fn timeline_from_trace(
-    program: &Program,
-    text: &str,
-    us_per_unit: f64,
-) -> Result<Timeline, TraceReadError> {
-    let v = parse_trace(text)?;
-    let events = v
-        .get("traceEvents")
-        .and_then(Value::as_array)
-        .ok_or(TraceReadError::NoEvents)?;
-    let scale = if us_per_unit.is_finite() && us_per_unit > 0.0 {
-        us_per_unit
-    } else {
-        1000.0
-    };
-    let ranks = program.programs.len();
-    // rank -> name -> slots in order of start (stable: file order among equals).
-    let mut by: Vec<BTreeMap<&str, Vec<(f64, f64)>>> = vec![BTreeMap::new(); ranks];
-    for (index, e) in events.iter().enumerate() {
-        if e.get("ph").and_then(Value::as_str) != Some("X") {
-            continue;
-        }
-        let bad = |what: &str| TraceReadError::Event {
-            index,
-            what: what.to_string(),
-        };
-        let tid = e
-            .get("tid")
-            .and_then(Value::as_u64)
-            .ok_or_else(|| bad("a complete event (`ph` X) needs an integer `tid` (its rank)"))?;
-        let rank = usize::try_from(tid)
-            .ok()
-            .filter(|&r| r < ranks)
-            .ok_or_else(|| {
-                bad(&format!(
-                    "`tid` {tid} is not a rank of the program ({ranks} ranks)"
-                ))
-            })?;
-        let name = e
-            .get("name")
-            .and_then(Value::as_str)
-            .ok_or_else(|| bad("a complete event needs a `name`"))?;
-        let ts = e.get("ts").and_then(Value::as_f64);
-        let dur = e.get("dur").and_then(Value::as_f64);
-        let (Some(ts), Some(dur)) = (ts, dur) else {
-            return Err(bad("a complete event needs numbers `ts` and `dur`"));
-        };
-        if !(ts.is_finite() && dur.is_finite() && dur >= 0.0) {
-            return Err(bad("`ts` and `dur` must be finite and `dur` at least 0"));
-        }
-        by[rank]
-            .entry(name)
-            .or_default()
-            .push((ts / scale, (ts + dur) / scale));
-    }
-    let mut out = Vec::with_capacity(ranks);
-    for (rank, (list, names)) in program.programs.iter().zip(&mut by).enumerate() {
-        for slots in names.values_mut() {
-            slots.sort_by(|a, b| a.0.total_cmp(&b.0));
-        }
-        let mut next: BTreeMap<String, usize> = BTreeMap::new();
-        let mut slots = Vec::with_capacity(list.len());
-        for (index, a) in list.iter().enumerate() {
-            let name = event_name(a);
-            let k = next.entry(name.clone()).or_insert(0);
-            let Some(&(start, end)) = names.get(name.as_str()).and_then(|v| v.get(*k)) else {
-                return Err(TraceReadError::Missing {
-                    rank,
-                    index,
-                    action: a.to_string(),
-                });
-            };
-            *k += 1;
-            slots.push(Slot { start, end });
-        }
-        let used: usize = next.values().sum();
-        let total: usize = names.values().map(Vec::len).sum();
-        if total > used {
-            let name = names
-                .iter()
-                .find(|(n, v)| v.len() > next.get(**n).copied().unwrap_or(0))
-                .map_or(String::new(), |(n, _)| n.to_string());
-            return Err(TraceReadError::Extra {
-                rank,
-                count: total - used,
-                name,
-            });
-        }
-        out.push(slots);
-    }
-    Ok(Timeline { ranks: out })
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ use clap::ValueEnum;
 use mpipe_core::calibrate::{measure, Calibration, Family, Stat};
 use mpipe_core::profile::{Profile, ProfileFormat};
 use mpipe_core::program::Program;
-use mpipe_core::render::trace::{embedded_program, timeline_from_trace};
+use mpipe_core::render::trace::{embedded_program_from_reader, timeline_from_trace_reader};
 use mpipe_core::simulate::{simulate, Mode, SimOptions};
 use serde_json::json;
 use std::path::Path;
@@ -55,9 +55,14 @@ pub struct Options<'a> {
     pub json: bool,
 }
 
-fn read_trace(file: &str) -> Result<String, Failure> {
-    std::fs::read_to_string(file)
-        .map_err(|e| Failure::input("io", format!("cannot read trace {file}: {e}")))
+/// Open the trace (read later as a stream: it may be far larger than what is kept).
+fn open_trace(file: &str) -> Result<std::fs::File, Failure> {
+    let fail = |e: String| Failure::input("io", format!("cannot read trace {file}: {e}"));
+    let f = std::fs::File::open(file).map_err(|e| fail(e.to_string()))?;
+    match f.metadata() {
+        Ok(m) if m.is_dir() => Err(fail("it is a directory, not a file".into())),
+        _ => Ok(f),
+    }
 }
 
 fn write_file(path: &Path, text: &str, what: &str) -> Result<(), Failure> {
@@ -71,7 +76,7 @@ fn write_file(path: &Path, text: &str, what: &str) -> Result<(), Failure> {
 
 pub fn calibrate(o: &Options) -> Result<u8, Failure> {
     let mut all = Collect::default();
-    let text = all.take(read_trace(o.trace));
+    let file = all.take(open_trace(o.trace));
     let profile = o.model.and_then(|m| all.take(load_profile(m)));
     let explicit = o.program.and_then(|p| all.take(read_program(p)));
     if o.write_profile.is_some() && o.model.is_none() {
@@ -81,16 +86,27 @@ pub fn calibrate(o: &Options) -> Result<u8, Failure> {
         ));
     }
     all.finish()?;
-    let text = text.unwrap_or_default();
     let label = file_label(o.trace);
+    let refused = |e| Failure::input("trace", format!("{label}: {e}"));
+    // `all.finish()` passed, so the trace opened. The embedded program comes after
+    // the events: read it in one pass over the file, the timings in a second, so
+    // that neither holds the trace.
+    let Some(mut file) = file else {
+        return Err(Failure::input(
+            "io",
+            format!("cannot read trace {}", o.trace),
+        ));
+    };
     let program = match explicit {
         Some(p) => p,
         None => {
-            embedded_program(&text).map_err(|e| Failure::input("trace", format!("{label}: {e}")))?
+            let p = embedded_program_from_reader(&mut file).map_err(refused)?;
+            std::io::Seek::rewind(&mut file)
+                .map_err(|e| Failure::input("io", format!("cannot read trace {}: {e}", o.trace)))?;
+            p
         }
     };
-    let timeline = timeline_from_trace(&program, &text, o.unit.us())
-        .map_err(|e| Failure::input("trace", format!("{label}: {e}")))?;
+    let timeline = timeline_from_trace_reader(&program, file, o.unit.us()).map_err(refused)?;
     let prior = profile.as_ref().and_then(Profile::comm_model);
     let cal = measure(&program, &timeline, o.mode, prior)
         .map_err(|e| Failure::input("calibrate", format!("{label}: {e}")))?;
