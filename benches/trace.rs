@@ -1,47 +1,40 @@
-//! `mpipe trace` at the largest size `mpipe` accepts (issue 37 item 2): derive,
-//! simulate and stream the trace of `1f1b` on `profiles/encoder-heavy.toml` at
-//! 8 ranks x 65536 micro-batches (2^19 rank x micro-batch pairs) into a sink, and
-//! report the time and the process's peak resident memory (`VmHWM`, Linux).
+//! `mpipe trace` and `mpipe calibrate` at the largest size `mpipe` accepts (issue 37
+//! item 2): derive, simulate and stream the trace of `1f1b` on
+//! `profiles/encoder-heavy.toml` at 8 ranks x 65536 micro-batches (2^19 rank x
+//! micro-batch pairs), with the program embedded, into a temporary file; then, in a
+//! fresh process (so the derivation's peak does not hide the reader's), read it back
+//! as `mpipe calibrate` does (the embedded program in one streamed pass, the timeline
+//! in a second) and measure it. Reports the time and the peak resident memory
+//! (`VmHWM`, Linux) of each process, and the reader's peak over the program it holds.
 //!
-//! `cargo bench --bench trace` (one run: a run takes tens of seconds). Measured on
-//! the 2-core test VM, 2026-12-05: 14.9 s (derive + simulate 4.7 s), 806 MB of
-//! trace, 1070 MB peak resident; `mpipe trace ... -o t.json` 35 s and 1.10 GB under
-//! load, the same peak as `mpipe simulate` and `mpipe derive` at that size: the
-//! streamed writer adds nothing, the derivation (the program, its transfer
-//! placements and the simulated timeline, two candidates at a time) is the peak.
-//! Issue 37 asks for at most a few hundred MB here: not met yet.
+//! `cargo bench --bench trace` (one run of each: a run takes about a minute). The
+//! figures measured are in CHANGELOG.md (issue 37 item 2).
 
+use mpipe_core::calibrate::measure;
 use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::profile::Profile;
-use mpipe_core::render::trace::{write_chrome_trace, TraceOptions};
+use mpipe_core::render::trace::{
+    embedded_program_from_reader, timeline_from_trace_reader, write_chrome_trace, TraceOptions,
+};
+use mpipe_core::simulate::Mode;
 use std::io::Write;
+use std::path::Path;
 use std::time::Instant;
 
-/// Peak resident memory of this process in kB, if the platform says.
-fn peak_kb() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    line.split_whitespace().nth(1)?.parse().ok()
+/// A resident-memory line of this process in MB (`VmHWM`: the peak; `VmRSS`: now).
+fn status_mb(key: &str) -> String {
+    let kb = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with(key))?.to_string();
+            line.split_whitespace().nth(1)?.parse::<u64>().ok()
+        });
+    kb.map_or("unknown".to_string(), |kb| {
+        format!("{:.0} MB", kb as f64 / 1024.0)
+    })
 }
 
-/// Counts the bytes written.
-struct Count(u64);
-
-impl Write for Count {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0 += buf.len() as u64;
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-fn main() {
-    // `cargo test --benches` runs bench targets once with `--bench` absent: skip.
-    if !std::env::args().any(|a| a == "--bench") {
-        return;
-    }
+fn write(path: &Path) {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/profiles/encoder-heavy.toml"
@@ -53,22 +46,68 @@ fn main() {
     let derived = derive_str(&Request::new(&profile, ranks, microbatches), "1f1b")
         .unwrap_or_else(|e| panic!("{e:?}"));
     let derive_s = started.elapsed().as_secs_f64();
-    let mut out = std::io::BufWriter::new(Count(0));
-    write_chrome_trace(
-        &derived.program,
-        &derived.report.timeline,
-        &TraceOptions::default(),
-        &mut out,
-    )
-    .expect("writing to a counter cannot fail");
-    let bytes = out.into_inner().map(|c| c.0).unwrap_or(0);
+    let derive_peak = status_mb("VmHWM:");
+    let file = std::fs::File::create(path).expect("a temporary file");
+    let mut out = std::io::BufWriter::new(file);
+    let opts = TraceOptions {
+        embed_program: true,
+        ..TraceOptions::default()
+    };
+    write_chrome_trace(&derived.program, &derived.report.timeline, &opts, &mut out)
+        .and_then(|()| out.flush())
+        .expect("writing the trace");
     let total_s = started.elapsed().as_secs_f64();
-    let peak = peak_kb().map_or("unknown".to_string(), |kb| {
-        format!("{:.0} MB", kb as f64 / 1024.0)
-    });
+    let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
+    let actions: usize = derived.program.programs.iter().map(Vec::len).sum();
     println!(
-        "trace {ranks} x {microbatches} 1f1b: derive + simulate {derive_s:.1} s, with the trace \
-         {total_s:.1} s, {:.0} MB of trace, peak resident {peak}",
-        bytes as f64 / 1e6
+        "write: trace {ranks} x {microbatches} 1f1b ({actions} actions): derive + simulate \
+         {derive_s:.1} s (peak resident {derive_peak}), with the trace {total_s:.1} s, {:.0} MB \
+         of trace, peak resident {}",
+        bytes as f64 / 1e6,
+        status_mb("VmHWM:")
     );
+}
+
+fn read(path: &Path) {
+    let open = || std::fs::File::open(path).expect("the trace just written");
+    let started = Instant::now();
+    let program = embedded_program_from_reader(open()).unwrap_or_else(|e| panic!("{e}"));
+    let program_s = started.elapsed().as_secs_f64();
+    let with_program = status_mb("VmRSS:");
+    let timeline =
+        timeline_from_trace_reader(&program, open(), 1000.0).unwrap_or_else(|e| panic!("{e}"));
+    let read_s = started.elapsed().as_secs_f64();
+    let read_peak = status_mb("VmHWM:");
+    let cal =
+        measure(&program, &timeline, Mode::Rendezvous, None).unwrap_or_else(|e| panic!("{e}"));
+    let total_s = started.elapsed().as_secs_f64();
+    println!(
+        "read: the embedded program {program_s:.1} s (resident with it {with_program}), the \
+         timeline {:.1} s more (peak resident {read_peak}); measured ({} units) {total_s:.1} s \
+         in all, peak resident {}",
+        read_s - program_s,
+        cal.units.len(),
+        status_mb("VmHWM:")
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    // The reading half, in its own process.
+    if let Some(i) = args.iter().position(|a| a == "--read-trace") {
+        read(Path::new(&args[i + 1]));
+        return;
+    }
+    // `cargo test --benches` runs bench targets once with `--bench` absent: skip.
+    if !args.iter().any(|a| a == "--bench") {
+        return;
+    }
+    let path = std::env::temp_dir().join(format!("mpipe-bench-trace-{}.json", std::process::id()));
+    write(&path);
+    let status = std::process::Command::new(std::env::current_exe().expect("this benchmark"))
+        .arg("--read-trace")
+        .arg(&path)
+        .status();
+    let _ = std::fs::remove_file(&path);
+    assert!(status.is_ok_and(|s| s.success()), "the reading half failed");
 }

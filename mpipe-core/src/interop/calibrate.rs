@@ -279,14 +279,14 @@ fn check(program: &Program, timeline: &Timeline) -> Result<(), CalibrateError> {
 
 /// One communication operation on one rank: its slot, and its point-to-point
 /// members `(key, bytes)` where the key identifies the transfer on both ends.
-struct CommOp {
+struct CommOp<'p> {
     slot: Slot,
-    members: Vec<(TransferKey, f64, Dir)>,
+    members: Vec<(TransferKey<'p>, f64, Dir)>,
 }
 
 /// `(tensor, unit, mb, from, to, occurrence)`: the k-th such transfer pairs its
 /// k-th `SEND` with its k-th `RECV`.
-type TransferKey = (Tensor, String, usize, usize, usize, usize);
+type TransferKey<'p> = (Tensor, &'p str, usize, usize, usize, usize);
 
 /// `(time, bytes)` samples of the communication's own durations.
 fn comm_samples(program: &Program, timeline: &Timeline, mode: Mode) -> Vec<(f64, f64)> {
@@ -304,11 +304,11 @@ fn comm_samples(program: &Program, timeline: &Timeline, mode: Mode) -> Vec<(f64,
     let mut ops: Vec<CommOp> = Vec::new();
     let mut reach: BTreeMap<(TransferKey, Dir), f64> = BTreeMap::new();
     // Collectives: identity and occurrence -> (latest reach, earliest end, members seen).
-    type CollKey = (CollKind, String, usize, Vec<usize>, usize);
+    type CollKey<'p> = (CollKind, &'p str, usize, Vec<usize>, usize);
     let mut colls: BTreeMap<CollKey, (f64, f64, usize)> = BTreeMap::new();
     for (rank, (list, slots)) in program.programs.iter().zip(&timeline.ranks).enumerate() {
-        let mut seen: BTreeMap<(Tensor, String, usize, usize, usize, Dir), usize> = BTreeMap::new();
-        let mut coll_seen: BTreeMap<(CollKind, String, usize, Vec<usize>), usize> = BTreeMap::new();
+        let mut seen: BTreeMap<(Tensor, &str, usize, usize, usize, Dir), usize> = BTreeMap::new();
+        let mut coll_seen: BTreeMap<(CollKind, &str, usize, Vec<usize>), usize> = BTreeMap::new();
         let mut open: Option<(Option<u64>, CommOp)> = None;
         for (a, s) in list.iter().zip(slots) {
             match a.view() {
@@ -318,11 +318,11 @@ fn comm_samples(program: &Program, timeline: &Timeline, mode: Mode) -> Vec<(f64,
                         Dir::Recv => (x.peer, rank),
                     };
                     let n = seen
-                        .entry((x.tensor, x.unit.to_string(), x.mb, from, to, x.dir))
+                        .entry((x.tensor, x.unit, x.mb, from, to, x.dir))
                         .or_insert(0);
-                    let key = (x.tensor, x.unit.to_string(), x.mb, from, to, *n);
+                    let key = (x.tensor, x.unit, x.mb, from, to, *n);
                     *n += 1;
-                    reach.insert((key.clone(), x.dir), s.start);
+                    reach.insert((key, x.dir), s.start);
                     let member = (key, bytes_of(x.unit), x.dir);
                     match &mut open {
                         Some((b, op)) if x.batch.is_some() && *b == x.batch => {
@@ -350,7 +350,7 @@ fn comm_samples(program: &Program, timeline: &Timeline, mode: Mode) -> Vec<(f64,
                         let mut group = c.group.to_vec();
                         group.sort_unstable();
                         group.dedup();
-                        let id = (c.kind, c.unit.to_string(), c.root, group);
+                        let id = (c.kind, c.unit, c.root, group);
                         let n = coll_seen.entry(id.clone()).or_insert(0);
                         let key = (id.0, id.1, id.2, id.3, *n);
                         *n += 1;
@@ -375,7 +375,7 @@ fn comm_samples(program: &Program, timeline: &Timeline, mode: Mode) -> Vec<(f64,
                 Dir::Send => Dir::Recv,
                 Dir::Recv => Dir::Send,
             };
-            reach.get(&(key.clone(), other)).copied()
+            reach.get(&(*key, other)).copied()
         };
         let bytes = op.members.iter().map(|m| m.1).fold(0.0, f64::max);
         if op.members.iter().any(|m| m.1 != bytes) {

@@ -260,11 +260,61 @@ pub fn write_chrome_trace<W: Write>(
     let w = events.w;
     w.write_all(b"\n],\"displayTimeUnit\":\"ms\"")?;
     if opts.embed_program {
-        let meta = json!({"program": p, "time_scale": scale});
-        w.write_all(b",\"mpipe\":")?;
-        serde_json::to_writer(&mut *w, &meta).map_err(io::Error::from)?;
+        w.write_all(b",\"mpipe\":{\"program\":")?;
+        write_program_sorted(p, w)?;
+        w.write_all(b",\"time_scale\":")?;
+        serde_json::to_writer(&mut *w, &scale).map_err(io::Error::from)?;
+        w.write_all(b"}")?;
     }
     w.write_all(b"}\n")
+}
+
+/// `p` as JSON with every object's keys in order (as a `serde_json::Value` writes
+/// it, the embedded program's bytes since it was first written), action by action:
+/// only one action is held as a value at a time, not the whole program.
+fn write_program_sorted<W: Write>(p: &Program, w: &mut W) -> io::Result<()> {
+    // Everything but the action lists, as a value (small: the units).
+    let head = Program {
+        format: p.format.clone(),
+        ranks: p.ranks,
+        microbatches: p.microbatches,
+        units: p.units.clone(),
+        programs: Vec::new(),
+        source: p.source.clone(),
+        prefetch: p.prefetch.clone(),
+    };
+    let Value::Object(head) = serde_json::to_value(&head).map_err(io::Error::from)? else {
+        return Err(io::Error::other("a program serializes as an object"));
+    };
+    w.write_all(b"{")?;
+    for (i, (key, value)) in head.iter().enumerate() {
+        if i > 0 {
+            w.write_all(b",")?;
+        }
+        serde_json::to_writer(&mut *w, key).map_err(io::Error::from)?;
+        w.write_all(b":")?;
+        if key == "programs" {
+            w.write_all(b"[")?;
+            for (r, list) in p.programs.iter().enumerate() {
+                if r > 0 {
+                    w.write_all(b",")?;
+                }
+                w.write_all(b"[")?;
+                for (k, a) in list.iter().enumerate() {
+                    if k > 0 {
+                        w.write_all(b",")?;
+                    }
+                    let v = serde_json::to_value(a).map_err(io::Error::from)?;
+                    serde_json::to_writer(&mut *w, &v).map_err(io::Error::from)?;
+                }
+                w.write_all(b"]")?;
+            }
+            w.write_all(b"]")?;
+        } else {
+            serde_json::to_writer(&mut *w, value).map_err(io::Error::from)?;
+        }
+    }
+    w.write_all(b"}")
 }
 
 #[cfg(test)]
