@@ -40,7 +40,7 @@ proptest! {
         let prof = profile(layers, ef, trainable, f, b, w);
         for kind in BODIES {
             let body = generate(kind, &prof, p, m).unwrap();
-            let filled = fill(body.clone(), 0, None, &prof).unwrap();
+            let filled = fill(body.clone(), 0, None, &prof, None).unwrap();
             prop_assert!(
                 span(&filled) <= span(&body) * (1.0 + 1e-12),
                 "{kind:?}: {} > {}", span(&filled), span(&body)
@@ -56,7 +56,7 @@ proptest! {
 fn fill_spreads_a_heavy_encoder_over_the_warm_up() {
     let prof = profile(24, 1.0, false, 0.5, 0.5, 0.5);
     let body = generate(BodyKind::OneFOneB, &prof, 4, 4).unwrap();
-    let filled = fill(body.clone(), 0, None, &prof).unwrap();
+    let filled = fill(body.clone(), 0, None, &prof, None).unwrap();
     let ranks_with_encoder = filled
         .order
         .iter()
@@ -88,7 +88,7 @@ fn fill_places_a_long_forward_layer_by_layer() {
     let whole = profile(1, 13.0, true, 1.0, 1.0, 1.0);
     let ideal = |prof: &Profile| {
         let body = generate(BodyKind::ZbH1, prof, 8, 16).unwrap();
-        span(&fill(body, 0, None, prof).unwrap())
+        span(&fill(body, 0, None, prof, None).unwrap())
     };
     let (cut, one) = (ideal(&layered), ideal(&whole));
     assert!(cut < 0.9 * one, "layer by layer {cut}, whole {one}");

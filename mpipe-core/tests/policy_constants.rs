@@ -37,12 +37,7 @@ const STRUCTURAL: [(&str, &str); 6] = [
 ];
 
 /// Literals allowed in one file, and why.
-const ALLOWED: [(&str, &str, &str); 11] = [
-    (
-        "src/algebra/generators/zblist.rs",
-        "1e-9",
-        "absolute tolerance of a memory comparison",
-    ),
+const ALLOWED: [(&str, &str, &str); 6] = [
     (
         "src/algebra/generators/zblist.rs",
         "3",
@@ -62,26 +57,6 @@ const ALLOWED: [(&str, &str, &str); 11] = [
         "src/search/derive.rs",
         "100_000",
         "MAX_ORDER: the range of the user's `order = N`",
-    ),
-    (
-        "src/search/place.rs",
-        "1e-12",
-        "relative tolerance of a float comparison",
-    ),
-    (
-        "src/search/finish.rs",
-        "1e-12",
-        "relative tolerance of a float comparison",
-    ),
-    (
-        "src/search/reorder.rs",
-        "1e-9",
-        "relative tolerance of a float comparison",
-    ),
-    (
-        "src/algebra/generators/chain.rs",
-        "1e-12",
-        "relative tolerance of a float comparison",
     ),
     (
         "src/algebra/ramp.rs",

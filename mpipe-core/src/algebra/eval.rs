@@ -13,7 +13,7 @@ use crate::algebra::expr::Span;
 use crate::algebra::expr::{Arg, Expr, Value};
 use crate::algebra::generators::{generate_by, BodyKind, GenError, Weave, BODY_NAMES};
 use crate::algebra::operators::chain::{chain, ChainError};
-use crate::algebra::operators::fill::fill;
+use crate::algebra::operators::fill::{fill, FillCap};
 use crate::algebra::operators::host::{host, Host};
 use crate::algebra::operators::layers::layers;
 use crate::algebra::operators::prefetch::prefetch;
@@ -91,6 +91,10 @@ pub struct Request<'a> {
     /// The tuning of `auto`, `refine` and the lowering: [`SearchPolicy::DEFAULT`]
     /// unless the caller changes it.
     pub policy: SearchPolicy,
+    /// A cap on the work of `fill` (and `host`) placements: `auto` sets one for
+    /// each candidate it plans ([`FillCap`]); `None` (the default) never cuts a
+    /// placement short.
+    pub fill_cap: Option<&'a FillCap>,
 }
 
 impl<'a> Request<'a> {
@@ -102,6 +106,7 @@ impl<'a> Request<'a> {
             microbatches,
             mode: Mode::Rendezvous,
             policy: SearchPolicy::DEFAULT,
+            fill_cap: None,
         }
     }
 
@@ -638,7 +643,11 @@ fn eval_prefetch(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opti
 fn eval_fill(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
     let (_, id, plan) =
         encoder_operator(req, e, "fill(ENCODER, BODY)", "fill(vision, zbv)", errors)?;
-    applied(e, fill(plan, id, link(req), req.profile), errors)
+    applied(
+        e,
+        fill(plan, id, link(req), req.profile, req.fill_cap),
+        errors,
+    )
 }
 
 /// `chain(ENCODER, BODY)`: the encoder cut into per-rank layer chunks placed into
@@ -703,7 +712,7 @@ fn eval_host(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<P
         }
     }
     let (_, id, plan) = encoder_and_plan(req, e, "host(audio, zbv, rank = 2)", ok, errors)?;
-    applied(e, host(plan, id, to, link(req)), errors)
+    applied(e, host(plan, id, to, link(req), req.fill_cap), errors)
 }
 
 /// The plan operator `e` produced, or its failure reported at `e` (a bug in mpipe:

@@ -4,6 +4,7 @@
 //! progress reporting ([`progress`]), ordered parallel map, did-you-mean text.
 //! It knows nothing of profiles, expressions or how a program was made.
 
+pub mod compare;
 pub mod model;
 pub(crate) mod parallel;
 pub mod plan;

@@ -6,6 +6,7 @@
 
 pub mod advice;
 pub mod bound;
+pub mod compare;
 pub mod simulate;
 pub mod timeline;
 pub mod verify;

@@ -56,13 +56,15 @@
 use crate::algebra::analysis::{dependencies, timing};
 use crate::algebra::eval::{plan_of, with_plan_memo, DeriveError, ErrorKind, Request};
 use crate::algebra::expr::{parse_str, Expr, Span};
-use crate::algebra::operators::fill::with_fill_cap;
+use crate::algebra::operators::fill::FillCap;
 use crate::algebra::operators::layers::layers;
 use crate::algebra::profile::Profile;
+use crate::ir::compare::{less, sort_best_first, Score};
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::Op;
 use crate::ir::progress::Stage;
+use crate::judge::compare::span;
 use crate::judge::simulate::Mode;
 use crate::search::finish::{finish, Derived};
 use std::cell::Cell;
@@ -382,14 +384,17 @@ fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64
         let Ok(expr) = parse_str(text) else {
             return (None, None, false);
         };
-        let (ideal, hit) = with_fill_cap(req.policy.fill_work, || {
-            plan_of(req, &expr).ok().and_then(|plan| {
-                let deps = dependencies(&plan).ok()?;
-                let span = timing(&plan, &deps).ok()?.makespan();
-                Some((span, plan))
-            })
+        let cap = FillCap::new(req.policy.fill_work);
+        let capped = Request {
+            fill_cap: Some(&cap),
+            ..*req
+        };
+        let ideal = plan_of(&capped, &expr).ok().and_then(|plan| {
+            let deps = dependencies(&plan).ok()?;
+            let span = timing(&plan, &deps).ok()?.makespan();
+            Some((span, plan))
         });
-        (Some(expr.to_string()), ideal, hit)
+        (Some(expr.to_string()), ideal, cap.hit())
     };
     // Candidates that share inner expressions are evaluated one after another, on
     // one thread, so that the plan memo (`derive::with_plan_memo`) holds the shared
@@ -699,11 +704,11 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     // keep the fastest refined program: `refine(EXPR)` names it. Under rendezvous,
     // also the same layer by layer (see `operators::layers`): its ideal time is the
     // plan's, but transfers find better meeting points.
-    finalists.sort_by(|a, b| {
-        a.0.total_cmp(&b.0)
-            .then(a.1.total_cmp(&b.1))
-            .then(a.2.cmp(&b.2))
-    });
+    sort_best_first(
+        &mut finalists,
+        |f| Score::span(f.0).with_peak(f.1),
+        |a, b| a.2.cmp(&b.2),
+    );
     // A twin's refinements equal its twin's, which sorts before it and wins the tie:
     // twins take no finalist's place.
     let mut finalists: Vec<_> = finalists
@@ -769,14 +774,14 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             Some((d.report.makespan, d.peak_with_params(), *order, d))
         })
         .collect();
-    ranked.sort_by(|a, b| {
-        a.0.total_cmp(&b.0)
-            .then(a.1.total_cmp(&b.1))
-            .then(a.2.cmp(&b.2))
-    });
+    sort_best_first(
+        &mut ranked,
+        |r| Score::span(r.0).with_peak(r.1),
+        |a, b| a.2.cmp(&b.2),
+    );
     // Only a strict gain is worth the longer name.
     let winner = match (ranked.first(), best) {
-        (Some(r), Some(b)) if r.0 < b.0 => Some(ranked.remove(0)),
+        (Some(r), Some(b)) if less(r.0, b.0) => Some(ranked.remove(0)),
         (_, b) => b,
     };
     let Some((.., winner)) = winner else {
@@ -819,7 +824,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         let _step = StepOnDrop(&stage);
         finish(req, plan, &text, Span::NONE, Some(budget))
             .ok()
-            .filter(|p| p.report.makespan < winner.report.makespan)
+            .filter(|p| span(&p.report).beats(&span(&winner.report)))
     };
     let runner_up = || {
         let inner = inner_of(&winner.expr);
@@ -846,7 +851,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     ]
     .into_iter()
     .flatten()
-    .min_by(|a, b| a.0.report.makespan.total_cmp(&b.0.report.makespan))
+    .min_by(|a, b| span(&a.0.report).order(&span(&b.0.report)))
     .or_else(|| {
         let d = runner_up()?;
         Some((polish(d, "the runner-up's compute")?, d))
@@ -867,7 +872,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             polish_with(from, &what, (far_budget, far_actions))
         })
         .flatten()
-        .filter(|p| p.report.makespan < current.report.makespan);
+        .filter(|p| span(&p.report).beats(&span(&current.report)));
     let best = further.or(polished).unwrap_or(winner);
     let work = meter.spent.get();
     Ok(Search {
@@ -926,10 +931,10 @@ fn finish_all(
 /// less peak memory, or as both with an earlier candidate.
 fn keep_better(best: &mut Option<(f64, f64, usize, Derived)>, d: Derived, order: usize) {
     let key = (d.report.makespan, d.peak_with_params(), order);
+    let score = |s: f64, p: f64| Score::span(s).with_peak(p);
     let better = best.as_ref().is_none_or(|(s, p, o, _)| {
-        key.0
-            .total_cmp(s)
-            .then(key.1.total_cmp(p))
+        score(key.0, key.1)
+            .order(&score(*s, *p))
             .then(key.2.cmp(o))
             .is_lt()
     });

@@ -16,6 +16,7 @@ pub use crate::algebra::eval::{DeriveError, ErrorKind, Request, OPERATOR_NAMES};
 use crate::algebra::expr::{Arg, Expr, Ident, Value};
 use crate::ir::plan::Plan;
 pub use crate::ir::text::did_you_mean;
+use crate::judge::compare::span;
 pub use crate::search::finish::{bound_for, Derived};
 use crate::search::finish::{finish, finish_checked};
 pub use crate::search::place::resident_params;
@@ -132,7 +133,7 @@ fn choose_placement(
             None => finish_checked(req, &best.0, &text, expr.span, None),
         };
         best = match (current, finish_checked(req, &alt, &text, expr.span, None)) {
-            (Ok(a), Ok(b)) if b.report.makespan < a.report.makespan => (alt, Some(Ok(b))),
+            (Ok(a), Ok(b)) if span(&b.report).beats(&span(&a.report)) => (alt, Some(Ok(b))),
             (Err(_), Ok(b)) => (alt, Some(Ok(b))),
             (current, _) => (best.0, Some(current)),
         };

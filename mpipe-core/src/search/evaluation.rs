@@ -7,6 +7,7 @@
 //! Every peer is in `auto`'s search space, so `auto` is never slower than any.
 
 use crate::algebra::profile::Profile;
+use crate::ir::compare::order;
 use crate::ir::progress::Stage;
 use crate::judge::bound::{profile_bound, Bound};
 use crate::judge::simulate::Mode;
@@ -56,9 +57,10 @@ impl Evaluation {
             .iter()
             .filter(|r| r.makespan().is_some())
             .min_by(|a, b| {
-                a.makespan()
-                    .unwrap_or(f64::INFINITY)
-                    .total_cmp(&b.makespan().unwrap_or(f64::INFINITY))
+                order(
+                    a.makespan().unwrap_or(f64::INFINITY),
+                    b.makespan().unwrap_or(f64::INFINITY),
+                )
             })
     }
 }

@@ -6,9 +6,11 @@
 use crate::algebra::eval::{err, DeriveError, ErrorKind, Request};
 use crate::algebra::expr::Span;
 use crate::algebra::profile::Profile;
+use crate::ir::compare::at_most;
 use crate::ir::plan::Plan;
 use crate::ir::program::Program;
 use crate::judge::bound::{lower_bound, profile_bound, Bound};
+use crate::judge::compare::span;
 use crate::judge::simulate::{simulate, Mode, SimOptions, SimReport};
 use crate::judge::verify::verify_static;
 use crate::search::place::{best_lowering_with, peak_memory_with_params, resident_params};
@@ -195,8 +197,8 @@ fn best_lowering(
             peak_memory_with_params(&first.0, &first.1)
                 .max(peak_memory_with_params(&plain.0, &plain.1))
         }
-    } * (1.0 + 1e-12);
-    let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= cap;
+    };
+    let fits = |p: &Program, r: &SimReport| at_most(peak_memory_with_params(p, r), cap);
     let mut best = first;
     let search = crate::search::reorder::Search {
         text: Some(text),
@@ -208,7 +210,7 @@ fn best_lowering(
     crate::search::reorder::reorder_rounds(plan, &search, budget, &mut best, &|order, best| {
         best_lowering_with(order, Some(text), &opts, limit, true, policy)
             .ok()
-            .filter(|(p, r)| r.makespan < best.makespan && fits(p, r))
+            .filter(|(p, r)| span(r).beats(&span(best)) && fits(p, r))
     });
     Ok(best)
 }

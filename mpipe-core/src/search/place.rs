@@ -5,9 +5,11 @@
 
 use crate::algebra::analysis::Timing;
 use crate::algebra::lower::{assemble, placement_of, prepare, total_order, Placed, Placement};
+use crate::ir::compare::at_most;
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{ActionRef, Program};
+use crate::judge::compare::span;
 use crate::judge::simulate::{simulate, SimOptions, SimReport};
 use crate::search::refine::{refine, settle_w};
 
@@ -33,10 +35,11 @@ pub(crate) fn best_lowering_with(
         ..
     } = *policy;
     let prepared = prepare(plan).map_err(|e| e.to_string())?;
-    let target = prepared.time.makespan() * (1.0 + 1e-12);
+    let target = prepared.time.makespan();
     let mut best: Option<(Vec<Vec<Placed>>, Program, SimReport)> = None;
     let done = |best: &Option<(Vec<Vec<Placed>>, Program, SimReport)>| {
-        best.as_ref().is_some_and(|(_, _, b)| b.makespan <= target)
+        best.as_ref()
+            .is_some_and(|(_, _, b)| at_most(b.makespan, target))
     };
     // Placements already lowered and simulated. Rules often agree (on every transfer,
     // or again after re-timing); a placement seen before gives the same program and
@@ -56,7 +59,7 @@ pub(crate) fn best_lowering_with(
             simulate(&program, opts).map_err(|e| format!("derived program does not run: {e}"))?;
         if best
             .as_ref()
-            .is_none_or(|(_, _, b)| report.makespan < b.makespan)
+            .is_none_or(|(_, _, b)| span(&report).beats(&span(b)))
         {
             best = Some((at, program, report));
         }
@@ -89,7 +92,7 @@ pub(crate) fn best_lowering_with(
             };
             if best
                 .as_ref()
-                .is_none_or(|(_, _, b)| report.makespan < b.makespan)
+                .is_none_or(|(_, _, b)| span(&report).beats(&span(b)))
             {
                 best = Some((at, program, report));
                 improved = true;
@@ -100,13 +103,13 @@ pub(crate) fn best_lowering_with(
         }
     }
     let (at, program, report) = best.ok_or_else(|| "no lowering".to_string())?;
-    if report.makespan <= target || !refine_too {
+    if at_most(report.makespan, target) || !refine_too {
         return Ok((program, report));
     }
     let budget = refine_budget
         .min(refine_actions / program.programs.iter().map(Vec::len).sum::<usize>().max(1));
     let moved = refine(plan, at, (program, report), text, opts, budget);
-    if moved.1.makespan <= target {
+    if at_most(moved.1.makespan, target) {
         return Ok(moved);
     }
     // Then weight gradients into the waits left, within the memory limit (moving
@@ -117,7 +120,7 @@ pub(crate) fn best_lowering_with(
             rep.peak_memory
                 .iter()
                 .zip(&params)
-                .all(|(act, par)| act + par <= l)
+                .all(|(act, par)| at_most(act + par, l))
         })
     };
     let budget =

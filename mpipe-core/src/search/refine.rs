@@ -18,9 +18,11 @@
 //! under rendezvous, like the one it came from.
 
 use crate::algebra::lower::{assemble, Placed};
+use crate::ir::compare::Score;
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{Action, ActionRef, P2pRef, Program};
+use crate::judge::compare::timed;
 use crate::judge::simulate::{simulate, SimOptions, SimReport};
 
 /// Improve `at` (a placement of `plan`'s transfers) for `opts` with at most `budget`
@@ -36,8 +38,7 @@ pub(crate) fn refine(
 ) -> (Program, SimReport) {
     let (mut program, mut report) = start;
     let mut spent = 0;
-    let score = |r: &SimReport| (r.makespan, ends(r));
-    let mut best = score(&report);
+    let mut best = timed(&report);
     while spent < budget {
         let waits = waits(&program, &report, &at);
         let mut improved = false;
@@ -56,13 +57,12 @@ pub(crate) fn refine(
                 };
                 spent += 1;
                 let candidate = assemble(plan, &at, expr);
-                let kept = simulate(&candidate, opts).ok().filter(|rep| {
-                    let sc = score(rep);
-                    sc.0 < best.0 || (sc.0 == best.0 && sc.1 < best.1)
-                });
+                let kept = simulate(&candidate, opts)
+                    .ok()
+                    .filter(|rep| timed(rep).improves(&best));
                 match kept {
                     Some(rep) => {
-                        best = score(&rep);
+                        best = timed(&rep);
                         program = candidate;
                         report = rep;
                         improved = true;
@@ -90,15 +90,6 @@ pub(crate) fn refine(
 enum Move {
     Later,
     Earlier,
-}
-
-/// Sum of the ranks' finishing times: progress where the makespan does not move.
-pub(crate) fn ends(r: &SimReport) -> f64 {
-    r.timeline
-        .ranks
-        .iter()
-        .map(|l| l.last().map_or(0.0, |s| s.end))
-        .sum()
 }
 
 /// Every placed end `(rank, index in at[rank])` at which its rank waited, the
@@ -237,17 +228,15 @@ pub(crate) fn settle_w(
 ) -> (Program, SimReport) {
     let (moves_per_round, fit) = (policy.w_moves_per_round, policy.w_fit);
     let (mut program, mut report) = start;
-    let score = |r: &SimReport| (r.makespan, ends(r));
-    let mut best = score(&report);
+    let mut best = timed(&report);
     let mut spent = 0;
     let lengths = Lengths::of(&program, opts);
     let cost = |a: &Action| lengths.compute(a);
     // A candidate's report when it beats `best` and fits.
-    let accept = |next: &Program, best: (f64, f64)| {
-        simulate(next, opts).ok().filter(|rep| {
-            let sc = score(rep);
-            (sc.0 < best.0 || (sc.0 == best.0 && sc.1 < best.1)) && fits(rep)
-        })
+    let accept = |next: &Program, best: Score| {
+        simulate(next, opts)
+            .ok()
+            .filter(|rep| timed(rep).improves(&best) && fits(rep))
     };
     // First the waits of one rank at a time, each all at once, while that helps:
     // one simulation a try.
@@ -262,7 +251,7 @@ pub(crate) fn settle_w(
             };
             spent += 1;
             if let Some(rep) = accept(&next, best) {
-                best = score(&rep);
+                best = timed(&rep);
                 program = next;
                 report = rep;
                 improved = true;
@@ -293,7 +282,7 @@ pub(crate) fn settle_w(
                 let w = next.programs[rank].remove(from);
                 next.programs[rank].insert(to, w);
                 if let Some(rep) = accept(&next, best) {
-                    best = score(&rep);
+                    best = timed(&rep);
                     program = next;
                     report = rep;
                     improved = true;
@@ -617,7 +606,7 @@ mod tests {
                 assert_eq!(a, b, "rank {r}: not the same tasks");
             }
             let rep = simulate(&next, &opts).unwrap();
-            if rep.makespan < report.makespan - 1e-9 {
+            if crate::ir::compare::less(rep.makespan, report.makespan) {
                 shorter += 1;
             }
         }

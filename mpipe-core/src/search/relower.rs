@@ -30,7 +30,9 @@
 //! - deterministic.
 
 use crate::algebra::lower::LowerError;
+use crate::ir::compare::at_most;
 use crate::ir::program::Program;
+use crate::judge::compare::span;
 use crate::judge::simulate::{simulate, Mode, SimOptions, SimReport};
 use crate::judge::verify::verify_static;
 use crate::search::place::{best_lowering_with, peak_memory_with_params};
@@ -111,9 +113,8 @@ pub fn relower_ordered(
     if order > 0 {
         // Without a limit or a valid input, the order search keeps to the memory of
         // the input order's derivation.
-        let within =
-            cap.unwrap_or_else(|| peak_memory_with_params(&derived, &report)) * (1.0 + 1e-12);
-        let fits = |p: &Program, r: &SimReport| peak_memory_with_params(p, r) <= within;
+        let within = cap.unwrap_or_else(|| peak_memory_with_params(&derived, &report));
+        let fits = |p: &Program, r: &SimReport| at_most(peak_memory_with_params(p, r), within);
         let mut best = (derived, report);
         let search = crate::search::reorder::Search {
             text: expr.as_deref(),
@@ -125,7 +126,7 @@ pub fn relower_ordered(
         crate::search::reorder::reorder_rounds(&plan, &search, order, &mut best, &|o, best| {
             best_lowering_with(o, expr.as_deref(), opts, cap, true, policy)
                 .ok()
-                .filter(|(p, r)| r.makespan < best.makespan && fits(p, r) && terminates(p))
+                .filter(|(p, r)| span(r).beats(&span(best)) && fits(p, r) && terminates(p))
         });
         (derived, report) = best;
     }
@@ -144,9 +145,9 @@ pub fn relower_ordered(
             "the re-derived program deadlocks under rendezvous".to_string(),
         ));
     }
-    let over = cap.is_some_and(|c| peak_memory_with_params(&derived, &report) > c * (1.0 + 1e-12));
+    let over = cap.is_some_and(|c| !at_most(peak_memory_with_params(&derived, &report), c));
     match input {
-        Ok(r) if r.makespan <= report.makespan || over => Ok(Relowered {
+        Ok(r) if at_most(r.makespan, report.makespan) || over => Ok(Relowered {
             program: program.clone(),
             before: Some(r.makespan),
             report: r,

@@ -66,9 +66,9 @@ use crate::ir::plan::{Plan, Task, TaskIndex};
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{ActionRef, Op, Program};
 use crate::ir::progress::Stage;
+use crate::judge::compare::{span, timed};
 use crate::judge::simulate::{simulate, SimOptions, SimReport};
 use crate::search::place::PLACEMENTS;
-use crate::search::refine::ends;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Better plans than `plan`, if the search finds any within `budget` simulations
@@ -689,7 +689,7 @@ fn first_lowering(
         if let Some(x) = run {
             if best
                 .as_ref()
-                .is_none_or(|(_, b)| x.1.makespan < b.1.makespan)
+                .is_none_or(|(_, b)| span(&x.1).beats(&span(&b.1)))
             {
                 best = Some((rule, x));
             }
@@ -730,12 +730,10 @@ fn lower_one(
     Some((program, report))
 }
 
-/// Shorter step, or as long with less summed finishing time.
+/// Shorter step, or as long with less summed finishing time
+/// ([`crate::ir::compare`]'s order).
 fn better(a: &SimReport, b: &SimReport) -> bool {
-    let eps = 1e-9 * b.makespan.max(1.0);
-    a.makespan < b.makespan - eps
-        || (a.makespan <= b.makespan + eps
-            && ends(a) < ends(b) - eps * a.timeline.ranks.len() as f64)
+    timed(a).beats(&timed(b))
 }
 
 /// One compute task's simulated interval and the time its rank spent between the

@@ -213,8 +213,11 @@ pub(crate) fn chains_split(profile: &Profile, units: &[Unit], ranks: usize) -> O
         let squares: f64 = load.iter().map(|x| x * x).sum();
         (max, squares)
     };
+    // The most loaded rank, then the sum of squares, under the one tolerance rule.
     let better = |a: (f64, f64), b: (f64, f64)| {
-        a.0 < b.0 * (1.0 - 1e-12) || (a.0 <= b.0 * (1.0 + 1e-12) && a.1 < b.1 * (1.0 - 1e-12))
+        crate::ir::compare::Score::span(a.0)
+            .with_ends(a.1)
+            .beats(&crate::ir::compare::Score::span(b.0).with_ends(b.1))
     };
     let mut split = even_layers(layers, ranks);
     let mut best = score(&split);

@@ -480,7 +480,11 @@ fn list_search(ctx: &Ctx, chunks: usize, policy: &SearchPolicy) -> Vec<Vec<Vec<T
         .filter_map(|rule| zblist::run(ctx, chunks, rule))
         .filter(within)
         .collect();
-    runs.sort_by(|a, b| a.makespan.total_cmp(&b.makespan));
+    crate::ir::compare::sort_best_first(
+        &mut runs,
+        |r| crate::ir::compare::Score::span(r.makespan),
+        |_, _| std::cmp::Ordering::Equal,
+    );
     let mut out: Vec<Vec<Vec<Task>>> = Vec::new();
     for zblist::Run { order, .. } in runs {
         if out.len() >= policy.zb_keep {

@@ -32,13 +32,11 @@
 //! behind `zbv` (or `zbh1`) at the same memory limit: it includes them.
 
 use super::Ctx;
+use crate::ir::compare::{at_most, less};
 use crate::ir::plan::Task;
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::Op;
 use std::collections::VecDeque;
-
-/// Tolerance of a memory comparison (sums of activations).
-const EPS: f64 = 1e-9;
 
 /// One set of the scheduler's decisions (see the module's documentation).
 #[derive(Clone, Debug, PartialEq)]
@@ -221,7 +219,7 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<Run> {
                     } else {
                         0.0
                     };
-                    held[r] == 0.0 || held[r] + acts[k] + room <= budget + EPS
+                    held[r] == 0.0 || at_most(held[r] + acts[k] + room, budget)
                 };
                 let mut b_pick: Option<usize> = None;
                 for &c in b_chunks {
@@ -237,12 +235,12 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<Run> {
                 let choice = match (b_pick, f_pick) {
                     (_, Some(c))
                         if rule.fill > 0.0
-                            && held[r] + acts[shape.stage(r, c)] <= rule.fill * budget + EPS =>
+                            && at_most(held[r] + acts[shape.stage(r, c)], rule.fill * budget) =>
                     {
                         Some((Op::F, c))
                     }
                     (Some(c), _) => Some((Op::B, c)),
-                    _ if has_w && held[r] >= rule.w_first * budget - EPS => Some((Op::W, 0)),
+                    _ if has_w && !less(held[r], rule.w_first * budget) => Some((Op::W, 0)),
                     (None, Some(c)) => {
                         let soon = b_chunks
                             .iter()
@@ -396,7 +394,7 @@ mod tests {
                 for r in 0..p {
                     // One chunk pair's activations beyond the budget at most (an F
                     // is always allowed with nothing held).
-                    assert!(run.peak[r] <= rule.budget[r].max(2.0) + EPS, "{rule:?}");
+                    assert!(at_most(run.peak[r], rule.budget[r].max(2.0)), "{rule:?}");
                     assert_eq!(run.order[r].len(), 3 * m * chunks);
                 }
             }

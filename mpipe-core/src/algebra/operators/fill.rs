@@ -52,36 +52,46 @@ use crate::ir::program::Op;
 /// The communication cost model the deadlines account for: `(latency, bandwidth)`.
 pub type Link = Option<(f64, f64)>;
 
-thread_local! {
-    /// While `auto` plans its candidates ([`with_fill_cap`]): the most task visits
-    /// one `fill` placement may spend re-timing the plan after micro-batches that
-    /// no idle gap takes (each costs a timing per rank, and at one rank every
-    /// micro-batch is one), and whether a placement went past it. None elsewhere:
-    /// `fill` written by hand is never cut short.
-    static CAP: std::cell::Cell<(Option<u64>, bool)> = const { std::cell::Cell::new((None, false)) };
+/// A cap on the work of `fill` placements, carried by the request
+/// ([`crate::algebra::eval::Request::fill_cap`]): `auto` sets one (of
+/// [`crate::ir::policy::SearchPolicy::fill_work`]) for each candidate it plans.
+/// It bounds the task visits one placement may spend re-timing the plan after
+/// micro-batches that no idle gap takes (each costs a timing per rank, and at one
+/// rank every micro-batch is one); past it, the placement fails with
+/// [`PlanError::OverBudget`], and the cap records that it was hit. Without a cap
+/// (`fill` written by hand), a placement is never cut short.
+#[derive(Debug)]
+pub struct FillCap {
+    most: u64,
+    hit: std::sync::atomic::AtomicBool,
 }
 
-/// Runs `f` with every `fill` placement on this thread limited to `cap` task
-/// visits of re-timing (past it, the placement fails with
-/// [`PlanError::OverBudget`]); also says whether one went past it.
-pub(crate) fn with_fill_cap<T>(cap: u64, f: impl FnOnce() -> T) -> (T, bool) {
-    let before = CAP.with(|c| c.replace((Some(cap), false)));
-    let out = f();
-    let (_, hit) = CAP.with(|c| c.replace(before));
-    (out, hit)
+impl FillCap {
+    /// A cap of `most` task visits per placement, not yet hit.
+    pub fn new(most: u64) -> Self {
+        FillCap {
+            most,
+            hit: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Whether a placement under this cap went past it.
+    pub fn hit(&self) -> bool {
+        self.hit.load(std::sync::atomic::Ordering::Relaxed)
+    }
 }
 
 /// Charges one fallback's re-timings of `plan` (a timing per rank, one of the
-/// result, and its index) to `spent`; an error once past the cap, if any.
-pub(super) fn charge(spent: &mut u64, plan: &Plan) -> Result<(), PlanError> {
-    let (Some(cap), _) = CAP.with(std::cell::Cell::get) else {
+/// result, and its index) to `spent`; an error once past `cap`, if any.
+pub(super) fn charge(spent: &mut u64, plan: &Plan, cap: Option<&FillCap>) -> Result<(), PlanError> {
+    let Some(cap) = cap else {
         return Ok(());
     };
     let tasks: u64 = plan.order.iter().map(|l| l.len() as u64).sum();
     *spent = spent.saturating_add(tasks.saturating_mul(plan.ranks as u64 + 2));
-    if *spent > cap {
-        CAP.with(|c| c.set((Some(cap), true)));
-        return Err(PlanError::OverBudget { cap });
+    if *spent > cap.most {
+        cap.hit.store(true, std::sync::atomic::Ordering::Relaxed);
+        return Err(PlanError::OverBudget { cap: cap.most });
     }
     Ok(())
 }
@@ -89,14 +99,21 @@ pub(super) fn charge(spent: &mut u64, plan: &Plan) -> Result<(), PlanError> {
 /// Re-place encoder `enc`'s work in `plan` (see the module documentation), whole
 /// or layer by layer (layers from `profile`; see [`super::fill_layers`]). Never a
 /// longer ideal step than `plan`: if the placement comes out longer, `plan` is kept.
-pub fn fill(plan: Plan, enc: UnitId, link: Link, profile: &Profile) -> Result<Plan, PlanError> {
+/// `cap` bounds the placement's work ([`FillCap`]; `None`: unbounded).
+pub fn fill(
+    plan: Plan,
+    enc: UnitId,
+    link: Link,
+    profile: &Profile,
+    cap: Option<&FillCap>,
+) -> Result<Plan, PlanError> {
     let span =
         |p: &Plan| -> Result<f64, PlanError> { Ok(timing(p, &dependencies(p)?)?.makespan()) };
     let before = span(&plan)?;
-    let mut filled = place(plan.clone(), enc, link, None)?;
+    let mut filled = place(plan.clone(), enc, link, None, cap)?;
     let mut best = span(&filled)?;
     if let Some((cut, pieces)) = cut_encoder(&plan, profile, enc) {
-        let layered = place_layers(cut, &pieces, link)?;
+        let layered = place_layers(cut, &pieces, link, cap)?;
         let s = span(&layered)?;
         // Layer by layer only when faster, and within the memory limit if the whole
         // placement is.
@@ -114,6 +131,7 @@ pub(super) fn place(
     enc: UnitId,
     link: Link,
     only: Option<usize>,
+    cap: Option<&FillCap>,
 ) -> Result<Plan, PlanError> {
     let m = plan.microbatches;
     for list in &mut plan.order {
@@ -143,7 +161,7 @@ pub(super) fn place(
             continue;
         }
         flush(&mut plan, &mut pending);
-        charge(&mut spent, &plan)?;
+        charge(&mut spent, &plan, cap)?;
         plan = fallback(plan, task, deadline, home, send, only)?;
         time = timing(&plan, &dependencies_lenient(&plan)?)?;
         index = plan.locate();

@@ -25,7 +25,9 @@
 //! The caller ([`super::fill::fill`]) keeps this placement only when its ideal step
 //! is shorter than the whole encoder's (and within the memory limit when that one is).
 
-use super::fill::{charge, fastest, fastest_backward, first_reader, flush, Chain, Gaps, Link};
+use super::fill::{
+    charge, fastest, fastest_backward, first_reader, flush, Chain, FillCap, Gaps, Link,
+};
 use super::insert_all;
 use crate::algebra::analysis::{dependencies_lenient, timing, PlanError};
 use crate::ir::plan::{Plan, Task, UnitId};
@@ -37,6 +39,7 @@ pub(super) fn place_layers(
     mut plan: Plan,
     pieces: &[UnitId],
     link: Link,
+    cap: Option<&FillCap>,
 ) -> Result<Plan, PlanError> {
     let Some(&last) = pieces.last() else {
         return Ok(plan);
@@ -81,7 +84,7 @@ pub(super) fn place_layers(
             continue;
         }
         flush(&mut plan, &mut pending);
-        charge(&mut spent, &plan)?;
+        charge(&mut spent, &plan, cap)?;
         plan = fallback(plan, pieces, mb, deadline, home, send)?;
         time = timing(&plan, &dependencies_lenient(&plan)?)?;
         index = plan.locate();

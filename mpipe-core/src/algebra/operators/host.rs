@@ -19,7 +19,7 @@
 //! rank on ties), so `host(vision, host(audio, zbv, rank = spare), rank = spare)`
 //! spreads two encoders over the two least busy ranks.
 
-use super::fill::{place, Link};
+use super::fill::{place, FillCap, Link};
 use crate::algebra::analysis::PlanError;
 use crate::ir::plan::{Plan, UnitId};
 
@@ -34,13 +34,19 @@ pub enum Host {
 
 /// Move encoder `enc` of `plan`, home and tasks, to the rank `host` names (see the
 /// module documentation). The caller checks that a `Host::Rank` exists.
-pub fn host(mut plan: Plan, enc: UnitId, host: Host, link: Link) -> Result<Plan, PlanError> {
+pub fn host(
+    mut plan: Plan,
+    enc: UnitId,
+    host: Host,
+    link: Link,
+    cap: Option<&FillCap>,
+) -> Result<Plan, PlanError> {
     let rank = match host {
         Host::Rank(r) => r,
         Host::Spare => spare_rank(&plan, enc),
     };
     plan.units[enc].home = rank;
-    place(plan, enc, link, Some(rank))
+    place(plan, enc, link, Some(rank), cap)
 }
 
 /// The rank whose tasks, other than `enc`'s, take the least compute time.
