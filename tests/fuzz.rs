@@ -591,7 +591,10 @@ fn profiles_in_toml_and_json() {
 // 2. Schedule expressions.
 
 fn expr_seeds() -> Vec<String> {
-    let mut s = candidates(small_profile(), 4, 8);
+    let mut s: Vec<String> = candidates(small_profile(), 4, 8)
+        .iter()
+        .map(ToString::to_string)
+        .collect();
     s.extend(
         [
             "1f1b",

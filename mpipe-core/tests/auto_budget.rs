@@ -7,7 +7,15 @@
 
 use mpipe_core::derive::Request;
 use mpipe_core::profile::Profile;
-use mpipe_core::search::auto::{candidates, search};
+use mpipe_core::search::auto::search;
+
+/// The search space, as canonical texts.
+fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<String> {
+    mpipe_core::search::candidates(profile, ranks, microbatches)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
 
 fn heavy() -> Profile {
     let text = std::fs::read_to_string(concat!(

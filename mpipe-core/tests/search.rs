@@ -11,8 +11,16 @@ use search_cases::{auto_and_peers, peers, random_profile};
 use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::evaluation::intended_size;
 use mpipe_core::profile::Profile;
-use mpipe_core::search::{candidates, search};
+use mpipe_core::search::search;
 use proptest::prelude::*;
+
+/// The search space, as canonical texts.
+fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<String> {
+    mpipe_core::search::candidates(profile, ranks, microbatches)
+        .iter()
+        .map(ToString::to_string)
+        .collect()
+}
 
 fn check_not_slower(profile: &Profile, p: usize, m: usize) -> Result<f64, TestCaseError> {
     let (best, chosen, bound, peers) = auto_and_peers(profile, p, m);
@@ -419,7 +427,7 @@ fn the_ramp_is_searched_balanced_and_with_frozen_encoders_prefetched() {
     for e in expected {
         assert!(space.iter().any(|x| x == e), "{e} is not searched");
     }
-    let in_macro = mpipe_core::search::candidates_for(
+    let in_macro: Vec<String> = mpipe_core::search::candidates_for(
         &omni,
         8,
         16,
@@ -427,7 +435,10 @@ fn the_ramp_is_searched_balanced_and_with_frozen_encoders_prefetched() {
             prefetch: false,
             ..Default::default()
         },
-    );
+    )
+    .iter()
+    .map(ToString::to_string)
+    .collect();
     assert!(in_macro
         .iter()
         .any(|x| x == "balance(zb2p(v = 2, encoders = ramp))"));

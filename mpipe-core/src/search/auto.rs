@@ -55,7 +55,7 @@
 
 use crate::algebra::analysis::{dependencies, timing};
 use crate::algebra::eval::{plan_of, with_plan_memo, DeriveError, ErrorKind, Request};
-use crate::algebra::expr::{parse_str, Expr, Span};
+use crate::algebra::expr::{Expr, Span};
 use crate::algebra::operators::fill::FillCap;
 use crate::algebra::operators::layers::layers;
 use crate::algebra::profile::Profile;
@@ -69,57 +69,123 @@ use crate::judge::simulate::Mode;
 use crate::search::finish::{finish, Derived};
 use std::cell::Cell;
 
+/// A value of a body's `key = value` argument.
+#[derive(Clone, Copy)]
+enum Val {
+    Int(u64),
+    Name(&'static str),
+}
+use Val::{Int, Name};
+
+/// A body generator and its `key = value` arguments, as `auto` names it.
+#[derive(Clone, Copy)]
+struct Body(&'static str, &'static [(&'static str, Val)]);
+
+impl Body {
+    fn expr(self) -> Expr {
+        self.1
+            .iter()
+            .fold(Expr::leaf(self.0), |e, &(k, v)| match v {
+                Int(i) => e.with_int(k, i),
+                Name(n) => e.with_name(k, n),
+            })
+    }
+}
+
 /// Bodies whose backward is fused (`BW`), which `split_w` can split.
-const FUSED: [&str; 5] = [
-    "1f1b",
-    "gpipe",
-    "interleaved(v = 2)",
-    "interleaved(v = 3)",
-    "interleaved(v = 4)",
+const FUSED: [Body; 5] = [
+    Body("1f1b", &[]),
+    Body("gpipe", &[]),
+    Body("interleaved", &[("v", Int(2))]),
+    Body("interleaved", &[("v", Int(3))]),
+    Body("interleaved", &[("v", Int(4))]),
 ];
 /// The most chunks per rank an `interleaved` body of [`FUSED`] names.
 const LISTED_V: usize = 4;
 
 /// Bodies that already split `B` from `W`.
-const SPLIT: [&str; 9] = [
-    "zbh1",
-    "zbv",
-    "dualpipev",
-    "zb2p",
-    "zb2p(costs = unit)",
-    "zb2p(v = 2)",
-    "zb2p(layout = v)",
-    "zbv(list = search)",
-    "zbh1(list = search)",
+const SPLIT: [Body; 9] = [
+    Body("zbh1", &[]),
+    Body("zbv", &[]),
+    Body("dualpipev", &[]),
+    Body("zb2p", &[]),
+    Body("zb2p", &[("costs", Name("unit"))]),
+    Body("zb2p", &[("v", Int(2))]),
+    Body("zb2p", &[("layout", Name("v"))]),
+    Body("zbv", &[("list", Name("search"))]),
+    Body("zbh1", &[("list", Name("search"))]),
 ];
 
 /// Bodies that place the encoders themselves (on every rank), tried with no
 /// operator moving an encoder.
-const WOVEN: [&str; 5] = [
-    "zb2p(encoders = spread)",
-    "zb2p(encoders = spread, costs = unit)",
-    "zb2p(encoders = spread, layout = v)",
-    "zb2p(encoders = chain)",
-    "zb2p(encoders = chain, costs = unit)",
+const WOVEN: [Body; 5] = [
+    Body("zb2p", &[("encoders", Name("spread"))]),
+    Body(
+        "zb2p",
+        &[("encoders", Name("spread")), ("costs", Name("unit"))],
+    ),
+    Body(
+        "zb2p",
+        &[("encoders", Name("spread")), ("layout", Name("v"))],
+    ),
+    Body("zb2p", &[("encoders", Name("chain"))]),
+    Body(
+        "zb2p",
+        &[("encoders", Name("chain")), ("costs", Name("unit"))],
+    ),
 ];
 
 /// Woven bodies for two encoders or more: all of them chained along the ranks.
-const CHAINS: [&str; 2] = [
-    "zb2p(encoders = chains)",
-    "zb2p(encoders = chains, costs = unit)",
+const CHAINS: [Body; 2] = [
+    Body("zb2p", &[("encoders", Name("chains"))]),
+    Body(
+        "zb2p",
+        &[("encoders", Name("chains")), ("costs", Name("unit"))],
+    ),
 ];
 
 /// Woven bodies that choose the stage split themselves: not under `balance`, and
 /// not when the profile fixes the split.
-const RAMP: [&str; 3] = [
-    "zb2p(encoders = ramp)",
-    "zb2p(encoders = ramp, costs = unit)",
-    "zb2p(v = 2, encoders = ramp)",
+const RAMP: [Body; 3] = [
+    Body("zb2p", &[("encoders", Name("ramp"))]),
+    Body(
+        "zb2p",
+        &[("encoders", Name("ramp")), ("costs", Name("unit"))],
+    ),
+    Body("zb2p", &[("v", Int(2)), ("encoders", Name("ramp"))]),
 ];
+
+/// How one encoder is placed: the operator that moves it and the `key = name`
+/// arguments after the body (`transpose(vision, BODY, owners = spare)`).
+#[derive(Clone, Debug)]
+struct Placing {
+    op: &'static str,
+    keys: Vec<(&'static str, &'static str)>,
+}
+
+impl Placing {
+    fn new(op: &'static str, keys: &[(&'static str, &'static str)]) -> Placing {
+        Placing {
+            op,
+            keys: keys.to_vec(),
+        }
+    }
+
+    /// `body` with `encoder` placed this way.
+    fn around(&self, encoder: &str, body: Expr) -> Expr {
+        let e = body.under(self.op, Some(encoder));
+        self.keys.iter().fold(e, |e, &(k, v)| e.with_name(k, v))
+    }
+}
+
+/// `balance(e)`.
+fn balance(e: Expr) -> Expr {
+    e.under("balance", None)
+}
 
 /// Every expression `auto` considers for `profile` on `ranks` x `microbatches`, in the
 /// order that breaks ties, under the default policy.
-pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<String> {
+pub fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<Expr> {
     candidates_for(profile, ranks, microbatches, &SearchPolicy::DEFAULT)
 }
 
@@ -130,37 +196,35 @@ pub fn candidates_for(
     ranks: usize,
     microbatches: usize,
     policy: &SearchPolicy,
-) -> Vec<String> {
+) -> Vec<Expr> {
     // More chunks where they split the layers exactly: finer tasks wait less for
     // their neighbours under rendezvous, and equal chunks keep the loop even.
     let layers = profile.llm.layers as usize;
-    let fused: Vec<String> = FUSED
+    let fused: Vec<Expr> = FUSED
         .iter()
-        .map(|b| b.to_string())
+        .map(|b| b.expr())
         .chain(
             (LISTED_V + 1..=policy.max_chunks)
                 .filter(|v| ranks > 0 && layers.is_multiple_of(ranks * v))
-                .map(|v| format!("interleaved(v = {v})")),
+                .map(|v| Expr::leaf("interleaved").with_int("v", v as u64)),
         )
         .collect();
-    let mut bodies: Vec<(String, bool)> = Vec::new();
-    for b in &fused {
-        bodies.push((b.clone(), true));
-    }
-    for b in SPLIT {
-        bodies.push((b.to_string(), false));
-    }
-    for b in &fused {
-        bodies.push((format!("split_w({b})"), false));
-    }
-    // Per encoder: `None` inline, else the operator placing it and the arguments
-    // after the body. The heaviest encoders are searched in full; the others are
-    // placed alike, below.
+    // Each body, and whether its backward is fused.
+    let mut bodies: Vec<(Expr, bool)> = Vec::new();
+    bodies.extend(fused.iter().map(|b| (b.clone(), true)));
+    bodies.extend(SPLIT.iter().map(|b| (b.expr(), false)));
+    bodies.extend(
+        fused
+            .iter()
+            .map(|b| (b.clone().under("split_w", None), false)),
+    );
+    // Per encoder: `None` inline, else how it is placed. The heaviest encoders are
+    // searched in full; the others are placed alike, below.
     let full = searched_in_full(profile, policy.full_encoders);
     let others: Vec<usize> = (0..profile.encoders.len())
         .filter(|i| !full.contains(i))
         .collect();
-    let mut placements: Vec<Vec<Option<(&str, String)>>> = Vec::new();
+    let mut placements: Vec<Vec<Option<Placing>>> = Vec::new();
     for (i, enc) in profile.encoders.iter().enumerate() {
         if !full.contains(&i) {
             placements.push(vec![None]);
@@ -168,32 +232,36 @@ pub fn candidates_for(
         }
         let mut opts = vec![
             None,
-            Some(("transpose", String::new())),
-            Some(("transpose", ", owners = spare".into())),
+            Some(Placing::new("transpose", &[])),
+            Some(Placing::new("transpose", &[("owners", "spare")])),
         ];
         if microbatches > ranks {
-            opts.push(Some(("transpose", ", owners = min".into())));
+            opts.push(Some(Placing::new("transpose", &[("owners", "min")])));
         }
         if enc.trainable {
             let more: Vec<_> = opts
                 .iter()
                 .flatten()
-                .map(|(op, o)| Some((*op, format!("{o}, backward = central"))))
+                .map(|p| {
+                    let mut p = p.clone();
+                    p.keys.push(("backward", "central"));
+                    Some(p)
+                })
                 .collect();
             opts.extend(more);
         }
         // `fill` puts work into idle time; one rank has none (it only reorders, and
         // its placement re-times the plan for every micro-batch: quadratic).
         if ranks > 1 {
-            opts.push(Some(("fill", String::new())));
+            opts.push(Some(Placing::new("fill", &[])));
         }
         if !enc.trainable && policy.prefetch {
             // A frozen encoder's forwards may also run a step ahead.
-            opts.push(Some(("prefetch", String::new())));
+            opts.push(Some(Placing::new("prefetch", &[])));
         }
         placements.push(opts);
     }
-    let mut combos: Vec<Vec<Option<(&str, String)>>> = vec![Vec::new()];
+    let mut combos: Vec<Vec<Option<Placing>>> = vec![Vec::new()];
     for opts in &placements {
         combos = combos
             .into_iter()
@@ -208,13 +276,13 @@ pub fn candidates_for(
     }
     // The encoders beyond the heaviest: all inline, all transposed or all filled.
     if !others.is_empty() {
-        let alike: Vec<_> = [
+        let alike: Vec<Option<Placing>> = [
             None,
-            Some(("transpose", String::new())),
-            Some(("fill", String::new())),
+            Some(Placing::new("transpose", &[])),
+            Some(Placing::new("fill", &[])),
         ]
         .into_iter()
-        .filter(|o| ranks > 1 || !matches!(o, Some(("fill", _))))
+        .filter(|o| ranks > 1 || o.as_ref().is_none_or(|p| p.op != "fill"))
         .collect();
         let others = &others;
         combos = combos
@@ -242,18 +310,15 @@ pub fn candidates_for(
                 .collect()
         })
         .collect();
-    let wrap = |body: &str, combo: &[Option<(&str, String)>], order: &[usize]| -> String {
-        let mut e = body.to_string();
-        for &i in order {
-            let name = &profile.encoders[i].name;
-            if let Some((op, args)) = &combo[i] {
-                e = format!("{op}({name}, {e}{args})");
-            }
-        }
-        e
+    let wrap = |body: &Expr, combo: &[Option<Placing>], order: &[usize]| -> Expr {
+        order.iter().fold(body.clone(), |e, &i| match &combo[i] {
+            Some(p) => p.around(&profile.encoders[i].name, e),
+            None => e,
+        })
     };
-    let mut out = Vec::new();
-    let mut seen = std::collections::BTreeSet::new();
+    let mut space = Space::default();
+    // Each with the stages' work balanced too, unless the profile fixes the split.
+    let free_split = profile.llm.layout.is_none();
     for combo in &combos {
         let moved = combo.iter().filter(|o| o.is_some()).count();
         let moved_full = full.iter().filter(|&&i| combo[i].is_some()).count();
@@ -266,20 +331,9 @@ pub fn candidates_for(
                 let e = wrap(body, combo, order);
                 // split_w outside the encoders' placement too: it then also splits
                 // a trainable encoder's backward.
-                let outer = (*fused && moved > 0).then(|| format!("split_w({e})"));
+                let outer = (*fused && moved > 0).then(|| e.clone().under("split_w", None));
                 for x in std::iter::once(e).chain(outer) {
-                    // And each with the stages' work balanced, unless the
-                    // profile fixes the split.
-                    let balanced = profile
-                        .llm
-                        .layout
-                        .is_none()
-                        .then(|| format!("balance({x})"));
-                    for y in std::iter::once(x).chain(balanced) {
-                        if seen.insert(y.clone()) {
-                            out.push(y);
-                        }
-                    }
+                    space.add_balanced(x, free_split);
                 }
             }
         }
@@ -290,18 +344,9 @@ pub fn candidates_for(
             .into_iter()
             .flatten();
         for body in WOVEN.into_iter().chain(chains) {
-            let balanced = profile
-                .llm
-                .layout
-                .is_none()
-                .then(|| format!("balance({body})"));
-            for y in std::iter::once(body.to_string()).chain(balanced) {
-                if seen.insert(y.clone()) {
-                    out.push(y);
-                }
-            }
+            space.add_balanced(body.expr(), free_split);
         }
-        if profile.llm.layout.is_none() {
+        if free_split {
             // The ramp chains one encoder; the frozen ones may run a step ahead
             // (`prefetch`), which frees the warm-up the ramp fills. Under `balance`
             // the ramp starts from the balanced split and comes to another one.
@@ -316,15 +361,10 @@ pub fn candidates_for(
                 let prefetched = (!frozen.is_empty()).then(|| {
                     frozen
                         .iter()
-                        .fold(body.to_string(), |e, name| format!("prefetch({name}, {e})"))
+                        .fold(body.expr(), |e, name| e.under("prefetch", Some(name)))
                 });
-                for x in std::iter::once(body.to_string()).chain(prefetched) {
-                    let balanced = format!("balance({x})");
-                    for y in [x, balanced] {
-                        if seen.insert(y.clone()) {
-                            out.push(y);
-                        }
-                    }
+                for x in std::iter::once(body.expr()).chain(prefetched) {
+                    space.add_balanced(x, true);
                 }
             }
         }
@@ -332,11 +372,33 @@ pub fn candidates_for(
     // The evaluation's peers, so that `auto` is never slower than one; beyond
     // [`SearchPolicy::full_encoders`] encoders some nest outside the space above.
     for peer in peers(profile) {
-        if seen.insert(peer.clone()) {
-            out.push(peer);
+        space.add(peer);
+    }
+    space.list
+}
+
+/// The candidates in the order first added, each once (by canonical text).
+#[derive(Default)]
+struct Space {
+    list: Vec<Expr>,
+    seen: std::collections::BTreeSet<String>,
+}
+
+impl Space {
+    fn add(&mut self, e: Expr) {
+        if self.seen.insert(e.to_string()) {
+            self.list.push(e);
         }
     }
-    out
+
+    /// `e`, then `balance(e)` when `balanced`.
+    fn add_balanced(&mut self, e: Expr, balanced: bool) {
+        let b = balanced.then(|| balance(e.clone()));
+        self.add(e);
+        if let Some(b) = b {
+            self.add(b);
+        }
+    }
 }
 
 /// The `full` heaviest encoders of `profile` (by work per micro-batch, the earlier
@@ -372,39 +434,34 @@ fn permutations(n: usize) -> Vec<Vec<usize>> {
     out
 }
 
-/// Each candidate's canonical text (`None` if it does not parse) and, if its plan can
-/// be built, the plan and its ideal time, and whether a `fill` in it went past
-/// [`SearchPolicy::fill_work`] (then it has no plan); on every core, in candidate
-/// order.
-#[allow(clippy::type_complexity)]
-fn plan_all(req: &Request, texts: &[String]) -> Vec<(Option<String>, Option<(f64, Plan)>, bool)> {
-    let stage = Stage::begin("auto: planning the candidates", texts.len());
-    let one = |text: &String| {
+/// Each candidate's plan and ideal time, if its plan can be built, and whether a
+/// `fill` in it went past [`SearchPolicy::fill_work`] (then it has no plan); on
+/// every core, in candidate order.
+fn plan_all(req: &Request, exprs: &[Expr]) -> Vec<(Option<(f64, Plan)>, bool)> {
+    let stage = Stage::begin("auto: planning the candidates", exprs.len());
+    let one = |expr: &Expr| {
         let _step = StepOnDrop(&stage);
-        let Ok(expr) = parse_str(text) else {
-            return (None, None, false);
-        };
         let cap = FillCap::new(req.policy.fill_work);
         let capped = Request {
             fill_cap: Some(&cap),
             ..*req
         };
-        let ideal = plan_of(&capped, &expr).ok().and_then(|plan| {
+        let ideal = plan_of(&capped, expr).ok().and_then(|plan| {
             let deps = dependencies(&plan).ok()?;
             let span = timing(&plan, &deps).ok()?.makespan();
             Some((span, plan))
         });
-        (Some(expr.to_string()), ideal, cap.hit())
+        (ideal, cap.hit())
     };
     // Candidates that share inner expressions are evaluated one after another, on
     // one thread, so that the plan memo (`derive::with_plan_memo`) holds the shared
     // part: sorted by their nests read from the innermost body out.
-    let mut visit: Vec<usize> = (0..texts.len()).collect();
-    let nests: Vec<Vec<String>> = texts.iter().map(|t| nest(t)).collect();
+    let mut visit: Vec<usize> = (0..exprs.len()).collect();
+    let nests: Vec<Vec<String>> = exprs.iter().map(nest).collect();
     visit.sort_by(|&a, &b| nests[a].cmp(&nests[b]).then(a.cmp(&b)));
     // Runs of `plan_run`: a run's shared inner plans are built once.
     on_threads(&req.policy, &visit, req.policy.plan_run, &stage, |i| {
-        one(&texts[i])
+        one(&exprs[i])
     })
 }
 
@@ -429,13 +486,10 @@ fn on_threads<T: Send>(
 
 /// The nest of a candidate, innermost body first: the texts of its body, the body's
 /// parent, and so on out to the whole expression (the body of an operator is its
-/// last positional argument). Empty if the text does not parse.
-fn nest(text: &str) -> Vec<String> {
-    let Ok(expr) = parse_str(text) else {
-        return Vec::new();
-    };
+/// last positional argument).
+fn nest(expr: &Expr) -> Vec<String> {
     let mut chain = vec![expr.to_string()];
-    let mut at = &expr;
+    let mut at = expr;
     while let Some(body) = at.positional().last() {
         chain.push(body.to_string());
         at = body;
@@ -542,48 +596,99 @@ fn tasks_of(plan: &Plan) -> usize {
     plan.order.iter().map(Vec::len).sum()
 }
 
+/// A candidate with a plan: its ideal time, its index in the candidates (and in
+/// [`Search::tried`]), and the plan.
+type Planned = (f64, usize, Plan);
+
+/// A candidate derived in full: its makespan, peak memory, index, and its plan
+/// (`None` for a twin, which shares an earlier candidate's derivation).
+type Finalist = (f64, f64, usize, Option<Plan>);
+
+/// The best derivation so far: makespan, peak memory, candidate index, program.
+type Best = (f64, f64, usize, Derived);
+
 /// Run the search for `req`. Fails only when no candidate can be derived (then the
 /// errors of the fastest-looking candidate say why, e.g. memory over the limit).
+///
+/// The phases, in order, each a function below:
+/// 1. [`plan_phase`]: every candidate planned and timed ideally;
+/// 2. [`derive_phase`]: candidates derived in full in ideal order, until none left
+///    can win;
+/// 3. [`refine_phase`]: the finalists' transfers refined (and, under rendezvous,
+///    the same layer by layer); a refined program wins only with a strict gain;
+/// 4. [`order_phase`]: the compute order of the winner (and of the finalist fastest
+///    ideally, or else the runner-up) searched by simulation;
+/// 5. [`further_phase`]: where the result is still far above the lower bound, the
+///    same order search with a larger budget.
 pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
-    let SearchPolicy {
-        derive_within,
-        finalists: finalists_kept,
-        runner_up_within,
-        ideal_within,
-        order_budget,
-        order_actions,
-        order_min,
-        goal,
-        goal_microbatches_per_rank,
-        far_budget,
-        far_actions,
-        max_threads,
-        ..
-    } = req.policy;
     let meter = Meter::new(req);
-    let all = candidates_for(req.profile, req.ranks, req.microbatches, &req.policy);
-    // The candidates planned: in candidate order, while the budget holds (the first
-    // always).
-    let mut texts = Vec::with_capacity(all.len());
-    for (i, text) in all.iter().enumerate() {
+    let space = candidates_for(req.profile, req.ranks, req.microbatches, &req.policy);
+    let (exprs, mut tried, planned) = plan_phase(req, &meter, space);
+    let derived = derive_phase(req, &meter, &mut tried, planned);
+    let refined = refine_phase(req, &meter, &exprs, &tried, derived.finalists);
+    let mut ranked = refined.ranked;
+    // Only a strict gain is worth the longer name.
+    let winner = match (ranked.first(), derived.best) {
+        (Some(r), Some(b)) if less(r.0, b.0) => {
+            let (.., d, job) = ranked.remove(0);
+            Some((d, refined.jobs[job].inner.clone()))
+        }
+        (_, b) => b.map(|(_, _, order, d)| (d, exprs[order].clone())),
+    };
+    let Some(winner) = winner else {
+        // Why no candidate has a plan, from the first one.
+        let plan_errors = || exprs.first().and_then(|e| plan_of(req, e).err());
+        return Err(derived
+            .first_errors
+            .or_else(plan_errors)
+            .unwrap_or_default());
+    };
+    let orderer = Orderer {
+        req,
+        meter: &meter,
+        jobs: &refined.jobs,
+        winner: &winner.0,
+    };
+    let polished = order_phase(&orderer, &winner, &ranked, refined.ideal_finalist);
+    let best = further_phase(&orderer, &winner, polished);
+    let work = meter.spent.get();
+    Ok(Search {
+        best,
+        tried,
+        notes: meter.notes.into_inner(),
+        work,
+    })
+}
+
+/// Phase 1: the candidates planned, in candidate order, while the work budget holds
+/// (the first always), and each planned one timed ideally. Returns the candidates
+/// planned, what was tried, and those with a plan sorted by ideal time (then
+/// candidate order).
+fn plan_phase(
+    req: &Request,
+    meter: &Meter,
+    space: Vec<Expr>,
+) -> (Vec<Expr>, Vec<Tried>, Vec<Planned>) {
+    let total = space.len();
+    let mut exprs = Vec::with_capacity(total);
+    for (i, e) in space.into_iter().enumerate() {
         if meter.take(meter.plan_cost(), i == 0) {
-            texts.push(text.clone());
+            exprs.push(e);
         }
     }
-    if texts.len() < all.len() {
+    if exprs.len() < total {
         meter.note(format!(
-            "{} of the {} candidates were not planned: at {} x {} they would take the \
+            "{} of the {total} candidates were not planned: at {} x {} they would take the \
              search past its work budget (SearchPolicy::work_budget)",
-            all.len() - texts.len(),
-            all.len(),
+            total - exprs.len(),
             req.ranks,
             req.microbatches
         ));
     }
-    let timed = plan_all(req, &texts);
+    let timed = plan_all(req, &exprs);
     let cut = timed
         .iter()
-        .filter(|(_, ideal, hit)| *hit && ideal.is_none())
+        .filter(|(ideal, hit)| *hit && ideal.is_none())
         .count();
     if cut > 0 {
         meter.note(format!(
@@ -592,43 +697,55 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             req.ranks, req.microbatches
         ));
     }
-    let mut tried: Vec<Tried> = Vec::new();
+    let mut tried = Vec::with_capacity(exprs.len());
     let mut planned = Vec::new();
-    for (i, (text, ideal, _)) in timed.into_iter().enumerate() {
-        let Some(text) = text else {
-            continue;
-        };
+    for (i, (expr, (ideal, _))) in exprs.iter().zip(timed).enumerate() {
         tried.push(Tried {
-            expr: text,
+            expr: expr.to_string(),
             ideal: ideal.as_ref().map(|(s, _)| *s),
             makespan: None,
         });
         if let Some((span, plan)) = ideal {
-            planned.push((span, i, tried.len() - 1, plan));
+            planned.push((span, i, plan));
         }
     }
-    // Why no candidate has a plan, from the first one (on this thread: errors carry
-    // spans, which stay on the thread that made them).
-    let plan_errors = || {
-        texts
-            .first()
-            .and_then(|t| parse_str(t).ok())
-            .and_then(|e| plan_of(req, &e).err())
-    };
     planned.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    (exprs, tried, planned)
+}
+
+/// What [`derive_phase`] found.
+struct Derivation {
+    /// The fastest candidate derived (then the least memory, then the earliest).
+    best: Option<Best>,
+    /// Every candidate derived, twins included.
+    finalists: Vec<Finalist>,
+    /// The errors of the first candidate that failed, if one did.
+    first_errors: Option<Vec<DeriveError>>,
+}
+
+/// Phase 2: the planned candidates derived in full (lowered, verified, simulated,
+/// checked against the memory limit) in ideal order, [`workers`] at a time, their
+/// results taken in that order (the same stop and the same winner as one at a time,
+/// at most `workers - 1` derivations wasted past the stop); the search stops at the
+/// first whose ideal time is more than [`SearchPolicy::derive_within`] behind the
+/// best simulated time, or when the next would go past the work budget.
+fn derive_phase(
+    req: &Request,
+    meter: &Meter,
+    tried: &mut [Tried],
+    planned: Vec<Planned>,
+) -> Derivation {
+    let derive_within = req.policy.derive_within;
     // A candidate whose plan equals an earlier one's (`balance` finding the even
     // split, an operator with nothing to move, ...) derives to the same program and
     // cannot win (ties go to the earlier candidate): it shares its twin's result.
     let twins = twins(&planned);
-    // Makespan and peak of each candidate derived so far, by slot.
+    // Makespan and peak of each candidate derived so far, by index.
     let mut derived: std::collections::BTreeMap<usize, (f64, f64)> = Default::default();
-    let mut best: Option<(f64, f64, usize, Derived)> = None;
+    let mut best: Option<Best> = None;
     let mut first_errors = None;
     let mut finalists = Vec::new();
-    // In ideal order, `workers` candidates at a time, their results taken in that
-    // order: the same stop and the same winner as one at a time, at most
-    // `workers - 1` derivations wasted past the stop.
-    let workers = workers(planned.len(), max_threads);
+    let workers = workers(planned.len(), req.policy.max_threads);
     // Left early when no candidate left can win: the stage then ends short.
     let stage = Stage::begin("auto: deriving the fastest-looking", planned.len());
     let mut rest = planned.into_iter().zip(twins).peekable();
@@ -646,7 +763,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             };
             // A twin derives nothing; the first candidate is always derived.
             let first = best.is_none() && derived.is_empty() && batch.is_empty();
-            let cost = meter.derive_cost(tasks_of(&(next.0).3), 0);
+            let cost = meter.derive_cost(tasks_of(&(next.0).2), 0);
             if next.1.is_none() && !meter.take(cost, first) {
                 meter.note(format!(
                     "stopped deriving candidates in full after {} of them (the next would \
@@ -665,11 +782,11 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         let jobs: Vec<(&Plan, &str, bool)> = batch
             .iter()
             .filter(|(_, twin)| twin.is_none())
-            .map(|((_, _, slot, plan), _)| (plan, tried[*slot].expr.as_str(), false))
+            .map(|((_, i, plan), _)| (plan, tried[*i].expr.as_str(), false))
             .collect();
         let mut results = finish_all(req, &jobs, &stage).into_iter();
         drop(jobs);
-        for ((ideal, order, slot, plan), twin) in batch {
+        for ((ideal, i, plan), twin) in batch {
             if let Some((span, ..)) = &best {
                 if ideal > *span * derive_within {
                     break 'batches;
@@ -679,18 +796,18 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
                 // Its twin came earlier in this order, so it has been taken already.
                 stage.step();
                 if let Some(&(span, peak)) = derived.get(&of) {
-                    finalists.push((span, peak, order, slot, None));
-                    tried[slot].makespan = Some(span);
+                    finalists.push((span, peak, i, None));
+                    tried[i].makespan = Some(span);
                 }
                 continue;
             }
             match results.next() {
                 Some(Ok(d)) => {
                     let (span, peak) = (d.report.makespan, d.peak_with_params());
-                    derived.insert(slot, (span, peak));
-                    finalists.push((span, peak, order, slot, Some(plan)));
-                    tried[slot].makespan = Some(span);
-                    keep_better(&mut best, d, order);
+                    derived.insert(i, (span, peak));
+                    finalists.push((span, peak, i, Some(plan)));
+                    tried[i].makespan = Some(span);
+                    keep_better(&mut best, d, i);
                 }
                 Some(Err(es)) => {
                     first_errors.get_or_insert(es);
@@ -699,11 +816,49 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             }
         }
     }
-    drop(stage);
-    // Refine the transfers of the fastest few by simulation (never slower), and
-    // keep the fastest refined program: `refine(EXPR)` names it. Under rendezvous,
-    // also the same layer by layer (see `operators::layers`): its ideal time is the
-    // plan's, but transfers find better meeting points.
+    Derivation {
+        best,
+        finalists,
+        first_errors,
+    }
+}
+
+/// One full derivation of [`refine_phase`]: the candidate's index, the expression
+/// derived, the expression under its `refine` (the candidate, or it `layers`d), the
+/// plan, and whether the transfers are refined.
+struct Job {
+    order: usize,
+    expr: Expr,
+    inner: Expr,
+    plan: Plan,
+    refine: bool,
+}
+
+/// What [`refine_phase`] found.
+struct Refinement {
+    /// Every derivation it ran.
+    jobs: Vec<Job>,
+    /// Their programs, fastest first (then the least memory, then the candidate
+    /// order, then the job order): makespan, peak, candidate index, program, job.
+    ranked: Vec<(f64, f64, usize, Derived, usize)>,
+    /// The finalist whose plan is fastest ideally.
+    ideal_finalist: Option<usize>,
+}
+
+/// Phase 3: the transfers of the fastest few finalists
+/// ([`SearchPolicy::finalists`]), and of the one whose plan is fastest in the ideal
+/// timing, refined by simulation (never slower): the refinements bring a program
+/// towards its plan's ideal time, so a plan well ahead there may win once refined
+/// although its first lowering waits more (under rendezvous, most of all). Under
+/// rendezvous, also the same layer by layer (see `operators::layers`): its ideal
+/// time is the plan's, but transfers find better meeting points.
+fn refine_phase(
+    req: &Request,
+    meter: &Meter,
+    exprs: &[Expr],
+    tried: &[Tried],
+    mut finalists: Vec<Finalist>,
+) -> Refinement {
     sort_best_first(
         &mut finalists,
         |f| Score::span(f.0).with_peak(f.1),
@@ -711,44 +866,56 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     );
     // A twin's refinements equal its twin's, which sorts before it and wins the tie:
     // twins take no finalist's place.
-    let mut finalists: Vec<_> = finalists
+    let mut finalists: Vec<(usize, Plan)> = finalists
         .into_iter()
-        .filter_map(|(a, b, order, slot, plan)| Some((a, b, order, slot, plan?)))
+        .filter_map(|(_, _, i, plan)| Some((i, plan?)))
         .collect();
-    // The fastest few as simulated, and the one whose plan is fastest in the ideal
-    // timing: the refinements bring a program towards its plan's ideal time, so a
-    // plan well ahead there may win once refined although its first lowering
-    // waits more (under rendezvous, most of all).
-    let ideal = |slot: usize| tried[slot].ideal.unwrap_or(f64::INFINITY);
+    let ideal = |i: usize| tried[i].ideal.unwrap_or(f64::INFINITY);
     let ideal_finalist = finalists
         .iter()
-        .min_by(|a, b| ideal(a.3).total_cmp(&ideal(b.3)).then(a.2.cmp(&b.2)))
-        .map(|f| f.2);
+        .min_by(|a, b| ideal(a.0).total_cmp(&ideal(b.0)).then(a.0.cmp(&b.0)))
+        .map(|f| f.0);
     let mut at = 0;
     finalists.retain(|f| {
         at += 1;
-        at <= finalists_kept || Some(f.2) == ideal_finalist
+        at <= req.policy.finalists || Some(f.0) == ideal_finalist
     });
-    let fine: Vec<Option<Plan>> = finalists
-        .iter()
-        .map(|(.., plan)| (req.mode == Mode::Rendezvous).then(|| layers(plan.clone(), req.profile)))
-        .collect();
-    let mut jobs: Vec<(usize, String, &Plan, bool)> = Vec::new();
-    for ((_, _, order, slot, plan), fine) in finalists.iter().zip(&fine) {
-        let expr = &tried[*slot].expr;
-        jobs.push((*order, format!("refine({expr})"), plan, true));
+    let mut jobs: Vec<Job> = Vec::new();
+    for (i, plan) in finalists {
+        let expr = &exprs[i];
+        let fine = (req.mode == Mode::Rendezvous).then(|| layers(plan.clone(), req.profile));
+        jobs.push(Job {
+            order: i,
+            expr: expr.clone().under("refine", None),
+            inner: expr.clone(),
+            plan,
+            refine: true,
+        });
         if let Some(fine) = fine {
-            jobs.push((*order, format!("layers({expr})"), fine, false));
-            jobs.push((*order, format!("refine(layers({expr}))"), fine, true));
+            let cut = expr.clone().under("layers", None);
+            jobs.push(Job {
+                order: i,
+                expr: cut.clone(),
+                inner: cut.clone(),
+                plan: fine.clone(),
+                refine: false,
+            });
+            jobs.push(Job {
+                order: i,
+                expr: cut.clone().under("refine", None),
+                inner: cut,
+                plan: fine,
+                refine: true,
+            });
         }
     }
     // Within the budget, in that order: a refinement simulates at most its budgets'
     // actions besides its derivation.
     let refined = req.policy.refine_actions + req.policy.w_actions;
     let wanted = jobs.len();
-    jobs.retain(|(_, _, plan, refine)| {
-        let simulated = if *refine { refined } else { 0 };
-        meter.take(meter.derive_cost(tasks_of(plan), simulated), false)
+    jobs.retain(|job| {
+        let simulated = if job.refine { refined } else { 0 };
+        meter.take(meter.derive_cost(tasks_of(&job.plan), simulated), false)
     });
     if jobs.len() < wanted {
         meter.note(format!(
@@ -758,20 +925,21 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         ));
     }
     let stage = Stage::begin("auto: refining the finalists", jobs.len());
+    let texts: Vec<String> = jobs.iter().map(|j| j.expr.to_string()).collect();
     let work: Vec<(&Plan, &str, bool)> = jobs
         .iter()
-        .map(|(_, text, plan, refine)| (*plan, text.as_str(), *refine))
+        .zip(&texts)
+        .map(|(job, text)| (&job.plan, text.as_str(), job.refine))
         .collect();
     let results = finish_all(req, &work, &stage);
     drop(stage);
-    // The refined programs, fastest first (then the least memory, then the
-    // candidate order; a stable sort keeps the job order on full ties).
-    let mut ranked: Vec<(f64, f64, usize, Derived)> = jobs
+    let mut ranked: Vec<(f64, f64, usize, Derived, usize)> = jobs
         .iter()
         .zip(results)
-        .filter_map(|((order, ..), result)| {
+        .enumerate()
+        .filter_map(|(k, (job, result))| {
             let d = result.ok()?;
-            Some((d.report.makespan, d.peak_with_params(), *order, d))
+            Some((d.report.makespan, d.peak_with_params(), job.order, d, k))
         })
         .collect();
     sort_best_first(
@@ -779,116 +947,165 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         |r| Score::span(r.0).with_peak(r.1),
         |a, b| a.2.cmp(&b.2),
     );
-    // Only a strict gain is worth the longer name.
-    let winner = match (ranked.first(), best) {
-        (Some(r), Some(b)) if less(r.0, b.0) => Some(ranked.remove(0)),
-        (_, b) => b,
-    };
-    let Some((.., winner)) = winner else {
-        return Err(first_errors.or_else(plan_errors).unwrap_or_default());
-    };
-    // Then the winner's compute order, by simulation (`refine(X, order = N)`), with a
-    // budget that shrinks as programs grow; again only a strict gain counts. When
-    // that finds nothing, the runner-up's (the fastest refined program of another
-    // expression, if within `runner_up_within` of the winner): the search may gain on
-    // one where it cannot on the other (on a schedule cut layer by layer, say, and
-    // not on the same schedule uncut).
-    let inner_of = |expr: &str| {
-        expr.strip_prefix("refine(")
-            .and_then(|x| x.strip_suffix(')'))
-            .unwrap_or(expr)
-            .to_string()
-    };
-    let polish_with = |d: &Derived, what: &str, (most, actions_in_all): (usize, usize)| {
-        let inner = inner_of(&d.expr);
-        let refined_text = format!("refine({inner})");
-        let plan = jobs
-            .iter()
-            .find(|(_, text, ..)| *text == refined_text)
-            .map(|(_, _, plan, _)| *plan)?;
+    Refinement {
+        jobs,
+        ranked,
+        ideal_finalist,
+    }
+}
+
+/// What the order searches of phases 4 and 5 share: the request, the meter, the
+/// refinement's jobs (whose plans they search) and the winner to beat.
+struct Orderer<'a> {
+    req: &'a Request<'a>,
+    meter: &'a Meter,
+    jobs: &'a [Job],
+    winner: &'a Derived,
+}
+
+impl Orderer<'_> {
+    /// `refine(inner, order = N)` derived from the plan of `refine(inner)`, with
+    /// `N` the smaller of `most` and `actions_in_all` over the program's actions
+    /// (`actions` of `d`, the program it starts from), if that is at least
+    /// [`SearchPolicy::order_min`] and within the work budget; kept when it beats
+    /// the winner.
+    fn polish(
+        &self,
+        d: &Derived,
+        inner: &Expr,
+        what: &str,
+        (most, actions_in_all): (usize, usize),
+    ) -> Option<Derived> {
+        let job = self.jobs.iter().find(|j| j.refine && &j.inner == inner)?;
         let actions: usize = d.program.programs.iter().map(Vec::len).sum();
         let budget = most.min(actions_in_all / actions.max(1));
-        if budget < order_min {
+        if budget < self.req.policy.order_min {
             return None;
         }
         let simulated = budget.saturating_mul(actions);
-        if !meter.take(meter.derive_cost(actions, simulated), false) {
-            meter.note(format!(
+        if !self
+            .meter
+            .take(self.meter.derive_cost(actions, simulated), false)
+        {
+            self.meter.note(format!(
                 "did not search {what} order ({budget} simulations would take the \
                  search past its work budget, SearchPolicy::work_budget)"
             ));
             return None;
         }
-        let text = format!("refine({inner}, order = {budget})");
+        let text = inner
+            .clone()
+            .under("refine", None)
+            .with_int("order", budget as u64)
+            .to_string();
         let stage = Stage::begin(&format!("auto: ordering {what}"), 1);
         let _step = StepOnDrop(&stage);
-        finish(req, plan, &text, Span::NONE, Some(budget))
+        finish(self.req, &job.plan, &text, Span::NONE, Some(budget))
             .ok()
-            .filter(|p| span(&p.report).beats(&span(&winner.report)))
-    };
-    let runner_up = || {
-        let inner = inner_of(&winner.expr);
-        ranked
-            .iter()
-            .find(|(.., d)| inner_of(&d.expr) != inner)
-            .map(|(.., d)| d)
-            .filter(|d| d.report.makespan <= winner.report.makespan * runner_up_within)
-    };
-    // And that of the finalist fastest in the ideal timing (its fastest refined
-    // program), when it is another expression within `ideal_within` of the winner:
-    // its order has the most to gain.
+            .filter(|p| span(&p.report).beats(&span(&self.winner.report)))
+    }
+}
+
+/// Phase 4: the winner's compute order searched by simulation (`refine(X, order =
+/// N)`), with a budget that shrinks as programs grow ([`SearchPolicy::order_budget`],
+/// [`SearchPolicy::order_actions`]), and that of the finalist fastest in the ideal
+/// timing (its fastest refined program) when it is another expression within
+/// [`SearchPolicy::ideal_within`] of the winner: its order has the most to gain.
+/// The faster of the two is kept (the winner's on a tie). When neither gains, the
+/// runner-up's (the fastest refined program of another expression, if within
+/// [`SearchPolicy::runner_up_within`] of the winner): the search may gain on one
+/// where it cannot on the other (on a schedule cut layer by layer, say, and not on
+/// the same schedule uncut). Only a strict gain counts. Returns the program found and
+/// the one it came from (with its inner expression).
+fn order_phase<'a>(
+    o: &Orderer<'a>,
+    winner: &'a (Derived, Expr),
+    ranked: &'a [(f64, f64, usize, Derived, usize)],
+    ideal_finalist: Option<usize>,
+) -> Option<(Derived, (&'a Derived, &'a Expr))> {
+    let policy = &o.req.policy;
+    let budgets = (policy.order_budget, policy.order_actions);
+    let (win, win_inner) = (&winner.0, &winner.1);
+    let inner_of = |job: usize| &o.jobs[job].inner;
     let ideal_pick = ranked
         .iter()
-        .find(|(_, _, order, _)| Some(*order) == ideal_finalist)
-        .map(|(.., d)| d)
-        .filter(|d| inner_of(&d.expr) != inner_of(&winner.expr))
-        .filter(|d| d.report.makespan <= winner.report.makespan * ideal_within);
-    let polish = |d: &Derived, what: &str| polish_with(d, what, (order_budget, order_actions));
-    // The faster of the two (the winner's on a tie), with the program it came from.
-    let polished = [
-        polish(&winner, "the winner's compute").map(|p| (p, &winner)),
-        ideal_pick.and_then(|d| Some((polish(d, "the ideal finalist's compute")?, d))),
+        .find(|r| Some(r.2) == ideal_finalist)
+        .filter(|r| inner_of(r.4) != win_inner)
+        .filter(|r| r.3.report.makespan <= win.report.makespan * policy.ideal_within)
+        .map(|r| (&r.3, inner_of(r.4)));
+    let runner_up = || {
+        ranked
+            .iter()
+            .find(|r| inner_of(r.4) != win_inner)
+            .filter(|r| r.3.report.makespan <= win.report.makespan * policy.runner_up_within)
+            .map(|r| (&r.3, inner_of(r.4)))
+    };
+    [
+        o.polish(win, win_inner, "the winner's compute", budgets)
+            .map(|p| (p, (win, win_inner))),
+        ideal_pick.and_then(|(d, inner)| {
+            Some((
+                o.polish(d, inner, "the ideal finalist's compute", budgets)?,
+                (d, inner),
+            ))
+        }),
     ]
     .into_iter()
     .flatten()
     .min_by(|a, b| span(&a.0.report).order(&span(&b.0.report)))
     .or_else(|| {
-        let d = runner_up()?;
-        Some((polish(d, "the runner-up's compute")?, d))
-    });
-    // Where the goal applies (micro-batches at least twice the ranks) and the
-    // program is still more than `goal` above the bound, the same order search again
-    // with a larger budget; kept when it is faster.
-    let (polished, from) = polished.map_or((None, &winner), |(p, from)| (Some(p), from));
-    let current = polished.as_ref().unwrap_or(&winner);
-    let short = req.microbatches >= goal_microbatches_per_rank * req.ranks
-        && current.report.makespan > goal * current.bound.value();
+        let (d, inner) = runner_up()?;
+        Some((
+            o.polish(d, inner, "the runner-up's compute", budgets)?,
+            (d, inner),
+        ))
+    })
+}
+
+/// Phase 5: where the goal applies (micro-batches at least
+/// [`SearchPolicy::goal_microbatches_per_rank`] times the ranks) and the program is
+/// still more than [`SearchPolicy::goal`] above the lower bound, the order search of
+/// the program phase 4 started from again, with the larger budget
+/// ([`SearchPolicy::far_budget`], [`SearchPolicy::far_actions`]): the bound tells
+/// the search where more effort may pay; elsewhere it costs nothing. Kept when it
+/// is faster. Returns the search's answer.
+fn further_phase(
+    o: &Orderer,
+    winner: &(Derived, Expr),
+    polished: Option<(Derived, (&Derived, &Expr))>,
+) -> Derived {
+    let policy = &o.req.policy;
+    let (polished, (from, from_inner)) = match polished {
+        Some((p, from)) => (Some(p), from),
+        None => (None, (&winner.0, &winner.1)),
+    };
+    let current = polished.as_ref().unwrap_or(&winner.0);
+    let short = o.req.microbatches >= policy.goal_microbatches_per_rank * o.req.ranks
+        && current.report.makespan > policy.goal * current.bound.value();
     let further = short
         .then(|| {
             let what = format!(
                 "its compute further (more than {:.0}% above the bound)",
-                (goal - 1.0) * PERCENT
+                (policy.goal - 1.0) * PERCENT
             );
-            polish_with(from, &what, (far_budget, far_actions))
+            o.polish(
+                from,
+                from_inner,
+                &what,
+                (policy.far_budget, policy.far_actions),
+            )
         })
         .flatten()
         .filter(|p| span(&p.report).beats(&span(&current.report)));
-    let best = further.or(polished).unwrap_or(winner);
-    let work = meter.spent.get();
-    Ok(Search {
-        best,
-        tried,
-        notes: meter.notes.into_inner(),
-        work,
-    })
+    further.or(polished).unwrap_or_else(|| winner.0.clone())
 }
 
 /// A factor as a percentage, for messages.
 const PERCENT: f64 = 100.0;
 
 /// For each candidate of `planned` (sorted by ideal time, then candidate order), the
-/// slot of the first earlier one with the same ideal time and an equal plan, if any.
-fn twins(planned: &[(f64, usize, usize, Plan)]) -> Vec<Option<usize>> {
+/// index of the first earlier one with the same ideal time and an equal plan, if any.
+fn twins(planned: &[Planned]) -> Vec<Option<usize>> {
     let mut out: Vec<Option<usize>> = vec![None; planned.len()];
     let mut run = 0; // first index of the current run of equal ideal times
     for k in 0..planned.len() {
@@ -896,8 +1113,8 @@ fn twins(planned: &[(f64, usize, usize, Plan)]) -> Vec<Option<usize>> {
             run = k;
         }
         out[k] = (run..k)
-            .find(|&j| out[j].is_none() && planned[j].3 == planned[k].3)
-            .map(|j| planned[j].2);
+            .find(|&j| out[j].is_none() && planned[j].2 == planned[k].2)
+            .map(|j| planned[j].1);
     }
     out
 }
@@ -980,13 +1197,19 @@ pub(crate) fn auto(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveErro
 }
 
 /// The bodies of the peer schedules, the baseline first.
-pub const PEER_BODIES: [&str; 5] = ["1f1b", "interleaved(v = 2)", "zbh1", "zbv", "dualpipev"];
+const PEERS: [Body; 5] = [
+    Body("1f1b", &[]),
+    Body("interleaved", &[("v", Int(2))]),
+    Body("zbh1", &[]),
+    Body("zbv", &[]),
+    Body("dualpipev", &[]),
+];
 
 /// The peer schedules of `profile` (what [`crate::search::evaluation`] sets `auto` against, and
 /// where `auto` starts): each body with the encoders inline, then each body
 /// with every encoder transposed (in each nesting order, for two encoders).
-pub fn peers(profile: &Profile) -> Vec<String> {
-    let mut out: Vec<String> = PEER_BODIES.iter().map(|b| b.to_string()).collect();
+pub fn peers(profile: &Profile) -> Vec<Expr> {
+    let mut out: Vec<Expr> = PEERS.iter().map(|b| b.expr()).collect();
     if profile.encoders.is_empty() {
         return out;
     }
@@ -995,13 +1218,13 @@ pub fn peers(profile: &Profile) -> Vec<String> {
     if names.len() == 2 {
         orders.push(vec![names[1], names[0]]);
     }
-    for b in PEER_BODIES {
+    for b in PEERS {
         for order in &orders {
-            let mut e = b.to_string();
-            for n in order {
-                e = format!("transpose({n}, {e})");
-            }
-            out.push(e);
+            out.push(
+                order
+                    .iter()
+                    .fold(b.expr(), |e, n| e.under("transpose", Some(n))),
+            );
         }
     }
     out
@@ -1010,6 +1233,7 @@ pub fn peers(profile: &Profile) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algebra::expr::parse_str;
 
     /// The memo and the grouped, parallel evaluation change nothing: every
     /// candidate's plan and ideal time are those of a fresh, lone evaluation.
@@ -1021,13 +1245,14 @@ mod tests {
         ] {
             let profile = Profile::from_toml_str(text).unwrap();
             let req = Request::new(&profile, p, m);
-            let texts = candidates(&profile, p, m);
-            let all = plan_all(&req, &texts);
-            assert_eq!(all.len(), texts.len());
-            for (text, (canonical, got, _)) in texts.iter().zip(all) {
-                let expr = parse_str(text).unwrap();
-                assert_eq!(canonical.as_deref(), Some(expr.to_string().as_str()));
-                let alone = plan_of(&req, &expr).ok();
+            let exprs = candidates(&profile, p, m);
+            let all = plan_all(&req, &exprs);
+            assert_eq!(all.len(), exprs.len());
+            for (expr, (got, _)) in exprs.iter().zip(all) {
+                // Built as values, each candidate is its own canonical text.
+                let text = expr.to_string();
+                assert_eq!(&parse_str(&text).unwrap(), expr);
+                let alone = plan_of(&req, expr).ok();
                 assert_eq!(got.as_ref().map(|(_, plan)| plan), alone.as_ref(), "{text}");
                 if let (Some((ideal, _)), Some(plan)) = (got, alone) {
                     let deps = dependencies(&plan).unwrap();
@@ -1045,10 +1270,10 @@ mod tests {
         let plan = |e: &str| plan_of(&req, &parse_str(e).unwrap()).unwrap();
         let (a, b) = (plan("zbh1"), plan("1f1b"));
         let planned = vec![
-            (1.0, 0, 10, a.clone()),
-            (1.0, 1, 11, b),
-            (1.0, 2, 12, a.clone()),
-            (2.0, 3, 13, a),
+            (1.0, 10, a.clone()),
+            (1.0, 11, b),
+            (1.0, 12, a.clone()),
+            (2.0, 13, a),
         ];
         assert_eq!(twins(&planned), [None, None, Some(10), None]);
     }
@@ -1088,6 +1313,7 @@ mod tests {
     /// Candidates that share a body sort next to each other, innermost first.
     #[test]
     fn nests_read_from_the_innermost_body_out() {
+        let nest = |t: &str| nest(&parse_str(t).unwrap());
         assert_eq!(
             nest("balance(transpose(vision, zbv, owners = spare))"),
             [
@@ -1097,6 +1323,5 @@ mod tests {
             ]
         );
         assert_eq!(nest("1f1b"), ["1f1b"]);
-        assert!(nest("zbv(").is_empty());
     }
 }

@@ -6,6 +6,7 @@
 //! encoder moved by MPipe's `transpose` (both nesting orders for two encoders).
 //! Every peer is in `auto`'s search space, so `auto` is never slower than any.
 
+use crate::algebra::expr::Expr;
 use crate::algebra::profile::Profile;
 use crate::ir::compare::order;
 use crate::ir::progress::Stage;
@@ -13,7 +14,7 @@ use crate::judge::bound::{profile_bound, Bound};
 use crate::judge::simulate::Mode;
 use crate::search::derive::{derive_str, DeriveError, Derived, Request};
 
-pub use crate::search::auto::{peers, PEER_BODIES};
+pub use crate::search::auto::peers;
 
 /// One schedule of an evaluation.
 #[derive(Debug)]
@@ -74,7 +75,9 @@ pub fn evaluate(profile: &Profile, ranks: usize, microbatches: usize, mode: Mode
     };
     let names = peers(profile);
     let stage = Stage::begin("evaluating the schedules", names.len() + 1);
-    let row = |expr: String| {
+    // Derived from their text, so that errors point into the text a row shows.
+    let row = |expr: Expr| {
+        let expr = expr.to_string();
         let outcome = derive_str(&req, &expr);
         stage.step();
         Row { outcome, expr }
@@ -83,7 +86,7 @@ pub fn evaluate(profile: &Profile, ranks: usize, microbatches: usize, mode: Mode
         ranks,
         microbatches,
         peers: names.into_iter().map(row).collect(),
-        best: row("auto".into()),
+        best: row(Expr::leaf("auto")),
         bound: profile_bound(
             profile,
             ranks,

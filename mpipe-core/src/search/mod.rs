@@ -18,4 +18,4 @@ pub mod relower;
 pub mod reorder;
 pub(crate) mod replan;
 
-pub use auto::{candidates, candidates_for, peers, search, Search, Tried, PEER_BODIES};
+pub use auto::{candidates, candidates_for, peers, search, Search, Tried};

@@ -86,6 +86,57 @@ impl Expr {
     pub fn name(&self) -> &str {
         &self.head.name
     }
+
+    /// `name`, with no arguments and no place in any text (an expression built by
+    /// a program, not parsed).
+    pub fn leaf(name: impl Into<String>) -> Expr {
+        Expr {
+            head: Ident::new(name, Span::NONE),
+            args: Vec::new(),
+            span: Span::NONE,
+        }
+    }
+
+    /// `op(first, self)`: the operator `op` over `self` as its body, with `first`
+    /// (an encoder's name) before it when given (`transpose(vision, zbv)`,
+    /// `balance(zbv)`).
+    pub fn under(self, op: &str, first: Option<&str>) -> Expr {
+        let mut args: Vec<Arg> = first
+            .map(|n| Arg::Expr(Expr::leaf(n)))
+            .into_iter()
+            .collect();
+        args.push(Arg::Expr(self));
+        Expr {
+            args,
+            ..Expr::leaf(op)
+        }
+    }
+
+    /// `self` with `key = value` appended to its arguments.
+    pub fn with(mut self, key: &str, value: Value) -> Expr {
+        self.args.push(Arg::Key {
+            key: Ident::new(key, Span::NONE),
+            value,
+            span: Span::NONE,
+        });
+        self
+    }
+
+    /// `self` with `key = name` appended to its arguments.
+    pub fn with_name(self, key: &str, name: &str) -> Expr {
+        self.with(key, Value::Name(Ident::new(name, Span::NONE)))
+    }
+
+    /// `self` with `key = value` (an integer) appended to its arguments.
+    pub fn with_int(self, key: &str, value: u64) -> Expr {
+        self.with(
+            key,
+            Value::Int {
+                value,
+                span: Span::NONE,
+            },
+        )
+    }
 }
 
 impl Arg {
