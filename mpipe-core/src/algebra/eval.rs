@@ -1,7 +1,10 @@
 //! The algebra's evaluation: an expression to its compute-only [`Plan`].
 //!
 //! `eval` maps each sub-expression to a plan: a body name runs its generator, an
-//! operator evaluates its body argument and maps the plan. Errors carry the span of
+//! operator evaluates its body argument and maps the plan. Every name of the
+//! language is one row of [`TABLE`]: its [`Signature`] (arguments with their types
+//! and defaults, checked by [`Signature::check`], which words every argument error)
+//! and its evaluation. Errors carry the span of
 //! the sub-expression at fault, and evaluation goes on past an error where it can, so
 //! a user sees every mistake at once.
 //!
@@ -9,9 +12,9 @@
 //! `refine(...)` are resolved above it (`derive`), which calls down into [`plan_of`].
 
 use crate::algebra::analysis::PlanError;
+use crate::algebra::expr::Expr;
 use crate::algebra::expr::Span;
-use crate::algebra::expr::{Arg, Expr, Value};
-use crate::algebra::generators::{generate_by, BodyKind, GenError, Weave, BODY_NAMES};
+use crate::algebra::generators::{generate_by, BodyKind, GenError, Weave};
 use crate::algebra::operators::chain::{chain, ChainError};
 use crate::algebra::operators::fill::{fill, FillCap};
 use crate::algebra::operators::host::{host, Host};
@@ -20,24 +23,11 @@ use crate::algebra::operators::prefetch::prefetch;
 use crate::algebra::operators::split_w::split_w;
 use crate::algebra::operators::transpose::{transpose_with, Backward, Owners, Place};
 use crate::algebra::profile::{Profile, Split};
+use crate::algebra::signature::{Checked, Param, Shape, Signature, Type};
 use crate::ir::model::{Mode, SimOptions};
 use crate::ir::plan::{Plan, UnitId};
 use crate::ir::policy::SearchPolicy;
 use crate::ir::text::did_you_mean;
-
-/// Operator names the language reserves.
-pub const OPERATOR_NAMES: [&str; 10] = [
-    "transpose",
-    "fill",
-    "chain",
-    "host",
-    "split_w",
-    "balance",
-    "prefetch",
-    "layers",
-    "refine",
-    "auto",
-];
 
 /// One derivation error: what is wrong, where, and how to fix it.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -200,343 +190,528 @@ pub(crate) fn with_plan_memo<T>(capacity: usize, f: impl FnOnce() -> T) -> T {
     out
 }
 
-fn eval_uncached(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    let name = e.name();
-    if let Some(kind) = body_kind(e, errors) {
-        return match generate_by(kind, req.profile, req.ranks, req.microbatches, &req.policy) {
-            Ok(plan) => Some(plan),
-            Err(g) => {
-                let kind = match g {
-                    GenError::Microbatches { .. } | GenError::NoMicrobatches => {
-                        ErrorKind::Microbatches
-                    }
-                    GenError::Chunks(_) | GenError::Ramp(_) | GenError::Chains(_) => {
-                        ErrorKind::BadArgument
-                    }
-                    GenError::Units(_) => ErrorKind::Profile,
-                };
-                errors.push(err(kind, e.span, format!("`{e}`: {g}")));
-                None
-            }
-        };
-    }
-    if BODY_NAMES.contains(&name) {
-        return None; // body_kind reported the argument errors
-    }
-    match name {
-        "transpose" => eval_transpose(req, e, errors),
-        "split_w" => eval_split_w(req, e, errors),
-        "layers" => eval_layers(req, e, errors),
-        "auto" | "refine" => {
-            errors.push(err(
-                ErrorKind::BadArgument,
-                e.span,
-                format!(
-                    "`{name}` stands for a whole schedule and cannot be an operator's argument; {}",
-                    if name == "auto" {
-                        "write `auto` alone"
-                    } else {
-                        "write it outermost, as in `refine(zbh1)`"
-                    }
-                ),
-            ));
-            None
-        }
-        "fill" => eval_fill(req, e, errors),
-        "chain" => eval_chain(req, e, errors),
-        "host" => eval_host(req, e, errors),
-        "balance" => eval_balance(req, e, errors),
-        "prefetch" => eval_prefetch(req, e, errors),
-        _ => {
-            let mut all: Vec<&str> = BODY_NAMES.to_vec();
-            all.extend(OPERATOR_NAMES);
-            let hint = did_you_mean(name, &all)
-                .map(|s| format!(" (did you mean `{s}`?)"))
-                .unwrap_or_default();
-            errors.push(err(
-                ErrorKind::UnknownName,
-                e.head.span,
-                format!(
-                    "unknown schedule `{name}`{hint}; expected one of: {}",
-                    all.join(", ")
-                ),
-            ));
-            None
-        }
-    }
+/// One name of the language: what it takes and how it evaluates. Adding an operator
+/// is its plan map (a file under `operators/`) and one row here.
+pub(crate) struct Row {
+    pub sig: Signature,
+    eval: Eval,
 }
 
-/// The body generator `e` names, with its arguments checked; `None` if `e` is not a
-/// body or its arguments are bad (then errors says why).
-fn body_kind(e: &Expr, errors: &mut Vec<DeriveError>) -> Option<BodyKind> {
-    let kind = match e.name() {
-        "gpipe" => BodyKind::GPipe,
-        "1f1b" => BodyKind::OneFOneB,
-        "zbh1" => BodyKind::ZbH1,
-        "zbv" => BodyKind::ZbV,
-        "dualpipev" => BodyKind::DualPipeV,
-        "interleaved" => BodyKind::Interleaved { v: 2 },
-        "zb2p" => BodyKind::Zb2p {
-            v: 1,
-            vshape: false,
-            lockstep: false,
-            encoders: Weave::Inline,
+/// A row's evaluation, given its arguments checked ([`Checked::ok`] holds).
+type Eval = fn(&Request, &Expr, &Checked, &mut Vec<DeriveError>) -> Option<Plan>;
+
+/// `list = fixed | search` of `zbv` and `zbh1`.
+const LIST: Param = Param {
+    key: "list",
+    ty: Type::Choice(&["fixed", "search"]),
+    doc: "the fixed order of the layout, or one searched by the profile's costs",
+};
+
+/// The most simulations `refine(X, order = N)` may spend searching the compute order.
+pub const MAX_ORDER: u64 = 100_000;
+
+/// Every name of the expression language, bodies first, with its signature and its
+/// evaluation.
+pub(crate) static TABLE: [Row; 17] = [
+    Row {
+        sig: Signature {
+            name: "gpipe",
+            shape: Shape::Body,
+            params: &[],
+            example: "gpipe",
+            doc: "every forward, then every backward",
         },
-        _ => return None,
-    };
-    let keys: &[&str] = match e.name() {
-        "interleaved" => &["v"],
-        "zb2p" => &["v", "layout", "costs", "encoders"],
-        "zbv" | "zbh1" => &["list"],
-        _ => &[],
-    };
-    let before = errors.len();
-    for a in &e.args {
-        match a {
-            Arg::Expr(x) => errors.push(err(
-                ErrorKind::BadArgument,
-                x.span,
-                format!(
-                    "`{}` takes no schedule argument{}",
-                    e.name(),
-                    match keys {
-                        [] => "s",
-                        ["list"] => "; it takes `list = fixed | search`",
-                        _ => "; it takes `v = N`",
-                    }
-                ),
-            )),
-            Arg::Key { key, .. } if !keys.contains(&key.name.as_str()) => errors.push(err(
-                ErrorKind::BadArgument,
-                key.span,
-                if keys.is_empty() {
-                    format!("`{}` takes no arguments", e.name())
-                } else {
-                    format!(
-                        "unknown argument `{}` of `{}`; expected one of: {}",
-                        key.name,
-                        e.name(),
-                        keys.join(", ")
-                    )
+        eval: |req, e, _, errors| generated(req, e, BodyKind::GPipe, errors),
+    },
+    Row {
+        sig: Signature {
+            name: "1f1b",
+            shape: Shape::Body,
+            params: &[],
+            example: "1f1b",
+            doc: "one forward, one backward, after a warm-up",
+        },
+        eval: |req, e, _, errors| generated(req, e, BodyKind::OneFOneB, errors),
+    },
+    Row {
+        sig: Signature {
+            name: "interleaved",
+            shape: Shape::Body,
+            params: &[Param {
+                key: "v",
+                ty: Type::Int {
+                    min: 2,
+                    max: u64::MAX,
                 },
-            )),
-            Arg::Key { .. } => {}
-        }
-    }
-    let kind = match (kind, e.find_key("v")) {
-        (BodyKind::Interleaved { .. }, Some(v)) => match v.as_int() {
-            Some(v) if v >= 2 => BodyKind::Interleaved { v: v as usize },
-            _ => {
+                doc: "the number of chunks per rank (v = 1 is `1f1b`)",
+            }],
+            example: "interleaved(v = 2)",
+            doc: "1F1B over v looped chunks per rank",
+        },
+        eval: |req, e, c, errors| {
+            let v = c.int("v").map_or(2, |(v, _)| v as usize);
+            generated(req, e, BodyKind::Interleaved { v }, errors)
+        },
+    },
+    Row {
+        sig: Signature {
+            name: "zbh1",
+            shape: Shape::Body,
+            params: &[LIST],
+            example: "zbh1",
+            doc: "zero bubble, 1F1B's memory (B and W apart)",
+        },
+        eval: |req, e, c, errors| {
+            let kind = match c.choice("list") {
+                1 => BodyKind::ZbList { vshape: false },
+                _ => BodyKind::ZbH1,
+            };
+            generated(req, e, kind, errors)
+        },
+    },
+    Row {
+        sig: Signature {
+            name: "zbv",
+            shape: Shape::Body,
+            params: &[LIST],
+            example: "zbv",
+            doc: "zero bubble over two chunks per rank in a V",
+        },
+        eval: |req, e, c, errors| {
+            let kind = match c.choice("list") {
+                1 => BodyKind::ZbList { vshape: true },
+                _ => BodyKind::ZbV,
+            };
+            generated(req, e, kind, errors)
+        },
+    },
+    Row {
+        sig: Signature {
+            name: "dualpipev",
+            shape: Shape::Body,
+            params: &[],
+            example: "dualpipev",
+            doc: "DualPipe's V: two chunks per rank, forward and backward overlapped",
+        },
+        eval: |req, e, _, errors| generated(req, e, BodyKind::DualPipeV, errors),
+    },
+    Row {
+        sig: Signature {
+            name: "zb2p",
+            shape: Shape::Body,
+            params: &[
+                Param {
+                    key: "v",
+                    ty: Type::Int {
+                        min: 1,
+                        max: u64::MAX,
+                    },
+                    doc: "the number of chunks per rank",
+                },
+                Param {
+                    key: "layout",
+                    ty: Type::Choice(&["looped", "v"]),
+                    doc: "how the chunks go round the ranks",
+                },
+                Param {
+                    key: "costs",
+                    ty: Type::Choice(&["profile", "unit"]),
+                    doc: "the costs the list scheduler weighs",
+                },
+                Param {
+                    key: "encoders",
+                    ty: Type::Choice(&Weave::NAMES),
+                    doc: "where the encoders run",
+                },
+            ],
+            example: "zb2p(encoders = ramp)",
+            doc: "a zero-bubble list schedule by the profile's costs",
+        },
+        eval: |req, e, c, errors| {
+            let vshape = c.choice("layout") == 1;
+            let v = match (c.int("v"), vshape) {
+                (None, false) => 1,
+                (None, true) | (Some((2, _)), true) => 2,
+                (Some((n, _)), false) => n as usize,
+                (Some((n, span)), true) => {
+                    errors.push(err(
+                        ErrorKind::BadArgument,
+                        span,
+                        format!("`layout = v` has 2 chunks per rank; drop `v = {n}`"),
+                    ));
+                    return None;
+                }
+            };
+            let kind = BodyKind::Zb2p {
+                v,
+                vshape,
+                lockstep: c.choice("costs") == 1,
+                encoders: Weave::ALL[c.choice("encoders")],
+            };
+            generated(req, e, kind, errors)
+        },
+    },
+    Row {
+        sig: Signature {
+            name: "transpose",
+            shape: Shape::EncoderOver,
+            params: &[
+                Param {
+                    key: "owners",
+                    ty: Type::Choice(&["round_robin", "min", "spare"]),
+                    doc: "which ranks run the encoder's micro-batches",
+                },
+                Param {
+                    key: "backward",
+                    ty: Type::Choice(&["local", "central"]),
+                    doc: "where a trainable encoder's backward runs",
+                },
+                Param {
+                    key: "place",
+                    ty: Type::Choice(&["best", "late", "prefix", "idle"]),
+                    doc: "when each owner runs its encoder forwards",
+                },
+            ],
+            example: "transpose(vision, 1f1b)",
+            doc: "the encoder's micro-batches spread over the ranks' idle warm-up",
+        },
+        eval: |req, e, c, errors| {
+            let owners = [Owners::RoundRobin, Owners::Min, Owners::Spare][c.choice("owners")];
+            let backward = [Backward::Local, Backward::Central][c.choice("backward")];
+            let place = [Place::Best, Place::Late, Place::Prefix, Place::Idle][c.choice("place")];
+            let (id, plan) = encoder_and_plan(req, c, errors)?;
+            applied(e, transpose_with(plan, id, owners, backward, place), errors)
+        },
+    },
+    Row {
+        sig: Signature {
+            name: "fill",
+            shape: Shape::EncoderOver,
+            params: &[],
+            example: "fill(vision, zbv)",
+            doc: "the encoder's work put into the body's idle time",
+        },
+        eval: |req, e, c, errors| {
+            let (id, plan) = encoder_and_plan(req, c, errors)?;
+            applied(
+                e,
+                fill(plan, id, link(req), req.profile, req.fill_cap),
+                errors,
+            )
+        },
+    },
+    Row {
+        sig: Signature {
+            name: "chain",
+            shape: Shape::EncoderOver,
+            params: &[],
+            example: "chain(vision, zb2p(costs = unit))",
+            doc: "the encoder cut into per-rank layer chunks in the body's idle time",
+        },
+        eval: |req, e, c, errors| {
+            let (id, plan) = encoder_and_plan(req, c, errors)?;
+            let enc = c.encoder?;
+            let spec = req.profile.encoders.iter().find(|x| x.name == enc.name())?;
+            chain(plan, id, spec, link(req))
+                .map_err(|x| {
+                    let span = match x {
+                        ChainError::NotFeeding(_) => enc.span,
+                        ChainError::Plan(_) => e.span,
+                    };
+                    errors.push(err(ErrorKind::Invalid, span, format!("`{e}`: {x}")))
+                })
+                .ok()
+        },
+    },
+    Row {
+        sig: Signature {
+            name: "host",
+            shape: Shape::EncoderOver,
+            params: &[Param {
+                key: "rank",
+                ty: Type::IntOr("spare"),
+                doc: "a rank number",
+            }],
+            example: "host(audio, zbv, rank = 2)",
+            doc: "the encoder run on one rank (the least busy: `spare`)",
+        },
+        eval: |req, e, c, errors| {
+            let to = match c.int("rank") {
+                None => Host::Spare,
+                Some((n, _)) if (n as usize) < req.ranks => Host::Rank(n as usize),
+                Some((n, span)) => {
+                    errors.push(err(
+                        ErrorKind::BadArgument,
+                        span,
+                        format!(
+                            "rank {n} does not exist: the request has {} ranks (0..{}); \
+                             or write `rank = spare`",
+                            req.ranks,
+                            req.ranks.saturating_sub(1)
+                        ),
+                    ));
+                    // The body is still evaluated, so its mistakes show too.
+                    eval(req, c.body?, errors);
+                    return None;
+                }
+            };
+            let (id, plan) = encoder_and_plan(req, c, errors)?;
+            applied(e, host(plan, id, to, link(req), req.fill_cap), errors)
+        },
+    },
+    Row {
+        sig: Signature {
+            name: "split_w",
+            shape: Shape::Over,
+            params: &[],
+            example: "split_w(1f1b)",
+            doc: "every fused backward split into B and W, W deferred into idle time",
+        },
+        eval: |req, e, c, errors| {
+            let plan = eval(req, c.body?, errors)?;
+            applied(e, split_w(plan), errors)
+        },
+    },
+    Row {
+        sig: Signature {
+            name: "balance",
+            shape: Shape::Over,
+            params: &[],
+            example: "balance(zbv)",
+            doc: "the LLM's layers split so that every stage's work is even",
+        },
+        eval: |req, e, c, errors| {
+            if req.profile.llm.layout.is_some() {
                 errors.push(err(
                     ErrorKind::BadArgument,
-                    v.span(),
-                    format!("`v` is the number of chunks per rank, an integer >= 2 (v = 1 is `1f1b`), got `{v}`"),
+                    e.head.span,
+                    "`balance` chooses the stage split, but the profile fixes it with \
+                     `llm.layout`; drop one of the two",
                 ));
                 return None;
             }
+            let mut profile = req.profile.clone();
+            profile.llm.split = Split::Balanced;
+            let inner = Request {
+                profile: &profile,
+                ..*req
+            };
+            eval(&inner, c.body?, errors)
         },
-        (BodyKind::Zb2p { .. }, v) => {
-            // All three are read (and their mistakes reported) before giving up.
-            let keys = (
-                one_of(e, "layout", &["looped", "v"], errors).map(|i| i == 1),
-                one_of(e, "costs", &["profile", "unit"], errors).map(|i| i == 1),
-                one_of(e, "encoders", &Weave::NAMES, errors),
-            );
-            let (Some(vshape), Some(lockstep), Some(weave)) = keys else {
+    },
+    Row {
+        sig: Signature {
+            name: "prefetch",
+            shape: Shape::EncoderOver,
+            params: &[],
+            example: "prefetch(vision, zbv)",
+            doc: "a frozen encoder's forwards run a step ahead",
+        },
+        eval: |req, e, c, errors| {
+            let (id, plan) = encoder_and_plan(req, c, errors)?;
+            let enc = c.encoder?;
+            if plan.needs_backward()[id] {
+                errors.push(err(
+                    ErrorKind::BadArgument,
+                    enc.span,
+                    format!(
+                        "`prefetch` needs a frozen encoder, and `{}` is trainable: its forward \
+                         for the next step would read parameters this step updates; use `fill` \
+                         or `transpose`",
+                        enc.name()
+                    ),
+                ));
                 return None;
-            };
-            let chunks = match (v.map(|v| (v, v.as_int())), vshape) {
-                (None, false) => Ok(1),
-                (None, true) | (Some((_, Some(2))), true) => Ok(2),
-                (Some((_, Some(n))), false) if n >= 1 => Ok(n as usize),
-                (Some((v, _)), true) => Err((
-                    v,
-                    format!("`layout = v` has 2 chunks per rank; drop `v = {v}`"),
-                )),
-                (Some((v, _)), false) => Err((
-                    v,
-                    format!("`v` is the number of chunks per rank, an integer >= 1, got `{v}`"),
-                )),
-            };
-            match chunks {
-                Ok(chunks) => BodyKind::Zb2p {
-                    v: chunks,
-                    vshape,
-                    lockstep,
-                    encoders: Weave::ALL[weave],
+            }
+            applied(e, prefetch(plan, id, req.profile), errors)
+        },
+    },
+    Row {
+        sig: Signature {
+            name: "layers",
+            shape: Shape::Over,
+            params: &[],
+            example: "layers(zbh1)",
+            doc: "every unit computed layer by layer (outermost, or under `refine`)",
+        },
+        eval: |req, _, c, errors| {
+            let plan = eval(req, c.body?, errors)?;
+            Some(layers(plan, req.profile))
+        },
+    },
+    Row {
+        sig: Signature {
+            name: "refine",
+            shape: Shape::Whole,
+            params: &[Param {
+                key: "order",
+                ty: Type::Int {
+                    min: 1,
+                    max: MAX_ORDER,
                 },
-                Err((v, message)) => {
-                    errors.push(err(ErrorKind::BadArgument, v.span(), message));
-                    return None;
+                doc: "how many simulations `refine` may spend moving compute tasks into waits",
+            }],
+            example: "refine(zbh1, order = 500)",
+            doc: "transfers (and, with `order`, compute) moved to where the ranks wait",
+        },
+        eval: whole,
+    },
+    Row {
+        sig: Signature {
+            name: "auto",
+            shape: Shape::Whole,
+            params: &[],
+            example: "auto",
+            doc: "the fastest expression found by search",
+        },
+        eval: whole,
+    },
+];
+
+/// The row of `name`, if the language has it.
+pub(crate) fn row(name: &str) -> Option<&'static Row> {
+    TABLE.iter().find(|r| r.sig.name == name)
+}
+
+/// The signature of `name`, if the language has it.
+pub fn signature(name: &str) -> Option<&'static Signature> {
+    row(name).map(|r| &r.sig)
+}
+
+/// Names of the body generators, as the expression language spells them.
+pub fn body_names() -> impl Iterator<Item = &'static str> {
+    TABLE
+        .iter()
+        .filter(|r| r.sig.shape == Shape::Body)
+        .map(|r| r.sig.name)
+}
+
+/// Names of the operators (and of `auto` and `refine`), as the language spells them.
+pub fn operator_names() -> impl Iterator<Item = &'static str> {
+    TABLE
+        .iter()
+        .filter(|r| r.sig.shape != Shape::Body)
+        .map(|r| r.sig.name)
+}
+
+/// `auto` or `refine` inside another name: they stand for whole schedules.
+fn whole(_: &Request, e: &Expr, _: &Checked, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    let name = e.name();
+    errors.push(err(
+        ErrorKind::BadArgument,
+        e.span,
+        format!(
+            "`{name}` stands for a whole schedule and cannot be an operator's argument; {}",
+            if name == "auto" {
+                "write `auto` alone"
+            } else {
+                "write it outermost, as in `refine(zbh1)`"
+            }
+        ),
+    ));
+    None
+}
+
+/// `e` checked against its row's signature (every mistake pushed to `errors` as a
+/// [`ErrorKind::BadArgument`]).
+pub(crate) fn checked<'e>(
+    row: &'static Row,
+    e: &'e Expr,
+    errors: &mut Vec<DeriveError>,
+) -> Checked<'e> {
+    let mut found = Vec::new();
+    let c = row.sig.check(e, &mut found);
+    errors.extend(
+        found
+            .into_iter()
+            .map(|(span, message)| err(ErrorKind::BadArgument, span, message)),
+    );
+    c
+}
+
+fn eval_uncached(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
+    let name = e.name();
+    let Some(row) = row(name) else {
+        let all: Vec<&str> = body_names().chain(operator_names()).collect();
+        let hint = did_you_mean(name, &all)
+            .map(|s| format!(" (did you mean `{s}`?)"))
+            .unwrap_or_default();
+        errors.push(err(
+            ErrorKind::UnknownName,
+            e.head.span,
+            format!(
+                "unknown schedule `{name}`{hint}; expected one of: {}",
+                all.join(", ")
+            ),
+        ));
+        return None;
+    };
+    if row.sig.shape == Shape::Whole {
+        return whole(req, e, &checked(row, e, &mut Vec::new()), errors);
+    }
+    let c = checked(row, e, errors);
+    // Where the arguments are wrong, what can be evaluated still is, so that every
+    // mistake shows at once.
+    let body_ok = c.body.is_none_or(|b| outermost_layers(e, b, errors));
+    let encoder_ok = body_ok && c.encoder.is_none_or(|enc| check_encoder(req, enc, errors));
+    if !(c.ok() && body_ok && encoder_ok) {
+        // (A body generator's stray arguments are not schedules of their own.)
+        let stray = if row.sig.shape == Shape::Body {
+            &[][..]
+        } else {
+            &c.stray[..]
+        };
+        for x in stray.iter().chain(c.body.filter(|_| body_ok).as_ref()) {
+            eval(req, x, errors);
+        }
+        return None;
+    }
+    (row.eval)(req, e, &c, errors)
+}
+
+/// The plan body generator `kind` makes for `req`, or its error at `e`.
+fn generated(
+    req: &Request,
+    e: &Expr,
+    kind: BodyKind,
+    errors: &mut Vec<DeriveError>,
+) -> Option<Plan> {
+    match generate_by(kind, req.profile, req.ranks, req.microbatches, &req.policy) {
+        Ok(plan) => Some(plan),
+        Err(g) => {
+            let kind = match g {
+                GenError::Microbatches { .. } | GenError::NoMicrobatches => ErrorKind::Microbatches,
+                GenError::Chunks(_) | GenError::Ramp(_) | GenError::Chains(_) => {
+                    ErrorKind::BadArgument
                 }
-            }
+                GenError::Units(_) => ErrorKind::Profile,
+            };
+            errors.push(err(kind, e.span, format!("`{e}`: {g}")));
+            None
         }
-        (BodyKind::ZbV | BodyKind::ZbH1, _) => {
-            let vshape = kind == BodyKind::ZbV;
-            match one_of(e, "list", &["fixed", "search"], errors)? {
-                1 => BodyKind::ZbList { vshape },
-                _ => kind,
-            }
-        }
-        (k, _) => k,
-    };
-    (errors.len() == before).then_some(kind)
-}
-
-/// The value of `e`'s `key`, one of `names`: its index (0, the default, when the
-/// key is absent); `None` (reported) for anything else.
-fn one_of(e: &Expr, key: &str, names: &[&str], errors: &mut Vec<DeriveError>) -> Option<usize> {
-    let Some(value) = e.find_key(key) else {
-        return Some(0);
-    };
-    let found = value
-        .as_name()
-        .and_then(|n| names.iter().position(|x| *x == n));
-    if found.is_none() {
-        errors.push(err(
-            ErrorKind::BadArgument,
-            value.span(),
-            format!(
-                "bad value `{value}` for `{key}`; expected one of: {}",
-                names.join(", ")
-            ),
-        ));
     }
-    found
 }
 
-/// Reports every `key = value` argument of `e`, an operator written `usage`; whether
-/// there were none.
-fn no_keys(e: &Expr, usage: &str, errors: &mut Vec<DeriveError>) -> bool {
-    let mut none = true;
-    for (key, _) in e.keys() {
-        errors.push(err(
-            ErrorKind::BadArgument,
-            key.span,
-            format!(
-                "`{}` takes no `{}` argument; write `{usage}`",
-                e.name(),
-                key.name
-            ),
-        ));
-        none = false;
-    }
-    none
-}
-
-/// The one positional argument (a body) of an operator (`example` shows its use), or
-/// an error; the arguments are still evaluated, so their mistakes show too.
+/// The one body of a [`Shape::Whole`] or [`Shape::Over`] name `e` (its arguments
+/// checked against its signature, every mistake reported; the arguments are still
+/// evaluated, so their mistakes show too), or `None`.
 pub(crate) fn one_body<'e>(
     req: &Request,
     e: &'e Expr,
-    example: &str,
     errors: &mut Vec<DeriveError>,
-) -> Option<&'e Expr> {
-    let pos: Vec<&Expr> = e.positional().collect();
-    if let [body] = pos[..] {
-        return outermost_layers(e, body, errors).then_some(body);
-    }
-    errors.push(err(
-        ErrorKind::BadArgument,
-        e.span,
-        format!(
-            "`{}` takes one body, as in `{example}`; got {} positional argument(s)",
-            e.name(),
-            pos.len()
-        ),
-    ));
-    for p in &pos {
-        eval(req, p, errors);
-    }
-    None
-}
-
-fn eval_layers(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    no_keys(e, "layers(SCHEDULE)", errors);
-    let body = one_body(req, e, "layers(zbh1)", errors)?;
-    let plan = eval(req, body, errors)?;
-    Some(layers(plan, req.profile))
-}
-
-fn eval_split_w(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    no_keys(e, "split_w(BODY)", errors);
-    let body = one_body(req, e, "split_w(1f1b)", errors)?;
-    let plan = eval(req, body, errors)?;
-    applied(e, split_w(plan), errors)
-}
-
-fn eval_transpose(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    let mut ok = true;
-    let mut owners = Owners::default();
-    let mut backward = Backward::default();
-    let mut place = Place::default();
-    for (key, value) in e.keys() {
-        let choice = |choices: &[&str]| -> Result<usize, DeriveError> {
-            value
-                .as_name()
-                .and_then(|n| choices.iter().position(|c| *c == n))
-                .ok_or_else(|| {
-                    err(
-                        ErrorKind::BadArgument,
-                        value.span(),
-                        format!(
-                            "bad value `{value}` for `{}`; expected one of: {}",
-                            key.name,
-                            choices.join(", ")
-                        ),
-                    )
-                })
-        };
-        let r = match key.name.as_str() {
-            "owners" => choice(&["round_robin", "min", "spare"])
-                .map(|i| owners = [Owners::RoundRobin, Owners::Min, Owners::Spare][i]),
-            "backward" => choice(&["local", "central"])
-                .map(|i| backward = [Backward::Local, Backward::Central][i]),
-            "place" => choice(&["best", "late", "prefix", "idle"]).map(|i| {
-                place = [Place::Best, Place::Late, Place::Prefix, Place::Idle][i];
-            }),
-            other => Err(err(
-                ErrorKind::BadArgument,
-                key.span,
-                format!(
-                    "unknown argument `{other}` of `transpose`; expected one of: owners, backward, place"
-                ),
-            )),
-        };
-        if let Err(x) = r {
-            errors.push(x);
-            ok = false;
+) -> (Option<Checked<'e>>, Option<&'e Expr>) {
+    let Some(row) = row(e.name()) else {
+        return (None, None);
+    };
+    let c = checked(row, e, errors);
+    if c.body.is_none() {
+        for x in &c.stray {
+            eval(req, x, errors);
         }
+        return (Some(c), None);
     }
-    let (_, id, plan) = encoder_and_plan(req, e, "transpose(vision, 1f1b)", ok, errors)?;
-    applied(e, transpose_with(plan, id, owners, backward, place), errors)
-}
-
-/// The two positional arguments of an encoder operator (`example` shows its use), or
-/// an error; the extra arguments are still evaluated, so their mistakes show too.
-fn encoder_and_body<'e>(
-    req: &Request,
-    e: &Expr,
-    pos: &[&'e Expr],
-    example: &str,
-    errors: &mut Vec<DeriveError>,
-) -> Option<(&'e Expr, &'e Expr)> {
-    if let [enc, body] = pos {
-        return outermost_layers(e, body, errors).then_some((enc, body));
-    }
-    errors.push(err(
-        ErrorKind::BadArgument,
-        e.span,
-        format!(
-            "`{}` takes an encoder and a body, as in `{example}`; got {} positional argument(s)",
-            e.name(),
-            pos.len()
-        ),
-    ));
-    for p in pos.iter().skip(1) {
-        eval(req, p, errors);
-    }
-    None
+    let body = c.body.filter(|b| outermost_layers(e, b, errors));
+    (Some(c), body)
 }
 
 /// `layers` cuts units into layers, after which no operator finds the units it
@@ -594,127 +769,6 @@ fn check_encoder(req: &Request, enc: &Expr, errors: &mut Vec<DeriveError>) -> bo
     false
 }
 
-/// `balance(BODY)`: `BODY` with the LLM's layers split so that every stage's work is
-/// as even as possible (see [`crate::algebra::units`]) instead of evenly per stage.
-fn eval_balance(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    no_keys(e, "balance(BODY)", errors);
-    let body = one_body(req, e, "balance(zbv)", errors)?;
-    if req.profile.llm.layout.is_some() {
-        errors.push(err(
-            ErrorKind::BadArgument,
-            e.head.span,
-            "`balance` chooses the stage split, but the profile fixes it with `llm.layout`; \
-             drop one of the two",
-        ));
-        return None;
-    }
-    let mut profile = req.profile.clone();
-    profile.llm.split = Split::Balanced;
-    let inner = Request {
-        profile: &profile,
-        ..*req
-    };
-    eval(&inner, body, errors)
-}
-
-fn eval_prefetch(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    let (enc, id, plan) = encoder_operator(
-        req,
-        e,
-        "prefetch(ENCODER, BODY)",
-        "prefetch(vision, zbv)",
-        errors,
-    )?;
-    if plan.needs_backward()[id] {
-        errors.push(err(
-            ErrorKind::BadArgument,
-            enc.span,
-            format!(
-                "`prefetch` needs a frozen encoder, and `{}` is trainable: its forward for the \
-                 next step would read parameters this step updates; use `fill` or `transpose`",
-                enc.name()
-            ),
-        ));
-        return None;
-    }
-    applied(e, prefetch(plan, id, req.profile), errors)
-}
-
-fn eval_fill(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    let (_, id, plan) =
-        encoder_operator(req, e, "fill(ENCODER, BODY)", "fill(vision, zbv)", errors)?;
-    applied(
-        e,
-        fill(plan, id, link(req), req.profile, req.fill_cap),
-        errors,
-    )
-}
-
-/// `chain(ENCODER, BODY)`: the encoder cut into per-rank layer chunks placed into
-/// the body's idle time.
-fn eval_chain(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    let (enc, id, plan) = encoder_operator(
-        req,
-        e,
-        "chain(ENCODER, BODY)",
-        "chain(vision, zb2p(costs = unit))",
-        errors,
-    )?;
-    let spec = req.profile.encoders.iter().find(|x| x.name == enc.name())?;
-    chain(plan, id, spec, link(req))
-        .map_err(|x| {
-            let span = match x {
-                ChainError::NotFeeding(_) => enc.span,
-                ChainError::Plan(_) => e.span,
-            };
-            errors.push(err(ErrorKind::Invalid, span, format!("`{e}`: {x}")))
-        })
-        .ok()
-}
-
-/// `host(ENCODER, BODY, rank = N | spare)`; `rank` defaults to `spare`.
-fn eval_host(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Option<Plan> {
-    let mut ok = true;
-    let mut to = Host::Spare;
-    for (key, value) in e.keys() {
-        let r = match (key.name.as_str(), value) {
-            ("rank", Value::Int { value: n, span }) => match usize::try_from(*n) {
-                Ok(n) if n < req.ranks => {
-                    to = Host::Rank(n);
-                    Ok(())
-                }
-                _ => Err(err(
-                    ErrorKind::BadArgument,
-                    *span,
-                    format!(
-                        "rank {n} does not exist: the request has {} ranks (0..{}); \
-                         or write `rank = spare`",
-                        req.ranks,
-                        req.ranks.saturating_sub(1)
-                    ),
-                )),
-            },
-            ("rank", Value::Name(id)) if id.name == "spare" => Ok(()),
-            ("rank", v) => Err(err(
-                ErrorKind::BadArgument,
-                v.span(),
-                format!("bad value `{v}` for `rank`; expected a rank number or `spare`"),
-            )),
-            (other, _) => Err(err(
-                ErrorKind::BadArgument,
-                key.span,
-                format!("unknown argument `{other}` of `host`; expected: rank"),
-            )),
-        };
-        if let Err(x) = r {
-            errors.push(x);
-            ok = false;
-        }
-    }
-    let (_, id, plan) = encoder_and_plan(req, e, "host(audio, zbv, rank = 2)", ok, errors)?;
-    applied(e, host(plan, id, to, link(req), req.fill_cap), errors)
-}
-
 /// The plan operator `e` produced, or its failure reported at `e` (a bug in mpipe:
 /// operators keep plans valid).
 fn applied(e: &Expr, r: Result<Plan, PlanError>, errors: &mut Vec<DeriveError>) -> Option<Plan> {
@@ -722,43 +776,21 @@ fn applied(e: &Expr, r: Result<Plan, PlanError>, errors: &mut Vec<DeriveError>) 
         .ok()
 }
 
-/// An encoder operator `e`, written `usage` (`example` shows its use), that takes no
-/// keys: its encoder argument, the encoder's unit and the evaluated body; every
-/// mistake is reported.
-fn encoder_operator<'e>(
+/// An encoder operator's encoder unit and its evaluated body (the arguments checked
+/// already), or `None` once every mistake is reported.
+fn encoder_and_plan(
     req: &Request,
-    e: &'e Expr,
-    usage: &str,
-    example: &str,
+    c: &Checked,
     errors: &mut Vec<DeriveError>,
-) -> Option<(&'e Expr, UnitId, Plan)> {
-    let keys_ok = no_keys(e, usage, errors);
-    encoder_and_plan(req, e, example, keys_ok, errors)
-}
-
-/// An encoder operator's encoder argument, the encoder's unit and the evaluated
-/// body (`example` shows its use), or `None` once every mistake is reported;
-/// `keys_ok` says whether its `key = value` arguments were good.
-fn encoder_and_plan<'e>(
-    req: &Request,
-    e: &'e Expr,
-    example: &str,
-    keys_ok: bool,
-    errors: &mut Vec<DeriveError>,
-) -> Option<(&'e Expr, UnitId, Plan)> {
-    let pos: Vec<&Expr> = e.positional().collect();
-    let (enc, body) = encoder_and_body(req, e, &pos, example, errors)?;
-    let ok = check_encoder(req, enc, errors) && keys_ok;
+) -> Option<(UnitId, Plan)> {
+    let (enc, body) = (c.encoder?, c.body?);
     let plan = eval(req, body, errors)?;
-    if !ok {
-        return None;
-    }
     if plan.unit_id(enc.name()).is_none() {
         // `fill` or `prefetch` in the body cut it into layers: join them again.
         if let Some((joined, id)) =
             crate::algebra::operators::layers::join_encoder(&plan, enc.name())
         {
-            return Some((enc, id, joined));
+            return Some((id, joined));
         }
     }
     let Some(id) = plan.unit_id(enc.name()) else {
@@ -770,12 +802,12 @@ fn encoder_and_plan<'e>(
                 "`{enc}` is no longer one unit in this body: it was cut into layer chunks \
                  (`{enc}.0`, `{enc}.1`, ..) by `chain` or `zb2p(encoders = chain | ramp)`; apply \
                  `{}` to a body that keeps the encoder whole",
-                e.name()
+                c.sig.name
             ),
         ));
         return None;
     };
-    Some((enc, id, plan))
+    Some((id, plan))
 }
 
 /// The profile's link as operators take it: `(latency, bandwidth)`.

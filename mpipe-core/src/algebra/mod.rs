@@ -16,4 +16,5 @@ pub mod operators;
 pub mod profile;
 pub mod ramp;
 pub mod repair;
+pub mod signature;
 pub mod units;

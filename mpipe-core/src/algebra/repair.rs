@@ -6,9 +6,8 @@
 //! Promises: the list is short (at most one entry per node of the expression, plus
 //! one), deterministic, and never contains the written expression itself.
 
-use super::eval::OPERATOR_NAMES;
+use super::eval::{body_names, operator_names};
 use super::expr::{Arg, Expr};
-use super::generators::BODY_NAMES;
 use crate::ir::text::did_you_mean;
 
 /// Closest first: `expr` with every unknown name replaced by its did-you-mean among
@@ -16,8 +15,7 @@ use crate::ir::text::did_you_mean;
 /// sub-expression, outermost first, likewise repaired; last the plainest body,
 /// `1f1b`, whose units are the profile's encoders and one LLM stage per rank.
 pub fn likely_meant(expr: &Expr, encoders: &[&str]) -> Vec<Expr> {
-    let mut known: Vec<&str> = BODY_NAMES.to_vec();
-    known.extend(OPERATOR_NAMES);
+    let mut known: Vec<&str> = body_names().chain(operator_names()).collect();
     known.extend(encoders);
     let mut out = Vec::new();
     let fixed = repaired(expr, &known);

@@ -1,7 +1,7 @@
 //! What a derivation error says to do: one message per cause, whatever the number of
 //! ranks it touches, with advice that fits the schedule the user wrote.
 
-use crate::algebra::generators::BODY_NAMES;
+use crate::algebra::eval::body_names;
 
 /// Bodies that keep the fewest micro-batches in flight (at most one per stage
 /// still to come): nothing of the family stores fewer activations.
@@ -46,11 +46,7 @@ fn bodies_in(text: &str) -> Vec<&'static str> {
         .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
         .filter(|w| !w.is_empty())
         .collect();
-    BODY_NAMES
-        .iter()
-        .copied()
-        .filter(|b| words.contains(b))
-        .collect()
+    body_names().filter(|b| words.contains(b)).collect()
 }
 
 /// The one error for schedule `text` when some ranks' peak memory (`activations[r]`

@@ -11,8 +11,10 @@
 //! (`algebra::eval`) gives the plan, with every mistake of the expression
 //! at its span, and `search::finish` the checked, simulated program.
 
+pub use crate::algebra::eval::{
+    body_names, operator_names, signature, DeriveError, ErrorKind, Request, MAX_ORDER,
+};
 use crate::algebra::eval::{err, eval, one_body, plan_of};
-pub use crate::algebra::eval::{DeriveError, ErrorKind, Request, OPERATOR_NAMES};
 use crate::algebra::expr::{Arg, Expr, Ident, Value};
 use crate::ir::plan::Plan;
 pub use crate::ir::text::did_you_mean;
@@ -72,8 +74,10 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
         "auto" => crate::search::auto::auto(req, expr),
         "refine" => {
             let mut errors = Vec::new();
-            let order = refine_order(expr, &mut errors);
-            let inner = one_body(req, expr, "refine(zbh1)", &mut errors);
+            let (checked, inner) = one_body(req, expr, &mut errors);
+            let order = checked
+                .and_then(|c| c.int("order"))
+                .map_or(0, |(n, _)| n as usize);
             match inner {
                 Some(x) if matches!(x.name(), "auto" | "refine") => errors.push(err(
                     ErrorKind::BadArgument,
@@ -195,40 +199,6 @@ fn with_fixed_list(e: &Expr) -> Option<Expr> {
         }
     }
     changed.then_some(out)
-}
-
-/// The most simulations `refine(X, order = N)` may spend searching the compute order.
-pub const MAX_ORDER: u64 = 100_000;
-
-/// `refine`'s `order = N` (0 when absent), every other key and a bad value reported.
-fn refine_order(e: &Expr, errors: &mut Vec<DeriveError>) -> usize {
-    let mut order = 0;
-    for (key, value) in e.keys() {
-        if key.name != "order" {
-            errors.push(err(
-                ErrorKind::BadArgument,
-                key.span,
-                format!(
-                    "unknown argument `{}` of `refine`; it takes `order = N` (simulations to spend \
-                     moving compute tasks into waits), as in `refine(zbh1, order = 500)`",
-                    key.name
-                ),
-            ));
-            continue;
-        }
-        match value.as_int() {
-            Some(n) if (1..=MAX_ORDER).contains(&n) => order = n as usize,
-            _ => errors.push(err(
-                ErrorKind::BadArgument,
-                value.span(),
-                format!(
-                    "`order` is how many simulations `refine` may spend moving compute tasks \
-                     into waits, an integer from 1 to {MAX_ORDER}, got `{value}`"
-                ),
-            )),
-        }
-    }
-    order
 }
 
 /// Parse `text` and derive it. Parse errors come back as [`ErrorKind::BadArgument`].

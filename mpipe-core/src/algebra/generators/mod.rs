@@ -96,17 +96,6 @@ impl Weave {
     }
 }
 
-/// Names of the body generators, as the expression language spells them.
-pub const BODY_NAMES: [&str; 7] = [
-    "gpipe",
-    "1f1b",
-    "interleaved",
-    "zbh1",
-    "zbv",
-    "dualpipev",
-    "zb2p",
-];
-
 impl BodyKind {
     pub fn layout(self) -> Layout {
         match self {
