@@ -4,9 +4,12 @@
 //! launcher follows the notes to the rank that stopped making progress.
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::Duration;
+
+#[path = "support/pids.rs"]
+mod pids;
 
 const SELFTEST: &str = env!("CARGO_BIN_EXE_comm-selftest");
 const MPIPE_RUN: &str = env!("CARGO_BIN_EXE_mpipe-run");
@@ -38,23 +41,7 @@ fn a_stopped_rank_is_blamed_not_the_first_to_time_out() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stdout = launcher.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            // "[rank R] rank R pid P"
-            let Some((head, pid)) = line.rsplit_once(" pid ") else {
-                continue;
-            };
-            let rank = head
-                .rsplit(' ')
-                .next()
-                .and_then(|r| r.parse::<usize>().ok());
-            if let (Some(rank), Ok(pid)) = (rank, pid.trim().parse::<i32>()) {
-                let _ = tx.send((rank, pid));
-            }
-        }
-    });
+    let rx = pids::read_pids(launcher.stdout.take().unwrap());
     let mut err = launcher.stderr.take().unwrap();
     let stderr = std::thread::spawn(move || {
         let mut s = String::new();

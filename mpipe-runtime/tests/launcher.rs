@@ -3,10 +3,12 @@
 //! its temporary directory is removed, and no rank outlives it, even when it is
 //! killed with SIGKILL.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+#[path = "support/pids.rs"]
+mod pids;
 
 const SELFTEST: &str = env!("CARGO_BIN_EXE_comm-selftest");
 const MPIPE_RUN: &str = env!("CARGO_BIN_EXE_mpipe-run");
@@ -124,20 +126,13 @@ fn start_sleepers(n: usize, tmp: &Path) -> (Child, Vec<u32>) {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            // "[rank R] rank R pid P"
-            if let Some(pid) = line.rsplit_once(" pid ").and_then(|(_, p)| p.parse().ok()) {
-                let _ = tx.send(pid);
-            }
-        }
-    });
+    let rx = pids::read_pids(child.stdout.take().unwrap());
     let pids: Vec<u32> = (0..n)
         .map(|_| {
-            rx.recv_timeout(Duration::from_secs(20))
-                .expect("every rank connects and prints its pid")
+            let (_, pid) = rx
+                .recv_timeout(Duration::from_secs(20))
+                .expect("every rank connects and prints its pid");
+            pid as u32
         })
         .collect();
     (child, pids)

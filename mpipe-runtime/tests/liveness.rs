@@ -4,17 +4,21 @@
 //! launcher names the killed rank as the one that failed first; a rank stopped with
 //! `SIGSTOP` is named too (the others time out on it). On the host TCP backend, and
 //! with the `ascend` feature on the Ascend backend (HCCL on the ascend-sys emulator,
-//! whose rank 0 also serves the communicator to the other processes).
+//! whose rank 0 also serves the communicator to the other processes: stopping it,
+//! the others stop within 10 s too, by the hub's heartbeat, at HCCL's default
+//! timeout).
 //!
 //! The ranks are `comm-selftest spin`: batch after batch around a ring, so every
 //! rank is communicating when the signal arrives. Each rank prints its pid once its
 //! world is formed; the signal goes to that pid (the launcher has not reaped it).
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+#[path = "support/pids.rs"]
+mod pids;
 
 const SELFTEST: &str = env!("CARGO_BIN_EXE_comm-selftest");
 const MPIPE_RUN: &str = env!("CARGO_BIN_EXE_mpipe-run");
@@ -73,23 +77,7 @@ fn launch(n: usize, grace_s: u64, args: &[&str], env: &[(&str, &str)]) -> Job {
         cmd.env(k, v);
     }
     let mut launcher = cmd.spawn().expect("start mpipe-run");
-    let stdout = launcher.stdout.take().expect("piped");
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            // "[rank R] rank R pid P"
-            let Some((head, pid)) = line.rsplit_once(" pid ") else {
-                continue;
-            };
-            let rank = head
-                .rsplit(' ')
-                .next()
-                .and_then(|r| r.parse::<usize>().ok());
-            if let (Some(rank), Ok(pid)) = (rank, pid.trim().parse::<i32>()) {
-                let _ = tx.send((rank, pid));
-            }
-        }
-    });
+    let rx = pids::read_pids(launcher.stdout.take().expect("piped"));
     let mut err = launcher.stderr.take().expect("piped");
     let stderr = std::thread::spawn(move || {
         let mut s = String::new();
@@ -167,11 +155,24 @@ fn kill_one(n: usize, victim: usize, args: &[&str], env: &[(&str, &str)]) {
 }
 
 /// Stops `victim` with SIGSTOP: the others time out on it (after the backend's
-/// timeout, set short by `env`), the launcher kills it after the grace period and
-/// names it, not the first rank to time out.
-fn stop_one(n: usize, victim: usize, args: &[&str], env: &[(&str, &str)]) {
+/// timeout, set short by `env`) or lose it, the launcher kills it after the grace
+/// period and names it, not the first rank to time out. Returns how long after the
+/// signal the last of the others exited.
+fn stop_one(n: usize, victim: usize, args: &[&str], env: &[(&str, &str)]) -> Duration {
     let job = launch(n, 3, args, env);
     assert!(signal(job.pids[victim], libc::SIGSTOP));
+    let stopped = Instant::now();
+    // Each other rank's exit, as its pid's end (the launcher reaps it within
+    // milliseconds); the victim's does not count.
+    let mut running: Vec<i32> = (0..n)
+        .filter(|&r| r != victim)
+        .map(|r| job.pids[r])
+        .collect();
+    while !running.is_empty() && stopped.elapsed() < Duration::from_secs(90) {
+        running.retain(|&pid| signal(pid, 0));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let others_took = stopped.elapsed();
     let (code, stderr, _) = finish(job, Duration::from_secs(90));
     assert!(
         stderr.contains(&format!("mpipe-run: rank {victim} failed first")),
@@ -179,6 +180,11 @@ fn stop_one(n: usize, victim: usize, args: &[&str], env: &[(&str, &str)]) {
     );
     assert!(stderr.contains("stopped making progress"), "{stderr}");
     assert_eq!(code, Some(137), "{stderr}");
+    assert!(
+        !(0..n).any(|r| r != victim && stderr.contains(&format!("mpipe-run: killed rank {r}:"))),
+        "only the stopped rank is left for the launcher to kill:\n{stderr}"
+    );
+    others_took
 }
 
 mod host {
@@ -203,7 +209,7 @@ mod host {
 
     #[test]
     fn a_stopped_rank_is_blamed() {
-        stop_one(4, 1, &["spin"], ENV);
+        let _ = stop_one(4, 1, &["spin"], ENV);
     }
 }
 
@@ -283,11 +289,20 @@ mod ascend {
 
     #[test]
     fn a_stopped_rank_is_blamed() {
-        stop_one(4, 2, &["--ascend", "spin"], ENV);
+        let _ = stop_one(4, 2, &["--ascend", "spin"], ENV);
     }
 
+    /// Rank 0's process serves the communicator: stopped, it answers nothing but
+    /// closes nothing either. The others find it by its missing heartbeat and stop
+    /// within [`STOP_BOUND`], with HCCL's timeout at its default (20 s, longer than
+    /// the bound: only the heartbeat can pass), naming rank 0.
     #[test]
-    fn a_stopped_rank_0_is_blamed() {
-        stop_one(4, 0, &["--ascend", "spin"], ENV);
+    fn a_stopped_rank_0_stops_the_others_within_the_bound_naming_it() {
+        let default_timeout = [("MPIPE_ASCEND_EMU_TIMEOUT_MS", "20000")];
+        let took = stop_one(4, 0, &["--ascend", "spin"], &default_timeout);
+        assert!(
+            took < STOP_BOUND,
+            "the others took {took:?} to stop after rank 0 was stopped"
+        );
     }
 }

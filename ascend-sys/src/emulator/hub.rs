@@ -25,7 +25,9 @@
 //!
 //! Wire format (little-endian; one request, one reply, on one connection at a time):
 //! - hello: `MAGIC`, the secret (32 bytes), group id `u64`, kind `u8` (0 join, 1
-//!   attach another lane), ranks `u32`, rank `u32` -> status `u32`;
+//!   attach another lane, 2 heartbeat lane), ranks `u32`, rank `u32` -> status `u32`;
+//! - on a heartbeat lane, after the status, the serving process writes one byte
+//!   ([`BEAT`]) every [`HEARTBEAT_INTERVAL`] until the lane closes; nothing else;
 //! - send: `1`, peer `u32`, length `u64`, data -> status;
 //! - receive: `2`, peer `u32`, length `u64` -> status, data;
 //! - batch: `3`, sends `u32` x (peer `u32`, length `u64`, data), receives `u32` x
@@ -42,6 +44,18 @@
 //! operation with it, pending or later, fails at once with `HCCL_E_REMOTE` (see
 //! [`super::hccl`]); a rank that learns that asks which rank is gone (`6`).
 //!
+//! The other way round, a serving process that stops (`SIGSTOP`) or hangs closes
+//! nothing: its listener even accepts connections. So each remote rank keeps a
+//! heartbeat lane, read by a thread of its own: the serving process beats on it
+//! every [`HEARTBEAT_INTERVAL`], and when no beat arrives within [`liveness`]
+//! (`MPIPE_ASCEND_EMU_LIVENESS_MS`, default 4000) the serving process is declared
+//! lost: the rank's pending operations are cut off and they and every later one
+//! fail at once with `HCCL_E_TCP_TRANSFER`, as when its connection closes. This is
+//! the emulator's counterpart of HCCL's own heartbeat between ranks; it does not
+//! shorten HCCL's operation timeout (`MPIPE_ASCEND_EMU_TIMEOUT_MS`), which a live
+//! but slow peer is still given in full. Without it a stopped serving process was
+//! noticed only when a reply's read timed out (HCCL's timeout plus 10 s).
+//!
 //! A rank keeps a pool of connections (lanes), so operations on several streams of one
 //! communicator proceed independently, as on a device. The serving process keeps its
 //! groups until every remote lane has closed (`HcclCommDestroy` of a rank in the serving
@@ -49,11 +63,12 @@
 
 use super::hccl::{element_size, join_group, timeout, CollOp, Group, MAGIC};
 use crate::bindings::*;
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// The environment variable holding the job's rendezvous secret (64 hex digits; set
 /// by `mpipe-run` for every rank, as `mpipe_runtime::host::tcp::SECRET_VAR`).
@@ -63,6 +78,26 @@ const SECRET_LEN: usize = 32;
 
 /// How long a new connection may take to send its hello.
 pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How often the serving process beats on each heartbeat lane.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
+
+/// The byte of a beat.
+pub const BEAT: u8 = 0xBE;
+
+/// The default of [`liveness`], in milliseconds.
+const DEFAULT_LIVENESS_MS: u64 = 4000;
+
+/// How long a remote rank waits for a beat before it declares the process serving
+/// its communicator lost (stopped or hung): `MPIPE_ASCEND_EMU_LIVENESS_MS`, default
+/// 4000, at least two [`HEARTBEAT_INTERVAL`]s. Read when a rank joins.
+pub fn liveness() -> Duration {
+    let ms = std::env::var("MPIPE_ASCEND_EMU_LIVENESS_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(DEFAULT_LIVENESS_MS);
+    Duration::from_millis(ms).max(2 * HEARTBEAT_INTERVAL)
+}
 
 /// The most connections saying hello at once; more are closed at once.
 pub const MAX_GREETING: usize = 256;
@@ -120,6 +155,7 @@ fn same_secret(a: &[u8], b: &[u8]) -> bool {
 
 const JOIN: u8 = 0;
 const ATTACH: u8 = 1;
+const HEARTBEAT: u8 = 2;
 const SEND: u8 = 1;
 const RECV: u8 = 2;
 const BATCH: u8 = 3;
@@ -302,9 +338,16 @@ fn serve(mut conn: TcpStream, greeting: &AtomicUsize) {
         .and_then(|()| hello(&mut conn))
         .and_then(|g| conn.set_read_timeout(None).map(|()| g));
     greeting.fetch_sub(1, Ordering::SeqCst);
-    let Ok((group, rank)) = greeted else {
+    let Ok((group, rank, kind)) = greeted else {
         return;
     };
+    if kind == HEARTBEAT {
+        // Not a lane of operations: its closing says nothing about the rank (the
+        // rank's own lanes do), and the group does not wait for it.
+        drop(group);
+        beat(&mut conn);
+        return;
+    }
     group.remote_opened();
     let mut goodbye = false;
     while let Ok(op) = get_u8(&mut conn) {
@@ -327,11 +370,20 @@ fn serve(mut conn: TcpStream, greeting: &AtomicUsize) {
     group.remote_closed();
 }
 
+/// Beats on a heartbeat lane until it closes (the rank destroyed or abandoned its
+/// communicator, or its process ended). A beat the rank is too busy to read waits in
+/// the socket's buffer, which holds days of them.
+fn beat(conn: &mut TcpStream) {
+    while conn.write_all(&[BEAT]).is_ok() {
+        std::thread::sleep(HEARTBEAT_INTERVAL);
+    }
+}
+
 fn reply_status(conn: &mut TcpStream, rc: HcclResult) -> io::Result<()> {
     conn.write_all(&rc.0.to_le_bytes())
 }
 
-fn hello(conn: &mut TcpStream) -> io::Result<(Arc<Group>, u32)> {
+fn hello(conn: &mut TcpStream) -> io::Result<(Arc<Group>, u32, u8)> {
     let mut magic = [0u8; 8];
     conn.read_exact(&mut magic)?;
     if &magic != MAGIC {
@@ -353,7 +405,7 @@ fn hello(conn: &mut TcpStream) -> io::Result<(Arc<Group>, u32)> {
     let kind = get_u8(conn)?;
     let ranks = get_u32(conn)?;
     let rank = get_u32(conn)?;
-    let joined = if rank >= ranks || kind > ATTACH {
+    let joined = if rank >= ranks || kind > HEARTBEAT {
         Err(HcclResult::HCCL_E_PARA)
     } else {
         join_group(id, ranks, kind == JOIN)
@@ -361,7 +413,7 @@ fn hello(conn: &mut TcpStream) -> io::Result<(Arc<Group>, u32)> {
     match joined {
         Ok(g) => {
             reply_status(conn, HcclResult::HCCL_SUCCESS)?;
-            Ok((g, rank))
+            Ok((g, rank, kind))
         }
         Err(rc) => {
             reply_status(conn, rc)?;
@@ -514,11 +566,77 @@ pub(super) struct Remote {
     rank: u32,
     lanes: Mutex<Vec<TcpStream>>,
     /// Set by [`Remote::abandon`]: lanes close without a goodbye.
-    abandoned: std::sync::atomic::AtomicBool,
+    abandoned: AtomicBool,
+    /// What the heartbeat watchdog shares with the calls.
+    watch: Arc<Watch>,
+    /// The watchdog's thread, joined when the rank leaves.
+    watchdog: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// What a remote rank's heartbeat watchdog ([`watchdog`]) shares with its calls.
+#[derive(Default)]
+struct Watch {
+    /// No beat came within [`liveness`]: the serving process is stopped or hung.
+    lost: AtomicBool,
+    /// The rank is leaving its communicator: the watchdog ends without a word.
+    closing: AtomicBool,
+    /// Clones of the lanes calls are waiting on, by call: cut off when lost.
+    busy: Mutex<HashMap<u64, TcpStream>>,
+    /// The next call's key in `busy`.
+    calls: AtomicU64,
+    /// A clone of the heartbeat lane, shut down to end the watchdog.
+    heart: Mutex<Option<TcpStream>>,
+}
+
+/// Reads the beats of `heart` (a heartbeat lane whose read timeout is `deadline`);
+/// when none comes within `deadline`, declares the serving process lost: every call
+/// waiting on a lane is cut off, and later calls fail at once. A lane that closes
+/// (the serving process ended: its operation lanes close too and say so) or a rank
+/// that leaves ends it quietly.
+fn watchdog(mut heart: TcpStream, watch: &Watch, rank: u32, addr: SocketAddr, deadline: Duration) {
+    let mut beat = [0u8; 1];
+    let mut last = Instant::now();
+    loop {
+        match heart.read(&mut beat) {
+            Ok(0) => return,
+            Ok(_) => last = Instant::now(),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) && last.elapsed() >= deadline =>
+            {
+                if watch.closing.load(Ordering::SeqCst) {
+                    return;
+                }
+                watch.lost.store(true, Ordering::SeqCst);
+                eprintln!(
+                    "ascend-sys emulator: rank {rank}: the process serving its communicator \
+                     at {addr} sent no heartbeat for {:?} (MPIPE_ASCEND_EMU_LIVENESS_MS): it \
+                     is stopped or hung; this rank's operations on the communicator fail \
+                     (HCCL_E_TCP_TRANSFER)",
+                    last.elapsed()
+                );
+                for conn in super::lock(&watch.busy).values() {
+                    let _ = conn.shutdown(std::net::Shutdown::Both);
+                }
+                return;
+            }
+            // (Woken early: wait out the rest of the deadline.)
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return,
+        }
+    }
 }
 
 impl Remote {
-    /// Joins group `id` served at `addr` as `rank` of `size`.
+    /// Joins group `id` served at `addr` as `rank` of `size`, and starts watching the
+    /// serving process's heartbeat.
     pub(super) fn join(
         addr: SocketAddr,
         id: u64,
@@ -531,15 +649,38 @@ impl Remote {
             size,
             rank,
             lanes: Mutex::new(Vec::new()),
-            abandoned: std::sync::atomic::AtomicBool::new(false),
+            abandoned: AtomicBool::new(false),
+            watch: Arc::default(),
+            watchdog: Mutex::new(None),
         };
         let lane = remote.open(JOIN)?;
-        remote
-            .lanes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(lane);
+        super::lock(&remote.lanes).push(lane);
+        let deadline = liveness();
+        let heart = remote.open(HEARTBEAT)?;
+        let started = heart
+            .set_read_timeout(Some(deadline))
+            .and_then(|()| heart.try_clone())
+            .and_then(|clone| {
+                *super::lock(&remote.watch.heart) = Some(clone);
+                let watch = Arc::clone(&remote.watch);
+                std::thread::Builder::new()
+                    .name("ascend-emu-heartbeat".into())
+                    .spawn(move || watchdog(heart, &watch, rank, addr, deadline))
+            })
+            .map_err(|e| remote.broken(&e))?;
+        *super::lock(&remote.watchdog) = Some(started);
         Ok(remote)
+    }
+
+    /// Ends the watchdog (the rank is leaving its communicator).
+    fn stop_watching(&self) {
+        self.watch.closing.store(true, Ordering::SeqCst);
+        if let Some(heart) = super::lock(&self.watch.heart).take() {
+            let _ = heart.shutdown(std::net::Shutdown::Both);
+        }
+        if let Some(t) = super::lock(&self.watchdog).take() {
+            let _ = t.join();
+        }
     }
 
     fn open(&self, kind: u8) -> Result<TcpStream, HcclResult> {
@@ -552,6 +693,9 @@ impl Remote {
             HcclResult::HCCL_E_TCP_CONNECT
         })?;
         let _ = conn.set_nodelay(true);
+        // A live serving process answers a hello at once; a stopped one accepts the
+        // connection (the system does) but never answers.
+        let _ = conn.set_read_timeout(Some(liveness()));
         let mut hello = MAGIC.to_vec();
         hello.extend_from_slice(secret());
         put_u64(&mut hello, self.id);
@@ -578,14 +722,20 @@ impl Remote {
     }
 
     /// Sends `request` on a free lane and reads the reply with `read` (the status, then
-    /// whatever the request returns). `waits` bounds the reply time in timeouts.
+    /// whatever the request returns). `waits` bounds the reply time in timeouts (a
+    /// backstop: a serving process that stops answering is found by the heartbeat).
     fn call(
         &self,
         request: &[u8],
         waits: u32,
         read: impl FnOnce(&mut TcpStream, HcclResult) -> io::Result<()>,
     ) -> HcclResult {
-        let lane = self.lanes.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        // The watchdog said why.
+        let lost = || self.watch.lost.load(Ordering::SeqCst);
+        if lost() {
+            return HcclResult::HCCL_E_TCP_TRANSFER;
+        }
+        let lane = super::lock(&self.lanes).pop();
         let mut conn = match lane {
             Some(c) => c,
             None => match self.open(ATTACH) {
@@ -593,6 +743,16 @@ impl Remote {
                 Err(rc) => return rc,
             },
         };
+        // Registered before `lost` is read again, so the watchdog either cuts this
+        // lane off or is seen to have fired.
+        let key = self.watch.calls.fetch_add(1, Ordering::SeqCst);
+        if let Ok(clone) = conn.try_clone() {
+            super::lock(&self.watch.busy).insert(key, clone);
+        }
+        if lost() {
+            super::lock(&self.watch.busy).remove(&key);
+            return HcclResult::HCCL_E_TCP_TRANSFER;
+        }
         let limit = timeout() * (waits + 1) + Duration::from_secs(10);
         let _ = conn.set_read_timeout(Some(limit));
         let outcome = conn.write_all(request).and_then(|()| {
@@ -600,14 +760,13 @@ impl Remote {
             read(&mut conn, rc)?;
             Ok(rc)
         });
+        super::lock(&self.watch.busy).remove(&key);
         match outcome {
             Ok(rc) => {
-                self.lanes
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(conn);
+                super::lock(&self.lanes).push(conn);
                 rc
             }
+            Err(_) if lost() => HcclResult::HCCL_E_TCP_TRANSFER,
             Err(e) => self.broken(&e),
         }
     }
@@ -760,7 +919,8 @@ impl Remote {
     /// the operation ends (this `Remote` is dropped without lanes to say goodbye on).
     pub(super) fn abandon(&self) {
         self.abandoned.store(true, Ordering::SeqCst);
-        let lanes = std::mem::take(&mut *self.lanes.lock().unwrap_or_else(|e| e.into_inner()));
+        self.stop_watching();
+        let lanes = std::mem::take(&mut *super::lock(&self.lanes));
         for lane in lanes {
             let _ = lane.shutdown(std::net::Shutdown::Both);
         }
@@ -771,10 +931,11 @@ impl Remote {
 /// gone (a lane closing without one marks the rank gone).
 impl Drop for Remote {
     fn drop(&mut self) {
+        self.stop_watching();
         if self.abandoned.load(Ordering::SeqCst) {
             return;
         }
-        let lanes = std::mem::take(&mut *self.lanes.lock().unwrap_or_else(|e| e.into_inner()));
+        let lanes = std::mem::take(&mut *super::lock(&self.lanes));
         for mut lane in lanes {
             let _ = lane.write_all(&[GOODBYE]);
         }

@@ -60,7 +60,10 @@
 //! [`AscendError::PeerFailed`] naming that rank; if the process that ended is the one
 //! serving the communicator (the emulator's hub, in the process of its rank 0), the
 //! others lose their connection to it (`HCCL_E_TCP_TRANSFER`) and the error names that
-//! rank. A rank that failed (it aborted, a call of its failed on HCCL, or its thread
+//! rank. The same when that process is stopped (`SIGSTOP`) or hangs: the hub beats on
+//! a heartbeat lane to each remote rank, and a rank that hears no beat within the
+//! emulator's `MPIPE_ASCEND_EMU_LIVENESS_MS` (default 4 s) fails its pending and
+//! later calls with `HCCL_E_TCP_TRANSFER`, whatever HCCL's timeout. A rank that failed (it aborted, a call of its failed on HCCL, or its thread
 //! panics) leaves its communicators as a failed rank when dropped: on the emulator its
 //! peers' pending and later operations with it fail at once naming it, whether it is a
 //! thread or a process (CANN has no such call: destroyed as usual). After an HCCL
