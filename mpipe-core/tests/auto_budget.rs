@@ -5,9 +5,11 @@
 //! took 156 s, 1 x 4096 did not finish in 200 s), `fill` is not a candidate, and a
 //! `fill` placement is cut at `SearchPolicy::fill_work` elsewhere.
 
-use mpipe_core::derive::Request;
+use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::profile::Profile;
 use mpipe_core::search::auto::search;
+use std::sync::mpsc;
+use std::time::Duration;
 
 /// The search space, as canonical texts.
 fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<String> {
@@ -77,5 +79,66 @@ fn one_rank_searches_without_fill_within_the_budget() {
     assert!(s.notes.is_empty(), "{:?}", s.notes);
     assert!(s.work <= req.policy.work_budget, "{}", s.work);
     // One rank: every schedule does the same work with no idle time.
+    assert_eq!(s.best.report.makespan, s.best.bound.value());
+}
+
+/// Runs `f` on a thread of its own and waits for it at most `guard` (a hang guard,
+/// far above the time the work takes: speed is measured by the benchmarks).
+fn within<T: Send + 'static>(guard: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(guard)
+        .unwrap_or_else(|e| panic!("not done within {guard:?} ({e})"))
+}
+
+/// `split_w` placed each `W` by searching the rank's order for its `B` and then for a
+/// gap from there on: at one rank, with no gap anywhere, every search ran to the end
+/// of the order, so `split_w(interleaved(v = 8))` at 1 x 4096 took 2 s and 1 x 65536
+/// about 256 times that (minutes). Now one pass finds the `B`s and a tree of the gaps
+/// finds each gap: the derivation at 1 x 65536 is well inside a guard of minutes.
+#[test]
+fn split_w_plans_one_rank_at_65536_in_linear_time() {
+    let profile: &'static Profile = Box::leak(Box::new(heavy()));
+    let d = within(Duration::from_secs(180), move || {
+        derive_str(
+            &Request::new(profile, 1, 65536),
+            "split_w(interleaved(v = 8))",
+        )
+    })
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    // One rank: no idle time, so every W went to the end and the step is the work.
+    assert_eq!(d.report.makespan, d.bound.value());
+}
+
+/// The largest size one rank accepts, where `auto` did not finish (issue 37 item 4:
+/// `split_w(interleaved(v = 8))` planned quadratically, above): it finishes, within
+/// its budget besides the first candidate's plan and derivation (always made), says
+/// what it left out, and returns a program as fast as any (one rank has no idle).
+#[test]
+fn one_rank_at_65536_finishes_within_the_budget_and_says_what_it_left_out() {
+    let profile: &'static Profile = Box::leak(Box::new(heavy()));
+    let mbs = 65536;
+    let req = Request::new(profile, 1, mbs);
+    let s =
+        within(Duration::from_secs(1800), move || search(&req)).unwrap_or_else(|e| panic!("{e:?}"));
+    let policy = Request::new(profile, 1, mbs).policy;
+    // A plan at one rank: F, B and W of each micro-batch of the encoder and of at
+    // most 8 chunks of the LLM (interleaved(v = 8)); planned once, derived once.
+    let first_plan = 3 * 9 * mbs as u64;
+    let forced = first_plan * (policy.work_per_planned_task + policy.work_per_derived_action);
+    assert!(
+        s.work <= policy.work_budget + forced,
+        "{} > {} + {forced}",
+        s.work,
+        policy.work_budget
+    );
+    assert!(
+        s.notes.iter().any(|n| n.contains("work budget")),
+        "the search at 1 x {mbs} should say what it left out: {:?}",
+        s.notes
+    );
+    assert!(!s.tried.is_empty());
     assert_eq!(s.best.report.makespan, s.best.bound.value());
 }
