@@ -11,6 +11,7 @@
 use std::io::{BufWriter, Read, Write};
 use std::sync::{Mutex, MutexGuard};
 
+use mpipe::core::calibrate::measure;
 use mpipe::core::derive::{derive_str, Request};
 use mpipe::core::profile::Profile;
 use mpipe::core::program::Program;
@@ -140,6 +141,40 @@ fn a_large_trace_is_read_in_a_small_fraction_of_its_size() {
     {
         assert!((a.start - b.start).abs() <= 1e-6 && (a.end - b.end).abs() <= 1e-6);
     }
+}
+
+/// Calibrate's `measure`, after the reader: it kept every point-to-point operation
+/// and transfer end in ordered maps keyed by tuples of names and numbers (about 360
+/// MB above the reader at 8 x 65536); it now keeps one 24-byte key and a time per
+/// transfer end, in one sorted vector, and a sample per operation, walking the
+/// program twice. Its peak is bounded by a few tens of bytes per action, and its
+/// answer is the simulator's costs back (a simulated timeline measures exactly).
+#[test]
+fn measuring_a_large_timeline_keeps_a_few_bytes_per_action() {
+    let _g = serial();
+    let (p, t) = run(8, 2048);
+    let n = actions(&p);
+    let (cal, peak) = peak_of(|| measure(&p, &t, Mode::Rendezvous, None));
+    let cal = cal.unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "{n} actions measured with a peak of {peak} bytes ({:.1} per action)",
+        peak as f64 / n as f64
+    );
+    assert!(
+        peak <= 48 * n + (1 << 20),
+        "{peak} bytes at the peak to measure {n} actions"
+    );
+    // Measured back exactly: the program's own costs, and the step.
+    for u in &p.units {
+        let mean = cal.units[&u.name].f.map(|s| s.mean).unwrap_or(f64::NAN);
+        assert!(
+            (mean - u.cost.f).abs() <= 1e-9 * u.cost.f.max(1.0),
+            "{}: {mean} for {}",
+            u.name,
+            u.cost.f
+        );
+    }
+    assert!(cal.step > 0.0);
 }
 
 /// A trace whose events are all there twice cannot match: the reader keeps no timing

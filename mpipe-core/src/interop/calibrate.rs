@@ -43,7 +43,7 @@
 //! the calibrated program simulates to the same makespan; a timeline that does not
 //! belong to the program is a typed error, never a panic.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
@@ -91,6 +91,13 @@ pub enum CalibrateError {
          program that computes"
     )]
     Empty,
+    #[error(
+        "rank {rank}, action {index}: a rank or micro-batch number over {}; no program \
+         mpipe derives or accepts has one: measure the trace of a program within its \
+         limits",
+        u32::MAX
+    )]
+    OutOfRange { rank: usize, index: usize },
 }
 
 /// Summary of the measured durations of one unit's operation.
@@ -238,7 +245,7 @@ pub fn measure(
             end: slots.iter().map(|s| s.end - first).fold(0.0, f64::max),
         })
         .collect();
-    let points = comm_samples(program, timeline, mode);
+    let points = comm_samples(program, timeline, mode)?;
     let link = fit_link(&points, step, prior);
     Ok(Calibration {
         units,
@@ -277,143 +284,257 @@ fn check(program: &Program, timeline: &Timeline) -> Result<(), CalibrateError> {
     Ok(())
 }
 
-/// One communication operation on one rank: its slot, and its point-to-point
-/// members `(key, bytes)` where the key identifies the transfer on both ends.
-struct CommOp<'p> {
-    slot: Slot,
-    members: Vec<(TransferKey<'p>, f64, Dir)>,
+/// One end of a point-to-point transfer, in 24 bytes: the transfer (the
+/// `occurrence`-th of its tensor, unit, micro-batch, sender and receiver: the k-th
+/// `SEND` of such a transfer pairs with its k-th `RECV`) and which end. Units are
+/// numbered ([`Units`]). Each end arises on one rank (a `SEND`'s sender, a `RECV`'s
+/// receiver), once, so ends are unique.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct End {
+    unit: u32,
+    mb: u32,
+    from: u32,
+    to: u32,
+    occurrence: u32,
+    tensor: Tensor,
+    dir: Dir,
 }
 
-/// `(tensor, unit, mb, from, to, occurrence)`: the k-th such transfer pairs its
-/// k-th `SEND` with its k-th `RECV`.
-type TransferKey<'p> = (Tensor, &'p str, usize, usize, usize, usize);
+impl End {
+    fn partner(self) -> End {
+        let dir = match self.dir {
+            Dir::Send => Dir::Recv,
+            Dir::Recv => Dir::Send,
+        };
+        End { dir, ..self }
+    }
+}
 
-/// `(time, bytes)` samples of the communication's own durations.
-fn comm_samples(program: &Program, timeline: &Timeline, mode: Mode) -> Vec<(f64, f64)> {
-    let bytes_of = |u: &str| {
-        program
-            .unit_index(u)
-            .map_or(0.0, |i| program.units[i].bytes)
+/// The program's unit names, numbered (a name not among the program's units gets a
+/// number of its own and size 0), with each unit's `bytes` and `params`.
+struct Units<'p> {
+    ids: HashMap<&'p str, u32>,
+    /// `(bytes, params)` by number.
+    sizes: Vec<(f64, f64)>,
+}
+
+impl<'p> Units<'p> {
+    fn new(program: &'p Program) -> Units<'p> {
+        let mut units = Units {
+            ids: HashMap::with_capacity(program.units.len()),
+            sizes: Vec::with_capacity(program.units.len()),
+        };
+        for u in &program.units {
+            // The first of two units of one name, as `Program::unit_index`.
+            if !units.ids.contains_key(u.name.as_str()) {
+                let id = units.sizes.len() as u32;
+                units.ids.insert(&u.name, id);
+                units.sizes.push((u.bytes, u.params));
+            }
+        }
+        units
+    }
+
+    fn id(&mut self, name: &'p str) -> u32 {
+        let next = self.sizes.len() as u32;
+        let id = *self.ids.entry(name).or_insert(next);
+        if id == next {
+            self.sizes.push((0.0, 0.0));
+        }
+        id
+    }
+}
+
+/// Walks rank `rank`'s point-to-point operations (a lone `SEND`/`RECV`, or the run
+/// of consecutive ones of one batch), calling `op` with each one's slot (its first
+/// action's) and members `(end, bytes, reached)` (`reached`: its own action's
+/// start), in program order; and `coll` with each collective and its slot.
+fn walk_ops<'p>(
+    rank: usize,
+    list: &'p [crate::ir::program::Action],
+    slots: &[Slot],
+    units: &mut Units<'p>,
+    mut op: impl FnMut(Slot, &[(End, f64, f64)]),
+    mut coll: impl FnMut(crate::ir::program::CollRef<'p>, Slot),
+) -> Result<(), CalibrateError> {
+    // (tensor, unit, mb, from, to, dir) -> transfers of it seen so far on this rank.
+    let mut seen: HashMap<(Tensor, u32, u32, u32, u32, Dir), u32> = HashMap::new();
+    let mut open: Option<(Option<u64>, Slot)> = None;
+    let mut members: Vec<(End, f64, f64)> = Vec::new();
+    let number = |x: usize, index: usize| {
+        u32::try_from(x).map_err(|_| CalibrateError::OutOfRange { rank, index })
     };
+    let me = number(rank, 0)?;
+    for (index, (a, s)) in list.iter().zip(slots).enumerate() {
+        match a.view() {
+            ActionRef::P2p(x) => {
+                let peer = number(x.peer, index)?;
+                let (from, to) = match x.dir {
+                    Dir::Send => (me, peer),
+                    Dir::Recv => (peer, me),
+                };
+                let unit = units.id(x.unit);
+                let mb = number(x.mb, index)?;
+                let n = seen
+                    .entry((x.tensor, unit, mb, from, to, x.dir))
+                    .or_insert(0);
+                let end = End {
+                    unit,
+                    mb,
+                    from,
+                    to,
+                    occurrence: *n,
+                    tensor: x.tensor,
+                    dir: x.dir,
+                };
+                *n += 1;
+                let bytes = units.sizes[unit as usize].0;
+                match &open {
+                    Some((b, _)) if x.batch.is_some() && *b == x.batch => {}
+                    _ => {
+                        if let Some((_, slot)) = open.take() {
+                            op(slot, &members);
+                            members.clear();
+                        }
+                        open = Some((x.batch, *s));
+                    }
+                }
+                members.push((end, bytes, s.start));
+            }
+            other => {
+                if let Some((_, slot)) = open.take() {
+                    op(slot, &members);
+                    members.clear();
+                }
+                if let ActionRef::Coll(c) = other {
+                    coll(c, *s);
+                }
+            }
+        }
+    }
+    if let Some((_, slot)) = open.take() {
+        op(slot, &members);
+    }
+    Ok(())
+}
+
+/// `(time, bytes)` samples of the communication's own durations, in program order
+/// (rank by rank), then the collectives'.
+///
+/// Two passes over the program, so that no operation is kept: the first notes when
+/// each transfer end was reached (24 bytes of key and its time, in one sorted
+/// vector), the second walks the operations again and measures each against its
+/// partners' ends. (Before, every operation and end was kept in ordered maps: about
+/// 360 MB at 8 x 65536.)
+fn comm_samples(
+    program: &Program,
+    timeline: &Timeline,
+    mode: Mode,
+) -> Result<Vec<(f64, f64)>, CalibrateError> {
+    let mut units = Units::new(program);
+    let rank_lists = || program.programs.iter().zip(&timeline.ranks).enumerate();
+    // Each transfer end's reach time (sorted by end below), and the operations.
+    let ends = program
+        .programs
+        .iter()
+        .flatten()
+        .filter(|a| matches!(a.view(), ActionRef::P2p(_)))
+        .count();
+    let mut reach: Vec<(End, f64)> = Vec::with_capacity(ends);
+    let mut ops = 0usize;
+    // Collectives: identity and occurrence -> (latest reach, earliest end, members seen).
+    type CollKey<'p> = (CollKind, &'p str, usize, Vec<usize>, usize);
+    let mut colls: BTreeMap<CollKey, (f64, f64, usize)> = BTreeMap::new();
+    for (rank, (list, slots)) in rank_lists() {
+        let mut coll_seen: BTreeMap<(CollKind, &str, usize, Vec<usize>), usize> = BTreeMap::new();
+        walk_ops(
+            rank,
+            list,
+            slots,
+            &mut units,
+            |_, members| {
+                ops += 1;
+                reach.extend(members.iter().map(|&(end, _, reached)| (end, reached)));
+            },
+            |c, s| {
+                let mut group = c.group.to_vec();
+                group.sort_unstable();
+                group.dedup();
+                let id = (c.kind, c.unit, c.root, group);
+                let n = coll_seen.entry(id.clone()).or_insert(0);
+                let key = (id.0, id.1, id.2, id.3, *n);
+                *n += 1;
+                let e = colls
+                    .entry(key)
+                    .or_insert((f64::NEG_INFINITY, f64::INFINITY, 0));
+                e.0 = e.0.max(s.start);
+                e.1 = e.1.min(s.end);
+                e.2 += 1;
+            },
+        )?;
+    }
+    // Ends are unique (see `End`): the order is total.
+    reach.sort_unstable_by_key(|&(end, _)| end);
+    let partner = |end: End| {
+        let key = end.partner();
+        reach
+            .binary_search_by(|(e, _)| e.cmp(&key))
+            .ok()
+            .map(|i| reach[i].1)
+    };
+    let mut points = Vec::with_capacity(ops + colls.len());
+    for (rank, (list, slots)) in rank_lists() {
+        walk_ops(
+            rank,
+            list,
+            slots,
+            &mut units,
+            |slot, members| {
+                let bytes = members.iter().map(|m| m.1).fold(0.0, f64::max);
+                if members.iter().any(|m| m.1 != bytes) {
+                    // Members of different sizes: which one finished last is not known.
+                    return;
+                }
+                match mode {
+                    Mode::Rendezvous => {
+                        let mut meet = slot.start;
+                        for &(end, ..) in members {
+                            match partner(end) {
+                                Some(t) => meet = meet.max(t),
+                                None => meet = f64::INFINITY,
+                            }
+                        }
+                        if meet.is_finite() && slot.end >= meet {
+                            points.push((slot.end - meet, bytes));
+                        }
+                    }
+                    Mode::Eager => {
+                        if let [(end, ..)] = members {
+                            if end.dir == Dir::Recv && slot.end > slot.start {
+                                if let Some(sent) = partner(*end) {
+                                    if slot.end >= sent {
+                                        points.push((slot.end - sent, bytes));
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            },
+            |_, _| {},
+        )?;
+    }
     let params_of = |u: &str| {
         program
             .unit_index(u)
             .map_or(0.0, |i| program.units[i].params)
     };
-    // Point-to-point operations, and each transfer end's reach time.
-    let mut ops: Vec<CommOp> = Vec::new();
-    let mut reach: BTreeMap<(TransferKey, Dir), f64> = BTreeMap::new();
-    // Collectives: identity and occurrence -> (latest reach, earliest end, members seen).
-    type CollKey<'p> = (CollKind, &'p str, usize, Vec<usize>, usize);
-    let mut colls: BTreeMap<CollKey, (f64, f64, usize)> = BTreeMap::new();
-    for (rank, (list, slots)) in program.programs.iter().zip(&timeline.ranks).enumerate() {
-        let mut seen: BTreeMap<(Tensor, &str, usize, usize, usize, Dir), usize> = BTreeMap::new();
-        let mut coll_seen: BTreeMap<(CollKind, &str, usize, Vec<usize>), usize> = BTreeMap::new();
-        let mut open: Option<(Option<u64>, CommOp)> = None;
-        for (a, s) in list.iter().zip(slots) {
-            match a.view() {
-                ActionRef::P2p(x) => {
-                    let (from, to) = match x.dir {
-                        Dir::Send => (rank, x.peer),
-                        Dir::Recv => (x.peer, rank),
-                    };
-                    let n = seen
-                        .entry((x.tensor, x.unit, x.mb, from, to, x.dir))
-                        .or_insert(0);
-                    let key = (x.tensor, x.unit, x.mb, from, to, *n);
-                    *n += 1;
-                    reach.insert((key, x.dir), s.start);
-                    let member = (key, bytes_of(x.unit), x.dir);
-                    match &mut open {
-                        Some((b, op)) if x.batch.is_some() && *b == x.batch => {
-                            op.members.push(member)
-                        }
-                        _ => {
-                            if let Some((_, op)) = open.take() {
-                                ops.push(op);
-                            }
-                            open = Some((
-                                x.batch,
-                                CommOp {
-                                    slot: *s,
-                                    members: vec![member],
-                                },
-                            ));
-                        }
-                    }
-                }
-                other => {
-                    if let Some((_, op)) = open.take() {
-                        ops.push(op);
-                    }
-                    if let ActionRef::Coll(c) = other {
-                        let mut group = c.group.to_vec();
-                        group.sort_unstable();
-                        group.dedup();
-                        let id = (c.kind, c.unit, c.root, group);
-                        let n = coll_seen.entry(id.clone()).or_insert(0);
-                        let key = (id.0, id.1, id.2, id.3, *n);
-                        *n += 1;
-                        let e = colls
-                            .entry(key)
-                            .or_insert((f64::NEG_INFINITY, f64::INFINITY, 0));
-                        e.0 = e.0.max(s.start);
-                        e.1 = e.1.min(s.end);
-                        e.2 += 1;
-                    }
-                }
-            }
-        }
-        if let Some((_, op)) = open.take() {
-            ops.push(op);
-        }
-    }
-    let mut points = Vec::new();
-    for op in &ops {
-        let partner = |(key, _, dir): &(TransferKey, f64, Dir)| {
-            let other = match dir {
-                Dir::Send => Dir::Recv,
-                Dir::Recv => Dir::Send,
-            };
-            reach.get(&(*key, other)).copied()
-        };
-        let bytes = op.members.iter().map(|m| m.1).fold(0.0, f64::max);
-        if op.members.iter().any(|m| m.1 != bytes) {
-            // Members of different sizes: which one finished last is not known.
-            continue;
-        }
-        match mode {
-            Mode::Rendezvous => {
-                let mut meet = op.slot.start;
-                for m in &op.members {
-                    match partner(m) {
-                        Some(t) => meet = meet.max(t),
-                        None => meet = f64::INFINITY,
-                    }
-                }
-                if meet.is_finite() && op.slot.end >= meet {
-                    points.push((op.slot.end - meet, bytes));
-                }
-            }
-            Mode::Eager => {
-                if let [m] = op.members.as_slice() {
-                    if m.2 == Dir::Recv && op.slot.end > op.slot.start {
-                        if let Some(sent) = partner(m) {
-                            if op.slot.end >= sent {
-                                points.push((op.slot.end - sent, bytes));
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
     for ((_, unit, _, group, _), (latest, earliest, n)) in &colls {
         if *n == group.len() && earliest >= latest {
             points.push((earliest - latest, params_of(unit)));
         }
     }
-    points
+    Ok(points)
 }
 
 /// Least squares of `time = latency + bytes / bandwidth` (see the module doc).

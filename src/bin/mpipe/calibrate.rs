@@ -110,6 +110,9 @@ pub fn calibrate(o: &Options) -> Result<u8, Failure> {
     let prior = profile.as_ref().and_then(Profile::comm_model);
     let cal = measure(&program, &timeline, o.mode, prior)
         .map_err(|e| Failure::input("calibrate", format!("{label}: {e}")))?;
+    // Measured: the run's timings are not needed again (the calibrated program's
+    // simulation below would otherwise hold them too).
+    drop(timeline);
 
     let calibrated = cal.apply(&program);
     let comm = cal.link.map(|l| l.model());
