@@ -1106,6 +1106,7 @@ fn a_timeline_of_another_shape_is_a_typed_error() {
 #[test]
 fn a_program_without_compute_is_a_typed_error() {
     let unit = Unit {
+        role: mpipe_core::program::Role::of_name("a"),
         name: "a".into(),
         inputs: vec![],
         home: 0,

@@ -14,6 +14,7 @@ use proptest::prelude::*;
 
 fn unit(name: String, inputs: Vec<String>, home: usize, cost: Cost, act: f64) -> Unit {
     Unit {
+        role: mpipe_core::program::Role::of_name(&name),
         name,
         inputs,
         home,

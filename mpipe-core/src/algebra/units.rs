@@ -15,7 +15,7 @@
 use crate::algebra::megatron::{LayoutError, MegatronLayout};
 use crate::algebra::profile::{EncoderProfile, Profile, Split};
 use crate::ir::plan::Layout;
-use crate::ir::program::{Cost, Unit};
+use crate::ir::program::{Cost, Role, Unit};
 
 /// Why the profile cannot be split as asked.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -241,7 +241,7 @@ pub fn build_units(
         units.push(encoder_unit(
             e,
             e.layers,
-            e.name.clone(),
+            (e.name.clone(), Role::Encoder),
             vec![],
             first_home,
         ));
@@ -280,6 +280,7 @@ pub fn build_units(
             act,
             bytes: llm.output,
             params,
+            role: Role::Stage(k),
         });
     }
     Ok(units)
@@ -376,7 +377,14 @@ fn chunk(spec: &EncoderProfile, j: usize, layers: u32, home: usize) -> Unit {
     } else {
         vec![format!("{}.{}", spec.name, j - 1)]
     };
-    encoder_unit(spec, layers, format!("{}.{j}", spec.name), inputs, home)
+    let role = Role::EncoderChunk(spec.name.clone());
+    encoder_unit(
+        spec,
+        layers,
+        (format!("{}.{j}", spec.name), role),
+        inputs,
+        home,
+    )
 }
 
 /// `units` with unit `e` replaced by `chunks` (a chain in data order), which come
@@ -406,7 +414,7 @@ pub fn replace_with_chunks(units: &[Unit], e: usize, chunks: Vec<Unit>) -> Vec<U
 fn encoder_unit(
     spec: &EncoderProfile,
     layers: u32,
-    name: String,
+    (name, role): (String, Role),
     inputs: Vec<String>,
     home: usize,
 ) -> Unit {
@@ -424,6 +432,7 @@ fn encoder_unit(
         act: n * spec.activation,
         bytes: spec.output,
         params: spec.params * n / f64::from(spec.layers.max(1)),
+        role,
     }
 }
 

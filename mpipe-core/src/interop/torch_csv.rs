@@ -43,8 +43,8 @@ use crate::algebra::profile::Profile;
 use crate::algebra::units::{build_units, stage_name, stage_rank};
 use crate::ir::plan::{Layout, Plan, Task};
 use crate::ir::program::{
-    over_limit, Action, ActionRef, Cost, Dir, Op, Program, Tensor, Unit, FORMAT, MAX_MICROBATCHES,
-    MAX_RANK_MICROBATCHES,
+    over_limit, Action, ActionRef, Cost, Dir, Op, Program, Role, Tensor, Unit, FORMAT,
+    MAX_MICROBATCHES, MAX_RANK_MICROBATCHES,
 };
 use std::fmt;
 
@@ -651,6 +651,7 @@ fn stage_units(
                 act: 1.0,
                 bytes: 0.0,
                 params: 0.0,
+                role: Role::Stage(k),
             })
             .collect(),
         Some(p) => {
@@ -673,7 +674,7 @@ fn stage_units(
                 .map_err(|e| whole(format!("the profile does not fit the file: {e}")))?;
             built
                 .into_iter()
-                .filter(|u| u.name.starts_with("llm."))
+                .filter(|u| matches!(u.role, Role::Stage(_)))
                 .collect()
         }
     };
@@ -742,7 +743,7 @@ fn inline_encoders(program: &Program) -> Result<Vec<&str>, ExportError> {
     let first = program.units.iter().find(|u| u.name == stage_name(0));
     let mut out = Vec::new();
     for u in &program.units {
-        if !u.inputs.is_empty() || u.name.starts_with("llm.") {
+        if !u.inputs.is_empty() || u.role.is_stage() {
             continue;
         }
         let Some(first) = first else {

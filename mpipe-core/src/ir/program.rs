@@ -6,6 +6,7 @@
 //! as strings, exactly as a file spells them, so a hand-written program with an
 //! unknown name still loads and the verifier can say what is wrong with it.
 
+pub use crate::ir::role::Role;
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
@@ -103,6 +104,7 @@ pub struct Source {
 
 /// One unit of the model: an encoder, a pipeline stage or a virtual-stage chunk.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(from = "UnitFile", into = "UnitFile")]
 pub struct Unit {
     pub name: String,
     /// Units whose forward output this unit consumes (empty: reads the raw micro-batch).
@@ -116,12 +118,65 @@ pub struct Unit {
     pub act: f64,
     /// Extension: size of one micro-batch's output activation (and of its gradient),
     /// for the communication cost model. Absent means 0.
-    #[serde(default, skip_serializing_if = "is_zero")]
     pub bytes: f64,
     /// Extension: size of the unit's parameters, for broadcasts and reductions
     /// under the communication cost model, and for the memory limit. Absent means 0.
-    #[serde(default, skip_serializing_if = "is_zero")]
     pub params: f64,
+    /// Extension: what the unit is in the model ([`Role`]). Absent in a file means
+    /// what the name says by mpipe's convention ([`Role::of_name`]); written only
+    /// where it differs.
+    pub role: Role,
+}
+
+/// A [`Unit`] as a program file spells it.
+#[derive(Clone, Serialize, Deserialize)]
+struct UnitFile {
+    name: String,
+    inputs: Vec<String>,
+    home: usize,
+    trainable: bool,
+    cost: Cost,
+    act: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    bytes: f64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    params: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    role: Option<Role>,
+}
+
+impl From<UnitFile> for Unit {
+    fn from(u: UnitFile) -> Unit {
+        let role = u.role.unwrap_or_else(|| Role::of_name(&u.name));
+        Unit {
+            name: u.name,
+            inputs: u.inputs,
+            home: u.home,
+            trainable: u.trainable,
+            cost: u.cost,
+            act: u.act,
+            bytes: u.bytes,
+            params: u.params,
+            role,
+        }
+    }
+}
+
+impl From<Unit> for UnitFile {
+    fn from(u: Unit) -> UnitFile {
+        let role = (u.role != Role::of_name(&u.name)).then_some(u.role);
+        UnitFile {
+            name: u.name,
+            inputs: u.inputs,
+            home: u.home,
+            trainable: u.trainable,
+            cost: u.cost,
+            act: u.act,
+            bytes: u.bytes,
+            params: u.params,
+            role,
+        }
+    }
 }
 
 impl Unit {

@@ -127,20 +127,23 @@ pub fn for_written(written: &str, message: &str) -> String {
     }
 }
 
-/// Ranks of `program` that compute nothing of the encoders (units named as one of
-/// `encoders`, or their chunks and layers `ENC.k`, `ENC/N`).
+/// Ranks of `program` that compute nothing of the encoders (units that are, by
+/// their role, one of `encoders` or a chunk or layer of one).
 pub fn ranks_without_encoder_work(
     program: &crate::ir::program::Program,
     encoders: &[&str],
 ) -> Vec<usize> {
-    let is_encoder = |unit: &str| {
-        encoders.iter().any(|e| {
-            unit == *e
-                || unit
-                    .strip_prefix(e)
-                    .is_some_and(|rest| rest.starts_with('.') || rest.starts_with('/'))
+    let of_encoder: std::collections::BTreeSet<&str> = program
+        .units
+        .iter()
+        .filter(|u| {
+            u.role
+                .encoder(&u.name)
+                .is_some_and(|e| encoders.contains(&e))
         })
-    };
+        .map(|u| u.name.as_str())
+        .collect();
+    let is_encoder = |unit: &str| of_encoder.contains(unit);
     program
         .programs
         .iter()

@@ -226,8 +226,6 @@ impl Bound {
     }
 }
 
-pub use crate::ir::role::is_stage;
-
 /// Release times and tails of every unit's task types.
 struct Chains {
     need: Vec<bool>,
@@ -274,7 +272,7 @@ impl Chains {
         // follow it. Topological order: inputs are decided first.
         let mut free = vec![false; n];
         for u in 0..n {
-            free[u] = !need[u] && !is_stage(&units[u]) && inputs[u].iter().all(|&p| free[p]);
+            free[u] = !need[u] && !units[u].role.is_stage() && inputs[u].iter().all(|&p| free[p]);
         }
         // Units are in topological order: forwards forwards, backwards backwards.
         let mut r_f = vec![0.0f64; n];
@@ -387,7 +385,7 @@ pub fn lower_bound(
         .map(|u| c.r_f[u] + c.f[u] + c.q_f[u])
         .fold(0.0, f64::max);
 
-    let stages: Vec<usize> = (0..n).filter(|&u| is_stage(&units[u])).collect();
+    let stages: Vec<usize> = (0..n).filter(|&u| units[u].role.is_stage()).collect();
     let transfers = link.map_or_else(BTreeMap::new, |link| {
         stage_transfers(units, &c, &stages, link)
     });

@@ -7,7 +7,6 @@
 //! cool-down, to show where a schedule loses time.
 
 use crate::ir::program::{ActionRef, Op, Program};
-use crate::ir::role::is_stage;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeSet;
 
@@ -63,7 +62,7 @@ impl Timeline {
         let stages: BTreeSet<&str> = program
             .units
             .iter()
-            .filter(|u| is_stage(u))
+            .filter(|u| u.role.is_stage())
             .map(|u| u.name.as_str())
             .collect();
         program

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::ir::program::{Action, Program, Unit};
+use crate::ir::program::{Action, Program, Role, Unit};
 use crate::judge::timeline::{Slot, Timeline};
 
 /// How the renderers see one unit.
@@ -35,22 +35,18 @@ pub(crate) fn encoders(units: &[Unit]) -> Vec<bool> {
             .inputs
             .iter()
             .all(|x| units.iter().zip(&out).any(|(v, &enc)| enc && v.name == *x));
-        out.push(upstream && !u.name.starts_with("llm.") && !u.name.starts_with("llm/"));
+        out.push(upstream && !u.role.is_stage());
     }
     out
 }
 
 /// The look of every declared unit, by name.
 pub(crate) fn unit_looks(p: &Program) -> BTreeMap<&str, UnitLook> {
-    // llm.* units grouped by home rank, ordered by their numeric suffix (then by
-    // declaration order, for suffixes that are not numbers).
-    let mut groups: BTreeMap<usize, Vec<(Option<u64>, usize)>> = BTreeMap::new();
+    // Stages grouped by home rank, ordered by their stage number.
+    let mut groups: BTreeMap<usize, Vec<(Option<usize>, usize)>> = BTreeMap::new();
     for (i, u) in p.units.iter().enumerate() {
-        if let Some(k) = u.name.strip_prefix("llm.") {
-            groups
-                .entry(u.home)
-                .or_default()
-                .push((k.parse::<u64>().ok(), i));
+        if let Role::Stage(k) = u.role {
+            groups.entry(u.home).or_default().push((Some(k), i));
         }
     }
     let mut chunk_of: BTreeMap<usize, (usize, usize)> = BTreeMap::new();

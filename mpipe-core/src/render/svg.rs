@@ -41,11 +41,11 @@
 //! `F B W BW RF`, plus `enc` for encoders) and wait bars `class="wait"`, so a
 //! stylesheet or a test can find them.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
 
 use super::look::{fmt_num, placed, unit_looks, UnitLook};
-use crate::ir::program::{Action, ActionRef, Op, Program, Tensor};
+use crate::ir::program::{Action, ActionRef, Op, Program, Role, Tensor};
 use crate::judge::simulate::memory_over_time;
 use crate::judge::timeline::{Slot, Timeline};
 
@@ -265,9 +265,17 @@ struct Drawn<'a> {
     last: Option<&'a str>,
 }
 
-/// The model part a layer unit of `layers` belongs to (`llm` for `llm/12`).
-fn layer_part(unit: &str) -> Option<&str> {
-    unit.rsplit_once('/').map(|(part, _)| part)
+/// The model part each layer unit of `p` (cut by `layers`) belongs to, by its role:
+/// `llm` for the LLM's layers, the encoder's name for an encoder's.
+fn layer_parts(p: &Program) -> BTreeMap<&str, &str> {
+    p.units
+        .iter()
+        .filter_map(|u| match &u.role {
+            Role::StageLayer => Some((u.name.as_str(), "llm")),
+            Role::EncoderLayer(of) => Some((u.name.as_str(), of.as_str())),
+            _ => None,
+        })
+        .collect()
 }
 
 /// Every placed action as drawn: consecutive compute actions of one rank with the
@@ -276,6 +284,8 @@ fn layer_part(unit: &str) -> Option<&str> {
 /// drawn), as one box.
 fn runs<'a>(p: &'a Program, t: &'a Timeline) -> Vec<Drawn<'a>> {
     let mut out: Vec<Drawn<'a>> = Vec::new();
+    let parts = layer_parts(p);
+    let layer_part = |unit: &str| parts.get(unit).copied();
     // Index in `out` of the run that the next compute action may extend.
     let mut open: Option<usize> = None;
     for (r, a, s) in placed(p, t) {

@@ -561,7 +561,7 @@ fn migrations(
             .take(n_targets)
             .collect();
         let movable = |u: usize, mb: usize| {
-            !crate::ir::role::is_stage(&plan.units[u])
+            !plan.units[u].role.is_stage()
                 && ops.iter().all(|&op| {
                     index
                         .get(op, u, mb)
@@ -574,7 +574,7 @@ fn migrations(
         let mut groups: BTreeMap<(usize, usize), (f64, Vec<usize>, bool)> = BTreeMap::new();
         let mut seen: BTreeSet<(usize, usize)> = BTreeSet::new();
         for t in &plan.order[from] {
-            if crate::ir::role::is_stage(&plan.units[t.unit]) || !seen.insert((t.unit, t.mb)) {
+            if plan.units[t.unit].role.is_stage() || !seen.insert((t.unit, t.mb)) {
                 continue;
             }
             let g = groups
@@ -615,20 +615,17 @@ fn migrations(
     out
 }
 
-/// Each unit's family: the index of the first unit with the same name before its
-/// first `.` or `/` (an encoder's chunks and layers share one; a stage is its own).
+/// Each unit's family: the index of the first unit of the same encoder (an
+/// encoder's chunks and layers share one, by their [`Role`](crate::ir::role::Role);
+/// the LLM's units are each their own).
 fn families(plan: &Plan) -> Vec<usize> {
-    let stem = |n: &str| n.split(['.', '/']).next().unwrap_or(n).to_string();
-    let mut first: BTreeMap<String, usize> = BTreeMap::new();
+    let mut first: BTreeMap<&str, usize> = BTreeMap::new();
     plan.units
         .iter()
         .enumerate()
-        .map(|(i, u)| {
-            if crate::ir::role::is_stage(u) {
-                i
-            } else {
-                *first.entry(stem(&u.name)).or_insert(i)
-            }
+        .map(|(i, u)| match u.role.encoder(&u.name) {
+            None => i,
+            Some(of) => *first.entry(of).or_insert(i),
         })
         .collect()
 }

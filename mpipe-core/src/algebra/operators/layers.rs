@@ -25,7 +25,7 @@
 
 use crate::algebra::profile::{EncoderProfile, Extra, Profile};
 use crate::ir::plan::{InputShip, Plan, Task, UnitId};
-use crate::ir::program::{Cost, Op, Unit};
+use crate::ir::program::{Cost, Op, Role, Unit};
 
 /// The per-layer units of one unit: their names, costs and sizes.
 struct Pieces {
@@ -130,6 +130,7 @@ pub fn join_encoder(plan: &Plan, name: &str) -> Option<(Plan, UnitId)> {
         act: sum(&|u| u.act),
         bytes: layers[count - 1].bytes,
         params: sum(&|u| u.params),
+        role: Role::Encoder,
     };
     let last_name = &plan.units[last].name;
     let mut units: Vec<Unit> = Vec::with_capacity(plan.units.len() - count + 1);
@@ -225,6 +226,12 @@ fn apply(plan: &Plan, cut: Vec<Option<Pieces>>) -> (Plan, Vec<UnitId>) {
             }
             Some(p) => {
                 count.push(p.layers.len());
+                // A stage's pieces are stage layers, an encoder's (or a chunk's) its
+                // layers.
+                let role = match unit.role.encoder(&unit.name) {
+                    None => Role::StageLayer,
+                    Some(of) => Role::EncoderLayer(of.to_string()),
+                };
                 for (k, (l, name)) in p.layers.iter().zip(&p.names).enumerate() {
                     let name = name.clone();
                     let inputs = if k == 0 {
@@ -241,6 +248,7 @@ fn apply(plan: &Plan, cut: Vec<Option<Pieces>>) -> (Plan, Vec<UnitId>) {
                         act: l.act,
                         bytes: l.bytes,
                         params: l.params,
+                        role: role.clone(),
                     });
                 }
             }
@@ -345,24 +353,20 @@ fn pieces_of(plan: &Plan, profile: &Profile) -> Vec<Option<Pieces>> {
     // order).
     for spec in &profile.encoders {
         let per_layer = encoder_layer(spec);
-        let mut parts: Vec<(usize, UnitId)> = plan
-            .units
-            .iter()
-            .enumerate()
-            .filter_map(|(u, x)| {
-                if x.name == spec.name {
-                    return Some((0, u));
+        // The encoder whole, or its chunks, which the units list in data order.
+        let parts: Vec<UnitId> = (0..plan.units.len())
+            .filter(|&u| {
+                let x = &plan.units[u];
+                match &x.role {
+                    Role::Encoder => x.name == spec.name,
+                    Role::EncoderChunk(of) => *of == spec.name,
+                    _ => false,
                 }
-                let j = x.name.strip_prefix(spec.name.as_str())?.strip_prefix('.')?;
-                (!j.is_empty() && j.bytes().all(|b| b.is_ascii_digit()))
-                    .then(|| j.parse().ok().map(|j| (j, u)))
-                    .flatten()
             })
             .collect();
-        parts.sort_unstable();
         let mut next_layer = 0usize;
         let mut enc_parts = Vec::with_capacity(parts.len());
-        for (_, u) in parts {
+        for u in parts {
             let count = layer_count(plan.units[u].cost.f, spec.forward);
             let names = (0..count)
                 .map(|j| format!("{}/{}", spec.name, next_layer + j))
