@@ -30,7 +30,10 @@
 use crate::algebra::analysis::{dependencies, timing, PlanError, Timing};
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
-use crate::ir::program::{Action, Dir, Name, Op, Prefetch, Program, Source, Tensor, FORMAT};
+use crate::ir::program::{
+    Action, CollKind, Dir, Name, Op, Prefetch, Program, Source, Tensor, Unit, FORMAT,
+};
+use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
 /// The lowering failed: the plan is not executable, or (a bug) the placement
@@ -74,6 +77,20 @@ pub(crate) struct Placed {
     pub min: usize,
     pub max: usize,
     pub id: usize,
+}
+
+/// [`Placed`] by unit index, without its action's name: what the placement decides.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Spot {
+    pub slot: usize,
+    pub min: usize,
+    pub max: usize,
+    pub id: usize,
+    pub dir: Dir,
+    pub tensor: Tensor,
+    pub unit: usize,
+    pub mb: usize,
+    pub peer: usize,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -209,6 +226,28 @@ pub(crate) fn lower_prepared_by(
     Ok(assemble(plan, &at, expr))
 }
 
+/// [`lower_prepared`] by unit index: the same program before its units are named
+/// ([`Lowered::program`] names it; [`crate::judge::simulate::simulate_lowered`]
+/// runs it as it is).
+pub fn lower_prepared_indexed(
+    plan: &Plan,
+    prepared: &Prepared,
+    placement: Placement,
+) -> Result<Lowered, LowerError> {
+    lower_indexed_by(plan, prepared, placement, &SearchPolicy::DEFAULT)
+}
+
+/// [`lower_prepared_indexed`] under `policy` (its meeting-point knobs).
+pub(crate) fn lower_indexed_by(
+    plan: &Plan,
+    prepared: &Prepared,
+    placement: Placement,
+    policy: &SearchPolicy,
+) -> Result<Lowered, LowerError> {
+    let at = spots_of(plan, prepared, placement, policy)?;
+    Ok(assemble_lowered(plan, &at))
+}
+
 /// The placement of every transfer's ends under `placement`; `policy` gives the
 /// meeting-point knobs ([`SearchPolicy::meet_candidates`],
 /// [`SearchPolicy::meet_idle_parts`]).
@@ -218,6 +257,31 @@ pub(crate) fn placement_of(
     placement: Placement,
     policy: &SearchPolicy,
 ) -> Result<Vec<Vec<Placed>>, LowerError> {
+    let spots = spots_of(plan, prepared, placement, policy)?;
+    let names = unit_names(&plan.units);
+    Ok(spots
+        .into_iter()
+        .map(|at| {
+            at.into_iter()
+                .map(|x| Placed {
+                    slot: x.slot,
+                    action: Action::p2p(x.dir, x.tensor, names[x.unit].clone(), x.mb, x.peer, None),
+                    min: x.min,
+                    max: x.max,
+                    id: x.id,
+                })
+                .collect()
+        })
+        .collect())
+}
+
+/// [`placement_of`] by unit index: the same ends in the same places, unnamed.
+fn spots_of(
+    plan: &Plan,
+    prepared: &Prepared,
+    placement: Placement,
+    policy: &SearchPolicy,
+) -> Result<Vec<Vec<Spot>>, LowerError> {
     let (time, transfers) = (&prepared.time, &prepared.transfers);
     match place(plan, time, transfers, placement, policy) {
         Ok(at) => Ok(at),
@@ -227,52 +291,387 @@ pub(crate) fn placement_of(
     }
 }
 
+/// Every unit's name, shared by the actions that name it.
+fn unit_names(units: &[Unit]) -> Vec<Name> {
+    units.iter().map(|u| Name::from(u.name.as_str())).collect()
+}
+
 /// The program of `plan` with its transfers placed as `at` says (per rank in key
 /// order, slots non-decreasing): compute in the plan's order, transfers before the
 /// compute task of their slot, those sharing a slot batched.
 pub(crate) fn assemble(plan: &Plan, at: &[Vec<Placed>], expr: Option<&str>) -> Program {
-    let p = plan.ranks;
-    let names: Vec<Name> = plan
-        .units
-        .iter()
-        .map(|u| Name::from(u.name.as_str()))
-        .collect();
-    let name = |u: usize| names[u].clone();
     let (bcasts, reduces) = collectives(plan);
-    let mut programs = Vec::with_capacity(p);
+    let form = Named::new(plan, &bcasts, &reduces);
+    let programs = assemble_in(
+        plan,
+        at,
+        &form,
+        (&bcasts, &reduces),
+        |x| x.slot,
+        |x| x.action.clone(),
+    );
+    form.program(plan, programs, expr)
+}
+
+/// [`assemble`] by unit index, from [`spots_of`]'s placement: the same program
+/// before its units are named ([`Lowered::program`] names it).
+fn assemble_lowered(plan: &Plan, at: &[Vec<Spot>]) -> Lowered {
+    let (bcasts, reduces) = collectives(plan);
+    let form = Indexed {
+        rank: name_ranks(&plan.units),
+    };
+    let programs = assemble_in(
+        plan,
+        at,
+        &form,
+        (&bcasts, &reduces),
+        |x| x.slot,
+        |x| Step::P2p {
+            dir: x.dir,
+            tensor: x.tensor,
+            unit: x.unit,
+            mb: x.mb,
+            peer: x.peer,
+            batch: None,
+        },
+    );
+    Lowered {
+        ranks: plan.ranks,
+        microbatches: plan.microbatches,
+        programs,
+        colls: bcasts.into_iter().chain(reduces).collect(),
+        prefetch: plan.prefetch.clone(),
+    }
+}
+
+/// A lowered program with its units by index: what [`assemble`] writes, action for
+/// action, before the units are named. The simulator runs it as it runs the named
+/// program ([`crate::judge::simulate::simulate_lowered`]), so a search can judge a
+/// lowering without naming it, and name only the one it keeps.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lowered {
+    pub ranks: usize,
+    pub microbatches: usize,
+    /// `programs[r]` is rank `r`'s list, in execution order.
+    pub programs: Vec<Vec<Step>>,
+    /// The collectives [`Step::Coll`] refers to.
+    pub colls: Vec<Collective>,
+    /// [`Program::prefetch`], as `(unit, mb)`.
+    pub prefetch: Vec<(usize, usize)>,
+}
+
+/// One action of a [`Lowered`] program: an [`Action`] naming its unit by index.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Step {
+    Compute {
+        op: Op,
+        unit: usize,
+        mb: usize,
+    },
+    P2p {
+        dir: Dir,
+        tensor: Tensor,
+        unit: usize,
+        mb: usize,
+        peer: usize,
+        batch: Option<u64>,
+    },
+    /// The collective of this index in [`Lowered::colls`].
+    Coll(usize),
+}
+
+/// A broadcast or reduction of a unit's parameters over a group of ranks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Collective {
+    pub kind: CollKind,
+    pub unit: usize,
+    pub root: usize,
+    pub group: Vec<usize>,
+}
+
+impl Collective {
+    fn action(&self, unit: Name) -> Action {
+        let (root, group) = (self.root, self.group.clone());
+        match self.kind {
+            CollKind::Bcast => Action::BCAST { unit, root, group },
+            CollKind::Reduce => Action::REDUCE { unit, root, group },
+        }
+    }
+}
+
+impl Lowered {
+    /// The named program: exactly what [`assemble`] gives for the same placement.
+    /// `units` are the plan's units; `expr` is recorded as the source.
+    pub fn program(&self, units: &[Unit], expr: Option<&str>) -> Program {
+        let names = unit_names(units);
+        let colls: Vec<Action> = self
+            .colls
+            .iter()
+            .map(|c| c.action(names[c.unit].clone()))
+            .collect();
+        let programs = self
+            .programs
+            .iter()
+            .map(|list| {
+                list.iter()
+                    .map(|s| step_action(s, &names, &colls))
+                    .collect()
+            })
+            .collect();
+        Program {
+            format: FORMAT.to_string(),
+            ranks: self.ranks,
+            microbatches: self.microbatches,
+            units: units.to_vec(),
+            programs,
+            source: expr.map(|e| Source {
+                expr: e.to_string(),
+            }),
+            prefetch: self
+                .prefetch
+                .iter()
+                .map(|&(u, mb)| Prefetch {
+                    unit: names[u].clone(),
+                    mb,
+                })
+                .collect(),
+        }
+    }
+
+    /// Action `i` of rank `r`, its unit named after `units` (for messages, one at
+    /// a time); `None` when there is no such action or no such unit.
+    pub fn action(&self, units: &[Unit], r: usize, i: usize) -> Option<Action> {
+        let step = self.programs.get(r)?.get(i)?;
+        let name = |u: usize| units.get(u).map(|x| Name::from(x.name.as_str()));
+        Some(match *step {
+            Step::Compute { op, unit, mb } => Action::compute(op, name(unit)?, mb),
+            Step::P2p {
+                dir,
+                tensor,
+                unit,
+                mb,
+                peer,
+                batch,
+            } => Action::p2p(dir, tensor, name(unit)?, mb, peer, batch),
+            Step::Coll(k) => {
+                let c = self.colls.get(k)?;
+                c.action(name(c.unit)?)
+            }
+        })
+    }
+}
+
+/// `step` as an action, with the units' `names` and the collectives' actions.
+fn step_action(step: &Step, names: &[Name], colls: &[Action]) -> Action {
+    match *step {
+        Step::Compute { op, unit, mb } => Action::compute(op, names[unit].clone(), mb),
+        Step::P2p {
+            dir,
+            tensor,
+            unit,
+            mb,
+            peer,
+            batch,
+        } => Action::p2p(dir, tensor, names[unit].clone(), mb, peer, batch),
+        Step::Coll(k) => colls[k].clone(),
+    }
+}
+
+/// How [`assemble_in`] writes actions: named ([`Action`]) or by unit index ([`Step`]).
+trait Form {
+    type Act;
+    fn compute(&self, op: Op, unit: usize, mb: usize) -> Self::Act;
+    fn p2p(&self, dir: Dir, tensor: Tensor, unit: usize, mb: usize, peer: usize) -> Self::Act;
+    /// The `k`-th collective: broadcasts, then reductions, as [`collectives`] lists them.
+    fn coll(&self, k: usize) -> Self::Act;
+    /// (is a send, peer) of a point-to-point action; `(true, usize::MAX)` otherwise.
+    fn end(&self, a: &Self::Act) -> (bool, usize);
+    /// The canonical order of a batch's members: sends first, then by peer, tensor
+    /// and unit name ([`member_order`]).
+    fn member_cmp(&self, a: &Self::Act, b: &Self::Act) -> Ordering;
+    fn set_batch(&self, a: &mut Self::Act, batch: u64);
+}
+
+/// Actions with their units' names.
+struct Named {
+    names: Vec<Name>,
+    /// Broadcasts, then reductions.
+    colls: Vec<Action>,
+}
+
+impl Named {
+    fn new(plan: &Plan, bcasts: &[Collective], reduces: &[Collective]) -> Named {
+        let names = unit_names(&plan.units);
+        let colls = bcasts
+            .iter()
+            .chain(reduces)
+            .map(|c| c.action(names[c.unit].clone()))
+            .collect();
+        Named { names, colls }
+    }
+
+    fn program(&self, plan: &Plan, programs: Vec<Vec<Action>>, expr: Option<&str>) -> Program {
+        Program {
+            format: FORMAT.to_string(),
+            ranks: plan.ranks,
+            microbatches: plan.microbatches,
+            units: plan.units.clone(),
+            programs,
+            source: expr.map(|e| Source {
+                expr: e.to_string(),
+            }),
+            prefetch: plan
+                .prefetch
+                .iter()
+                .map(|&(u, mb)| Prefetch {
+                    unit: self.names[u].clone(),
+                    mb,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl Form for Named {
+    type Act = Action;
+    fn compute(&self, op: Op, unit: usize, mb: usize) -> Action {
+        Action::compute(op, self.names[unit].clone(), mb)
+    }
+    fn p2p(&self, dir: Dir, tensor: Tensor, unit: usize, mb: usize, peer: usize) -> Action {
+        Action::p2p(dir, tensor, self.names[unit].clone(), mb, peer, None)
+    }
+    fn coll(&self, k: usize) -> Action {
+        self.colls[k].clone()
+    }
+    fn end(&self, a: &Action) -> (bool, usize) {
+        match a {
+            Action::SEND { peer, .. } => (true, *peer),
+            Action::RECV { peer, .. } => (false, *peer),
+            _ => (true, usize::MAX),
+        }
+    }
+    fn member_cmp(&self, a: &Action, b: &Action) -> Ordering {
+        member_order(a).cmp(&member_order(b))
+    }
+    fn set_batch(&self, a: &mut Action, batch: u64) {
+        if let Action::SEND { batch: b, .. } | Action::RECV { batch: b, .. } = a {
+            *b = Some(batch);
+        }
+    }
+}
+
+/// Actions by unit index.
+struct Indexed {
+    /// Each unit's place in the order of the units' names ([`name_ranks`]).
+    rank: Vec<usize>,
+}
+
+impl Form for Indexed {
+    type Act = Step;
+    fn compute(&self, op: Op, unit: usize, mb: usize) -> Step {
+        Step::Compute { op, unit, mb }
+    }
+    fn p2p(&self, dir: Dir, tensor: Tensor, unit: usize, mb: usize, peer: usize) -> Step {
+        Step::P2p {
+            dir,
+            tensor,
+            unit,
+            mb,
+            peer,
+            batch: None,
+        }
+    }
+    fn coll(&self, k: usize) -> Step {
+        Step::Coll(k)
+    }
+    fn end(&self, a: &Step) -> (bool, usize) {
+        match *a {
+            Step::P2p { dir, peer, .. } => (dir == Dir::Send, peer),
+            _ => (true, usize::MAX),
+        }
+    }
+    fn member_cmp(&self, a: &Step, b: &Step) -> Ordering {
+        // As `member_order`, with the unit's place among the names for its name
+        // (the empty name, first of all, for an action that is not a transfer).
+        let key = |s: &Step| match *s {
+            Step::P2p {
+                dir,
+                tensor,
+                unit,
+                peer,
+                ..
+            } => (dir, peer, tensor, Some(self.rank[unit])),
+            _ => (Dir::Recv, usize::MAX, Tensor::Input, None),
+        };
+        key(a).cmp(&key(b))
+    }
+    fn set_batch(&self, a: &mut Step, batch: u64) {
+        if let Step::P2p { batch: b, .. } = a {
+            *b = Some(batch);
+        }
+    }
+}
+
+/// Each unit's place in the sorted list of the distinct unit names: comparing two
+/// units' places compares their names.
+fn name_ranks(units: &[Unit]) -> Vec<usize> {
+    let mut by: Vec<usize> = (0..units.len()).collect();
+    by.sort_by(|&a, &b| units[a].name.cmp(&units[b].name));
+    let mut rank = vec![0; units.len()];
+    let mut k = 0;
+    for (i, &u) in by.iter().enumerate() {
+        if i > 0 && units[u].name != units[by[i - 1]].name {
+            k += 1;
+        }
+        rank[u] = k;
+    }
+    rank
+}
+
+/// Every rank's list of `plan` with its transfers placed as `at` says, written in
+/// `form`: the broadcasts the rank is a member of, then compute in the plan's order
+/// with the transfers of each slot batched before the task of that slot, then its
+/// reductions; then the transfers of prefetched forwards.
+fn assemble_in<F: Form, P>(
+    plan: &Plan,
+    at: &[Vec<P>],
+    form: &F,
+    (bcasts, reduces): (&[Collective], &[Collective]),
+    slot: impl Fn(&P) -> usize,
+    act: impl Fn(&P) -> F::Act,
+) -> Vec<Vec<F::Act>> {
+    let mut programs = Vec::with_capacity(plan.ranks);
     for (r, at) in at.iter().enumerate() {
         let n = plan.order[r].len();
         let mut list = Vec::with_capacity(bcasts.len() + n + at.len() + reduces.len());
-        list.extend(bcasts.iter().filter(|a| member(a, r)).cloned());
+        for (k, c) in bcasts.iter().enumerate() {
+            if c.group.contains(&r) {
+                list.push(form.coll(k));
+            }
+        }
         let mut batch = 0u64;
         let mut comm = at.iter().peekable();
         let mut group = Vec::new();
         for k in 0..=n {
-            while let Some(x) = comm.next_if(|x| x.slot == k) {
-                group.push(x.action.clone());
+            while let Some(x) = comm.next_if(|x| slot(x) == k) {
+                group.push(act(x));
             }
             if !group.is_empty() {
-                push_batched(&mut list, &mut group, &mut batch);
+                push_batched(form, &mut list, &mut group, &mut batch);
             }
             if let Some(t) = plan.order[r].get(k) {
-                list.push(Action::compute(t.op, name(t.unit), t.mb));
+                list.push(form.compute(t.op, t.unit, t.mb));
             }
         }
-        list.extend(reduces.iter().filter(|a| member(a, r)).cloned());
+        for (k, c) in reduces.iter().enumerate() {
+            if c.group.contains(&r) {
+                list.push(form.coll(bcasts.len() + k));
+            }
+        }
         programs.push(list);
     }
-    let prefetch = prefetch_transfers(plan, &names, &mut programs);
-    Program {
-        format: FORMAT.to_string(),
-        ranks: p,
-        microbatches: plan.microbatches,
-        units: plan.units.clone(),
-        programs,
-        source: expr.map(|e| Source {
-            expr: e.to_string(),
-        }),
-        prefetch,
-    }
+    prefetch_transfers(plan, form, &mut programs);
+    programs
 }
 
 /// The transfers of prefetched forwards (see [`Plan::prefetch`]): the activation of
@@ -281,17 +680,12 @@ pub(crate) fn assemble(plan: &Plan, at: &[Vec<Placed>], expr: Option<&str>) -> P
 /// plan's prefetch order, then the reader's rank): every rank finishes the rest of
 /// the step (which terminates without them), and then the first unfinished transfer
 /// in that order has both its ends next in their lists, so each one completes.
-fn prefetch_transfers(plan: &Plan, names: &[Name], programs: &mut [Vec<Action>]) -> Vec<Prefetch> {
+fn prefetch_transfers<F: Form>(plan: &Plan, form: &F, programs: &mut [Vec<F::Act>]) {
     if plan.prefetch.is_empty() {
-        return Vec::new();
+        return;
     }
     let index = plan.locate();
-    let mut out = Vec::with_capacity(plan.prefetch.len());
     for &(u, mb) in &plan.prefetch {
-        out.push(Prefetch {
-            unit: names[u].clone(),
-            mb,
-        });
         let Some((q, _)) = index.get(Op::F, u, mb) else {
             continue;
         };
@@ -308,19 +702,10 @@ fn prefetch_transfers(plan: &Plan, names: &[Name], programs: &mut [Vec<Action>])
         readers.sort_unstable();
         readers.dedup();
         for r in readers {
-            let unit = names[u].clone();
-            programs[q].push(Action::p2p(
-                Dir::Send,
-                Tensor::Act,
-                unit.clone(),
-                mb,
-                r,
-                None,
-            ));
-            programs[r].push(Action::p2p(Dir::Recv, Tensor::Act, unit, mb, q, None));
+            programs[q].push(form.p2p(Dir::Send, Tensor::Act, u, mb, r));
+            programs[r].push(form.p2p(Dir::Recv, Tensor::Act, u, mb, q));
         }
     }
-    out
 }
 
 /// How a transfer's key time (and so its place on both ranks) is chosen.
@@ -404,7 +789,7 @@ fn place(
     transfers: &[(TransferId, Ends)],
     strategy: Placement,
     policy: &SearchPolicy,
-) -> Result<Vec<Vec<Placed>>, LowerError> {
+) -> Result<Vec<Vec<Spot>>, LowerError> {
     let p = plan.ranks;
     // At most this many candidate meeting points per rank and transfer.
     let (candidates, idle_parts) = (policy.meet_candidates, policy.meet_idle_parts);
@@ -526,11 +911,6 @@ fn place(
             id,
         });
     }
-    let names: Vec<Name> = plan
-        .units
-        .iter()
-        .map(|u| Name::from(u.name.as_str()))
-        .collect();
     let mut out = Vec::with_capacity(p);
     for (r, its) in items.into_iter().enumerate() {
         // Keys are unique per rank (one end of each transfer), so unstable is exact.
@@ -556,14 +936,15 @@ fn place(
                 cap[k] = c;
             }
         }
-        let mut at: Vec<Placed> = Vec::with_capacity(its.len());
+        let mut at: Vec<Spot> = Vec::with_capacity(its.len());
         let mut slot = 0;
         for ((_, k), cap) in order.into_iter().zip(cap) {
             let it = &its[k];
             slot = slot.max(it.lo.min(cap)).max(it.min);
             let k = it.key;
-            let action = Action::p2p(it.dir, k.tensor, names[k.unit].clone(), k.mb, it.peer, None);
             if slot > it.hi {
+                let name = plan.units[k.unit].name.as_str();
+                let action = Action::p2p(it.dir, k.tensor, name, k.mb, it.peer, None);
                 return Err(LowerError::Placement {
                     rank: r,
                     action: action.to_string(),
@@ -571,12 +952,16 @@ fn place(
                     limit: it.hi,
                 });
             }
-            at.push(Placed {
+            at.push(Spot {
                 slot,
-                action,
                 min: it.min,
                 max: it.max,
                 id: it.id,
+                dir: it.dir,
+                tensor: k.tensor,
+                unit: k.unit,
+                mb: k.mb,
+                peer: it.peer,
             });
         }
         out.push(at);
@@ -584,15 +969,8 @@ fn place(
     Ok(out)
 }
 
-fn member(a: &Action, r: usize) -> bool {
-    match a {
-        Action::BCAST { group, .. } | Action::REDUCE { group, .. } => group.contains(&r),
-        _ => false,
-    }
-}
-
 /// Broadcasts and reductions of every trainable unit computed away from its home.
-fn collectives(plan: &Plan) -> (Vec<Action>, Vec<Action>) {
+fn collectives(plan: &Plan) -> (Vec<Collective>, Vec<Collective>) {
     let n = plan.units.len();
     let mut users: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
     let mut reducers: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
@@ -620,18 +998,17 @@ fn collectives(plan: &Plan) -> (Vec<Action>, Vec<Action>) {
         if !unit.trainable {
             continue;
         }
-        for (set, out, bcast) in [
-            (&mut users[u], &mut bcasts, true),
-            (&mut reducers[u], &mut reduces, false),
+        for (set, out, kind) in [
+            (&mut users[u], &mut bcasts, CollKind::Bcast),
+            (&mut reducers[u], &mut reduces, CollKind::Reduce),
         ] {
             set.insert(unit.home);
             if set.len() > 1 {
-                let group: Vec<usize> = set.iter().copied().collect();
-                let (unit, root) = (Name::from(unit.name.as_str()), unit.home);
-                out.push(if bcast {
-                    Action::BCAST { unit, root, group }
-                } else {
-                    Action::REDUCE { unit, root, group }
+                out.push(Collective {
+                    kind,
+                    unit: u,
+                    root: unit.home,
+                    group: set.iter().copied().collect(),
                 });
             }
         }
@@ -649,30 +1026,29 @@ fn member_order(a: &Action) -> (Dir, usize, Tensor, &str) {
 
 /// Append `group` (actions placed between the same two compute tasks) as batches:
 /// a new batch starts when one would hold two sends to, or two receives from, one peer.
-fn push_batched(list: &mut Vec<Action>, group: &mut Vec<Action>, batch: &mut u64) {
+fn push_batched<F: Form>(
+    form: &F,
+    list: &mut Vec<F::Act>,
+    group: &mut Vec<F::Act>,
+    batch: &mut u64,
+) {
     // (is send, peer) of the current run's members; runs are short, a scan is enough.
     let mut seen: Vec<(bool, usize)> = Vec::new();
     let mut run_start = list.len();
-    let close = |list: &mut Vec<Action>, from: usize, batch: &mut u64| {
+    let close = |list: &mut Vec<F::Act>, from: usize, batch: &mut u64| {
         if list.len() - from > 1 {
             // Members of one batch are posted together, so their order carries no
             // meaning: write them in one canonical order (sends first, then by peer,
             // tensor, unit), which keeps repeated steps identical for loop re-rolling.
-            list[from..].sort_by(|a, b| member_order(a).cmp(&member_order(b)));
+            list[from..].sort_by(|a, b| form.member_cmp(a, b));
             for a in &mut list[from..] {
-                if let Action::SEND { batch: b, .. } | Action::RECV { batch: b, .. } = a {
-                    *b = Some(*batch);
-                }
+                form.set_batch(a, *batch);
             }
             *batch += 1;
         }
     };
     for a in group.drain(..) {
-        let k = match &a {
-            Action::SEND { peer, .. } => (true, *peer),
-            Action::RECV { peer, .. } => (false, *peer),
-            _ => (true, usize::MAX),
-        };
+        let k = form.end(&a);
         if seen.contains(&k) {
             close(list, run_start, batch);
             run_start = list.len();

@@ -14,6 +14,13 @@
 //! - **fast**: `O(N log N)` in the number of actions `N` (sorting only where matching
 //!   needs it), no allocation per action in the event loop.
 //!
+//! [`simulate_lowered`] runs a lowering by unit index
+//! ([`crate::algebra::lower::Lowered`]) through the same engine, and
+//! [`finish_times_lowered`] stops before the memory walk: a search judges its trials
+//! without naming their programs, and names and measures in full only the one it
+//! keeps. Only the reading of the actions differs (names looked up, or indices
+//! taken); `tests/lowered.rs` checks that the reports and errors are equal.
+//!
 //! # Semantics (normative text in the spec; choices where it is silent marked *)
 //!
 //! - A compute action takes [`Op::cost`] of its unit.
@@ -59,9 +66,10 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::Serialize;
 
+use crate::algebra::lower::{Lowered, Step};
 use crate::ir::program::{
-    over_limit, Action, ActionRef, CollKind, Dir, Op, OverLimit, Program, Tensor, MAX_MICROBATCHES,
-    MAX_RANK_MICROBATCHES, MAX_UNIT_FIGURE,
+    over_limit, Action, ActionRef, CollKind, Dir, Op, OverLimit, Program, Tensor, Unit,
+    MAX_MICROBATCHES, MAX_RANK_MICROBATCHES, MAX_UNIT_FIGURE,
 };
 use crate::judge::timeline::{Slot, Timeline};
 
@@ -237,14 +245,53 @@ fn deadlock_text(blocked: &[Blocked]) -> String {
 
 /// Run `p` under `opts` and measure it.
 pub fn simulate(p: &Program, opts: &SimOptions) -> Result<SimReport, SimError> {
-    let setup = Setup::new(p, opts)?;
-    let report = Engine::new(&setup)?.run()?;
-    if !report.makespan.is_finite() {
-        return Err(SimError::NotFinite {
-            what: format!("the makespan ({})", report.makespan),
-        });
-    }
+    measure(&Setup::new(p, opts)?)
+}
+
+/// [`simulate`] of a lowering by unit index (`units` are the plan's): the report,
+/// or the error, that [`simulate`] gives for [`Lowered::program`] of it, without
+/// naming the program. One engine runs both; only the reading of the actions
+/// differs (names looked up there, indices taken here).
+pub fn simulate_lowered(
+    units: &[Unit],
+    lowered: &Lowered,
+    opts: &SimOptions,
+) -> Result<SimReport, SimError> {
+    measure(&Setup::lowered(units, lowered, opts)?)
+}
+
+/// Each rank's finishing time under [`simulate_lowered`] (the end of the last
+/// interval of its timeline, 0 for an empty list), without measuring the memory:
+/// an error exactly when [`simulate_lowered`] gives one, the same error. What a
+/// search needs to rank a trial ([`crate::judge::compare::timed`] takes the
+/// makespan, the latest of these, then their sum).
+pub fn finish_times_lowered(
+    units: &[Unit],
+    lowered: &Lowered,
+    opts: &SimOptions,
+) -> Result<Vec<f64>, SimError> {
+    let setup = Setup::lowered(units, lowered, opts)?;
+    let (_, _, finish) = Engine::new(&setup)?.execute()?;
+    finite(finish.iter().copied().fold(0.0, f64::max))?;
+    Ok(finish)
+}
+
+/// Run the resolved program of `setup` and measure it.
+fn measure(setup: &Setup<'_>) -> Result<SimReport, SimError> {
+    let report = Engine::new(setup)?.run()?;
+    finite(report.makespan)?;
     Ok(report)
+}
+
+/// A makespan the report can give.
+fn finite(makespan: f64) -> Result<(), SimError> {
+    if makespan.is_finite() {
+        Ok(())
+    } else {
+        Err(SimError::NotFinite {
+            what: format!("the makespan ({makespan})"),
+        })
+    }
 }
 
 /// The activation memory each rank holds over the step whose timeline is `t` (the
@@ -284,36 +331,58 @@ pub fn check_shape(p: &Program) -> Result<(), SimError> {
 
 /// [`check_shape`], giving the unit-name map it builds on success.
 fn shape(p: &Program) -> Result<NameMap<'_>, SimError> {
-    let nr = p.programs.len();
-    if p.ranks != nr {
-        return Err(SimError::RankCount {
-            ranks: p.ranks,
-            lists: nr,
+    let names = shape_of_units(&p.units, p.ranks, p.programs.len(), p.microbatches)?;
+    for (index, f) in p.prefetch.iter().enumerate() {
+        let problem = if !names.contains_key(&*f.unit) {
+            "no unit has that name".to_string()
+        } else if f.mb >= p.microbatches {
+            format!("the program has {} micro-batches", p.microbatches)
+        } else {
+            continue;
+        };
+        return Err(SimError::BadPrefetch {
+            index,
+            unit: f.unit.to_string(),
+            mb: f.mb,
+            problem,
         });
     }
-    if let Some(over) = over_limit(nr, p.microbatches) {
+    Ok(names)
+}
+
+/// [`shape`] but for the prefetch entries: a program declaring `ranks` ranks, with
+/// `lists` action lists, `microbatches` micro-batches and these units.
+fn shape_of_units(
+    units: &[Unit],
+    ranks: usize,
+    lists: usize,
+    microbatches: usize,
+) -> Result<NameMap<'_>, SimError> {
+    let nr = lists;
+    if ranks != nr {
+        return Err(SimError::RankCount { ranks, lists: nr });
+    }
+    if let Some(over) = over_limit(nr, microbatches) {
         let what = match over {
             OverLimit::Microbatches => format!(
-                "{} micro-batches, over the {MAX_MICROBATCHES} mpipe handles in one step",
-                p.microbatches
+                "{microbatches} micro-batches, over the {MAX_MICROBATCHES} mpipe handles in one step"
             ),
             OverLimit::Pairs => format!(
-                "{nr} ranks x {} micro-batches, over the {MAX_RANK_MICROBATCHES} (rank, \
-                 micro-batch) pairs mpipe handles in one step",
-                p.microbatches
+                "{nr} ranks x {microbatches} micro-batches, over the {MAX_RANK_MICROBATCHES} \
+                 (rank, micro-batch) pairs mpipe handles in one step"
             ),
         };
         return Err(SimError::TooLarge { what });
     }
-    let (names, dups) = unit_names(p);
+    let (names, dups) = names_of(units);
     if let Some(&(first, second)) = dups.first() {
         return Err(SimError::DuplicateUnit {
-            name: p.units[second].name.clone(),
+            name: units[second].name.clone(),
             first,
             second,
         });
     }
-    for u in &p.units {
+    for u in units {
         for (field, value) in u.numbers() {
             if !(value.is_finite() && value >= 0.0) {
                 return Err(SimError::BadUnitNumber {
@@ -338,21 +407,6 @@ fn shape(p: &Program) -> Result<NameMap<'_>, SimError> {
                 ranks: nr,
             });
         }
-    }
-    for (index, f) in p.prefetch.iter().enumerate() {
-        let problem = if !names.contains_key(&*f.unit) {
-            "no unit has that name".to_string()
-        } else if f.mb >= p.microbatches {
-            format!("the program has {} micro-batches", p.microbatches)
-        } else {
-            continue;
-        };
-        return Err(SimError::BadPrefetch {
-            index,
-            unit: f.unit.to_string(),
-            mb: f.mb,
-            problem,
-        });
     }
     Ok(names)
 }
@@ -388,9 +442,14 @@ pub(crate) type NameMap<'a> = HashMap<&'a str, u32, BuildHasherDefault<Fnv>>;
 /// Map every unit name to its index (the first definition wins) and list the
 /// duplicates as `(first index, duplicate index)`.
 pub(crate) fn unit_names(p: &Program) -> (NameMap<'_>, Vec<(usize, usize)>) {
+    names_of(&p.units)
+}
+
+/// [`unit_names`] of a list of units.
+fn names_of(units: &[Unit]) -> (NameMap<'_>, Vec<(usize, usize)>) {
     let mut map = NameMap::default();
     let mut dups = Vec::new();
-    for (i, u) in p.units.iter().enumerate() {
+    for (i, u) in units.iter().enumerate() {
         match map.get(u.name.as_str()) {
             Some(&first) => dups.push((first as usize, i)),
             None => {
@@ -462,15 +521,64 @@ enum RAct {
         unit: u32,
         mb: u32,
         peer: u32,
+        /// Posted in one batch with the action before it (see [`split_ops`]).
+        joins: bool,
     },
     Coll,
+}
+
+/// One action as [`Resolver::push`] reads it, its unit already an index.
+enum View<'a> {
+    Compute {
+        op: Op,
+        mb: usize,
+    },
+    P2p {
+        dir: Dir,
+        tensor: Tensor,
+        mb: usize,
+        peer: usize,
+        batch: Option<u64>,
+    },
+    Coll {
+        kind: CollKind,
+        root: usize,
+        group: &'a [usize],
+    },
+}
+
+/// Where a [`Setup`]'s actions come from: a named program, or a lowering by unit
+/// index with the units it refers to. Only the words of errors read it again.
+#[derive(Clone, Copy)]
+enum Src<'p> {
+    Program(&'p Program),
+    Lowered(&'p Lowered, &'p [Unit]),
+}
+
+impl Src<'_> {
+    /// Action `i` of rank `r`, `None` past the end of its list.
+    fn action(&self, r: usize, i: usize) -> Option<Action> {
+        match *self {
+            Src::Program(p) => p.programs.get(r)?.get(i).cloned(),
+            Src::Lowered(l, units) => l.action(units, r, i),
+        }
+    }
+
+    /// [`Src::action`] as text (`?` if there is none, which resolution rules out).
+    fn text(&self, r: usize, i: usize) -> String {
+        self.action(r, i)
+            .map_or_else(|| "?".to_string(), |a| a.to_string())
+    }
 }
 
 /// A collective's identity: kind, unit, root, sorted distinct group members.
 type CollId = (CollKind, u32, usize, Vec<usize>);
 
 struct Setup<'p> {
-    p: &'p Program,
+    src: Src<'p>,
+    /// How many units and micro-batches the program has.
+    units: usize,
+    microbatches: usize,
     mode: Mode,
     comm: Option<CommModel>,
     /// Per unit, the cost of each op (indexed by [`op_index`]).
@@ -489,55 +597,15 @@ struct Setup<'p> {
 
 impl<'p> Setup<'p> {
     fn new(p: &'p Program, opts: &SimOptions) -> Result<Setup<'p>, SimError> {
-        if let Some(c) = opts.comm {
-            let ok = c.latency.is_finite() && c.latency >= 0.0 && c.bandwidth > 0.0;
-            if !ok {
-                return Err(SimError::BadCommModel {
-                    latency: c.latency,
-                    bandwidth: c.bandwidth,
-                });
-            }
-        }
+        check_comm(opts)?;
         let names = shape(p)?;
-        let nr = p.programs.len();
         let total: usize = p.programs.iter().map(Vec::len).sum();
-        if total >= NONE as usize || p.units.len() >= NONE as usize || nr >= NONE as usize {
-            return Err(SimError::TooLarge {
-                what: format!("{total} actions, {} units, {nr} ranks", p.units.len()),
-            });
-        }
-        // Channel keys are ((unit * microbatches + mb) * 3 + tensor) in a u64.
-        let cells = (p.units.len() as u64)
-            .checked_mul(p.microbatches as u64)
-            .and_then(|c| c.checked_mul(3));
-        if cells.is_none() || p.microbatches > NONE as usize {
-            return Err(SimError::TooLarge {
-                what: format!(
-                    "{} units x {} micro-batches overflows the matching keys",
-                    p.units.len(),
-                    p.microbatches
-                ),
-            });
-        }
-        let mut cost = Vec::with_capacity(p.units.len());
-        for u in &p.units {
-            let mut c = [0.0; 5];
-            for op in [Op::F, Op::B, Op::W, Op::BW, Op::RF] {
-                c[op_index(op)] = op.cost(&u.cost);
-            }
-            cost.push(c);
-        }
-
-        let mut acts = Vec::with_capacity(nr);
-        let mut id_of: BTreeMap<CollId, u32> = BTreeMap::new();
-        let mut coll_ids: Vec<CollId> = Vec::new();
-        let mut coll_of = BTreeMap::new();
-        let mut occ_count: BTreeMap<(u32, u32), u32> = BTreeMap::new();
+        let mut res = Resolver::new(&p.units, p.programs.len(), p.microbatches, total)?;
         // The last name looked up, by address and length: actions share their unit's
         // name, so a run of actions on one unit costs one look-up.
         let mut last: (*const u8, usize, u32) = (std::ptr::null(), 0, 0);
         for (r, list) in p.programs.iter().enumerate() {
-            let mut out = Vec::with_capacity(list.len());
+            res.rank(list.len());
             for (i, a) in list.iter().enumerate() {
                 let unit_name = a.unit();
                 let unit = if (unit_name.as_ptr(), unit_name.len()) == (last.0, last.1) {
@@ -554,85 +622,107 @@ impl<'p> Setup<'p> {
                     last = (unit_name.as_ptr(), unit_name.len(), unit);
                     unit
                 };
-                let check_mb = |mb: usize| {
-                    if mb < p.microbatches {
-                        Ok(mb as u32)
-                    } else {
-                        Err(SimError::MicrobatchOutOfRange {
-                            rank: r,
-                            index: i,
-                            action: a.to_string(),
-                            mb,
-                            microbatches: p.microbatches,
-                        })
-                    }
-                };
-                let check_rank = |peer: usize| {
-                    if peer < nr {
-                        Ok(peer as u32)
-                    } else {
-                        Err(SimError::NoSuchRank {
-                            rank: r,
-                            index: i,
-                            action: a.to_string(),
-                            peer,
-                            ranks: nr,
-                        })
-                    }
-                };
-                let ra = match a.view() {
-                    ActionRef::Compute(c) => RAct::Compute {
-                        op: c.op,
-                        unit,
-                        mb: check_mb(c.mb)?,
-                    },
-                    ActionRef::P2p(t) => RAct::P2p {
+                let view = match a.view() {
+                    ActionRef::Compute(c) => View::Compute { op: c.op, mb: c.mb },
+                    ActionRef::P2p(t) => View::P2p {
                         dir: t.dir,
                         tensor: t.tensor,
-                        unit,
-                        mb: check_mb(t.mb)?,
-                        peer: check_rank(t.peer)?,
+                        mb: t.mb,
+                        peer: t.peer,
+                        batch: t.batch,
                     },
-                    ActionRef::Coll(c) => {
-                        for &g in c.group {
-                            check_rank(g)?;
-                        }
-                        let mut group = c.group.to_vec();
-                        group.sort_unstable();
-                        group.dedup();
-                        let key: CollId = (c.kind, unit, c.root, group);
-                        let id = match id_of.get(&key) {
-                            Some(&id) => id,
-                            None => {
-                                let id = coll_ids.len() as u32;
-                                coll_ids.push(key.clone());
-                                id_of.insert(key, id);
-                                id
-                            }
+                    ActionRef::Coll(c) => View::Coll {
+                        kind: c.kind,
+                        root: c.root,
+                        group: c.group,
+                    },
+                };
+                res.push(r, i, unit, view, || a.to_string())?;
+            }
+        }
+        Ok(res.finish(Src::Program(p), &p.units, opts))
+    }
+
+    /// The setup of [`Lowered::program`] of `l` (`units` the plan's), read from `l`:
+    /// the same checks in the same order, the same resolved actions.
+    fn lowered(
+        units: &'p [Unit],
+        l: &'p Lowered,
+        opts: &SimOptions,
+    ) -> Result<Setup<'p>, SimError> {
+        check_comm(opts)?;
+        shape_of_units(units, l.ranks, l.programs.len(), l.microbatches)?;
+        for (index, &(u, mb)) in l.prefetch.iter().enumerate() {
+            let problem = if u >= units.len() {
+                "no unit has that name".to_string()
+            } else if mb >= l.microbatches {
+                format!("the program has {} micro-batches", l.microbatches)
+            } else {
+                continue;
+            };
+            return Err(SimError::BadPrefetch {
+                index,
+                unit: units
+                    .get(u)
+                    .map_or_else(|| format!("#{u}"), |x| x.name.clone()),
+                mb,
+                problem,
+            });
+        }
+        let total: usize = l.programs.iter().map(Vec::len).sum();
+        let mut res = Resolver::new(units, l.programs.len(), l.microbatches, total)?;
+        let src = Src::Lowered(l, units);
+        for (r, list) in l.programs.iter().enumerate() {
+            res.rank(list.len());
+            for (i, step) in list.iter().enumerate() {
+                let (unit, view) = match *step {
+                    Step::Compute { op, unit, mb } => (unit, View::Compute { op, mb }),
+                    Step::P2p {
+                        dir,
+                        tensor,
+                        unit,
+                        mb,
+                        peer,
+                        batch,
+                    } => (
+                        unit,
+                        View::P2p {
+                            dir,
+                            tensor,
+                            mb,
+                            peer,
+                            batch,
+                        },
+                    ),
+                    Step::Coll(k) => {
+                        let Some(c) = l.colls.get(k) else {
+                            return Err(SimError::UnknownUnit {
+                                rank: r,
+                                index: i,
+                                action: format!("collective #{k}"),
+                                unit: format!("(no collective #{k})"),
+                            });
                         };
-                        let k = occ_count.entry((id, r as u32)).or_insert(0);
-                        coll_of.insert((r as u32, i as u32), (id, *k));
-                        *k += 1;
-                        RAct::Coll
+                        let view = View::Coll {
+                            kind: c.kind,
+                            root: c.root,
+                            group: &c.group,
+                        };
+                        (c.unit, view)
                     }
                 };
-                out.push(ra);
+                if unit >= units.len() {
+                    return Err(SimError::UnknownUnit {
+                        rank: r,
+                        index: i,
+                        action: format!("{step:?}"),
+                        unit: format!("#{unit}"),
+                    });
+                }
+                res.push(r, i, unit as u32, view, || src.text(r, i))?;
             }
-            acts.push(out);
         }
-        Ok(Setup {
-            p,
-            mode: opts.mode,
-            comm: opts.comm,
-            cost,
-            bytes: p.units.iter().map(|u| u.bytes).collect(),
-            params: p.units.iter().map(|u| u.params).collect(),
-            act: p.units.iter().map(|u| u.act).collect(),
-            actions: total,
-            acts,
-            coll_ids,
-            coll_of,
-        })
+        Ok(res.finish(src, units, opts))
     }
 
     /// The activation memory rank `r` holds over time, given its timeline: `(time,
@@ -675,7 +765,7 @@ impl<'p> Setup<'p> {
         at_start.resize(acts.len(), false);
         // With a table of every (unit, mb) no larger than the program, passes in list
         // order find what each holds; otherwise a sort groups them.
-        let keys = (s.p.units.len() as u64).saturating_mul(s.p.microbatches as u64);
+        let keys = (s.units as u64).saturating_mul(s.microbatches as u64);
         if keys <= s.actions as u64 {
             s.hold_by_table(acts, table, delta, at_start);
         } else {
@@ -741,7 +831,7 @@ impl<'p> Setup<'p> {
         delta: &mut [f64],
         at_start: &mut [bool],
     ) {
-        let keys = self.p.units.len() * self.p.microbatches;
+        let keys = self.units * self.microbatches;
         if table.len() < keys {
             table.resize(keys, [NONE; 3]);
         }
@@ -786,7 +876,199 @@ impl<'p> Setup<'p> {
     }
 
     fn key(&self, unit: u32, mb: u32) -> u64 {
-        u64::from(unit) * self.p.microbatches as u64 + u64::from(mb)
+        u64::from(unit) * self.microbatches as u64 + u64::from(mb)
+    }
+}
+
+/// A communication model the simulator can use: finite latency >= 0, bandwidth > 0.
+fn check_comm(opts: &SimOptions) -> Result<(), SimError> {
+    if let Some(c) = opts.comm {
+        let ok = c.latency.is_finite() && c.latency >= 0.0 && c.bandwidth > 0.0;
+        if !ok {
+            return Err(SimError::BadCommModel {
+                latency: c.latency,
+                bandwidth: c.bandwidth,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Resolution of a program's actions, one at a time in list order, into a [`Setup`]:
+/// shared by both readings of a program ([`Setup::new`], [`Setup::lowered`]).
+struct Resolver {
+    nr: usize,
+    microbatches: usize,
+    total: usize,
+    acts: Vec<Vec<RAct>>,
+    id_of: BTreeMap<CollId, u32>,
+    coll_ids: Vec<CollId>,
+    coll_of: BTreeMap<(u32, u32), (u32, u32)>,
+    occ_count: BTreeMap<(u32, u32), u32>,
+    /// The `batch` of the action before, on the rank being read.
+    prev: Option<u64>,
+}
+
+impl Resolver {
+    /// Fails when the program is too large for the engine's indices.
+    fn new(
+        units: &[Unit],
+        nr: usize,
+        microbatches: usize,
+        total: usize,
+    ) -> Result<Resolver, SimError> {
+        if total >= NONE as usize || units.len() >= NONE as usize || nr >= NONE as usize {
+            return Err(SimError::TooLarge {
+                what: format!("{total} actions, {} units, {nr} ranks", units.len()),
+            });
+        }
+        // Channel keys are ((unit * microbatches + mb) * 3 + tensor) in a u64.
+        let cells = (units.len() as u64)
+            .checked_mul(microbatches as u64)
+            .and_then(|c| c.checked_mul(3));
+        if cells.is_none() || microbatches > NONE as usize {
+            return Err(SimError::TooLarge {
+                what: format!(
+                    "{} units x {} micro-batches overflows the matching keys",
+                    units.len(),
+                    microbatches
+                ),
+            });
+        }
+        Ok(Resolver {
+            nr,
+            microbatches,
+            total,
+            acts: Vec::with_capacity(nr),
+            id_of: BTreeMap::new(),
+            coll_ids: Vec::new(),
+            coll_of: BTreeMap::new(),
+            occ_count: BTreeMap::new(),
+            prev: None,
+        })
+    }
+
+    /// Start the next rank's list, of `len` actions.
+    fn rank(&mut self, len: usize) {
+        self.acts.push(Vec::with_capacity(len));
+        self.prev = None;
+    }
+
+    /// Action `i` of rank `r` (the last rank started), on unit `unit`; `describe`
+    /// writes it for an error.
+    fn push(
+        &mut self,
+        r: usize,
+        i: usize,
+        unit: u32,
+        view: View<'_>,
+        describe: impl Fn() -> String,
+    ) -> Result<(), SimError> {
+        let (nr, microbatches) = (self.nr, self.microbatches);
+        let check_mb = |mb: usize| {
+            if mb < microbatches {
+                Ok(mb as u32)
+            } else {
+                Err(SimError::MicrobatchOutOfRange {
+                    rank: r,
+                    index: i,
+                    action: describe(),
+                    mb,
+                    microbatches,
+                })
+            }
+        };
+        let check_rank = |peer: usize| {
+            if peer < nr {
+                Ok(peer as u32)
+            } else {
+                Err(SimError::NoSuchRank {
+                    rank: r,
+                    index: i,
+                    action: describe(),
+                    peer,
+                    ranks: nr,
+                })
+            }
+        };
+        let (ra, batch) = match view {
+            View::Compute { op, mb } => (
+                RAct::Compute {
+                    op,
+                    unit,
+                    mb: check_mb(mb)?,
+                },
+                None,
+            ),
+            View::P2p {
+                dir,
+                tensor,
+                mb,
+                peer,
+                batch,
+            } => (
+                RAct::P2p {
+                    dir,
+                    tensor,
+                    unit,
+                    mb: check_mb(mb)?,
+                    peer: check_rank(peer)?,
+                    joins: batch.is_some() && batch == self.prev,
+                },
+                batch,
+            ),
+            View::Coll { kind, root, group } => {
+                for &g in group {
+                    check_rank(g)?;
+                }
+                let mut group = group.to_vec();
+                group.sort_unstable();
+                group.dedup();
+                let key: CollId = (kind, unit, root, group);
+                let id = match self.id_of.get(&key) {
+                    Some(&id) => id,
+                    None => {
+                        let id = self.coll_ids.len() as u32;
+                        self.coll_ids.push(key.clone());
+                        self.id_of.insert(key, id);
+                        id
+                    }
+                };
+                let k = self.occ_count.entry((id, r as u32)).or_insert(0);
+                self.coll_of.insert((r as u32, i as u32), (id, *k));
+                *k += 1;
+                (RAct::Coll, None)
+            }
+        };
+        self.prev = batch;
+        self.acts[r].push(ra);
+        Ok(())
+    }
+
+    fn finish<'p>(self, src: Src<'p>, units: &[Unit], opts: &SimOptions) -> Setup<'p> {
+        let mut cost = Vec::with_capacity(units.len());
+        for u in units {
+            let mut c = [0.0; 5];
+            for op in [Op::F, Op::B, Op::W, Op::BW, Op::RF] {
+                c[op_index(op)] = op.cost(&u.cost);
+            }
+            cost.push(c);
+        }
+        Setup {
+            src,
+            units: units.len(),
+            microbatches: self.microbatches,
+            mode: opts.mode,
+            comm: opts.comm,
+            cost,
+            bytes: units.iter().map(|u| u.bytes).collect(),
+            params: units.iter().map(|u| u.params).collect(),
+            act: units.iter().map(|u| u.act).collect(),
+            actions: self.total,
+            acts: self.acts,
+            coll_ids: self.coll_ids,
+            coll_of: self.coll_of,
+        }
     }
 }
 
@@ -831,16 +1113,20 @@ fn too_large(what: &str) -> SimError {
 
 impl<'s, 'p> Engine<'s, 'p> {
     fn new(s: &'s Setup<'p>) -> Result<Engine<'s, 'p>, SimError> {
-        let p = s.p;
-        let nr = p.programs.len();
+        let nr = s.acts.len();
         let mut op_lo = Vec::new();
         let mut op_hi = Vec::new();
         let mut op_rank = Vec::new();
         let mut op_of = Vec::with_capacity(nr);
-        for (r, list) in p.programs.iter().enumerate() {
-            let acts = &s.acts[r];
-            let mut of = vec![NONE; list.len()];
-            split_ops(list, |lo, hi| {
+        for (r, acts) in s.acts.iter().enumerate() {
+            let mut of = vec![NONE; acts.len()];
+            // The operations, as `split_ops` finds them in the named list.
+            let mut lo = 0;
+            while lo < acts.len() {
+                let mut hi = lo + 1;
+                while hi < acts.len() && matches!(acts[hi], RAct::P2p { joins: true, .. }) {
+                    hi += 1;
+                }
                 if !matches!(acts[lo], RAct::Compute { .. }) {
                     let id = op_lo.len() as u32;
                     of[lo..hi].fill(id);
@@ -848,7 +1134,8 @@ impl<'s, 'p> Engine<'s, 'p> {
                     op_hi.push(hi as u32);
                     op_rank.push(r as u32);
                 }
-            });
+                lo = hi;
+            }
             op_of.push(of);
         }
 
@@ -933,10 +1220,36 @@ impl<'s, 'p> Engine<'s, 'p> {
         &self.deps[self.dep_start[x] as usize..self.dep_start[x + 1] as usize]
     }
 
+    /// Run every rank and measure the step: time, compute and memory.
     fn run(mut self) -> Result<SimReport, SimError> {
+        let (slots, busy, now) = self.execute()?;
+        let nr = now.len();
+        let makespan = now.iter().copied().fold(0.0, f64::max);
+        let total: f64 = busy.iter().sum();
+        let bubble = if makespan > 0.0 && nr > 0 {
+            1.0 - total / (nr as f64 * makespan)
+        } else {
+            0.0
+        };
+        let (mut table, mut scratch) = (Vec::new(), Scratch::default());
+        let peak_memory = (0..nr)
+            .map(|r| self.peak(r, &slots[r], &mut table, &mut scratch))
+            .collect();
+        Ok(SimReport {
+            makespan,
+            bubble,
+            peak_memory,
+            compute: busy,
+            timeline: Timeline { ranks: slots },
+        })
+    }
+
+    /// Run every rank: each action's interval, each rank's busy compute time and
+    /// its finishing time (the end of its last interval, 0 for an empty list).
+    #[allow(clippy::type_complexity)]
+    fn execute(&mut self) -> Result<(Vec<Vec<Slot>>, Vec<f64>, Vec<f64>), SimError> {
         let s = self.s;
-        let p = s.p;
-        let nr = p.programs.len();
+        let nr = s.acts.len();
         let nops = self.op_lo.len();
 
         // Reverse dependencies (CSR): who waits for each operation to be reached.
@@ -959,8 +1272,8 @@ impl<'s, 'p> Engine<'s, 'p> {
             }
         }
 
-        let mut slots: Vec<Vec<Slot>> = p
-            .programs
+        let mut slots: Vec<Vec<Slot>> = s
+            .acts
             .iter()
             .map(|l| vec![Slot::default(); l.len()])
             .collect();
@@ -1018,7 +1331,7 @@ impl<'s, 'p> Engine<'s, 'p> {
             now[r] = t;
         }
 
-        let blocked: Vec<usize> = (0..nr).filter(|&r| pc[r] < p.programs[r].len()).collect();
+        let blocked: Vec<usize> = (0..nr).filter(|&r| pc[r] < s.acts[r].len()).collect();
         if !blocked.is_empty() {
             return Err(SimError::Deadlock {
                 blocked: blocked
@@ -1027,25 +1340,7 @@ impl<'s, 'p> Engine<'s, 'p> {
                     .collect(),
             });
         }
-
-        let makespan = now.iter().copied().fold(0.0, f64::max);
-        let total: f64 = busy.iter().sum();
-        let bubble = if makespan > 0.0 && nr > 0 {
-            1.0 - total / (nr as f64 * makespan)
-        } else {
-            0.0
-        };
-        let (mut table, mut scratch) = (Vec::new(), Scratch::default());
-        let peak_memory = (0..nr)
-            .map(|r| self.peak(r, &slots[r], &mut table, &mut scratch))
-            .collect();
-        Ok(SimReport {
-            makespan,
-            bubble,
-            peak_memory,
-            compute: busy,
-            timeline: Timeline { ranks: slots },
-        })
+        Ok((slots, busy, now))
     }
 
     /// Completion time of operation `x`, all of whose dependencies are reached.
@@ -1097,14 +1392,13 @@ impl<'s, 'p> Engine<'s, 'p> {
     /// Describe what rank `r`, blocked at action `pc[r]`, waits for.
     fn explain(&self, r: usize, pc: &[usize], reached: &[bool]) -> Blocked {
         let s = self.s;
-        let p = s.p;
         let x = self.op_of[r][pc[r]] as usize;
         let (lo, hi) = (self.op_lo[x] as usize, self.op_hi[x] as usize);
         let mut index = lo;
         let mut waits: Vec<String> = Vec::new();
         // Where rank `q` is stuck, in words.
         let stuck = |q: usize| -> String {
-            match p.programs[q].get(pc[q]) {
+            match s.src.action(q, pc[q]) {
                 None => format!("rank {q} has finished its list"),
                 Some(a) => format!("rank {q} is stuck at action {} `{a}`", pc[q]),
             }
@@ -1127,7 +1421,8 @@ impl<'s, 'p> Engine<'s, 'p> {
                         continue;
                     }
                     let q = peer as usize;
-                    let unit = p.programs[r][i].unit();
+                    let action = s.src.action(r, i);
+                    let unit = action.as_ref().map_or("?", Action::unit);
                     let (other, arrow) = match dir {
                         Dir::Send => ("RECV", "<-"),
                         Dir::Recv => ("SEND", "->"),
@@ -1158,7 +1453,7 @@ impl<'s, 'p> Engine<'s, 'p> {
             }
             RAct::Coll => {
                 if let Some(&(id, k)) = s.coll_of.get(&(r as u32, lo as u32)) {
-                    let what = &p.programs[r][lo];
+                    let what = s.src.text(r, lo);
                     for &g in &s.coll_ids[id as usize].3 {
                         if g == r {
                             continue;
@@ -1193,7 +1488,7 @@ impl<'s, 'p> Engine<'s, 'p> {
         Blocked {
             rank: r,
             index,
-            action: p.programs[r][index].to_string(),
+            action: s.src.text(r, index),
             waiting_for: waits.join("; and "),
         }
     }
@@ -1244,6 +1539,7 @@ fn match_p2p(s: &Setup<'_>) -> Vec<Vec<u32>> {
                 unit,
                 mb,
                 peer,
+                ..
             } = *a
             {
                 let key = s.key(unit, mb) * 3 + tensor_index(tensor);
