@@ -4,11 +4,16 @@
 //! micro-batch pairs), with the program embedded, into a temporary file; then, in a
 //! fresh process (so the derivation's peak does not hide the reader's), read it back
 //! as `mpipe calibrate` does (the embedded program in one streamed pass, the timeline
-//! in a second) and measure it. Reports the time and the peak resident memory
-//! (`VmHWM`, Linux) of each process, and the reader's peak over the program it holds.
+//! in a second) and measure it. Then the same trace of the other main bodies, `zbv`
+//! (on the profile with 16 LLM layers: two stages a rank) and `transpose(vision,
+//! 1f1b)`, each in a process of its own. Reports the time
+//! and the peak resident memory (`VmHWM`, Linux) of each process, and the reader's
+//! peak over the program it holds.
 //!
 //! `cargo bench --bench trace` (one run of each: a run takes about a minute). The
-//! figures measured are in CHANGELOG.md (issue 37 item 2).
+//! figures measured are in CHANGELOG.md (issue 37 item 2; the third session of
+//! 2026-12-05 for the derivation's peak: 1066 MB resident for `1f1b` before, 525 MB
+//! after).
 
 use mpipe_core::calibrate::measure;
 use mpipe_core::derive::{derive_str, Request};
@@ -34,16 +39,22 @@ fn status_mb(key: &str) -> String {
     })
 }
 
-fn write(path: &Path) {
+fn write(expr: &str, path: &Path) {
     let text = std::fs::read_to_string(concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/profiles/encoder-heavy.toml"
     ))
     .expect("profiles/encoder-heavy.toml");
+    // `zbv` needs two stages per rank: the profile's 8 LLM layers made 16 for it.
+    let text = if expr == "zbv" {
+        text.replace("[llm]\nlayers = 8\n", "[llm]\nlayers = 16\n")
+    } else {
+        text
+    };
     let profile = Profile::from_toml_str(&text).expect("the shipped profile parses");
     let (ranks, microbatches) = (8, mpipe_core::derive::MAX_MICROBATCHES);
     let started = Instant::now();
-    let derived = derive_str(&Request::new(&profile, ranks, microbatches), "1f1b")
+    let derived = derive_str(&Request::new(&profile, ranks, microbatches), expr)
         .unwrap_or_else(|e| panic!("{e:?}"));
     let derive_s = started.elapsed().as_secs_f64();
     let derive_peak = status_mb("VmHWM:");
@@ -60,7 +71,7 @@ fn write(path: &Path) {
     let bytes = std::fs::metadata(path).map_or(0, |m| m.len());
     let actions: usize = derived.program.programs.iter().map(Vec::len).sum();
     println!(
-        "write: trace {ranks} x {microbatches} 1f1b ({actions} actions): derive + simulate \
+        "write: trace {ranks} x {microbatches} {expr} ({actions} actions): derive + simulate \
          {derive_s:.1} s (peak resident {derive_peak}), with the trace {total_s:.1} s, {:.0} MB \
          of trace, peak resident {}",
         bytes as f64 / 1e6,
@@ -91,6 +102,14 @@ fn read(path: &Path) {
     );
 }
 
+/// This benchmark again, with `args`; panics when it fails.
+fn again(args: &[&std::ffi::OsStr]) {
+    let status = std::process::Command::new(std::env::current_exe().expect("this benchmark"))
+        .args(args)
+        .status();
+    assert!(status.is_ok_and(|s| s.success()), "{args:?} failed");
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     // The reading half, in its own process.
@@ -98,16 +117,21 @@ fn main() {
         read(Path::new(&args[i + 1]));
         return;
     }
+    // The writing half of one body, in its own process.
+    if let Some(i) = args.iter().position(|a| a == "--write-trace") {
+        write(&args[i + 1], Path::new(&args[i + 2]));
+        return;
+    }
     // `cargo test --benches` runs bench targets once with `--bench` absent: skip.
     if !args.iter().any(|a| a == "--bench") {
         return;
     }
     let path = std::env::temp_dir().join(format!("mpipe-bench-trace-{}.json", std::process::id()));
-    write(&path);
-    let status = std::process::Command::new(std::env::current_exe().expect("this benchmark"))
-        .arg("--read-trace")
-        .arg(&path)
-        .status();
+    for expr in ["1f1b", "zbv", "transpose(vision, 1f1b)"] {
+        again(&["--write-trace".as_ref(), expr.as_ref(), path.as_os_str()]);
+        if expr == "1f1b" {
+            again(&["--read-trace".as_ref(), path.as_os_str()]);
+        }
+    }
     let _ = std::fs::remove_file(&path);
-    assert!(status.is_ok_and(|s| s.success()), "the reading half failed");
 }

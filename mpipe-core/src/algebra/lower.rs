@@ -49,6 +49,8 @@ pub enum LowerError {
         slot: usize,
         limit: usize,
     },
+    #[error("cannot lower {action}: its unit, micro-batch or peer is over 2^32; derive fewer micro-batches, units or ranks per step")]
+    TooLarge { action: String },
 }
 
 /// A point-to-point action waiting to be placed on a rank: its transfer's key, the
@@ -69,28 +71,45 @@ struct Item {
 
 /// One end of a transfer as placed on its rank: posted just before compute task
 /// `slot` (at the end for `slot == len`); `min..=max` are the slots its
-/// dependencies allow, `id` names the transfer (both ends share it).
+/// dependencies allow, `id` names the transfer (both ends share it). The end's
+/// action ([`Placed::action`]) is kept as numbers, not as an [`Action`]: a placement
+/// holds one end per transfer end of the program (millions at the largest sizes),
+/// and a search holds several placements.
 #[derive(Clone, Debug)]
 pub(crate) struct Placed {
-    pub slot: usize,
-    pub action: Action,
-    pub min: usize,
-    pub max: usize,
-    pub id: usize,
-}
-
-/// [`Placed`] by unit index, without its action's name: what the placement decides.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Spot {
     pub slot: usize,
     pub min: usize,
     pub max: usize,
     pub id: usize,
     pub dir: Dir,
     pub tensor: Tensor,
-    pub unit: usize,
-    pub mb: usize,
-    pub peer: usize,
+    /// The unit, as its index in the plan's units.
+    pub unit: u32,
+    pub mb: u32,
+    /// The rank at the other end.
+    pub peer: u32,
+}
+
+impl Placed {
+    /// The end's action (no batch), `names` being the plan's unit names in order.
+    pub(crate) fn action(&self, names: &[Name]) -> Action {
+        Action::p2p(
+            self.dir,
+            self.tensor,
+            names[self.unit as usize].clone(),
+            self.mb as usize,
+            self.peer as usize,
+            None,
+        )
+    }
+}
+
+/// The plan's unit names, shared by the actions that name them.
+pub(crate) fn unit_names(plan: &Plan) -> Vec<Name> {
+    plan.units
+        .iter()
+        .map(|u| Name::from(u.name.as_str()))
+        .collect()
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -244,7 +263,7 @@ pub(crate) fn lower_indexed_by(
     placement: Placement,
     policy: &SearchPolicy,
 ) -> Result<Lowered, LowerError> {
-    let at = spots_of(plan, prepared, placement, policy)?;
+    let at = placement_of(plan, prepared, placement, policy)?;
     Ok(assemble_lowered(plan, &at))
 }
 
@@ -257,43 +276,25 @@ pub(crate) fn placement_of(
     placement: Placement,
     policy: &SearchPolicy,
 ) -> Result<Vec<Vec<Placed>>, LowerError> {
-    let spots = spots_of(plan, prepared, placement, policy)?;
-    let names = unit_names(&plan.units);
-    Ok(spots
-        .into_iter()
-        .map(|at| {
-            at.into_iter()
-                .map(|x| Placed {
-                    slot: x.slot,
-                    action: Action::p2p(x.dir, x.tensor, names[x.unit].clone(), x.mb, x.peer, None),
-                    min: x.min,
-                    max: x.max,
-                    id: x.id,
-                })
-                .collect()
-        })
-        .collect())
+    placement_at(plan, prepared, &prepared.time, placement, policy)
 }
 
-/// [`placement_of`] by unit index: the same ends in the same places, unnamed.
-fn spots_of(
+/// [`placement_of`] against `time` instead of the prepared (ideal) timing, as
+/// [`Prepared::retimed`] would place them, without copying the transfers.
+pub(crate) fn placement_at(
     plan: &Plan,
     prepared: &Prepared,
+    time: &Timing,
     placement: Placement,
     policy: &SearchPolicy,
-) -> Result<Vec<Vec<Spot>>, LowerError> {
-    let (time, transfers) = (&prepared.time, &prepared.transfers);
+) -> Result<Vec<Vec<Placed>>, LowerError> {
+    let transfers = &prepared.transfers;
     match place(plan, time, transfers, placement, policy) {
         Ok(at) => Ok(at),
         // The meeting-point heuristic may, with zero-cost tasks, ask for an order
         // the constraints forbid; the ready-time rule is always feasible.
         Err(_) => place(plan, time, transfers, Placement::Ready, policy),
     }
-}
-
-/// Every unit's name, shared by the actions that name it.
-fn unit_names(units: &[Unit]) -> Vec<Name> {
-    units.iter().map(|u| Name::from(u.name.as_str())).collect()
 }
 
 /// The program of `plan` with its transfers placed as `at` says (per rank in key
@@ -308,14 +309,14 @@ pub(crate) fn assemble(plan: &Plan, at: &[Vec<Placed>], expr: Option<&str>) -> P
         &form,
         (&bcasts, &reduces),
         |x| x.slot,
-        |x| x.action.clone(),
+        |x| x.action(&form.names),
     );
     form.program(plan, programs, expr)
 }
 
-/// [`assemble`] by unit index, from [`spots_of`]'s placement: the same program
+/// [`assemble`] by unit index, from [`placement_of`]'s placement: the same program
 /// before its units are named ([`Lowered::program`] names it).
-fn assemble_lowered(plan: &Plan, at: &[Vec<Spot>]) -> Lowered {
+fn assemble_lowered(plan: &Plan, at: &[Vec<Placed>]) -> Lowered {
     let (bcasts, reduces) = collectives(plan);
     let form = Indexed {
         rank: name_ranks(&plan.units),
@@ -329,9 +330,9 @@ fn assemble_lowered(plan: &Plan, at: &[Vec<Spot>]) -> Lowered {
         |x| Step::P2p {
             dir: x.dir,
             tensor: x.tensor,
-            unit: x.unit,
-            mb: x.mb,
-            peer: x.peer,
+            unit: x.unit as usize,
+            mb: x.mb as usize,
+            peer: x.peer as usize,
             batch: None,
         },
     );
@@ -403,7 +404,7 @@ impl Lowered {
     /// The named program: exactly what [`assemble`] gives for the same placement.
     /// `units` are the plan's units; `expr` is recorded as the source.
     pub fn program(&self, units: &[Unit], expr: Option<&str>) -> Program {
-        let names = unit_names(units);
+        let names: Vec<Name> = units.iter().map(|u| Name::from(u.name.as_str())).collect();
         let colls: Vec<Action> = self
             .colls
             .iter()
@@ -501,7 +502,7 @@ struct Named {
 
 impl Named {
     fn new(plan: &Plan, bcasts: &[Collective], reduces: &[Collective]) -> Named {
-        let names = unit_names(&plan.units);
+        let names = unit_names(plan);
         let colls = bcasts
             .iter()
             .chain(reduces)
@@ -789,7 +790,7 @@ fn place(
     transfers: &[(TransferId, Ends)],
     strategy: Placement,
     policy: &SearchPolicy,
-) -> Result<Vec<Vec<Spot>>, LowerError> {
+) -> Result<Vec<Vec<Placed>>, LowerError> {
     let p = plan.ranks;
     // At most this many candidate meeting points per rank and transfer.
     let (candidates, idle_parts) = (policy.meet_candidates, policy.meet_idle_parts);
@@ -911,6 +912,7 @@ fn place(
             id,
         });
     }
+    let names = unit_names(plan);
     let mut out = Vec::with_capacity(p);
     for (r, its) in items.into_iter().enumerate() {
         // Keys are unique per rank (one end of each transfer), so unstable is exact.
@@ -936,32 +938,36 @@ fn place(
                 cap[k] = c;
             }
         }
-        let mut at: Vec<Spot> = Vec::with_capacity(its.len());
+        let mut at: Vec<Placed> = Vec::with_capacity(its.len());
         let mut slot = 0;
         for ((_, k), cap) in order.into_iter().zip(cap) {
             let it = &its[k];
             slot = slot.max(it.lo.min(cap)).max(it.min);
             let k = it.key;
+            let text = || {
+                Action::p2p(it.dir, k.tensor, names[k.unit].clone(), k.mb, it.peer, None)
+                    .to_string()
+            };
             if slot > it.hi {
-                let name = plan.units[k.unit].name.as_str();
-                let action = Action::p2p(it.dir, k.tensor, name, k.mb, it.peer, None);
                 return Err(LowerError::Placement {
                     rank: r,
-                    action: action.to_string(),
+                    action: text(),
                     slot,
                     limit: it.hi,
                 });
             }
-            at.push(Spot {
+            let small =
+                |x: usize| u32::try_from(x).map_err(|_| LowerError::TooLarge { action: text() });
+            at.push(Placed {
                 slot,
                 min: it.min,
                 max: it.max,
                 id: it.id,
                 dir: it.dir,
                 tensor: k.tensor,
-                unit: k.unit,
-                mb: k.mb,
-                peer: it.peer,
+                unit: small(k.unit)?,
+                mb: small(k.mb)?,
+                peer: small(it.peer)?,
             });
         }
         out.push(at);

@@ -39,7 +39,6 @@
 //! to 0.001 µs. The output is compact JSON, one event per line, byte-identical for
 //! identical inputs.
 
-use std::collections::BTreeMap;
 use std::io::{self, Write};
 
 use serde_json::{json, Map, Value};
@@ -154,10 +153,11 @@ pub fn write_chrome_trace<W: Write>(
         )?;
     }
 
-    // (tensor, unit, mb, from, to) -> the middle times of the sends / receives, in order.
-    type Key = (Tensor, String, usize, usize, usize);
-    let mut sends: BTreeMap<Key, Vec<(usize, f64)>> = BTreeMap::new();
-    let mut recvs: BTreeMap<Key, Vec<(usize, f64)>> = BTreeMap::new();
+    // Every transfer end, for the flows: its channel and the middle of its slot, in
+    // rank then list order (a flat list: a map of lists held ~170 bytes per end).
+    let mut names = NameIds::default();
+    let mut sends: Vec<FlowEnd> = Vec::new();
+    let mut recvs: Vec<FlowEnd> = Vec::new();
 
     for (r, a, s) in placed(p, t) {
         let (name, cat, args) = match a.view() {
@@ -189,16 +189,21 @@ pub fn write_chrome_trace<W: Write>(
                 if let Some(b) = x.batch {
                     args.insert("batch".into(), json!(b));
                 }
-                let mid = (s.start + s.end) / 2.0;
-                match x.dir {
-                    Dir::Send => sends
-                        .entry((x.tensor, x.unit.to_string(), x.mb, r, x.peer))
-                        .or_default()
-                        .push((r, mid)),
-                    Dir::Recv => recvs
-                        .entry((x.tensor, x.unit.to_string(), x.mb, x.peer, r))
-                        .or_default()
-                        .push((r, mid)),
+                if opts.flows {
+                    let mid = (s.start + s.end) / 2.0;
+                    let unit = names.id(x.unit);
+                    let (list, from, to) = match x.dir {
+                        Dir::Send => (&mut sends, r, x.peer),
+                        Dir::Recv => (&mut recvs, x.peer, r),
+                    };
+                    list.push(FlowEnd {
+                        tensor: x.tensor,
+                        unit,
+                        mb: x.mb,
+                        from,
+                        to,
+                        mid,
+                    });
                 }
                 (event_name(a), "p2p", args)
             }
@@ -222,21 +227,33 @@ pub fn write_chrome_trace<W: Write>(
     }
 
     if opts.flows {
+        // Channels in order (tensor, unit name, mb, from, to); within one, the k-th
+        // send pairs with the k-th receive, in list order (the sort is stable).
+        let rank = names.ranks_by_name();
+        let key = |e: &FlowEnd| (e.tensor, rank[e.unit as usize], e.mb, e.from, e.to);
+        sends.sort_by_key(key);
+        recvs.sort_by_key(key);
         let mut id = 0u64;
-        for (key, ss) in &sends {
-            let Some(rs) = recvs.get(key) else { continue };
-            for (&(sr, st), &(rr, rt)) in ss.iter().zip(rs) {
-                let name = format!("{} {} mb{}", key.0.as_str(), key.1, key.2);
-                events.emit(json!({"ph": "s", "pid": PID, "tid": sr, "id": id,
-                                   "name": name, "cat": "p2p", "ts": us(st)}))?;
+        let mut j = 0;
+        for group in sends.chunk_by(|a, b| key(a) == key(b)) {
+            let k = key(&group[0]);
+            while j < recvs.len() && key(&recvs[j]) < k {
+                j += 1;
+            }
+            let matching = recvs[j..].iter().take_while(|e| key(e) == k);
+            for (s, r) in group.iter().zip(matching) {
+                let name = format!("{} {} mb{}", s.tensor.as_str(), names.name(s.unit), s.mb);
+                events.emit(json!({"ph": "s", "pid": PID, "tid": s.from, "id": id,
+                                   "name": name, "cat": "p2p", "ts": us(s.mid)}))?;
                 events.emit(
-                    json!({"ph": "f", "bp": "e", "pid": PID, "tid": rr, "id": id,
-                                   "name": name, "cat": "p2p", "ts": us(rt)}),
+                    json!({"ph": "f", "bp": "e", "pid": PID, "tid": r.to, "id": id,
+                                   "name": name, "cat": "p2p", "ts": us(r.mid)}),
                 )?;
                 id += 1;
             }
         }
     }
+    drop((sends, recvs));
 
     // Memory: one counter track per rank, a sample wherever its level changes.
     if opts.memory {
@@ -267,6 +284,60 @@ pub fn write_chrome_trace<W: Write>(
         w.write_all(b"}")?;
     }
     w.write_all(b"}\n")
+}
+
+/// One end of a transfer, for the flow arrows: its channel (tensor, unit as a
+/// [`NameIds`] id, micro-batch, sending and receiving rank) and the middle of its slot.
+struct FlowEnd {
+    tensor: Tensor,
+    unit: u32,
+    mb: usize,
+    from: usize,
+    to: usize,
+    mid: f64,
+}
+
+/// The distinct unit names of the transfers, numbered in first-seen order.
+#[derive(Default)]
+struct NameIds<'a> {
+    ids: std::collections::HashMap<&'a str, u32>,
+    names: Vec<&'a str>,
+    /// The last name looked up, by address and length, and its id: the actions of a
+    /// program share their unit's name, so a run on one unit costs one look-up.
+    last: Option<(*const u8, usize, u32)>,
+}
+
+impl<'a> NameIds<'a> {
+    fn id(&mut self, name: &'a str) -> u32 {
+        let here = (name.as_ptr(), name.len());
+        if let Some((ptr, len, id)) = self.last {
+            if (ptr, len) == here {
+                return id;
+            }
+        }
+        let next = self.names.len() as u32;
+        let id = *self.ids.entry(name).or_insert(next);
+        if id == next {
+            self.names.push(name);
+        }
+        self.last = Some((here.0, here.1, id));
+        id
+    }
+
+    fn name(&self, id: u32) -> &'a str {
+        self.names[id as usize]
+    }
+
+    /// Each id's place among the names in string order.
+    fn ranks_by_name(&self) -> Vec<u32> {
+        let mut order: Vec<u32> = (0..self.names.len() as u32).collect();
+        order.sort_by_key(|&i| self.names[i as usize]);
+        let mut rank = vec![0; order.len()];
+        for (k, &i) in order.iter().enumerate() {
+            rank[i as usize] = k as u32;
+        }
+        rank
+    }
 }
 
 /// `p` as JSON with every object's keys in order (as a `serde_json::Value` writes

@@ -4,7 +4,9 @@
 //! own (it simulates every candidate), just above `refine` in the search floor.
 
 use crate::algebra::analysis::Timing;
-use crate::algebra::lower::{assemble, placement_of, prepare, total_order, Placed, Placement};
+use crate::algebra::lower::{
+    assemble, placement_at, placement_of, prepare, total_order, Placed, Placement, Prepared,
+};
 use crate::ir::compare::at_most;
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
@@ -12,6 +14,7 @@ use crate::ir::program::{ActionRef, Program};
 use crate::judge::compare::span;
 use crate::judge::simulate::{simulate, SimOptions, SimReport};
 use crate::search::refine::{refine, settle_w};
+use std::rc::Rc;
 
 /// [`best_lowering`] without a profile: simulate under `opts`, and let weight
 /// gradients move only while every rank's activations plus resident parameters stay
@@ -36,65 +39,86 @@ pub(crate) fn best_lowering_with(
     } = *policy;
     let prepared = prepare(plan).map_err(|e| e.to_string())?;
     let target = prepared.time.makespan();
-    let mut best: Option<(Vec<Vec<Placed>>, Program, SimReport)> = None;
-    let done = |best: &Option<(Vec<Vec<Placed>>, Program, SimReport)>| {
+    // The best so far, as what lowers it again (the timing its transfers were placed
+    // against, `None` for the ideal one, and the rule) with its simulation. Neither
+    // its placement nor its program is kept: a candidate's program and simulation
+    // are the largest things alive, one candidate at a time is enough, and lowering
+    // is deterministic, so the winner is lowered again at the end (at 8 x 65536,
+    // holding the best's placement and program beside the candidate's doubled the
+    // peak).
+    let mut best: Option<Best> = None;
+    let done = |best: &Option<Best>| {
         best.as_ref()
-            .is_some_and(|(_, _, b)| at_most(b.makespan, target))
+            .is_some_and(|b| at_most(b.report.makespan, target))
     };
     // Placements already lowered and simulated. Rules often agree (on every transfer,
     // or again after re-timing); a placement seen before gives the same program and
     // the same simulation, which can never beat the best kept (ties keep the first),
     // so it is skipped without lowering or simulating it again.
-    let mut seen: Vec<Vec<usize>> = Vec::new();
+    let mut seen = Seen::default();
     for placement in PLACEMENTS {
         if done(&best) {
             break;
         }
         let at = placement_of(plan, &prepared, placement, policy).map_err(|e| e.to_string())?;
-        if !first_sight(&mut seen, &at) {
+        if !seen.first_sight(&at) {
             continue;
         }
         let program = assemble(plan, &at, text);
+        drop(at);
         let report =
             simulate(&program, opts).map_err(|e| format!("derived program does not run: {e}"))?;
+        drop(program);
         if best
             .as_ref()
-            .is_none_or(|(_, _, b)| span(&report).beats(&span(b)))
+            .is_none_or(|b| span(&report).beats(&span(&b.report)))
         {
-            best = Some((at, program, report));
+            best = Some(Best {
+                time: None,
+                placement,
+                report,
+            });
         }
     }
     // Re-place the transfers against the times the best program actually ran at:
     // waiting shifts the timeline, and meeting points chosen on the shifted one
     // fit it better. A few rounds, keeping the fastest program.
     for _ in 0..replace_rounds {
-        let Some((_, program, report)) = &best else {
+        let Some(b) = &best else {
             break;
         };
         if done(&best) {
             break;
         }
-        let Some(time) = simulated_timing(plan, program, report, &prepared.time) else {
+        let (_, program) = b.lower(plan, &prepared, text, policy)?;
+        let time = simulated_timing(plan, &program, &b.report, &prepared.time);
+        drop(program);
+        let Some(time) = time.map(Rc::new) else {
             break;
         };
-        let again = prepared.retimed(time);
         let mut improved = false;
         for placement in PLACEMENTS {
-            let Ok(at) = placement_of(plan, &again, placement, policy) else {
+            let Ok(at) = placement_at(plan, &prepared, &time, placement, policy) else {
                 continue;
             };
-            if !first_sight(&mut seen, &at) {
+            if !seen.first_sight(&at) {
                 continue;
             }
             let program = assemble(plan, &at, text);
+            drop(at);
             let Ok(report) = simulate(&program, opts) else {
                 continue;
             };
+            drop(program);
             if best
                 .as_ref()
-                .is_none_or(|(_, _, b)| span(&report).beats(&span(b)))
+                .is_none_or(|b| span(&report).beats(&span(&b.report)))
             {
-                best = Some((at, program, report));
+                best = Some(Best {
+                    time: Some(Rc::clone(&time)),
+                    placement,
+                    report,
+                });
                 improved = true;
             }
         }
@@ -102,7 +126,11 @@ pub(crate) fn best_lowering_with(
             break;
         }
     }
-    let (at, program, report) = best.ok_or_else(|| "no lowering".to_string())?;
+    drop(seen);
+    let best = best.ok_or_else(|| "no lowering".to_string())?;
+    let (at, program) = best.lower(plan, &prepared, text, policy)?;
+    let report = best.report;
+    drop(prepared);
     if at_most(report.makespan, target) || !refine_too {
         return Ok((program, report));
     }
@@ -131,20 +159,75 @@ pub(crate) fn best_lowering_with(
     Ok(settle_w(moved, opts, &fits, budget, policy))
 }
 
-/// Record `at` in `seen` and say whether it is new. A placement is its ends' slots
-/// and transfers, rank by rank, in order: the program `assemble` builds from it is a
-/// function of exactly these (each end's action follows from its transfer and rank).
-fn first_sight(seen: &mut Vec<Vec<usize>>, at: &[Vec<Placed>]) -> bool {
-    let mut sig = Vec::with_capacity(at.len() + 2 * at.iter().map(Vec::len).sum::<usize>());
-    for list in at {
-        sig.push(list.len());
-        sig.extend(list.iter().flat_map(|x| [x.slot, x.id]));
+/// The best lowering so far, as what lowers it again: the timing its transfers were
+/// placed against (`None`: the prepared, ideal one) and the rule, with its simulation.
+struct Best {
+    time: Option<Rc<Timing>>,
+    placement: Placement,
+    report: SimReport,
+}
+
+impl Best {
+    /// The placement and program this best was simulated from (the same: lowering is
+    /// deterministic).
+    fn lower(
+        &self,
+        plan: &Plan,
+        prepared: &Prepared,
+        text: Option<&str>,
+        policy: &SearchPolicy,
+    ) -> Result<(Vec<Vec<Placed>>, Program), String> {
+        let time = self.time.as_deref().unwrap_or(&prepared.time);
+        let at = placement_at(plan, prepared, time, self.placement, policy)
+            .map_err(|e| e.to_string())?;
+        let program = assemble(plan, &at, text);
+        Ok((at, program))
     }
-    if seen.contains(&sig) {
-        return false;
+}
+
+/// The placements lowered so far, each as its signature: its ends' slots and
+/// transfers, rank by rank, in order (the program `assemble` builds from a placement
+/// is a function of exactly these: each end's action follows from its transfer and
+/// rank). A signature is written as variable-length differences (LEB128, zigzag for
+/// the transfers, whose numbers jump both ways), which read back to exactly these
+/// numbers, so equal signatures are equal placements: at 8 x 65536 about 3 MB each,
+/// where the numbers as machine words took 29 MB.
+#[derive(Default)]
+struct Seen(Vec<Vec<u8>>);
+
+impl Seen {
+    /// Record `at` and say whether it is new.
+    fn first_sight(&mut self, at: &[Vec<Placed>]) -> bool {
+        let mut sig = Vec::new();
+        for list in at {
+            put(&mut sig, list.len() as u64);
+            let (mut slot, mut id) = (0u64, 0i64);
+            for x in list {
+                // Slots never decrease along a rank's list.
+                put(&mut sig, (x.slot as u64).wrapping_sub(slot));
+                let d = (x.id as i64).wrapping_sub(id);
+                put(&mut sig, ((d << 1) ^ (d >> (i64::BITS - 1))) as u64);
+                (slot, id) = (x.slot as u64, x.id as i64);
+            }
+        }
+        if self.0.contains(&sig) {
+            return false;
+        }
+        sig.shrink_to_fit();
+        self.0.push(sig);
+        true
     }
-    seen.push(sig);
-    true
+}
+
+/// Append `x` to `out` in LEB128: seven bits a byte, low first, the high bit set on
+/// every byte but the last.
+fn put(out: &mut Vec<u8>, mut x: u64) {
+    const MORE: u8 = 0x80;
+    while x >= u64::from(MORE) {
+        out.push((x as u8) | MORE);
+        x >>= u8::BITS - 1;
+    }
+    out.push(x as u8);
 }
 
 /// The placement rules tried, in order.

@@ -40,7 +40,7 @@ pub(crate) fn refine(
     let mut spent = 0;
     let mut best = timed(&report);
     while spent < budget {
-        let waits = waits(&program, &report, &at);
+        let waits = waits(plan, &program, &report, &at);
         let mut improved = false;
         for (r, q) in waits {
             let partner = other_end(&at, r, q);
@@ -94,7 +94,12 @@ enum Move {
 
 /// Every placed end `(rank, index in at[rank])` at which its rank waited, the
 /// longest wait first (ties by rank and index, so the order is deterministic).
-fn waits(program: &Program, report: &SimReport, at: &[Vec<Placed>]) -> Vec<(usize, usize)> {
+fn waits(
+    plan: &Plan,
+    program: &Program,
+    report: &SimReport,
+    at: &[Vec<Placed>],
+) -> Vec<(usize, usize)> {
     let mut out: Vec<(f64, usize, usize)> = Vec::new();
     for (r, list) in program.programs.iter().enumerate() {
         let Some(slots) = report.timeline.ranks.get(r) else {
@@ -107,13 +112,13 @@ fn waits(program: &Program, report: &SimReport, at: &[Vec<Placed>]) -> Vec<(usiz
         for (a, s) in list.iter().zip(slots) {
             match a.view() {
                 ActionRef::Compute(_) => compute += 1,
-                ActionRef::P2p(_) => {
+                ActionRef::P2p(p) => {
                     // The end of this action: same slot (compute count) and action.
                     let from = at[r].partition_point(|x| x.slot < compute);
                     let here = at[r][from..]
                         .iter()
                         .take_while(|x| x.slot == compute)
-                        .position(|x| same(&x.action, a))
+                        .position(|x| same(plan, x, &p))
                         .map(|i| from + i);
                     if let Some(q) = here {
                         let wait = s.end - s.start;
@@ -130,24 +135,23 @@ fn waits(program: &Program, report: &SimReport, at: &[Vec<Placed>]) -> Vec<(usiz
     out.into_iter().map(|(_, r, q)| (r, q)).collect()
 }
 
-/// Whether `a` (placed, no batch) and `b` (in a program, maybe batched) are the same
+/// Whether `x` (placed, no batch) and `p` (in a program, maybe batched) are the same
 /// transfer end.
-fn same(a: &Action, b: &Action) -> bool {
-    match (a.view(), b.view()) {
-        (ActionRef::P2p(x), ActionRef::P2p(y)) => {
-            P2pRef { batch: None, ..x } == P2pRef { batch: None, ..y }
-        }
-        _ => false,
-    }
+fn same(plan: &Plan, x: &Placed, p: &P2pRef<'_>) -> bool {
+    x.dir == p.dir
+        && x.tensor == p.tensor
+        && x.mb as usize == p.mb
+        && x.peer as usize == p.peer
+        && plan
+            .units
+            .get(x.unit as usize)
+            .is_some_and(|u| u.name == p.unit)
 }
 
 /// The other end of the transfer placed at `at[r][q]`.
 fn other_end(at: &[Vec<Placed>], r: usize, q: usize) -> Option<(usize, usize)> {
     let id = at[r][q].id;
-    let peer = match &at[r][q].action {
-        Action::SEND { peer, .. } | Action::RECV { peer, .. } => *peer,
-        _ => return None,
-    };
+    let peer = at[r][q].peer as usize;
     at.get(peer)?
         .iter()
         .position(|x| x.id == id)
