@@ -16,11 +16,12 @@ pub use crate::algebra::eval::{
 };
 use crate::algebra::eval::{err, eval, one_body, plan_of};
 use crate::algebra::expr::{Arg, Expr, Ident, Value};
+use crate::ir::compare::Score;
 use crate::ir::plan::Plan;
 pub use crate::ir::text::did_you_mean;
 use crate::judge::compare::span;
 pub use crate::search::finish::{bound_for, Derived};
-use crate::search::finish::{finish, finish_checked};
+use crate::search::finish::{finish, finish_checked, Checked};
 pub use crate::search::place::resident_params;
 
 use crate::ir::program::OverLimit;
@@ -121,7 +122,15 @@ fn choose_placement(
     expr: &Expr,
 ) -> (Plan, Result<Derived, Vec<DeriveError>>) {
     let text = expr.to_string();
-    let mut best = (plan, None);
+    // The plan kept, its score once derived (`None` inside: its derivation failed),
+    // and its derivation while it is still held. Only one derivation is held at a
+    // time: the kept plan's goes before an alternative is derived, and the kept plan
+    // is derived again at the end if it was not the last derived (derivation is
+    // deterministic). At 8 x 65536 a derivation is hundreds of MB; holding two
+    // doubled the peak.
+    let mut best = plan;
+    let mut score: Option<Option<Score>> = None;
+    let mut held: Option<Result<Checked, Vec<DeriveError>>> = None;
     let others = ["prefix", "late"]
         .iter()
         .map_while(|place| with_placement(expr, place))
@@ -129,23 +138,35 @@ fn choose_placement(
     for other in others {
         let mut ignored = Vec::new();
         let alt = match eval(req, &other, &mut ignored) {
-            Some(alt) if ignored.is_empty() && alt != best.0 => alt,
+            Some(alt) if ignored.is_empty() && alt != best => alt,
             _ => continue,
         };
-        let current = match best.1.take() {
-            Some(d) => d,
-            None => finish_checked(req, &best.0, &text, expr.span, None),
+        let current = match score {
+            Some(s) => s,
+            None => scored(&finish_checked(req, &best, &text, expr.span, None)),
         };
-        best = match (current, finish_checked(req, &alt, &text, expr.span, None)) {
-            (Ok(a), Ok(b)) if span(&b.report).beats(&span(&a.report)) => (alt, Some(Ok(b))),
-            (Err(_), Ok(b)) => (alt, Some(Ok(b))),
-            (current, _) => (best.0, Some(current)),
+        held = None;
+        let derived = finish_checked(req, &alt, &text, expr.span, None);
+        let challenger = scored(&derived);
+        let wins = match (current, challenger) {
+            (Some(a), Some(b)) => b.beats(&a),
+            (None, Some(_)) => true,
+            (_, None) => false,
         };
+        if wins {
+            (best, score, held) = (alt, Some(challenger), Some(derived));
+        } else {
+            score = Some(current);
+        }
     }
     // Only the program kept needs its lower bound.
-    let (plan, derived) = best;
-    let derived = derived.unwrap_or_else(|| finish_checked(req, &plan, &text, expr.span, None));
-    (plan, derived.map(|c| c.bounded(req)))
+    let derived = held.unwrap_or_else(|| finish_checked(req, &best, &text, expr.span, None));
+    (best, derived.map(|c| c.bounded(req)))
+}
+
+/// The score a derivation is chosen on (its makespan), `None` if it failed.
+fn scored(d: &Result<Checked, Vec<DeriveError>>) -> Option<Score> {
+    d.as_ref().ok().map(|c| span(&c.report))
 }
 
 /// `e` with `place = PLACE` added to every `transpose` that leaves its placement to
