@@ -19,7 +19,7 @@ struct T {
 
 fn unit(name: &str, inputs: &[&str], home: usize, trainable: bool, cost: (f64, f64, f64)) -> Unit {
     Unit {
-        role: mpipe_core::program::Role::of_name(&name),
+        role: mpipe_core::program::Role::of_name(name),
         name: name.into(),
         inputs: inputs.iter().map(|s| s.to_string()).collect(),
         home,

@@ -16,7 +16,7 @@ use proptest::prelude::*;
 
 fn stage(k: usize, home: usize, cost: (f64, f64, f64), bytes: f64) -> Unit {
     Unit {
-        role: mpipe_core::program::Role::of_name(&format!("llm.{k}")),
+        role: mpipe_core::program::Role::Stage(k),
         name: format!("llm.{k}"),
         inputs: if k == 0 {
             vec![]

@@ -668,7 +668,7 @@ fn every_site_of_every_base() {
 
 fn frozen(name: &str, home: usize) -> Unit {
     Unit {
-        role: mpipe_core::program::Role::of_name(&name),
+        role: mpipe_core::program::Role::of_name(name),
         name: name.into(),
         inputs: vec![],
         home,

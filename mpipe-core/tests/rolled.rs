@@ -295,7 +295,7 @@ fn units() -> Vec<Unit> {
     UNITS
         .iter()
         .map(|n| Unit {
-            role: mpipe_core::program::Role::of_name(&n),
+            role: mpipe_core::program::Role::of_name(n),
             name: n.to_string(),
             inputs: vec![],
             home: 0,

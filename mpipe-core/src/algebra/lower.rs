@@ -419,24 +419,13 @@ impl Lowered {
                     .collect()
             })
             .collect();
-        Program {
-            format: FORMAT.to_string(),
-            ranks: self.ranks,
-            microbatches: self.microbatches,
-            units: units.to_vec(),
+        named_program(
+            (self.ranks, self.microbatches, units.to_vec()),
             programs,
-            source: expr.map(|e| Source {
-                expr: e.to_string(),
-            }),
-            prefetch: self
-                .prefetch
-                .iter()
-                .map(|&(u, mb)| Prefetch {
-                    unit: names[u].clone(),
-                    mb,
-                })
-                .collect(),
-        }
+            expr,
+            &self.prefetch,
+            &names,
+        )
     }
 
     /// Action `i` of rank `r`, its unit named after `units` (for messages, one at
@@ -512,24 +501,42 @@ impl Named {
     }
 
     fn program(&self, plan: &Plan, programs: Vec<Vec<Action>>, expr: Option<&str>) -> Program {
-        Program {
-            format: FORMAT.to_string(),
-            ranks: plan.ranks,
-            microbatches: plan.microbatches,
-            units: plan.units.clone(),
+        named_program(
+            (plan.ranks, plan.microbatches, plan.units.clone()),
             programs,
-            source: expr.map(|e| Source {
-                expr: e.to_string(),
-            }),
-            prefetch: plan
-                .prefetch
-                .iter()
-                .map(|&(u, mb)| Prefetch {
-                    unit: self.names[u].clone(),
-                    mb,
-                })
-                .collect(),
-        }
+            expr,
+            &plan.prefetch,
+            &self.names,
+        )
+    }
+}
+
+/// The program of `(ranks, microbatches, units)` with these action lists, `expr`
+/// recorded as its source and the `(unit, micro-batch)` forwards of `prefetch` named
+/// after `names`.
+fn named_program(
+    (ranks, microbatches, units): (usize, usize, Vec<Unit>),
+    programs: Vec<Vec<Action>>,
+    expr: Option<&str>,
+    prefetch: &[(usize, usize)],
+    names: &[Name],
+) -> Program {
+    Program {
+        format: FORMAT.to_string(),
+        ranks,
+        microbatches,
+        units,
+        programs,
+        source: expr.map(|e| Source {
+            expr: e.to_string(),
+        }),
+        prefetch: prefetch
+            .iter()
+            .map(|&(u, mb)| Prefetch {
+                unit: names[u].clone(),
+                mb,
+            })
+            .collect(),
     }
 }
 

@@ -1662,7 +1662,7 @@ pub(crate) mod tests {
         act: f64,
     ) -> Unit {
         Unit {
-            role: crate::ir::program::Role::of_name(&name),
+            role: crate::ir::program::Role::of_name(name),
             name: name.into(),
             inputs: inputs.iter().map(|s| s.to_string()).collect(),
             home,

@@ -11,7 +11,7 @@ use crate::judge::timeline::{Slot, Timeline};
 
 pub(crate) fn unit(name: &str, inputs: &[&str], home: usize, cost: (f64, f64, f64)) -> Unit {
     Unit {
-        role: crate::ir::program::Role::of_name(&name),
+        role: crate::ir::program::Role::of_name(name),
         name: name.to_string(),
         inputs: inputs.iter().map(|s| s.to_string()).collect(),
         home,
