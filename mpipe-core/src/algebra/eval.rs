@@ -155,7 +155,16 @@ thread_local! {
 struct PlanMemo {
     /// Plans kept ([`SearchPolicy::plan_memo`]).
     capacity: usize,
+    /// Tasks kept, in all ([`SearchPolicy::plan_memo_tasks`]).
+    most_tasks: usize,
+    /// Tasks of the plans kept.
+    tasks: usize,
     entries: std::collections::VecDeque<((bool, String), Plan)>,
+}
+
+/// The tasks of `plan`, on every rank.
+fn tasks_in(plan: &Plan) -> usize {
+    plan.order.iter().map(Vec::len).sum()
 }
 
 impl PlanMemo {
@@ -168,20 +177,31 @@ impl PlanMemo {
     }
 
     fn put(&mut self, key: (bool, String), plan: Plan) {
-        if self.entries.len() >= self.capacity {
-            self.entries.pop_front();
+        let tasks = tasks_in(&plan);
+        if tasks > self.most_tasks {
+            return;
         }
+        while self.entries.len() >= self.capacity.max(1) || self.tasks + tasks > self.most_tasks {
+            let Some((_, old)) = self.entries.pop_front() else {
+                break;
+            };
+            self.tasks -= tasks_in(&old);
+        }
+        self.tasks += tasks;
         self.entries.push_back((key, plan));
     }
 }
 
 /// Runs `f` with the plans of sub-expressions remembered on this thread for one
 /// request (the search evaluates thousands of candidates that share inner
-/// expressions), at most `capacity` of them. Results are the same with or without it.
-pub(crate) fn with_plan_memo<T>(capacity: usize, f: impl FnOnce() -> T) -> T {
+/// expressions), at most `capacity` of them holding at most `most_tasks` tasks in
+/// all. Results are the same with or without it.
+pub(crate) fn with_plan_memo<T>(capacity: usize, most_tasks: usize, f: impl FnOnce() -> T) -> T {
     let before = MEMO.with(|m| {
         m.replace(Some(PlanMemo {
             capacity,
+            most_tasks,
+            tasks: 0,
             entries: Default::default(),
         }))
     });

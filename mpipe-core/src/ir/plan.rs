@@ -98,6 +98,36 @@ impl Plan {
     pub fn locate(&self) -> TaskIndex {
         TaskIndex::new(self)
     }
+
+    /// A 64-bit hash of everything `==` compares: equal plans have equal
+    /// fingerprints (so unequal fingerprints mean unequal plans; equal ones must
+    /// still be compared). `auto` keeps this, not the plan, for each candidate.
+    pub fn fingerprint(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        // `0.0 == -0.0`: both hash as `0.0` (`-0.0 + 0.0` is `0.0`).
+        let num =
+            |h: &mut std::collections::hash_map::DefaultHasher, x: f64| (x + 0.0).to_bits().hash(h);
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        (self.ranks, self.microbatches).hash(&mut h);
+        self.units.len().hash(&mut h);
+        for u in &self.units {
+            (&u.name, &u.inputs, u.home, u.trainable).hash(&mut h);
+            for x in [u.cost.f, u.cost.b, u.cost.w, u.act, u.bytes, u.params] {
+                num(&mut h, x);
+            }
+        }
+        (&self.stages, &self.encoders, &self.order).hash(&mut h);
+        for s in &self.input_ships {
+            (s.unit, s.mb, s.from, s.to).hash(&mut h);
+        }
+        self.input_ships.len().hash(&mut h);
+        self.prefetch.hash(&mut h);
+        self.memory_limit.is_some().hash(&mut h);
+        if let Some(limit) = self.memory_limit {
+            num(&mut h, limit);
+        }
+        h.finish()
+    }
 }
 
 /// `needs backward` for units in topological order (see docs/spec/program-format.md).

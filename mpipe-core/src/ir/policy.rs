@@ -110,6 +110,13 @@ pub struct SearchPolicy {
     /// Sub-expression plans each thread remembers ([`crate::search::derive`]'s plan memo).
     /// More: more reuse across candidates, about a megabyte each at 16 x 128.
     pub plan_memo: usize,
+    /// Most tasks the plans of one thread's memo hold together (24 bytes each): a
+    /// plan that would take it past this pushes out the oldest, and one larger
+    /// than this is not kept. Bounds the memo's memory at large sizes (at 1 x 65536
+    /// one candidate's plan has up to 1.8 million tasks, and 24 of them took
+    /// gigabytes); below it, [`Self::plan_memo`] decides. More: more reuse at large
+    /// sizes, more memory.
+    pub plan_memo_tasks: usize,
 
     // --- the derivation: lowering and `refine` ---------------------------------------
     /// Rounds of re-placing the transfers against simulated times (each tries every
@@ -206,6 +213,7 @@ impl SearchPolicy {
         max_threads: 8,
         plan_run: 16,
         plan_memo: 24,
+        plan_memo_tasks: 2_000_000,
         replace_rounds: 2,
         meet_candidates: 4,
         meet_idle_parts: 100.0,

@@ -48,7 +48,11 @@
 //! (`derive::with_plan_memo`); a candidate whose plan equals an earlier one's (about
 //! half of them on the two-encoder profile: `balance` finding the even split, an
 //! operator with nothing to move) shares its twin's derivation, which it could only
-//! tie; full derivations run on every core, a few candidates at a time in ideal
+//! tie; phase 1 keeps no plan, only each candidate's ideal time, task count and a
+//! fingerprint of its plan (at 1 x 65536 the plans of every candidate took 3.6 GB),
+//! and a candidate is planned again where it is derived (planning is
+//! deterministic; twins with equal fingerprints are confirmed by comparing the
+//! plans); full derivations run on every core, a few candidates at a time in ideal
 //! order, their results taken in that order (so the stop and the winner are the
 //! sequential search's). Inside `schedule!` too: nothing the search holds is tied to a
 //! thread.
@@ -434,24 +438,45 @@ fn permutations(n: usize) -> Vec<Vec<usize>> {
     out
 }
 
-/// Each candidate's plan and ideal time, if its plan can be built, and whether a
-/// `fill` in it went past [`SearchPolicy::fill_work`] (then it has no plan); on
-/// every core, in candidate order.
-fn plan_all(req: &Request, exprs: &[Expr]) -> Vec<(Option<(f64, Plan)>, bool)> {
+/// `expr`'s plan as `auto` builds it: a `fill` in it may spend at most
+/// [`SearchPolicy::fill_work`] (past it, no plan). The second value says whether a
+/// `fill` went past it. Deterministic: phase 1 plans every candidate this way and
+/// keeps no plan ([`Planned`]); the later phases plan again the few they derive.
+fn plan_capped(req: &Request, expr: &Expr) -> (Result<Plan, Vec<DeriveError>>, bool) {
+    let cap = FillCap::new(req.policy.fill_work);
+    let capped = Request {
+        fill_cap: Some(&cap),
+        ..*req
+    };
+    let plan = plan_of(&capped, expr);
+    (plan, cap.hit())
+}
+
+/// The plan of a candidate phase 1 planned ([`plan_capped`]), built again.
+fn replan(req: &Request, expr: &Expr) -> Result<Plan, Vec<DeriveError>> {
+    plan_capped(req, expr).0
+}
+
+/// What phase 1 keeps of each candidate, if its plan can be built and timed
+/// ([`Planned`] but its index), and whether a `fill` in it went past
+/// [`SearchPolicy::fill_work`] (then it has no plan); on every core, in candidate
+/// order. No plan is kept: at 1 x 65536 those of every candidate took 3.6 GB.
+fn plan_all(req: &Request, exprs: &[Expr]) -> Vec<(Option<Planned>, bool)> {
     let stage = Stage::begin("auto: planning the candidates", exprs.len());
     let one = |expr: &Expr| {
         let _step = StepOnDrop(&stage);
-        let cap = FillCap::new(req.policy.fill_work);
-        let capped = Request {
-            fill_cap: Some(&cap),
-            ..*req
-        };
-        let ideal = plan_of(&capped, expr).ok().and_then(|plan| {
+        let (plan, hit) = plan_capped(req, expr);
+        let planned = plan.ok().and_then(|plan| {
             let deps = dependencies(&plan).ok()?;
-            let span = timing(&plan, &deps).ok()?.makespan();
-            Some((span, plan))
+            let ideal = timing(&plan, &deps).ok()?.makespan();
+            Some(Planned {
+                ideal,
+                order: 0,
+                tasks: tasks_of(&plan),
+                print: plan.fingerprint(),
+            })
         });
-        (ideal, cap.hit())
+        (planned, hit)
     };
     // Candidates that share inner expressions are evaluated one after another, on
     // one thread, so that the plan memo (`derive::with_plan_memo`) holds the shared
@@ -477,9 +502,9 @@ fn on_threads<T: Send>(
     f: impl Fn(usize) -> T + Sync,
 ) -> Vec<T> {
     let threads = workers(order.len(), policy.max_threads);
-    let memo = policy.plan_memo;
+    let (memo, memo_tasks) = (policy.plan_memo, policy.plan_memo_tasks);
     let within = |body: &mut dyn FnMut()| {
-        stage.within(|| with_plan_memo(memo, body));
+        stage.within(|| with_plan_memo(memo, memo_tasks, body));
     };
     crate::ir::parallel::ordered_map(order, threads, run, within, f)
 }
@@ -586,6 +611,11 @@ impl Meter {
         ok
     }
 
+    /// Whether `cost` would keep the search within the budget (nothing taken).
+    fn fits(&self, cost: u64) -> bool {
+        self.spent.get().saturating_add(cost) <= self.budget
+    }
+
     fn note(&self, text: String) {
         self.notes.borrow_mut().push(text);
     }
@@ -596,13 +626,24 @@ fn tasks_of(plan: &Plan) -> usize {
     plan.order.iter().map(Vec::len).sum()
 }
 
-/// A candidate with a plan: its ideal time, its index in the candidates (and in
-/// [`Search::tried`]), and the plan.
-type Planned = (f64, usize, Plan);
+/// What phase 1 keeps of a candidate with a plan: not the plan (most are never
+/// derived; the phases that derive one plan it again, [`replan`]), but what is asked
+/// of it before.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Planned {
+    /// Its plan's ideal time.
+    ideal: f64,
+    /// Its index in the candidates (and in [`Search::tried`]).
+    order: usize,
+    /// Its plan's tasks, for the work meter.
+    tasks: usize,
+    /// Its plan's [`Plan::fingerprint`], for [`Twins`].
+    print: u64,
+}
 
-/// A candidate derived in full: its makespan, peak memory, index, and its plan
-/// (`None` for a twin, which shares an earlier candidate's derivation).
-type Finalist = (f64, f64, usize, Option<Plan>);
+/// A candidate derived in full: its makespan, peak memory, index, and whether it is
+/// a twin (which shares an earlier candidate's derivation).
+type Finalist = (f64, f64, usize, bool);
 
 /// The best derivation so far: makespan, peak memory, candidate index, program.
 type Best = (f64, f64, usize, Derived);
@@ -624,7 +665,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     let meter = Meter::new(req);
     let space = candidates_for(req.profile, req.ranks, req.microbatches, &req.policy);
     let (exprs, mut tried, planned) = plan_phase(req, &meter, space);
-    let derived = derive_phase(req, &meter, &mut tried, planned);
+    let derived = derive_phase(req, &meter, &exprs, &mut tried, planned);
     let refined = refine_phase(req, &meter, &exprs, &tried, derived.finalists);
     let mut ranked = refined.ranked;
     // Only a strict gain is worth the longer name.
@@ -699,17 +740,17 @@ fn plan_phase(
     }
     let mut tried = Vec::with_capacity(exprs.len());
     let mut planned = Vec::new();
-    for (i, (expr, (ideal, _))) in exprs.iter().zip(timed).enumerate() {
+    for (i, (expr, (p, _))) in exprs.iter().zip(timed).enumerate() {
         tried.push(Tried {
             expr: expr.to_string(),
-            ideal: ideal.as_ref().map(|(s, _)| *s),
+            ideal: p.map(|p| p.ideal),
             makespan: None,
         });
-        if let Some((span, plan)) = ideal {
-            planned.push((span, i, plan));
+        if let Some(p) = p {
+            planned.push(Planned { order: i, ..p });
         }
     }
-    planned.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+    planned.sort_by(|a, b| a.ideal.total_cmp(&b.ideal).then(a.order.cmp(&b.order)));
     (exprs, tried, planned)
 }
 
@@ -732,6 +773,7 @@ struct Derivation {
 fn derive_phase(
     req: &Request,
     meter: &Meter,
+    exprs: &[Expr],
     tried: &mut [Tried],
     planned: Vec<Planned>,
 ) -> Derivation {
@@ -739,7 +781,7 @@ fn derive_phase(
     // A candidate whose plan equals an earlier one's (`balance` finding the even
     // split, an operator with nothing to move, ...) derives to the same program and
     // cannot win (ties go to the earlier candidate): it shares its twin's result.
-    let twins = twins(&planned);
+    let mut twins = Twins::new(req, exprs);
     // Makespan and peak of each candidate derived so far, by index.
     let mut derived: std::collections::BTreeMap<usize, (f64, f64)> = Default::default();
     let mut best: Option<Best> = None;
@@ -748,22 +790,24 @@ fn derive_phase(
     let workers = workers(planned.len(), req.policy.max_threads);
     // Left early when no candidate left can win: the stage then ends short.
     let stage = Stage::begin("auto: deriving the fastest-looking", planned.len());
-    let mut rest = planned.into_iter().zip(twins).peekable();
+    let mut rest = planned.into_iter().peekable();
     // Set when the next candidate would take the search past its budget: the batch
     // taken so far is derived, and the search stops there.
     let mut over = false;
     'batches: while rest.peek().is_some() && !over {
         let mut batch = Vec::new();
         while batch.len() < workers {
-            let Some(next) = rest.next_if(|((ideal, ..), _)| {
+            let Some(next) = rest.next_if(|p| {
                 best.as_ref()
-                    .is_none_or(|(span, ..)| *ideal <= *span * derive_within)
+                    .is_none_or(|(span, ..)| p.ideal <= *span * derive_within)
             }) else {
                 break;
             };
+            // In ideal order, so its twin (if any) came before.
+            let next = (next, twins.of(&next));
             // A twin derives nothing; the first candidate is always derived.
             let first = best.is_none() && derived.is_empty() && batch.is_empty();
-            let cost = meter.derive_cost(tasks_of(&(next.0).2), 0);
+            let cost = meter.derive_cost(next.0.tasks, 0);
             if next.1.is_none() && !meter.take(cost, first) {
                 meter.note(format!(
                     "stopped deriving candidates in full after {} of them (the next would \
@@ -779,14 +823,24 @@ fn derive_phase(
         if batch.is_empty() {
             break;
         }
-        let jobs: Vec<(&Plan, &str, bool)> = batch
+        // Each planned again where it is derived, one plan per worker at a time.
+        let jobs: Vec<(PlanOf, &str, bool)> = batch
             .iter()
             .filter(|(_, twin)| twin.is_none())
-            .map(|((_, i, plan), _)| (plan, tried[*i].expr.as_str(), false))
+            .map(|(p, _)| {
+                let i = p.order;
+                (PlanOf::Again(&exprs[i]), tried[i].expr.as_str(), false)
+            })
             .collect();
         let mut results = finish_all(req, &jobs, &stage).into_iter();
         drop(jobs);
-        for ((ideal, i, plan), twin) in batch {
+        for (
+            Planned {
+                ideal, order: i, ..
+            },
+            twin,
+        ) in batch
+        {
             if let Some((span, ..)) = &best {
                 if ideal > *span * derive_within {
                     break 'batches;
@@ -796,7 +850,7 @@ fn derive_phase(
                 // Its twin came earlier in this order, so it has been taken already.
                 stage.step();
                 if let Some(&(span, peak)) = derived.get(&of) {
-                    finalists.push((span, peak, i, None));
+                    finalists.push((span, peak, i, true));
                     tried[i].makespan = Some(span);
                 }
                 continue;
@@ -805,7 +859,7 @@ fn derive_phase(
                 Some(Ok(d)) => {
                     let (span, peak) = (d.report.makespan, d.peak_with_params());
                     derived.insert(i, (span, peak));
-                    finalists.push((span, peak, i, Some(plan)));
+                    finalists.push((span, peak, i, false));
                     tried[i].makespan = Some(span);
                     keep_better(&mut best, d, i);
                 }
@@ -866,25 +920,49 @@ fn refine_phase(
     );
     // A twin's refinements equal its twin's, which sorts before it and wins the tie:
     // twins take no finalist's place.
-    let mut finalists: Vec<(usize, Plan)> = finalists
+    let mut finalists: Vec<usize> = finalists
         .into_iter()
-        .filter_map(|(_, _, i, plan)| Some((i, plan?)))
+        .filter(|&(.., twin)| !twin)
+        .map(|(_, _, i, _)| i)
         .collect();
     let ideal = |i: usize| tried[i].ideal.unwrap_or(f64::INFINITY);
     let ideal_finalist = finalists
         .iter()
-        .min_by(|a, b| ideal(a.0).total_cmp(&ideal(b.0)).then(a.0.cmp(&b.0)))
-        .map(|f| f.0);
+        .min_by(|&&a, &&b| ideal(a).total_cmp(&ideal(b)).then(a.cmp(&b)))
+        .copied();
     let mut at = 0;
-    finalists.retain(|f| {
+    finalists.retain(|&f| {
         at += 1;
-        at <= req.policy.finalists || Some(f.0) == ideal_finalist
+        at <= req.policy.finalists || Some(f) == ideal_finalist
     });
+    // Each job within the budget, in this order (a refinement simulates at most its
+    // budgets' actions besides its derivation); only those hold a plan.
+    let refined = req.policy.refine_actions + req.policy.w_actions;
+    let (mut wanted, mut unbuilt) = (0, 0);
     let mut jobs: Vec<Job> = Vec::new();
-    for (i, plan) in finalists {
+    let mut add = |job: Job| {
+        wanted += 1;
+        let simulated = if job.refine { refined } else { 0 };
+        if meter.take(meter.derive_cost(tasks_of(&job.plan), simulated), false) {
+            jobs.push(job);
+        }
+    };
+    for i in finalists {
         let expr = &exprs[i];
-        let fine = (req.mode == Mode::Rendezvous).then(|| layers(plan.clone(), req.profile));
-        jobs.push(Job {
+        // Derived in phase 2 from this very plan.
+        let Ok(plan) = replan(req, expr) else {
+            continue;
+        };
+        // Under rendezvous, also cut layer by layer: that plan has at least as many
+        // tasks, so when not even its derivation fits now (nor, then, later) it is
+        // not built (it is the largest plan of the search).
+        let rendezvous = req.mode == Mode::Rendezvous;
+        let cut_fits = meter.fits(meter.derive_cost(tasks_of(&plan), 0));
+        let fine = (rendezvous && cut_fits).then(|| layers(plan.clone(), req.profile));
+        if rendezvous && !cut_fits {
+            unbuilt += 2;
+        }
+        add(Job {
             order: i,
             expr: expr.clone().under("refine", None),
             inner: expr.clone(),
@@ -893,14 +971,14 @@ fn refine_phase(
         });
         if let Some(fine) = fine {
             let cut = expr.clone().under("layers", None);
-            jobs.push(Job {
+            add(Job {
                 order: i,
                 expr: cut.clone(),
                 inner: cut.clone(),
                 plan: fine.clone(),
                 refine: false,
             });
-            jobs.push(Job {
+            add(Job {
                 order: i,
                 expr: cut.clone().under("refine", None),
                 inner: cut,
@@ -909,14 +987,7 @@ fn refine_phase(
             });
         }
     }
-    // Within the budget, in that order: a refinement simulates at most its budgets'
-    // actions besides its derivation.
-    let refined = req.policy.refine_actions + req.policy.w_actions;
-    let wanted = jobs.len();
-    jobs.retain(|job| {
-        let simulated = if job.refine { refined } else { 0 };
-        meter.take(meter.derive_cost(tasks_of(&job.plan), simulated), false)
-    });
+    let wanted = wanted + unbuilt;
     if jobs.len() < wanted {
         meter.note(format!(
             "refined {} of the {wanted} finalists' programs (the others would take the \
@@ -926,10 +997,10 @@ fn refine_phase(
     }
     let stage = Stage::begin("auto: refining the finalists", jobs.len());
     let texts: Vec<String> = jobs.iter().map(|j| j.expr.to_string()).collect();
-    let work: Vec<(&Plan, &str, bool)> = jobs
+    let work: Vec<(PlanOf, &str, bool)> = jobs
         .iter()
         .zip(&texts)
-        .map(|(job, text)| (&job.plan, text.as_str(), job.refine))
+        .map(|(job, text)| (PlanOf::Held(&job.plan), text.as_str(), job.refine))
         .collect();
     let results = finish_all(req, &work, &stage);
     drop(stage);
@@ -1103,20 +1174,64 @@ fn further_phase(
 /// A factor as a percentage, for messages.
 const PERCENT: f64 = 100.0;
 
-/// For each candidate of `planned` (sorted by ideal time, then candidate order), the
-/// index of the first earlier one with the same ideal time and an equal plan, if any.
-fn twins(planned: &[Planned]) -> Vec<Option<usize>> {
-    let mut out: Vec<Option<usize>> = vec![None; planned.len()];
-    let mut run = 0; // first index of the current run of equal ideal times
-    for k in 0..planned.len() {
-        if planned[k].0.to_bits() != planned[run].0.to_bits() {
-            run = k;
+/// The twins of phase 2, found as it reaches the candidates in ideal order (then
+/// candidate order): a candidate's twin is the first earlier one with the same
+/// ideal time and an equal plan that is no twin itself. Plans with different
+/// fingerprints differ; those with equal ones are planned again and compared, so
+/// no two plans are taken for equal that are not.
+struct Twins<'a> {
+    req: &'a Request<'a>,
+    exprs: &'a [Expr],
+    /// The ideal time (its bits) of the current run of equal ideal times.
+    run: Option<u64>,
+    /// The candidates of the run reached so far that are no twin: index and
+    /// fingerprint.
+    firsts: Vec<(usize, u64)>,
+    /// The plan last planned again for a first of the run (runs of twins share one).
+    held: Option<(usize, Plan)>,
+}
+
+impl<'a> Twins<'a> {
+    fn new(req: &'a Request<'a>, exprs: &'a [Expr]) -> Twins<'a> {
+        Twins {
+            req,
+            exprs,
+            run: None,
+            firsts: Vec::new(),
+            held: None,
         }
-        out[k] = (run..k)
-            .find(|&j| out[j].is_none() && planned[j].2 == planned[k].2)
-            .map(|j| planned[j].1);
     }
-    out
+
+    /// The twin of `p`, the next candidate in ideal order (each is asked once).
+    fn of(&mut self, p: &Planned) -> Option<usize> {
+        let bits = p.ideal.to_bits();
+        if self.run != Some(bits) {
+            self.run = Some(bits);
+            self.firsts.clear();
+            self.held = None;
+        }
+        let mut mine: Option<Plan> = None;
+        for &(j, print) in &self.firsts {
+            if print != p.print {
+                continue;
+            }
+            let Some(plan) = mine
+                .take()
+                .or_else(|| replan(self.req, &self.exprs[p.order]).ok())
+            else {
+                break;
+            };
+            if self.held.as_ref().is_none_or(|(h, _)| *h != j) {
+                self.held = replan(self.req, &self.exprs[j]).ok().map(|q| (j, q));
+            }
+            if self.held.as_ref().is_some_and(|(_, q)| *q == plan) {
+                return Some(j);
+            }
+            mine = Some(plan);
+        }
+        self.firsts.push((p.order, p.print));
+        None
+    }
 }
 
 /// Threads for `jobs` independent pieces of work: every core, at most `most`.
@@ -1128,15 +1243,30 @@ fn workers(jobs: usize, most: usize) -> usize {
         .min(jobs.max(1))
 }
 
+/// The plan of a job of [`finish_all`]: one held, or a candidate's, planned again
+/// ([`replan`]) where the job runs.
+enum PlanOf<'a> {
+    Held(&'a Plan),
+    Again(&'a Expr),
+}
+
 /// Each job `(plan, expression text, refine)` derived in full ([`finish`]), on every
 /// core, results in job order; `stage` counts them.
 fn finish_all(
     req: &Request,
-    jobs: &[(&Plan, &str, bool)],
+    jobs: &[(PlanOf, &str, bool)],
     stage: &Stage,
 ) -> Vec<Result<Derived, Vec<DeriveError>>> {
-    let one = |&(plan, text, refine): &(&Plan, &str, bool)| {
+    let one = |(plan, text, refine): &(PlanOf, &str, bool)| {
         let _step = StepOnDrop(stage);
+        let again;
+        let plan = match plan {
+            PlanOf::Held(plan) => *plan,
+            PlanOf::Again(expr) => {
+                again = replan(req, expr)?;
+                &again
+            }
+        };
         // The errors are about an expression `auto` built: no place in the text.
         finish(req, plan, text, Span::NONE, refine.then_some(0))
     };
@@ -1252,30 +1382,57 @@ mod tests {
                 // Built as values, each candidate is its own canonical text.
                 let text = expr.to_string();
                 assert_eq!(&parse_str(&text).unwrap(), expr);
-                let alone = plan_of(&req, expr).ok();
-                assert_eq!(got.as_ref().map(|(_, plan)| plan), alone.as_ref(), "{text}");
-                if let (Some((ideal, _)), Some(plan)) = (got, alone) {
-                    let deps = dependencies(&plan).unwrap();
-                    assert_eq!(ideal, timing(&plan, &deps).unwrap().makespan(), "{text}");
+                let alone = plan_of(&req, expr).ok().and_then(|plan| {
+                    let deps = dependencies(&plan).ok()?;
+                    Some(Planned {
+                        ideal: timing(&plan, &deps).ok()?.makespan(),
+                        order: 0,
+                        tasks: tasks_of(&plan),
+                        print: plan.fingerprint(),
+                    })
+                });
+                assert_eq!(got, alone, "{text}");
+                // Planned again as the later phases do: the same plan.
+                if got.is_some() {
+                    assert_eq!(replan(&req, expr).ok(), plan_of(&req, expr).ok(), "{text}");
                 }
             }
         }
     }
 
+    /// Twins are candidates with equal ideal times and equal plans, the first of
+    /// each run of them standing for the others; equal fingerprints alone make no
+    /// twins.
     #[test]
     fn twins_are_equal_plans_with_equal_ideal_times() {
         let profile =
             Profile::from_toml_str(include_str!("../../../profiles/qwen2vl-7b.toml")).unwrap();
         let req = Request::new(&profile, 4, 8);
-        let plan = |e: &str| plan_of(&req, &parse_str(e).unwrap()).unwrap();
-        let (a, b) = (plan("zbh1"), plan("1f1b"));
-        let planned = vec![
-            (1.0, 10, a.clone()),
-            (1.0, 11, b),
-            (1.0, 12, a.clone()),
-            (2.0, 13, a),
-        ];
-        assert_eq!(twins(&planned), [None, None, Some(10), None]);
+        let exprs: Vec<Expr> = ["zbh1", "1f1b", "zbh1", "zbh1", "1f1b"]
+            .iter()
+            .map(|e| parse_str(e).unwrap())
+            .collect();
+        let print = |i: usize| replan(&req, &exprs[i]).unwrap().fingerprint();
+        assert_ne!(print(0), print(1));
+        let planned = |ideal: f64, order: usize, print: u64| Planned {
+            ideal,
+            order,
+            tasks: 0,
+            print,
+        };
+        let mut twins = Twins::new(&req, &exprs);
+        let got: Vec<Option<usize>> = [
+            planned(1.0, 0, print(0)),
+            planned(1.0, 1, print(1)),
+            planned(1.0, 2, print(2)),
+            planned(2.0, 3, print(3)),
+            // A forged fingerprint, zbh1's: the plans are compared, and differ.
+            planned(2.0, 4, print(0)),
+        ]
+        .iter()
+        .map(|p| twins.of(p))
+        .collect();
+        assert_eq!(got, [None, None, Some(0), None, None]);
     }
 
     /// On one thread, on every core and as inside `schedule!` (without `prefetch`)

@@ -1,0 +1,71 @@
+//! Issue 37, "memory bounded by the output's size": `auto` kept the plan of every
+//! candidate it planned until it had derived a few of them in ideal order (3.6 GB
+//! resident at 1 x 65536 on encoder-heavy, where the work budget stops it after one
+//! derivation). It now keeps, per candidate, the ideal time, the task count and a
+//! fingerprint of the plan, and plans again the few it derives; the plan memo is
+//! bounded in tasks (`SearchPolicy::plan_memo_tasks`) as well as in plans.
+//!
+//! The peak is counted by this binary's global allocator (`peak_alloc`): one test
+//! in this binary, so nothing else allocates meanwhile.
+
+use mpipe_core::derive::Request;
+use mpipe_core::plan::Task;
+use mpipe_core::profile::Profile;
+use mpipe_core::search::auto::search;
+use peak_alloc::PeakAlloc;
+
+#[global_allocator]
+static ALLOC: PeakAlloc = PeakAlloc;
+
+/// Micro-batches of the search measured, at one rank: large enough that plans
+/// dominate, small enough for the whole space to be planned within the budget.
+const MBS: usize = 8192;
+
+/// The peak allowed, in plans of the largest candidate's size: the plan memos of
+/// two threads, the plans of a few derivations in flight and of the finalists'
+/// refinements, and the programs derived.
+const PLANS: usize = 60;
+
+fn heavy() -> Profile {
+    let text = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../profiles/encoder-heavy.toml"
+    ))
+    .unwrap();
+    Profile::from_toml_str(&text).unwrap()
+}
+
+#[test]
+fn the_search_holds_a_few_plans_not_one_per_candidate() {
+    let profile = heavy();
+    let mut req = Request::new(&profile, 1, MBS);
+    // Each thread has its own plan memo: as many threads as on the 2-core machine
+    // the bound was measured on, on any machine.
+    req.policy.max_threads = 2;
+    let task = std::mem::size_of::<Task>();
+    // The largest plan at one rank: F, B and W of every micro-batch of the encoder
+    // and of 8 chunks (`interleaved(v = 8)`); the smallest, of the encoder and one
+    // stage (`1f1b`).
+    let largest = 3 * 9 * MBS * task;
+    let smallest = 3 * 2 * MBS * task;
+    let base = ALLOC.current_usage();
+    ALLOC.reset_peak_usage();
+    let s = search(&req).unwrap_or_else(|e| panic!("{e:?}"));
+    let peak = ALLOC.peak_usage().saturating_sub(base);
+    let planned = s.tried.iter().filter(|t| t.ideal.is_some()).count();
+    // Holding every planned candidate's plan would take at least this much: the
+    // bound below must be far under it, or it tests nothing.
+    let every_plan = planned * smallest;
+    assert!(
+        PLANS * largest < every_plan / 2,
+        "{planned} candidates planned: the bound tests nothing"
+    );
+    assert!(
+        peak < PLANS * largest,
+        "the search at 1 x {MBS} peaked at {} MB, over {PLANS} plans of {} MB \
+         (every planned candidate's plan: at least {} MB)",
+        peak >> 20,
+        largest >> 20,
+        every_plan >> 20
+    );
+}
