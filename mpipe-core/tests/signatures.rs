@@ -57,7 +57,7 @@ fn argument_errors_come_from_the_signature() {
         let mut extras = vec!["bogus = 1".to_string()];
         for p in sig.params {
             extras.push(match p.ty {
-                Type::Choice(_) | Type::IntOr(_) => format!("{} = 7x", p.key),
+                Type::Choice(_) | Type::RankOr(_) => format!("{} = 7x", p.key),
                 Type::Int { .. } => format!("{} = nope", p.key),
             });
         }

@@ -23,7 +23,7 @@ use crate::algebra::operators::prefetch::prefetch;
 use crate::algebra::operators::split_w::split_w;
 use crate::algebra::operators::transpose::{transpose_with, Backward, Owners, Place};
 use crate::algebra::profile::{Profile, Split};
-use crate::algebra::signature::{Checked, Param, Shape, Signature, Type};
+use crate::algebra::signature::{Checked, Context, Param, Shape, Signature, Type};
 use crate::ir::model::{Mode, SimOptions};
 use crate::ir::plan::{Plan, UnitId};
 use crate::ir::policy::SearchPolicy;
@@ -449,32 +449,16 @@ pub(crate) static TABLE: [Row; 17] = [
             shape: Shape::EncoderOver,
             params: &[Param {
                 key: "rank",
-                ty: Type::IntOr("spare"),
+                ty: Type::RankOr("spare"),
                 doc: "a rank number",
             }],
             example: "host(audio, zbv, rank = 2)",
             doc: "the encoder run on one rank (the least busy: `spare`)",
         },
         eval: |req, e, c, errors| {
-            let to = match c.int("rank") {
-                None => Host::Spare,
-                Some((n, _)) if (n as usize) < req.ranks => Host::Rank(n as usize),
-                Some((n, span)) => {
-                    errors.push(err(
-                        ErrorKind::BadArgument,
-                        span,
-                        format!(
-                            "rank {n} does not exist: the request has {} ranks (0..{}); \
-                             or write `rank = spare`",
-                            req.ranks,
-                            req.ranks.saturating_sub(1)
-                        ),
-                    ));
-                    // The body is still evaluated, so its mistakes show too.
-                    eval(req, c.body?, errors);
-                    return None;
-                }
-            };
+            let to = c
+                .int("rank")
+                .map_or(Host::Spare, |(n, _)| Host::Rank(n as usize));
             let (id, plan) = encoder_and_plan(req, c, errors)?;
             applied(e, host(plan, id, to, link(req), req.fill_cap), errors)
         },
@@ -635,12 +619,14 @@ fn whole(_: &Request, e: &Expr, _: &Checked, errors: &mut Vec<DeriveError>) -> O
 /// `e` checked against its row's signature (every mistake pushed to `errors` as a
 /// [`ErrorKind::BadArgument`]).
 pub(crate) fn checked<'e>(
+    req: &Request,
     row: &'static Row,
     e: &'e Expr,
     errors: &mut Vec<DeriveError>,
 ) -> Checked<'e> {
     let mut found = Vec::new();
-    let c = row.sig.check(e, &mut found);
+    let ctx = Context { ranks: req.ranks };
+    let c = row.sig.check(e, ctx, &mut found);
     errors.extend(
         found
             .into_iter()
@@ -667,9 +653,9 @@ fn eval_uncached(req: &Request, e: &Expr, errors: &mut Vec<DeriveError>) -> Opti
         return None;
     };
     if row.sig.shape == Shape::Whole {
-        return whole(req, e, &checked(row, e, &mut Vec::new()), errors);
+        return whole(req, e, &checked(req, row, e, &mut Vec::new()), errors);
     }
-    let c = checked(row, e, errors);
+    let c = checked(req, row, e, errors);
     // Where the arguments are wrong, what can be evaluated still is, so that every
     // mistake shows at once.
     let body_ok = c.body.is_none_or(|b| outermost_layers(e, b, errors));
@@ -723,7 +709,7 @@ pub(crate) fn one_body<'e>(
     let Some(row) = row(e.name()) else {
         return (None, None);
     };
-    let c = checked(row, e, errors);
+    let c = checked(req, row, e, errors);
     if c.body.is_none() {
         for x in &c.stray {
             eval(req, x, errors);

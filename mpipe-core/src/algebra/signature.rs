@@ -34,9 +34,16 @@ pub enum Type {
     Choice(&'static [&'static str]),
     /// An integer from `min` to `max` (`u64::MAX`: no upper limit).
     Int { min: u64, max: u64 },
-    /// A non-negative integer (checked against the request by the evaluation) or
-    /// this name, the default.
-    IntOr(&'static str),
+    /// A rank of the request (`0 .. ranks`, [`Context::ranks`]) or this name, the
+    /// default.
+    RankOr(&'static str),
+}
+
+/// What a check may read of the request besides the expression.
+#[derive(Clone, Copy, Debug)]
+pub struct Context {
+    /// The request's ranks (the range of [`Type::RankOr`]).
+    pub ranks: usize,
 }
 
 /// One `key = value` parameter.
@@ -63,7 +70,7 @@ pub struct Signature {
 /// A parameter's value as given.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Given {
-    /// The index of the name among [`Type::Choice`]'s (or 0 for [`Type::IntOr`]'s name).
+    /// The index of the name among [`Type::Choice`]'s (or 0 for [`Type::RankOr`]'s name).
     Choice(usize),
     Int(u64),
 }
@@ -126,7 +133,7 @@ impl Type {
         match self {
             Type::Choice(names) => names.join(" | "),
             Type::Int { .. } => "N".into(),
-            Type::IntOr(name) => format!("N | {name}"),
+            Type::RankOr(name) => format!("N | {name}"),
         }
     }
 }
@@ -165,7 +172,12 @@ impl Signature {
 
     /// `e`'s arguments checked against this signature; each mistake is pushed to
     /// `errors` with its span.
-    pub fn check<'e>(&'static self, e: &'e Expr, errors: &mut Vec<(Span, String)>) -> Checked<'e> {
+    pub fn check<'e>(
+        &'static self,
+        e: &'e Expr,
+        ctx: Context,
+        errors: &mut Vec<(Span, String)>,
+    ) -> Checked<'e> {
         let pos: Vec<&Expr> = e.positional().collect();
         let mut out = Checked {
             sig: self,
@@ -226,7 +238,7 @@ impl Signature {
                 continue;
             };
             let param = &self.params[at];
-            match param.value(value) {
+            match param.value(value, ctx) {
                 Ok(given) => out.given[at] = Some((given, value.span())),
                 Err(message) => {
                     out.keys_ok = false;
@@ -258,7 +270,7 @@ impl Signature {
 
 impl Param {
     /// `value` read as this parameter's type, or what is wrong with it.
-    fn value(&self, value: &Value) -> Result<Given, String> {
+    fn value(&self, value: &Value, ctx: Context) -> Result<Given, String> {
         let key = self.key;
         match self.ty {
             Type::Choice(names) => value
@@ -282,8 +294,14 @@ impl Param {
                     self.doc
                 )),
             },
-            Type::IntOr(name) => match value {
-                Value::Int { value: n, .. } => Ok(Given::Int(*n)),
+            Type::RankOr(name) => match value {
+                Value::Int { value: n, .. } if (*n as usize) < ctx.ranks => Ok(Given::Int(*n)),
+                Value::Int { value: n, .. } => Err(format!(
+                    "rank {n} does not exist: the request has {} ranks (0..{}); or write \
+                     `{key} = {name}`",
+                    ctx.ranks,
+                    ctx.ranks.saturating_sub(1)
+                )),
                 Value::Name(id) if id.name == name => Ok(Given::Choice(0)),
                 _ => Err(format!(
                     "bad value `{value}` for `{key}`; expected {} or `{name}`",
