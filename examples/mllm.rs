@@ -75,10 +75,10 @@ use std::time::Duration;
 macro_rules! schedules {
     ($m:ident, $profile:literal) => {
         mod $m {
-            mpipe::schedule! { pub mod s_1f1b { model = $profile; ranks = 4; microbatches = 8; schedule = 1f1b; } }
-            mpipe::schedule! { pub mod s_t1f1b { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b); } }
-            mpipe::schedule! { pub mod s_tzbv { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, zbv); } }
-            mpipe::schedule! { pub mod s_inter { model = $profile; ranks = 4; microbatches = 8; schedule = interleaved(v = 2); } }
+            mpipe::schedule! { pub(crate) mod s_1f1b { model = $profile; ranks = 4; microbatches = 8; schedule = 1f1b; } }
+            mpipe::schedule! { pub(crate) mod s_t1f1b { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b); } }
+            mpipe::schedule! { pub(crate) mod s_tzbv { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, zbv); } }
+            mpipe::schedule! { pub(crate) mod s_inter { model = $profile; ranks = 4; microbatches = 8; schedule = interleaved(v = 2); } }
         }
     };
 }
@@ -798,7 +798,7 @@ mod ascend {
 
     /// One rank of `--check` (a process started by [`check`]): joins the world from
     /// the launcher's variables, runs the step, writes its gradients into `dir`.
-    pub fn check_rank(sched: Schedule, frozen: bool, dir: &Path) -> Result<()> {
+    pub(crate) fn check_rank(sched: Schedule, frozen: bool, dir: &Path) -> Result<()> {
         let (expr, json, chunks) = sched.compiled(frozen);
         let program = Program::from_json(json).context("the compiled program")?;
         let t = check_train(&config(program.ranks * chunks, frozen));
@@ -871,7 +871,7 @@ mod ascend {
     /// One step on HCCL, one process per device: `(unit, difference from the
     /// unpipelined step)` per trainable unit, then `("loss", ..)`, then `("host",
     /// largest difference from the host backend's gradients)`.
-    pub fn check(
+    pub(crate) fn check(
         program: &Program,
         sched: Schedule,
         frozen: bool,
@@ -934,7 +934,7 @@ mod ascend {
     }
 
     /// Trains on HCCL (ranks as threads, one device each).
-    pub fn train(run: &Run) -> Result<()> {
+    pub(crate) fn train(run: &Run) -> Result<()> {
         println!(
             "training `{}` on {} ranks over HCCL ({}), {}, {} micro-batches per step, {} steps",
             run.expr,
@@ -969,7 +969,7 @@ mod ascend {
 
     /// One rank of `--backend ascend --processes` (started by the launcher): one
     /// process, one device, joined through `MASTER_ADDR:MASTER_PORT`.
-    pub fn train_rank_process(run: &Run) -> Result<ExitCode> {
+    pub(crate) fn train_rank_process(run: &Run) -> Result<ExitCode> {
         let mut comm = AscendComm::from_env(run.t.timeout).context("joining the HCCL world")?;
         let (rank, device) = (comm.rank(), comm.device());
         let result = if on_device(run) {
@@ -1011,7 +1011,7 @@ mod ascend {
     /// after a first one (which fills the buffer pools and the arena), summed over the
     /// ranks: the step as issued, its end (the host wait, the read of the losses) and
     /// the optimizer's update queued after it.
-    pub fn counters(frozen: bool) -> Result<()> {
+    pub(crate) fn counters(frozen: bool) -> Result<()> {
         for sched in ALL {
             let (expr, json, chunks) = sched.compiled(frozen);
             let program = Program::from_json(json)?;
@@ -1065,7 +1065,7 @@ mod ascend {
 mod ascend {
     use super::*;
 
-    pub fn check(
+    pub(crate) fn check(
         _: &Program,
         _: Schedule,
         _: bool,
@@ -1074,19 +1074,19 @@ mod ascend {
         Err(ASCEND_HOW.into())
     }
 
-    pub fn check_rank(_: Schedule, _: bool, _: &Path) -> Result<()> {
+    pub(crate) fn check_rank(_: Schedule, _: bool, _: &Path) -> Result<()> {
         bail!(ASCEND_HOW)
     }
 
-    pub fn train(_: &Run) -> Result<()> {
+    pub(crate) fn train(_: &Run) -> Result<()> {
         bail!(ASCEND_HOW)
     }
 
-    pub fn train_rank_process(_: &Run) -> Result<ExitCode> {
+    pub(crate) fn train_rank_process(_: &Run) -> Result<ExitCode> {
         bail!(ASCEND_HOW)
     }
 
-    pub fn counters(_: bool) -> Result<()> {
+    pub(crate) fn counters(_: bool) -> Result<()> {
         bail!(ASCEND_HOW)
     }
 }

@@ -14,11 +14,11 @@ use std::time::{Duration, Instant};
 macro_rules! schedules {
     ($m:ident, $profile:literal) => {
         mod $m {
-            mpipe::schedule! { pub mod s_1f1b { model = $profile; ranks = 4; microbatches = 8; schedule = 1f1b; } }
-            mpipe::schedule! { pub mod s_t1f1b { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b); } }
-            mpipe::schedule! { pub mod s_central { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b, backward = central); } }
-            mpipe::schedule! { pub mod s_tzbv { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, zbv); } }
-            mpipe::schedule! { pub mod s_inter { model = $profile; ranks = 4; microbatches = 8; schedule = interleaved(v = 2); } }
+            mpipe::schedule! { pub(crate) mod s_1f1b { model = $profile; ranks = 4; microbatches = 8; schedule = 1f1b; } }
+            mpipe::schedule! { pub(crate) mod s_t1f1b { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b); } }
+            mpipe::schedule! { pub(crate) mod s_central { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b, backward = central); } }
+            mpipe::schedule! { pub(crate) mod s_tzbv { model = $profile; ranks = 4; microbatches = 8; schedule = transpose(vision, zbv); } }
+            mpipe::schedule! { pub(crate) mod s_inter { model = $profile; ranks = 4; microbatches = 8; schedule = interleaved(v = 2); } }
         }
     };
 }

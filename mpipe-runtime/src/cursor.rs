@@ -30,7 +30,7 @@ pub(crate) fn unit_index(p: &Program, name: &str) -> UnitId {
 
 impl Units {
     /// The units of `program`, with `out_len(u)` elements of output each.
-    pub fn new(program: &Program, out_len: impl Fn(UnitId) -> usize) -> Units {
+    pub(crate) fn new(program: &Program, out_len: impl Fn(UnitId) -> usize) -> Units {
         let need = needs_backward(&program.units);
         Units(
             program
@@ -53,12 +53,12 @@ impl Units {
         )
     }
 
-    pub fn get(&self, u: UnitId) -> &UnitInfo {
+    pub(crate) fn get(&self, u: UnitId) -> &UnitInfo {
         &self.0[u as usize]
     }
 
     /// The lengths of a gradient message's parts: `unit`'s inputs' outputs, in order.
-    pub fn grad_parts(&self, unit: UnitId) -> Vec<usize> {
+    pub(crate) fn grad_parts(&self, unit: UnitId) -> Vec<usize> {
         self.0.get(unit as usize).map_or_else(Vec::new, |info| {
             info.inputs
                 .iter()
@@ -80,7 +80,7 @@ pub(crate) struct Cursor<'a> {
 }
 
 impl<'a> Cursor<'a> {
-    pub fn new(program: &'a Program, rank: usize) -> Cursor<'a> {
+    pub(crate) fn new(program: &'a Program, rank: usize) -> Cursor<'a> {
         let list = program.programs.get(rank).map_or(&[][..], Vec::as_slice);
         let compute_at = list
             .iter()
@@ -98,14 +98,14 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    pub fn list(&self) -> &'a [Action] {
+    pub(crate) fn list(&self) -> &'a [Action] {
         self.program
             .programs
             .get(self.rank)
             .map_or(&[][..], Vec::as_slice)
     }
 
-    pub fn name(&self, u: UnitId) -> &'a str {
+    pub(crate) fn name(&self, u: UnitId) -> &'a str {
         self.program
             .units
             .get(u as usize)
@@ -113,21 +113,21 @@ impl<'a> Cursor<'a> {
     }
 
     /// The rank's action `index`, as the program format writes it.
-    pub fn action_at(&self, index: usize) -> String {
+    pub(crate) fn action_at(&self, index: usize) -> String {
         self.list()
             .get(index)
             .map_or_else(String::new, |a| a.to_string())
     }
 
     /// Whether `op` of `(unit, mb)` runs on this rank after action `index`.
-    pub fn later(&self, op: Op, unit: UnitId, mb: usize, index: usize) -> bool {
+    pub(crate) fn later(&self, op: Op, unit: UnitId, mb: usize, index: usize) -> bool {
         self.compute_at
             .get(&(op, unit, mb))
             .is_some_and(|&i| i > index)
     }
 
     /// Check that the next action is `called` (rendered by `matches`); advance.
-    pub fn expect(
+    pub(crate) fn expect(
         &mut self,
         called: String,
         matches: impl Fn(ActionRef) -> bool,
@@ -151,7 +151,12 @@ impl<'a> Cursor<'a> {
     }
 
     /// The next action must be `op` of `(unit, mb)`; returns its index.
-    pub fn expect_compute(&mut self, op: Op, unit: UnitId, mb: usize) -> Result<usize, ExecError> {
+    pub(crate) fn expect_compute(
+        &mut self,
+        op: Op,
+        unit: UnitId,
+        mb: usize,
+    ) -> Result<usize, ExecError> {
         let name = self.name(unit);
         self.expect(
             format!("{}({name},{mb})", op.as_str()),
@@ -160,7 +165,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// The next actions must be `batch`, in order; returns the first's index.
-    pub fn expect_batch(&mut self, batch: &[P2p]) -> Result<usize, ExecError> {
+    pub(crate) fn expect_batch(&mut self, batch: &[P2p]) -> Result<usize, ExecError> {
         let first = self.pc;
         for x in batch {
             let name = self.name(x.unit);
@@ -181,7 +186,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// The next action must be the collective `kind` of `unit` from `root`.
-    pub fn expect_collective(
+    pub(crate) fn expect_collective(
         &mut self,
         kind: CollKind,
         unit: UnitId,
@@ -197,7 +202,7 @@ impl<'a> Cursor<'a> {
         })
     }
 
-    pub fn missing(&self, index: usize, what: String) -> ExecError {
+    pub(crate) fn missing(&self, index: usize, what: String) -> ExecError {
         ExecError::Missing {
             rank: self.rank,
             index,
@@ -206,7 +211,7 @@ impl<'a> Cursor<'a> {
         }
     }
 
-    pub fn comm_error(
+    pub(crate) fn comm_error(
         &self,
         index: usize,
         e: impl std::error::Error + Send + Sync + 'static,
@@ -220,7 +225,7 @@ impl<'a> Cursor<'a> {
     }
 
     /// The error for a stash that is not there.
-    pub fn no_stash(&self, index: usize, unit: UnitId, mb: usize) -> ExecError {
+    pub(crate) fn no_stash(&self, index: usize, unit: UnitId, mb: usize) -> ExecError {
         self.missing(
             index,
             format!(
@@ -232,7 +237,13 @@ impl<'a> Cursor<'a> {
 
     /// Whether the forward at `index` (a recompute if `recompute`) keeps its stash:
     /// the backward of `(unit, mb)` runs here later, and no recompute comes first.
-    pub fn keeps_stash(&self, unit: UnitId, mb: usize, index: usize, recompute: bool) -> bool {
+    pub(crate) fn keeps_stash(
+        &self,
+        unit: UnitId,
+        mb: usize,
+        index: usize,
+        recompute: bool,
+    ) -> bool {
         let backward_here =
             self.later(Op::B, unit, mb, index) || self.later(Op::BW, unit, mb, index);
         let recomputed_later = !recompute && self.later(Op::RF, unit, mb, index);
@@ -250,13 +261,13 @@ pub(crate) struct Held {
 }
 
 impl Held {
-    pub fn hold(&mut self, unit: UnitId, mb: usize, act: f64) {
+    pub(crate) fn hold(&mut self, unit: UnitId, mb: usize, act: f64) {
         self.held.insert((unit, mb), act);
         self.live += act;
         self.peak = self.peak.max(self.live);
     }
 
-    pub fn release(&mut self, unit: UnitId, mb: usize) {
+    pub(crate) fn release(&mut self, unit: UnitId, mb: usize) {
         if let Some(act) = self.held.remove(&(unit, mb)) {
             self.live -= act;
         }

@@ -6,7 +6,7 @@ use std::process::Command;
 /// The `mllm` example next to this test's binary (`target/PROFILE/examples/mllm`),
 /// brought up to date with `cargo build --example mllm` and `features` first (a no-op
 /// when `cargo test` has built it with them).
-pub fn example(features: &[&str]) -> PathBuf {
+pub(crate) fn example(features: &[&str]) -> PathBuf {
     let me = std::env::current_exe().unwrap();
     let profile_dir = me.parent().and_then(Path::parent).unwrap().to_path_buf();
     let exe = profile_dir

@@ -938,7 +938,7 @@ fn bytes_of(count: u64, size: usize) -> Result<usize, HcclResult> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn HcclGetRootInfo(root_info: *mut HcclRootInfo) -> HcclResult {
+pub(super) unsafe extern "C" fn HcclGetRootInfo(root_info: *mut HcclRootInfo) -> HcclResult {
     if root_info.is_null() {
         return HcclResult::HCCL_E_PTR;
     }
@@ -975,7 +975,7 @@ fn parse_root_info(info: &HcclRootInfo) -> Option<(u64, Option<SocketAddr>)> {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn HcclCommInitRootInfo(
+pub(super) unsafe extern "C" fn HcclCommInitRootInfo(
     n_ranks: u32,
     root_info: *const HcclRootInfo,
     rank: u32,
@@ -1024,7 +1024,7 @@ pub unsafe extern "C" fn HcclCommInitRootInfo(
 }
 
 #[no_mangle]
-pub extern "C" fn HcclCommDestroy(comm: HcclComm) -> HcclResult {
+pub(super) extern "C" fn HcclCommDestroy(comm: HcclComm) -> HcclResult {
     let Some(c) = lock(comms()).remove(&(comm as usize)) else {
         return HcclResult::HCCL_E_PARA;
     };
@@ -1035,7 +1035,7 @@ pub extern "C" fn HcclCommDestroy(comm: HcclComm) -> HcclResult {
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn HcclGetRankSize(comm: HcclComm, rank_size: *mut u32) -> HcclResult {
+pub(super) unsafe extern "C" fn HcclGetRankSize(comm: HcclComm, rank_size: *mut u32) -> HcclResult {
     let Some(c) = comm_of(comm) else {
         return HcclResult::HCCL_E_PARA;
     };
@@ -1048,7 +1048,7 @@ pub unsafe extern "C" fn HcclGetRankSize(comm: HcclComm, rank_size: *mut u32) ->
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn HcclGetRankId(comm: HcclComm, rank: *mut u32) -> HcclResult {
+pub(super) unsafe extern "C" fn HcclGetRankId(comm: HcclComm, rank: *mut u32) -> HcclResult {
     let Some(c) = comm_of(comm) else {
         return HcclResult::HCCL_E_PARA;
     };
@@ -1061,7 +1061,7 @@ pub unsafe extern "C" fn HcclGetRankId(comm: HcclComm, rank: *mut u32) -> HcclRe
 }
 
 #[no_mangle]
-pub extern "C" fn HcclSend(
+pub(super) extern "C" fn HcclSend(
     send_buf: *mut c_void,
     count: u64,
     data_type: HcclDataType,
@@ -1090,7 +1090,7 @@ pub extern "C" fn HcclSend(
 }
 
 #[no_mangle]
-pub extern "C" fn HcclRecv(
+pub(super) extern "C" fn HcclRecv(
     recv_buf: *mut c_void,
     count: u64,
     data_type: HcclDataType,
@@ -1122,7 +1122,7 @@ pub extern "C" fn HcclRecv(
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn HcclBatchSendRecv(
+pub(super) unsafe extern "C" fn HcclBatchSendRecv(
     items: *mut HcclSendRecvItem,
     item_num: u32,
     comm: HcclComm,
@@ -1354,7 +1354,7 @@ fn reduce_op(
 }
 
 #[no_mangle]
-pub extern "C" fn HcclAllReduce(
+pub(super) extern "C" fn HcclAllReduce(
     send_buf: *mut c_void,
     recv_buf: *mut c_void,
     count: u64,
@@ -1402,7 +1402,7 @@ pub extern "C" fn HcclAllReduce(
 }
 
 #[no_mangle]
-pub extern "C" fn HcclReduce(
+pub(super) extern "C" fn HcclReduce(
     send_buf: *mut c_void,
     recv_buf: *mut c_void,
     count: u64,
@@ -1462,7 +1462,7 @@ pub extern "C" fn HcclReduce(
 }
 
 #[no_mangle]
-pub extern "C" fn HcclBroadcast(
+pub(super) extern "C" fn HcclBroadcast(
     buf: *mut c_void,
     count: u64,
     data_type: HcclDataType,
@@ -1507,7 +1507,7 @@ pub extern "C" fn HcclBroadcast(
 }
 
 #[no_mangle]
-pub extern "C" fn HcclBarrier(comm: HcclComm, stream: aclrtStream) -> HcclResult {
+pub(super) extern "C" fn HcclBarrier(comm: HcclComm, stream: aclrtStream) -> HcclResult {
     let (c, s) = match prologue(comm, stream) {
         Ok(x) => x,
         Err(e) => return e,
@@ -1520,7 +1520,7 @@ pub extern "C" fn HcclBarrier(comm: HcclComm, stream: aclrtStream) -> HcclResult
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn HcclGetCommAsyncError(
+pub(super) unsafe extern "C" fn HcclGetCommAsyncError(
     comm: HcclComm,
     async_error: *mut HcclResult,
 ) -> HcclResult {
@@ -1536,7 +1536,7 @@ pub unsafe extern "C" fn HcclGetCommAsyncError(
 }
 
 #[no_mangle]
-pub extern "C" fn HcclGetErrorString(code: HcclResult) -> *const c_char {
+pub(super) extern "C" fn HcclGetErrorString(code: HcclResult) -> *const c_char {
     let s: &'static [u8] = match code {
         HcclResult::HCCL_SUCCESS => b"success\0",
         HcclResult::HCCL_E_PARA => b"parameter error\0",

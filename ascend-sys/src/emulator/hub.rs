@@ -72,18 +72,18 @@ use std::time::{Duration, Instant};
 
 /// The environment variable holding the job's rendezvous secret (64 hex digits; set
 /// by `mpipe-run` for every rank, as `mpipe_runtime::host::tcp::SECRET_VAR`).
-pub const SECRET_VAR: &str = "MPIPE_RDZV_SECRET";
+pub(super) const SECRET_VAR: &str = "MPIPE_RDZV_SECRET";
 
 const SECRET_LEN: usize = 32;
 
 /// How long a new connection may take to send its hello.
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How often the serving process beats on each heartbeat lane.
-pub const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
+pub(super) const HEARTBEAT_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The byte of a beat.
-pub const BEAT: u8 = 0xBE;
+pub(super) const BEAT: u8 = 0xBE;
 
 /// The default of [`liveness`], in milliseconds.
 const DEFAULT_LIVENESS_MS: u64 = 4000;
@@ -91,7 +91,7 @@ const DEFAULT_LIVENESS_MS: u64 = 4000;
 /// How long a remote rank waits for a beat before it declares the process serving
 /// its communicator lost (stopped or hung): `MPIPE_ASCEND_EMU_LIVENESS_MS`, default
 /// 4000, at least two [`HEARTBEAT_INTERVAL`]s. Read when a rank joins.
-pub fn liveness() -> Duration {
+pub(super) fn liveness() -> Duration {
     let ms = std::env::var("MPIPE_ASCEND_EMU_LIVENESS_MS")
         .ok()
         .and_then(|v| v.trim().parse::<u64>().ok())
@@ -100,7 +100,7 @@ pub fn liveness() -> Duration {
 }
 
 /// The most connections saying hello at once; more are closed at once.
-pub const MAX_GREETING: usize = 256;
+pub(super) const MAX_GREETING: usize = 256;
 
 /// The most sends or receives in one batch request.
 const MAX_BATCH_ITEMS: u32 = 1 << 16;
@@ -110,7 +110,7 @@ const DEFAULT_MAX_MESSAGE: usize = 1 << 30;
 
 /// The largest transfer or collective input one request may carry, in bytes (all of
 /// a batch's together): `MPIPE_ASCEND_EMU_MAX_MESSAGE` or 1 GiB.
-pub fn max_message() -> usize {
+pub(super) fn max_message() -> usize {
     static MAX: OnceLock<usize> = OnceLock::new();
     *MAX.get_or_init(|| {
         std::env::var("MPIPE_ASCEND_EMU_MAX_MESSAGE")

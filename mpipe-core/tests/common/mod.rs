@@ -5,7 +5,7 @@ use mpipe_core::generators::{BodyKind, Weave};
 /// One of each body generator (default arguments; `zb2p` both looped and in a V;
 /// `zbv(list = search)`),
 /// for the operators' property tests. `BodyKind::expr` gives each one's text.
-pub const BODIES: [BodyKind; 9] = [
+pub(crate) const BODIES: [BodyKind; 9] = [
     BodyKind::GPipe,
     BodyKind::OneFOneB,
     BodyKind::Interleaved { v: 2 },

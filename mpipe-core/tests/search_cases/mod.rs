@@ -8,7 +8,7 @@ use proptest::prelude::*;
 
 /// The peer schedules of the evaluation: each body with every encoder inline, and
 /// with every encoder transposed.
-pub fn peers(profile: &Profile) -> Vec<String> {
+pub(crate) fn peers(profile: &Profile) -> Vec<String> {
     let bodies = ["1f1b", "interleaved(v = 2)", "zbh1", "zbv", "dualpipev"];
     let mut out: Vec<String> = bodies.iter().map(|b| b.to_string()).collect();
     for b in bodies {
@@ -30,7 +30,7 @@ pub fn peers(profile: &Profile) -> Vec<String> {
 }
 
 /// `auto`'s step time, and every derivable peer's.
-pub fn auto_and_peers(
+pub(crate) fn auto_and_peers(
     profile: &Profile,
     p: usize,
     m: usize,
@@ -47,7 +47,7 @@ pub fn auto_and_peers(
 /// A random multimodal profile: a vision encoder, sometimes an audio encoder too,
 /// each frozen or trainable, before a 16-layer LLM; and a size: 2, 4 or 8 ranks,
 /// 1 to 4 micro-batches per rank.
-pub fn random_profile() -> impl Strategy<Value = (String, usize, usize)> {
+pub(crate) fn random_profile() -> impl Strategy<Value = (String, usize, usize)> {
     (
         (1u32..33, 0.05f64..2.0, 0.05f64..2.0, 0.0f64..1.0, any::<bool>()),
         prop::option::of((1u32..13, 0.05f64..1.0, any::<bool>())),

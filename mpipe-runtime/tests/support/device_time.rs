@@ -17,13 +17,13 @@ static DEVICES: Mutex<()> = Mutex::new(());
 
 /// One step of `prog` (the toy model, ranks as threads) after a warm-up step, on the
 /// virtual clock with transfers costed by `link`: the trace and each rank's device id.
-pub fn measure(prog: &Program, link: Option<CommModel>) -> (Trace, Vec<i32>) {
+pub(crate) fn measure(prog: &Program, link: Option<CommModel>) -> (Trace, Vec<i32>) {
     let m = measure_with(prog, link, None);
     (m.trace, m.devices)
 }
 
 /// What [`measure_with`] found.
-pub struct Measured {
+pub(crate) struct Measured {
     pub trace: Trace,
     /// Each rank's device id.
     pub devices: Vec<i32>,
@@ -33,7 +33,7 @@ pub struct Measured {
 
 /// [`measure`], where with `skip = Some((rank, k))` that rank's measured step leaves out
 /// its `k`-th event wait (the mutation of `AscendComm::mutate_skip_event_wait`).
-pub fn measure_with(
+pub(crate) fn measure_with(
     prog: &Program,
     link: Option<CommModel>,
     skip: Option<(usize, u64)>,

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read};
 use std::sync::mpsc;
 
 /// The rank and pid a line names, if it is a pid line.
-pub fn parse(line: &str) -> Option<(usize, i32)> {
+pub(crate) fn parse(line: &str) -> Option<(usize, i32)> {
     let (head, pid) = line.rsplit_once(" pid ")?;
     let rank = head.rsplit(' ').next()?.parse().ok()?;
     Some((rank, pid.trim().parse().ok()?))
@@ -15,7 +15,7 @@ pub fn parse(line: &str) -> Option<(usize, i32)> {
 
 /// Reads `out` (a launcher's standard output) on a thread of its own until it
 /// closes, sending each rank's `(rank, pid)` as its line arrives.
-pub fn read_pids(out: impl Read + Send + 'static) -> mpsc::Receiver<(usize, i32)> {
+pub(crate) fn read_pids(out: impl Read + Send + 'static) -> mpsc::Receiver<(usize, i32)> {
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {

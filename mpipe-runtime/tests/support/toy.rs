@@ -13,15 +13,15 @@ use mpipe_runtime::ascend::AscendError;
 use mpipe_runtime::UnitId;
 
 /// Micro-batches per step.
-pub const MBS: usize = 8;
+pub(crate) const MBS: usize = 8;
 /// Elements of every unit's output.
-pub const LEN: usize = 96;
+pub(crate) const LEN: usize = 96;
 /// The learning rate of the test's optimizer (`p -= LR * g`, on the device between
 /// steps, as training does).
-pub const LR: f32 = 0.01;
+pub(crate) const LR: f32 = 0.01;
 
 /// Deterministic values in [-1, 1).
-pub fn values(seed: u64, n: usize) -> Vec<f32> {
+pub(crate) fn values(seed: u64, n: usize) -> Vec<f32> {
     let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     (0..n)
         .map(|_| {
@@ -36,7 +36,7 @@ pub fn values(seed: u64, n: usize) -> Vec<f32> {
 /// Unit `u` computes `out = sum(inputs) * p_u` (elementwise); a unit without inputs
 /// reads row `mb` of the batch; the loss of a micro-batch is the sum of the last
 /// unit's output. Parameters, gradients, the batch and the losses live on the device.
-pub struct Toy {
+pub(crate) struct Toy {
     last: UnitId,
     params: Vec<DeviceBuffer>,
     grads: Vec<DeviceBuffer>,
@@ -49,17 +49,17 @@ pub struct Toy {
     has_loss: bool,
 }
 
-pub struct Stash {
+pub(crate) struct Stash {
     x: DeviceBuffer,
     g: DeviceBuffer,
 }
 
-pub fn t(b: &DeviceBuffer) -> DevTensor {
+pub(crate) fn t(b: &DeviceBuffer) -> DevTensor {
     DevTensor::new(b.as_ptr() as usize, DType::F32, &[LEN])
 }
 
 impl Toy {
-    pub fn new(prog: &Program, k: &mut Kernels) -> Result<Toy, AscendError> {
+    pub(crate) fn new(prog: &Program, k: &mut Kernels) -> Result<Toy, AscendError> {
         let n = prog.units.len();
         let last = (0..n)
             .find(|&u| {
@@ -108,12 +108,12 @@ impl Toy {
     }
 
     /// Host copies of every unit's gradients (after the step; synchronous reads).
-    pub fn read_grads(&self) -> Vec<Vec<f32>> {
+    pub(crate) fn read_grads(&self) -> Vec<Vec<f32>> {
         self.grads.iter().map(read).collect()
     }
 }
 
-pub fn read(b: &DeviceBuffer) -> Vec<f32> {
+pub(crate) fn read(b: &DeviceBuffer) -> Vec<f32> {
     let mut bytes = vec![0u8; b.len()];
     read_device(b.as_ptr() as usize, &mut bytes).expect("read");
     bytes
@@ -215,7 +215,7 @@ impl DeviceModel for Toy {
 /// unit's `p -= LR * g`, then its gradient zeroed. A rank whose gradient of a unit is
 /// partial (a reduction's non-root) updates its copy wrongly, but the next step's
 /// broadcast overwrites it, as in training with a home rank per unit.
-pub fn update(dev: &mut DeviceRank, model: &Toy) -> Result<(), AscendError> {
+pub(crate) fn update(dev: &mut DeviceRank, model: &Toy) -> Result<(), AscendError> {
     for (p, g) in model.params.iter().zip(&model.grads) {
         dev.kernels().add_(&t(p), &t(g), -LR)?;
         dev.kernels().zero_(&t(g))?;

@@ -14,7 +14,7 @@ use std::path::Path;
 
 /// The time unit the measured costs are given in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum TimeUnit {
+pub(crate) enum TimeUnit {
     /// Seconds.
     S,
     /// Milliseconds.
@@ -43,7 +43,7 @@ impl TimeUnit {
 }
 
 /// What `mpipe calibrate` was asked.
-pub struct Options<'a> {
+pub(crate) struct Options<'a> {
     pub trace: &'a str,
     pub program: Option<&'a str>,
     pub model: Option<&'a Path>,
@@ -74,7 +74,7 @@ fn write_file(path: &Path, text: &str, what: &str) -> Result<(), Failure> {
     })
 }
 
-pub fn calibrate(o: &Options) -> Result<u8, Failure> {
+pub(crate) fn calibrate(o: &Options) -> Result<u8, Failure> {
     let mut all = Collect::default();
     let file = all.take(open_trace(o.trace));
     let profile = o.model.and_then(|m| all.take(load_profile(m)));

@@ -84,7 +84,7 @@ fn peak_text(peaks: &[f64]) -> String {
     }
 }
 
-pub fn derive(s: &ScheduleArgs, output: Option<&Path>) -> Result<u8, Failure> {
+pub(crate) fn derive(s: &ScheduleArgs, output: Option<&Path>) -> Result<u8, Failure> {
     let loaded = derive_schedule(s)?;
     write(output, &loaded.program.to_json())?;
     if let Some(p) = output {
@@ -101,7 +101,7 @@ pub fn derive(s: &ScheduleArgs, output: Option<&Path>) -> Result<u8, Failure> {
 /// Verify a program file. With `--json`, prints exactly the keys `valid`, `errors`,
 /// `makespan`, `bubble` and `peak_memory`, even when the file cannot be read (then
 /// `valid` is false, the figures null, and the exit status 2).
-pub fn check(file: &str, mode: Mode, as_json: bool) -> Result<u8, Failure> {
+pub(crate) fn check(file: &str, mode: Mode, as_json: bool) -> Result<u8, Failure> {
     let label = file_label(file);
     let program = match read_program(file) {
         Ok(p) => p,
@@ -212,7 +212,7 @@ fn warn_if_invalid(l: &Loaded, mode: Mode) {
     }
 }
 
-pub fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure> {
+pub(crate) fn simulate(s: &SourceArgs, mode: Mode, as_json: bool) -> Result<u8, Failure> {
     let loaded = load(s, mode)?;
     let r =
         run(&loaded.program, &loaded.options(mode)).map_err(|e| sim_failure(&loaded.label, e))?;
@@ -339,7 +339,7 @@ fn waited_for(w: &Waits) -> String {
 /// One compared schedule: its program and figures, or why it has none.
 type Outcome = Result<(Loaded, SimReport), Failure>;
 
-pub fn compare(
+pub(crate) fn compare(
     model: &Path,
     ranks: usize,
     mbs: usize,
@@ -526,7 +526,7 @@ fn failure_note(f: &Failure) -> String {
     }
 }
 
-pub fn trace(
+pub(crate) fn trace(
     s: &SourceArgs,
     mode: Mode,
     output: &Path,
@@ -573,7 +573,7 @@ pub fn trace(
     Ok(0)
 }
 
-pub fn svg(
+pub(crate) fn svg(
     s: &SourceArgs,
     mode: Mode,
     output: &Path,
@@ -628,7 +628,7 @@ pub fn svg(
 /// gained. The link and the memory limit come from `--model`, if given, with
 /// `--latency` / `--bandwidth` (`link`) overriding the link. With `order` > 0 the
 /// compute order is searched too, with that many simulations at most.
-pub fn refine(
+pub(crate) fn refine(
     file: &str,
     model: Option<&Path>,
     link: (Option<f64>, Option<f64>),

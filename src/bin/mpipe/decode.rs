@@ -18,7 +18,7 @@ const MAX_LISTED: usize = 20;
 
 /// Parse `text` as an `mpipe-program/1` document; on failure every problem found,
 /// one message each (the last may say how many more were left out).
-pub fn decode_program(text: &str) -> Result<Program, Vec<String>> {
+pub(crate) fn decode_program(text: &str) -> Result<Program, Vec<String>> {
     let first = match Program::from_json(text) {
         Ok(p) => return check_names(p),
         Err(e) => e,

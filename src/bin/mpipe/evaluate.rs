@@ -11,7 +11,7 @@ use mpipe_core::simulate::Mode;
 use std::path::{Path, PathBuf};
 
 /// What to evaluate and how to print it.
-pub struct Options<'a> {
+pub(crate) struct Options<'a> {
     pub profiles: &'a [PathBuf],
     pub size: Option<(usize, usize)>,
     pub svg_dir: Option<&'a Path>,
@@ -26,7 +26,7 @@ struct Done {
     eval: Evaluation,
 }
 
-pub fn evaluate(o: &Options) -> Result<u8, Failure> {
+pub(crate) fn evaluate(o: &Options) -> Result<u8, Failure> {
     let mut done = Vec::new();
     for path in o.profiles {
         let profile = load_profile(path)?;

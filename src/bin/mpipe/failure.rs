@@ -9,14 +9,14 @@ use serde_json::{json, Value};
 /// One problem: its terminal text (without the `error: ` prefix, possibly several
 /// lines, such as an expression with a caret under the fault) and its JSON objects
 /// (`{"kind", "message", ...}`; several when one block lists several problems).
-pub struct Problem {
+pub(crate) struct Problem {
     pub text: String,
     pub json: Vec<Value>,
 }
 
 impl Problem {
     /// A problem with no location: `kind` names its class (`usage`, `io`, ...).
-    pub fn plain(kind: &str, message: impl Into<String>) -> Problem {
+    pub(crate) fn plain(kind: &str, message: impl Into<String>) -> Problem {
         let message = message.into();
         Problem {
             json: vec![json!({"kind": kind, "message": message})],
@@ -26,10 +26,10 @@ impl Problem {
 }
 
 /// At most this many problems are written out in full on the terminal.
-pub const MAX_SHOWN: usize = 30;
+pub(crate) const MAX_SHOWN: usize = 30;
 
 /// Everything that went wrong, and the exit status it implies.
-pub struct Failure {
+pub(crate) struct Failure {
     /// 1: an invalid program (or one that does not run); 2: bad input.
     pub code: u8,
     pub problems: Vec<Problem>,
@@ -37,7 +37,7 @@ pub struct Failure {
 
 impl Failure {
     /// A failure of one problem with no location.
-    pub fn plain(code: u8, kind: &str, message: impl Into<String>) -> Failure {
+    pub(crate) fn plain(code: u8, kind: &str, message: impl Into<String>) -> Failure {
         Failure {
             code,
             problems: vec![Problem::plain(kind, message)],
@@ -45,19 +45,19 @@ impl Failure {
     }
 
     /// Bad input (exit status 2), one problem.
-    pub fn input(kind: &str, message: impl Into<String>) -> Failure {
+    pub(crate) fn input(kind: &str, message: impl Into<String>) -> Failure {
         Failure::plain(2, kind, message)
     }
 
     /// Add `other`'s problems; the exit status becomes the larger of the two.
-    pub fn absorb(&mut self, other: Failure) {
+    pub(crate) fn absorb(&mut self, other: Failure) {
         self.code = self.code.max(other.code);
         self.problems.extend(other.problems);
     }
 
     /// Each problem as `error: ...`, separated by blank lines, and a count when there
     /// are several (past [`MAX_SHOWN`], the rest are only counted; `--json` lists all).
-    pub fn terminal(&self) -> String {
+    pub(crate) fn terminal(&self) -> String {
         let mut blocks: Vec<String> = self
             .problems
             .iter()
@@ -75,7 +75,7 @@ impl Failure {
     }
 
     /// The problems as a JSON array of objects.
-    pub fn json_errors(&self) -> Vec<Value> {
+    pub(crate) fn json_errors(&self) -> Vec<Value> {
         self.problems
             .iter()
             .flat_map(|p| p.json.iter().cloned())
@@ -83,18 +83,18 @@ impl Failure {
     }
 
     /// `{"errors": [...]}`, what a `--json` command prints when it fails as a whole.
-    pub fn to_json(&self) -> Value {
+    pub(crate) fn to_json(&self) -> Value {
         json!({ "errors": self.json_errors() })
     }
 }
 
 /// Collect the failures of several independent steps: `Ok` when there were none.
 #[derive(Default)]
-pub struct Collect(Option<Failure>);
+pub(crate) struct Collect(Option<Failure>);
 
 impl Collect {
     /// Record `r`'s failure, if any, and give back its value.
-    pub fn take<T>(&mut self, r: Result<T, Failure>) -> Option<T> {
+    pub(crate) fn take<T>(&mut self, r: Result<T, Failure>) -> Option<T> {
         match r {
             Ok(v) => Some(v),
             Err(f) => {
@@ -104,14 +104,14 @@ impl Collect {
         }
     }
 
-    pub fn add(&mut self, f: Failure) {
+    pub(crate) fn add(&mut self, f: Failure) {
         match &mut self.0 {
             Some(all) => all.absorb(f),
             None => self.0 = Some(f),
         }
     }
 
-    pub fn finish(self) -> Result<(), Failure> {
+    pub(crate) fn finish(self) -> Result<(), Failure> {
         self.0.map_or(Ok(()), Err)
     }
 }
@@ -140,7 +140,7 @@ fn snake(kind: impl std::fmt::Debug) -> String {
 
 /// Derivation errors of expression `expr`, each rendered with a caret under the
 /// sub-expression at fault.
-pub fn expr_failure(expr: &str, errors: &[DeriveError]) -> Failure {
+pub(crate) fn expr_failure(expr: &str, errors: &[DeriveError]) -> Failure {
     let problems = errors
         .iter()
         .map(|e| {
@@ -172,7 +172,7 @@ pub fn expr_failure(expr: &str, errors: &[DeriveError]) -> Failure {
 
 /// Line `line` (1-based) of `text` with a gutter, and a caret under 1-based
 /// `column` when given; long lines are cut to a window around the column.
-pub fn snippet(text: &str, line: usize, column: Option<usize>) -> Option<String> {
+pub(crate) fn snippet(text: &str, line: usize, column: Option<usize>) -> Option<String> {
     let src = text.lines().nth(line.checked_sub(1)?)?;
     snippet_of_line(src, line, column)
 }
@@ -180,7 +180,7 @@ pub fn snippet(text: &str, line: usize, column: Option<usize>) -> Option<String>
 /// [`snippet`] of `src`, the text of line `line`: for many problems in one file,
 /// with its lines split once (finding each line from the start of the text made
 /// thousands of problems quadratic). Reads no more of the line than it shows.
-pub fn snippet_of_line(src: &str, line: usize, column: Option<usize>) -> Option<String> {
+pub(crate) fn snippet_of_line(src: &str, line: usize, column: Option<usize>) -> Option<String> {
     const WINDOW: usize = 72;
     let needed = column.unwrap_or(0) + 2 * WINDOW;
     let chars: Vec<char> = src.chars().take(needed).collect();

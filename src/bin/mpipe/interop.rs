@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 /// The formats `import` and `export` speak.
 #[derive(Clone, Copy, clap::ValueEnum)]
-pub enum Format {
+pub(crate) enum Format {
     /// PyTorch's pipeline schedule CSV (one row per rank, one action per cell).
     TorchCsv,
 }
@@ -58,7 +58,7 @@ fn read_text(file: &str) -> Result<String, Failure> {
 /// `mpipe import --format torch-csv FILE [--model P] [--batch-adjacent] [-o OUT]`:
 /// write the program; exit 1 when it breaks a validity rule (a deadlock, most often),
 /// with every violation on standard error.
-pub fn import(
+pub(crate) fn import(
     _format: Format,
     file: &str,
     model: Option<&Path>,
@@ -123,7 +123,7 @@ pub fn import(
 }
 
 /// Where `export` takes its program from.
-pub struct ExportSource<'a> {
+pub(crate) struct ExportSource<'a> {
     /// A program file (or `-`), or, with `model`, a schedule expression.
     pub input: &'a str,
     pub model: Option<&'a PathBuf>,
@@ -133,7 +133,7 @@ pub struct ExportSource<'a> {
 
 /// `mpipe export --format torch-csv [--compute-only] PROGRAM|- [-o FILE]`, or with
 /// `--model P --ranks N --microbatches M EXPR`.
-pub fn export_cmd(
+pub(crate) fn export_cmd(
     _format: Format,
     src: &ExportSource,
     compute_only: bool,

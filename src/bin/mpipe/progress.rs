@@ -8,13 +8,13 @@ use std::sync::Mutex;
 
 /// One bar per open stage of `mpipe_core::progress`, nested stages below their
 /// parents; a stage's bar is cleared when it ends.
-pub struct Bars {
+pub(crate) struct Bars {
     multi: MultiProgress,
     open: Mutex<BTreeMap<u64, ProgressBar>>,
 }
 
 impl Bars {
-    pub fn new() -> Bars {
+    pub(crate) fn new() -> Bars {
         Bars {
             multi: MultiProgress::new(),
             open: Mutex::new(BTreeMap::new()),
@@ -62,11 +62,11 @@ impl Progress for Bars {
 }
 
 /// How often [`Lines`] reports, in seconds, unless `MPIPE_PROGRESS_INTERVAL` says.
-pub const DEFAULT_INTERVAL_SECS: f64 = 10.0;
+pub(crate) const DEFAULT_INTERVAL_SECS: f64 = 10.0;
 
 /// The interval `MPIPE_PROGRESS_INTERVAL` gives (seconds, a number > 0), else
 /// [`DEFAULT_INTERVAL_SECS`].
-pub fn interval_from_env() -> std::time::Duration {
+pub(crate) fn interval_from_env() -> std::time::Duration {
     let secs = std::env::var("MPIPE_PROGRESS_INTERVAL")
         .ok()
         .and_then(|v| v.trim().parse::<f64>().ok())
@@ -87,12 +87,12 @@ struct Open {
 /// interval while work is open, one line `mpipe: <stage>: <done>/<total> (<secs>s)`
 /// for the outermost open stage, so a long `auto` is never silent. A background
 /// thread prints; it stops with the process.
-pub struct Lines {
+pub(crate) struct Lines {
     open: std::sync::Arc<Mutex<BTreeMap<u64, Open>>>,
 }
 
 impl Lines {
-    pub fn new(interval: std::time::Duration) -> Lines {
+    pub(crate) fn new(interval: std::time::Duration) -> Lines {
         let open: std::sync::Arc<Mutex<BTreeMap<u64, Open>>> = Default::default();
         let seen = std::sync::Arc::clone(&open);
         let spawned = std::thread::Builder::new()

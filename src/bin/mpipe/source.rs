@@ -15,7 +15,7 @@ use std::io::Read;
 use std::path::Path;
 
 /// Read a profile file, TOML or JSON by extension (TOML when unknown).
-pub fn load_profile(path: &Path) -> Result<Profile, Failure> {
+pub(crate) fn load_profile(path: &Path) -> Result<Profile, Failure> {
     let shown = path.display().to_string();
     let text = std::fs::read_to_string(path).map_err(|e| {
         let message = if path.is_dir() {
@@ -93,7 +93,7 @@ fn profile_failure(file: &str, text: &str, e: &ProfileError) -> Failure {
 
 /// `--ranks` and `--microbatches` must be at least 1, and the step no larger than a
 /// derivation takes (`mpipe_core::derive`'s limits); every problem is reported.
-pub fn check_sizes(ranks: usize, microbatches: usize) -> Result<(), Failure> {
+pub(crate) fn check_sizes(ranks: usize, microbatches: usize) -> Result<(), Failure> {
     use mpipe_core::program::{over_limit, OverLimit, MAX_MICROBATCHES, MAX_RANK_MICROBATCHES};
     let mut all = Collect::default();
     for (flag, value, what) in [
@@ -136,7 +136,7 @@ pub fn check_sizes(ranks: usize, microbatches: usize) -> Result<(), Failure> {
 
 /// Syntax errors of `expr`, if any (used to report them alongside other problems
 /// when the derivation cannot run).
-pub fn parse_errors(expr: &str) -> Result<(), Failure> {
+pub(crate) fn parse_errors(expr: &str) -> Result<(), Failure> {
     match mpipe_core::expr::parse_str(expr) {
         Ok(_) => Ok(()),
         Err(es) => {
@@ -154,7 +154,7 @@ pub fn parse_errors(expr: &str) -> Result<(), Failure> {
 }
 
 /// A derived or loaded program, with what the commands need to simulate it.
-pub struct Loaded {
+pub(crate) struct Loaded {
     pub program: Program,
     pub label: String,
     pub comm: Option<CommModel>,
@@ -171,7 +171,7 @@ pub struct Loaded {
 }
 
 impl Loaded {
-    pub fn options(&self, mode: Mode) -> SimOptions {
+    pub(crate) fn options(&self, mode: Mode) -> SimOptions {
         SimOptions {
             mode,
             comm: self.comm,
@@ -179,13 +179,13 @@ impl Loaded {
     }
 
     /// `rendezvous semantics, free communication` and the like.
-    pub fn conditions(&self, mode: Mode) -> String {
+    pub(crate) fn conditions(&self, mode: Mode) -> String {
         conditions(mode, self.comm)
     }
 }
 
 /// The execution semantics and communication model, in words.
-pub fn conditions(mode: Mode, comm: Option<CommModel>) -> String {
+pub(crate) fn conditions(mode: Mode, comm: Option<CommModel>) -> String {
     let mode = match mode {
         Mode::Rendezvous => "rendezvous",
         Mode::Eager => "eager",
@@ -205,7 +205,7 @@ pub fn conditions(mode: Mode, comm: Option<CommModel>) -> String {
 }
 
 /// Derive `expr` for a profile, rendering errors against the expression.
-pub fn derive_one(
+pub(crate) fn derive_one(
     profile: &Profile,
     ranks: usize,
     microbatches: usize,
@@ -241,7 +241,7 @@ pub fn derive_one(
 
 /// Load the profile and check the sizes; when either fails, also report the
 /// expressions' syntax errors, so that one run shows every mistake.
-pub fn load_inputs(
+pub(crate) fn load_inputs(
     model: &Path,
     ranks: usize,
     microbatches: usize,
@@ -263,13 +263,13 @@ pub fn load_inputs(
     Err(failure)
 }
 
-pub fn derive_schedule(s: &ScheduleArgs) -> Result<Loaded, Failure> {
+pub(crate) fn derive_schedule(s: &ScheduleArgs) -> Result<Loaded, Failure> {
     let profile = load_inputs(&s.model, s.ranks, s.microbatches, &[&s.expr])?;
     derive_one(&profile, s.ranks, s.microbatches, &s.expr, Mode::Rendezvous)
 }
 
 /// How a program file is named in messages (`-` is standard input).
-pub fn file_label(file: &str) -> String {
+pub(crate) fn file_label(file: &str) -> String {
     if file == "-" {
         "<stdin>".to_string()
     } else {
@@ -278,7 +278,7 @@ pub fn file_label(file: &str) -> String {
 }
 
 /// Read a program document from a file or `-` (standard input).
-pub fn read_program(file: &str) -> Result<Program, Failure> {
+pub(crate) fn read_program(file: &str) -> Result<Program, Failure> {
     let label = file_label(file);
     let text = if file == "-" {
         let mut s = String::new();
@@ -348,7 +348,7 @@ pub fn read_program(file: &str) -> Result<Program, Failure> {
 
 /// Read the program file, or derive the expression for `mode` (the semantics it is
 /// then timed under).
-pub fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
+pub(crate) fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
     let mut all = Collect::default();
     // Bad link arguments are reported without deriving, which can take a while.
     let link_ok = all.take(check_link_args(s.latency, s.bandwidth)).is_some();
@@ -425,7 +425,7 @@ pub fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
 
 /// The link model a command times under: `base` (the profile's `[link]`, if any) with
 /// `--latency` / `--bandwidth` overriding its fields (checked by [`check_link_args`]).
-pub fn link_override(
+pub(crate) fn link_override(
     base: Option<CommModel>,
     latency: Option<f64>,
     bandwidth: Option<f64>,
@@ -444,7 +444,7 @@ pub fn link_override(
 }
 
 /// `--latency` and `--bandwidth` as given (a profile's own link passed its checks).
-pub fn check_link_args(latency: Option<f64>, bandwidth: Option<f64>) -> Result<(), Failure> {
+pub(crate) fn check_link_args(latency: Option<f64>, bandwidth: Option<f64>) -> Result<(), Failure> {
     use mpipe_core::profile::{MAX_FIGURE, MIN_FIGURE};
     let mut all = Collect::default();
     if let Some(b) = bandwidth.filter(|b| b.is_nan() || *b < MIN_FIGURE) {

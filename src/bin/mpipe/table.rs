@@ -2,7 +2,7 @@
 
 /// A table with a header row; cells are right-aligned except the first column and
 /// the columns marked with [`Table::left`].
-pub struct Table {
+pub(crate) struct Table {
     rows: Vec<Vec<String>>,
     left: Vec<usize>,
 }
@@ -10,13 +10,13 @@ pub struct Table {
 /// The unit names a profile declares (`[units]`), for tables' headers: `None` where
 /// it declares none (headers then name no unit, as before `[units]` existed).
 #[derive(Clone, Debug, Default)]
-pub struct Units {
+pub(crate) struct Units {
     pub time: Option<String>,
     pub memory: Option<String>,
 }
 
 impl Units {
-    pub fn of(profile: &mpipe_core::profile::Profile) -> Units {
+    pub(crate) fn of(profile: &mpipe_core::profile::Profile) -> Units {
         let u = profile.units.clone().unwrap_or_default();
         Units {
             time: u.time,
@@ -25,12 +25,12 @@ impl Units {
     }
 
     /// `makespan (ms)`, or `makespan` when the time unit is not declared.
-    pub fn time(&self, header: &str) -> String {
+    pub(crate) fn time(&self, header: &str) -> String {
         with_unit(header, self.time.as_deref())
     }
 
     /// `peak memory (GiB)`, or `peak memory` when the memory unit is not declared.
-    pub fn memory(&self, header: &str) -> String {
+    pub(crate) fn memory(&self, header: &str) -> String {
         with_unit(header, self.memory.as_deref())
     }
 }
@@ -44,19 +44,19 @@ fn with_unit(header: &str, unit: Option<&str>) -> String {
 
 /// What "peak memory" means in every table of the tool (`compare`, `evaluate`,
 /// `simulate`, `check`): what `memory.limit` is compared with.
-pub const PEAK_MEMORY_MEANS: &str =
+pub(crate) const PEAK_MEMORY_MEANS: &str =
     "peak memory: activations plus resident parameters, the largest over ranks";
 
 impl Table {
     /// A table with owned header cells (headers that carry units).
-    pub fn with_header(header: Vec<String>) -> Table {
+    pub(crate) fn with_header(header: Vec<String>) -> Table {
         Table {
             rows: vec![header],
             left: vec![0],
         }
     }
 
-    pub fn new(header: &[&str]) -> Table {
+    pub(crate) fn new(header: &[&str]) -> Table {
         Table {
             rows: vec![header.iter().map(|s| s.to_string()).collect()],
             left: vec![0],
@@ -64,15 +64,15 @@ impl Table {
     }
 
     /// Left-align column `c` (for text).
-    pub fn left(&mut self, c: usize) {
+    pub(crate) fn left(&mut self, c: usize) {
         self.left.push(c);
     }
 
-    pub fn row(&mut self, cells: Vec<String>) {
+    pub(crate) fn row(&mut self, cells: Vec<String>) {
         self.rows.push(cells);
     }
 
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let cols = self.rows.iter().map(Vec::len).max().unwrap_or(0);
         let width: Vec<usize> = (0..cols)
             .map(|c| {
@@ -113,7 +113,7 @@ impl Table {
 }
 
 /// A number with up to 3 decimals, trailing zeros trimmed.
-pub fn num(x: f64) -> String {
+pub(crate) fn num(x: f64) -> String {
     if x.is_infinite() {
         return "inf".into();
     }
@@ -127,7 +127,7 @@ pub fn num(x: f64) -> String {
 }
 
 /// A ratio as a percentage with one decimal.
-pub fn pct(x: f64) -> String {
+pub(crate) fn pct(x: f64) -> String {
     format!("{:.1}%", 100.0 * x)
 }
 

@@ -5,7 +5,7 @@ use mpipe_mllm::{Float, Mllm, Stash};
 
 /// Forward of units `from ..` on micro-batch `mb`, starting from `input` (the
 /// output of unit `from - 1`, or nothing for the encoder). Returns the loss.
-pub fn forward_from<F: Float>(
+pub(crate) fn forward_from<F: Float>(
     model: &mut Mllm<F>,
     mb: usize,
     from: usize,
@@ -20,7 +20,10 @@ pub fn forward_from<F: Float>(
 }
 
 /// Forward of every unit on `mb`: the outputs and the stashes, per unit.
-pub fn forward_all<F: Float>(model: &mut Mllm<F>, mb: usize) -> (Vec<Vec<F>>, Vec<Stash<F>>) {
+pub(crate) fn forward_all<F: Float>(
+    model: &mut Mllm<F>,
+    mb: usize,
+) -> (Vec<Vec<F>>, Vec<Stash<F>>) {
     let (mut outs, mut stashes): (Vec<Vec<F>>, _) = (Vec::new(), Vec::new());
     for u in 0..model.units() {
         let inputs: Vec<&[F]> = outs.last().map(Vec::as_slice).into_iter().collect();
@@ -32,7 +35,7 @@ pub fn forward_all<F: Float>(model: &mut Mllm<F>, mb: usize) -> (Vec<Vec<F>>, Ve
 }
 
 /// Relative difference of two vectors in the 2-norm: `|a - b| / max(|a|, |b|)`.
-pub fn rel_diff<F: Float>(a: &[F], b: &[F]) -> f64 {
+pub(crate) fn rel_diff<F: Float>(a: &[F], b: &[F]) -> f64 {
     assert_eq!(a.len(), b.len());
     let norm = |v: &mut dyn Iterator<Item = f64>| v.map(|x| x * x).sum::<f64>().sqrt();
     let d = norm(&mut a.iter().zip(b).map(|(x, y)| x.f64() - y.f64()));
