@@ -107,7 +107,8 @@
 use crate::algebra::profile::{Profile, Split};
 use crate::algebra::units::{build_units, layer_chunks, replace_with_chunks};
 use crate::ir::model::CommModel;
-use crate::ir::plan::{needs_backward, Layout};
+use crate::ir::plan::{needs_backward, Layout, Plan};
+use crate::ir::program::Op;
 use crate::ir::program::Unit;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -363,6 +364,42 @@ fn window_bound(jobs: &[(f64, f64, f64)], held: &[Vec<Held>]) -> f64 {
         }
     }
     best
+}
+
+/// A floor under the makespan of every program lowered from `plan`, by any of the
+/// lowerings and refinements of the derivation (`None` when the plan's
+/// dependencies do not resolve).
+///
+/// A lowering keeps each rank's tasks and the order of its forwards and input
+/// backwards (`F`, `RF`, `B`, `BW`); only weight gradients (`W`, which nothing
+/// reads) move, and transfers, collectives and waiting only add time. So:
+///
+/// - each rank runs all its tasks one at a time: `T >= busy(r)`;
+/// - each forward and input backward ends no sooner than in the ideal timing of
+///   the plan with its `W`s taken out (every dependency is kept, the tasks before
+///   it on its rank are the same or fewer, nothing takes less time): `T >=` that
+///   timing's makespan.
+///
+/// Derivations compare candidates by it before deriving one in full: a candidate
+/// whose floor is above a derived program's makespan cannot beat it.
+pub(crate) fn lowering_floor(plan: &Plan) -> Option<f64> {
+    use crate::algebra::analysis::{dependencies, timing};
+    let busy = plan
+        .order
+        .iter()
+        .map(|list| {
+            list.iter()
+                .map(|t| t.op.cost(&plan.units[t.unit].cost))
+                .sum::<f64>()
+        })
+        .fold(0.0, f64::max);
+    let mut without_w = plan.clone();
+    for list in &mut without_w.order {
+        list.retain(|t| t.op != Op::W);
+    }
+    let deps = dependencies(&without_w).ok()?;
+    let ideal = timing(&without_w, &deps).ok()?.makespan();
+    Some(busy.max(ideal))
 }
 
 /// Bounds for `units` (in topological order, with their homes) run with
