@@ -12,6 +12,8 @@ mod dualpipev;
 mod gpipe;
 mod interleaved;
 mod onef1b;
+mod stage_set;
+mod weave;
 mod zb2p;
 mod zbh1;
 mod zblist;
@@ -19,11 +21,13 @@ mod zbv;
 
 pub use crate::algebra::ramp::{ramp_split, ramp_split_by, RampSplit};
 
-use crate::algebra::profile::{Profile, Split};
+use crate::algebra::analysis::peak_memory;
+use crate::algebra::profile::Profile;
 use crate::algebra::units::{build_units, UnitsError};
 use crate::ir::plan::{Layout, Plan, Task, UnitId};
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{Op, Unit};
+use stage_set::StageSet;
 
 /// The body schedules mpipe can generate.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -244,106 +248,28 @@ pub fn generate_by(
         _ => {}
     }
     let units = build_units(profile, ranks, kind.chunks(), kind.layout())?;
-    let n_enc = profile.encoders.len();
-    let chained = match kind {
-        BodyKind::Zb2p {
-            encoders: Weave::Chain,
-            ..
-        } => chain::cut(profile, &units, ranks, None),
-        BodyKind::Zb2p {
-            encoders: Weave::Chains,
-            v,
-            vshape,
-            ..
-        } => {
-            if v > 1 || vshape {
-                return Err(GenError::Chains(
-                    "use one chunk per rank (no `v`, no `layout`)",
-                ));
-            }
-            // Under `balance`, the LLM's split is chosen with the chunks (one layer
-            // at a time between stages, for the least busy busiest rank).
-            let balanced = (profile.llm.split == Split::Balanced && profile.llm.layout.is_none())
-                .then(|| chain::chains_split(profile, &units, ranks))
-                .flatten();
-            let cut = match balanced {
-                Some(split) => {
-                    let mut own = profile.clone();
-                    own.llm.layout = Some(crate::algebra::ramp::stage_layout(split.into_iter()));
-                    let units = build_units(&own, ranks, 1, kind.layout())?;
-                    chain::cut_all(&own, &units, ranks)
-                }
-                None => chain::cut_all(profile, &units, ranks),
-            };
-            match cut {
-                Some(c) => Some(c),
-                None => {
-                    return Err(GenError::Chains(
-                        "it needs at least two encoders; use `encoders = chain`",
-                    ))
-                }
-            }
-        }
-        BodyKind::Zb2p {
-            encoders: Weave::Ramp,
-            v,
-            vshape,
-            ..
-        } => {
-            if v > 2 || vshape {
-                return Err(GenError::Ramp("use at most `v = 2`, and drop `layout`"));
-            }
-            if profile.llm.layout.is_some() {
-                return Err(GenError::Ramp(
-                    "the profile fixes it with `llm.layout`; use `encoders = chain`",
-                ));
-            }
-            // The split is chosen over one-chunk stages, then each rank's layers are
-            // halved between its chunks for `v = 2`.
-            let rebuilt;
-            let single = if v == 1 {
-                &units
-            } else {
-                rebuilt = build_units(profile, ranks, 1, kind.layout())?;
-                &rebuilt
-            };
-            match crate::algebra::ramp::ramp_split_by(
-                profile,
-                single,
-                ranks,
-                microbatches,
-                v,
-                policy,
-            ) {
-                Some(split) => {
-                    let own = split.applied(profile, v);
-                    let units = build_units(&own, ranks, v, kind.layout())?;
-                    chain::cut(&own, &units, ranks, Some(&split.chunks))
-                }
-                None => chain::cut(profile, &units, ranks, None),
-            }
-        }
-        _ => None,
+    // The stages the body schedules: the LLM's, with a chained encoder's chunks in
+    // front for `zb2p(encoders = chain | chains | ramp)`.
+    let weave = match kind {
+        BodyKind::Zb2p { encoders, .. } => encoders,
+        _ => Weave::Inline,
     };
-    // The units, the encoders left to place, the LLM stages and the stages the body
-    // schedules (the chunks of a chained encoder come first).
-    let (units, encoders, stages, scheduled, riders) = match chained {
-        Some(c) => {
-            let scheduled: Vec<UnitId> = c.chunks.iter().chain(&c.stages).copied().collect();
-            (c.units, c.encoders, c.stages, scheduled, c.riders)
-        }
-        None => {
-            let stages: Vec<UnitId> = (n_enc..units.len()).collect();
-            (
-                units,
-                (0..n_enc).collect(),
-                stages.clone(),
-                stages,
-                Vec::new(),
-            )
-        }
-    };
-    let entry = scheduled.len() - stages.len();
+    let set = stage_set::prepare(
+        weave,
+        profile,
+        units,
+        (ranks, microbatches),
+        (kind.chunks(), kind.layout()),
+        policy,
+    )?;
+    let entry = set.entry();
+    let StageSet {
+        units,
+        stages,
+        encoders,
+        scheduled,
+        riders,
+    } = set;
     let ctx = Ctx {
         ranks,
         microbatches,
@@ -361,15 +287,15 @@ pub fn generate_by(
         BodyKind::DualPipeV => dualpipev::order(&ctx),
         BodyKind::ZbList { vshape: true } => zbv::order(&ctx),
         BodyKind::ZbList { vshape: false } => zbh1::order(&ctx),
-        BodyKind::Zb2p {
-            lockstep, encoders, ..
-        } => zb2p::order(&ctx, entry, lockstep, encoders == Weave::Spread),
+        BodyKind::Zb2p { lockstep, .. } => {
+            let weaving = weave == Weave::Spread;
+            let weighed = stage_set::weigh(&ctx, entry, weaving);
+            let woven = weave::Woven::new(&ctx, weaving, lockstep);
+            zb2p::order(&ctx, &weighed, entry, lockstep, woven)
+        }
     };
-    let woven = match kind {
-        BodyKind::Zb2p {
-            encoders: Weave::Spread,
-            ..
-        } => zb2p::feeding(&ctx),
+    let woven = match weave {
+        Weave::Spread => weave::feeding(&ctx),
         _ => Vec::new(),
     };
     // ZB-2p with one chunk is never behind ZB-H1 (see below).
@@ -422,7 +348,7 @@ pub fn generate_by(
     if !alternatives.is_empty() {
         // The fastest finished plan that fits the memory limit; the fixed order
         // (`plan`) on ties and when none fits.
-        let fixed_fits = zb2p::fits(&plan);
+        let fixed_fits = fits(&plan);
         let mut best = (zblist_span(&plan), plan);
         let mut best_fits = fixed_fits;
         for order in alternatives {
@@ -434,7 +360,7 @@ pub fn generate_by(
                 inline_encoder(&mut alt, e);
             }
             let span = zblist_span(&alt);
-            if (span < best.0 || !best_fits) && zb2p::fits(&alt) {
+            if (span < best.0 || !best_fits) && fits(&alt) {
                 best = (span, alt);
                 best_fits = true;
             }
@@ -452,7 +378,7 @@ fn list_search(ctx: &Ctx, chunks: usize, policy: &SearchPolicy) -> Vec<Vec<Vec<T
     let mut budgets = vec![zblist::default_budget(ctx, chunks)];
     let own: Option<Vec<f64>> = ctx.memory_limit.map(|limit| {
         (0..ctx.ranks)
-            .map(|r| limit - zb2p::homed_params(ctx.units, r))
+            .map(|r| limit - homed_params(ctx.units, r))
             .collect()
     });
     if let Some(own) = own.as_ref().filter(|own| **own != budgets[0]) {
@@ -543,4 +469,21 @@ pub fn inline_encoder(plan: &mut Plan, e: UnitId) {
         }
         *list = out;
     }
+}
+
+/// Whether every rank's peak activations plus resident parameters are within the
+/// plan's memory limit (if any).
+pub(crate) fn fits(p: &Plan) -> bool {
+    let peaks = peak_memory(p);
+    p.memory_limit.is_none_or(|limit| {
+        peaks
+            .iter()
+            .enumerate()
+            .all(|(r, peak)| peak + homed_params(&p.units, r) <= limit)
+    })
+}
+
+/// The parameters of the units homed on rank `r`.
+pub(crate) fn homed_params(units: &[Unit], r: usize) -> f64 {
+    units.iter().filter(|u| u.home == r).map(|u| u.params).sum()
 }

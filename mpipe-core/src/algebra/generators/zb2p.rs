@@ -35,44 +35,46 @@
 //! `auto` tries both; on profile (c) the lockstep order, with `balance` and the
 //! vision encoder prefetched, is the fastest schedule under rendezvous.
 //!
-//! **Woven encoders** (`encoders = spread`): instead of running inline before the
-//! first stage, the encoders' forwards and backwards join the list schedule on
-//! every rank, in quotas that even out each rank's total work (see `Spread`).
-//! The other bodies and `fill` place an encoder into a finished schedule's gaps;
-//! here the stages make room for it as they are scheduled. Under rendezvous its
-//! many encoder transfers between distant ranks cost more than it gains.
+//! **Its stages** come prepared ([`super::stage_set`]): the LLM's, and for
+//! `encoders = chain | chains | ramp` a chained encoder's per-rank layer chunks in
+//! front of them (`entry` marks where the LLM starts), with their costs and
+//! activations ([`super::stage_set::weigh`]). The scheduler runs every stage by the
+//! rules above; the chunks only lengthen each micro-batch's round trip, and the cap
+//! on micro-batches in flight grows with it. In lockstep the chunks are
+//! *attached*: each LLM task takes one of its rank's chunk tasks along, in no
+//! lockstep time, if that task's input came from an earlier round (else the chain
+//! would cross every rank within one round, and in real time each rank would wait
+//! for the one before); a chunk task runs alone only when its rank has no LLM task
+//! to run.
 //!
-//! **Chained encoders** (`encoders = chain`): the heaviest encoder feeding the first
-//! stage is cut into per-rank layer chunks ([`crate::algebra::units::encoder_chunks`]) that
-//! are scheduled as stages in front of the LLM's (`entry` marks where the LLM
-//! starts), so every encoder transfer is between neighbours and nothing is
-//! broadcast. The cap on micro-batches in flight grows with the longer round trip.
-//! In lockstep the chunks are *attached*: each LLM task takes one of its rank's
-//! chunk tasks along, in no lockstep time, if that task's input came from an
-//! earlier round (else the chain would cross every rank within one round, and in
-//! real time each rank would wait for the one before); a chunk task runs alone only
-//! when its rank has no LLM task to run. For a Qwen2-VL-7B-class model whose
-//! trainable ViT weighs about one stage, the woven chain is within 5% of the bound
-//! with asynchronous sends (1.048; 1.037 with `encoders = ramp`, whose stage split
-//! and chunk sizes are chosen together, see [`super::chain::ramp_split`], and 1.027
-//! with `v = 2, encoders = ramp`, two looped chunks per rank); under
-//! rendezvous the lockstep form of the ramp, computed layer by layer
-//! ([`crate::algebra::operators::layers`]) and refined, is the fastest (1.066; 1.0515 with
-//! its compute order searched too, [`crate::search::reorder`]; the rendezvous bound also
-//! counts the time transfers hold the ranks, see [`crate::judge::bound`]).
+//! **Woven encoders** (`encoders = spread`) are offered to it by [`super::weave`]:
+//! when a rank is free it may take an encoder forward the first stage is about to
+//! read (before any `F`), another one (after its `F`s), or an encoder backward
+//! (beside its `W`s).
 
-use super::Ctx;
-use crate::algebra::analysis::{dependencies, peak_memory, timing};
+use super::stage_set::Weighed;
+use super::weave::Woven;
+use super::{fits, homed_params, Ctx};
+use crate::algebra::analysis::{dependencies, timing};
 use crate::ir::plan::{Plan, Task};
 use crate::ir::program::{Cost, Op};
 
 /// The schedule of the context's stages, each on its unit's home rank (looped or in
-/// a V, as the units were built). The LLM starts at stage `entry`; the stages before
-/// it are a chained encoder's chunks (`encoders = chain`).
-pub(crate) fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Vec<Vec<Task>> {
+/// a V, as the units were built), weighed as `weighed` says (see
+/// [`super::stage_set::weigh`]). The LLM starts at stage `entry`; the stages before it are
+/// a chained encoder's chunks ([`super::stage_set::prepare`]). `enc` holds the encoders
+/// woven into the schedule (none unless `encoders = spread`). With `lockstep`, every
+/// task of the LLM's stages counts as one time unit.
+pub(crate) fn order(
+    ctx: &Ctx,
+    weighed: &[Weighed],
+    entry: usize,
+    lockstep: bool,
+    mut enc: Woven,
+) -> Vec<Vec<Task>> {
     let (p, m) = (ctx.ranks, ctx.microbatches);
     let s = ctx.stages.len();
-    let home = |k: usize| ctx.units[ctx.stages[k]].home;
+    let home = |k: usize| weighed[k].home;
     let mine: Vec<Vec<usize>> = (0..p)
         .map(|r| (0..s).filter(|&k| home(k) == r).collect())
         .collect();
@@ -82,27 +84,9 @@ pub(crate) fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Ve
         w: 1.0,
     };
     // In lockstep, a chunk of a chained encoder counts in units of a stage's forward.
-    let scale = ctx.stages[entry..]
-        .iter()
-        .map(|&u| ctx.units[u].cost.f)
-        .sum::<f64>()
-        / (s - entry).max(1) as f64;
-    // A chunk's riders (`encoders = chains`) run with it: their costs count in its.
-    let with_riders = |k: usize| {
-        let u = ctx.stages[k];
-        let mut c = ctx.units[u].cost;
-        for &(r, _) in ctx.riders.iter().filter(|(_, c)| *c == u) {
-            let x = &ctx.units[r];
-            c.f += x.cost.f;
-            if x.trainable {
-                c.b += x.cost.b;
-                c.w += x.cost.w;
-            }
-        }
-        c
-    };
+    let scale = weighed[entry..].iter().map(|x| x.cost.f).sum::<f64>() / (s - entry).max(1) as f64;
     let cost = |k: usize| {
-        let c = with_riders(k);
+        let c = weighed[k].cost;
         match (lockstep, k < entry) {
             (false, _) => c,
             (true, false) => unit,
@@ -113,10 +97,9 @@ pub(crate) fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Ve
             },
         }
     };
-    let trainable = |k: usize| ctx.units[ctx.stages[k]].trainable;
-    // A frozen chunk of a chained encoder has no backward: its forward is all.
-    let need = crate::ir::plan::needs_backward(ctx.units);
-    let needs_b = |k: usize| need[ctx.stages[k]];
+    let trainable = |k: usize| weighed[k].trainable;
+    let needs_b = |k: usize| weighed[k].needs_b;
+    let act = |k: usize| weighed[k].act;
     // Lockstep with a chained encoder (attaching): each LLM task takes one of its
     // rank's chunk tasks along, of the same kind where one is ready (a chunk's share
     // of F, B and W is close to its rank's stages'), in no time of the lockstep's,
@@ -139,32 +122,6 @@ pub(crate) fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Ve
                 .map_or(f64::INFINITY, |l| l - homed_params(ctx.units, r))
         })
         .collect();
-    // A stage's activation; the first stage's also counts the encoders' (they start
-    // inline, just before it, and are held until their backward after its `B`).
-    let encoders: f64 = ctx
-        .units
-        .iter()
-        .enumerate()
-        .filter(|(u, x)| {
-            !spread
-                && !ctx.stages.contains(u)
-                && !ctx.riders.iter().any(|(r, _)| r == u)
-                && x.trainable
-        })
-        .map(|(_, x)| x.act)
-        .sum();
-    let act = |k: usize| {
-        if !needs_b(k) {
-            return 0.0;
-        }
-        let riding: f64 = ctx
-            .riders
-            .iter()
-            .filter(|(r, c)| *c == ctx.stages[k] && ctx.units[*r].trainable)
-            .map(|(r, _)| ctx.units[*r].act)
-            .sum();
-        ctx.units[ctx.stages[k]].act + riding + if k == entry { encoders } else { 0.0 }
-    };
     let first: Vec<usize> = mine
         .iter()
         .map(|ks| ks.iter().copied().min().unwrap_or(0))
@@ -188,7 +145,6 @@ pub(crate) fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Ve
         vec![Default::default(); p];
     let mut clock = vec![0.0f64; p];
     let mut out: Vec<Vec<Task>> = vec![Vec::with_capacity(3 * m * s / p.max(1)); p];
-    let mut enc = Spread::new(ctx, spread, &mine, lockstep);
     let total: usize = (0..s)
         .map(|k| match (needs_b(k), trainable(k)) {
             (false, _) => m,
@@ -205,7 +161,7 @@ pub(crate) fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Ve
             f_end[k - 1][i]
         }
     };
-    let enc_ready = |enc: &Spread, k: usize, i: usize| -> Option<f64> {
+    let enc_ready = |enc: &Woven, k: usize, i: usize| -> Option<f64> {
         if k == entry {
             enc.outputs(i)
         } else {
@@ -462,166 +418,6 @@ pub(crate) fn order(ctx: &Ctx, entry: usize, lockstep: bool, spread: bool) -> Ve
     out
 }
 
-/// Encoders woven into the schedule (`encoders = spread`). Each rank gets a quota
-/// of encoder micro-batches up front by water-filling: micro-batch by micro-batch,
-/// to the rank whose stage work plus encoder work so far is least (the lowest on
-/// ties), so ranks with lighter stages take more of the encoder. The forwards are
-/// then taken in micro-batch order by whichever rank with quota left has time:
-/// first when the first stage is about to read the output, else when the rank has
-/// no ready `B` or `F` (at most `p` micro-batches ahead of the first stage). A
-/// trainable encoder's backward (`BW`) runs as weight-gradient work on the rank of
-/// its forward (it reads the activations) once the first stage's `B` is done.
-struct Spread {
-    /// Per encoder: unit id, forward and backward cost, activations, trainable.
-    encs: Vec<(usize, f64, f64, f64, bool)>,
-    /// Every encoder forward `(encoder index, mb)`, in micro-batch order, and the
-    /// next one to take.
-    forwards: Vec<(usize, usize)>,
-    next: usize,
-    /// Per rank: encoder micro-batches it may still take.
-    quota: Vec<usize>,
-    /// Per rank: forwards done whose backward is still to run.
-    held: Vec<Vec<(usize, usize)>>,
-    /// `f_end[e][mb]`: when encoder `e`'s forward of `mb` ends.
-    f_end: Vec<Vec<Option<f64>>>,
-    window: usize,
-}
-
-impl Spread {
-    fn new(ctx: &Ctx, on: bool, mine: &[Vec<usize>], lockstep: bool) -> Spread {
-        let (p, m) = (ctx.ranks, ctx.microbatches);
-        let encs: Vec<(usize, f64, f64, f64, bool)> = if on {
-            // In lockstep, an encoder task counts in units of one stage's forward.
-            let unit = if lockstep {
-                ctx.stages.iter().map(|&u| ctx.units[u].cost.f).sum::<f64>()
-                    / ctx.stages.len() as f64
-            } else {
-                1.0
-            };
-            feeding(ctx)
-                .into_iter()
-                .map(|e| {
-                    let u = &ctx.units[e];
-                    let bw = if u.trainable {
-                        u.cost.b + u.cost.w
-                    } else {
-                        0.0
-                    };
-                    (e, u.cost.f / unit, bw / unit, u.act, u.trainable)
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
-        // Water-filling on the real costs.
-        let mut load: Vec<f64> = (0..p)
-            .map(|r| {
-                mine[r]
-                    .iter()
-                    .map(|&k| ctx.units[ctx.stages[k]].work())
-                    .sum::<f64>()
-                    * m as f64
-            })
-            .collect();
-        let mut quota = vec![0usize; p];
-        for &(e, ..) in &encs {
-            let work = ctx.units[e].work();
-            for _ in 0..m {
-                let r = crate::algebra::units::least_loaded(&load);
-                load[r] += work;
-                quota[r] += 1;
-            }
-        }
-        let forwards = (0..m)
-            .flat_map(|mb| (0..encs.len()).map(move |i| (i, mb)))
-            .collect();
-        Spread {
-            f_end: vec![vec![None; m]; encs.len()],
-            encs,
-            forwards,
-            next: 0,
-            quota,
-            held: vec![Vec::new(); p],
-            window: p,
-        }
-    }
-
-    /// How many encoder tasks the schedule holds.
-    fn tasks(&self) -> usize {
-        let m = self.f_end.first().map_or(0, Vec::len);
-        self.encs.iter().map(|e| if e.4 { 2 * m } else { m }).sum()
-    }
-
-    /// When every spread encoder's output of `mb` is ready (`None`: not yet).
-    fn outputs(&self, mb: usize) -> Option<f64> {
-        self.f_end
-            .iter()
-            .map(|ends| ends[mb])
-            .try_fold(0.0f64, |a, x| x.map(|x| a.max(x)))
-    }
-
-    /// The next encoder forward rank `r` may take, and whether the first stage is
-    /// about to read it (it has run `consumed` forwards): if the rank has quota
-    /// left, the forward is within the window and its activations fit. The first
-    /// stage's rank (`reader`) may always take one it is about to read, so the
-    /// schedule never stalls on an encoder.
-    fn next_forward(
-        &self,
-        r: usize,
-        reader: bool,
-        consumed: usize,
-        reserved: f64,
-        room: f64,
-    ) -> Option<(Task, bool)> {
-        let &(i, mb) = self.forwards.get(self.next)?;
-        let (e, .., act, trainable) = self.encs[i];
-        let fits = !trainable || reserved == 0.0 || reserved + act <= room;
-        let urgent = mb <= consumed;
-        let may = self.quota[r] > 0 && mb < consumed + self.window && fits;
-        (may || (reader && urgent)).then_some((Task::new(Op::F, e, mb), urgent))
-    }
-
-    /// Rank `r`'s encoder backward whose gradient is ready first: (ready, task).
-    fn next_backward(&self, r: usize, first_b: &[Option<f64>]) -> Option<(f64, Task)> {
-        self.held[r]
-            .iter()
-            .filter_map(|&(i, mb)| first_b[mb].map(|t| (t, i, mb)))
-            .min_by(|a, b| a.0.total_cmp(&b.0).then(a.2.cmp(&b.2)))
-            .map(|(t, i, mb)| (t, Task::new(Op::BW, self.encs[i].0, mb)))
-    }
-
-    fn index(&self, unit: usize) -> Option<usize> {
-        self.encs.iter().position(|e| e.0 == unit)
-    }
-
-    /// Activations one micro-batch of encoder `unit` holds (0 if frozen).
-    fn act(&self, unit: usize) -> f64 {
-        self.index(unit)
-            .map_or(0.0, |i| if self.encs[i].4 { self.encs[i].3 } else { 0.0 })
-    }
-
-    /// Records `task`, on rank `r` from `at`, if it is an encoder's: its end.
-    fn run(&mut self, r: usize, task: Task, at: f64) -> Option<f64> {
-        let i = self.index(task.unit)?;
-        let (_, f, bw, _, trainable) = self.encs[i];
-        match task.op {
-            Op::F => {
-                self.next += 1;
-                self.quota[r] = self.quota[r].saturating_sub(1);
-                self.f_end[i][task.mb] = Some(at + f);
-                if trainable {
-                    self.held[r].push((i, task.mb));
-                }
-                Some(at + f)
-            }
-            _ => {
-                self.held[r].retain(|&x| x != (i, task.mb));
-                Some(at + bw)
-            }
-        }
-    }
-}
-
 /// `plan` (ZB-2p with one chunk, encoders not yet inlined), or the same with ZB-H1's
 /// `order` if that is shorter in the ideal timing and fits the memory limit. The
 /// greedy order can come out behind ZB-H1's when `B` is several times `F`; ZB-2p's
@@ -642,30 +438,4 @@ pub(crate) fn no_worse_than_zbh1(plan: Plan, order: Vec<Vec<Task>>) -> Plan {
     } else {
         plan
     }
-}
-
-/// Whether every rank's peak activations plus resident parameters are within the
-/// plan's memory limit (if any).
-pub(crate) fn fits(p: &Plan) -> bool {
-    let peaks = peak_memory(p);
-    p.memory_limit.is_none_or(|limit| {
-        peaks
-            .iter()
-            .enumerate()
-            .all(|(r, peak)| peak + homed_params(&p.units, r) <= limit)
-    })
-}
-
-/// The parameters of the units homed on rank `r`.
-pub(crate) fn homed_params(units: &[crate::ir::program::Unit], r: usize) -> f64 {
-    units.iter().filter(|u| u.home == r).map(|u| u.params).sum()
-}
-
-/// The encoders whose output the first stage reads (those `encoders = spread`
-/// weaves into the schedule; others stay inline).
-pub(crate) fn feeding(ctx: &Ctx) -> Vec<usize> {
-    let first = &ctx.units[ctx.stages[0]];
-    (0..ctx.units.len())
-        .filter(|u| !ctx.stages.contains(u) && first.inputs.contains(&ctx.units[*u].name))
-        .collect()
 }
