@@ -2,10 +2,14 @@
 //!
 //! Each generator is a short function from a [`Ctx`] (ranks, micro-batches, the
 //! stage units) to per-rank compute orders over the LLM stages; [`generate`] builds
-//! the units from the profile, runs the generator and places every encoder inline on
-//! the first stage's rank (forward just before the micro-batch's first LLM forward,
-//! backward just after the first stage's backward), the usual placement that
-//! operators such as `transpose` then change.
+//! the units from the profile, prepares the stages the body schedules
+//! (`stage_set`: the LLM's, with a chained encoder's chunks in front for
+//! `zb2p(encoders = chain | chains | ramp)`), runs the generator and places every
+//! other encoder inline on the first stage's rank (forward just before the
+//! micro-batch's first LLM forward, backward just after the first stage's
+//! backward), the usual placement that operators such as `transpose` then change;
+//! `zb2p(encoders = spread)` weaves them into its list schedule instead
+//! (`weave`).
 
 mod chain;
 mod dualpipev;
