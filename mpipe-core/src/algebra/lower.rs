@@ -33,6 +33,7 @@ use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{
     Action, CollKind, Dir, Name, Op, Prefetch, Program, Source, Tensor, Unit, FORMAT,
 };
+use std::cell::Cell;
 use std::cmp::Ordering;
 use std::collections::BTreeSet;
 
@@ -204,6 +205,8 @@ pub fn prepare(plan: &Plan) -> Result<Prepared, LowerError> {
     }
     reads.sort_unstable_by_key(|&(id, (_, _, i))| (id, i));
     reads.dedup_by_key(|&mut (id, _)| id);
+    // Every lowering of the plan holds these: not the reads' capacity beside them.
+    reads.shrink_to_fit();
     Ok(Prepared {
         time,
         transfers: reads,
@@ -264,7 +267,7 @@ pub(crate) fn lower_indexed_by(
     policy: &SearchPolicy,
 ) -> Result<Lowered, LowerError> {
     let at = placement_of(plan, prepared, placement, policy)?;
-    Ok(assemble_lowered(plan, &at))
+    assemble_lowered(plan, &at)
 }
 
 /// The placement of every transfer's ends under `placement`; `policy` gives the
@@ -315,11 +318,13 @@ pub(crate) fn assemble(plan: &Plan, at: &[Vec<Placed>], expr: Option<&str>) -> P
 }
 
 /// [`assemble`] by unit index, from [`placement_of`]'s placement: the same program
-/// before its units are named ([`Lowered::program`] names it).
-fn assemble_lowered(plan: &Plan, at: &[Vec<Placed>]) -> Lowered {
+/// before its units are named ([`Lowered::program`] names it). An error when a
+/// number of the program is over what a [`Step`] holds (2^32).
+pub(crate) fn assemble_lowered(plan: &Plan, at: &[Vec<Placed>]) -> Result<Lowered, LowerError> {
     let (bcasts, reduces) = collectives(plan);
     let form = Indexed {
         rank: name_ranks(&plan.units),
+        over: Cell::new(None),
     };
     let programs = assemble_in(
         plan,
@@ -330,19 +335,22 @@ fn assemble_lowered(plan: &Plan, at: &[Vec<Placed>]) -> Lowered {
         |x| Step::P2p {
             dir: x.dir,
             tensor: x.tensor,
-            unit: x.unit as usize,
-            mb: x.mb as usize,
-            peer: x.peer as usize,
+            unit: x.unit,
+            mb: x.mb,
+            peer: x.peer,
             batch: None,
         },
     );
-    Lowered {
+    if let Some(action) = form.over.take() {
+        return Err(LowerError::TooLarge { action });
+    }
+    Ok(Lowered {
         ranks: plan.ranks,
         microbatches: plan.microbatches,
         programs,
         colls: bcasts.into_iter().chain(reduces).collect(),
         prefetch: plan.prefetch.clone(),
-    }
+    })
 }
 
 /// A lowered program with its units by index: what [`assemble`] writes, action for
@@ -362,23 +370,26 @@ pub struct Lowered {
 }
 
 /// One action of a [`Lowered`] program: an [`Action`] naming its unit by index.
+/// Its numbers are 32-bit (24 bytes a step, where an [`Action`] takes 56): a search
+/// holds a lowering of every candidate it judges, millions of steps at the largest
+/// sizes. [`assemble_lowered`] refuses a program whose numbers do not fit.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Step {
     Compute {
         op: Op,
-        unit: usize,
-        mb: usize,
+        unit: u32,
+        mb: u32,
     },
     P2p {
         dir: Dir,
         tensor: Tensor,
-        unit: usize,
-        mb: usize,
-        peer: usize,
-        batch: Option<u64>,
+        unit: u32,
+        mb: u32,
+        peer: u32,
+        batch: Option<u32>,
     },
     /// The collective of this index in [`Lowered::colls`].
-    Coll(usize),
+    Coll(u32),
 }
 
 /// A broadcast or reduction of a unit's parameters over a group of ranks.
@@ -428,13 +439,43 @@ impl Lowered {
         )
     }
 
+    /// [`Lowered::program`], consuming the lowering: each rank's steps are freed
+    /// once its actions are written, so the steps and the named program are not
+    /// both held in full.
+    pub fn into_program(self, units: &[Unit], expr: Option<&str>) -> Program {
+        let names: Vec<Name> = units.iter().map(|u| Name::from(u.name.as_str())).collect();
+        let colls: Vec<Action> = self
+            .colls
+            .iter()
+            .map(|c| c.action(names[c.unit].clone()))
+            .collect();
+        let programs = self
+            .programs
+            .into_iter()
+            .map(|list| {
+                list.iter()
+                    .map(|s| step_action(s, &names, &colls))
+                    .collect()
+            })
+            .collect();
+        named_program(
+            (self.ranks, self.microbatches, units.to_vec()),
+            programs,
+            expr,
+            &self.prefetch,
+            &names,
+        )
+    }
+
     /// Action `i` of rank `r`, its unit named after `units` (for messages, one at
     /// a time); `None` when there is no such action or no such unit.
     pub fn action(&self, units: &[Unit], r: usize, i: usize) -> Option<Action> {
         let step = self.programs.get(r)?.get(i)?;
         let name = |u: usize| units.get(u).map(|x| Name::from(x.name.as_str()));
         Some(match *step {
-            Step::Compute { op, unit, mb } => Action::compute(op, name(unit)?, mb),
+            Step::Compute { op, unit, mb } => {
+                Action::compute(op, name(unit as usize)?, mb as usize)
+            }
             Step::P2p {
                 dir,
                 tensor,
@@ -442,9 +483,16 @@ impl Lowered {
                 mb,
                 peer,
                 batch,
-            } => Action::p2p(dir, tensor, name(unit)?, mb, peer, batch),
+            } => Action::p2p(
+                dir,
+                tensor,
+                name(unit as usize)?,
+                mb as usize,
+                peer as usize,
+                batch.map(u64::from),
+            ),
             Step::Coll(k) => {
-                let c = self.colls.get(k)?;
+                let c = self.colls.get(k as usize)?;
                 c.action(name(c.unit)?)
             }
         })
@@ -454,7 +502,9 @@ impl Lowered {
 /// `step` as an action, with the units' `names` and the collectives' actions.
 fn step_action(step: &Step, names: &[Name], colls: &[Action]) -> Action {
     match *step {
-        Step::Compute { op, unit, mb } => Action::compute(op, names[unit].clone(), mb),
+        Step::Compute { op, unit, mb } => {
+            Action::compute(op, names[unit as usize].clone(), mb as usize)
+        }
         Step::P2p {
             dir,
             tensor,
@@ -462,8 +512,15 @@ fn step_action(step: &Step, names: &[Name], colls: &[Action]) -> Action {
             mb,
             peer,
             batch,
-        } => Action::p2p(dir, tensor, names[unit].clone(), mb, peer, batch),
-        Step::Coll(k) => colls[k].clone(),
+        } => Action::p2p(
+            dir,
+            tensor,
+            names[unit as usize].clone(),
+            mb as usize,
+            peer as usize,
+            batch.map(u64::from),
+        ),
+        Step::Coll(k) => colls[k as usize].clone(),
     }
 }
 
@@ -572,29 +629,48 @@ impl Form for Named {
 struct Indexed {
     /// Each unit's place in the order of the units' names ([`name_ranks`]).
     rank: Vec<usize>,
+    /// The first action whose numbers did not fit a [`Step`], in words.
+    over: Cell<Option<String>>,
+}
+
+impl Indexed {
+    /// `x` as a step's number, or 0 with `what` recorded as the first number over.
+    fn narrow(&self, x: usize, what: impl FnOnce() -> String) -> u32 {
+        u32::try_from(x).unwrap_or_else(|_| {
+            let first = self.over.take().unwrap_or_else(what);
+            self.over.set(Some(first));
+            0
+        })
+    }
 }
 
 impl Form for Indexed {
     type Act = Step;
     fn compute(&self, op: Op, unit: usize, mb: usize) -> Step {
-        Step::Compute { op, unit, mb }
+        let what = || format!("{op:?}(unit #{unit}, mb {mb})");
+        Step::Compute {
+            op,
+            unit: self.narrow(unit, what),
+            mb: self.narrow(mb, what),
+        }
     }
     fn p2p(&self, dir: Dir, tensor: Tensor, unit: usize, mb: usize, peer: usize) -> Step {
+        let what = || format!("{dir:?}(unit #{unit}, mb {mb}, peer {peer})");
         Step::P2p {
             dir,
             tensor,
-            unit,
-            mb,
-            peer,
+            unit: self.narrow(unit, what),
+            mb: self.narrow(mb, what),
+            peer: self.narrow(peer, what),
             batch: None,
         }
     }
     fn coll(&self, k: usize) -> Step {
-        Step::Coll(k)
+        Step::Coll(self.narrow(k, || format!("collective #{k}")))
     }
     fn end(&self, a: &Step) -> (bool, usize) {
         match *a {
-            Step::P2p { dir, peer, .. } => (dir == Dir::Send, peer),
+            Step::P2p { dir, peer, .. } => (dir == Dir::Send, peer as usize),
             _ => (true, usize::MAX),
         }
     }
@@ -608,14 +684,19 @@ impl Form for Indexed {
                 unit,
                 peer,
                 ..
-            } => (dir, peer, tensor, Some(self.rank[unit])),
+            } => (dir, peer as usize, tensor, Some(self.rank[unit as usize])),
             _ => (Dir::Recv, usize::MAX, Tensor::Input, None),
         };
         key(a).cmp(&key(b))
     }
     fn set_batch(&self, a: &mut Step, batch: u64) {
         if let Step::P2p { batch: b, .. } = a {
-            *b = Some(batch);
+            let n = u32::try_from(batch).unwrap_or_else(|_| {
+                let first = self.over.take().unwrap_or_else(|| format!("batch {batch}"));
+                self.over.set(Some(first));
+                0
+            });
+            *b = Some(n);
         }
     }
 }

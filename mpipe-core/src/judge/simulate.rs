@@ -676,7 +676,13 @@ impl<'p> Setup<'p> {
             res.rank(list.len());
             for (i, step) in list.iter().enumerate() {
                 let (unit, view) = match *step {
-                    Step::Compute { op, unit, mb } => (unit, View::Compute { op, mb }),
+                    Step::Compute { op, unit, mb } => (
+                        unit as usize,
+                        View::Compute {
+                            op,
+                            mb: mb as usize,
+                        },
+                    ),
                     Step::P2p {
                         dir,
                         tensor,
@@ -685,17 +691,17 @@ impl<'p> Setup<'p> {
                         peer,
                         batch,
                     } => (
-                        unit,
+                        unit as usize,
                         View::P2p {
                             dir,
                             tensor,
-                            mb,
-                            peer,
-                            batch,
+                            mb: mb as usize,
+                            peer: peer as usize,
+                            batch: batch.map(u64::from),
                         },
                     ),
                     Step::Coll(k) => {
-                        let Some(c) = l.colls.get(k) else {
+                        let Some(c) = l.colls.get(k as usize) else {
                             return Err(SimError::UnknownUnit {
                                 rank: r,
                                 index: i,

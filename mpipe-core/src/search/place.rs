@@ -5,14 +5,15 @@
 
 use crate::algebra::analysis::Timing;
 use crate::algebra::lower::{
-    assemble, placement_at, placement_of, prepare, total_order, Placed, Placement, Prepared,
+    assemble_lowered, placement_at, placement_of, prepare, total_order, Placed, Placement,
+    Prepared, Step,
 };
-use crate::ir::compare::at_most;
+use crate::ir::compare::{at_most, Score};
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{ActionRef, Program};
-use crate::judge::compare::span;
-use crate::judge::simulate::{simulate, SimOptions, SimReport};
+use crate::judge::simulate::{finish_times_lowered, simulate_lowered, SimOptions, SimReport};
+use crate::judge::timeline::Slot;
 use crate::search::refine::{refine, settle_w};
 use std::rc::Rc;
 
@@ -40,17 +41,14 @@ pub(crate) fn best_lowering_with(
     let prepared = prepare(plan).map_err(|e| e.to_string())?;
     let target = prepared.time.makespan();
     // The best so far, as what lowers it again (the timing its transfers were placed
-    // against, `None` for the ideal one, and the rule) with its simulation. Neither
-    // its placement nor its program is kept: a candidate's program and simulation
-    // are the largest things alive, one candidate at a time is enough, and lowering
-    // is deterministic, so the winner is lowered again at the end (at 8 x 65536,
-    // holding the best's placement and program beside the candidate's doubled the
-    // peak).
+    // against, `None` for the ideal one, and the rule) with its makespan. Candidates
+    // are lowered by unit index and judged by their finishing times alone (no
+    // timeline, no memory walk): the makespan is all that ranks them. Only the
+    // winner is named and simulated in full, at the end (lowering is deterministic,
+    // so it is the program judged). At 8 x 65536, a named program and a full report
+    // per candidate, beside the best's report, set the derivation's peak.
     let mut best: Option<Best> = None;
-    let done = |best: &Option<Best>| {
-        best.as_ref()
-            .is_some_and(|b| at_most(b.report.makespan, target))
-    };
+    let done = |best: &Option<Best>| best.as_ref().is_some_and(|b| at_most(b.makespan, target));
     // Placements already lowered and simulated. Rules often agree (on every transfer,
     // or again after re-timing); a placement seen before gives the same program and
     // the same simulation, which can never beat the best kept (ties keep the first),
@@ -64,19 +62,18 @@ pub(crate) fn best_lowering_with(
         if !seen.first_sight(&at) {
             continue;
         }
-        let program = assemble(plan, &at, text);
+        let lowered = assemble_lowered(plan, &at).map_err(|e| e.to_string())?;
         drop(at);
-        let report =
-            simulate(&program, opts).map_err(|e| format!("derived program does not run: {e}"))?;
-        drop(program);
-        if best
-            .as_ref()
-            .is_none_or(|b| span(&report).beats(&span(&b.report)))
-        {
+        let makespan = makespan_of(
+            finish_times_lowered(&plan.units, &lowered, opts)
+                .map_err(|e| format!("derived program does not run: {e}"))?,
+        );
+        drop(lowered);
+        if best.as_ref().is_none_or(|b| b.beaten_by(makespan)) {
             best = Some(Best {
                 time: None,
                 placement,
-                report,
+                makespan,
             });
         }
     }
@@ -90,9 +87,7 @@ pub(crate) fn best_lowering_with(
         if done(&best) {
             break;
         }
-        let (_, program) = b.lower(plan, &prepared, text, policy)?;
-        let time = simulated_timing(plan, &program, &b.report, &prepared.time);
-        drop(program);
+        let time = b.simulated_timing(plan, &prepared, opts, policy)?;
         let Some(time) = time.map(Rc::new) else {
             break;
         };
@@ -104,20 +99,20 @@ pub(crate) fn best_lowering_with(
             if !seen.first_sight(&at) {
                 continue;
             }
-            let program = assemble(plan, &at, text);
-            drop(at);
-            let Ok(report) = simulate(&program, opts) else {
+            let Ok(lowered) = assemble_lowered(plan, &at) else {
                 continue;
             };
-            drop(program);
-            if best
-                .as_ref()
-                .is_none_or(|b| span(&report).beats(&span(&b.report)))
-            {
+            drop(at);
+            let Ok(finish) = finish_times_lowered(&plan.units, &lowered, opts) else {
+                continue;
+            };
+            drop(lowered);
+            let makespan = makespan_of(finish);
+            if best.as_ref().is_none_or(|b| b.beaten_by(makespan)) {
                 best = Some(Best {
                     time: Some(Rc::clone(&time)),
                     placement,
-                    report,
+                    makespan,
                 });
                 improved = true;
             }
@@ -128,15 +123,33 @@ pub(crate) fn best_lowering_with(
     }
     drop(seen);
     let best = best.ok_or_else(|| "no lowering".to_string())?;
-    let (at, program) = best.lower(plan, &prepared, text, policy)?;
-    let report = best.report;
-    drop(prepared);
-    if at_most(report.makespan, target) || !refine_too {
+    // The winner, lowered by unit index and simulated there (the report `simulate`
+    // gives for its named program), then named rank by rank, each rank's steps freed
+    // as its actions are written: the placement, the named program and the
+    // simulator's working set are never alive together.
+    let at = best.placement(plan, &prepared, policy)?;
+    let lowered = assemble_lowered(plan, &at).map_err(|e| e.to_string())?;
+    drop(at);
+    let report = simulate_lowered(&plan.units, &lowered, opts)
+        .map_err(|e| format!("derived program does not run: {e}"))?;
+    let actions: usize = lowered.programs.iter().map(Vec::len).sum();
+    let done = at_most(report.makespan, target) || !refine_too;
+    let budget = refine_budget.min(refine_actions / actions.max(1));
+    // What refinement needs to place the winner again, kept only if it runs.
+    let prepared = (!done && budget > 0).then_some(prepared);
+    let program = lowered.into_program(&plan.units, text);
+    if done {
         return Ok((program, report));
     }
-    let budget = refine_budget
-        .min(refine_actions / program.programs.iter().map(Vec::len).sum::<usize>().max(1));
-    let moved = refine(plan, at, (program, report), text, opts, budget);
+    let moved = match prepared {
+        // Refinement moves the placement's ends: placed again (the same placement).
+        Some(prepared) => {
+            let at = best.placement(plan, &prepared, policy)?;
+            drop(prepared);
+            refine(plan, at, (program, report), text, opts, budget)
+        }
+        None => (program, report),
+    };
     if at_most(moved.1.makespan, target) {
         return Ok(moved);
     }
@@ -160,29 +173,57 @@ pub(crate) fn best_lowering_with(
 }
 
 /// The best lowering so far, as what lowers it again: the timing its transfers were
-/// placed against (`None`: the prepared, ideal one) and the rule, with its simulation.
+/// placed against (`None`: the prepared, ideal one) and the rule, with its makespan.
 struct Best {
     time: Option<Rc<Timing>>,
     placement: Placement,
-    report: SimReport,
+    makespan: f64,
 }
 
 impl Best {
-    /// The placement and program this best was simulated from (the same: lowering is
-    /// deterministic).
-    fn lower(
+    /// Whether a candidate of this makespan is faster (ties keep the first).
+    fn beaten_by(&self, makespan: f64) -> bool {
+        Score::span(makespan).beats(&Score::span(self.makespan))
+    }
+
+    /// The placement this best was judged from (the same: lowering is deterministic).
+    fn placement(
         &self,
         plan: &Plan,
         prepared: &Prepared,
-        text: Option<&str>,
         policy: &SearchPolicy,
-    ) -> Result<(Vec<Vec<Placed>>, Program), String> {
+    ) -> Result<Vec<Vec<Placed>>, String> {
         let time = self.time.as_deref().unwrap_or(&prepared.time);
-        let at = placement_at(plan, prepared, time, self.placement, policy)
-            .map_err(|e| e.to_string())?;
-        let program = assemble(plan, &at, text);
-        Ok((at, program))
+        placement_at(plan, prepared, time, self.placement, policy).map_err(|e| e.to_string())
     }
+
+    /// The compute tasks' times in a simulation of this best, lowered by unit index
+    /// again ([`simulated_timing`]); `Ok(None)` when they cannot serve as a timing.
+    fn simulated_timing(
+        &self,
+        plan: &Plan,
+        prepared: &Prepared,
+        opts: &SimOptions,
+        policy: &SearchPolicy,
+    ) -> Result<Option<Timing>, String> {
+        let at = self.placement(plan, prepared, policy)?;
+        let lowered = assemble_lowered(plan, &at).map_err(|e| e.to_string())?;
+        drop(at);
+        let report = simulate_lowered(&plan.units, &lowered, opts)
+            .map_err(|e| format!("derived program does not run: {e}"))?;
+        Ok(simulated_timing(
+            plan,
+            &lowered.programs,
+            &report.timeline.ranks,
+            &prepared.time,
+        ))
+    }
+}
+
+/// The makespan of a simulation whose ranks finished at `finish` (as
+/// [`SimReport::makespan`] is: the latest, 0 without ranks).
+fn makespan_of(finish: Vec<f64>) -> f64 {
+    finish.into_iter().fold(0.0, f64::max)
 }
 
 /// The placements lowered so far, each as its signature: its ends' slots and
@@ -239,21 +280,22 @@ pub(crate) const PLACEMENTS: [Placement; 5] = [
     Placement::Join,
 ];
 
-/// The compute tasks' times in a simulation of `program` (a lowering of `plan`), as a
-/// [`Timing`] of the plan: settle order by end, then start, then the ideal order.
+/// The compute tasks' times in a simulation of `programs` (a lowering of `plan` by
+/// unit index, whose timeline is `slots`), as a [`Timing`] of the plan: settle order
+/// by end, then start, then the ideal order.
 fn simulated_timing(
     plan: &Plan,
-    program: &Program,
-    report: &SimReport,
+    programs: &[Vec<Step>],
+    slots: &[Vec<Slot>],
     ideal: &Timing,
 ) -> Option<Timing> {
     let mut start: Vec<Vec<f64>> = Vec::with_capacity(plan.ranks);
     let mut end: Vec<Vec<f64>> = Vec::with_capacity(plan.ranks);
-    for (r, list) in program.programs.iter().enumerate() {
-        let slots = report.timeline.ranks.get(r)?;
+    for (r, list) in programs.iter().enumerate() {
+        let slots = slots.get(r)?;
         let (mut s, mut e) = (Vec::new(), Vec::new());
         for (a, slot) in list.iter().zip(slots) {
-            if matches!(a.view(), ActionRef::Compute(_)) {
+            if matches!(a, Step::Compute { .. }) {
                 s.push(slot.start);
                 e.push(slot.end);
             }
