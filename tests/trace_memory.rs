@@ -9,7 +9,13 @@
 //! best candidate's placement and program (and the best placement rule's whole
 //! derivation) beside the next one's, and the trace writer stopped keeping a map of
 //! lists per transfer channel, 362 for `1f1b` (1066 MB resident at 8 x 65536);
-//! `benches/trace.rs` measures the largest size itself.
+//! `benches/trace.rs` measures the largest size itself. Since placement candidates
+//! are judged by unit index (their finishing times alone) and only the winner is
+//! named: 125, 134 and 126. The bound is set below the old figures, not at the
+//! goal: at most 400 MB for `zbv`'s 6.9 M actions at 8 x 65536 needs about 58 bytes
+//! an action, which a named program (56 bytes an action) beside its simulation
+//! cannot reach; what holds the peak now is the derivation's check (the program,
+//! its report and `verify_static`'s tables).
 
 use mpipe::core::derive::{derive_str, Request};
 use mpipe::core::profile::Profile;
@@ -21,7 +27,7 @@ use peak_alloc::PeakAlloc;
 static ALLOC: PeakAlloc = PeakAlloc;
 
 /// The most bytes held at the peak per action of the derived program.
-const BYTES_PER_ACTION: usize = 220;
+const BYTES_PER_ACTION: usize = 150;
 
 #[test]
 fn tracing_a_large_step_holds_a_bounded_number_of_bytes_per_action() {

@@ -271,7 +271,7 @@ pub fn finish_times_lowered(
     opts: &SimOptions,
 ) -> Result<Vec<f64>, SimError> {
     let setup = Setup::lowered(units, lowered, opts)?;
-    let (_, _, finish) = Engine::new(&setup)?.execute()?;
+    let (_, _, finish) = Engine::new(&setup)?.execute(false)?;
     finite(finish.iter().copied().fold(0.0, f64::max))?;
     Ok(finish)
 }
@@ -1228,7 +1228,7 @@ impl<'s, 'p> Engine<'s, 'p> {
 
     /// Run every rank and measure the step: time, compute and memory.
     fn run(mut self) -> Result<SimReport, SimError> {
-        let (slots, busy, now) = self.execute()?;
+        let (slots, busy, now) = self.execute(true)?;
         let nr = now.len();
         let makespan = now.iter().copied().fold(0.0, f64::max);
         let total: f64 = busy.iter().sum();
@@ -1250,10 +1250,12 @@ impl<'s, 'p> Engine<'s, 'p> {
         })
     }
 
-    /// Run every rank: each action's interval, each rank's busy compute time and
-    /// its finishing time (the end of its last interval, 0 for an empty list).
+    /// Run every rank: each action's interval (when `record`, else every rank's
+    /// list of intervals is empty: 16 bytes an action a search judging trials by
+    /// their finishing times does not need), each rank's busy compute time and its
+    /// finishing time (the end of its last interval, 0 for an empty list).
     #[allow(clippy::type_complexity)]
-    fn execute(&mut self) -> Result<(Vec<Vec<Slot>>, Vec<f64>, Vec<f64>), SimError> {
+    fn execute(&mut self, record: bool) -> Result<(Vec<Vec<Slot>>, Vec<f64>, Vec<f64>), SimError> {
         let s = self.s;
         let nr = s.acts.len();
         let nops = self.op_lo.len();
@@ -1281,7 +1283,7 @@ impl<'s, 'p> Engine<'s, 'p> {
         let mut slots: Vec<Vec<Slot>> = s
             .acts
             .iter()
-            .map(|l| vec![Slot::default(); l.len()])
+            .map(|l| vec![Slot::default(); if record { l.len() } else { 0 }])
             .collect();
         let mut busy = vec![0.0f64; nr];
         let mut pc = vec![0usize; nr];
@@ -1300,10 +1302,12 @@ impl<'s, 'p> Engine<'s, 'p> {
             while i < acts.len() {
                 if let RAct::Compute { op, unit, .. } = acts[i] {
                     let d = s.cost[unit as usize][op_index(op)];
-                    rank_slots[i] = Slot {
-                        start: t,
-                        end: t + d,
-                    };
+                    if record {
+                        rank_slots[i] = Slot {
+                            start: t,
+                            end: t + d,
+                        };
+                    }
                     t += d;
                     busy[r] += d;
                     i += 1;
@@ -1326,10 +1330,12 @@ impl<'s, 'p> Engine<'s, 'p> {
                 }
                 let done = self.completion(x, &reach);
                 let hi = self.op_hi[x] as usize;
-                rank_slots[i..hi].fill(Slot {
-                    start: reach[x],
-                    end: done,
-                });
+                if record {
+                    rank_slots[i..hi].fill(Slot {
+                        start: reach[x],
+                        end: done,
+                    });
+                }
                 t = done;
                 i = hi;
             }
