@@ -275,12 +275,18 @@ pub fn ramp_split_by(
     let start = costs.floor(&split, &chunks);
     let mut best = start;
     // Encoder layers worth one LLM layer, and a few more.
-    let trade = (per_layer / costs.enc_work.max(1e-9)).ceil() as u32 + ramp_trade_slack;
+    // (An encoder whose layers cost nothing is worth any number of them.)
+    let worth = if costs.enc_work > 0.0 {
+        (per_layer / costs.enc_work).ceil() as u32
+    } else {
+        u32::MAX
+    };
+    let trade = worth.saturating_add(ramp_trade_slack);
     loop {
         let mut step: Option<(f64, Vec<usize>, Vec<u32>)> = None;
         let mut consider = |l: Vec<usize>, c: Vec<u32>| {
             let f = costs.floor(&l, &c);
-            if f < best - ramp_min_gain && step.as_ref().is_none_or(|s| f < s.0) {
+            if f < best * (1.0 - ramp_min_gain) && step.as_ref().is_none_or(|s| f < s.0) {
                 step = Some((f, l, c));
             }
         };

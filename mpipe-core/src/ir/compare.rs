@@ -42,6 +42,12 @@ pub fn order(a: f64, b: f64) -> Ordering {
     a.total_cmp(&b)
 }
 
+/// `a` and `b` are equal under the tolerance rule (within [`RELATIVE_TOLERANCE`] of
+/// the larger magnitude; exactly equal when both are zero).
+pub fn close(a: f64, b: f64) -> bool {
+    order(a, b).is_eq()
+}
+
 /// `a` is no more than `b` under the tolerance rule (a figure within a limit).
 pub fn at_most(a: f64, b: f64) -> bool {
     order(a, b) != Ordering::Greater

@@ -168,8 +168,9 @@ pub struct SearchPolicy {
     pub ramp_trade_slack: u32,
     /// Most layers one move of the ramp's split search shifts between two ranks.
     pub ramp_max_shift: u32,
-    /// Least gain (in the profile's time unit) a ramp split must predict to replace
-    /// the current one; smaller chases smaller gains for longer.
+    /// Least gain, as a fraction of the current split's floor, a ramp split must
+    /// predict to replace it (relative, so the profile's time unit does not matter);
+    /// smaller chases smaller gains for longer.
     pub ramp_min_gain: f64,
 
     // --- generators: the zero-bubble list search (`zbv(list = search)`, `zbh1(list = search)`) ---
@@ -231,7 +232,7 @@ impl SearchPolicy {
         migrate_targets: 3,
         ramp_trade_slack: 2,
         ramp_max_shift: 3,
-        ramp_min_gain: 1e-3,
+        ramp_min_gain: 1e-6,
         zb_fill: &[0.0, 0.75],
         zb_w_first: &[f64::INFINITY, 0.9],
         zb_wait_b: &[0.0, 0.5, 1.0],

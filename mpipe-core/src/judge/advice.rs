@@ -2,6 +2,7 @@
 //! ranks it touches, with advice that fits the schedule the user wrote.
 
 use crate::algebra::eval::body_names;
+use crate::ir::compare::at_most;
 
 /// Bodies that keep the fewest micro-batches in flight (at most one per stage
 /// still to come): nothing of the family stores fewer activations.
@@ -62,7 +63,7 @@ pub fn memory_over_limit(
 ) -> Option<String> {
     let need = |r: usize| activations[r] + params.get(r).copied().unwrap_or(0.0);
     let over: Vec<usize> = (0..activations.len())
-        .filter(|&r| need(r) > limit)
+        .filter(|&r| !at_most(need(r), limit))
         .collect();
     let worst = *over
         .iter()
@@ -77,7 +78,7 @@ pub fn memory_over_limit(
     } else {
         format!("rank {worst} needs the most, {:.2}", act + par)
     };
-    let advice = if par > limit {
+    let advice = if !at_most(par, limit) {
         format!(
             "its parameters alone ({par:.2}) are over the limit, which no schedule changes: \
              use more ranks (fewer layers each) or a larger limit"

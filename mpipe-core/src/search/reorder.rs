@@ -128,7 +128,7 @@ fn reorder_on(plan: &Plan, search: &Search, budget: usize, width: usize) -> (Vec
         let mut waits: Vec<(f64, usize, usize)> = Vec::new();
         for (r, rank) in times.iter().enumerate() {
             for (j, slot) in rank.iter().enumerate() {
-                if slot.wait > min_wait * report.makespan.max(1.0) {
+                if slot.wait > min_wait * report.makespan {
                     waits.push((slot.wait, r, j));
                 }
             }

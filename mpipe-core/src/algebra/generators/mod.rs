@@ -28,6 +28,7 @@ pub use crate::algebra::ramp::{ramp_split, ramp_split_by, RampSplit};
 use crate::algebra::analysis::peak_memory;
 use crate::algebra::profile::Profile;
 use crate::algebra::units::{build_units, UnitsError};
+use crate::ir::compare::{at_most, less};
 use crate::ir::plan::{Layout, Plan, Task, UnitId};
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{Op, Unit};
@@ -364,7 +365,7 @@ pub fn generate_by(
                 inline_encoder(&mut alt, e);
             }
             let span = zblist_span(&alt);
-            if (span < best.0 || !best_fits) && fits(&alt) {
+            if (less(span, best.0) || !best_fits) && fits(&alt) {
                 best = (span, alt);
                 best_fits = true;
             }
@@ -483,7 +484,7 @@ pub(crate) fn fits(p: &Plan) -> bool {
         peaks
             .iter()
             .enumerate()
-            .all(|(r, peak)| peak + homed_params(&p.units, r) <= limit)
+            .all(|(r, peak)| at_most(peak + homed_params(&p.units, r), limit))
     })
 }
 

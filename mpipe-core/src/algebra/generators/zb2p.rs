@@ -56,6 +56,7 @@ use super::stage_set::Weighed;
 use super::weave::Woven;
 use super::{fits, homed_params, Ctx};
 use crate::algebra::analysis::{dependencies, timing};
+use crate::ir::compare::less;
 use crate::ir::plan::{Plan, Task, UnitId};
 use crate::ir::program::{Cost, Op};
 
@@ -527,7 +528,7 @@ pub(crate) fn no_worse_than_zbh1(plan: Plan, order: Vec<Vec<Task>>) -> Plan {
             .and_then(|d| timing(p, &d))
             .map_or(f64::INFINITY, |t| t.makespan())
     };
-    if span(&zbh1) < span(&plan) && fits(&zbh1) {
+    if less(span(&zbh1), span(&plan)) && fits(&zbh1) {
         zbh1
     } else {
         plan

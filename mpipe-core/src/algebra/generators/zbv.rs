@@ -12,6 +12,7 @@
 //! in micro-batch order, so the decision per step is O(1).
 
 use super::Ctx;
+use crate::ir::compare::at_most;
 use crate::ir::plan::Task;
 use crate::ir::program::Op;
 use std::cmp::Ordering;
@@ -52,7 +53,7 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
         .map(|r| p as f64 * (act(stage(r, 0)) + act(stage(r, 1))))
         .collect();
     // An F fits if the budget allows it, or if nothing at all is in flight.
-    let fits = |held: f64, k: usize, r: usize| held == 0.0 || held + act(k) <= budget[r] + 1e-9;
+    let fits = |held: f64, k: usize, r: usize| held == 0.0 || at_most(held + act(k), budget[r]);
     let mut order: Vec<Vec<Task>> = vec![Vec::with_capacity(6 * m); p];
     let mut heap: BinaryHeap<Free> = (0..p).map(|r| Free(0.0, r as u64, r)).collect();
     let mut pushes = p as u64;

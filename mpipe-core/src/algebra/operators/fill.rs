@@ -46,6 +46,7 @@ use crate::algebra::analysis::{
     dependencies, dependencies_lenient, peak_memory, timing, PlanError, Timing,
 };
 use crate::algebra::profile::Profile;
+use crate::ir::compare::{at_most, less, Score};
 use crate::ir::plan::{Plan, Task, TaskIndex, UnitId};
 use crate::ir::program::Op;
 
@@ -115,13 +116,18 @@ pub fn fill(
     if let Some((cut, pieces)) = cut_encoder(&plan, profile, enc) {
         let layered = place_layers(cut, &pieces, link, cap)?;
         let s = span(&layered)?;
-        // Layer by layer only when faster, and within the memory limit if the whole
-        // placement is.
-        if s < best && (within_limit(&layered) || !within_limit(&filled)) {
+        // Layer by layer only when faster (under the tolerance rule; as fast and
+        // holding less memory counts too), and within the memory limit if the
+        // whole placement is.
+        if Score::span(s)
+            .with_peak(peak(&layered))
+            .beats(&Score::span(best).with_peak(peak(&filled)))
+            && (within_limit(&layered) || !within_limit(&filled))
+        {
             (filled, best) = (layered, s);
         }
     }
-    Ok(if best <= before { filled } else { plan })
+    Ok(if at_most(best, before) { filled } else { plan })
 }
 
 /// Takes `enc`'s tasks out of `plan` and puts them back one micro-batch at a time
@@ -193,10 +199,9 @@ fn take_earliest(
     due: f64,
     after: usize,
 ) -> Option<(usize, f64)> {
-    let eps = 1e-9 * ready.abs().max(1.0);
     let gap = list
         .iter_mut()
-        .find(|(k, from, until)| *k >= after && from.max(ready) + cost <= until.min(due) + eps)?;
+        .find(|(k, from, until)| *k >= after && at_most(from.max(ready) + cost, until.min(due)))?;
     let end = gap.1.max(ready) + cost;
     gap.1 = end;
     Some((gap.0, end))
@@ -327,12 +332,11 @@ impl Gaps {
         home: usize,
         send: f64,
     ) -> Option<(usize, usize)> {
-        let eps = 1e-9 * deadline.abs().max(1.0);
         let mut best: Option<(f64, usize, usize)> = None;
         for (r, list) in self.gaps.iter().enumerate() {
             let due = if r == home { deadline } else { deadline - send };
             for (g, &(_, from, until)) in list.iter().enumerate() {
-                if from + cost <= until.min(due) + eps && best.is_none_or(|(f, ..)| from > f) {
+                if at_most(from + cost, until.min(due)) && best.is_none_or(|(f, ..)| from > f) {
                     best = Some((from, r, g));
                 }
             }
@@ -361,7 +365,7 @@ fn fallback(
             .filter(|&r| only.is_none_or(|o| o == r))
             .map(|r| {
                 let due = if r == home { deadline } else { deadline - send };
-                let pos = time.end[r].partition_point(|&e| e <= due - cost);
+                let pos = time.end[r].partition_point(|&e| at_most(e, due - cost));
                 let mut candidate = plan.clone();
                 candidate.order[r].insert(pos, task);
                 candidate
@@ -406,10 +410,15 @@ pub(super) fn first_reader(
         .min_by(|a, b| a.0.total_cmp(&b.0))
 }
 
+/// `p`'s largest peak of activations over the ranks.
+fn peak(p: &Plan) -> f64 {
+    peak_memory(p).into_iter().fold(0.0, f64::max)
+}
+
 /// Whether `p`'s peak activations stay within its memory limit (none: yes).
 pub(super) fn within_limit(p: &Plan) -> bool {
     p.memory_limit
-        .is_none_or(|limit| peak_memory(p).into_iter().all(|x| x <= limit))
+        .is_none_or(|limit| peak_memory(p).into_iter().all(|x| at_most(x, limit)))
 }
 
 /// Of `candidates` (a plan with a task inserted, each), the one with the shortest
@@ -427,7 +436,7 @@ pub(super) fn fastest(candidates: impl IntoIterator<Item = Plan>) -> Option<Plan
         let (ok, span) = (within_limit(&candidate), t.makespan());
         let better = best
             .as_ref()
-            .is_none_or(|(b_ok, b_span, _)| (ok && !b_ok) || (ok == *b_ok && span < *b_span));
+            .is_none_or(|(b_ok, b_span, _)| (ok && !b_ok) || (ok == *b_ok && less(span, *b_span)));
         if better {
             best = Some((ok, span, candidate));
         }
@@ -448,9 +457,11 @@ pub(super) fn fastest_backward(candidates: Vec<Plan>) -> Result<Option<Plan>, Pl
     Ok(scored
         .into_iter()
         .min_by(|a, b| {
-            b.0.cmp(&a.0)
-                .then(a.1.total_cmp(&b.1))
-                .then(a.2.total_cmp(&b.2))
+            b.0.cmp(&a.0).then(
+                Score::span(a.1)
+                    .with_peak(a.2)
+                    .order(&Score::span(b.1).with_peak(b.2)),
+            )
         })
         .map(|(.., p)| p))
 }

@@ -24,6 +24,7 @@
 //! built elsewhere), so one part's units are either all stages or all layers.
 
 use crate::algebra::profile::{EncoderProfile, Extra, Profile};
+use crate::ir::compare::close;
 use crate::ir::plan::{InputShip, Plan, Task, UnitId};
 use crate::ir::program::{Cost, Op, Role, Unit};
 
@@ -444,7 +445,6 @@ fn extra(x: &Extra, bytes: f64) -> Layer {
 
 /// Whether `layers` add up to `unit` (costs, activations, parameters), to rounding.
 fn matches(unit: &Unit, layers: &[Layer]) -> bool {
-    let close = |a: f64, b: f64| (a - b).abs() <= 1e-9 * a.abs().max(b.abs()).max(1.0);
     let sum = |f: &dyn Fn(&Layer) -> f64| layers.iter().map(f).sum::<f64>();
     close(sum(&|l| l.cost.f), unit.cost.f)
         && close(sum(&|l| l.cost.b), unit.cost.b)

@@ -36,6 +36,7 @@ use super::insert_all;
 use super::layers::cut_encoder;
 use crate::algebra::analysis::{dependencies, timing, PlanError};
 use crate::algebra::profile::Profile;
+use crate::ir::compare::less;
 use crate::ir::plan::{Plan, Task, UnitId};
 use crate::ir::program::Op;
 
@@ -63,9 +64,9 @@ pub fn prefetch(plan: Plan, enc: UnitId, profile: &Profile) -> Result<Plan, Plan
         for k in ks {
             let cand = place(k)?;
             let s = span(&cand)?;
-            let improved = s < run_best;
+            let improved = less(s, run_best);
             run_best = run_best.min(s);
-            if s < best.0 {
+            if less(s, best.0) {
                 best = (s, cand);
             }
             if k >= always && !improved {

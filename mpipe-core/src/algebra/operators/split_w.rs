@@ -15,6 +15,7 @@
 
 use super::insert_all;
 use crate::algebra::analysis::{dependencies, timing, PlanError};
+use crate::ir::compare::at_most;
 use crate::ir::plan::{Plan, Task};
 use crate::ir::program::Op;
 use std::collections::HashMap;
@@ -85,7 +86,7 @@ pub fn split_w(plan: Plan) -> Result<Plan, PlanError> {
     // 3. Keep the better of the two, never worse than the body.
     let (a, m) = (span(&adjacent)?, span(&moved)?);
     let best = if m <= a { moved } else { adjacent };
-    debug_assert!(span(&best)? <= before + 1e-9 * before.max(1.0));
+    debug_assert!(at_most(span(&best)?, before));
     Ok(best)
 }
 

@@ -22,6 +22,7 @@ use super::insert_all;
 use crate::algebra::analysis::{
     dependencies, dependencies_lenient, peak_memory, timing, PlanError,
 };
+use crate::ir::compare::{at_most, less};
 use crate::ir::plan::{InputShip, Plan, Task, UnitId};
 use crate::ir::program::Op;
 
@@ -106,7 +107,7 @@ pub fn transpose_with(
             let most = work.iter().copied().fold(0.0, f64::max);
             let spare: Vec<usize> = (0..p)
                 .map(|i| (r0 + i) % p)
-                .filter(|&r| work[r] < most * (1.0 - 1e-9))
+                .filter(|&r| less(work[r], most))
                 .collect();
             if spare.is_empty() {
                 (0..p).map(|i| (r0 + i) % p).collect()
@@ -153,7 +154,7 @@ pub fn transpose_with(
     // The fastest candidate among those within the profile's memory limit (so
     // without a limit a trainable encoder may hold all its activations to the end of
     // the step); on a tie the earlier candidate.
-    let fits = |peak: f64| plan.memory_limit.is_none_or(|limit| peak <= limit);
+    let fits = |peak: f64| plan.memory_limit.is_none_or(|limit| at_most(peak, limit));
     let mut best: Option<(f64, f64, Plan)> = None;
     let single = candidates.len() == 1;
     for candidate in candidates {
@@ -295,8 +296,6 @@ fn idle_owners(plan: &Plan, ring: &[usize], c_f: f64) -> Result<Vec<usize>, Plan
         })
         .collect();
     by_deadline.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    // Relative slack for sums of costs that are equal in exact arithmetic.
-    let tol = |x: f64| x + 1e-9 * x.abs().max(1.0);
     let assign = |delay: f64| -> Option<Vec<usize>> {
         let mut used = vec![0usize; ring.len()];
         let mut owner = vec![0usize; m];
@@ -305,12 +304,12 @@ fn idle_owners(plan: &Plan, ring: &[usize], c_f: f64) -> Result<Vec<usize>, Plan
             let mut pick: Option<(usize, f64)> = None;
             for (i, &s) in start.iter().enumerate() {
                 let finish = (used[i] + 1) as f64 * c_f;
-                if finish <= tol(s + delay) && pick.is_none_or(|(_, f)| finish < f) {
+                if at_most(finish, s + delay) && pick.is_none_or(|(_, f)| finish < f) {
                     pick = Some((i, finish));
                 }
             }
             let (i, finish) = pick?;
-            if finish > tol(need + delay) {
+            if !at_most(finish, need + delay) {
                 return None;
             }
             used[i] += 1;
