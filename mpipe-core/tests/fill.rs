@@ -8,10 +8,12 @@ use common::BODIES;
 use mpipe_core::analysis::{dependencies, timing};
 use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::generators::{generate, BodyKind};
-use mpipe_core::operators::fill::fill;
+use mpipe_core::ir::compare::at_most;
+use mpipe_core::operators::fill::{fill, FillTies};
 use mpipe_core::plan::Plan;
 use mpipe_core::profile::Profile;
 use mpipe_core::program::Op;
+use mpipe_core::simulate::Mode;
 use proptest::prelude::*;
 
 fn span(p: &Plan) -> f64 {
@@ -114,4 +116,61 @@ fn fill_places_a_long_forward_layer_by_layer() {
             .collect();
         assert_eq!(ranks.len(), 1, "micro-batch {mb}: {ranks:?}");
     }
+}
+
+/// Where `fill`'s ideal timing cannot tell the whole placement from the layered one
+/// (their ideal steps equal under the tolerance rule), the derivation simulates both
+/// and keeps the faster: the default is then never slower than `pieces = whole` nor
+/// `pieces = layers`. Qwen2-VL-72B at 4 x 8 under rendezvous has such a tie for
+/// `fill(vision, 1f1b)`, where the ideal choice (whole) simulates 7% slower.
+#[test]
+fn an_ideal_tie_between_pieces_is_broken_by_simulation() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../profiles/");
+    let mut tied = Vec::new();
+    for file in [
+        "eval-b-qwen2vl72b.toml",
+        "eval-b-qwen2vl72b-frozen.toml",
+        "qwen2vl-7b.toml",
+    ] {
+        let text = std::fs::read_to_string(format!("{root}{file}")).unwrap();
+        let prof = Profile::from_toml_str(&text).unwrap();
+        for body in ["1f1b", "zbh1", "zbv"] {
+            for mode in [Mode::Rendezvous, Mode::Eager] {
+                let ties = FillTies::new();
+                let req = Request {
+                    mode,
+                    fill_ties: Some(&ties),
+                    ..Request::new(&prof, 4, 8)
+                };
+                let expr = format!("fill(vision, {body})");
+                let Ok(chosen) = derive_str(&req, &expr) else {
+                    continue;
+                };
+                if !ties.seen() {
+                    continue;
+                }
+                tied.push(format!("{file} {mode:?} {expr}"));
+                let req = Request {
+                    mode,
+                    ..Request::new(&prof, 4, 8)
+                };
+                for pieces in ["whole", "layers"] {
+                    let alt = format!("fill(vision, {body}, pieces = {pieces})");
+                    if let Ok(alt_d) = derive_str(&req, &alt) {
+                        assert!(
+                            at_most(chosen.report.makespan, alt_d.report.makespan),
+                            "{file} {mode:?}: {expr} {} is slower than {alt} {}",
+                            chosen.report.makespan,
+                            alt_d.report.makespan
+                        );
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        tied.iter()
+            .any(|c| c == "eval-b-qwen2vl72b.toml Rendezvous fill(vision, 1f1b)"),
+        "{tied:?}"
+    );
 }

@@ -16,7 +16,7 @@ use crate::algebra::expr::Expr;
 use crate::algebra::expr::Span;
 use crate::algebra::generators::{generate_by, BodyKind, GenError, Weave};
 use crate::algebra::operators::chain::{chain, ChainError};
-use crate::algebra::operators::fill::{fill, FillCap};
+use crate::algebra::operators::fill::{fill_with, FillCap, FillTies, Pieces};
 use crate::algebra::operators::host::{host, Host};
 use crate::algebra::operators::layers::layers;
 use crate::algebra::operators::prefetch::prefetch;
@@ -85,6 +85,11 @@ pub struct Request<'a> {
     /// each candidate it plans ([`FillCap`]); `None` (the default) never cuts a
     /// placement short.
     pub fill_cap: Option<&'a FillCap>,
+    /// Where a `fill` that chooses its pieces records that the ideal timing could
+    /// not tell them apart ([`FillTies`]): the derivation sets one (or uses the
+    /// caller's, who can then read it), to derive both placements then; `None` (the
+    /// default) records nothing here.
+    pub fill_ties: Option<&'a FillTies>,
 }
 
 impl<'a> Request<'a> {
@@ -97,6 +102,7 @@ impl<'a> Request<'a> {
             mode: Mode::Rendezvous,
             policy: SearchPolicy::DEFAULT,
             fill_cap: None,
+            fill_ties: None,
         }
     }
 
@@ -407,15 +413,28 @@ pub(crate) static TABLE: [Row; 17] = [
         sig: Signature {
             name: "fill",
             shape: Shape::EncoderOver,
-            params: &[],
+            params: &[Param {
+                key: "pieces",
+                ty: Type::Choice(&["best", "whole", "layers"]),
+                doc: "the encoder placed whole or layer by layer",
+            }],
             example: "fill(vision, zbv)",
             doc: "the encoder's work put into the body's idle time",
         },
         eval: |req, e, c, errors| {
+            let pieces = [Pieces::Best, Pieces::Whole, Pieces::Layers][c.choice("pieces")];
             let (id, plan) = encoder_and_plan(req, c, errors)?;
             applied(
                 e,
-                fill(plan, id, link(req), req.profile, req.fill_cap),
+                fill_with(
+                    plan,
+                    id,
+                    link(req),
+                    req.profile,
+                    pieces,
+                    req.fill_cap,
+                    req.fill_ties,
+                ),
                 errors,
             )
         },

@@ -48,6 +48,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde::Serialize;
 
 use crate::algebra::profile::{Extra, Profile};
+use crate::ir::compare::close;
 use crate::ir::program::{ActionRef, CollKind, Cost, Dir, Op, Program, Tensor};
 use crate::judge::simulate::{CommModel, Mode};
 use crate::judge::timeline::{Slot, Timeline};
@@ -546,7 +547,7 @@ fn fit_link(points: &[(f64, f64)], step: f64, prior: Option<CommModel>) -> Optio
     let n = points.len() as f64;
     let mut sizes: Vec<f64> = points.iter().map(|p| p.1).collect();
     sizes.sort_by(f64::total_cmp);
-    sizes.dedup_by(|a, b| (*a - *b).abs() <= 1e-12 * b.abs().max(1e-300));
+    sizes.dedup_by(|a, b| close(*a, *b));
     let (latency, per_byte) = if sizes.len() >= 2 {
         let mx = points.iter().map(|p| p.1).sum::<f64>() / n;
         let my = points.iter().map(|p| p.0).sum::<f64>() / n;

@@ -218,7 +218,8 @@ mod tests {
         for (rank, w) in w.iter().enumerate() {
             let idle = r.makespan - r.compute[rank];
             assert!(
-                (w.waiting() + w.transfer + w.done_early - idle).abs() < 1e-9,
+                (w.waiting() + w.transfer + w.done_early - idle).abs()
+                    <= crate::ir::compare::RELATIVE_TOLERANCE * r.makespan,
                 "rank {rank}: {w:?} against idle {idle}"
             );
         }

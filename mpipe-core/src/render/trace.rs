@@ -506,7 +506,7 @@ mod tests {
             assert!(samples.windows(2).all(|w| w[0].0 <= w[1].0), "{samples:?}");
             let top = samples.iter().map(|s| s.1).fold(0.0, f64::max);
             assert!(
-                peak > 0.0 && (top - peak).abs() < 1e-9,
+                peak > 0.0 && crate::ir::compare::close(top, peak),
                 "{name}: {top} vs {peak}"
             );
         }

@@ -11,12 +11,14 @@
 //! (`algebra::eval`) gives the plan, with every mistake of the expression
 //! at its span, and `search::finish` the checked, simulated program.
 
+use crate::algebra::analysis::{dependencies, timing};
 pub use crate::algebra::eval::{
     body_names, operator_names, signature, DeriveError, ErrorKind, Request, MAX_ORDER,
 };
 use crate::algebra::eval::{err, eval, one_body, plan_of};
 use crate::algebra::expr::{Arg, Expr, Ident, Value};
-use crate::ir::compare::{less, Score};
+use crate::algebra::operators::fill::FillTies;
+use crate::ir::compare::{close, less, Score};
 use crate::ir::plan::Plan;
 pub use crate::ir::text::did_you_mean;
 use crate::judge::bound::lowering_floor;
@@ -72,8 +74,17 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
     if !errors.is_empty() {
         return Err(errors);
     }
+    if expr.name() == "auto" {
+        return crate::search::auto::auto(req, expr);
+    }
+    // A `fill` that cannot tell its placements apart records it here (in the
+    // caller's record, if it gave one); then both are derived (`choose_placement`).
+    let own = FillTies::new();
+    let req = &Request {
+        fill_ties: Some(req.fill_ties.unwrap_or(&own)),
+        ..*req
+    };
     match expr.name() {
-        "auto" => crate::search::auto::auto(req, expr),
         "refine" => {
             let mut errors = Vec::new();
             let (checked, inner) = one_body(req, expr, &mut errors);
@@ -115,14 +126,22 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
 /// than `late`. Likewise where `expr` has a `zbv(list = search)` or
 /// `zbh1(list = search)` (chosen by the plans' ideal timing too), also the plan
 /// with the fixed order there (`list = fixed`): the searched body is never behind
-/// `zbv` / `zbh1` in the same place, under either semantics. Returns the plan kept
-/// and its derivation.
+/// `zbv` / `zbh1` in the same place, under either semantics. And where `expr` has a
+/// `fill` that chooses its pieces (`pieces = best`: whole or layer by layer, by the
+/// ideal timing), also the plans with `pieces = whole` and `pieces = layers` there,
+/// but only those whose ideal step equals `plan`'s under the tolerance rule: where
+/// the ideal timing cannot tell them apart, the simulation does (and elsewhere
+/// nothing more is derived). Returns the plan kept and its derivation.
 fn choose_placement(
     req: &Request,
     plan: Plan,
     expr: &Expr,
 ) -> (Plan, Result<Derived, Vec<DeriveError>>) {
     let text = expr.to_string();
+    // Whether a `fill` recorded a tie: only then are its alternatives planned, and
+    // derived where their ideal step ties `plan`'s (timed only then too).
+    let fill_tied = req.fill_ties.is_some_and(FillTies::seen);
+    let ideal = fill_tied.then(|| ideal_step(&plan)).flatten();
     // The plan kept, its score once derived (`None` inside: its derivation failed),
     // and its derivation while it is still held. Only one derivation is held at a
     // time: the kept plan's goes before an alternative is derived, and the kept plan
@@ -132,16 +151,28 @@ fn choose_placement(
     let mut best = plan;
     let mut score: Option<Option<Score>> = None;
     let mut held: Option<Result<Checked, Vec<DeriveError>>> = None;
+    // Each alternative, and whether it is derived only on an ideal tie with `plan`.
     let others = ["prefix", "late"]
         .iter()
         .map_while(|place| with_placement(expr, place))
-        .chain(with_fixed_list(expr));
-    for other in others {
+        .chain(with_fixed_list(expr))
+        .map(|e| (e, false))
+        .chain(
+            ["whole", "layers"]
+                .iter()
+                .filter(|_| fill_tied)
+                .map_while(|pieces| with_fill_pieces(expr, pieces))
+                .map(|e| (e, true)),
+        );
+    for (other, on_tie) in others {
         let mut ignored = Vec::new();
         let alt = match eval(req, &other, &mut ignored) {
             Some(alt) if ignored.is_empty() && alt != best => alt,
             _ => continue,
         };
+        if on_tie && !ideal.is_some_and(|t| ideal_step(&alt).is_some_and(|a| close(a, t))) {
+            continue;
+        }
         let current = match score {
             Some(s) => s,
             None => {
@@ -208,6 +239,46 @@ fn with_placement(e: &Expr, place: &str) -> Option<Expr> {
         changed = true;
     }
     changed.then_some(out)
+}
+
+/// `e` with `pieces = PIECES` given to every `fill` that chooses its pieces (no
+/// `pieces`, or `pieces = best`); `None` if there is none.
+fn with_fill_pieces(e: &Expr, pieces: &str) -> Option<Expr> {
+    let mut out = e.clone();
+    let mut changed = false;
+    let chooses = e.name() == "fill"
+        && e.find_key("pieces")
+            .is_none_or(|v| v.as_name() == Some("best"));
+    for arg in &mut out.args {
+        match arg {
+            Arg::Expr(sub) => {
+                if let Some(x) = with_fill_pieces(sub, pieces) {
+                    *sub = x;
+                    changed = true;
+                }
+            }
+            Arg::Key { key, value, .. } if chooses && key.name == "pieces" => {
+                *value = Value::Name(Ident::new(pieces, value.span()));
+                changed = true;
+            }
+            Arg::Key { .. } => {}
+        }
+    }
+    if chooses && e.find_key("pieces").is_none() {
+        out.args.push(Arg::Key {
+            key: Ident::new("pieces", e.span),
+            value: Value::Name(Ident::new(pieces, e.span)),
+            span: e.span,
+        });
+        changed = true;
+    }
+    changed.then_some(out)
+}
+
+/// `plan`'s ideal (communication-free) step; `None` if it cannot be timed.
+fn ideal_step(plan: &Plan) -> Option<f64> {
+    let deps = dependencies(plan).ok()?;
+    Some(timing(plan, &deps).ok()?.makespan())
 }
 
 /// `e` with every `zbv(list = search)` / `zbh1(list = search)` made `list = fixed`;

@@ -27,7 +27,10 @@
 //! The same placement is also made with the encoder cut into its layers, each
 //! micro-batch's layers on one rank ([`super::fill_layers`]), and kept when its ideal
 //! step is shorter (and within the memory limit, if the whole placement is): a long
-//! forward fits no gap of a pipeline's ramps whole, and its layers may.
+//! forward fits no gap of a pipeline's ramps whole, and its layers may. Where the
+//! ideal timing cannot tell the two apart (equal steps under
+//! [`crate::ir::compare`]'s rule), the derivation above the algebra derives both
+//! (`pieces = whole`, `pieces = layers`) and keeps the one that simulates faster.
 //!
 //! Promise: the result's ideal (communication-free) step is never longer than the
 //! body's; if the placement comes out longer (the greedy choices are made one
@@ -46,7 +49,7 @@ use crate::algebra::analysis::{
     dependencies, dependencies_lenient, peak_memory, timing, PlanError, Timing,
 };
 use crate::algebra::profile::Profile;
-use crate::ir::compare::{at_most, less, Score};
+use crate::ir::compare::{at_most, close, less, Score};
 use crate::ir::plan::{Plan, Task, TaskIndex, UnitId};
 use crate::ir::program::Op;
 
@@ -82,6 +85,33 @@ impl FillCap {
     }
 }
 
+/// A record, carried by the request ([`crate::algebra::eval::Request::fill_ties`]),
+/// that a `fill` choosing its pieces ([`Pieces::Best`]) found the whole and the
+/// layer-by-layer placements equally fast in the ideal timing (under
+/// [`crate::ir::compare`]'s rule). The ideal timing then decided nothing of worth
+/// (the choice falls to peak memory, or to rounding), so the derivation, which can
+/// simulate, derives both and keeps the faster; without a tie it derives one.
+#[derive(Debug, Default)]
+pub struct FillTies {
+    seen: std::sync::atomic::AtomicBool,
+}
+
+impl FillTies {
+    /// A record of no tie yet.
+    pub fn new() -> Self {
+        FillTies::default()
+    }
+
+    /// Whether a `fill` under this record tied.
+    pub fn seen(&self) -> bool {
+        self.seen.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn record(&self) {
+        self.seen.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
 /// Charges one fallback's re-timings of `plan` (a timing per rank, one of the
 /// result, and its index) to `spent`; an error once past `cap`, if any.
 pub(super) fn charge(spent: &mut u64, plan: &Plan, cap: Option<&FillCap>) -> Result<(), PlanError> {
@@ -97,10 +127,20 @@ pub(super) fn charge(spent: &mut u64, plan: &Plan, cap: Option<&FillCap>) -> Res
     Ok(())
 }
 
-/// Re-place encoder `enc`'s work in `plan` (see the module documentation), whole
-/// or layer by layer (layers from `profile`; see [`super::fill_layers`]). Never a
-/// longer ideal step than `plan`: if the placement comes out longer, `plan` is kept.
-/// `cap` bounds the placement's work ([`FillCap`]; `None`: unbounded).
+/// Whether `fill` places the encoder whole or layer by layer (`fill`'s `pieces`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pieces {
+    /// The faster of the two by the plan's ideal timing (as fast: the one holding
+    /// less memory, else whole).
+    Best,
+    /// The encoder whole, one task per micro-batch and pass.
+    Whole,
+    /// The encoder cut into its layers; whole when it cannot be cut (a single
+    /// layer, or costs that are not its layers').
+    Layers,
+}
+
+/// [`fill_with`] choosing the pieces by the ideal timing ([`Pieces::Best`]).
 pub fn fill(
     plan: Plan,
     enc: UnitId,
@@ -108,14 +148,48 @@ pub fn fill(
     profile: &Profile,
     cap: Option<&FillCap>,
 ) -> Result<Plan, PlanError> {
+    fill_with(plan, enc, link, profile, Pieces::Best, cap, None)
+}
+
+/// Re-place encoder `enc`'s work in `plan` (see the module documentation), whole
+/// or layer by layer (layers from `profile`; see [`super::fill_layers`]) as `pieces`
+/// says. Never a longer ideal step than `plan`: if the placement comes out longer,
+/// `plan` is kept. `cap` bounds the placement's work ([`FillCap`]; `None`:
+/// unbounded); `ties`, if any, records a tie of the two placements ([`FillTies`]).
+pub fn fill_with(
+    plan: Plan,
+    enc: UnitId,
+    link: Link,
+    profile: &Profile,
+    pieces: Pieces,
+    cap: Option<&FillCap>,
+    ties: Option<&FillTies>,
+) -> Result<Plan, PlanError> {
     let span =
         |p: &Plan| -> Result<f64, PlanError> { Ok(timing(p, &dependencies(p)?)?.makespan()) };
     let before = span(&plan)?;
+    let mut cut = match pieces {
+        Pieces::Whole => None,
+        Pieces::Best | Pieces::Layers => cut_encoder(&plan, profile, enc),
+    };
+    if pieces == Pieces::Layers {
+        if let Some((cut, layer_ids)) = cut.take() {
+            let layered = place_layers(cut, &layer_ids, link, cap)?;
+            return Ok(if at_most(span(&layered)?, before) {
+                layered
+            } else {
+                plan
+            });
+        }
+    }
     let mut filled = place(plan.clone(), enc, link, None, cap)?;
     let mut best = span(&filled)?;
-    if let Some((cut, pieces)) = cut_encoder(&plan, profile, enc) {
-        let layered = place_layers(cut, &pieces, link, cap)?;
+    if let Some((cut, layer_ids)) = cut {
+        let layered = place_layers(cut, &layer_ids, link, cap)?;
         let s = span(&layered)?;
+        if let Some(ties) = ties.filter(|_| close(s, best)) {
+            ties.record();
+        }
         // Layer by layer only when faster (under the tolerance rule; as fast and
         // holding less memory counts too), and within the memory limit if the
         // whole placement is.
