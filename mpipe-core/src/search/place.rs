@@ -5,7 +5,7 @@
 
 use crate::algebra::analysis::Timing;
 use crate::algebra::lower::{
-    assemble_lowered, placement_at, placement_of, prepare, total_order, Placed, Placement,
+    assemble_lowered, placement_at, placement_of, prepare, total_order, Lowered, Placed, Placement,
     Prepared, Step,
 };
 use crate::ir::compare::{at_most, Score};
@@ -137,25 +137,25 @@ pub(crate) fn best_lowering_with(
     let budget = refine_budget.min(refine_actions / actions.max(1));
     // What refinement needs to place the winner again, kept only if it runs.
     let prepared = (!done && budget > 0).then_some(prepared);
-    let program = lowered.into_program(&plan.units, text);
     if done {
-        return Ok((program, report));
+        return Ok((lowered.into_program(&plan.units, text), report));
     }
+    // Refinement works on the lowering by unit index; only its result is named.
     let moved = match prepared {
         // Refinement moves the placement's ends: placed again (the same placement).
         Some(prepared) => {
             let at = best.placement(plan, &prepared, policy)?;
             drop(prepared);
-            refine(plan, at, (program, report), text, opts, budget)
+            refine(plan, at, (lowered, report), opts, budget)
         }
-        None => (program, report),
+        None => (lowered, report),
     };
     if at_most(moved.1.makespan, target) {
-        return Ok(moved);
+        return Ok((moved.0.into_program(&plan.units, text), moved.1));
     }
     // Then weight gradients into the waits left, within the memory limit (moving
     // parameters nowhere: the resident parameters stay the program's).
-    let params = resident_params(&moved.0);
+    let params = resident_params_lowered(&plan.units, &moved.0);
     let fits = |rep: &SimReport| {
         limit.is_none_or(|l| {
             rep.peak_memory
@@ -167,9 +167,10 @@ pub(crate) fn best_lowering_with(
     let budget =
         w_budget.min(w_actions / moved.0.programs.iter().map(Vec::len).sum::<usize>().max(1));
     if budget < w_min {
-        return Ok(moved);
+        return Ok((moved.0.into_program(&plan.units, text), moved.1));
     }
-    Ok(settle_w(moved, opts, &fits, budget, policy))
+    let (lowered, report) = settle_w(&plan.units, moved, opts, &fits, budget, policy);
+    Ok((lowered.into_program(&plan.units, text), report))
 }
 
 /// The best lowering so far, as what lowers it again: the timing its transfers were
@@ -333,6 +334,29 @@ pub(crate) fn peak_memory_with_params(program: &Program, report: &SimReport) -> 
         .zip(resident_params(program))
         .map(|(a, b)| a + b)
         .fold(0.0, f64::max)
+}
+
+/// [`resident_params`] of a lowering by unit index (`units` are the plan's): the
+/// same figures as for its named program.
+fn resident_params_lowered(units: &[crate::ir::program::Unit], lowered: &Lowered) -> Vec<f64> {
+    let mut held = vec![std::collections::BTreeSet::new(); lowered.ranks];
+    for (u, unit) in units.iter().enumerate() {
+        if unit.home < lowered.ranks {
+            held[unit.home].insert(u);
+        }
+    }
+    for (r, list) in lowered.programs.iter().enumerate().take(lowered.ranks) {
+        for step in list {
+            if let Step::Compute { unit, .. } = *step {
+                if (unit as usize) < units.len() {
+                    held[r].insert(unit as usize);
+                }
+            }
+        }
+    }
+    held.iter()
+        .map(|set| set.iter().map(|&u| units[u].params).sum())
+        .collect()
 }
 
 /// Parameter memory resident on each rank: every unit's parameters on its home, and

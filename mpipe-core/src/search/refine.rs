@@ -17,30 +17,40 @@
 //! [`crate::algebra::lower`] depends only on that order, so every refined program terminates
 //! under rendezvous, like the one it came from.
 
-use crate::algebra::lower::{assemble, Placed};
+use crate::algebra::lower::{assemble_lowered, Lowered, Placed, Step};
 use crate::ir::compare::Score;
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
-use crate::ir::program::{Action, ActionRef, P2pRef, Program};
+use crate::ir::program::{Op, Unit};
 use crate::judge::compare::timed;
-use crate::judge::simulate::{simulate, SimOptions, SimReport};
+use crate::judge::simulate::{finish_times_lowered, simulate_lowered, SimOptions, SimReport};
+
+/// A trial's [`timed`] score from its finishing times alone (no timeline kept, no
+/// memory walked): the makespan, the latest of them, then their sum, as [`timed`]
+/// reads them from the report [`simulate_lowered`] gives. `None` when it does not run.
+fn score_of(units: &[Unit], lowered: &Lowered, opts: &SimOptions) -> Option<Score> {
+    let finish = finish_times_lowered(units, lowered, opts).ok()?;
+    let makespan = finish.iter().copied().fold(0.0, f64::max);
+    let ends: f64 = finish.iter().sum();
+    Some(Score::span(makespan).with_ends(ends))
+}
 
 /// Improve `at` (a placement of `plan`'s transfers) for `opts` with at most `budget`
-/// simulations; returns the best program found and its report. `start` is `at`'s
-/// program and report.
+/// simulations; returns the best lowering found and its report. `start` is `at`'s
+/// lowering ([`assemble_lowered`]) and report. Trials are judged by unit index and
+/// by their finishing times; only a kept one is simulated in full.
 pub(crate) fn refine(
     plan: &Plan,
     mut at: Vec<Vec<Placed>>,
-    start: (Program, SimReport),
-    expr: Option<&str>,
+    start: (Lowered, SimReport),
     opts: &SimOptions,
     budget: usize,
-) -> (Program, SimReport) {
-    let (mut program, mut report) = start;
+) -> (Lowered, SimReport) {
+    let (mut lowered, mut report) = start;
     let mut spent = 0;
     let mut best = timed(&report);
     while spent < budget {
-        let waits = waits(plan, &program, &report, &at);
+        let waits = waits(&lowered, &report, &at);
         let mut improved = false;
         for (r, q) in waits {
             let partner = other_end(&at, r, q);
@@ -56,14 +66,16 @@ pub(crate) fn refine(
                     continue;
                 };
                 spent += 1;
-                let candidate = assemble(plan, &at, expr);
-                let kept = simulate(&candidate, opts)
-                    .ok()
-                    .filter(|rep| timed(rep).improves(&best));
+                let kept = assemble_lowered(plan, &at).ok().and_then(|candidate| {
+                    score_of(&plan.units, &candidate, opts)
+                        .filter(|score| score.improves(&best))?;
+                    let rep = simulate_lowered(&plan.units, &candidate, opts).ok()?;
+                    Some((candidate, rep))
+                });
                 match kept {
-                    Some(rep) => {
+                    Some((candidate, rep)) => {
                         best = timed(&rep);
-                        program = candidate;
+                        lowered = candidate;
                         report = rep;
                         improved = true;
                         break;
@@ -83,7 +95,7 @@ pub(crate) fn refine(
             break;
         }
     }
-    (program, report)
+    (lowered, report)
 }
 
 #[derive(Clone, Copy)]
@@ -94,31 +106,39 @@ enum Move {
 
 /// Every placed end `(rank, index in at[rank])` at which its rank waited, the
 /// longest wait first (ties by rank and index, so the order is deterministic).
-fn waits(
-    plan: &Plan,
-    program: &Program,
-    report: &SimReport,
-    at: &[Vec<Placed>],
-) -> Vec<(usize, usize)> {
+fn waits(lowered: &Lowered, report: &SimReport, at: &[Vec<Placed>]) -> Vec<(usize, usize)> {
     let mut out: Vec<(f64, usize, usize)> = Vec::new();
-    for (r, list) in program.programs.iter().enumerate() {
+    for (r, list) in lowered.programs.iter().enumerate() {
         let Some(slots) = report.timeline.ranks.get(r) else {
             continue;
         };
-        // Walk the list and the placement together: the k-th point-to-point action
+        // Walk the list and the placement together: the k-th point-to-point step
         // of the rank's list is some end of at[r] (the prefetch transfers, at the
         // end, are not placed and not moved).
         let mut compute = 0usize;
         for (a, s) in list.iter().zip(slots) {
-            match a.view() {
-                ActionRef::Compute(_) => compute += 1,
-                ActionRef::P2p(p) => {
-                    // The end of this action: same slot (compute count) and action.
+            match *a {
+                Step::Compute { .. } => compute += 1,
+                Step::P2p {
+                    dir,
+                    tensor,
+                    unit,
+                    mb,
+                    peer,
+                    ..
+                } => {
+                    // The end of this step: same slot (compute count) and transfer.
                     let from = at[r].partition_point(|x| x.slot < compute);
                     let here = at[r][from..]
                         .iter()
                         .take_while(|x| x.slot == compute)
-                        .position(|x| same(plan, x, &p))
+                        .position(|x| {
+                            x.dir == dir
+                                && x.tensor == tensor
+                                && x.mb == mb
+                                && x.peer == peer
+                                && x.unit == unit
+                        })
                         .map(|i| from + i);
                     if let Some(q) = here {
                         let wait = s.end - s.start;
@@ -127,25 +147,12 @@ fn waits(
                         }
                     }
                 }
-                ActionRef::Coll(_) => {}
+                Step::Coll(_) => {}
             }
         }
     }
     out.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
     out.into_iter().map(|(_, r, q)| (r, q)).collect()
-}
-
-/// Whether `x` (placed, no batch) and `p` (in a program, maybe batched) are the same
-/// transfer end.
-fn same(plan: &Plan, x: &Placed, p: &P2pRef<'_>) -> bool {
-    x.dir == p.dir
-        && x.tensor == p.tensor
-        && x.mb as usize == p.mb
-        && x.peer as usize == p.peer
-        && plan
-            .units
-            .get(x.unit as usize)
-            .is_some_and(|u| u.name == p.unit)
 }
 
 /// The other end of the transfer placed at `at[r][q]`.
@@ -223,58 +230,73 @@ fn shift(
 /// times) goes down and every rank stays within `fits` (the memory limit: a `W`
 /// moved later holds its activation longer). Transfers keep their order on every
 /// rank, so the deadlock-freedom argument of [`crate::algebra::lower`] still holds.
+///
+/// It works on the lowering by unit index (`units` are the plan's): a trial changes
+/// one rank's list in place (undone when it is not kept), is ranked by its
+/// finishing times, and only one that is faster is simulated in full (its memory,
+/// for `fits`, and its timeline, for the next moves).
 pub(crate) fn settle_w(
-    start: (Program, SimReport),
+    units: &[Unit],
+    start: (Lowered, SimReport),
     opts: &SimOptions,
     fits: &dyn Fn(&SimReport) -> bool,
     budget: usize,
     policy: &SearchPolicy,
-) -> (Program, SimReport) {
+) -> (Lowered, SimReport) {
     let (moves_per_round, fit) = (policy.w_moves_per_round, policy.w_fit);
-    let (mut program, mut report) = start;
+    let (mut lowered, mut report) = start;
     let mut best = timed(&report);
     let mut spent = 0;
-    let lengths = Lengths::of(&program, opts);
-    let cost = |a: &Action| lengths.compute(a);
+    let lengths = Lengths::of(units, opts);
+    let cost = |a: &Step| lengths.compute(a);
     // A candidate's report when it beats `best` and fits.
-    let accept = |next: &Program, best: Score| {
-        simulate(next, opts)
+    let accept = |next: &Lowered, best: Score| {
+        score_of(units, next, opts).filter(|score| score.improves(&best))?;
+        simulate_lowered(units, next, opts)
             .ok()
-            .filter(|rep| timed(rep).improves(&best) && fits(rep))
+            .filter(|rep| fits(rep))
     };
     // First the waits of one rank at a time, each all at once, while that helps:
     // one simulation a try.
     loop {
         let mut improved = false;
-        for r in 0..program.programs.len() {
+        for r in 0..lowered.programs.len() {
             if spent >= budget {
                 break;
             }
-            let Some(next) = fill_rank(&program, &report, &lengths, r) else {
+            let Some(filled) = fill_rank(&lowered, &report, &lengths, r) else {
                 continue;
             };
             spent += 1;
-            if let Some(rep) = accept(&next, best) {
-                best = timed(&rep);
-                program = next;
-                report = rep;
-                improved = true;
+            let old = std::mem::replace(&mut lowered.programs[r], filled);
+            match accept(&lowered, best) {
+                Some(rep) => {
+                    best = timed(&rep);
+                    report = rep;
+                    improved = true;
+                }
+                None => lowered.programs[r] = old,
             }
         }
         if !improved || spent >= budget {
             break;
         }
     }
+    // The moves tried and not kept since the program last changed: the waits of one
+    // batch often propose the same move, and it would be judged the same again. It
+    // still counts as a try (the budget runs down as it always has).
+    let mut rejected: std::collections::HashSet<(usize, usize, usize)> = Default::default();
     while spent < budget {
         let mut improved = false;
         let mut tried = 0;
-        for (wait, r, i) in transfer_waits(&program, &report) {
+        rejected.clear();
+        for (wait, r, i) in transfer_waits(&lowered, &report) {
             if tried >= moves_per_round || spent >= budget {
                 break;
             }
             let candidates = [
-                fill_move(&program, r, i, wait, fit, &cost),
-                make_way_move(&program, &report, r, i, fit, &cost),
+                fill_move(&lowered, r, i, wait, fit, &cost),
+                make_way_move(&lowered, &report, r, i, fit, &cost),
             ];
             for (rank, from, to) in candidates.into_iter().flatten() {
                 if spent >= budget {
@@ -282,16 +304,21 @@ pub(crate) fn settle_w(
                 }
                 tried += 1;
                 spent += 1;
-                let mut next = program.clone();
-                let w = next.programs[rank].remove(from);
-                next.programs[rank].insert(to, w);
-                if let Some(rep) = accept(&next, best) {
+                if !rejected.insert((rank, from, to)) {
+                    continue;
+                }
+                let list = &mut lowered.programs[rank];
+                let w = list.remove(from);
+                list.insert(to, w);
+                if let Some(rep) = accept(&lowered, best) {
                     best = timed(&rep);
-                    program = next;
                     report = rep;
                     improved = true;
                     break;
                 }
+                let list = &mut lowered.programs[rank];
+                let w = list.remove(to);
+                list.insert(from, w);
             }
             if improved {
                 break;
@@ -301,62 +328,55 @@ pub(crate) fn settle_w(
             break;
         }
     }
-    (program, report)
+    (lowered, report)
 }
 
-/// How long a program's actions take: a compute action its unit's cost, a
-/// point-to-point action its transfer under the link model (0 without one).
-struct Lengths {
-    costs: std::collections::BTreeMap<String, crate::ir::program::Cost>,
-    bytes: std::collections::BTreeMap<String, f64>,
+/// How long a lowering's steps take: a compute step its unit's cost, a
+/// point-to-point step its transfer under the link model (0 without one).
+struct Lengths<'a> {
+    units: &'a [Unit],
     comm: Option<crate::judge::simulate::CommModel>,
 }
 
-impl Lengths {
-    /// Moves never change the units, so their figures are looked up by name once.
-    fn of(program: &Program, opts: &SimOptions) -> Lengths {
+impl<'a> Lengths<'a> {
+    /// Moves never change the units: their figures are read by index.
+    fn of(units: &'a [Unit], opts: &SimOptions) -> Lengths<'a> {
         Lengths {
-            costs: program
-                .units
-                .iter()
-                .map(|u| (u.name.clone(), u.cost))
-                .collect(),
-            bytes: program
-                .units
-                .iter()
-                .map(|u| (u.name.clone(), u.bytes))
-                .collect(),
+            units,
             comm: opts.comm,
         }
     }
 
-    fn compute(&self, a: &Action) -> f64 {
-        match a.view() {
-            ActionRef::Compute(c) => self.costs.get(c.unit).map_or(0.0, |x| c.op.cost(x)),
+    fn compute(&self, a: &Step) -> f64 {
+        match *a {
+            Step::Compute { op, unit, .. } => self
+                .units
+                .get(unit as usize)
+                .map_or(0.0, |u| op.cost(&u.cost)),
             _ => 0.0,
         }
     }
 
-    fn transfer(&self, a: &Action) -> f64 {
-        match (a.view(), self.comm) {
-            (ActionRef::P2p(x), Some(c)) => {
-                c.transfer_time(self.bytes.get(x.unit).copied().unwrap_or(0.0))
+    fn transfer(&self, a: &Step) -> f64 {
+        match (*a, self.comm) {
+            (Step::P2p { unit, .. }, Some(c)) => {
+                c.transfer_time(self.units.get(unit as usize).map_or(0.0, |u| u.bytes))
             }
             _ => 0.0,
         }
     }
 }
 
-/// Every point-to-point action a rank spent time in, `(time, rank, index)`, the
+/// Every point-to-point step a rank spent time in, `(time, rank, index)`, the
 /// longest first (ties by rank and index).
-fn transfer_waits(program: &Program, report: &SimReport) -> Vec<(f64, usize, usize)> {
+fn transfer_waits(lowered: &Lowered, report: &SimReport) -> Vec<(f64, usize, usize)> {
     let mut out = Vec::new();
-    for (r, list) in program.programs.iter().enumerate() {
+    for (r, list) in lowered.programs.iter().enumerate() {
         let Some(slots) = report.timeline.ranks.get(r) else {
             continue;
         };
         for (i, (a, s)) in list.iter().zip(slots).enumerate() {
-            if matches!(a.view(), ActionRef::P2p(_)) && s.end > s.start {
+            if matches!(a, Step::P2p { .. }) && s.end > s.start {
                 out.push((s.end - s.start, r, i));
             }
         }
@@ -365,21 +385,30 @@ fn transfer_waits(program: &Program, report: &SimReport) -> Vec<(f64, usize, usi
     out
 }
 
-/// The first and last index of the batch (or single transfer) at `list[i]`.
-fn batch_bounds(list: &[Action], i: usize) -> (usize, usize) {
-    let batch = |a: &Action| match a {
-        Action::SEND { batch, .. } | Action::RECV { batch, .. } => *batch,
+/// The batch of a point-to-point step (`None` for a single transfer or another step).
+fn batch_of(a: &Step) -> Option<u32> {
+    match *a {
+        Step::P2p { batch, .. } => batch,
         _ => None,
-    };
-    let Some(b) = batch(&list[i]) else {
+    }
+}
+
+/// Whether `a` is a `W`.
+fn is_w(a: &Step) -> bool {
+    matches!(a, Step::Compute { op: Op::W, .. })
+}
+
+/// The first and last index of the batch (or single transfer) at `list[i]`.
+fn batch_bounds(list: &[Step], i: usize) -> (usize, usize) {
+    let Some(b) = batch_of(&list[i]) else {
         return (i, i);
     };
     let mut lo = i;
-    while lo > 0 && batch(&list[lo - 1]) == Some(b) {
+    while lo > 0 && batch_of(&list[lo - 1]) == Some(b) {
         lo -= 1;
     }
     let mut hi = i;
-    while hi + 1 < list.len() && batch(&list[hi + 1]) == Some(b) {
+    while hi + 1 < list.len() && batch_of(&list[hi + 1]) == Some(b) {
         hi += 1;
     }
     (lo, hi)
@@ -389,18 +418,16 @@ fn batch_bounds(list: &[Action], i: usize) -> (usize, usize) {
 /// ([`SearchPolicy::w_fit`]), the one closest to `wait` (the earliest on ties) that
 /// `ok` accepts.
 fn closest_w(
-    list: &[Action],
+    list: &[Step],
     range: std::ops::Range<usize>,
     wait: f64,
     fit: f64,
     ok: &dyn Fn(usize) -> bool,
-    cost: &dyn Fn(&Action) -> f64,
+    cost: &dyn Fn(&Step) -> f64,
 ) -> Option<usize> {
     let mut best: Option<(f64, usize)> = None;
     for j in range {
-        let is_w =
-            matches!(list[j].view(), ActionRef::Compute(c) if c.op == crate::ir::program::Op::W);
-        if !is_w {
+        if !is_w(&list[j]) {
             continue;
         }
         let c = cost(&list[j]);
@@ -418,22 +445,30 @@ fn closest_w(
 /// Fill: a `W` of rank `r` after the batch at `i`, whose `B` is before the batch,
 /// to just before the batch: `(rank, from, to)`.
 fn fill_move(
-    program: &Program,
+    lowered: &Lowered,
     r: usize,
     i: usize,
     wait: f64,
     fit: f64,
-    cost: &dyn Fn(&Action) -> f64,
+    cost: &dyn Fn(&Step) -> f64,
 ) -> Option<(usize, usize, usize)> {
-    let list = &program.programs[r];
+    let list = &lowered.programs[r];
     let (lo, hi) = batch_bounds(list, i);
-    let b_before = |j: usize| {
-        let ActionRef::Compute(w) = list[j].view() else {
-            return false;
-        };
-        list[..lo].iter().any(|a| {
-            matches!(a.view(), ActionRef::Compute(b) if b.op == crate::ir::program::Op::B && b.unit == w.unit && b.mb == w.mb)
+    // The `B`s before the batch, looked up once (not once per `W` tried).
+    let backward: std::collections::HashSet<(u32, u32)> = list[..lo]
+        .iter()
+        .filter_map(|a| match *a {
+            Step::Compute {
+                op: Op::B,
+                unit,
+                mb,
+            } => Some((unit, mb)),
+            _ => None,
         })
+        .collect();
+    let b_before = |j: usize| match list[j] {
+        Step::Compute { unit, mb, .. } => backward.contains(&(unit, mb)),
+        _ => false,
     };
     let j = closest_w(list, hi + 1..list.len(), wait, fit, &b_before, cost)?;
     Some((r, j, lo))
@@ -447,43 +482,57 @@ fn fill_move(
 /// partner that now arrives earlier (the rank sends sooner) can make a filled wait
 /// too short, so the caller simulates the result (on qwen2vl-7b's rendezvous
 /// program, all ranks at once made the step longer, one at a time shorter).
-/// `None` when nothing moves.
+/// Returns rank `r`'s new list; `None` when nothing moves.
 fn fill_rank(
-    program: &Program,
+    lowered: &Lowered,
     report: &SimReport,
-    lengths: &Lengths,
+    lengths: &Lengths<'_>,
     r: usize,
-) -> Option<Program> {
-    let list = program.programs.get(r)?;
+) -> Option<Vec<Step>> {
+    let list = lowered.programs.get(r)?;
     let slots = report.timeline.ranks.get(r)?;
-    let mut backward: std::collections::BTreeSet<(&str, usize)> = Default::default();
+    // The indices of each (unit, micro-batch)'s `W`s on the rank.
+    let mut w_at: std::collections::HashMap<(u32, u32), Vec<usize>> = Default::default();
+    for (j, a) in list.iter().enumerate() {
+        if let Step::Compute {
+            op: Op::W,
+            unit,
+            mb,
+        } = *a
+        {
+            w_at.entry((unit, mb)).or_default().push(j);
+        }
+    }
+    // The `W`s whose `B` has been seen (each `B` adds its `W`s once), by index: a
+    // transfer's candidates are those of them after it.
+    let mut pending: std::collections::BTreeSet<usize> = Default::default();
     let mut used = vec![false; list.len()];
-    // (index of the batch's first action, the W indices put before it)
+    // (index of the batch's first step, the W indices put before it)
     let mut fills: Vec<(usize, Vec<usize>)> = Vec::new();
     let mut i = 0;
     while i < list.len() {
-        match list[i].view() {
-            ActionRef::Compute(c) => {
-                if c.op == crate::ir::program::Op::B {
-                    backward.insert((c.unit, c.mb));
+        match list[i] {
+            Step::Compute { op, unit, mb } => {
+                if op == Op::B {
+                    if let Some(ws) = w_at.remove(&(unit, mb)) {
+                        pending.extend(ws);
+                    }
                 }
                 i += 1;
             }
-            ActionRef::P2p(_) => {
+            Step::P2p { .. } => {
                 let (lo, hi) = batch_bounds(list, i);
                 let own = list[lo..=hi]
                     .iter()
                     .map(|a| lengths.transfer(a))
                     .fold(0.0, f64::max);
                 let mut left = slots[lo].end - slots[lo].start - own;
-                let mut ws: Vec<(f64, usize)> = (hi + 1..list.len())
-                    .filter(|&j| {
-                        !used[j]
-                            && matches!(list[j].view(), ActionRef::Compute(w)
-                                if w.op == crate::ir::program::Op::W
-                                    && backward.contains(&(w.unit, w.mb)))
-                    })
-                    .map(|j| (lengths.compute(&list[j]), j))
+                // Those at or before the batch are never candidates again.
+                pending = pending.split_off(&(hi + 1));
+                let mut ws: Vec<(f64, usize)> = pending
+                    .iter()
+                    .filter(|&&j| !used[j])
+                    .map(|&j| (lengths.compute(&list[j]), j))
                     .collect();
                 ws.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
                 let mut taken = Vec::new();
@@ -500,7 +549,7 @@ fn fill_rank(
                 }
                 i = hi + 1;
             }
-            _ => i += 1,
+            Step::Coll(_) => i += 1,
         }
     }
     if fills.is_empty() {
@@ -510,62 +559,127 @@ fn fill_rank(
     let mut f = fills.iter().peekable();
     for (k, a) in list.iter().enumerate() {
         if let Some((_, taken)) = f.next_if(|(lo, _)| *lo == k) {
-            out.extend(taken.iter().map(|&j| list[j].clone()));
+            out.extend(taken.iter().map(|&j| list[j]));
         }
         if !used[k] {
-            out.push(a.clone());
+            out.push(*a);
         }
     }
-    let mut next = program.clone();
-    next.programs[r] = out;
-    Some(next)
+    Some(out)
 }
 
-/// Make way: the partner of the transfer at `program.programs[r][i]`, if it arrived
+/// Make way: the partner of the transfer at `lowered.programs[r][i]`, if it arrived
 /// later than `r`, moves a `W` it runs before the transfer (within the tasks since
 /// its previous transfer) to just after the batch: `(rank, from, to)`.
 fn make_way_move(
-    program: &Program,
+    lowered: &Lowered,
     report: &SimReport,
     r: usize,
     i: usize,
     fit: f64,
-    cost: &dyn Fn(&Action) -> f64,
+    cost: &dyn Fn(&Step) -> f64,
 ) -> Option<(usize, usize, usize)> {
-    let ActionRef::P2p(me) = program.programs[r][i].view() else {
+    let Step::P2p {
+        dir,
+        tensor,
+        unit,
+        mb,
+        peer,
+        ..
+    } = lowered.programs[r][i]
+    else {
         return None;
     };
-    let list = program.programs.get(me.peer)?;
+    let peer = peer as usize;
+    let list = lowered.programs.get(peer)?;
     let k = list.iter().position(|a| {
-        matches!(a.view(), ActionRef::P2p(x) if x.peer == r && x.dir != me.dir
-            && x.tensor == me.tensor && x.unit == me.unit && x.mb == me.mb)
+        matches!(*a, Step::P2p { dir: d, tensor: t, unit: u, mb: m, peer: p, .. }
+            if p as usize == r && d != dir && t == tensor && u == unit && m == mb)
     })?;
-    let late = report.timeline.ranks[me.peer][k].start - report.timeline.ranks[r][i].start;
+    let late = report.timeline.ranks[peer][k].start - report.timeline.ranks[r][i].start;
     if late <= 0.0 {
         return None;
     }
     let (lo, hi) = batch_bounds(list, k);
     let since = list[..lo]
         .iter()
-        .rposition(|a| !matches!(a.view(), ActionRef::Compute(_)))
+        .rposition(|a| !matches!(a, Step::Compute { .. }))
         .map_or(0, |x| x + 1);
     let j = closest_w(list, since..lo, late, fit, &|_| true, cost)?;
     // After removing `j` (before the batch), the batch ends at `hi - 1`.
-    Some((me.peer, j, hi))
+    Some((peer, j, hi))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algebra::lower::Collective;
     use crate::algebra::profile::Profile;
+    use crate::ir::program::{Action, ActionRef, Program};
+    use crate::judge::simulate::simulate;
     use crate::judge::verify::verify_static;
     use crate::search::derive::{derive_str, Request};
+
+    /// `program` by unit index (its units looked up by name).
+    fn lowered_of(program: &Program) -> Lowered {
+        let index = |name: &str| {
+            program
+                .units
+                .iter()
+                .position(|u| u.name == name)
+                .expect("a unit of the program") as u32
+        };
+        let mut colls = Vec::new();
+        let programs = program
+            .programs
+            .iter()
+            .map(|list| {
+                list.iter()
+                    .map(|a| match a.view() {
+                        ActionRef::Compute(c) => Step::Compute {
+                            op: c.op,
+                            unit: index(c.unit),
+                            mb: c.mb as u32,
+                        },
+                        ActionRef::P2p(p) => Step::P2p {
+                            dir: p.dir,
+                            tensor: p.tensor,
+                            unit: index(p.unit),
+                            mb: p.mb as u32,
+                            peer: p.peer as u32,
+                            batch: p.batch.map(|b| b as u32),
+                        },
+                        ActionRef::Coll(c) => {
+                            colls.push(Collective {
+                                kind: c.kind,
+                                unit: index(c.unit) as usize,
+                                root: c.root,
+                                group: c.group.to_vec(),
+                            });
+                            Step::Coll(colls.len() as u32 - 1)
+                        }
+                    })
+                    .collect()
+            })
+            .collect();
+        Lowered {
+            ranks: program.ranks,
+            microbatches: program.microbatches,
+            programs,
+            colls,
+            prefetch: program
+                .prefetch
+                .iter()
+                .map(|p| (index(&p.unit) as usize, p.mb))
+                .collect(),
+        }
+    }
 
     /// The compute actions of a rank, as text, with or without its `W`s.
     fn computes(list: &[Action], with_w: bool) -> Vec<String> {
         list.iter()
             .filter(|a| match a.view() {
-                ActionRef::Compute(c) => with_w || c.op != crate::ir::program::Op::W,
+                ActionRef::Compute(c) => with_w || c.op != Op::W,
                 _ => false,
             })
             .map(|a| a.to_string())
@@ -583,14 +697,20 @@ mod tests {
         let req = Request::new(&profile, 4, 8);
         let derived = derive_str(&req, "layers(zb2p(encoders = ramp, costs = unit))").unwrap();
         let (program, report) = (derived.program, derived.report);
+        let units = program.units.clone();
+        let lowered = lowered_of(&program);
+        assert_eq!(lowered.program(&units, None).programs, program.programs);
         let opts = req.sim_options(req.mode);
-        let lengths = Lengths::of(&program, &opts);
+        let lengths = Lengths::of(&units, &opts);
         let (mut filled, mut shorter) = (0, 0);
         for r in 0..program.programs.len() {
-            let Some(next) = fill_rank(&program, &report, &lengths, r) else {
+            let Some(list) = fill_rank(&lowered, &report, &lengths, r) else {
                 continue;
             };
             filled += 1;
+            let mut next = lowered.clone();
+            next.programs[r] = list;
+            let next = next.program(&units, None);
             assert_eq!(verify_static(&next), vec![], "rank {r}");
             for (q, (old, new)) in program.programs.iter().zip(&next.programs).enumerate() {
                 if q != r {
@@ -618,5 +738,21 @@ mod tests {
             filled > 0 && shorter > 0,
             "{filled} filled, {shorter} shorter"
         );
+    }
+
+    /// A trial's score from its finishing times is the score of its full report.
+    #[test]
+    fn a_score_from_finishing_times_is_the_reports() {
+        let text = include_str!("../../../profiles/qwen2vl-7b.toml");
+        let profile = Profile::from_toml_str(text).unwrap();
+        let req = Request::new(&profile, 4, 8);
+        let derived = derive_str(&req, "layers(zb2p(encoders = ramp, costs = unit))").unwrap();
+        let lowered = lowered_of(&derived.program);
+        let opts = req.sim_options(req.mode);
+        let units = &derived.program.units;
+        let rep = simulate_lowered(units, &lowered, &opts).unwrap();
+        assert_eq!(rep, derived.report);
+        let score = score_of(units, &lowered, &opts).unwrap();
+        assert_eq!(score, timed(&rep));
     }
 }
