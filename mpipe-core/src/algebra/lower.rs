@@ -415,45 +415,35 @@ impl Lowered {
     /// The named program: exactly what [`assemble`] gives for the same placement.
     /// `units` are the plan's units; `expr` is recorded as the source.
     pub fn program(&self, units: &[Unit], expr: Option<&str>) -> Program {
-        let names: Vec<Name> = units.iter().map(|u| Name::from(u.name.as_str())).collect();
-        let colls: Vec<Action> = self
-            .colls
-            .iter()
-            .map(|c| c.action(names[c.unit].clone()))
-            .collect();
-        let programs = self
-            .programs
-            .iter()
-            .map(|list| {
-                list.iter()
-                    .map(|s| step_action(s, &names, &colls))
-                    .collect()
-            })
-            .collect();
-        named_program(
-            (self.ranks, self.microbatches, units.to_vec()),
-            programs,
-            expr,
-            &self.prefetch,
-            &names,
-        )
+        self.named(units, expr, self.programs.iter())
     }
 
     /// [`Lowered::program`], consuming the lowering: each rank's steps are freed
     /// once its actions are written, so the steps and the named program are not
     /// both held in full.
-    pub fn into_program(self, units: &[Unit], expr: Option<&str>) -> Program {
+    pub fn into_program(mut self, units: &[Unit], expr: Option<&str>) -> Program {
+        let lists = std::mem::take(&mut self.programs);
+        self.named(units, expr, lists.into_iter())
+    }
+
+    /// The program of `lists` (this lowering's, borrowed or taken) with its units
+    /// named, one rank at a time.
+    fn named<L: AsRef<[Step]>>(
+        &self,
+        units: &[Unit],
+        expr: Option<&str>,
+        lists: impl Iterator<Item = L>,
+    ) -> Program {
         let names: Vec<Name> = units.iter().map(|u| Name::from(u.name.as_str())).collect();
         let colls: Vec<Action> = self
             .colls
             .iter()
             .map(|c| c.action(names[c.unit].clone()))
             .collect();
-        let programs = self
-            .programs
-            .into_iter()
+        let programs = lists
             .map(|list| {
-                list.iter()
+                list.as_ref()
+                    .iter()
                     .map(|s| step_action(s, &names, &colls))
                     .collect()
             })
