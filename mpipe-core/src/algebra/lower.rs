@@ -434,12 +434,7 @@ impl Lowered {
         expr: Option<&str>,
         lists: impl Iterator<Item = L>,
     ) -> Program {
-        let names: Vec<Name> = units.iter().map(|u| Name::from(u.name.as_str())).collect();
-        let colls: Vec<Action> = self
-            .colls
-            .iter()
-            .map(|c| c.action(names[c.unit].clone()))
-            .collect();
+        let (names, colls) = self.names(units);
         let programs = lists
             .map(|list| {
                 list.as_ref()
@@ -457,35 +452,30 @@ impl Lowered {
         )
     }
 
+    /// The units' names, and the collectives' actions named with them.
+    fn names(&self, units: &[Unit]) -> (Vec<Name>, Vec<Action>) {
+        let names: Vec<Name> = units.iter().map(|u| Name::from(u.name.as_str())).collect();
+        let colls = self
+            .colls
+            .iter()
+            .map(|c| c.action(names[c.unit].clone()))
+            .collect();
+        (names, colls)
+    }
+
     /// Action `i` of rank `r`, its unit named after `units` (for messages, one at
     /// a time); `None` when there is no such action or no such unit.
     pub fn action(&self, units: &[Unit], r: usize, i: usize) -> Option<Action> {
         let step = self.programs.get(r)?.get(i)?;
-        let name = |u: usize| units.get(u).map(|x| Name::from(x.name.as_str()));
-        Some(match *step {
-            Step::Compute { op, unit, mb } => {
-                Action::compute(op, name(unit as usize)?, mb as usize)
-            }
-            Step::P2p {
-                dir,
-                tensor,
-                unit,
-                mb,
-                peer,
-                batch,
-            } => Action::p2p(
-                dir,
-                tensor,
-                name(unit as usize)?,
-                mb as usize,
-                peer as usize,
-                batch.map(u64::from),
-            ),
-            Step::Coll(k) => {
-                let c = self.colls.get(k as usize)?;
-                c.action(name(c.unit)?)
-            }
-        })
+        let unit = match *step {
+            Step::Compute { unit, .. } | Step::P2p { unit, .. } => unit as usize,
+            Step::Coll(k) => self.colls.get(k as usize)?.unit,
+        };
+        if unit >= units.len() || self.colls.iter().any(|c| c.unit >= units.len()) {
+            return None;
+        }
+        let (names, colls) = self.names(units);
+        Some(step_action(step, &names, &colls))
     }
 }
 
