@@ -13,7 +13,8 @@
 //! `cargo bench --bench trace` (one run of each: a run takes about a minute). The
 //! figures measured are in CHANGELOG.md (issue 37 item 2; the third session of
 //! 2026-12-05 for the derivation's peak: 1066 MB resident for `1f1b` before, 525 MB
-//! after; the fourth session's for placement candidates judged by unit index).
+//! after; the fourth session's for placement candidates judged by unit index; the
+//! fifth session's for 32-byte actions and the flows gathered a share at a time).
 
 use mpipe_core::calibrate::measure;
 use mpipe_core::derive::{derive_str, Request};

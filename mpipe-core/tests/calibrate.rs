@@ -554,7 +554,7 @@ fn a_fused_bw_beside_a_separate_b_or_w_gives_the_other_by_difference() {
                 Action::BW { unit, mb } if &**unit == "llm.3" && n < 4 => {
                     n += 1;
                     ops.iter()
-                        .map(|&op| Action::compute(op, unit.clone(), *mb))
+                        .map(|&op| Action::compute(op, unit.clone(), *mb as usize))
                         .collect()
                 }
                 other => vec![other.clone()],

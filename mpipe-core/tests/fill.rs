@@ -109,7 +109,7 @@ fn fill_places_a_long_forward_layer_by_layer() {
                 list.iter().any(|a| {
                     matches!(a, mpipe_core::program::Action::F { unit, mb: m }
                         | mpipe_core::program::Action::BW { unit, mb: m }
-                        if unit.starts_with("vision/") && *m == mb)
+                        if unit.starts_with("vision/") && *m as usize == mb)
                 })
             })
             .map(|(r, _)| r)

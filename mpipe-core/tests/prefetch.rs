@@ -98,7 +98,7 @@ fn the_verifier_wants_the_previous_steps_copy_on_the_reading_rank() {
     // (the encoder's last layer's, when `prefetch` cut it into layers).
     let crosses = |e: &Prefetch| {
         p.programs.iter().flatten().any(|a| {
-            matches!(a, Action::RECV { tensor: Tensor::Act, unit, mb, .. } if *unit == e.unit && *mb == e.mb)
+            matches!(a, Action::RECV { tensor: Tensor::Act, unit, mb, .. } if *unit == e.unit && *mb as usize == e.mb)
         })
     };
     let Prefetch { unit, mb } = p
@@ -111,7 +111,7 @@ fn the_verifier_wants_the_previous_steps_copy_on_the_reading_rank() {
     let mut removed = false;
     for list in &mut q.programs {
         if let Some(i) = list.iter().position(|a| {
-            matches!(a, Action::RECV { tensor: Tensor::Act, unit: u, mb: x, .. } if *u == unit && *x == mb)
+            matches!(a, Action::RECV { tensor: Tensor::Act, unit: u, mb: x, .. } if *u == unit && *x as usize == mb)
         }) {
             list.remove(i);
             removed = true;
@@ -121,7 +121,7 @@ fn the_verifier_wants_the_previous_steps_copy_on_the_reading_rank() {
     // Its sender's SEND goes too, so only rule 2 can object.
     for list in &mut q.programs {
         list.retain(|a| {
-            !matches!(a, Action::SEND { tensor: Tensor::Act, unit: u, mb: x, .. } if *u == unit && *x == mb)
+            !matches!(a, Action::SEND { tensor: Tensor::Act, unit: u, mb: x, .. } if *u == unit && *x as usize == mb)
         });
     }
     let vs = verify(&q);
@@ -176,7 +176,7 @@ fn prefetch_transfers_come_last_one_at_a_time() {
     for list in &p.programs {
         let first = list.iter().position(|a| {
             matches!(a, Action::SEND { tensor: Tensor::Act, unit, .. } | Action::RECV { tensor: Tensor::Act, unit, .. } if unit.starts_with("vision"))
-                && p.prefetch.iter().any(|e| matches!(a, Action::SEND { mb, .. } | Action::RECV { mb, .. } if *mb == e.mb))
+                && p.prefetch.iter().any(|e| matches!(a, Action::SEND { mb, .. } | Action::RECV { mb, .. } if *mb as usize == e.mb))
         });
         if let Some(i) = first {
             checked += 1;
@@ -228,7 +228,7 @@ fn prefetched_layers_read_each_other_in_the_same_step() {
     let p = d.program;
     assert!(verify(&p).is_empty());
     // Swap the first two layers of one prefetched micro-batch on their rank.
-    let is = |a: &Action, name: &str, m: usize| matches!(a, Action::F { unit, mb } if &**unit == name && *mb == m);
+    let is = |a: &Action, name: &str, m: usize| matches!(a, Action::F { unit, mb } if &**unit == name && *mb as usize == m);
     let mut q = p.clone();
     let (r, i) = q
         .programs

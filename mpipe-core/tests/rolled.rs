@@ -350,16 +350,8 @@ fn action((kind, unit, peer, batch, base, stride): Template, t: i64, noise: i64)
             let tensor = [Tensor::Act, Tensor::Grad, Tensor::Input][peer];
             Action::p2p(dir, tensor, unit, mb, peer, batch)
         }
-        7 => Action::BCAST {
-            unit: unit.into(),
-            root: peer,
-            group: vec![0, peer],
-        },
-        _ => Action::REDUCE {
-            unit: unit.into(),
-            root: peer,
-            group: vec![peer, 2],
-        },
+        7 => Action::coll(CollKind::Bcast, unit, peer, vec![0, peer]),
+        _ => Action::coll(CollKind::Reduce, unit, peer, vec![peer, 2]),
     }
 }
 
@@ -422,9 +414,8 @@ proptest! {
                     l.iter()
                         .cloned()
                         .map(|mut a| {
-                            if let Action::SEND { batch, .. } | Action::RECV { batch, .. } = &mut a {
-                                *batch = batch.map(|b| b * 7 + 100);
-                            }
+                            let batch = a.batch().map(|b| b * 7 + 100);
+                            a.set_batch(batch);
                             a
                         })
                         .collect()
@@ -689,17 +680,9 @@ fn batches_group_by_consecutive_equal_ids_and_renumber() {
 #[test]
 fn collectives_and_units_by_index() {
     let list = vec![
-        Action::BCAST {
-            unit: "c".into(),
-            root: 0,
-            group: vec![0, 1],
-        },
+        Action::coll(CollKind::Bcast, "c", 0, vec![0, 1]),
         Action::compute(Op::W, "c", 3),
-        Action::REDUCE {
-            unit: "c".into(),
-            root: 0,
-            group: vec![0, 1],
-        },
+        Action::coll(CollKind::Reduce, "c", 0, vec![0, 1]),
     ];
     let r = roll(&program(vec![list.clone(), vec![]])).unwrap();
     assert_eq!(r.units, ["a", "b", "c"]);

@@ -4,7 +4,7 @@
 
 use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::profile::Profile;
-use mpipe_core::program::{Action, ActionRef, Program};
+use mpipe_core::program::{Action, ActionRef, CollKind, Program};
 use mpipe_core::torch_csv::{export, import, import_with, Batching, Form, ImportOptions};
 use mpipe_core::verify::{verify, Rule};
 
@@ -320,11 +320,7 @@ fn export_refuses_what_torch_cannot_express() {
     let e = export(&p, Form::ComputeOnly).unwrap_err();
     assert_eq!((e.rank, e.index), (Some(1), Some(0)));
     assert!(e.message.contains("recompute"), "{e}");
-    p.programs[1][0] = Action::BCAST {
-        unit: "llm.1".into(),
-        root: 1,
-        group: vec![0, 1],
-    };
+    p.programs[1][0] = Action::coll(CollKind::Bcast, "llm.1", 1, vec![0, 1]);
     assert!(export(&p, Form::WithComm)
         .unwrap_err()
         .message

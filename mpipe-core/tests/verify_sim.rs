@@ -262,9 +262,7 @@ fn unbatched_onef1b_deadlocks_under_rendezvous_only() {
     let mut p = onef1b(2, 4, 1);
     for list in &mut p.programs {
         for a in list {
-            if let Action::SEND { batch, .. } | Action::RECV { batch, .. } = a {
-                *batch = None;
-            }
+            a.set_batch(None);
         }
     }
     let vs = verify(&p);
@@ -302,10 +300,7 @@ struct RefReport {
 }
 
 fn batch_of(a: &Action) -> Option<u64> {
-    match a {
-        Action::SEND { batch, .. } | Action::RECV { batch, .. } => *batch,
-        _ => None,
-    }
+    a.batch()
 }
 
 /// The `[lo, hi)` operation (batch or single action) holding action `i`.
@@ -611,11 +606,7 @@ fn random_program(seed: u64) -> (Program, Mode, Option<CommModel>) {
         for list in &mut lists {
             if g.chance(90) {
                 let at = g.below(list.len() as u64 + 1) as usize;
-                let a = Action::BCAST {
-                    unit: name(0).into(),
-                    root: 0,
-                    group: group.clone(),
-                };
+                let a = Action::coll(CollKind::Bcast, name(0), 0, group.clone());
                 list.insert(at, a);
             }
         }
@@ -639,9 +630,7 @@ fn random_program(seed: u64) -> (Program, Mode, Option<CommModel>) {
                     next_batch
                 });
                 for a in [i - 1, i] {
-                    if let Action::SEND { batch, .. } | Action::RECV { batch, .. } = &mut list[a] {
-                        *batch = Some(b);
-                    }
+                    list[a].set_batch(Some(b));
                 }
             }
         }

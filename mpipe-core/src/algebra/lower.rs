@@ -403,11 +403,7 @@ pub struct Collective {
 
 impl Collective {
     fn action(&self, unit: Name) -> Action {
-        let (root, group) = (self.root, self.group.clone());
-        match self.kind {
-            CollKind::Bcast => Action::BCAST { unit, root, group },
-            CollKind::Reduce => Action::REDUCE { unit, root, group },
-        }
+        Action::coll(self.kind, unit, self.root, self.group.clone())
     }
 }
 
@@ -590,8 +586,8 @@ impl Form for Named {
     }
     fn end(&self, a: &Action) -> (bool, usize) {
         match a {
-            Action::SEND { peer, .. } => (true, *peer),
-            Action::RECV { peer, .. } => (false, *peer),
+            Action::SEND { peer, .. } => (true, *peer as usize),
+            Action::RECV { peer, .. } => (false, *peer as usize),
             _ => (true, usize::MAX),
         }
     }
@@ -599,9 +595,7 @@ impl Form for Named {
         member_order(a).cmp(&member_order(b))
     }
     fn set_batch(&self, a: &mut Action, batch: u64) {
-        if let Action::SEND { batch: b, .. } | Action::RECV { batch: b, .. } = a {
-            *b = Some(batch);
-        }
+        a.set_batch(Some(batch));
     }
 }
 

@@ -707,9 +707,7 @@ fn rebatch(list: Vec<Action>) -> Vec<Action> {
         if run.len() > 1 {
             run.sort_by_key(member_key);
             for a in run.iter_mut() {
-                if let Action::SEND { batch: b, .. } | Action::RECV { batch: b, .. } = a {
-                    *b = Some(*batch);
-                }
+                a.set_batch(Some(*batch));
             }
             *batch += 1;
         }

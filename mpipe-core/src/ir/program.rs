@@ -286,55 +286,156 @@ pub enum Dir {
 
 /// One action of a rank's list. Serialized with the `op` key as the tag, exactly as
 /// docs/spec/program-format.md spells it.
+///
+/// Micro-batch and rank numbers are held in 32 bits and a collective's group behind
+/// one pointer, so an action is 32 bytes (a step at the largest size holds millions
+/// of them, and `mpipe trace` holds one beside its simulation). The builders
+/// ([`Action::compute`], [`Action::p2p`], [`Action::coll`]) take `usize`; a number
+/// over `u32::MAX` is kept as `u32::MAX`, which is out of range for every program
+/// ([`MAX_RANK_MICROBATCHES`]), so the verifier still reports it; the views
+/// ([`Action::view`]) give `usize` back.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op")]
 pub enum Action {
     F {
         unit: Name,
-        mb: usize,
+        mb: u32,
     },
     B {
         unit: Name,
-        mb: usize,
+        mb: u32,
     },
     W {
         unit: Name,
-        mb: usize,
+        mb: u32,
     },
     BW {
         unit: Name,
-        mb: usize,
+        mb: u32,
     },
     RF {
         unit: Name,
-        mb: usize,
+        mb: u32,
     },
     SEND {
         tensor: Tensor,
         unit: Name,
-        mb: usize,
-        peer: usize,
+        mb: u32,
+        peer: u32,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        batch: Option<u64>,
+        batch: Option<Batch>,
     },
     RECV {
         tensor: Tensor,
         unit: Name,
-        mb: usize,
-        peer: usize,
+        mb: u32,
+        peer: u32,
         #[serde(default, skip_serializing_if = "Option::is_none")]
-        batch: Option<u64>,
+        batch: Option<Batch>,
     },
     BCAST {
         unit: Name,
-        root: usize,
-        group: Vec<usize>,
+        root: u32,
+        group: Group,
     },
     REDUCE {
         unit: Name,
-        root: usize,
-        group: Vec<usize>,
+        root: u32,
+        group: Group,
     },
+}
+
+/// `n` in 32 bits; `u32::MAX` if it is larger (out of range for any program, so a
+/// check still reports it).
+pub fn narrow(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// Batch `n`, or [`Batch::MAX`] if it is larger (no program numbers 4 billion
+/// batches; a reader bounds its input before it builds actions).
+fn batch_of(n: u64) -> Batch {
+    Batch::new(n.min(Batch::MAX)).expect("at most Batch::MAX")
+}
+
+/// The batch number of a transfer (`batch` in the format): 0 to `u32::MAX - 1`, held
+/// in 4 bytes with `None` free (`Option<Batch>` is 4 bytes).
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Batch(std::num::NonZeroU32);
+
+impl Batch {
+    /// The largest batch number a program may hold.
+    pub const MAX: u64 = u32::MAX as u64 - 1;
+
+    /// Batch `n`, if it is at most [`Batch::MAX`].
+    pub fn new(n: u64) -> Option<Batch> {
+        let n = u32::try_from(n.checked_add(1)?).ok()?;
+        std::num::NonZeroU32::new(n).map(Batch)
+    }
+
+    /// The batch number.
+    pub fn get(self) -> u64 {
+        u64::from(self.0.get()) - 1
+    }
+}
+
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.get().fmt(f)
+    }
+}
+
+impl Serialize for Batch {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(self.get())
+    }
+}
+
+impl<'de> Deserialize<'de> for Batch {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Batch, D::Error> {
+        let n = u64::deserialize(d)?;
+        Batch::new(n).ok_or_else(|| {
+            serde::de::Error::custom(format_args!(
+                "batch {n} is over the largest batch number, {}: number batches from 0",
+                Batch::MAX
+            ))
+        })
+    }
+}
+
+/// The ranks of a collective (`group` in the format), behind one pointer: cheap to
+/// clone, and it keeps [`Action`] small.
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Group(Arc<Vec<usize>>);
+
+impl std::ops::Deref for Group {
+    type Target = [usize];
+    fn deref(&self) -> &[usize] {
+        &self.0
+    }
+}
+
+impl From<Vec<usize>> for Group {
+    fn from(v: Vec<usize>) -> Group {
+        Group(Arc::new(v))
+    }
+}
+
+impl std::fmt::Debug for Group {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl Serialize for Group {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> Deserialize<'de> for Group {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Group, D::Error> {
+        Vec::<usize>::deserialize(d).map(Group::from)
+    }
 }
 
 /// A borrowed view of a compute action.
@@ -383,7 +484,7 @@ pub enum ActionRef<'a> {
 impl Action {
     /// Build a compute action.
     pub fn compute(op: Op, unit: impl Into<Name>, mb: usize) -> Action {
-        let unit = unit.into();
+        let (unit, mb) = (unit.into(), narrow(mb));
         match op {
             Op::F => Action::F { unit, mb },
             Op::B => Action::B { unit, mb },
@@ -402,7 +503,8 @@ impl Action {
         peer: usize,
         batch: Option<u64>,
     ) -> Action {
-        let unit = unit.into();
+        let (unit, mb, peer) = (unit.into(), narrow(mb), narrow(peer));
+        let batch = batch.map(batch_of);
         match dir {
             Dir::Send => Action::SEND {
                 tensor,
@@ -421,6 +523,31 @@ impl Action {
         }
     }
 
+    /// Build a collective action.
+    pub fn coll(kind: CollKind, unit: impl Into<Name>, root: usize, group: Vec<usize>) -> Action {
+        let (unit, root, group) = (unit.into(), narrow(root), Group::from(group));
+        match kind {
+            CollKind::Bcast => Action::BCAST { unit, root, group },
+            CollKind::Reduce => Action::REDUCE { unit, root, group },
+        }
+    }
+
+    /// The `batch` number of a `SEND` or `RECV` (`None` for other actions).
+    pub fn batch(&self) -> Option<u64> {
+        match self {
+            Action::SEND { batch, .. } | Action::RECV { batch, .. } => batch.map(Batch::get),
+            _ => None,
+        }
+    }
+
+    /// Set the `batch` number of a `SEND` or `RECV` (other actions have none: no
+    /// change); a number over [`Batch::MAX`] is kept as [`Batch::MAX`].
+    pub fn set_batch(&mut self, to: Option<u64>) {
+        if let Action::SEND { batch, .. } | Action::RECV { batch, .. } = self {
+            *batch = to.map(batch_of);
+        }
+    }
+
     /// A borrowed, shape-oriented view, so passes match on three cases, not nine.
     pub fn view(&self) -> ActionRef<'_> {
         use Action::*;
@@ -428,27 +555,27 @@ impl Action {
             F { unit, mb } => ActionRef::Compute(ComputeRef {
                 op: Op::F,
                 unit,
-                mb: *mb,
+                mb: *mb as usize,
             }),
             B { unit, mb } => ActionRef::Compute(ComputeRef {
                 op: Op::B,
                 unit,
-                mb: *mb,
+                mb: *mb as usize,
             }),
             W { unit, mb } => ActionRef::Compute(ComputeRef {
                 op: Op::W,
                 unit,
-                mb: *mb,
+                mb: *mb as usize,
             }),
             BW { unit, mb } => ActionRef::Compute(ComputeRef {
                 op: Op::BW,
                 unit,
-                mb: *mb,
+                mb: *mb as usize,
             }),
             RF { unit, mb } => ActionRef::Compute(ComputeRef {
                 op: Op::RF,
                 unit,
-                mb: *mb,
+                mb: *mb as usize,
             }),
             SEND {
                 tensor,
@@ -460,9 +587,9 @@ impl Action {
                 dir: Dir::Send,
                 tensor: *tensor,
                 unit,
-                mb: *mb,
-                peer: *peer,
-                batch: *batch,
+                mb: *mb as usize,
+                peer: *peer as usize,
+                batch: batch.map(Batch::get),
             }),
             RECV {
                 tensor,
@@ -474,20 +601,20 @@ impl Action {
                 dir: Dir::Recv,
                 tensor: *tensor,
                 unit,
-                mb: *mb,
-                peer: *peer,
-                batch: *batch,
+                mb: *mb as usize,
+                peer: *peer as usize,
+                batch: batch.map(Batch::get),
             }),
             BCAST { unit, root, group } => ActionRef::Coll(CollRef {
                 kind: CollKind::Bcast,
                 unit,
-                root: *root,
+                root: *root as usize,
                 group,
             }),
             REDUCE { unit, root, group } => ActionRef::Coll(CollRef {
                 kind: CollKind::Reduce,
                 unit,
-                root: *root,
+                root: *root as usize,
                 group,
             }),
         }
@@ -561,6 +688,37 @@ impl Program {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_action_is_32_bytes() {
+        assert_eq!(std::mem::size_of::<Action>(), 32);
+        assert_eq!(std::mem::size_of::<Option<Batch>>(), 4);
+    }
+
+    #[test]
+    fn numbers_too_large_stay_out_of_range() {
+        let a = Action::p2p(
+            Dir::Send,
+            Tensor::Act,
+            "x",
+            usize::MAX,
+            1 << 40,
+            Some(u64::MAX),
+        );
+        let ActionRef::P2p(p) = a.view() else {
+            panic!("a transfer")
+        };
+        assert_eq!((p.mb, p.peer), (u32::MAX as usize, u32::MAX as usize));
+        assert_eq!(p.batch, Some(Batch::MAX));
+        let e = Program::from_json(
+            r#"{"format": "mpipe-program/1", "ranks": 1, "microbatches": 1, "units": [],
+              "programs": [[{"op": "SEND", "tensor": "act", "unit": "x", "mb": 0, "peer": 0,
+                             "batch": 4294967295}]]}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("batch 4294967295 is over the largest"), "{e}");
+    }
 
     #[test]
     fn spec_example_round_trips() {

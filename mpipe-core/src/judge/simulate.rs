@@ -462,10 +462,7 @@ fn names_of(units: &[Unit]) -> (NameMap<'_>, Vec<(usize, usize)>) {
 
 /// The `batch` integer of a `SEND`/`RECV`, if any.
 pub(crate) fn p2p_batch(a: &Action) -> Option<u64> {
-    match a {
-        Action::SEND { batch, .. } | Action::RECV { batch, .. } => *batch,
-        _ => None,
-    }
+    a.batch()
 }
 
 /// Split a rank's list into operations: `[lo, hi)` ranges that are one compute
@@ -1643,20 +1640,12 @@ pub(crate) mod tests {
                     }
                     "BCAST" | "REDUCE" => {
                         let group = w[3].split(',').map(|g| g.parse().unwrap()).collect();
-                        let unit: crate::ir::program::Name = w[1].into();
-                        if w[0] == "BCAST" {
-                            Action::BCAST {
-                                unit,
-                                root: n(2),
-                                group,
-                            }
+                        let kind = if w[0] == "BCAST" {
+                            CollKind::Bcast
                         } else {
-                            Action::REDUCE {
-                                unit,
-                                root: n(2),
-                                group,
-                            }
-                        }
+                            CollKind::Reduce
+                        };
+                        Action::coll(kind, w[1], n(2), group)
                     }
                     other => panic!("bad test action {other}"),
                 }
@@ -2273,14 +2262,7 @@ pub(crate) mod tests {
                 "RECV act a 0 0; RECV grad b 1 0; REDUCE b 7 1",
             ],
         );
-        p.programs[0].insert(
-            0,
-            Action::BCAST {
-                unit: "a".into(),
-                root: 5,
-                group: vec![],
-            },
-        );
+        p.programs[0].insert(0, Action::coll(CollKind::Bcast, "a", 5, vec![]));
         for opts in [rdv(), eager()] {
             let _ = simulate(&p, &opts);
         }

@@ -154,6 +154,95 @@ enum V {
     },
 }
 
+/// A [`V`] in 16 bytes: micro-batch and peer in 32 bits ([`BAD`] as `u32::MAX`;
+/// an action's numbers are 32-bit already, [`crate::ir::program::narrow`]).
+#[derive(Clone, Copy, Debug)]
+enum Packed {
+    Bad,
+    Compute {
+        op: Op,
+        unit: u32,
+        mb: u32,
+    },
+    P2p {
+        dir: Dir,
+        tensor: Tensor,
+        unit: u32,
+        mb: u32,
+        peer: u32,
+    },
+    Coll {
+        kind: CollKind,
+        unit: u32,
+    },
+}
+
+/// `n` in 32 bits, [`BAD`] (or anything over `u32::MAX`) as `u32::MAX`.
+fn narrow_bad(n: usize) -> u32 {
+    u32::try_from(n).unwrap_or(u32::MAX)
+}
+
+/// `n` back, `u32::MAX` as [`BAD`].
+fn widen_bad(n: u32) -> usize {
+    if n == u32::MAX {
+        BAD
+    } else {
+        n as usize
+    }
+}
+
+impl Packed {
+    fn of(v: V) -> Packed {
+        match v {
+            V::Bad => Packed::Bad,
+            V::Compute { op, unit, mb } => Packed::Compute {
+                op,
+                unit,
+                mb: narrow_bad(mb),
+            },
+            V::P2p {
+                dir,
+                tensor,
+                unit,
+                mb,
+                peer,
+            } => Packed::P2p {
+                dir,
+                tensor,
+                unit,
+                mb: narrow_bad(mb),
+                peer: narrow_bad(peer),
+            },
+            V::Coll { kind, unit } => Packed::Coll { kind, unit },
+        }
+    }
+
+    fn wide(self) -> V {
+        match self {
+            Packed::Bad => V::Bad,
+            Packed::Compute { op, unit, mb } => V::Compute {
+                op,
+                unit,
+                mb: widen_bad(mb),
+            },
+            Packed::P2p {
+                dir,
+                tensor,
+                unit,
+                mb,
+                peer,
+            } => V::P2p {
+                dir,
+                tensor,
+                unit,
+                mb: widen_bad(mb),
+                peer: widen_bad(peer),
+            },
+            Packed::Coll { kind, unit } => V::Coll { kind, unit },
+        }
+    }
+}
+
 struct Checker<'p> {
     p: &'p Program,
     out: Vec<Violation>,
@@ -167,7 +256,8 @@ struct Checker<'p> {
     needs_bwd: Vec<bool>,
     /// Successors that need backward.
     succ_nb: Vec<Vec<u32>>,
-    acts: Vec<Vec<V>>,
+    /// Every action resolved, 16 bytes each ([`Packed`]; [`V`] is 32).
+    acts: Vec<Vec<Packed>>,
     /// `(unit, mb)` tables fit in memory.
     dense: bool,
 }
@@ -546,7 +636,7 @@ impl<'p> Checker<'p> {
                         }
                     }
                 };
-                out.push(v);
+                out.push(Packed::of(v));
             }
             all.push(out);
         }
@@ -576,7 +666,7 @@ impl<'p> Checker<'p> {
         let mut found = Vec::new();
         for (r, list) in self.acts.iter().enumerate() {
             for (i, a) in list.iter().enumerate() {
-                let V::Compute { op, unit, mb } = *a else {
+                let V::Compute { op, unit, mb } = a.wide() else {
                     continue;
                 };
                 if mb == BAD {
@@ -771,7 +861,7 @@ impl<'p> Checker<'p> {
         }
         for (r, list) in self.acts.iter().enumerate() {
             for a in list {
-                let (unit, mb) = match *a {
+                let (unit, mb) = match a.wide() {
                     V::Compute {
                         op: Op::F,
                         unit,
@@ -829,7 +919,7 @@ impl<'p> Checker<'p> {
             }
             touched.clear();
             for (i, a) in list.iter().enumerate() {
-                let (unit, mb, bit) = match *a {
+                let (unit, mb, bit) = match a.wide() {
                     V::Compute { op, unit, mb } if mb != BAD => {
                         let cell = unit as usize * m + mb;
                         let name = self.unit_name(unit);
@@ -971,7 +1061,7 @@ impl<'p> Checker<'p> {
                     unit,
                     mb,
                     peer,
-                } = *a
+                } = a.wide()
                 {
                     if mb == BAD || peer == BAD {
                         continue;
@@ -1116,7 +1206,7 @@ impl<'p> Checker<'p> {
                 }
                 serial += 1;
                 for (i, a) in acts.iter().enumerate().take(hi).skip(lo) {
-                    let V::P2p { dir, peer, .. } = *a else {
+                    let V::P2p { dir, peer, .. } = a.wide() else {
                         continue;
                     };
                     if peer == BAD {
@@ -1183,7 +1273,7 @@ impl<'p> Checker<'p> {
             touched.clear();
             for (i, a) in list.iter().enumerate() {
                 let i32 = i as u32;
-                let u = match *a {
+                let u = match a.wide() {
                     V::Compute { op, unit, .. } => {
                         let u = unit as usize;
                         if first_compute[u] == NONE {
@@ -2019,12 +2109,12 @@ mod tests {
                     prop::collection::vec(0..5usize, 0..4)
                 )
                     .prop_map(|(bc, n, root, group)| {
-                        let unit: crate::ir::program::Name = n.to_string().into();
-                        if bc {
-                            Action::BCAST { unit, root, group }
+                        let kind = if bc {
+                            CollKind::Bcast
                         } else {
-                            Action::REDUCE { unit, root, group }
-                        }
+                            CollKind::Reduce
+                        };
+                        Action::coll(kind, n.to_string(), root, group)
                     }),
             ]
         }

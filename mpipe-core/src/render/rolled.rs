@@ -392,16 +392,11 @@ fn member_key(a: &Action) -> (Dir, usize) {
 }
 
 fn batch_of(a: &Action) -> Option<u64> {
-    match a {
-        Action::SEND { batch, .. } | Action::RECV { batch, .. } => *batch,
-        _ => None,
-    }
+    a.batch()
 }
 
 fn set_batch(a: &mut Action, to: Option<u64>) {
-    if let Action::SEND { batch, .. } | Action::RECV { batch, .. } = a {
-        *batch = to;
-    }
+    a.set_batch(to);
 }
 
 fn emit(out: &mut Vec<Action>, names: &[Name], op: &Op, i: i64, batch: &mut u64) {
@@ -436,10 +431,7 @@ fn emit(out: &mut Vec<Action>, names: &[Name], op: &Op, i: i64, batch: &mut u64)
             group,
         } => {
             let (unit, root, group) = (name(*unit), *root, group.clone());
-            out.push(match kind {
-                CollKind::Bcast => Action::BCAST { unit, root, group },
-                CollKind::Reduce => Action::REDUCE { unit, root, group },
-            });
+            out.push(Action::coll(*kind, unit, root, group));
         }
     }
 }

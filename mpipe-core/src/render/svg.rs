@@ -610,7 +610,7 @@ pub fn gantt_svg(p: &Program, t: &Timeline, opts: &SvgOptions) -> String {
                 unit,
                 mb,
                 ..
-            } => !p.prefetch.is_empty() && hit(unit, *mb),
+            } => !p.prefetch.is_empty() && hit(unit, *mb as usize),
             _ => false,
         };
         let name = match d.last {

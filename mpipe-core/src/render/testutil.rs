@@ -44,11 +44,7 @@ fn recv(t: Tensor, u: &str, mb: usize, peer: usize) -> Action {
 pub(crate) fn small_program() -> Program {
     use Op::*;
     use Tensor::*;
-    let bcast = Action::BCAST {
-        unit: "llm.0".into(),
-        root: 0,
-        group: vec![0, 1],
-    };
+    let bcast = Action::coll(crate::ir::program::CollKind::Bcast, "llm.0", 0, vec![0, 1]);
     let r0 = vec![
         bcast.clone(),
         c(F, "vision", 0),

@@ -49,7 +49,7 @@ pub use super::trace_read::{
     embedded_program, embedded_program_from_reader, timeline_from_trace,
     timeline_from_trace_reader, TraceReadError,
 };
-use crate::ir::program::{ActionRef, CollKind, Dir, Program, Tensor};
+use crate::ir::program::{narrow, ActionRef, CollKind, Dir, Program, Tensor};
 use crate::judge::simulate::memory_over_time;
 use crate::judge::timeline::Timeline;
 
@@ -153,11 +153,11 @@ pub fn write_chrome_trace<W: Write>(
         )?;
     }
 
-    // Every transfer end, for the flows: its channel and the middle of its slot, in
-    // rank then list order (a flat list: a map of lists held ~170 bytes per end).
+    // For the flows: the transfers' unit names, numbered, and how many transfer
+    // ends each (unit, tensor) has, so that the ends are then gathered a share at a
+    // time ([`write_flows`]).
     let mut names = NameIds::default();
-    let mut sends: Vec<FlowEnd> = Vec::new();
-    let mut recvs: Vec<FlowEnd> = Vec::new();
+    let mut ends: Vec<usize> = Vec::new();
 
     for (r, a, s) in placed(p, t) {
         let (name, cat, args) = match a.view() {
@@ -190,20 +190,11 @@ pub fn write_chrome_trace<W: Write>(
                     args.insert("batch".into(), json!(b));
                 }
                 if opts.flows {
-                    let mid = (s.start + s.end) / 2.0;
-                    let unit = names.id(x.unit);
-                    let (list, from, to) = match x.dir {
-                        Dir::Send => (&mut sends, r, x.peer),
-                        Dir::Recv => (&mut recvs, x.peer, r),
-                    };
-                    list.push(FlowEnd {
-                        tensor: x.tensor,
-                        unit,
-                        mb: x.mb,
-                        from,
-                        to,
-                        mid,
-                    });
+                    let g = group(names.id(x.unit), x.tensor);
+                    if ends.len() <= g {
+                        ends.resize(g + 1, 0);
+                    }
+                    ends[g] += 1;
                 }
                 (event_name(a), "p2p", args)
             }
@@ -227,33 +218,8 @@ pub fn write_chrome_trace<W: Write>(
     }
 
     if opts.flows {
-        // Channels in order (tensor, unit name, mb, from, to); within one, the k-th
-        // send pairs with the k-th receive, in list order (the sort is stable).
-        let rank = names.ranks_by_name();
-        let key = |e: &FlowEnd| (e.tensor, rank[e.unit as usize], e.mb, e.from, e.to);
-        sends.sort_by_key(key);
-        recvs.sort_by_key(key);
-        let mut id = 0u64;
-        let mut j = 0;
-        for group in sends.chunk_by(|a, b| key(a) == key(b)) {
-            let k = key(&group[0]);
-            while j < recvs.len() && key(&recvs[j]) < k {
-                j += 1;
-            }
-            let matching = recvs[j..].iter().take_while(|e| key(e) == k);
-            for (s, r) in group.iter().zip(matching) {
-                let name = format!("{} {} mb{}", s.tensor.as_str(), names.name(s.unit), s.mb);
-                events.emit(json!({"ph": "s", "pid": PID, "tid": s.from, "id": id,
-                                   "name": name, "cat": "p2p", "ts": us(s.mid)}))?;
-                events.emit(
-                    json!({"ph": "f", "bp": "e", "pid": PID, "tid": r.to, "id": id,
-                                   "name": name, "cat": "p2p", "ts": us(r.mid)}),
-                )?;
-                id += 1;
-            }
-        }
+        write_flows(p, t, &mut names, &ends, &mut events, &us)?;
     }
-    drop((sends, recvs));
 
     // Memory: one counter track per rank, a sample wherever its level changes.
     if opts.memory {
@@ -286,15 +252,123 @@ pub fn write_chrome_trace<W: Write>(
     w.write_all(b"}\n")
 }
 
+/// The flows' groups: a transfer's unit (a [`NameIds`] id) and tensor.
+fn group(unit: u32, tensor: Tensor) -> usize {
+    let t = match tensor {
+        Tensor::Act => 0,
+        Tensor::Grad => 1,
+        Tensor::Input => 2,
+    };
+    unit as usize * 3 + t
+}
+
+/// The flow events, one pair per matched transfer, in channel order: (tensor, unit
+/// name, mb, from, to), and within a channel the k-th `SEND` with the k-th `RECV`
+/// in list order. `ends[g]` counts the transfer ends of [`group`] `g` (the units
+/// numbered in `names`, first seen in `p`'s order). The groups are taken in that
+/// order a share at a time (about an eighth of all ends, or one group if it is
+/// larger), each share's ends gathered in one pass over `p` and sorted: a channel
+/// lies within one group, so the events come out as from one sort of all ends, in
+/// a tenth of the memory (a pass more over the program per share).
+fn write_flows<'a, W: Write>(
+    p: &'a Program,
+    t: &Timeline,
+    names: &mut NameIds<'a>,
+    ends: &[usize],
+    events: &mut Events<'_, W>,
+    us: &dyn Fn(f64) -> Value,
+) -> io::Result<()> {
+    let rank = names.ranks_by_name();
+    // The groups in channel order: tensor first, then the unit's name.
+    let mut order: Vec<usize> = (0..ends.len()).filter(|&g| ends[g] > 0).collect();
+    order.sort_by_key(|&g| (g % 3, rank[g / 3]));
+    let total: usize = ends.iter().sum();
+    let share = (total / 8).max(1 << 12);
+    // Which share each group is in (`usize::MAX`: none, it has no ends).
+    let mut share_of = vec![usize::MAX; ends.len()];
+    let (mut shares, mut held) = (0, 0);
+    for &g in &order {
+        if held > 0 && held + ends[g] > share {
+            shares += 1;
+            held = 0;
+        }
+        share_of[g] = shares;
+        held += ends[g];
+    }
+    let key = |e: &FlowEnd| (e.tensor, rank[e.unit as usize], e.mb, e.from, e.to);
+    // The middle of an end's slot (on the sender's track, or the receiver's).
+    let mid = |rank: u32, at: u32| {
+        let s = t.ranks[rank as usize][at as usize];
+        (s.start + s.end) / 2.0
+    };
+    let mut id = 0u64;
+    let (mut sends, mut recvs): (Vec<FlowEnd>, Vec<FlowEnd>) = (Vec::new(), Vec::new());
+    let passes = if order.is_empty() { 0 } else { shares + 1 };
+    for this in 0..passes {
+        sends.clear();
+        recvs.clear();
+        for (r, list) in p.programs.iter().enumerate() {
+            let slots = t.ranks.get(r).map_or(0, Vec::len);
+            for (i, a) in list.iter().take(slots).enumerate() {
+                let ActionRef::P2p(x) = a.view() else {
+                    continue;
+                };
+                let unit = names.id(x.unit);
+                if share_of.get(group(unit, x.tensor)) != Some(&this) {
+                    continue;
+                }
+                let (list, from, to) = match x.dir {
+                    Dir::Send => (&mut sends, r, x.peer),
+                    Dir::Recv => (&mut recvs, x.peer, r),
+                };
+                list.push(FlowEnd {
+                    tensor: x.tensor,
+                    unit,
+                    mb: narrow(x.mb),
+                    from: narrow(from),
+                    to: narrow(to),
+                    at: narrow(i),
+                });
+            }
+        }
+        // The ends of one channel are on one rank (the sender's, or the
+        // receiver's), so list order is their index there: an unstable sort with
+        // it last needs no second buffer.
+        sends.sort_unstable_by_key(|e| (key(e), e.at));
+        recvs.sort_unstable_by_key(|e| (key(e), e.at));
+        let mut j = 0;
+        for group in sends.chunk_by(|a, b| key(a) == key(b)) {
+            let k = key(&group[0]);
+            while j < recvs.len() && key(&recvs[j]) < k {
+                j += 1;
+            }
+            let matching = recvs[j..].iter().take_while(|e| key(e) == k);
+            for (s, r) in group.iter().zip(matching) {
+                let name = format!("{} {} mb{}", s.tensor.as_str(), names.name(s.unit), s.mb);
+                events.emit(json!({"ph": "s", "pid": PID, "tid": s.from, "id": id,
+                                   "name": name, "cat": "p2p", "ts": us(mid(s.from, s.at))}))?;
+                events.emit(
+                    json!({"ph": "f", "bp": "e", "pid": PID, "tid": r.to, "id": id,
+                                   "name": name, "cat": "p2p", "ts": us(mid(r.to, r.at))}),
+                )?;
+                id += 1;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// One end of a transfer, for the flow arrows: its channel (tensor, unit as a
-/// [`NameIds`] id, micro-batch, sending and receiving rank) and the middle of its slot.
+/// [`NameIds`] id, micro-batch, sending and receiving rank) and its index in its
+/// rank's list (the sender's for a `SEND`, the receiver's for a `RECV`), where the
+/// timeline has its slot. 24 bytes: numbers are 32-bit in actions already.
 struct FlowEnd {
     tensor: Tensor,
     unit: u32,
-    mb: usize,
-    from: usize,
-    to: usize,
-    mid: f64,
+    mb: u32,
+    from: u32,
+    to: u32,
+    at: u32,
 }
 
 /// The distinct unit names of the transfers, numbered in first-seen order.
