@@ -70,7 +70,8 @@ use crate::ir::program::Op;
 use crate::ir::progress::Stage;
 use crate::judge::compare::span;
 use crate::judge::simulate::Mode;
-use crate::search::finish::{finish, Derived};
+use crate::search::finish::{finish, finish_replaying, Derived};
+use crate::search::reorder::Trials;
 use std::cell::Cell;
 
 /// A value of a body's `key = value` argument.
@@ -689,6 +690,7 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
         meter: &meter,
         jobs: &refined.jobs,
         winner: &winner.0,
+        trials: refined.jobs.iter().map(|_| Trials::default()).collect(),
     };
     let polished = order_phase(&orderer, &winner, &ranked, refined.ideal_finalist);
     let best = further_phase(&orderer, &winner, polished);
@@ -1026,12 +1028,15 @@ fn refine_phase(
 }
 
 /// What the order searches of phases 4 and 5 share: the request, the meter, the
-/// refinement's jobs (whose plans they search) and the winner to beat.
+/// refinement's jobs (whose plans they search), the winner to beat, and the
+/// trials each job's order search took (phase 5 searches a plan phase 4 searched,
+/// with a larger budget: it takes the same trials first, and reads them back).
 struct Orderer<'a> {
     req: &'a Request<'a>,
     meter: &'a Meter,
     jobs: &'a [Job],
     winner: &'a Derived,
+    trials: Vec<Trials>,
 }
 
 impl Orderer<'_> {
@@ -1047,7 +1052,11 @@ impl Orderer<'_> {
         what: &str,
         (most, actions_in_all): (usize, usize),
     ) -> Option<Derived> {
-        let job = self.jobs.iter().find(|j| j.refine && &j.inner == inner)?;
+        let k = self
+            .jobs
+            .iter()
+            .position(|j| j.refine && &j.inner == inner)?;
+        let job = &self.jobs[k];
         let actions: usize = d.program.programs.iter().map(Vec::len).sum();
         let budget = most.min(actions_in_all / actions.max(1));
         if budget < self.req.policy.order_min {
@@ -1071,7 +1080,7 @@ impl Orderer<'_> {
             .to_string();
         let stage = Stage::begin(&format!("auto: ordering {what}"), 1);
         let _step = StepOnDrop(&stage);
-        finish(self.req, &job.plan, &text, Span::NONE, Some(budget))
+        finish_replaying(self.req, &job.plan, &text, budget, &self.trials[k])
             .ok()
             .filter(|p| span(&p.report).beats(&span(&self.winner.report)))
     }
@@ -1270,7 +1279,16 @@ fn finish_all(
         // The errors are about an expression `auto` built: no place in the text.
         finish(req, plan, text, Span::NONE, refine.then_some(0))
     };
-    let order: Vec<usize> = (0..jobs.len()).collect();
+    // The longest first (those refined, then the larger plans), so that no core
+    // is left with a long one at the end while the other idles; the results come
+    // back in job order all the same.
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by_key(|&i| match jobs[i] {
+        (PlanOf::Held(plan), _, refine) => {
+            (std::cmp::Reverse(refine), std::cmp::Reverse(tasks_of(plan)))
+        }
+        (PlanOf::Again(_), _, refine) => (std::cmp::Reverse(refine), std::cmp::Reverse(0)),
+    });
     on_threads(&req.policy, &order, 1, stage, |i| one(&jobs[i]))
 }
 

@@ -57,6 +57,27 @@ pub(crate) fn finish(
     finish_checked(req, plan, text, span, refine).map(|c| c.bounded(req))
 }
 
+/// [`finish`] with the compute-order search of at most `order` simulations reading
+/// back the trials `trials` recorded of an earlier search of the same plan under
+/// the same request, and recording its own there (see
+/// [`crate::search::reorder::Trials`]): the same derivation, with fewer
+/// simulations when the earlier search went some way.
+pub(crate) fn finish_replaying(
+    req: &Request,
+    plan: &Plan,
+    text: &str,
+    order: usize,
+    trials: &crate::search::reorder::Trials,
+) -> Result<Derived, Vec<DeriveError>> {
+    check(req, plan, text, Some(order), Some(trials))
+        .map_err(|es| {
+            es.into_iter()
+                .map(|(kind, message)| err(kind, Span::NONE, message))
+                .collect()
+        })
+        .map(|c| c.bounded(req))
+}
+
 /// A derivation checked as [`finish`] checks it, without its lower bound yet: a
 /// caller comparing several derivations bounds only the one it keeps.
 pub(crate) struct Checked {
@@ -88,7 +109,7 @@ pub(crate) fn finish_checked(
     span: Span,
     refine: Option<usize>,
 ) -> Result<Checked, Vec<DeriveError>> {
-    check(req, plan, text, refine).map_err(|es| {
+    check(req, plan, text, refine, None).map_err(|es| {
         es.into_iter()
             .map(|(kind, message)| err(kind, span, message))
             .collect()
@@ -102,10 +123,11 @@ fn check(
     plan: &Plan,
     text: &str,
     refine: Option<usize>,
+    trials: Option<&crate::search::reorder::Trials>,
 ) -> Result<Checked, Vec<(ErrorKind, String)>> {
     let mut errors = Vec::new();
-    let (program, report) =
-        best_lowering(req, plan, text, refine).map_err(|m| vec![(ErrorKind::Invalid, m)])?;
+    let (program, report) = best_lowering(req, plan, text, refine, trials)
+        .map_err(|m| vec![(ErrorKind::Invalid, m)])?;
     // Rule 5 (termination under rendezvous) holds: `best_lowering` ran it to the end,
     // under rendezvous unless the request asked for eager semantics; then check it.
     if req.mode != Mode::Rendezvous {
@@ -170,7 +192,7 @@ pub fn bound_for(profile: &Profile, program: &Program, opts: &SimOptions) -> Bou
 ///
 /// `refine`: `None` lowers only; `Some(n)` also refines the transfers and, for
 /// `n > 0`, searches the compute order with at most `n` simulations
-/// (`reorder`), keeping its plan only if its full derivation is faster and
+/// (`reorder`, reading back and recording its trials in `trials` if given), keeping its plan only if its full derivation is faster and
 /// within the memory limit (without one, within the larger peak of the plan's own
 /// lowering and of its refinement).
 fn best_lowering(
@@ -178,6 +200,7 @@ fn best_lowering(
     plan: &Plan,
     text: &str,
     refine: Option<usize>,
+    trials: Option<&crate::search::reorder::Trials>,
 ) -> Result<(Program, SimReport), String> {
     let limit = req.profile.memory.as_ref().map(|m| m.limit);
     let opts = req.sim_options(req.mode);
@@ -206,6 +229,7 @@ fn best_lowering(
         fits: &fits,
         moves: crate::search::reorder::Moves::AcrossRanks,
         policy,
+        trials,
     };
     crate::search::reorder::reorder_rounds(plan, &search, budget, &mut best, &|order, best| {
         best_lowering_with(order, Some(text), &opts, limit, true, policy)

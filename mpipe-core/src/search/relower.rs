@@ -122,6 +122,7 @@ pub fn relower_ordered(
             fits: &fits,
             moves: crate::search::reorder::Moves::WithinRanks,
             policy,
+            trials: None,
         };
         crate::search::reorder::reorder_rounds(&plan, &search, order, &mut best, &|o, best| {
             best_lowering_with(o, expr.as_deref(), opts, cap, true, policy)

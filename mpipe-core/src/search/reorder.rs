@@ -81,19 +81,26 @@ use std::collections::{BTreeMap, BTreeSet};
 /// improved by then (each is judged under one placement rule here, and the
 /// caller's full derivation can rank them otherwise). `fits` says whether a
 /// program's memory is acceptable.
-fn reorder(plan: &Plan, search: &Search, budget: usize) -> (Vec<Plan>, usize) {
+fn reorder(plan: &Plan, search: &Search, budget: usize, replay: &mut Replay) -> (Vec<Plan>, usize) {
     let width = workers(plan.order.iter().map(Vec::len).sum(), search.policy);
-    reorder_on(plan, search, budget, width)
+    reorder_on(plan, search, budget, width, replay)
 }
 
 /// [`reorder`] lowering up to `width` candidates at a time.
-fn reorder_on(plan: &Plan, search: &Search, budget: usize, width: usize) -> (Vec<Plan>, usize) {
+fn reorder_on(
+    plan: &Plan,
+    search: &Search,
+    budget: usize,
+    width: usize,
+    replay: &mut Replay,
+) -> (Vec<Plan>, usize) {
     let Search {
         text,
         opts,
         fits,
         moves,
         policy,
+        ..
     } = *search;
     // How far down a rank's list a task may come from to fill a wait, and the
     // shortest wait (relative to the step) worth a simulation.
@@ -199,7 +206,16 @@ fn reorder_on(plan: &Plan, search: &Search, budget: usize, width: usize) -> (Vec
                         Try::Fill((q, ..), j, count) => Some(fill(&plan, &index, q, j, count)),
                     })
                     .collect();
-                let lowered = lower_all(&nexts, opts, rule, policy);
+                // Trials an earlier search of the same plan took in this very
+                // order are not lowered again: their finishing times are read back.
+                let recorded = replay.ahead(&batch);
+                let fresh: Vec<Option<&Plan>> = nexts
+                    .iter()
+                    .enumerate()
+                    .map(|(k, n)| if k < recorded.len() { None } else { n.as_ref() })
+                    .collect();
+                let lowered = lower_all(&fresh, opts, rule, policy);
+                let mut recorded = recorded.into_iter();
                 for ((t, next), lowered) in batch.into_iter().zip(nexts).zip(lowered) {
                     tried.insert(t.key());
                     if spent >= budget {
@@ -207,12 +223,30 @@ fn reorder_on(plan: &Plan, search: &Search, budget: usize, width: usize) -> (Vec
                     }
                     spent += 1;
                     stage.step();
-                    let (Some(next), Some((low, finish))) = (next, lowered) else {
+                    let (low, finish) = match recorded.next() {
+                        Some(finish) => {
+                            replay.at += 1;
+                            replay.replayed += 1;
+                            (None, finish)
+                        }
+                        None => {
+                            let (low, finish) = lowered.unzip();
+                            replay.record(t.key(), finish.clone());
+                            (low, finish)
+                        }
+                    };
+                    let (Some(next), Some(finish)) = (next, finish) else {
                         continue;
                     };
                     if !timed_finish(&finish).beats(&timed(&best.1)) {
                         continue;
                     }
+                    // A trial read back is lowered again only when it helps.
+                    let Some(low) =
+                        low.or_else(|| lower_one(&next, opts, rule, policy).map(|(l, _)| l))
+                    else {
+                        continue;
+                    };
                     // Only a move that helps is measured in full and named (for
                     // `fits`, and to keep).
                     let Ok(rep) = simulate_lowered(&next.units, &low, opts) else {
@@ -254,6 +288,73 @@ pub(crate) struct Search<'a> {
     pub moves: Moves,
     /// The tuning of the search and of the lowerings it tries.
     pub policy: &'a SearchPolicy,
+    /// Where the trials of an earlier search of the same plan, under the same
+    /// options, are kept and this one's are recorded (see [`Trials`]), if anywhere.
+    pub trials: Option<&'a Trials>,
+}
+
+/// The trials a search of one plan took, in the order it took them: each move
+/// and the finishing times of its lowering (`None`: nothing to lower, or it did
+/// not lower). The search is deterministic and its budget only cuts it short, so
+/// a search of the same plan under the same options with a larger budget takes
+/// the same trials first: it reads their times back instead of lowering and
+/// simulating them again (`auto`'s further order search repeats its first one
+/// that way). Each trial read back is checked to be the move recorded; from the
+/// first that is not, the record is dropped and the search goes on alone.
+#[derive(Default)]
+pub(crate) struct Trials {
+    taken: std::cell::RefCell<Vec<(Move, Option<Vec<f64>>)>>,
+}
+
+/// One search's reading of a [`Trials`] record: the trials, how many it has
+/// taken, and how many of those it read back.
+#[derive(Default)]
+struct Replay {
+    log: Vec<(Move, Option<Vec<f64>>)>,
+    at: usize,
+    /// Whether the trials are recorded at all (for a caller that keeps them).
+    on: bool,
+    replayed: usize,
+}
+
+impl Replay {
+    fn start(trials: Option<&Trials>) -> Replay {
+        Replay {
+            log: trials.map(|t| t.taken.take()).unwrap_or_default(),
+            on: trials.is_some(),
+            ..Replay::default()
+        }
+    }
+
+    /// Back to `trials` for the next search (the longer record of the two: a
+    /// shorter search took a prefix of the same trials).
+    fn finish(self, trials: Option<&Trials>) {
+        if let Some(t) = trials {
+            *t.taken.borrow_mut() = self.log;
+        }
+    }
+
+    /// The recorded times of the first trials of `batch`, as far as they are the
+    /// next moves recorded in order (each is read back only if taken).
+    fn ahead(&self, batch: &[Try]) -> Vec<Option<Vec<f64>>> {
+        batch
+            .iter()
+            .zip(self.log.get(self.at..).unwrap_or_default())
+            .take_while(|(t, (m, _))| t.key() == *m)
+            .map(|(_, (_, finish))| finish.clone())
+            .collect()
+    }
+
+    /// A trial taken and lowered here: the record goes on with it (what was
+    /// recorded past this point belongs to another course of the search).
+    fn record(&mut self, key: Move, finish: Option<Vec<f64>>) {
+        if !self.on {
+            return;
+        }
+        self.log.truncate(self.at);
+        self.log.push((key, finish));
+        self.at += 1;
+    }
 }
 
 /// The caller's full derivation of a plan, given the best report so far: the
@@ -275,8 +376,9 @@ pub(crate) fn reorder_rounds(
 ) {
     let mut left = budget;
     let mut plan = plan.clone();
+    let mut replay = Replay::start(search.trials);
     while left > 0 {
-        let (found, spent) = reorder(&plan, search, left);
+        let (found, spent) = reorder(&plan, search, left, &mut replay);
         left = left.saturating_sub(spent.max(1));
         let mut improved = false;
         for order in &found {
@@ -294,6 +396,7 @@ pub(crate) fn reorder_rounds(
             _ => break,
         }
     }
+    replay.finish(search.trials);
 }
 
 /// The kinds of move, tried in this order; a kind is tried only once no move of
@@ -711,16 +814,12 @@ fn first_lowering(
 /// [`workers`]); in order. A panic in one is the caller's, as on one thread
 /// ([`crate::ir::parallel`]).
 fn lower_all(
-    plans: &[Option<Plan>],
+    plans: &[Option<&Plan>],
     opts: &SimOptions,
     rule: Placement,
     policy: &SearchPolicy,
 ) -> Vec<Option<(Lowered, Vec<f64>)>> {
-    let one = |i: usize| {
-        plans[i]
-            .as_ref()
-            .and_then(|p| lower_one(p, opts, rule, policy))
-    };
+    let one = |i: usize| plans[i].and_then(|p| lower_one(p, opts, rule, policy));
     let order: Vec<usize> = (0..plans.len()).collect();
     crate::ir::parallel::ordered_map(&order, plans.len(), 1, |body| body(), one)
 }
@@ -852,15 +951,16 @@ mod tests {
             fits: &fits,
             moves: Moves::AcrossRanks,
             policy: &SearchPolicy::DEFAULT,
+            trials: None,
         };
         for budget in [7, 40, 151] {
-            let one = reorder_on(&plan, &search, budget, 1);
+            let one = reorder_on(&plan, &search, budget, 1, &mut Replay::default());
             assert!(
                 !one.0.is_empty(),
                 "budget {budget}: the search found nothing"
             );
             for width in [2, 3, 8] {
-                let many = reorder_on(&plan, &search, budget, width);
+                let many = reorder_on(&plan, &search, budget, width, &mut Replay::default());
                 assert_eq!(one.1, many.1, "budget {budget}, width {width}");
                 assert_eq!(one.0.len(), many.0.len(), "budget {budget}, width {width}");
                 for (a, b) in one.0.iter().zip(&many.0) {
@@ -868,6 +968,77 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A search that reads back the trials of a shorter (or longer) search of the
+    /// same plan finds what it finds alone, with the same simulations spent, and
+    /// lowers none of the trials it reads back; a record of another plan's search
+    /// is dropped at the first trial that differs, and changes nothing either.
+    #[test]
+    fn a_search_reading_back_another_ones_trials_finds_the_same() {
+        let (plan, opts, ..) = lockstep_ramp();
+        let fits = |_: &Program, _: &SimReport| true;
+        let search = Search {
+            text: None,
+            opts: &opts,
+            fits: &fits,
+            moves: Moves::AcrossRanks,
+            policy: &SearchPolicy::DEFAULT,
+            trials: None,
+        };
+        let recorded = |budget: usize, from: &Plan| {
+            let mut r = Replay {
+                on: true,
+                ..Replay::default()
+            };
+            reorder_on(from, &search, budget, 2, &mut r);
+            r.log
+        };
+        for (first, then) in [(40, 151), (151, 40), (7, 7)] {
+            let log = recorded(first, &plan);
+            let alone = reorder_on(&plan, &search, then, 2, &mut Replay::default());
+            for width in [1, 2, 3] {
+                let mut r = Replay {
+                    log: log.clone(),
+                    on: true,
+                    ..Replay::default()
+                };
+                let again = reorder_on(&plan, &search, then, width, &mut r);
+                let what = format!("{first} then {then}, width {width}");
+                assert_eq!(alone.1, again.1, "{what}");
+                assert_eq!(alone.0.len(), again.0.len(), "{what}");
+                for (a, b) in alone.0.iter().zip(&again.0) {
+                    assert_eq!(a.order, b.order, "{what}");
+                }
+                // Every trial both searches take is read back.
+                let common = (first.min(then)).saturating_sub(PLACEMENTS.len());
+                assert_eq!(r.replayed, common.min(log.len()), "{what}");
+                assert!(r.replayed > 0, "{what}");
+                assert!(r.log.len() >= log.len().max(r.at), "{what}");
+            }
+        }
+        // The record of another plan's search: the first move differs.
+        let mut other = plan.clone();
+        let last = other.order[0].len() - 1;
+        let w = (0..last)
+            .rev()
+            .find(|&i| other.order[0][i].op == Op::W)
+            .unwrap();
+        let t = other.order[0].remove(w);
+        other.order[0].push(t);
+        let log = recorded(40, &other);
+        let alone = reorder_on(&plan, &search, 40, 2, &mut Replay::default());
+        let mut r = Replay {
+            log,
+            on: true,
+            ..Replay::default()
+        };
+        let again = reorder_on(&plan, &search, 40, 2, &mut r);
+        assert_eq!(alone.1, again.1);
+        assert_eq!(
+            alone.0.iter().map(|p| &p.order).collect::<Vec<_>>(),
+            again.0.iter().map(|p| &p.order).collect::<Vec<_>>()
+        );
     }
 
     /// Every candidate move of either kind, for every wait of a rendezvous program
