@@ -86,13 +86,29 @@ fn reorder(plan: &Plan, search: &Search, budget: usize, replay: &mut Replay) -> 
     reorder_on(plan, search, budget, width, replay)
 }
 
-/// [`reorder`] lowering up to `width` candidates at a time.
+/// [`reorder`] lowering up to `width` candidates at a time: on this thread and
+/// `width - 1` workers kept for the whole search ([`Pool`]).
 fn reorder_on(
     plan: &Plan,
     search: &Search,
     budget: usize,
     width: usize,
     replay: &mut Replay,
+) -> (Vec<Plan>, usize) {
+    std::thread::scope(|s| {
+        let pool = Pool::new(s, width.saturating_sub(1), search.opts, search.policy);
+        search_on(plan, search, budget, width, replay, &pool)
+    })
+}
+
+/// [`reorder_on`] with its workers.
+fn search_on(
+    plan: &Plan,
+    search: &Search,
+    budget: usize,
+    width: usize,
+    replay: &mut Replay,
+    pool: &Pool,
 ) -> (Vec<Plan>, usize) {
     let Search {
         text,
@@ -209,12 +225,7 @@ fn reorder_on(
                 // Trials an earlier search of the same plan took in this very
                 // order are not lowered again: their finishing times are read back.
                 let recorded = replay.ahead(&batch);
-                let fresh: Vec<Option<&Plan>> = nexts
-                    .iter()
-                    .enumerate()
-                    .map(|(k, n)| if k < recorded.len() { None } else { n.as_ref() })
-                    .collect();
-                let lowered = lower_all(&fresh, opts, rule, policy);
+                let (nexts, lowered) = pool.lower_all(nexts, recorded.len(), rule);
                 let mut recorded = recorded.into_iter();
                 for ((t, next), lowered) in batch.into_iter().zip(nexts).zip(lowered) {
                     tried.insert(t.key());
@@ -810,18 +821,112 @@ fn first_lowering(
     best
 }
 
-/// [`lower_one`] of each plan, side by side (the caller sizes the batch by
-/// [`workers`]); in order. A panic in one is the caller's, as on one thread
-/// ([`crate::ir::parallel`]).
-fn lower_all(
-    plans: &[Option<&Plan>],
-    opts: &SimOptions,
-    rule: Placement,
-    policy: &SearchPolicy,
-) -> Vec<Option<(Lowered, Vec<f64>)>> {
-    let one = |i: usize| plans[i].and_then(|p| lower_one(p, opts, rule, policy));
-    let order: Vec<usize> = (0..plans.len()).collect();
-    crate::ir::parallel::ordered_map(&order, plans.len(), 1, |body| body(), one)
+/// A trial for a worker of a [`Pool`]: its place in the batch, its plan, the rule.
+type Job = (usize, Plan, Placement);
+/// A worker's answer: the place, the plan back, and [`lower_one`] of it (or the
+/// panic it raised).
+type Done = (
+    usize,
+    Plan,
+    std::thread::Result<Option<(Lowered, Vec<f64>)>>,
+);
+
+/// Threads that lower and simulate a search's trials beside the calling thread,
+/// started once for the whole search (thread starts per batch of two trials cost
+/// about a second of system time over a 12000-simulation search). Each worker
+/// takes its jobs in the order sent; answers are put back in batch order, so the
+/// search does not depend on the workers.
+struct Pool<'a> {
+    opts: &'a SimOptions,
+    policy: &'a SearchPolicy,
+    jobs: Vec<std::sync::mpsc::Sender<Job>>,
+    done: std::sync::mpsc::Receiver<Done>,
+}
+
+impl<'a> Pool<'a> {
+    /// `workers` threads in `scope`, which end when the pool is dropped.
+    fn new<'scope>(
+        scope: &'scope std::thread::Scope<'scope, '_>,
+        workers: usize,
+        opts: &'a SimOptions,
+        policy: &'a SearchPolicy,
+    ) -> Pool<'a>
+    where
+        'a: 'scope,
+    {
+        let (answer, done) = std::sync::mpsc::channel::<Done>();
+        let jobs = (0..workers)
+            .map(|_| {
+                let (send, take) = std::sync::mpsc::channel::<Job>();
+                let answer = answer.clone();
+                scope.spawn(move || {
+                    for (k, plan, rule) in take {
+                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            lower_one(&plan, opts, rule, policy)
+                        }));
+                        if answer.send((k, plan, r)).is_err() {
+                            break;
+                        }
+                    }
+                });
+                send
+            })
+            .collect();
+        Pool {
+            opts,
+            policy,
+            jobs,
+            done,
+        }
+    }
+
+    /// [`lower_one`] of each plan with `rule`, side by side, but for the first
+    /// `skip` (read back instead): the plans back, and the answers in order. A
+    /// panic in one is the caller's, as on one thread.
+    #[allow(clippy::type_complexity)]
+    fn lower_all(
+        &self,
+        mut plans: Vec<Option<Plan>>,
+        skip: usize,
+        rule: Placement,
+    ) -> (Vec<Option<Plan>>, Vec<Option<(Lowered, Vec<f64>)>>) {
+        let mut out: Vec<Option<(Lowered, Vec<f64>)>> = plans.iter().map(|_| None).collect();
+        let todo: Vec<usize> = (skip..plans.len())
+            .filter(|&k| plans[k].is_some())
+            .collect();
+        // The first on this thread, the others on the workers in turn.
+        let mut sent = 0;
+        if !self.jobs.is_empty() {
+            for (w, &k) in todo.iter().skip(1).enumerate() {
+                if let Some(plan) = plans[k].take() {
+                    let job = (k, plan, rule);
+                    if let Err(back) = self.jobs[w % self.jobs.len()].send(job) {
+                        // A worker that stopped: this thread lowers it.
+                        plans[k] = Some(back.0 .1);
+                    } else {
+                        sent += 1;
+                    }
+                }
+            }
+        }
+        for &k in &todo {
+            if let Some(p) = &plans[k] {
+                out[k] = lower_one(p, self.opts, rule, self.policy);
+            }
+        }
+        for _ in 0..sent {
+            // Every job sent is answered: the workers live as long as the pool.
+            let Ok((k, plan, r)) = self.done.recv() else {
+                break;
+            };
+            plans[k] = Some(plan);
+            match r {
+                Ok(r) => out[k] = r,
+                Err(panic) => std::panic::resume_unwind(panic),
+            }
+        }
+        (plans, out)
+    }
 }
 
 /// `plan` lowered with `rule` and simulated, and each rank's finishing time; `None`
