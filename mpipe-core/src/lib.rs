@@ -30,11 +30,11 @@
 //!
 //! | floor | folder | holds | must not know |
 //! | --- | --- | --- | --- |
-//! | 0 | [`ir`] | program, plan, timing model ([`model`]), a unit's role, search policy, progress, ordered parallel map, did-you-mean text | profiles, expressions, how a program was made |
+//! | 0 | [`ir`] | program, plan, timing model ([`model`]), a unit's role, re-rolled loops ([`rolled`]), search policy, progress, ordered parallel map, did-you-mean text | profiles, expressions, how a program was made |
 //! | 1 | [`algebra`] | profile, expr, units, megatron, the ramp split, generators, operators, plan analysis, an expression's evaluation to a plan, lowering | simulation, verification, the search |
 //! | 2 | [`judge`] | verify, simulate, timeline, waits, bound, advice | how a program was made (the bound and advice read the profile, the algebra's stage splits and body names) |
 //! | 3 | [`search`] | refine, best lowering, reorder, relower, a plan to a checked program, `auto`, the `derive` entry, evaluation | who calls it (tool, macro, test) |
-//! | 4 | [`interop`], [`render`] | PyTorch CSVs, calibration from a trace; SVG, Chrome traces, re-rolled loops | |
+//! | 4 | [`interop`], [`render`] | PyTorch CSVs, calibration from a trace; SVG, Chrome traces | |
 //!
 //! The algebra's evaluation never calls the search: `derive` (floor 3) resolves
 //! `auto` and `refine(X, order = N)` itself and calls down for the plan.
@@ -84,7 +84,7 @@ pub mod search;
 
 pub use algebra::{analysis, expr, generators, lower, megatron, operators, profile, units};
 pub use interop::{calibrate, torch_csv};
+pub use ir::rolled;
 pub use ir::{model, plan, policy, program, progress, role};
 pub use judge::{advice, bound, simulate, timeline, verify, waits};
-pub use render::rolled;
 pub use search::{derive, evaluation, refine, relower, reorder};

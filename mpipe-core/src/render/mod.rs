@@ -31,7 +31,7 @@ use crate::ir::program::Program;
 use crate::judge::timeline::Timeline;
 
 pub(crate) mod look;
-pub mod rolled;
+pub use crate::ir::rolled;
 pub mod svg;
 pub mod trace;
 pub mod trace_read;

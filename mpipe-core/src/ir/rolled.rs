@@ -313,6 +313,26 @@ pub fn roll_with(p: &Program, opts: &RollOptions) -> Result<Rolled, RollError> {
     })
 }
 
+/// [`Rolled::code_size`] of `list` as rank `rank` of `p` (whose units name the
+/// steps), rolled with `opts`, without rolling the other ranks: how a pass that
+/// rewrites one rank weighs the code it would emit.
+pub fn rank_code_size(
+    p: &Program,
+    rank: usize,
+    list: &[Action],
+    opts: &RollOptions,
+) -> Result<usize, RollError> {
+    if u32::try_from(p.units.len()).is_err() {
+        return Err(RollError::TooManyUnits(p.units.len()));
+    }
+    let mut index: HashMap<&str, u32> = HashMap::with_capacity(p.units.len());
+    for (u, unit) in p.units.iter().enumerate() {
+        index.entry(unit.name.as_str()).or_insert(u as u32);
+    }
+    let seq = Seq::build(rank, list, &index)?;
+    Ok(seq.roll(opts).iter().map(Block::size).sum())
+}
+
 /// Expand `r` back into flat action lists, one per rank, with batches numbered
 /// canonically (see the module documentation).
 ///
