@@ -1,8 +1,7 @@
 //! Loops, not a flat listing: for the regular schedules the emitted code has the same
-//! size for 64 and 4096 micro-batches (only loop bounds differ). Schedules whose
-//! orders come from the cost model (`zbv`'s list scheduler, `transpose`'s deadline
-//! placement) are not periodic in general; their sizes are reported by the
-//! `expand` benchmark, not asserted.
+//! size for 64 and 4096 micro-batches (only loop bounds differ), and every generator
+//! and `transpose` and `fill` over them grows at most 1.1x from 32 to 4096
+//! micro-batches, except the ones listed with the reason (issue 36, item 5).
 
 use mpipe_codegen::schedule;
 use mpipe_codegen::size::code_size;
@@ -83,32 +82,82 @@ fn lines(profile: &str, mbs: usize, expr: &str) -> usize {
 }
 
 /// How a schedule's emitted code grows, as measured (lines, 4 ranks, the profile of
-/// [`small_mllm_48`]).
+/// [`small_mllm_48`]). The goal (issue 36) is [`Growth::Flat`] for every schedule;
+/// the others say why they miss it.
 #[derive(Clone, Copy, Debug)]
 enum Growth {
     /// At most 1.1x from 32 to `at` micro-batches (4096, or 1024 where the
     /// derivation itself is slow at 4096).
     Flat { at: usize },
-    /// The program repeats with a period longer than 32 micro-batches hold (the
-    /// lowering's transfer placement, or the operator's placement, cycles through a
-    /// few variants of the plan's period because the ranks run at different rates),
-    /// so the code is larger than at 32 but stops growing: at most 1.1x from `from`
-    /// to `to` micro-batches.
-    Bounded { from: usize, to: usize },
-    /// Grows with the micro-batch count: `zb2p(encoders = spread)`'s list scheduler
-    /// hands each encoder micro-batch to whichever rank has quota and time left, by
-    /// timing, so the compute order itself has no period. Bounded only by the flat
-    /// program: at most `1.1 * to / from` times the size at `from`.
-    Linear { from: usize, to: usize },
+    /// The program repeats with a period longer than 32 micro-batches hold, so the
+    /// code is larger than at 32 but stops growing: at most 1.1x from `from` to `to`
+    /// micro-batches. `why` says what drifts.
+    Bounded {
+        from: usize,
+        to: usize,
+        why: &'static str,
+    },
+    /// Grows with the micro-batch count, bounded only by the flat program: at most
+    /// `1.1 * to / from` times the size at `from`. `why` says what has no period.
+    Linear {
+        from: usize,
+        to: usize,
+        why: &'static str,
+    },
 }
 
 const FLAT: Growth = Growth::Flat { at: 4096 };
-const LONG_PERIOD: Growth = Growth::Bounded {
+
+/// The plan's compute order is periodic (its compute actions alone roll to the same
+/// size at 32 and 512 micro-batches), but the lowering's meeting points drift:
+/// ranks run at different rates in the timeline the transfers are placed by, so a
+/// receive slides one task along its rank's list every few micro-batches. The
+/// periodic placement every derivation tries (`mpipe-core/src/search/periodic.rs`,
+/// one period's placement in every period) runs slower on these, or does not verify
+/// (a move at a stretch's end breaks the order two ranks meet in), so the derivation
+/// keeps the drifting one.
+const TRANSFERS_DRIFT: Growth = Growth::Bounded {
     from: 512,
     to: 2048,
+    why: "compute periodic; transfer placement drifts, the periodic one is slower",
 };
-/// `fill` derives slowly at thousands of micro-batches (35 s to 1000 s at 4096).
-const FILL_LONG_PERIOD: Growth = Growth::Bounded { from: 256, to: 512 };
+
+/// `transpose`'s placement of the encoder work (by the plan's ideal timing) drifts
+/// too: the compute order alone grows a little (26 steps at 32 micro-batches, 34 at
+/// 512 for `1f1b`) before it settles, and the transfers drift as above.
+const TRANSPOSE_DRIFTS: Growth = Growth::Bounded {
+    from: 512,
+    to: 2048,
+    why: "transpose's encoder placement and the transfers drift, then repeat",
+};
+
+/// `fill` puts encoder work into the body's idle time by timing: its compute order
+/// alone grows from 32 to 512 micro-batches (31 to 86 steps over `1f1b`), then
+/// repeats. `fill` derives slowly at thousands of micro-batches (35 s to 1000 s at
+/// 4096), hence the smaller sizes.
+const FILL_DRIFTS: Growth = Growth::Bounded {
+    from: 256,
+    to: 512,
+    why: "fill's encoder placement follows the idle time, settles after ~256",
+};
+
+/// `zb2p`'s list scheduler with cost-model costs orders the encoder chain by timing:
+/// the compute order alone does not repeat before a few hundred micro-batches (393
+/// compute steps at 32, 4340 at 512), then stops growing.
+const LIST_SCHEDULED: Growth = Growth::Bounded {
+    from: 512,
+    to: 2048,
+    why: "zb2p's list scheduler orders the encoder by timing; compute order settles late",
+};
+
+/// `zb2p(encoders = spread)`'s list scheduler hands each encoder micro-batch to
+/// whichever rank has quota and time left, by timing, so the compute order itself
+/// has no period.
+const SPREAD: Growth = Growth::Linear {
+    from: 32,
+    to: 256,
+    why: "the woven encoder's compute order has no period",
+};
 
 /// Every body generator of `auto`'s search space (mpipe-core/src/search/auto.rs; the
 /// `encoders = chains` forms need two encoders), then `transpose` and `fill` of the
@@ -116,8 +165,11 @@ const FILL_LONG_PERIOD: Growth = Growth::Bounded { from: 256, to: 512 };
 fn schedules() -> Vec<(String, Growth)> {
     let mut v: Vec<(String, Growth)> = [
         ("1f1b", FLAT),
-        ("gpipe", LONG_PERIOD),
-        ("interleaved(v = 2)", LONG_PERIOD),
+        // Flat since the periodic placement: rank 0's backward (`BW(llm.0)` +
+        // `BW(vision)`) is slower than rank 1's, and the drifting meeting points
+        // repeated only every 89 micro-batches.
+        ("gpipe", FLAT),
+        ("interleaved(v = 2)", TRANSFERS_DRIFT),
         ("interleaved(v = 3)", FLAT),
         ("interleaved(v = 4)", FLAT),
         ("zbh1", FLAT),
@@ -127,48 +179,36 @@ fn schedules() -> Vec<(String, Growth)> {
         ("zb2p(costs = unit)", FLAT),
         ("zb2p(v = 2)", FLAT),
         ("zb2p(layout = v)", FLAT),
-        (
-            "zb2p(encoders = spread)",
-            Growth::Linear { from: 32, to: 256 },
-        ),
-        (
-            "zb2p(encoders = spread, costs = unit)",
-            Growth::Linear { from: 32, to: 256 },
-        ),
-        (
-            "zb2p(encoders = spread, layout = v)",
-            Growth::Linear { from: 32, to: 256 },
-        ),
-        ("zb2p(encoders = chain)", LONG_PERIOD),
-        ("zb2p(encoders = chain, costs = unit)", LONG_PERIOD),
-        ("zb2p(encoders = ramp)", LONG_PERIOD),
-        ("zb2p(encoders = ramp, costs = unit)", LONG_PERIOD),
-        ("zb2p(v = 2, encoders = ramp)", LONG_PERIOD),
+        ("zb2p(encoders = spread)", SPREAD),
+        ("zb2p(encoders = spread, costs = unit)", SPREAD),
+        ("zb2p(encoders = spread, layout = v)", SPREAD),
+        ("zb2p(encoders = chain)", LIST_SCHEDULED),
+        ("zb2p(encoders = chain, costs = unit)", LIST_SCHEDULED),
+        ("zb2p(encoders = ramp)", LIST_SCHEDULED),
+        ("zb2p(encoders = ramp, costs = unit)", LIST_SCHEDULED),
+        ("zb2p(v = 2, encoders = ramp)", LIST_SCHEDULED),
     ]
     .into_iter()
     .map(|(e, g)| (e.to_string(), g))
     .collect();
     let wrapped: [(&str, Growth, Growth); 12] = [
-        ("1f1b", LONG_PERIOD, FILL_LONG_PERIOD),
-        ("gpipe", LONG_PERIOD, FILL_LONG_PERIOD),
-        ("interleaved(v = 2)", FLAT, FILL_LONG_PERIOD),
-        (
-            "interleaved(v = 3)",
-            Growth::Flat { at: 1024 },
-            FILL_LONG_PERIOD,
-        ),
-        (
-            "interleaved(v = 4)",
-            Growth::Flat { at: 1024 },
-            FILL_LONG_PERIOD,
-        ),
-        ("zbh1", LONG_PERIOD, FILL_LONG_PERIOD),
+        ("1f1b", TRANSPOSE_DRIFTS, FILL_DRIFTS),
+        ("gpipe", TRANSPOSE_DRIFTS, FILL_DRIFTS),
+        ("interleaved(v = 2)", FLAT, FILL_DRIFTS),
+        ("interleaved(v = 3)", Growth::Flat { at: 1024 }, FILL_DRIFTS),
+        ("interleaved(v = 4)", Growth::Flat { at: 1024 }, FILL_DRIFTS),
+        ("zbh1", TRANSPOSE_DRIFTS, FILL_DRIFTS),
         ("zbv", Growth::Flat { at: 1024 }, Growth::Flat { at: 1024 }),
-        ("dualpipev", LONG_PERIOD, FILL_LONG_PERIOD),
-        ("zb2p", LONG_PERIOD, FILL_LONG_PERIOD),
-        ("zb2p(costs = unit)", LONG_PERIOD, FILL_LONG_PERIOD),
-        ("zb2p(v = 2)", LONG_PERIOD, Growth::Flat { at: 1024 }),
-        ("zb2p(layout = v)", LONG_PERIOD, Growth::Flat { at: 1024 }),
+        ("dualpipev", TRANSPOSE_DRIFTS, FILL_DRIFTS),
+        ("zb2p", TRANSPOSE_DRIFTS, FILL_DRIFTS),
+        ("zb2p(costs = unit)", TRANSPOSE_DRIFTS, FILL_DRIFTS),
+        // The compute order of these is periodic; the transfers drift.
+        ("zb2p(v = 2)", TRANSFERS_DRIFT, Growth::Flat { at: 1024 }),
+        (
+            "zb2p(layout = v)",
+            TRANSFERS_DRIFT,
+            Growth::Flat { at: 1024 },
+        ),
     ];
     for (body, transposed, filled) in wrapped {
         v.push((format!("transpose(vision, {body})"), transposed));
@@ -178,9 +218,9 @@ fn schedules() -> Vec<(String, Growth)> {
 }
 
 /// The emitted code of every generator, and of `transpose` and `fill` over them,
-/// grows at most 1.1x from 32 to 4096 micro-batches, or stops growing past a few
-/// hundred, or (the woven `spread` encoders only) grows at most linearly: see
-/// [`Growth`] for which and why. Runs on two threads; about two minutes in release.
+/// grows at most 1.1x from 32 to 4096 micro-batches ([`Growth::Flat`]), or, for the
+/// schedules listed otherwise with the reason, stops growing past a few hundred, or
+/// (the woven `spread` encoders only) grows at most linearly. Runs on two threads; about two minutes in release.
 #[test]
 fn every_generator_and_operator_grows_as_stated() {
     let profile = small_mllm_48();
@@ -197,7 +237,9 @@ fn every_generator_and_operator_grows_as_stated() {
                 };
                 let (from, to) = match *growth {
                     Growth::Flat { at } => (32, at),
-                    Growth::Bounded { from, to } | Growth::Linear { from, to } => (from, to),
+                    Growth::Bounded { from, to, .. } | Growth::Linear { from, to, .. } => {
+                        (from, to)
+                    }
                 };
                 let (a, b) = (lines(&profile, from, expr), lines(&profile, to, expr));
                 let small = if from == 32 {
@@ -217,13 +259,35 @@ fn every_generator_and_operator_grows_as_stated() {
     for (expr, growth, small, a, b) in results.into_inner().unwrap() {
         let ok = match growth {
             Growth::Flat { .. } | Growth::Bounded { .. } => b as f64 <= 1.1 * a as f64,
-            Growth::Linear { from, to } => b as f64 <= 1.1 * (to / from) as f64 * a as f64,
+            Growth::Linear { from, to, .. } => b as f64 <= 1.1 * (to / from) as f64 * a as f64,
         };
         if !ok {
             failures.push(format!(
                 "{expr} ({growth:?}): {small} lines at 32, {a} and {b} at the two sizes"
             ));
         }
+        // The list says which schedules miss the goal: one that meets it (at most
+        // 1.1x from 32 to the larger size) is listed Flat, so the count is true.
+        let flat_now = b as f64 <= 1.1 * small as f64;
+        if flat_now && !matches!(growth, Growth::Flat { .. }) {
+            failures.push(format!(
+                "{expr} ({growth:?}): {small} lines at 32, {b} at the larger size: flat now, \
+                 list it as Flat"
+            ));
+        }
     }
+    let mut flat = 0;
+    for (expr, growth) in &cases {
+        match growth {
+            Growth::Flat { .. } => flat += 1,
+            Growth::Bounded { why, .. } | Growth::Linear { why, .. } => {
+                eprintln!("not flat: {expr}: {why}")
+            }
+        }
+    }
+    eprintln!(
+        "{flat} of {} schedules flat (at most 1.1x from 32 micro-batches)",
+        cases.len()
+    );
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -125,6 +125,24 @@ pub struct SearchPolicy {
     /// Candidate meeting points the lowering weighs for each transfer. More: a
     /// slower lowering that may wait less.
     pub meet_candidates: usize,
+    /// Fewest full periods a rank's periodic stretch must hold before its transfers
+    /// are placed periodically ([`crate::search::periodic`]). Fewer: short stretches
+    /// (small micro-batch counts) are made periodic too, with more moves at their
+    /// ends that may fail; at least 2.
+    pub periodic_min_periods: usize,
+    /// Points of each rank's compute order a periodic stretch is looked for through
+    /// (evenly spaced; one Z-function each, linear in the rank's tasks). More: more
+    /// phases of a schedule (forward, backward, cool-down) found, more time; below 2
+    /// turns the periodic placement off.
+    pub periodic_probes: usize,
+    /// Least share of a rank's periodic stretch's periods whose transfers must be
+    /// placed otherwise than the template's before the stretch is rewritten (and
+    /// the rank's code rolled twice to weigh it; at least one period): drifting
+    /// meeting points break most periods (`gpipe` with a trainable encoder: a
+    /// quarter to all of them), a stretch with a few local deviations (`transpose(vision,
+    /// zbv)` at 64 x 1024: 13 of 830) gains nothing from it. Smaller: more stretches
+    /// rewritten and weighed, more time.
+    pub periodic_min_break_share: f64,
     /// The critical-path placement weighs a rank's lost time by one over its idle
     /// time plus the makespan divided by this: smaller weighs busy and idle ranks
     /// more alike when choosing meeting points, larger favours the busiest ranks.
@@ -217,6 +235,9 @@ impl SearchPolicy {
         plan_memo_tasks: 2_000_000,
         replace_rounds: 2,
         meet_candidates: 4,
+        periodic_min_periods: 3,
+        periodic_probes: 8,
+        periodic_min_break_share: 0.125,
         meet_idle_parts: 100.0,
         refine_budget: 300,
         refine_actions: 1_500_000,

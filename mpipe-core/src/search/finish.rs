@@ -13,6 +13,7 @@ use crate::judge::bound::{lower_bound, profile_bound, Bound};
 use crate::judge::compare::span;
 use crate::judge::simulate::{simulate, Mode, SimOptions, SimReport};
 use crate::judge::verify::verify_static;
+use crate::search::periodic::periodic_if_no_slower;
 use crate::search::place::{best_lowering_with, peak_memory_with_params, resident_params};
 
 /// A derived program with its predicted figures.
@@ -194,7 +195,8 @@ pub fn bound_for(profile: &Profile, program: &Program, opts: &SimOptions) -> Bou
 /// `n > 0`, searches the compute order with at most `n` simulations
 /// (`reorder`, reading back and recording its trials in `trials` if given), keeping its plan only if its full derivation is faster and
 /// within the memory limit (without one, within the larger peak of the plan's own
-/// lowering and of its refinement).
+/// lowering and of its refinement). Last, the program kept gets its transfers placed
+/// periodically where that is no slower ([`periodic_if_no_slower`]).
 fn best_lowering(
     req: &Request,
     plan: &Plan,
@@ -208,7 +210,7 @@ fn best_lowering(
     let first = best_lowering_with(plan, Some(text), &opts, limit, refine.is_some(), policy)?;
     let budget = refine.unwrap_or(0);
     if budget == 0 {
-        return Ok(first);
+        return Ok(periodic_if_no_slower(first, &opts, policy));
     }
     // Without a limit, the search may use the memory of the plan's own lowering or
     // of its refinement, whichever is more: refinement moves weight gradients
@@ -236,5 +238,5 @@ fn best_lowering(
             .ok()
             .filter(|(p, r)| span(r).beats(&span(best)) && fits(p, r))
     });
-    Ok(best)
+    Ok(periodic_if_no_slower(best, &opts, policy))
 }

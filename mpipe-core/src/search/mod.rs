@@ -12,6 +12,7 @@ pub mod auto;
 pub mod derive;
 pub mod evaluation;
 pub(crate) mod finish;
+pub(crate) mod periodic;
 pub(crate) mod place;
 pub mod refine;
 pub mod relower;

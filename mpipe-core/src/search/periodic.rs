@@ -1,0 +1,589 @@
+//! Periodic transfer placement: where a rank's compute order is periodic (its steady
+//! state repeats a group of tasks with every micro-batch advanced by one constant), the
+//! transfers in that stretch are placed as they are in one period of it, in every
+//! period.
+//!
+//! The lowering places each transfer by timing (the plan's ideal timeline, or a
+//! simulated one). Where ranks run at different rates in that timeline (a rank with
+//! the encoder is slower than its neighbour), the meeting points slide one task
+//! along a rank's list every few micro-batches, and the program repeats only every
+//! tens of micro-batches, or never: its code, re-rolled into loops
+//! (`mpipe_core::rolled`), grows with the micro-batch count. Under rendezvous the
+//! steady state runs at the pace of the slowest rank anyway, so one period's
+//! placement, repeated, is often as fast; [`periodic`] builds that program and the
+//! caller (`search::place`) keeps it only where it verifies and simulates no slower
+//! and no higher in memory.
+//!
+//! # How
+//!
+//! Per rank, the compute tasks as the sequence `x[k] = (op, unit, mb[k] - mb[k-1])`:
+//! a stretch where `x` has period `P` is one where task `k + P` is task `k` with its
+//! micro-batch advanced by one constant `D`, and conversely. A stretch is found
+//! through evenly spaced tasks of the rank ([`SearchPolicy::periodic_probes`]; a
+//! schedule's forward and backward phases are two stretches): the Z-function of `x`
+//! from there (linear time) gives the smallest period that holds
+//! [`SearchPolicy::periodic_min_periods`] times forward, and the stretch is
+//! extended backward with the same period. The transfers posted between the tasks of
+//! one full period (the [`Reference`]) form the template; in every full period of
+//! the stretch, each transfer the template names (micro-batch advanced by `D` per
+//! period) that is posted within the stretch's full periods is moved there, batched
+//! as in the template. The others (the warm-up's, the cool-down's, those the
+//! template does not name) stay where they were (first in their gap). A stretch is
+//! rewritten only where its placement breaks the template in enough of its periods
+//! ([`SearchPolicy::periodic_min_break_share`]; checked in place, nothing is built
+//! for a regular rank), and a rank only where its code, rolled as code generation
+//! rolls it ([`crate::ir::rolled::rank_code_size`]), is no larger. The result is
+//! checked by the caller: a move can break a dependency at the stretch's ends, or the
+//! order two ranks meet in.
+
+use crate::ir::policy::SearchPolicy;
+use crate::ir::program::{Action, ActionRef, Dir, Program, Tensor};
+use crate::ir::rolled::{rank_code_size, RollOptions};
+use crate::judge::simulate::{simulate, Mode, SimOptions, SimReport};
+use crate::judge::verify::verify_mode;
+use std::collections::{HashMap, HashSet};
+
+/// `best` with its transfers placed periodically in every rank's steady state
+/// ([`periodic`]), the template taken from the period half way through the
+/// micro-batches, else the stretch's first, else its last period (each rank rewritten
+/// only where its rolled code is no larger, see [`periodic`]): the first whose
+/// program is more regular ([`irregularity`]: fewer distinct gap contents),
+/// verifies, runs no slower (makespan equal or less) and peaks no higher on any
+/// rank; else `best`. Its code then rolls to
+/// loops of a size independent of the micro-batch count where the plan's compute
+/// order is periodic. At most three verifications and simulations, none where no
+/// rank changes (a regular program costs only three linear scans).
+/// Rendezvous only. Applied once to a derivation's final program
+/// (`search::finish`), not inside the searches, so that it changes no search's
+/// course.
+pub(crate) fn periodic_if_no_slower(
+    best: (Program, SimReport),
+    opts: &SimOptions,
+    policy: &SearchPolicy,
+) -> (Program, SimReport) {
+    // Under eager semantics a sender never waits, so the steady state is not paced
+    // by the slowest rank and one period's placement is no model of the others.
+    if opts.mode != Mode::Rendezvous || policy.periodic_probes < 2 {
+        return best;
+    }
+    let mut before = None;
+    for reference in [Reference::Middle, Reference::First, Reference::Last] {
+        let Some(program) = periodic(&best.0, reference, policy) else {
+            // Nothing moves with this template: no rank has a periodic stretch, or
+            // its transfers are placed as the template places them already, break
+            // it in too few periods, or moving them would make a rank's code
+            // larger. Another template may differ (a regular rank costs one linear
+            // scan per template).
+            continue;
+        };
+        // Checked before simulating: one that merely moves a regular program's
+        // transfers elsewhere is no gain.
+        let before = *before.get_or_insert_with(|| irregularity(&best.0));
+        if irregularity(&program) >= before || !verify_mode(&program, opts.mode).is_empty() {
+            continue;
+        }
+        let Ok(report) = simulate(&program, opts) else {
+            continue;
+        };
+        let (old, new) = (&best.1, &report);
+        let no_slower = new.makespan <= old.makespan;
+        let no_higher = new
+            .peak_memory
+            .iter()
+            .zip(&old.peak_memory)
+            .all(|(a, b)| a <= b);
+        if no_slower && no_higher {
+            return (program, report);
+        }
+    }
+    best
+}
+
+/// `p` with the transfers of every rank's periodic stretch placed as in its
+/// `reference` period (batches renumbered `0, 1, ...` per rank), on the ranks this
+/// leaves with rolled code no larger ([`rank_code_size`]); `None` if no rank has
+/// such a stretch or nothing moved.
+pub(crate) fn periodic(
+    p: &Program,
+    reference: Reference,
+    policy: &SearchPolicy,
+) -> Option<Program> {
+    let probes = policy.periodic_probes.max(1);
+    let min_periods = policy.periodic_min_periods.max(2);
+    let share = policy.periodic_min_break_share;
+    let roll = RollOptions::default();
+    // The ranks rewritten; the program is copied only if there is one.
+    let mut rewritten: Vec<(usize, Vec<Action>)> = Vec::new();
+    for (r, original) in p.programs.iter().enumerate() {
+        let mut list: Option<Vec<Action>> = None;
+        let mut shape = Shape::of(original)?;
+        // Stretches through `probes - 1` evenly spaced tasks, each once (a schedule's
+        // forward and backward phases are two stretches).
+        let mut done: Vec<(usize, usize)> = Vec::new();
+        let mut size = None;
+        for probe in 1..probes {
+            let at = Probe {
+                point: (probe, probes),
+                min_periods,
+                microbatches: p.microbatches,
+            };
+            let now: &[Action] = list.as_deref().unwrap_or(original);
+            let Some(found) = shape.find(&at, &done, reference) else {
+                continue;
+            };
+            done.push((found.start, found.end));
+            // The common case, a regular rank: every period is placed as the
+            // template already, and nothing is built. A stretch whose placement
+            // breaks the period in only a few of its periods has no drift to
+            // remove, only a few local deviations, which the roller writes out
+            // either way: it is not rewritten, nor its code rolled to weigh it.
+            let needed = ((share * found.periods as f64).ceil() as usize).max(1);
+            if shape.breaks(now, &found, needed) < needed {
+                continue;
+            }
+            let Some(new) = shape.rewrite(now, &found) else {
+                continue;
+            };
+            if new == now {
+                continue;
+            }
+            // A rank is rewritten only where its code, rolled as code generation
+            // rolls it, is no larger: moving the transfers at a stretch's ends can
+            // cost a step more than the drift it removes.
+            let old = match size {
+                Some(s) => s,
+                None => rank_code_size(p, r, now, &roll).ok()?,
+            };
+            let Ok(smaller) = rank_code_size(p, r, &new, &roll) else {
+                continue;
+            };
+            if smaller <= old {
+                // Only transfers moved: the compute tasks keep their order.
+                shape = Shape::of(&new)?;
+                list = Some(new);
+                size = Some(smaller);
+            } else {
+                size = Some(old);
+            }
+        }
+        if let Some(list) = list {
+            rewritten.push((r, list));
+        }
+    }
+    if rewritten.is_empty() {
+        return None;
+    }
+    let mut out = p.clone();
+    for (r, list) in rewritten {
+        out.programs[r] = list;
+    }
+    Some(out)
+}
+
+/// How irregular `p`'s transfer placement is: over the ranks, the number of distinct
+/// gap contents, each gap (the transfers posted between two compute tasks, as
+/// batches) written relative to the task before it (its op and unit, micro-batches
+/// as offsets from its micro-batch). A program whose transfers repeat with its
+/// compute has a few per rank whatever the micro-batch count; one whose meeting
+/// points drift has more, and more with more micro-batches.
+pub(crate) fn irregularity(p: &Program) -> usize {
+    p.programs.iter().map(|list| rank_irregularity(list)).sum()
+}
+
+/// [`irregularity`] of one rank's list.
+fn rank_irregularity(list: &[Action]) -> usize {
+    /// A transfer of a gap: its batch's number within the gap, what it moves and
+    /// where, its micro-batch as an offset.
+    type Member<'a> = (usize, Dir, Tensor, &'a str, i64, usize);
+    let mut seen: HashSet<(u8, &str, Vec<Member>)> = HashSet::new();
+    let (mut op, mut unit, mut mb) = (u8::MAX, "", 0i64);
+    let mut gap: Vec<Member> = Vec::new();
+    let mut last_batch: Option<u64> = None;
+    let mut group = 0usize;
+    for a in list {
+        match a.view() {
+            ActionRef::Compute(c) => {
+                if !gap.is_empty() {
+                    seen.insert((op, unit, std::mem::take(&mut gap)));
+                }
+                (op, unit, mb) = (c.op as u8, c.unit, c.mb as i64);
+                (last_batch, group) = (None, 0);
+            }
+            ActionRef::P2p(t) => {
+                // Members of one batch share a number; a new batch or a lone
+                // transfer takes the next.
+                if t.batch.is_none() || t.batch != last_batch {
+                    group += 1;
+                }
+                last_batch = t.batch;
+                gap.push((group, t.dir, t.tensor, t.unit, t.mb as i64 - mb, t.peer));
+            }
+            ActionRef::Coll(_) => {}
+        }
+    }
+    if !gap.is_empty() {
+        seen.insert((op, unit, gap));
+    }
+    seen.len()
+}
+
+/// Which full period of a stretch gives the template.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reference {
+    /// The one whose first task's micro-batch is nearest to half the micro-batch
+    /// count: every rank takes its template at the same micro-batch, so that the
+    /// ranks' templates come from one moment of the run and meet each other as they
+    /// did there.
+    Middle,
+    /// The stretch's first full period (where the ranks' paces have drifted least
+    /// from where the steady state began).
+    First,
+    /// The stretch's last full period.
+    Last,
+}
+
+/// Where [`Shape::find`] looks for a stretch: through task `n * point.0 / point.1`, one of
+/// at least `min_periods` full periods.
+struct Probe {
+    point: (usize, usize),
+    min_periods: usize,
+    microbatches: usize,
+}
+
+/// A transfer's identity on its rank.
+type Key<'a> = (Dir, Tensor, &'a str, usize, usize);
+
+fn key(a: &Action) -> Option<Key<'_>> {
+    match a.view() {
+        ActionRef::P2p(t) => Some((t.dir, t.tensor, t.unit, t.mb, t.peer)),
+        _ => None,
+    }
+}
+
+/// One rank's list read as compute tasks and the gaps between them.
+struct Shape {
+    /// Index in the list of each compute task.
+    tasks: Vec<usize>,
+    /// `x[k] = (op, unit, mb[k] - mb[k-1])` of task `k`, interned (`x[0]`'s step is 0).
+    x: Vec<u32>,
+    /// Each task's micro-batch.
+    mbs: Vec<i64>,
+    /// The groups (a batch, a lone transfer or a collective) as ranges of the list,
+    /// in order.
+    groups: Vec<std::ops::Range<usize>>,
+    /// Gap `g` (what is posted before task `g`; gap `n` after the last) holds
+    /// `groups[gap_start[g]..gap_start[g + 1]]`.
+    gap_start: Vec<usize>,
+}
+
+/// A periodic stretch [`Shape::find`] found: tasks `start..end` repeat with
+/// `period` tasks, each repetition advancing the micro-batches by `d`.
+struct Found {
+    period: usize,
+    start: usize,
+    end: usize,
+    /// Micro-batch advance per period.
+    d: i64,
+    /// Full periods whose gaps lie inside the stretch.
+    periods: usize,
+    /// The period whose placement is the template.
+    reference: usize,
+}
+
+impl Found {
+    /// The gap after task `k - 1` of period `q` (`k` in `1..=period`).
+    fn gap(&self, q: usize, k: usize) -> usize {
+        self.start + q * self.period + k
+    }
+}
+
+impl Shape {
+    fn of(list: &[Action]) -> Option<Shape> {
+        let mut shape = Shape {
+            tasks: Vec::new(),
+            x: Vec::new(),
+            mbs: Vec::new(),
+            groups: Vec::new(),
+            gap_start: vec![0],
+        };
+        let mut ids: HashMap<(u8, &str, i64), u32> = HashMap::new();
+        let mut j = 0;
+        while j < list.len() {
+            match list[j].view() {
+                ActionRef::Compute(c) => {
+                    let mb = i64::try_from(c.mb).ok()?;
+                    let d = shape.mbs.last().map_or(0, |m| mb - m);
+                    let next = ids.len() as u32;
+                    shape
+                        .x
+                        .push(*ids.entry((c.op as u8, c.unit, d)).or_insert(next));
+                    shape.mbs.push(mb);
+                    shape.tasks.push(j);
+                    shape.gap_start.push(shape.groups.len());
+                    j += 1;
+                }
+                ActionRef::Coll(_) => {
+                    shape.groups.push(j..j + 1);
+                    j += 1;
+                }
+                ActionRef::P2p(t) => {
+                    let mut end = j + 1;
+                    if t.batch.is_some() {
+                        while end < list.len()
+                            && matches!(list[end].view(), ActionRef::P2p(u) if u.batch == t.batch)
+                        {
+                            end += 1;
+                        }
+                    }
+                    shape.groups.push(j..end);
+                    j = end;
+                }
+            }
+        }
+        shape.gap_start.push(shape.groups.len());
+        Some(shape)
+    }
+
+    /// The groups of gap `g`.
+    fn gap(&self, g: usize) -> &[std::ops::Range<usize>] {
+        &self.groups[self.gap_start[g]..self.gap_start[g + 1]]
+    }
+
+    /// The periodic stretch through the [`Probe`]'s task, with its template period;
+    /// `None` if there is none or it lies in `done`.
+    fn find(&self, probe: &Probe, done: &[(usize, usize)], reference: Reference) -> Option<Found> {
+        let min_periods = probe.min_periods;
+        let n = self.tasks.len();
+        if n < min_periods + 1 {
+            return None;
+        }
+        let mid = n * probe.point.0 / probe.point.1;
+        if mid == 0 || done.iter().any(|&(a, b)| a <= mid && mid < b) {
+            return None;
+        }
+        let (period, start, end) =
+            stretch(&self.x[1..], mid - 1, min_periods).map(|(l, a, b)| (l, a + 1, b + 1))?;
+        // Tasks start .. end repeat with period `period`: task k + P is task k
+        // advanced by D for k in start .. end - P.
+        let d = self.mbs[start + period] - self.mbs[start];
+        if d <= 0 {
+            return None;
+        }
+        // Period q holds gaps start + q*P + 1 ..= start + (q + 1)*P (after each of
+        // its tasks), all strictly inside the stretch's tasks.
+        let periods = (end - 1 - start) / period;
+        if periods < min_periods {
+            return None;
+        }
+        let target = probe.microbatches as f64 / 2.0;
+        let reference = match reference {
+            Reference::First => 0,
+            Reference::Last => periods - 1,
+            Reference::Middle => (0..periods)
+                .min_by(|&a, &b| {
+                    let far = |q: usize| (self.mbs[start + q * period] as f64 - target).abs();
+                    far(a).total_cmp(&far(b))
+                })
+                .unwrap_or(periods / 2),
+        };
+        Some(Found {
+            period,
+            start,
+            end,
+            d,
+            periods,
+            reference,
+        })
+    }
+
+    /// How many full periods of `f` have their transfers placed otherwise than the
+    /// template (other groups, other transfers, or micro-batches not advanced by `d`
+    /// per period), counting up to `most`.
+    fn breaks(&self, list: &[Action], f: &Found, most: usize) -> usize {
+        let placed_as_template = |q: usize| {
+            let by = (q as i64 - f.reference as i64) * f.d;
+            (1..=f.period).all(|k| {
+                let (here, there) = (self.gap(f.gap(q, k)), self.gap(f.gap(f.reference, k)));
+                here.len() == there.len()
+                    && here.iter().zip(there).all(|(a, b)| {
+                        a.len() == b.len()
+                            && a.clone().zip(b.clone()).all(|(i, j)| {
+                                match (key(&list[i]), key(&list[j])) {
+                                    (Some((d1, t1, u1, m1, p1)), Some((d2, t2, u2, m2, p2))) => {
+                                        (d1, t1, u1, p1) == (d2, t2, u2, p2)
+                                            && m1 as i64 == m2 as i64 + by
+                                    }
+                                    _ => false,
+                                }
+                            })
+                    })
+            })
+        };
+        (0..f.periods)
+            .filter(|&q| !placed_as_template(q))
+            .take(most)
+            .count()
+    }
+
+    /// `list` (the list this shape was read from) with the transfers of `f`'s full
+    /// periods placed as in its template period; `None` where the template holds a
+    /// collective.
+    fn rewrite(&self, list: &[Action], f: &Found) -> Option<Vec<Action>> {
+        // The template: per gap of the period, its groups of transfers.
+        let mut template: Vec<Vec<Vec<(usize, Key)>>> = Vec::with_capacity(f.period);
+        for k in 1..=f.period {
+            let mut groups = Vec::new();
+            for g in self.gap(f.gap(f.reference, k)) {
+                let mut members = Vec::new();
+                for a in g.clone() {
+                    // A collective in the middle of the steady state: leave the rank be.
+                    members.push((a, key(&list[a])?));
+                }
+                groups.push(members);
+            }
+            template.push(groups);
+        }
+        // Which gap each transfer is posted in.
+        let mut at: HashMap<Key, usize> = HashMap::new();
+        for g in 0..self.gap_start.len() - 1 {
+            for group in self.gap(g) {
+                for a in group.clone() {
+                    if let Some(k) = key(&list[a]) {
+                        at.insert(k, g);
+                    }
+                }
+            }
+        }
+        // Every period's groups from the template, claiming the transfers they name.
+        let shift = |mb: usize, by: i64| usize::try_from(mb as i64 + by).ok();
+        let (lo, hi) = (f.gap(0, 1), f.gap(f.periods - 1, f.period));
+        let mut moved: HashSet<Key> = HashSet::new();
+        let mut generated: Vec<Vec<Vec<Action>>> = vec![Vec::new(); self.gap_start.len() - 1];
+        for q in 0..f.periods {
+            let by = (q as i64 - f.reference as i64) * f.d;
+            for k in 1..=f.period {
+                for members in &template[k - 1] {
+                    let mut group = Vec::new();
+                    for &(a, (dir, tensor, unit, mb, peer)) in members {
+                        let Some(mb) = shift(mb, by) else { continue };
+                        let key = (dir, tensor, unit, mb, peer);
+                        // Only transfers posted within the stretch's full periods
+                        // move: the warm-up and the cool-down keep theirs.
+                        let inside = at.get(&key).is_some_and(|&g| lo <= g && g <= hi);
+                        if !inside || !moved.insert(key) {
+                            continue;
+                        }
+                        let mut act = list[a].clone();
+                        set_mb(&mut act, mb);
+                        group.push(act);
+                    }
+                    if !group.is_empty() {
+                        generated[f.gap(q, k)].push(group);
+                    }
+                }
+            }
+        }
+        // Assemble: per gap, the groups that stay (without their moved members), then
+        // the generated ones; then the task.
+        let mut out: Vec<Action> = Vec::with_capacity(list.len());
+        let mut batch = 0u64;
+        let mut push = |out: &mut Vec<Action>, group: Vec<Action>| {
+            let id = (group.len() > 1).then(|| {
+                batch += 1;
+                batch - 1
+            });
+            for mut a in group {
+                set_batch(&mut a, id);
+                out.push(a);
+            }
+        };
+        for (g, generated) in generated.into_iter().enumerate() {
+            for members in self.gap(g) {
+                let stay: Vec<Action> = members
+                    .clone()
+                    .filter(|&a| key(&list[a]).is_none_or(|k| !moved.contains(&k)))
+                    .map(|a| list[a].clone())
+                    .collect();
+                if !stay.is_empty() {
+                    push(&mut out, stay);
+                }
+            }
+            for group in generated {
+                push(&mut out, group);
+            }
+            if let Some(&t) = self.tasks.get(g) {
+                out.push(list[t].clone());
+            }
+        }
+        (out.len() == list.len()).then_some(out)
+    }
+}
+
+/// The periodic stretch of `x` through position `mid`: `(period, start, end)` with
+/// `x[k] == x[k - period]` for every `k` in `start + period..end`, for the smallest
+/// period that holds `periods` times forward from `mid`; `None` if none does.
+fn stretch(x: &[u32], mid: usize, periods: usize) -> Option<(usize, usize, usize)> {
+    let s = &x[mid..];
+    let z = z_function(s);
+    let period = (1..s.len()).find(|&l| z[l] >= (periods - 1) * l)?;
+    let end = mid + period + z[period];
+    let mut start = mid;
+    while start > 0 && x[start - 1] == x[start - 1 + period] {
+        start -= 1;
+    }
+    Some((period, start, end))
+}
+
+/// `z[i]`: the length of the longest common prefix of `s` and `s[i..]` (`z[0] = len`).
+fn z_function(s: &[u32]) -> Vec<usize> {
+    let n = s.len();
+    let mut z = vec![0; n];
+    if n == 0 {
+        return z;
+    }
+    z[0] = n;
+    let (mut l, mut r) = (0, 0);
+    for i in 1..n {
+        if i < r {
+            z[i] = z[i - l].min(r - i);
+        }
+        while i + z[i] < n && s[z[i]] == s[i + z[i]] {
+            z[i] += 1;
+        }
+        if i + z[i] > r {
+            (l, r) = (i, i + z[i]);
+        }
+    }
+    z
+}
+
+fn set_mb(a: &mut Action, to: usize) {
+    if let Action::SEND { mb, .. } | Action::RECV { mb, .. } = a {
+        *mb = to;
+    }
+}
+
+fn set_batch(a: &mut Action, to: Option<u64>) {
+    if let Action::SEND { batch, .. } | Action::RECV { batch, .. } = a {
+        *batch = to;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn z_function_and_stretch() {
+        assert_eq!(
+            z_function(&[1, 1, 2, 1, 1, 2, 1]),
+            vec![7, 1, 0, 4, 1, 0, 1]
+        );
+        // 9 8 | 1 2 1 2 1 2 1 2 | 7
+        let x = [9, 8, 1, 2, 1, 2, 1, 2, 1, 2, 7];
+        assert_eq!(stretch(&x, 2, 3), Some((2, 2, 10)));
+        // From position 5 the period holds only one and a half times forward.
+        assert_eq!(stretch(&x, 5, 3), None);
+        assert_eq!(stretch(&[1, 2, 3, 4, 5, 6], 3, 3), None);
+    }
+}
