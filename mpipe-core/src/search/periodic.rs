@@ -66,9 +66,19 @@ pub(crate) fn periodic_if_no_slower(
     if opts.mode != Mode::Rendezvous || policy.periodic_probes < 2 {
         return best;
     }
+    // Each rank read once, for the three templates.
+    let Some(shapes) = best
+        .0
+        .programs
+        .iter()
+        .map(|l| Shape::of(l))
+        .collect::<Option<Vec<_>>>()
+    else {
+        return best;
+    };
     let mut before = None;
     for reference in [Reference::Middle, Reference::First, Reference::Last] {
-        let Some(program) = periodic(&best.0, reference, policy) else {
+        let Some(program) = periodic(&best.0, &shapes, reference, policy) else {
             // Nothing moves with this template: no rank has a periodic stretch, or
             // its transfers are placed as the template places them already, break
             // it in too few periods, or moving them would make a rank's code
@@ -103,8 +113,9 @@ pub(crate) fn periodic_if_no_slower(
 /// `reference` period (batches renumbered `0, 1, ...` per rank), on the ranks this
 /// leaves with rolled code no larger ([`rank_code_size`]); `None` if no rank has
 /// such a stretch or nothing moved.
-pub(crate) fn periodic(
+fn periodic(
     p: &Program,
+    shapes: &[Shape],
     reference: Reference,
     policy: &SearchPolicy,
 ) -> Option<Program> {
@@ -116,7 +127,8 @@ pub(crate) fn periodic(
     let mut rewritten: Vec<(usize, Vec<Action>)> = Vec::new();
     for (r, original) in p.programs.iter().enumerate() {
         let mut list: Option<Vec<Action>> = None;
-        let mut shape = Shape::of(original)?;
+        // The rank as rewritten so far, read again (`None`: as `shapes` reads it).
+        let mut own: Option<Shape> = None;
         // Stretches through `probes - 1` evenly spaced tasks, each once (a schedule's
         // forward and backward phases are two stretches).
         let mut done: Vec<(usize, usize)> = Vec::new();
@@ -128,6 +140,7 @@ pub(crate) fn periodic(
                 microbatches: p.microbatches,
             };
             let now: &[Action] = list.as_deref().unwrap_or(original);
+            let shape = own.as_ref().unwrap_or(&shapes[r]);
             let Some(found) = shape.find(&at, &done, reference) else {
                 continue;
             };
@@ -159,7 +172,10 @@ pub(crate) fn periodic(
             };
             if smaller <= old {
                 // Only transfers moved: the compute tasks keep their order.
-                shape = Shape::of(&new)?;
+                let known = shape.stretches.borrow().clone();
+                let again = Shape::of(&new)?;
+                again.stretches.replace(known);
+                own = Some(again);
                 list = Some(new);
                 size = Some(smaller);
             } else {
@@ -274,7 +290,13 @@ struct Shape {
     /// Gap `g` (what is posted before task `g`; gap `n` after the last) holds
     /// `groups[gap_start[g]..gap_start[g + 1]]`.
     gap_start: Vec<usize>,
+    /// [`stretch`]'s answer through each task asked so far (the three templates ask
+    /// the same; it depends on the compute order only, which no rewrite changes).
+    stretches: std::cell::RefCell<HashMap<usize, Option<Span>>>,
 }
+
+/// A periodic stretch as [`stretch`] gives it: `(period, start, end)`.
+type Span = (usize, usize, usize);
 
 /// A periodic stretch [`Shape::find`] found: tasks `start..end` repeat with
 /// `period` tasks, each repetition advancing the micro-batches by `d`.
@@ -305,6 +327,7 @@ impl Shape {
             mbs: Vec::new(),
             groups: Vec::new(),
             gap_start: vec![0],
+            stretches: Default::default(),
         };
         let mut ids: HashMap<(u8, &str, i64), u32> = HashMap::new();
         let mut j = 0;
@@ -361,8 +384,16 @@ impl Shape {
         if mid == 0 || done.iter().any(|&(a, b)| a <= mid && mid < b) {
             return None;
         }
-        let (period, start, end) =
-            stretch(&self.x[1..], mid - 1, min_periods).map(|(l, a, b)| (l, a + 1, b + 1))?;
+        let known = self.stretches.borrow().get(&mid).copied();
+        let (period, start, end) = match known {
+            Some(found) => found,
+            None => {
+                let found =
+                    stretch(&self.x[1..], mid - 1, min_periods).map(|(l, a, b)| (l, a + 1, b + 1));
+                self.stretches.borrow_mut().insert(mid, found);
+                found
+            }
+        }?;
         // Tasks start .. end repeat with period `period`: task k + P is task k
         // advanced by D for k in start .. end - P.
         let d = self.mbs[start + period] - self.mbs[start];
