@@ -126,7 +126,7 @@ pub struct SearchPolicy {
     /// slower lowering that may wait less.
     pub meet_candidates: usize,
     /// Fewest full periods a rank's periodic stretch must hold before its transfers
-    /// are placed periodically ([`crate::search::periodic`]). Fewer: short stretches
+    /// are placed periodically (`search/periodic.rs`). Fewer: short stretches
     /// (small micro-batch counts) are made periodic too, with more moves at their
     /// ends that may fail; at least 2.
     pub periodic_min_periods: usize,
