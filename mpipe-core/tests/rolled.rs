@@ -489,23 +489,22 @@ fn transpose_round_robin_rolls_to_a_constant_size() {
     assert_eq!(small, large);
 }
 
-/// See [`CONSTANT_SIZE`]: `gpipe` with the trainable encoder-heavy encoder does *not*
-/// roll to a constant size. Rank 0's backward (`BW(llm.0)` + `BW(vision)`) is slower
-/// than rank 1's, so the meeting points the lowering chooses (where neither rank
-/// waits) slide one compute task along rank 0's list every few micro-batches, and the
-/// program repeats only every 89 micro-batches. Fixing each gradient receive at one
-/// distance from its consumer makes rank 1 wait, which the tries so far (the most
-/// frequent, the latest or the earliest distance, family by family) paid for in
-/// makespan. What holds: the code stops growing once the micro-batches hold that
-/// period a few times (largest rank: 44 steps at 64 micro-batches, 120 at 256, 295 at
-/// 1024, 260 at 4096).
+/// See [`CONSTANT_SIZE`]: `gpipe` with the trainable encoder-heavy encoder does not
+/// roll to exactly the same code at every size. Rank 0's backward (`BW(llm.0)` +
+/// `BW(vision)`) is slower than rank 1's, so the meeting points the lowering chooses
+/// (where neither rank waits) slide one compute task along rank 0's list every few
+/// micro-batches, and the program repeats only every 89 micro-batches (largest rank:
+/// 44 steps at 64 micro-batches, 260 at 4096). The periodic transfer placement
+/// (`search/periodic.rs`) places one period's transfers in every period where that
+/// is no slower: the code at 4096 micro-batches is then no larger than at 64 (15
+/// steps on the largest rank at 4096; at 64 the drifting placement is kept).
 #[test]
-fn gpipe_trainable_encoder_rolls_to_a_bounded_size() {
+fn gpipe_trainable_encoder_code_does_not_grow() {
     let max = |m| sizes_at("gpipe", true, m).0.into_iter().max().unwrap();
-    let (mid, large) = (max(1024), max(4096));
+    let (small, large) = (max(64), max(4096));
     assert!(
-        large as f64 <= 1.1 * mid as f64,
-        "largest rank: {mid} steps at 1024 micro-batches, {large} at 4096"
+        large as f64 <= 1.1 * small as f64,
+        "largest rank: {small} steps at 64 micro-batches, {large} at 4096"
     );
 }
 
