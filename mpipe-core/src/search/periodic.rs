@@ -524,7 +524,7 @@ impl Shape {
                 batch - 1
             });
             for mut a in group {
-                set_batch(&mut a, id);
+                a.set_batch(id);
                 out.push(a);
             }
         };
@@ -590,13 +590,7 @@ fn z_function(s: &[u32]) -> Vec<usize> {
 
 fn set_mb(a: &mut Action, to: usize) {
     if let Action::SEND { mb, .. } | Action::RECV { mb, .. } = a {
-        *mb = to;
-    }
-}
-
-fn set_batch(a: &mut Action, to: Option<u64>) {
-    if let Action::SEND { batch, .. } | Action::RECV { batch, .. } = a {
-        *batch = to;
+        *mb = crate::ir::program::narrow(to);
     }
 }
 
