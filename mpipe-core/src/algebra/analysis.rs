@@ -255,6 +255,20 @@ pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
     let mut queue: Vec<usize> = (0..p).rev().collect();
     let mut queued = vec![true; p];
     let mut counter = 0usize;
+    // Each unit's cost of each op, read per task without touching the units.
+    let ops = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
+    let costs: Vec<[f64; 5]> = plan
+        .units
+        .iter()
+        .map(|u| ops.map(|op| op.cost(&u.cost)))
+        .collect();
+    let slot = |op: Op| match op {
+        Op::F => 0,
+        Op::B => 1,
+        Op::W => 2,
+        Op::BW => 3,
+        Op::RF => 4,
+    };
     while let Some(r) = queue.pop() {
         queued[r] = false;
         let list = &plan.order[r];
@@ -271,7 +285,7 @@ pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
                 }
                 ready = ready.max(end[q][j]);
             }
-            let c = t.op.cost(&plan.units[t.unit].cost);
+            let c = costs[t.unit][slot(t.op)];
             start[r][i] = ready;
             end[r][i] = ready + c;
             clock[r] = ready + c;

@@ -54,22 +54,6 @@ pub enum LowerError {
     TooLarge { action: String },
 }
 
-/// A point-to-point action waiting to be placed on a rank: its transfer's key, the
-/// slots it may take, its direction and the rank at the other end.
-struct Item {
-    key: Key,
-    lo: usize,
-    hi: usize,
-    /// The slots the dependencies allow (`lo..=hi` is the placement rule's choice
-    /// within them): a `SEND` after its producer, a `RECV` before its consumer.
-    min: usize,
-    max: usize,
-    dir: Dir,
-    peer: usize,
-    /// The transfer's index in the prepared list (both ends share it).
-    id: usize,
-}
-
 /// One end of a transfer as placed on its rank: posted just before compute task
 /// `slot` (at the end for `slot == len`); `min..=max` are the slots its
 /// dependencies allow, `id` names the transfer (both ends share it). The end's
@@ -113,31 +97,45 @@ pub(crate) fn unit_names(plan: &Plan) -> Vec<Name> {
         .collect()
 }
 
-#[derive(Clone, Copy, PartialEq)]
-struct Key {
-    time: f64,
-    seq: usize,
-    tensor: Tensor,
-    unit: usize,
-    mb: usize,
-}
-
-impl Key {
-    /// The key's order as plain integers, for the transfer numbered `id` in the
-    /// prepared list: time (as `f64::total_cmp` orders it), then `seq`, then
-    /// `(tensor, unit, mb, to)`, which is the order of the prepared list itself (it is
-    /// sorted by exactly that and holds each transfer once), so `id` stands for it.
-    fn order(&self, id: usize) -> (i64, usize, usize) {
-        (total_order(self.time), self.seq, id)
-    }
-}
-
 /// An integer ordered as `f64::total_cmp` orders `x`.
 pub(crate) fn total_order(x: f64) -> i64 {
     let bits = x.to_bits() as i64;
     // Negative numbers (sign bit set) have their other bits flipped.
     let sign = bits >> (i64::BITS - 1);
     bits ^ ((sign as u64) >> 1) as i64
+}
+
+/// `ends.partition_point(|&e| e <= t)` for non-decreasing `ends` (a rank's end
+/// times), found by galloping outward from index `near`: a few steps when the answer
+/// is close to it.
+fn partition_near(ends: &[f64], t: f64, near: usize) -> usize {
+    let n = ends.len();
+    let near = near.min(n);
+    // The answer lies in `lo..=hi`.
+    let (lo, hi) = if near > 0 && ends[near - 1] > t {
+        // Below `near`.
+        let (mut hi, mut step) = (near - 1, 1);
+        loop {
+            let lo = hi.saturating_sub(step);
+            if lo == 0 || ends[lo - 1] <= t {
+                break (lo, hi);
+            }
+            hi = lo - 1;
+            step *= 2;
+        }
+    } else {
+        // At `near` or above.
+        let (mut lo, mut step) = (near, 1);
+        loop {
+            let hi = (lo + step).min(n);
+            if hi == n || ends[hi] > t {
+                break (lo, hi);
+            }
+            lo = hi + 1;
+            step *= 2;
+        }
+    };
+    lo + ends[lo..hi].partition_point(|&e| e <= t)
 }
 
 /// A transfer: `(tensor, unit, mb, destination rank)`.
@@ -166,6 +164,46 @@ pub struct Prepared {
     /// The plan's ideal (communication-free) timing.
     pub time: Timing,
     transfers: Vec<(TransferId, Ends)>,
+    /// Per rank, the transfers with an end there, by where the dependencies put it
+    /// (a `SEND` just after its producer, a `RECV` just before its consumer): about
+    /// the order every placement gives them, so sorting their keys is quick. Empty
+    /// when a transfer's index is over 32 bits.
+    ends: Vec<Vec<u32>>,
+}
+
+/// [`Prepared::ends`] of these transfers of `plan`: per rank by place, then by
+/// transfer index (a counting sort, linear).
+fn ends_by_place(plan: &Plan, transfers: &[(TransferId, Ends)]) -> Vec<Vec<u32>> {
+    if u32::try_from(transfers.len()).is_err() {
+        return Vec::new();
+    }
+    // A SEND after task j is at place 2j + 1, a RECV before task i at 2i: each rank's
+    // places, counted, then the first free position of each.
+    let mut first: Vec<Vec<usize>> = plan
+        .order
+        .iter()
+        .map(|l| vec![0; 2 * l.len() + 2])
+        .collect();
+    for &((_, _, _, to), (from, j, i)) in transfers {
+        first[from][2 * j + 1] += 1;
+        first[to][2 * i] += 1;
+    }
+    let mut out: Vec<Vec<u32>> = Vec::with_capacity(plan.ranks);
+    for counts in &mut first {
+        let mut at = 0;
+        for c in counts.iter_mut() {
+            (*c, at) = (at, at + *c);
+        }
+        out.push(vec![0; at]);
+    }
+    for (id, &((_, _, _, to), (from, j, i))) in transfers.iter().enumerate() {
+        for (r, place) in [(from, 2 * j + 1), (to, 2 * i)] {
+            let k = &mut first[r][place];
+            out[r][*k] = id as u32;
+            *k += 1;
+        }
+    }
+    out
 }
 
 /// Resolve `plan`'s dependencies, time it and collect its transfers.
@@ -207,9 +245,11 @@ pub fn prepare(plan: &Plan) -> Result<Prepared, LowerError> {
     reads.dedup_by_key(|&mut (id, _)| id);
     // Every lowering of the plan holds these: not the reads' capacity beside them.
     reads.shrink_to_fit();
+    let ends = ends_by_place(plan, &reads);
     Ok(Prepared {
         time,
         transfers: reads,
+        ends,
     })
 }
 
@@ -222,6 +262,7 @@ impl Prepared {
         Prepared {
             time,
             transfers: self.transfers.clone(),
+            ends: self.ends.clone(),
         }
     }
 }
@@ -291,12 +332,11 @@ pub(crate) fn placement_at(
     placement: Placement,
     policy: &SearchPolicy,
 ) -> Result<Vec<Vec<Placed>>, LowerError> {
-    let transfers = &prepared.transfers;
-    match place(plan, time, transfers, placement, policy) {
+    match place(plan, time, prepared, placement, policy) {
         Ok(at) => Ok(at),
         // The meeting-point heuristic may, with zero-cost tasks, ask for an order
         // the constraints forbid; the ready-time rule is always feasible.
-        Err(_) => place(plan, time, transfers, Placement::Ready, policy),
+        Err(_) => place(plan, time, prepared, Placement::Ready, policy),
     }
 }
 
@@ -704,6 +744,9 @@ fn assemble_in<F: Form, P>(
     act: impl Fn(&P) -> F::Act,
 ) -> Vec<Vec<F::Act>> {
     let mut programs = Vec::with_capacity(plan.ranks);
+    // Scratch kept across slots and ranks: a slot's transfers, and the ends of the
+    // batch being formed.
+    let (mut group, mut seen) = (Vec::new(), Vec::new());
     for (r, at) in at.iter().enumerate() {
         let n = plan.order[r].len();
         let mut list = Vec::with_capacity(bcasts.len() + n + at.len() + reduces.len());
@@ -714,13 +757,12 @@ fn assemble_in<F: Form, P>(
         }
         let mut batch = 0u64;
         let mut comm = at.iter().peekable();
-        let mut group = Vec::new();
         for k in 0..=n {
             while let Some(x) = comm.next_if(|x| slot(x) == k) {
                 group.push(act(x));
             }
             if !group.is_empty() {
-                push_batched(form, &mut list, &mut group, &mut batch);
+                push_batched(form, &mut list, &mut group, &mut batch, &mut seen);
             }
             if let Some(t) = plan.order[r].get(k) {
                 list.push(form.compute(t.op, t.unit, t.mb));
@@ -849,16 +891,19 @@ fn join(time: &Timing, transfers: &[(TransferId, Ends)], taus: &mut [(f64, f64)]
 fn place(
     plan: &Plan,
     time: &Timing,
-    transfers: &[(TransferId, Ends)],
+    prepared: &Prepared,
     strategy: Placement,
     policy: &SearchPolicy,
 ) -> Result<Vec<Vec<Placed>>, LowerError> {
+    let transfers = &prepared.transfers;
     let p = plan.ranks;
     // At most this many candidate meeting points per rank and transfer.
     let (candidates, idle_parts) = (policy.meet_candidates, policy.meet_idle_parts);
 
     // Slot of rank r at time t: after every task that ends by t.
-    let slot_at = |r: usize, t: f64| time.end[r].partition_point(|&e| e <= t);
+    // Slot of rank r at time t, searched outward from slot `near` (where the
+    // answer usually is, or close by).
+    let slot_near = |r: usize, t: f64, near: usize| partition_near(&time.end[r], t, near);
     let gap = |r: usize, k: usize| {
         let e = if k == 0 { 0.0 } else { time.end[r][k - 1] };
         let g = time.start[r].get(k).copied().unwrap_or(f64::INFINITY);
@@ -901,7 +946,7 @@ fn place(
                     (first, last) // slots first..=last
                 };
                 let (s0, s1) = window(from, j + 1);
-                let r_first = slot_at(to, ready).min(i);
+                let r_first = slot_near(to, ready, i).min(i);
                 let (r0, r1) = window(to, r_first);
                 let r1 = r1.min(i);
                 // Slot at time t, searched within a window.
@@ -932,59 +977,92 @@ fn place(
     if strategy == Placement::Join {
         join(time, transfers, &mut taus);
     }
-    // Each rank's ends, counted first so that no list grows.
-    let mut ends = vec![0usize; p];
-    for &((_, _, _, to), (from, _, _)) in transfers {
-        ends[from] += 1;
-        ends[to] += 1;
-    }
-    let mut items: Vec<Vec<Item>> = ends.iter().map(|&n| Vec::with_capacity(n)).collect();
-    for (id, &((tensor, unit, mb, to), (from, j, i))) in transfers.iter().enumerate() {
-        let tau = taus[id].0;
-        let key = Key {
-            time: tau,
-            seq: time.seq[from][j],
-            tensor,
-            unit,
-            mb,
-        };
-        items[from].push(Item {
-            key,
-            lo: slot_at(from, tau).max(j + 1),
-            hi: plan.order[from].len(),
-            min: j + 1,
-            max: plan.order[from].len(),
-            dir: Dir::Send,
-            peer: to,
-            id,
-        });
-        let lo = match strategy {
-            Placement::Ready => time.start[to].partition_point(|&s| s < tau),
-            Placement::Meet | Placement::Critical | Placement::Join => slot_at(to, tau),
-            Placement::Late => i,
-        };
-        items[to].push(Item {
-            key,
-            lo: lo.min(i),
-            hi: i,
-            min: 0,
-            max: i,
-            dir: Dir::Recv,
-            peer: from,
-            id,
-        });
+    // Each end's sort key, as one integer where every part fits 32 bits (always, but
+    // at absurd sizes): the time as `f64::total_cmp` orders it, then the producer's
+    // `seq`, then the transfer's index, which stands for `(tensor, unit, mb, to)`:
+    // the prepared list is sorted by exactly that and holds each transfer once. A
+    // rank holds at most one end of a transfer (a transfer joins two ranks), so the
+    // index also says which end: the `SEND` on its source.
+    let packed = !prepared.ends.is_empty()
+        && time
+            .seq
+            .iter()
+            .all(|l| l.iter().all(|&q| (q as u64) < 1 << u32::BITS));
+    let seq_of = |id: usize| {
+        let (_, (from, j, _)) = transfers[id];
+        time.seq[from][j]
+    };
+    let key_of = |id: usize| (total_order(taus[id].0) as u64) ^ (1 << (u64::BITS - 1));
+    let mut keys: Vec<Vec<u128>> = Vec::new();
+    let mut wide: Vec<Vec<(u64, usize, usize)>> = Vec::new();
+    if packed {
+        // In the prepared order of each rank's ends, about the order sought.
+        keys = prepared
+            .ends
+            .iter()
+            .map(|list| {
+                list.iter()
+                    .map(|&id| {
+                        let id = id as usize;
+                        (u128::from(key_of(id)) << u64::BITS)
+                            | ((seq_of(id) as u128) << u32::BITS)
+                            | id as u128
+                    })
+                    .collect()
+            })
+            .collect();
+    } else {
+        wide = vec![Vec::new(); p];
+        for (id, &((_, _, _, to), (from, _, _))) in transfers.iter().enumerate() {
+            let k = (key_of(id), seq_of(id), id);
+            wide[from].push(k);
+            wide[to].push(k);
+        }
     }
     let names = unit_names(plan);
     let mut out = Vec::with_capacity(p);
-    for (r, its) in items.into_iter().enumerate() {
+    let mut order: Vec<usize> = Vec::new();
+    let mut cap: Vec<usize> = Vec::new();
+    for r in 0..p {
         // Keys are unique per rank (one end of each transfer), so unstable is exact.
-        // Sorted as small (key, position) pairs rather than moving whole items.
-        let mut order: Vec<((i64, usize, usize), usize)> = its
-            .iter()
-            .enumerate()
-            .map(|(k, it)| (it.key.order(it.id), k))
-            .collect();
-        order.sort_unstable();
+        order.clear();
+        if packed {
+            // Unique keys: a stable sort gives the same order, and finds the runs the
+            // prepared order leaves.
+            let mut k = std::mem::take(&mut keys[r]);
+            k.sort();
+            order.extend(k.iter().map(|&x| (x as u64 & u64::from(u32::MAX)) as usize));
+        } else {
+            let mut k = std::mem::take(&mut wide[r]);
+            k.sort_unstable();
+            order.extend(k.iter().map(|x| x.2));
+        }
+        // The end of transfer `id` on rank `r`: (dir, peer, lo, hi, min); `lo..=hi` is
+        // the rule's choice within the slots the dependencies allow (`min..=hi`: a
+        // SEND after its producer, a RECV before its consumer).
+        let end = |id: usize| {
+            let ((_, _, _, to), (from, j, i)) = transfers[id];
+            let tau = taus[id].0;
+            if from == r {
+                let n = plan.order[from].len();
+                (
+                    Dir::Send,
+                    to,
+                    slot_near(from, tau, j + 1).max(j + 1),
+                    n,
+                    j + 1,
+                )
+            } else {
+                let lo = match strategy {
+                    Placement::Ready => time.start[to].partition_point(|&s| s < tau),
+                    Placement::Meet | Placement::Critical | Placement::Join => {
+                        slot_near(to, tau, i)
+                    }
+                    Placement::Late => i,
+                };
+                (Dir::Recv, from, lo.min(i), i, 0)
+            }
+        };
         // Under the ready-time rule, the latest slot each item may take without
         // pushing a later one past its limit: `lo` is where the item would rather go
         // (a SEND after every task that ends by its ready time), and with zero-cost
@@ -992,44 +1070,45 @@ fn place(
         // The keys guarantee only `min` (a SEND right after its producer) fits, so
         // the preference gives way there. Where no preference overshoots (every
         // positive-cost plan) this changes nothing.
-        let mut cap = vec![usize::MAX; order.len()];
+        cap.clear();
+        cap.resize(order.len(), usize::MAX);
         if strategy == Placement::Ready {
             let mut c = usize::MAX;
-            for (k, &(_, i)) in order.iter().enumerate().rev() {
-                c = c.min(its[i].hi);
+            for (k, &id) in order.iter().enumerate().rev() {
+                let ((_, _, _, to), (from, _, i)) = transfers[id];
+                let hi = if from == r { plan.order[from].len() } else { i };
+                debug_assert!(from == r || to == r);
+                c = c.min(hi);
                 cap[k] = c;
             }
         }
-        let mut at: Vec<Placed> = Vec::with_capacity(its.len());
+        let mut at: Vec<Placed> = Vec::with_capacity(order.len());
         let mut slot = 0;
-        for ((_, k), cap) in order.into_iter().zip(cap) {
-            let it = &its[k];
-            slot = slot.max(it.lo.min(cap)).max(it.min);
-            let k = it.key;
-            let text = || {
-                Action::p2p(it.dir, k.tensor, names[k.unit].clone(), k.mb, it.peer, None)
-                    .to_string()
-            };
-            if slot > it.hi {
+        for (&id, &cap) in order.iter().zip(&cap) {
+            let ((tensor, unit, mb, _), _) = transfers[id];
+            let (dir, peer, lo, hi, min) = end(id);
+            slot = slot.max(lo.min(cap)).max(min);
+            let text = || Action::p2p(dir, tensor, names[unit].clone(), mb, peer, None).to_string();
+            if slot > hi {
                 return Err(LowerError::Placement {
                     rank: r,
                     action: text(),
                     slot,
-                    limit: it.hi,
+                    limit: hi,
                 });
             }
             let small =
                 |x: usize| u32::try_from(x).map_err(|_| LowerError::TooLarge { action: text() });
             at.push(Placed {
                 slot,
-                min: it.min,
-                max: it.max,
-                id: it.id,
-                dir: it.dir,
-                tensor: k.tensor,
-                unit: small(k.unit)?,
-                mb: small(k.mb)?,
-                peer: small(it.peer)?,
+                min,
+                max: hi,
+                id,
+                dir,
+                tensor,
+                unit: small(unit)?,
+                mb: small(mb)?,
+                peer: small(peer)?,
             });
         }
         out.push(at);
@@ -1099,9 +1178,11 @@ fn push_batched<F: Form>(
     list: &mut Vec<F::Act>,
     group: &mut Vec<F::Act>,
     batch: &mut u64,
+    seen: &mut Vec<(bool, usize)>,
 ) {
     // (is send, peer) of the current run's members; runs are short, a scan is enough.
-    let mut seen: Vec<(bool, usize)> = Vec::new();
+    // `seen` is the caller's scratch, kept across groups (empty between them).
+    seen.clear();
     let mut run_start = list.len();
     let close = |list: &mut Vec<F::Act>, from: usize, batch: &mut u64| {
         if list.len() - from > 1 {
@@ -1126,4 +1207,41 @@ fn push_batched<F: Form>(
         list.push(a);
     }
     close(list, run_start, batch);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::partition_near;
+
+    /// Galloping from any index finds what a binary search over the whole finds, on
+    /// non-decreasing lists with repeats, for times below, between, on and above
+    /// every entry.
+    #[test]
+    fn partition_near_is_partition_point() {
+        let lists: [&[f64]; 5] = [
+            &[],
+            &[1.0],
+            &[0.0, 0.0, 1.0, 1.0, 1.0, 2.5, 4.0, 4.0, 7.0],
+            &[3.0; 6],
+            &[
+                0.5, 1.5, 2.5, 3.5, 4.5, 5.5, 6.5, 7.5, 8.5, 9.5, 10.5, 11.5, 12.5,
+            ],
+        ];
+        let mut checked = 0;
+        for ends in lists {
+            for k in 0..30 {
+                let t = f64::from(k) * 0.5 - 1.0;
+                for near in 0..=ends.len() + 2 {
+                    let want = ends.partition_point(|&e| e <= t);
+                    assert_eq!(
+                        partition_near(ends, t, near),
+                        want,
+                        "{ends:?} t={t} near={near}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert!(checked > 500);
+    }
 }

@@ -76,7 +76,7 @@ use crate::judge::timeline::{Slot, Timeline};
 pub use crate::ir::model::{CommModel, Mode, SimOptions};
 
 /// What a simulation measured.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct SimReport {
     /// Largest completion time over all actions (0 for an empty program).
     pub makespan: f64,
@@ -270,10 +270,48 @@ pub fn finish_times_lowered(
     lowered: &Lowered,
     opts: &SimOptions,
 ) -> Result<Vec<f64>, SimError> {
+    let finish = finish_times_within(units, lowered, opts, f64::INFINITY)?;
+    // Nothing is over an infinite cutoff: the run went to the end.
+    Ok(finish.unwrap_or_default())
+}
+
+/// [`finish_times_lowered`] for a search that keeps only a program faster than
+/// `cutoff`: `Ok(None)` as soon as some rank provably finishes later than `cutoff`
+/// by more than the tolerance ([`crate::ir::compare::less`]), so that the makespan
+/// cannot beat it ([`crate::ir::compare::Score::beats`]); the rest of the run is
+/// not simulated (nor checked: an error it would meet later is not reported). The
+/// proof: a rank at time `t` with compute `c` left to run finishes no earlier than
+/// `t + c` (waiting only adds). An infinite `cutoff` runs to the end.
+pub fn finish_times_within(
+    units: &[Unit],
+    lowered: &Lowered,
+    opts: &SimOptions,
+    cutoff: f64,
+) -> Result<Option<Vec<f64>>, SimError> {
     let setup = Setup::lowered(units, lowered, opts)?;
-    let (_, _, finish) = Engine::new(&setup)?.execute(false)?;
+    let Some((_, _, finish)) = Engine::new(&setup)?.execute(false, cutoff)? else {
+        return Ok(None);
+    };
     finite(finish.iter().copied().fold(0.0, f64::max))?;
-    Ok(finish)
+    Ok(Some(finish))
+}
+
+/// [`simulate_lowered`] for a search that keeps only a program faster than
+/// `cutoff`: `Ok(None)` as soon as some rank provably finishes later than `cutoff`
+/// by more than the tolerance, as [`finish_times_within`] decides it (the rest of the
+/// run is neither simulated nor checked). An infinite `cutoff` runs to the end.
+pub fn simulate_lowered_within(
+    units: &[Unit],
+    lowered: &Lowered,
+    opts: &SimOptions,
+    cutoff: f64,
+) -> Result<Option<SimReport>, SimError> {
+    let setup = Setup::lowered(units, lowered, opts)?;
+    let Some(report) = Engine::new(&setup)?.run_within(cutoff)? else {
+        return Ok(None);
+    };
+    finite(report.makespan)?;
+    Ok(Some(report))
 }
 
 /// Run the resolved program of `setup` and measure it.
@@ -1224,8 +1262,17 @@ impl<'s, 'p> Engine<'s, 'p> {
     }
 
     /// Run every rank and measure the step: time, compute and memory.
-    fn run(mut self) -> Result<SimReport, SimError> {
-        let (slots, busy, now) = self.execute(true)?;
+    fn run(self) -> Result<SimReport, SimError> {
+        // Nothing is over an infinite cutoff: the run goes to the end.
+        Ok(self.run_within(f64::INFINITY)?.unwrap_or_default())
+    }
+
+    /// [`Engine::run`], or `None` once some rank provably finishes later than a
+    /// finite `cutoff` by more than the tolerance ([`finish_times_within`]).
+    fn run_within(mut self, cutoff: f64) -> Result<Option<SimReport>, SimError> {
+        let Some((slots, busy, now)) = self.execute(true, cutoff)? else {
+            return Ok(None);
+        };
         let nr = now.len();
         let makespan = now.iter().copied().fold(0.0, f64::max);
         let total: f64 = busy.iter().sum();
@@ -1238,24 +1285,48 @@ impl<'s, 'p> Engine<'s, 'p> {
         let peak_memory = (0..nr)
             .map(|r| self.peak(r, &slots[r], &mut table, &mut scratch))
             .collect();
-        Ok(SimReport {
+        Ok(Some(SimReport {
             makespan,
             bubble,
             peak_memory,
             compute: busy,
             timeline: Timeline { ranks: slots },
-        })
+        }))
     }
 
     /// Run every rank: each action's interval (when `record`, else every rank's
     /// list of intervals is empty: 16 bytes an action a search judging trials by
     /// their finishing times does not need), each rank's busy compute time and its
-    /// finishing time (the end of its last interval, 0 for an empty list).
+    /// finishing time (the end of its last interval, 0 for an empty list). `None`
+    /// once some rank provably finishes later than a finite `cutoff` by more than the
+    /// tolerance ([`finish_times_within`]).
     #[allow(clippy::type_complexity)]
-    fn execute(&mut self, record: bool) -> Result<(Vec<Vec<Slot>>, Vec<f64>, Vec<f64>), SimError> {
+    fn execute(
+        &mut self,
+        record: bool,
+        cutoff: f64,
+    ) -> Result<Option<(Vec<Vec<Slot>>, Vec<f64>, Vec<f64>)>, SimError> {
         let s = self.s;
         let nr = s.acts.len();
         let nops = self.op_lo.len();
+        // Each rank's compute not yet run, kept only against a finite cutoff: the
+        // rank finishes no earlier than its time plus this.
+        let bounded = cutoff.is_finite();
+        let mut left: Vec<f64> = if bounded {
+            s.acts
+                .iter()
+                .map(|acts| {
+                    acts.iter()
+                        .map(|a| match *a {
+                            RAct::Compute { op, unit, .. } => s.cost[unit as usize][op_index(op)],
+                            _ => 0.0,
+                        })
+                        .sum()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
 
         // Reverse dependencies (CSR): who waits for each operation to be reached.
         // `rev_at[y]` first counts, then holds the end, then (after filling
@@ -1307,6 +1378,9 @@ impl<'s, 'p> Engine<'s, 'p> {
                     }
                     t += d;
                     busy[r] += d;
+                    if bounded {
+                        left[r] -= d;
+                    }
                     i += 1;
                     continue;
                 }
@@ -1335,6 +1409,9 @@ impl<'s, 'p> Engine<'s, 'p> {
                 }
                 t = done;
                 i = hi;
+                if bounded && crate::ir::compare::less(cutoff, t + left[r]) {
+                    return Ok(None);
+                }
             }
             pc[r] = i;
             now[r] = t;
@@ -1349,7 +1426,7 @@ impl<'s, 'p> Engine<'s, 'p> {
                     .collect(),
             });
         }
-        Ok((slots, busy, now))
+        Ok(Some((slots, busy, now)))
     }
 
     /// Completion time of operation `x`, all of whose dependencies are reached.
@@ -1540,6 +1617,14 @@ fn match_p2p(s: &Setup<'_>) -> Vec<Vec<u32>> {
     // pairs its own actions, so the order they are paired in does not matter).
     let mut chans: Vec<((u32, u32), Chan)> = Vec::new();
     let mut chan_of: HashMap<(u32, u32), usize, BuildHasherDefault<Fnv>> = HashMap::default();
+    // Where a table of ranks x ranks cells is no larger than the program, channels
+    // are found there by `(source, destination)` instead (no hashing per action).
+    let nr = s.acts.len();
+    let mut table: Vec<u32> = if nr.checked_mul(nr).is_some_and(|c| c <= s.actions) {
+        vec![NONE; nr * nr]
+    } else {
+        Vec::new()
+    };
     for (r, list) in s.acts.iter().enumerate() {
         for (i, a) in list.iter().enumerate() {
             if let RAct::P2p {
@@ -1556,10 +1641,19 @@ fn match_p2p(s: &Setup<'_>) -> Vec<Vec<u32>> {
                     Dir::Send => (r as u32, peer),
                     Dir::Recv => (peer, r as u32),
                 };
-                let c = *chan_of.entry(ends).or_insert_with(|| {
-                    chans.push((ends, Chan::default()));
-                    chans.len() - 1
-                });
+                let c = if table.is_empty() {
+                    *chan_of.entry(ends).or_insert_with(|| {
+                        chans.push((ends, Chan::default()));
+                        chans.len() - 1
+                    })
+                } else {
+                    let cell = &mut table[ends.0 as usize * nr + ends.1 as usize];
+                    if *cell == NONE {
+                        *cell = chans.len() as u32;
+                        chans.push((ends, Chan::default()));
+                    }
+                    *cell as usize
+                };
                 let chan = &mut chans[c].1;
                 match dir {
                     Dir::Send => chan.sends.push((key, i as u32)),

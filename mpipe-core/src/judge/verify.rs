@@ -1051,7 +1051,34 @@ impl<'p> Checker<'p> {
     fn matching(&mut self) {
         // Channel (from, to) -> (keys and indices of its sends, of its receives).
         type Side = Vec<(u64, u32)>;
-        let mut chans: BTreeMap<(usize, usize), (Side, Side)> = BTreeMap::new();
+        type Chan = ((usize, usize), (Side, Side));
+        let mut chans: Vec<Chan> = Vec::new();
+        // A channel's place in `chans`: in a table of ranks x ranks cells where that
+        // is no larger than the program (no tree walk per action), else in a map.
+        let nr = self.acts.len();
+        let total: usize = self.acts.iter().map(Vec::len).sum();
+        let mut table: Vec<u32> = if nr.checked_mul(nr).is_some_and(|c| c <= total) {
+            vec![NONE; nr * nr]
+        } else {
+            Vec::new()
+        };
+        let mut map: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+        let mut chan = |chans: &mut Vec<Chan>, ends: (usize, usize)| {
+            let cell =
+                (ends.0 < nr && ends.1 < nr && !table.is_empty()).then(|| ends.0 * nr + ends.1);
+            match cell {
+                Some(c) if table[c] != NONE => table[c] as usize,
+                Some(c) => {
+                    table[c] = chans.len() as u32;
+                    chans.push((ends, Default::default()));
+                    chans.len() - 1
+                }
+                None => *map.entry(ends).or_insert_with(|| {
+                    chans.push((ends, Default::default()));
+                    chans.len() - 1
+                }),
+            }
+        };
         let m = self.m as u64;
         for (r, list) in self.acts.iter().enumerate() {
             for (i, a) in list.iter().enumerate() {
@@ -1068,8 +1095,14 @@ impl<'p> Checker<'p> {
                     }
                     let key = (u64::from(unit) * m + mb as u64) * 3 + tensor_index(tensor);
                     match dir {
-                        Dir::Send => chans.entry((r, peer)).or_default().0.push((key, i as u32)),
-                        Dir::Recv => chans.entry((peer, r)).or_default().1.push((key, i as u32)),
+                        Dir::Send => {
+                            let c = chan(&mut chans, (r, peer));
+                            chans[c].1 .0.push((key, i as u32));
+                        }
+                        Dir::Recv => {
+                            let c = chan(&mut chans, (peer, r));
+                            chans[c].1 .1.push((key, i as u32));
+                        }
                     }
                 }
             }
@@ -1090,7 +1123,9 @@ impl<'p> Checker<'p> {
             let (u, mb) = (cell / m, cell % m);
             format!("{t}({},{mb})", self.p.units[u as usize].name)
         };
-        for (&(a, b), (sends, recvs)) in &chans {
+        // By channel, as a map by `(from, to)` would list them.
+        chans.sort_unstable_by_key(|c| c.0);
+        for &((a, b), (ref sends, ref recvs)) in &chans {
             for (pos, &(k, _)) in sends.iter().enumerate() {
                 let k = k as usize;
                 if cnt_s[k] == 0 {
