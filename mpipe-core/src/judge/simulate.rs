@@ -296,24 +296,6 @@ pub fn finish_times_within(
     Ok(Some(finish))
 }
 
-/// [`simulate_lowered`] for a search that keeps only a program faster than
-/// `cutoff`: `Ok(None)` as soon as some rank provably finishes later than `cutoff`
-/// by more than the tolerance, as [`finish_times_within`] decides it (the rest of the
-/// run is neither simulated nor checked). An infinite `cutoff` runs to the end.
-pub fn simulate_lowered_within(
-    units: &[Unit],
-    lowered: &Lowered,
-    opts: &SimOptions,
-    cutoff: f64,
-) -> Result<Option<SimReport>, SimError> {
-    let setup = Setup::lowered(units, lowered, opts)?;
-    let Some(report) = Engine::new(&setup)?.run_within(cutoff)? else {
-        return Ok(None);
-    };
-    finite(report.makespan)?;
-    Ok(Some(report))
-}
-
 /// Run the resolved program of `setup` and measure it.
 fn measure(setup: &Setup<'_>) -> Result<SimReport, SimError> {
     let report = Engine::new(setup)?.run()?;

@@ -76,9 +76,15 @@ pub(crate) fn periodic_if_no_slower(
     else {
         return best;
     };
+    let (mut program, mut kept) = best;
+    // While a candidate is simulated, the kept program's timeline is not held (at
+    // 8 x 65536 it is 16 bytes an action beside the candidate's simulation): its
+    // makespan and peaks decide, and it is simulated again only if it was dropped
+    // and no candidate wins (deterministic: the same report).
+    let mut dropped = false;
     let mut before = None;
     for reference in [Reference::Middle, Reference::First, Reference::Last] {
-        let Some(program) = periodic(&best.0, &shapes, reference, policy) else {
+        let Some(mut rewritten) = periodic(&program, &shapes, reference, policy) else {
             // Nothing moves with this template: no rank has a periodic stretch, or
             // its transfers are placed as the template places them already, break
             // it in too few periods, or moving them would make a rank's code
@@ -88,37 +94,59 @@ pub(crate) fn periodic_if_no_slower(
         };
         // Checked before simulating: one that merely moves a regular program's
         // transfers elsewhere is no gain.
-        let before = *before.get_or_insert_with(|| irregularity(&best.0));
-        if irregularity(&program) >= before || !verify_mode(&program, opts.mode).is_empty() {
-            continue;
-        }
-        let Ok(report) = simulate(&program, opts) else {
-            continue;
-        };
-        let (old, new) = (&best.1, &report);
-        let no_slower = new.makespan <= old.makespan;
-        let no_higher = new
-            .peak_memory
-            .iter()
-            .zip(&old.peak_memory)
-            .all(|(a, b)| a <= b);
-        if no_slower && no_higher {
+        let before = *before.get_or_insert_with(|| irregularity(&program));
+        // The rewritten ranks are swapped in place (and back if the candidate
+        // loses): the ranks it keeps are not copied.
+        swap_ranks(&mut program, &mut rewritten);
+        let checked =
+            irregularity(&program) < before && verify_mode(&program, opts.mode).is_empty();
+        let accepted = checked
+            .then(|| {
+                if !dropped {
+                    dropped = !std::mem::take(&mut kept.timeline).ranks.is_empty();
+                }
+                simulate(&program, opts).ok()
+            })
+            .flatten()
+            .filter(|new| {
+                let no_slower = new.makespan <= kept.makespan;
+                let no_higher = new
+                    .peak_memory
+                    .iter()
+                    .zip(&kept.peak_memory)
+                    .all(|(a, b)| a <= b);
+                no_slower && no_higher
+            });
+        if let Some(report) = accepted {
             return (program, report);
         }
+        swap_ranks(&mut program, &mut rewritten);
     }
-    best
+    if dropped {
+        if let Ok(report) = simulate(&program, opts) {
+            kept.timeline = report.timeline;
+        }
+    }
+    (program, kept)
 }
 
-/// `p` with the transfers of every rank's periodic stretch placed as in its
-/// `reference` period (batches renumbered `0, 1, ...` per rank), on the ranks this
-/// leaves with rolled code no larger ([`rank_code_size`]); `None` if no rank has
-/// such a stretch or nothing moved.
+/// Exchange the lists of `ranks` (rank, list) with `p`'s (twice: back as before).
+fn swap_ranks(p: &mut Program, ranks: &mut [(usize, Vec<Action>)]) {
+    for (r, list) in ranks {
+        std::mem::swap(&mut p.programs[*r], list);
+    }
+}
+
+/// The ranks of `p` (each with its new list) whose transfers in a periodic stretch
+/// are placed as in its `reference` period (batches renumbered `0, 1, ...` per
+/// rank), where this leaves the rank's rolled code no larger ([`rank_code_size`]);
+/// `None` if no rank has such a stretch or nothing moved.
 fn periodic(
     p: &Program,
     shapes: &[Shape],
     reference: Reference,
     policy: &SearchPolicy,
-) -> Option<Program> {
+) -> Option<Vec<(usize, Vec<Action>)>> {
     let probes = policy.periodic_probes.max(1);
     let min_periods = policy.periodic_min_periods.max(2);
     let share = policy.periodic_min_break_share;
@@ -186,14 +214,7 @@ fn periodic(
             rewritten.push((r, list));
         }
     }
-    if rewritten.is_empty() {
-        return None;
-    }
-    let mut out = p.clone();
-    for (r, list) in rewritten {
-        out.programs[r] = list;
-    }
-    Some(out)
+    (!rewritten.is_empty()).then_some(rewritten)
 }
 
 /// How irregular `p`'s transfer placement is: over the ranks, the number of distinct

@@ -12,7 +12,7 @@ use crate::ir::compare::{at_most, Score};
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{ActionRef, Program};
-use crate::judge::simulate::{simulate_lowered_within, SimOptions, SimReport};
+use crate::judge::simulate::{finish_times_within, simulate_lowered, SimOptions, SimReport};
 use crate::judge::timeline::Slot;
 use crate::search::refine::{refine, settle_w};
 use std::rc::Rc;
@@ -40,13 +40,13 @@ pub(crate) fn best_lowering_with(
     } = *policy;
     let prepared = prepare(plan).map_err(|e| e.to_string())?;
     let target = prepared.time.makespan();
-    // The best so far: what lowers it again (the timing its transfers were placed
-    // against, `None` for the ideal one, and the rule), its lowering by unit index,
-    // its makespan and its full report. A candidate's run stops as soon as it
-    // provably cannot beat the best (its cutoff); one that runs to the end is
-    // measured in full, so the winner is neither placed, assembled nor simulated
-    // again (at most the best's lowering and report and one candidate's are held);
-    // only it is named, at the end.
+    // The best so far, as what lowers it again (the timing its transfers were placed
+    // against, `None` for the ideal one, and the rule) with its makespan. Candidates
+    // are lowered by unit index and judged by their finishing times alone (no
+    // timeline, no memory walk): the makespan is all that ranks them. Only the
+    // winner is named and simulated in full, at the end (lowering is deterministic,
+    // so it is the program judged). At 8 x 65536, a named program and a full report
+    // per candidate, beside the best's report, set the derivation's peak.
     let mut best: Option<Best> = None;
     let done = |best: &Option<Best>| best.as_ref().is_some_and(|b| at_most(b.makespan, target));
     // Placements already lowered and simulated. Rules often agree (on every transfer,
@@ -54,8 +54,10 @@ pub(crate) fn best_lowering_with(
     // the same simulation, which can never beat the best kept (ties keep the first),
     // so it is skipped without lowering or simulating it again.
     let mut seen = Seen::default();
-    // Only a program faster than the best can be kept: its makespan, the cutoff of
-    // a candidate's run.
+    // Only a program faster than the best can be kept: its makespan is the cutoff
+    // of a candidate's run (judged by finishing times alone, so the best is held as
+    // what places it again, not as its lowering and report: at 8 x 65536 those
+    // beside a candidate's run set the derivation's peak).
     let cutoff = |best: &Option<Best>| best.as_ref().map_or(f64::INFINITY, |b| b.makespan);
     for placement in PLACEMENTS {
         if done(&best) {
@@ -68,18 +70,18 @@ pub(crate) fn best_lowering_with(
         let lowered = assemble_lowered(plan, &at).map_err(|e| e.to_string())?;
         drop(at);
         // A run that provably cannot beat the best is cut short (`None`).
-        let Some(report) = simulate_lowered_within(&plan.units, &lowered, opts, cutoff(&best))
+        let Some(finish) = finish_times_within(&plan.units, &lowered, opts, cutoff(&best))
             .map_err(|e| format!("derived program does not run: {e}"))?
         else {
             continue;
         };
-        if best.as_ref().is_none_or(|b| b.beaten_by(report.makespan)) {
+        drop(lowered);
+        let makespan = makespan_of(finish);
+        if best.as_ref().is_none_or(|b| b.beaten_by(makespan)) {
             best = Some(Best {
                 time: None,
                 placement,
-                makespan: report.makespan,
-                lowered,
-                report,
+                makespan,
             });
         }
     }
@@ -87,18 +89,13 @@ pub(crate) fn best_lowering_with(
     // waiting shifts the timeline, and meeting points chosen on the shifted one
     // fit it better. A few rounds, keeping the fastest program.
     for _ in 0..replace_rounds {
-        if done(&best) {
-            break;
-        }
         let Some(b) = &best else {
             break;
         };
-        let time = simulated_timing(
-            plan,
-            &b.lowered.programs,
-            &b.report.timeline.ranks,
-            &prepared.time,
-        );
+        if done(&best) {
+            break;
+        }
+        let time = b.simulated_timing(plan, &prepared, opts, policy)?;
         let Some(time) = time.map(Rc::new) else {
             break;
         };
@@ -114,18 +111,17 @@ pub(crate) fn best_lowering_with(
                 continue;
             };
             drop(at);
-            let Ok(Some(report)) =
-                simulate_lowered_within(&plan.units, &lowered, opts, cutoff(&best))
+            let Ok(Some(finish)) = finish_times_within(&plan.units, &lowered, opts, cutoff(&best))
             else {
                 continue;
             };
-            if best.as_ref().is_none_or(|b| b.beaten_by(report.makespan)) {
+            drop(lowered);
+            let makespan = makespan_of(finish);
+            if best.as_ref().is_none_or(|b| b.beaten_by(makespan)) {
                 best = Some(Best {
                     time: Some(Rc::clone(&time)),
                     placement,
-                    makespan: report.makespan,
-                    lowered,
-                    report,
+                    makespan,
                 });
                 improved = true;
             }
@@ -136,23 +132,32 @@ pub(crate) fn best_lowering_with(
     }
     drop(seen);
     let best = best.ok_or_else(|| "no lowering".to_string())?;
-    // The winner, with the report of its full simulation on its lowering by unit
-    // index (the report `simulate` gives for its named program).
-    let (placed, lowered, report) = best.into_parts();
+    // The winner, lowered by unit index and simulated there (the report `simulate`
+    // gives for its named program), then named rank by rank, each rank's steps freed
+    // as its actions are written: the placement, the named program and the
+    // simulator's working set are never alive together.
+    let at = best.placement(plan, &prepared, policy)?;
+    let lowered = assemble_lowered(plan, &at).map_err(|e| e.to_string())?;
+    drop(at);
+    // Without refinement nothing places the winner again: the timings it was placed
+    // against go before it is simulated (at 8 x 65536, ~100 MB off the peak).
+    let again = refine_too.then_some((prepared, best));
+    let report = simulate_lowered(&plan.units, &lowered, opts)
+        .map_err(|e| format!("derived program does not run: {e}"))?;
     let actions: usize = lowered.programs.iter().map(Vec::len).sum();
     let done = at_most(report.makespan, target) || !refine_too;
     let budget = refine_budget.min(refine_actions / actions.max(1));
     // What refinement needs to place the winner again, kept only if it runs.
-    let prepared = (!done && budget > 0).then_some(prepared);
+    let again = again.filter(|_| !done && budget > 0);
     if done {
         return Ok((lowered.into_program(&plan.units, text), report));
     }
     // Refinement works on the lowering by unit index; only its result is named.
-    let moved = match prepared {
+    let moved = match again {
         // Refinement moves the placement's ends: placed again (the same placement).
-        Some(prepared) => {
-            let at = placed.placement(plan, &prepared, policy)?;
-            drop(prepared);
+        Some((prepared, best)) => {
+            let at = best.placement(plan, &prepared, policy)?;
+            drop((prepared, best));
             refine(plan, at, (lowered, report), opts, budget)
         }
         None => (lowered, report),
@@ -180,16 +185,21 @@ pub(crate) fn best_lowering_with(
     Ok((lowered.into_program(&plan.units, text), report))
 }
 
-/// What places a lowering again: the timing its transfers were placed against
-/// (`None`: the prepared, ideal one) and the rule.
-struct Origin {
+/// The best lowering so far, as what lowers it again: the timing its transfers were
+/// placed against (`None`: the prepared, ideal one) and the rule, with its makespan.
+struct Best {
     time: Option<Rc<Timing>>,
     placement: Placement,
+    makespan: f64,
 }
 
-impl Origin {
-    /// The placement this lowering was assembled from (the same: placement is
-    /// deterministic).
+impl Best {
+    /// Whether a candidate of this makespan is faster (ties keep the first).
+    fn beaten_by(&self, makespan: f64) -> bool {
+        Score::span(makespan).beats(&Score::span(self.makespan))
+    }
+
+    /// The placement this best was judged from (the same: lowering is deterministic).
     fn placement(
         &self,
         plan: &Plan,
@@ -199,35 +209,34 @@ impl Origin {
         let time = self.time.as_deref().unwrap_or(&prepared.time);
         placement_at(plan, prepared, time, self.placement, policy).map_err(|e| e.to_string())
     }
+
+    /// The compute tasks' times in a simulation of this best, lowered by unit index
+    /// again ([`simulated_timing`]); `Ok(None)` when they cannot serve as a timing.
+    fn simulated_timing(
+        &self,
+        plan: &Plan,
+        prepared: &Prepared,
+        opts: &SimOptions,
+        policy: &SearchPolicy,
+    ) -> Result<Option<Timing>, String> {
+        let at = self.placement(plan, prepared, policy)?;
+        let lowered = assemble_lowered(plan, &at).map_err(|e| e.to_string())?;
+        drop(at);
+        let report = simulate_lowered(&plan.units, &lowered, opts)
+            .map_err(|e| format!("derived program does not run: {e}"))?;
+        Ok(simulated_timing(
+            plan,
+            &lowered.programs,
+            &report.timeline.ranks,
+            &prepared.time,
+        ))
+    }
 }
 
-/// The best lowering so far: what places it again, its makespan, the lowering
-/// itself and the report of its full simulation.
-struct Best {
-    time: Option<Rc<Timing>>,
-    placement: Placement,
-    makespan: f64,
-    lowered: Lowered,
-    report: SimReport,
-}
-
-impl Best {
-    /// Whether a candidate of this makespan is faster (ties keep the first).
-    fn beaten_by(&self, makespan: f64) -> bool {
-        Score::span(makespan).beats(&Score::span(self.makespan))
-    }
-
-    /// What places it again, its lowering and its report.
-    fn into_parts(self) -> (Origin, Lowered, SimReport) {
-        (
-            Origin {
-                time: self.time,
-                placement: self.placement,
-            },
-            self.lowered,
-            self.report,
-        )
-    }
+/// The makespan of a simulation whose ranks finished at `finish` (as
+/// [`SimReport::makespan`] is: the latest, 0 without ranks).
+fn makespan_of(finish: Vec<f64>) -> f64 {
+    finish.into_iter().fold(0.0, f64::max)
 }
 
 /// The placements lowered so far, each as its signature: its ends' slots and
