@@ -410,9 +410,9 @@ pub struct Lowered {
 }
 
 /// One action of a [`Lowered`] program: an [`Action`] naming its unit by index.
-/// Its numbers are 32-bit (24 bytes a step, where an [`Action`] takes 56): a search
-/// holds a lowering of every candidate it judges, millions of steps at the largest
-/// sizes. [`assemble_lowered`] refuses a program whose numbers do not fit.
+/// Its numbers are 32-bit and its unit an index (24 bytes a step; an [`Action`] is
+/// 32, with its unit's name shared): a search holds a lowering of every candidate
+/// it judges, millions of steps at the largest sizes. [`assemble_lowered`] refuses a program whose numbers do not fit.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Step {
     Compute {
