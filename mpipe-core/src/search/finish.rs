@@ -196,7 +196,9 @@ pub fn bound_for(profile: &Profile, program: &Program, opts: &SimOptions) -> Bou
 /// (`reorder`, reading back and recording its trials in `trials` if given), keeping its plan only if its full derivation is faster and
 /// within the memory limit (without one, within the larger peak of the plan's own
 /// lowering and of its refinement). Last, the program kept gets its transfers placed
-/// periodically where that is no slower ([`periodic_if_no_slower`]).
+/// periodically where that is no slower ([`periodic_if_no_slower`]); with `refine`,
+/// so does the plan's own lowering, which is kept instead if it is then faster (so
+/// `refine(X)` is never slower than `X`).
 fn best_lowering(
     req: &Request,
     plan: &Plan,
@@ -208,20 +210,35 @@ fn best_lowering(
     let opts = req.sim_options(req.mode);
     let policy = &req.policy;
     let first = best_lowering_with(plan, Some(text), &opts, limit, refine.is_some(), policy)?;
-    let budget = refine.unwrap_or(0);
-    if budget == 0 {
+    let Some(budget) = refine else {
         return Ok(periodic_if_no_slower(first, &opts, policy));
+    };
+    // The plan's own lowering, unrefined: with the periodic placement applied after
+    // the searches, it can come out faster than the refinement does (the placement
+    // may gain more on it), and `refine(X)` is never slower than `X`.
+    let plain = || best_lowering_with(plan, Some(text), &opts, None, false, policy);
+    let faster = |refined: (Program, SimReport), plain: (Program, SimReport)| {
+        if span(&plain.1).beats(&span(&refined.1)) {
+            plain
+        } else {
+            refined
+        }
+    };
+    if budget == 0 {
+        let refined = periodic_if_no_slower(first, &opts, policy);
+        return Ok(faster(
+            refined,
+            periodic_if_no_slower(plain()?, &opts, policy),
+        ));
     }
+    let plain = plain()?;
     // Without a limit, the search may use the memory of the plan's own lowering or
     // of its refinement, whichever is more: refinement moves weight gradients
     // earlier, which lowers the peak, and the search judges its moves on lowerings.
     let cap = match limit {
         Some(l) => l,
-        None => {
-            let plain = best_lowering_with(plan, Some(text), &opts, None, false, policy)?;
-            peak_memory_with_params(&first.0, &first.1)
-                .max(peak_memory_with_params(&plain.0, &plain.1))
-        }
+        None => peak_memory_with_params(&first.0, &first.1)
+            .max(peak_memory_with_params(&plain.0, &plain.1)),
     };
     let fits = |p: &Program, r: &SimReport| at_most(peak_memory_with_params(p, r), cap);
     let mut best = first;
@@ -238,5 +255,6 @@ fn best_lowering(
             .ok()
             .filter(|(p, r)| span(r).beats(&span(best)) && fits(p, r))
     });
-    Ok(periodic_if_no_slower(best, &opts, policy))
+    let refined = periodic_if_no_slower(best, &opts, policy);
+    Ok(faster(refined, periodic_if_no_slower(plain, &opts, policy)))
 }
