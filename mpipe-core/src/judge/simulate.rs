@@ -1244,16 +1244,10 @@ impl<'s, 'p> Engine<'s, 'p> {
     }
 
     /// Run every rank and measure the step: time, compute and memory.
-    fn run(self) -> Result<SimReport, SimError> {
+    fn run(mut self) -> Result<SimReport, SimError> {
         // Nothing is over an infinite cutoff: the run goes to the end.
-        Ok(self.run_within(f64::INFINITY)?.unwrap_or_default())
-    }
-
-    /// [`Engine::run`], or `None` once some rank provably finishes later than a
-    /// finite `cutoff` by more than the tolerance ([`finish_times_within`]).
-    fn run_within(mut self, cutoff: f64) -> Result<Option<SimReport>, SimError> {
-        let Some((slots, busy, now)) = self.execute(true, cutoff)? else {
-            return Ok(None);
+        let Some((slots, busy, now)) = self.execute(true, f64::INFINITY)? else {
+            return Ok(SimReport::default());
         };
         let nr = now.len();
         let makespan = now.iter().copied().fold(0.0, f64::max);
@@ -1267,13 +1261,13 @@ impl<'s, 'p> Engine<'s, 'p> {
         let peak_memory = (0..nr)
             .map(|r| self.peak(r, &slots[r], &mut table, &mut scratch))
             .collect();
-        Ok(Some(SimReport {
+        Ok(SimReport {
             makespan,
             bubble,
             peak_memory,
             compute: busy,
             timeline: Timeline { ranks: slots },
-        }))
+        })
     }
 
     /// Run every rank: each action's interval (when `record`, else every rank's
