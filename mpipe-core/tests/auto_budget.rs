@@ -20,12 +20,7 @@ fn candidates(profile: &Profile, ranks: usize, microbatches: usize) -> Vec<Strin
 }
 
 fn heavy() -> Profile {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../profiles/encoder-heavy.toml"
-    ))
-    .unwrap();
-    Profile::from_toml_str(&text).unwrap()
+    Profile::from_toml_str(include_str!("../../profiles/encoder-heavy.toml")).unwrap()
 }
 
 /// A budget that runs out: the search stops, says so, spends at most the budget

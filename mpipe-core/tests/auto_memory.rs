@@ -28,12 +28,7 @@ const MBS: usize = 8192;
 const PLANS: usize = 44;
 
 fn heavy() -> Profile {
-    let text = std::fs::read_to_string(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../profiles/encoder-heavy.toml"
-    ))
-    .unwrap();
-    Profile::from_toml_str(&text).unwrap()
+    Profile::from_toml_str(include_str!("../../profiles/encoder-heavy.toml")).unwrap()
 }
 
 #[test]
