@@ -321,6 +321,16 @@ fn finite(makespan: f64) -> Result<(), SimError> {
 /// Fails when the program cannot be simulated or `t` is not a timeline of it (one
 /// interval per action).
 pub fn memory_over_time(p: &Program, t: &Timeline) -> Result<Vec<Vec<(f64, f64)>>, SimError> {
+    Ok(memory_curves(p, t)?.collect())
+}
+
+/// [`memory_over_time`] one rank at a time, in rank order: each rank's steps are
+/// found when the iterator reaches it, so a writer that streams them holds one
+/// rank's at a time, not all.
+pub fn memory_curves<'a>(
+    p: &'a Program,
+    t: &'a Timeline,
+) -> Result<impl Iterator<Item = Vec<(f64, f64)>> + 'a, SimError> {
     let setup = Setup::new(p, &SimOptions::default())?;
     for (rank, list) in p.programs.iter().enumerate() {
         let slots = t.ranks.get(rank).map_or(0, Vec::len);
@@ -333,9 +343,7 @@ pub fn memory_over_time(p: &Program, t: &Timeline) -> Result<Vec<Vec<(f64, f64)>
         }
     }
     let mut table = Vec::new();
-    Ok((0..p.programs.len())
-        .map(|r| setup.memory_steps(r, &t.ranks[r], &mut table))
-        .collect())
+    Ok((0..p.programs.len()).map(move |r| setup.memory_steps(r, &t.ranks[r], &mut table)))
 }
 
 /// Check what every reader of a program relies on before it indexes anything: one
@@ -524,24 +532,96 @@ pub(crate) fn tensor_index(t: Tensor) -> u64 {
 
 const NONE: u32 = u32::MAX;
 
-/// A resolved action: no strings.
+/// A resolved action in 8 bytes, no strings: its unit (bits 0-31), its micro-batch
+/// (bits 32-47: a program has at most [`MAX_MICROBATCHES`]) and what it is (bits 48
+/// and up: a compute action's [`op_index`]; [`RAct::COLL`]; or a transfer, from
+/// [`RAct::P2P`] up, its direction, tensor and whether it joins the batch of the
+/// action before it). A transfer's peer is not kept: only matching and the words
+/// of errors read it, from the source ([`Src::peer`]).
 #[derive(Clone, Copy, Debug)]
-enum RAct {
-    Compute {
-        op: Op,
-        unit: u32,
-        mb: u32,
-    },
+struct RAct(u64);
+
+const _: () = assert!(MAX_MICROBATCHES <= 1 << 16);
+
+/// What a [`RAct`] is, unpacked.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Kind {
+    Compute(Op),
     P2p {
         dir: Dir,
         tensor: Tensor,
-        unit: u32,
-        mb: u32,
-        peer: u32,
         /// Posted in one batch with the action before it (see [`split_ops`]).
         joins: bool,
     },
     Coll,
+}
+
+impl RAct {
+    const COLL: u64 = 5;
+    const P2P: u64 = 8;
+    const OPS: [Op; 5] = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
+    const TENSORS: [Tensor; 3] = [Tensor::Act, Tensor::Grad, Tensor::Input];
+
+    fn new(tag: u64, unit: u32, mb: u32) -> RAct {
+        debug_assert!(mb < 1 << 16);
+        RAct(tag << 48 | u64::from(mb) << 32 | u64::from(unit))
+    }
+
+    fn compute(op: Op, unit: u32, mb: u32) -> RAct {
+        RAct::new(op_index(op) as u64, unit, mb)
+    }
+
+    fn p2p(dir: Dir, tensor: Tensor, unit: u32, mb: u32, joins: bool) -> RAct {
+        let dir = u64::from(dir == Dir::Recv);
+        let tag = RAct::P2P | u64::from(joins) << 4 | dir << 2 | tensor_index(tensor);
+        RAct::new(tag, unit, mb)
+    }
+
+    fn coll(unit: u32) -> RAct {
+        RAct::new(RAct::COLL, unit, 0)
+    }
+
+    fn tag(self) -> u64 {
+        self.0 >> 48
+    }
+
+    fn unit(self) -> u32 {
+        self.0 as u32
+    }
+
+    fn mb(self) -> u32 {
+        (self.0 >> 32) as u32 & 0xffff
+    }
+
+    /// A compute action's [`op_index`].
+    fn compute_op(self) -> Option<usize> {
+        let tag = self.tag();
+        (tag < RAct::COLL).then_some(tag as usize)
+    }
+
+    fn is_compute(self) -> bool {
+        self.tag() < RAct::COLL
+    }
+
+    /// A transfer posted in one batch with the action before it.
+    fn joins(self) -> bool {
+        self.tag() >= RAct::P2P | 1 << 4
+    }
+
+    fn kind(self) -> Kind {
+        let tag = self.tag();
+        if tag < RAct::COLL {
+            Kind::Compute(RAct::OPS[tag as usize])
+        } else if tag == RAct::COLL {
+            Kind::Coll
+        } else {
+            Kind::P2p {
+                dir: if tag & 4 == 0 { Dir::Send } else { Dir::Recv },
+                tensor: RAct::TENSORS[(tag & 3) as usize],
+                joins: tag & 16 != 0,
+            }
+        }
+    }
 }
 
 /// One action as [`Resolver::push`] reads it, its unit already an index.
@@ -578,6 +658,21 @@ impl Src<'_> {
         match *self {
             Src::Program(p) => p.programs.get(r)?.get(i).cloned(),
             Src::Lowered(l, units) => l.action(units, r, i),
+        }
+    }
+
+    /// The peer of transfer `i` of rank `r` (resolution has checked it is a rank),
+    /// [`NONE`] for another action.
+    fn peer(&self, r: usize, i: usize) -> u32 {
+        match *self {
+            Src::Program(p) => match p.programs[r][i].view() {
+                ActionRef::P2p(t) => t.peer as u32,
+                _ => NONE,
+            },
+            Src::Lowered(l, _) => match l.programs[r][i] {
+                Step::P2p { peer, .. } => peer,
+                _ => NONE,
+            },
         }
     }
 
@@ -819,8 +914,8 @@ impl<'p> Setup<'p> {
         let mut entries: Vec<(u64, u32, Op, u32)> = acts
             .iter()
             .enumerate()
-            .filter_map(|(i, a)| match *a {
-                RAct::Compute { op, unit, mb } => Some((s.key(unit, mb), i as u32, op, unit)),
+            .filter_map(|(i, a)| match a.kind() {
+                Kind::Compute(op) => Some((s.key(a.unit(), a.mb()), i as u32, op, a.unit())),
                 _ => None,
             })
             .collect();
@@ -860,8 +955,8 @@ impl<'p> Setup<'p> {
         }
         let consumer = |e: &[u32; 3]| if e[0] != NONE { e[0] } else { e[1] };
         for (i, a) in acts.iter().enumerate() {
-            if let RAct::Compute { op, unit, mb } = *a {
-                let e = &mut table[self.key(unit, mb) as usize];
+            if let Kind::Compute(op) = a.kind() {
+                let e = &mut table[self.key(a.unit(), a.mb()) as usize];
                 match op {
                     Op::W => e[0] = i as u32,
                     Op::B | Op::BW => e[1] = i as u32,
@@ -870,13 +965,8 @@ impl<'p> Setup<'p> {
             }
         }
         for (i, a) in acts.iter().enumerate() {
-            if let RAct::Compute {
-                op: Op::F | Op::RF,
-                unit,
-                mb,
-            } = *a
-            {
-                let e = &mut table[self.key(unit, mb) as usize];
+            if let Kind::Compute(Op::F | Op::RF) = a.kind() {
+                let e = &mut table[self.key(a.unit(), a.mb()) as usize];
                 let c = consumer(e);
                 if c != NONE && (i as u32) < c {
                     e[2] = i as u32;
@@ -884,8 +974,9 @@ impl<'p> Setup<'p> {
             }
         }
         for a in acts {
-            if let RAct::Compute { unit, mb, .. } = *a {
-                let e = std::mem::replace(&mut table[self.key(unit, mb) as usize], [NONE; 3]);
+            if a.is_compute() {
+                let unit = a.unit();
+                let e = std::mem::replace(&mut table[self.key(unit, a.mb()) as usize], [NONE; 3]);
                 let (c, h) = (consumer(&e), e[2]);
                 if c == NONE || h == NONE {
                     continue;
@@ -949,7 +1040,7 @@ impl Resolver {
         let cells = (units.len() as u64)
             .checked_mul(microbatches as u64)
             .and_then(|c| c.checked_mul(3));
-        if cells.is_none() || microbatches > NONE as usize {
+        if cells.is_none() || microbatches > MAX_MICROBATCHES {
             return Err(SimError::TooLarge {
                 what: format!(
                     "{} units x {} micro-batches overflows the matching keys",
@@ -1015,31 +1106,19 @@ impl Resolver {
             }
         };
         let (ra, batch) = match view {
-            View::Compute { op, mb } => (
-                RAct::Compute {
-                    op,
-                    unit,
-                    mb: check_mb(mb)?,
-                },
-                None,
-            ),
+            View::Compute { op, mb } => (RAct::compute(op, unit, check_mb(mb)?), None),
             View::P2p {
                 dir,
                 tensor,
                 mb,
                 peer,
                 batch,
-            } => (
-                RAct::P2p {
-                    dir,
-                    tensor,
-                    unit,
-                    mb: check_mb(mb)?,
-                    peer: check_rank(peer)?,
-                    joins: batch.is_some() && batch == self.prev,
-                },
-                batch,
-            ),
+            } => {
+                let mb = check_mb(mb)?;
+                check_rank(peer)?;
+                let joins = batch.is_some() && batch == self.prev;
+                (RAct::p2p(dir, tensor, unit, mb, joins), batch)
+            }
             View::Coll { kind, root, group } => {
                 for &g in group {
                     check_rank(g)?;
@@ -1060,7 +1139,7 @@ impl Resolver {
                 let k = self.occ_count.entry((id, r as u32)).or_insert(0);
                 self.coll_of.insert((r as u32, i as u32), (id, *k));
                 *k += 1;
-                (RAct::Coll, None)
+                (RAct::coll(unit), None)
             }
         };
         self.prev = batch;
@@ -1098,25 +1177,35 @@ impl Resolver {
 // ---------------------------------------------------------------------------
 // The event engine.
 
-/// Communication operations (single transfers, batches, collectives), their
-/// dependencies, and the partner of every transfer. Compute actions are not
+/// Communication operations (single transfers, batches, collectives), what each
+/// waits for, and the partner of every transfer. Compute actions are not
 /// operations: a rank runs through them without synchronising.
+///
+/// Operations are numbered rank by rank in list order, and so are *members* (the
+/// actions that are not compute actions: transfers, alone or in a batch, and
+/// collectives), so that a rank running through its list finds its next operation
+/// and member by counting: nothing is kept per action, 4 bytes a member and 13 an
+/// operation while the engine runs. A transfer's dependencies are the operations
+/// of its members' partners (under eager semantics, only its `RECV`s'), but its
+/// own; they are read from [`Engine::partner_op`], and so are the operations that
+/// wait for it (the same pairs seen from the other end: under eager semantics, its
+/// `SEND`s' partners).
 struct Engine<'s, 'p> {
     s: &'s Setup<'p>,
-    /// Rank of each operation and its action range `[lo, hi)`.
-    op_rank: Vec<u32>,
-    op_lo: Vec<u32>,
-    op_hi: Vec<u32>,
-    /// Operation id of every action, [`NONE`] for compute actions.
-    op_of: Vec<Vec<u32>>,
-    /// For every `SEND`/`RECV`: index of its partner on the peer rank, or [`NONE`].
-    partner: Vec<Vec<u32>>,
-    /// Dependencies of each operation (CSR): the operations it waits to be reached.
-    dep_start: Vec<u32>,
-    deps: Vec<u32>,
+    /// Per rank, the id of its first operation; one more entry, their number.
+    rank_ops: Vec<u32>,
+    /// Per rank, the index of its first member; one more entry, their number.
+    rank_members: Vec<u32>,
+    /// For every member that is a `SEND`/`RECV`: the operation of its partner on
+    /// the peer rank; [`NONE`] if it has none, and for a collective.
+    partner_op: Vec<u32>,
     /// Number of dependencies not yet reached, plus one per dependency that does
     /// not exist at all (those never resolve).
     pending: Vec<u32>,
+    /// A collective's dependencies (its occurrence on every other rank of its
+    /// group), and the collectives that wait for each.
+    coll_deps: BTreeMap<u32, Vec<u32>>,
+    coll_waiters: BTreeMap<u32, Vec<u32>>,
     /// Operation ids of every occurrence of a collective identity on a rank.
     coll_occ: BTreeMap<(u32, u32), Vec<u32>>,
 }
@@ -1128,119 +1217,128 @@ struct Scratch {
     at_start: Vec<bool>,
 }
 
-fn too_large(what: &str) -> SimError {
-    SimError::TooLarge {
-        what: what.to_string(),
+/// The end of the operation that starts at action `lo` of `acts` (a member): the
+/// batch's members follow it.
+fn op_end(acts: &[RAct], lo: usize) -> usize {
+    let mut hi = lo + 1;
+    while hi < acts.len() && acts[hi].joins() {
+        hi += 1;
     }
+    hi
 }
+
+/// Where every rank stopped in a deadlocked run, for [`Engine::explain`].
+struct BlockedAt<'a> {
+    pc: &'a [usize],
+    member_at: &'a [u32],
+    reached: &'a [bool],
+    /// Every member's partner member, [`NONE`] if it has none.
+    partner: &'a [u32],
+}
+
+/// One end of a matched transfer: its member index and operation (see [`Engine`]).
+type End = (u32, u32);
+
+/// What [`Engine::execute`] measured: every rank's intervals, busy compute time and
+/// finishing time.
+type Run = (Vec<Vec<Slot>>, Vec<f64>, Vec<f64>);
 
 impl<'s, 'p> Engine<'s, 'p> {
     fn new(s: &'s Setup<'p>) -> Result<Engine<'s, 'p>, SimError> {
         let nr = s.acts.len();
-        let mut op_lo = Vec::new();
-        let mut op_hi = Vec::new();
-        let mut op_rank = Vec::new();
-        let mut op_of = Vec::with_capacity(nr);
+        let mut rank_ops = Vec::with_capacity(nr + 1);
+        let mut rank_members = Vec::with_capacity(nr + 1);
+        // (rank, index, operation) of every collective, in list order (as in
+        // `s.coll_of`).
+        let mut colls: Vec<(u32, u32, u32)> = Vec::new();
+        // Fewer than 2^32 actions (resolution refuses more), so these fit.
+        let (mut nops, mut nmem) = (0u32, 0u32);
         for (r, acts) in s.acts.iter().enumerate() {
-            let mut of = vec![NONE; acts.len()];
-            // The operations, as `split_ops` finds them in the named list.
-            let mut lo = 0;
-            while lo < acts.len() {
-                let mut hi = lo + 1;
-                while hi < acts.len() && matches!(acts[hi], RAct::P2p { joins: true, .. }) {
-                    hi += 1;
+            rank_ops.push(nops);
+            rank_members.push(nmem);
+            for (i, a) in acts.iter().enumerate() {
+                if a.is_compute() {
+                    continue;
                 }
-                if !matches!(acts[lo], RAct::Compute { .. }) {
-                    let id = op_lo.len() as u32;
-                    of[lo..hi].fill(id);
-                    op_lo.push(lo as u32);
-                    op_hi.push(hi as u32);
-                    op_rank.push(r as u32);
+                nmem += 1;
+                if !a.joins() {
+                    if a.kind() == Kind::Coll {
+                        colls.push((r as u32, i as u32, nops));
+                    }
+                    nops += 1;
                 }
-                lo = hi;
             }
-            op_of.push(of);
         }
+        rank_ops.push(nops);
+        rank_members.push(nmem);
 
-        let partner = match_p2p(s);
+        let mut partner_op = vec![NONE; nmem as usize];
+        match_p2p(s, |send, recv| {
+            partner_op[send.0 as usize] = recv.1;
+            partner_op[recv.0 as usize] = send.1;
+        });
+
+        // A transfer waits for each of its members' partners to be reached (under
+        // eager semantics, its `RECV`s'), but its own; forever for a member with no
+        // partner.
+        let mut pending = vec![0u32; nops as usize];
+        let eager = s.mode == Mode::Eager;
+        let (mut x, mut m) = (0usize, 0usize);
+        for a in s.acts.iter().flatten() {
+            if a.is_compute() {
+                continue;
+            }
+            if !a.joins() {
+                x += 1;
+            }
+            if let Kind::P2p { dir, .. } = a.kind() {
+                let y = partner_op[m];
+                if !(eager && dir == Dir::Send) && (y == NONE || y as usize != x - 1) {
+                    pending[x - 1] += 1;
+                }
+            }
+            m += 1;
+        }
 
         let mut coll_occ: BTreeMap<(u32, u32), Vec<u32>> = BTreeMap::new();
-        for (&(r, i), &(id, _k)) in &s.coll_of {
-            coll_occ
-                .entry((id, r))
-                .or_default()
-                .push(op_of[r as usize][i as usize]);
+        for (&(r, _, x), (_, &(id, _))) in colls.iter().zip(&s.coll_of) {
+            coll_occ.entry((id, r)).or_default().push(x);
         }
-
-        let nops = op_lo.len();
-        let mut dep_start = Vec::with_capacity(nops + 1);
-        let mut deps: Vec<u32> = Vec::new();
-        let mut pending = vec![0u32; nops];
-        for x in 0..nops {
-            if deps.len() >= NONE as usize {
-                return Err(too_large("more than 2^32 dependencies between operations"));
-            }
-            dep_start.push(deps.len() as u32);
-            let r = op_rank[x] as usize;
-            let (lo, hi) = (op_lo[x] as usize, op_hi[x] as usize);
-            match s.acts[r][lo] {
-                RAct::Compute { .. } => {}
-                RAct::P2p { .. } => {
-                    for (a, &j) in s.acts[r][lo..hi].iter().zip(&partner[r][lo..hi]) {
-                        let RAct::P2p { dir, peer, .. } = *a else {
-                            continue;
-                        };
-                        if s.mode == Mode::Eager && dir == Dir::Send {
-                            continue;
-                        }
-                        if j == NONE {
-                            pending[x] += 1;
-                            continue;
-                        }
-                        let y = op_of[peer as usize][j as usize];
-                        if y as usize != x {
-                            deps.push(y);
-                            pending[x] += 1;
-                        }
-                    }
+        let mut coll_deps: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        let mut coll_waiters: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for &(r, i, x) in &colls {
+            let Some(&(id, k)) = s.coll_of.get(&(r, i)) else {
+                continue;
+            };
+            let mut deps = Vec::new();
+            for &g in &s.coll_ids[id as usize].3 {
+                if g == r as usize {
+                    continue;
                 }
-                RAct::Coll => {
-                    let Some(&(id, k)) = s.coll_of.get(&(r as u32, lo as u32)) else {
-                        continue;
-                    };
-                    for &g in &s.coll_ids[id as usize].3 {
-                        if g == r {
-                            continue;
-                        }
-                        let occ = coll_occ.get(&(id, g as u32));
-                        if let Some(&y) = occ.and_then(|v| v.get(k as usize)) {
-                            deps.push(y);
-                        }
-                        pending[x] += 1;
-                    }
+                let occ = coll_occ.get(&(id, g as u32));
+                if let Some(&y) = occ.and_then(|v| v.get(k as usize)) {
+                    deps.push(y);
+                    coll_waiters.entry(y).or_default().push(x);
                 }
+                pending[x as usize] += 1;
             }
+            coll_deps.insert(x, deps);
         }
-        if deps.len() >= NONE as usize {
-            return Err(too_large("more than 2^32 dependencies between operations"));
-        }
-        dep_start.push(deps.len() as u32);
         Ok(Engine {
             s,
-            op_rank,
-            op_lo,
-            op_hi,
-            op_of,
-            partner,
-            dep_start,
-            deps,
+            rank_ops,
+            rank_members,
+            partner_op,
             pending,
+            coll_deps,
+            coll_waiters,
             coll_occ,
         })
     }
 
-    fn deps_of(&self, x: usize) -> &[u32] {
-        &self.deps[self.dep_start[x] as usize..self.dep_start[x + 1] as usize]
+    /// The rank of operation `x`.
+    fn rank_of(&self, x: u32) -> usize {
+        self.rank_ops.partition_point(|&first| first <= x) - 1
     }
 
     /// Run every rank and measure the step: time, compute and memory.
@@ -1276,15 +1374,11 @@ impl<'s, 'p> Engine<'s, 'p> {
     /// finishing time (the end of its last interval, 0 for an empty list). `None`
     /// once some rank provably finishes later than a finite `cutoff` by more than the
     /// tolerance ([`finish_times_within`]).
-    #[allow(clippy::type_complexity)]
-    fn execute(
-        &mut self,
-        record: bool,
-        cutoff: f64,
-    ) -> Result<Option<(Vec<Vec<Slot>>, Vec<f64>, Vec<f64>)>, SimError> {
+    fn execute(&mut self, record: bool, cutoff: f64) -> Result<Option<Run>, SimError> {
         let s = self.s;
         let nr = s.acts.len();
-        let nops = self.op_lo.len();
+        let nops = self.pending.len();
+        let eager = s.mode == Mode::Eager;
         // Each rank's compute not yet run, kept only against a finite cutoff: the
         // rank finishes no earlier than its time plus this.
         let bounded = cutoff.is_finite();
@@ -1293,9 +1387,9 @@ impl<'s, 'p> Engine<'s, 'p> {
                 .iter()
                 .map(|acts| {
                     acts.iter()
-                        .map(|a| match *a {
-                            RAct::Compute { op, unit, .. } => s.cost[unit as usize][op_index(op)],
-                            _ => 0.0,
+                        .map(|a| {
+                            a.compute_op()
+                                .map_or(0.0, |op| s.cost[a.unit() as usize][op])
                         })
                         .sum()
                 })
@@ -1303,26 +1397,6 @@ impl<'s, 'p> Engine<'s, 'p> {
         } else {
             Vec::new()
         };
-
-        // Reverse dependencies (CSR): who waits for each operation to be reached.
-        // `rev_at[y]` first counts, then holds the end, then (after filling
-        // backwards) the start of `y`'s range.
-        let mut rev_at = vec![0u32; nops + 1];
-        for &y in &self.deps {
-            rev_at[y as usize] += 1;
-        }
-        let mut acc = 0u32;
-        for c in &mut rev_at {
-            acc += *c;
-            *c = acc;
-        }
-        let mut rev = vec![0u32; self.deps.len()];
-        for x in (0..nops).rev() {
-            for &y in self.deps_of(x).iter().rev() {
-                rev_at[y as usize] -= 1;
-                rev[rev_at[y as usize] as usize] = x as u32;
-            }
-        }
 
         let mut slots: Vec<Vec<Slot>> = s
             .acts
@@ -1332,20 +1406,24 @@ impl<'s, 'p> Engine<'s, 'p> {
         let mut busy = vec![0.0f64; nr];
         let mut pc = vec![0usize; nr];
         let mut now = vec![0.0f64; nr];
+        // Each rank's next operation and member.
+        let mut op_at: Vec<u32> = self.rank_ops[..nr].to_vec();
+        let mut member_at: Vec<u32> = self.rank_members[..nr].to_vec();
         let mut reached = vec![false; nops];
         let mut reach = vec![0.0f64; nops];
+        let mut pending = std::mem::take(&mut self.pending);
         let mut stack: Vec<u32> = (0..nr as u32).rev().collect();
 
         while let Some(r) = stack.pop() {
             let r = r as usize;
             let acts = &s.acts[r];
-            let of = &self.op_of[r];
             let rank_slots = &mut slots[r];
-            let mut i = pc[r];
-            let mut t = now[r];
+            let (mut i, mut t) = (pc[r], now[r]);
+            let (mut x, mut m) = (op_at[r] as usize, member_at[r] as usize);
             while i < acts.len() {
-                if let RAct::Compute { op, unit, .. } = acts[i] {
-                    let d = s.cost[unit as usize][op_index(op)];
+                let a = acts[i];
+                if let Some(op) = a.compute_op() {
+                    let d = s.cost[a.unit() as usize][op];
                     if record {
                         rank_slots[i] = Slot {
                             start: t,
@@ -1360,23 +1438,39 @@ impl<'s, 'p> Engine<'s, 'p> {
                     i += 1;
                     continue;
                 }
-                let x = of[i] as usize;
+                let hi = op_end(acts, i);
                 if !reached[x] {
                     reached[x] = true;
                     reach[x] = t;
-                    for &y in &rev[rev_at[x] as usize..rev_at[x + 1] as usize] {
+                    // Those waiting for `x` to be reached: the partners' operations
+                    // (under eager semantics, its `SEND`s'), or the collectives.
+                    let mut release = |y: u32, stack: &mut Vec<u32>| {
                         let y = y as usize;
-                        self.pending[y] -= 1;
-                        if self.pending[y] == 0 && reached[y] && y != x {
-                            stack.push(self.op_rank[y]);
+                        pending[y] -= 1;
+                        if pending[y] == 0 && reached[y] && y != x {
+                            stack.push(self.rank_of(y as u32) as u32);
+                        }
+                    };
+                    if a.kind() == Kind::Coll {
+                        if let Some(waiters) = self.coll_waiters.get(&(x as u32)) {
+                            for &y in waiters {
+                                release(y, &mut stack);
+                            }
+                        }
+                    } else {
+                        for (k, b) in acts[i..hi].iter().enumerate() {
+                            let y = self.partner_op[m + k];
+                            let recv = matches!(b.kind(), Kind::P2p { dir: Dir::Recv, .. });
+                            if y != NONE && y as usize != x && !(eager && recv) {
+                                release(y, &mut stack);
+                            }
                         }
                     }
                 }
-                if self.pending[x] > 0 {
+                if pending[x] > 0 {
                     break;
                 }
-                let done = self.completion(x, &reach);
-                let hi = self.op_hi[x] as usize;
+                let done = self.completion(r, x, i..hi, m, &reach);
                 if record {
                     rank_slots[i..hi].fill(Slot {
                         start: reach[x],
@@ -1384,52 +1478,67 @@ impl<'s, 'p> Engine<'s, 'p> {
                     });
                 }
                 t = done;
+                m += hi - i;
                 i = hi;
+                x += 1;
                 if bounded && crate::ir::compare::less(cutoff, t + left[r]) {
                     return Ok(None);
                 }
             }
             pc[r] = i;
             now[r] = t;
+            op_at[r] = x as u32;
+            member_at[r] = m as u32;
         }
 
         let blocked: Vec<usize> = (0..nr).filter(|&r| pc[r] < s.acts[r].len()).collect();
         if !blocked.is_empty() {
+            // Only the words of the error need the partners by member.
+            let mut partner = vec![NONE; self.partner_op.len()];
+            match_p2p(s, |send, recv| {
+                partner[send.0 as usize] = recv.0;
+                partner[recv.0 as usize] = send.0;
+            });
+            let at = BlockedAt {
+                pc: &pc,
+                member_at: &member_at,
+                reached: &reached,
+                partner: &partner,
+            };
             return Err(SimError::Deadlock {
-                blocked: blocked
-                    .iter()
-                    .map(|&r| self.explain(r, &pc, &reached))
-                    .collect(),
+                blocked: blocked.iter().map(|&r| self.explain(r, &at)).collect(),
             });
         }
         Ok(Some((slots, busy, now)))
     }
 
-    /// Completion time of operation `x`, all of whose dependencies are reached.
-    fn completion(&self, x: usize, reach: &[f64]) -> f64 {
+    /// Completion time of operation `x` of rank `r`, its actions `ops` and its
+    /// first member `m`, all of whose dependencies are reached.
+    fn completion(
+        &self,
+        r: usize,
+        x: usize,
+        ops: std::ops::Range<usize>,
+        m: usize,
+        reach: &[f64],
+    ) -> f64 {
         let s = self.s;
-        let r = self.op_rank[x] as usize;
-        let (lo, hi) = (self.op_lo[x] as usize, self.op_hi[x] as usize);
+        let lo = ops.start;
         let rx = reach[x];
         let mut done = rx;
-        match s.acts[r][lo] {
-            RAct::Compute { .. } => {}
-            RAct::P2p { .. } => {
-                for (a, &j) in s.acts[r][lo..hi].iter().zip(&self.partner[r][lo..hi]) {
-                    let RAct::P2p {
-                        dir, unit, peer, ..
-                    } = *a
-                    else {
+        let acts = &s.acts[r][ops];
+        match acts[0].kind() {
+            Kind::Compute(_) => {}
+            Kind::P2p { .. } => {
+                for (k, a) in acts.iter().enumerate() {
+                    let Kind::P2p { dir, .. } = a.kind() else {
                         continue;
                     };
                     let tr = s
                         .comm
-                        .map_or(0.0, |c| c.transfer_time(s.bytes[unit as usize]));
-                    let rp = if j == NONE {
-                        rx
-                    } else {
-                        reach[self.op_of[peer as usize][j as usize] as usize]
-                    };
+                        .map_or(0.0, |c| c.transfer_time(s.bytes[a.unit() as usize]));
+                    let y = self.partner_op[m + k];
+                    let rp = if y == NONE { rx } else { reach[y as usize] };
                     let end = match (s.mode, dir) {
                         (Mode::Rendezvous, _) => rx.max(rp) + tr,
                         (Mode::Eager, Dir::Send) => rx,
@@ -1438,8 +1547,8 @@ impl<'s, 'p> Engine<'s, 'p> {
                     done = done.max(end);
                 }
             }
-            RAct::Coll => {
-                for &y in self.deps_of(x) {
+            Kind::Coll => {
+                for &y in self.coll_deps.get(&(x as u32)).into_iter().flatten() {
                     done = done.max(reach[y as usize]);
                 }
                 if let (Some(c), Some(&(id, _))) = (s.comm, s.coll_of.get(&(r as u32, lo as u32))) {
@@ -1451,11 +1560,42 @@ impl<'s, 'p> Engine<'s, 'p> {
         done
     }
 
-    /// Describe what rank `r`, blocked at action `pc[r]`, waits for.
-    fn explain(&self, r: usize, pc: &[usize], reached: &[bool]) -> Blocked {
+    /// The index in its rank's list of member `m` of rank `r`.
+    fn member_index(&self, r: usize, m: u32) -> usize {
+        let mut k = self.rank_members[r];
+        for (i, a) in self.s.acts[r].iter().enumerate() {
+            if !a.is_compute() {
+                if k == m {
+                    return i;
+                }
+                k += 1;
+            }
+        }
+        self.s.acts[r].len()
+    }
+
+    /// The index in its rank's list of the first action of operation `x` of rank
+    /// `r`.
+    fn op_index_in(&self, r: usize, x: u32) -> usize {
+        let mut k = self.rank_ops[r];
+        for (i, a) in self.s.acts[r].iter().enumerate() {
+            if !a.is_compute() && !a.joins() {
+                if k == x {
+                    return i;
+                }
+                k += 1;
+            }
+        }
+        self.s.acts[r].len()
+    }
+
+    /// Describe what rank `r`, blocked at action `at.pc[r]`, waits for.
+    fn explain(&self, r: usize, at: &BlockedAt<'_>) -> Blocked {
         let s = self.s;
-        let x = self.op_of[r][pc[r]] as usize;
-        let (lo, hi) = (self.op_lo[x] as usize, self.op_hi[x] as usize);
+        let pc = at.pc;
+        let lo = pc[r];
+        let hi = op_end(&s.acts[r], lo);
+        let m = at.member_at[r] as usize;
         let mut index = lo;
         let mut waits: Vec<String> = Vec::new();
         // Where rank `q` is stuck, in words.
@@ -1465,24 +1605,19 @@ impl<'s, 'p> Engine<'s, 'p> {
                 Some(a) => format!("rank {q} is stuck at action {} `{a}`", pc[q]),
             }
         };
-        match s.acts[r][lo] {
-            RAct::Compute { .. } => {}
-            RAct::P2p { .. } => {
+        match s.acts[r][lo].kind() {
+            Kind::Compute(_) => {}
+            Kind::P2p { .. } => {
                 for i in lo..hi {
-                    let RAct::P2p {
-                        dir,
-                        tensor,
-                        mb,
-                        peer,
-                        ..
-                    } = s.acts[r][i]
-                    else {
+                    let a = s.acts[r][i];
+                    let Kind::P2p { dir, tensor, .. } = a.kind() else {
                         continue;
                     };
                     if s.mode == Mode::Eager && dir == Dir::Send {
                         continue;
                     }
-                    let q = peer as usize;
+                    let mb = a.mb();
+                    let q = s.src.peer(r, i) as usize;
                     let action = s.src.action(r, i);
                     let unit = action.as_ref().map_or("?", Action::unit);
                     let (other, arrow) = match dir {
@@ -1490,15 +1625,16 @@ impl<'s, 'p> Engine<'s, 'p> {
                         Dir::Recv => ("SEND", "->"),
                     };
                     let want = format!("{other} {}({unit},{mb}){arrow}{r}", tensor.as_str());
-                    let j = self.partner[r][i];
-                    let text = if j == NONE {
+                    let member = m + (i - lo);
+                    let text = if at.partner[member] == NONE {
                         Some(format!(
                             "{want} on rank {q}, but rank {q} has no such action left to \
                              pair with it (add it there, or remove this one)"
                         ))
                     } else {
-                        let y = self.op_of[q][j as usize] as usize;
-                        (!reached[y]).then(|| {
+                        let y = self.partner_op[member] as usize;
+                        (!at.reached[y]).then(|| {
+                            let j = self.member_index(q, at.partner[member]);
                             format!(
                                 "{want} (rank {q}, action {j}), which is never reached: {}",
                                 stuck(q)
@@ -1513,7 +1649,7 @@ impl<'s, 'p> Engine<'s, 'p> {
                     }
                 }
             }
-            RAct::Coll => {
+            Kind::Coll => {
                 if let Some(&(id, k)) = s.coll_of.get(&(r as u32, lo as u32)) {
                     let what = s.src.text(r, lo);
                     for &g in &s.coll_ids[id as usize].3 {
@@ -1531,8 +1667,8 @@ impl<'s, 'p> Engine<'s, 'p> {
                                     k + 1
                                 ));
                             }
-                            Some(&y) if !reached[y as usize] => {
-                                let j = self.op_lo[y as usize];
+                            Some(&y) if !at.reached[y as usize] => {
+                                let j = self.op_index_in(g, y);
                                 waits.push(format!(
                                     "`{what}` on rank {g} (action {j}), which is never reached: {}",
                                     stuck(g)
@@ -1580,18 +1716,20 @@ impl<'s, 'p> Engine<'s, 'p> {
 }
 
 /// Pair every `SEND` with its `RECV`: the k-th `SEND(t,u,m)` from `a` to `b` with
-/// the k-th `RECV(t,u,m)` from `a` on `b`. Linear when both sides list a channel's
-/// transfers in the same order (the valid case); sorting otherwise.
-fn match_p2p(s: &Setup<'_>) -> Vec<Vec<u32>> {
+/// the k-th `RECV(t,u,m)` from `a` on `b`, each pair given to `pair` as its two
+/// ends (`SEND`'s first). Linear when both sides list a channel's transfers in the
+/// same order (the valid case); sorting otherwise.
+fn match_p2p(s: &Setup<'_>, mut pair: impl FnMut(End, End)) {
+    /// A transfer end: its channel key, member index and operation.
+    type Entry = (u64, u32, u32);
     #[derive(Default)]
     struct Chan {
-        sends: Vec<(u64, u32)>,
-        recvs: Vec<(u64, u32)>,
+        sends: Vec<Entry>,
+        recvs: Vec<Entry>,
     }
-    let mut partner: Vec<Vec<u32>> = s.acts.iter().map(|l| vec![NONE; l.len()]).collect();
     // Channels in first-seen order, found by a look-up-only hash map (each channel
     // pairs its own actions, so the order they are paired in does not matter).
-    let mut chans: Vec<((u32, u32), Chan)> = Vec::new();
+    let mut chans: Vec<Chan> = Vec::new();
     let mut chan_of: HashMap<(u32, u32), usize, BuildHasherDefault<Fnv>> = HashMap::default();
     // Where a table of ranks x ranks cells is no larger than the program, channels
     // are found there by `(source, destination)` instead (no hashing per action).
@@ -1601,76 +1739,81 @@ fn match_p2p(s: &Setup<'_>) -> Vec<Vec<u32>> {
     } else {
         Vec::new()
     };
+    // The member and operation counts so far (see [`Engine`]).
+    let (mut m, mut x) = (0u32, 0u32);
     for (r, list) in s.acts.iter().enumerate() {
         for (i, a) in list.iter().enumerate() {
-            if let RAct::P2p {
-                dir,
-                tensor,
-                unit,
-                mb,
-                peer,
-                ..
-            } = *a
-            {
-                let key = s.key(unit, mb) * 3 + tensor_index(tensor);
-                let ends = match dir {
-                    Dir::Send => (r as u32, peer),
-                    Dir::Recv => (peer, r as u32),
-                };
-                let c = if table.is_empty() {
-                    *chan_of.entry(ends).or_insert_with(|| {
-                        chans.push((ends, Chan::default()));
-                        chans.len() - 1
-                    })
-                } else {
-                    let cell = &mut table[ends.0 as usize * nr + ends.1 as usize];
-                    if *cell == NONE {
-                        *cell = chans.len() as u32;
-                        chans.push((ends, Chan::default()));
-                    }
-                    *cell as usize
-                };
-                let chan = &mut chans[c].1;
-                match dir {
-                    Dir::Send => chan.sends.push((key, i as u32)),
-                    Dir::Recv => chan.recvs.push((key, i as u32)),
+            if a.is_compute() {
+                continue;
+            }
+            if !a.joins() {
+                x += 1;
+            }
+            m += 1;
+            let Kind::P2p { dir, tensor, .. } = a.kind() else {
+                continue;
+            };
+            let key = s.key(a.unit(), a.mb()) * 3 + tensor_index(tensor);
+            let peer = s.src.peer(r, i);
+            let ends = match dir {
+                Dir::Send => (r as u32, peer),
+                Dir::Recv => (peer, r as u32),
+            };
+            let c = if table.is_empty() {
+                *chan_of.entry(ends).or_insert_with(|| {
+                    chans.push(Chan::default());
+                    chans.len() - 1
+                })
+            } else {
+                let cell = &mut table[ends.0 as usize * nr + ends.1 as usize];
+                if *cell == NONE {
+                    *cell = chans.len() as u32;
+                    chans.push(Chan::default());
                 }
+                *cell as usize
+            };
+            let chan = &mut chans[c];
+            let entry = (key, m - 1, x - 1);
+            match dir {
+                Dir::Send => chan.sends.push(entry),
+                Dir::Recv => chan.recvs.push(entry),
             }
         }
     }
-    for ((a, b), chan) in &mut chans {
-        let (a, b) = (*a as usize, *b as usize);
+    drop(table);
+    drop(chan_of);
+    let end = |e: &Entry| (e.1, e.2);
+    for chan in &mut chans {
         let n = chan.sends.len().min(chan.recvs.len());
         let mut k = 0;
         while k < n && chan.sends[k].0 == chan.recvs[k].0 {
-            partner[a][chan.sends[k].1 as usize] = chan.recvs[k].1;
-            partner[b][chan.recvs[k].1 as usize] = chan.sends[k].1;
+            pair(end(&chan.sends[k]), end(&chan.recvs[k]));
             k += 1;
         }
-        if k == chan.sends.len() || k == chan.recvs.len() {
-            continue;
-        }
-        // The matched prefix holds each key equally often on both sides, so the
-        // remaining occurrences still pair k-th with k-th.
-        let sends = &mut chan.sends[k..];
-        let recvs = &mut chan.recvs[k..];
-        sends.sort_unstable();
-        recvs.sort_unstable();
-        let (mut i, mut j) = (0, 0);
-        while i < sends.len() && j < recvs.len() {
-            match sends[i].0.cmp(&recvs[j].0) {
-                std::cmp::Ordering::Less => i += 1,
-                std::cmp::Ordering::Greater => j += 1,
-                std::cmp::Ordering::Equal => {
-                    partner[a][sends[i].1 as usize] = recvs[j].1;
-                    partner[b][recvs[j].1 as usize] = sends[i].1;
-                    i += 1;
-                    j += 1;
+        if k < chan.sends.len() && k < chan.recvs.len() {
+            // The matched prefix holds each key equally often on both sides, so
+            // the remaining occurrences still pair k-th with k-th (members follow
+            // list order on a rank, as the sort needs).
+            let sends = &mut chan.sends[k..];
+            let recvs = &mut chan.recvs[k..];
+            sends.sort_unstable();
+            recvs.sort_unstable();
+            let (mut i, mut j) = (0, 0);
+            while i < sends.len() && j < recvs.len() {
+                match sends[i].0.cmp(&recvs[j].0) {
+                    std::cmp::Ordering::Less => i += 1,
+                    std::cmp::Ordering::Greater => j += 1,
+                    std::cmp::Ordering::Equal => {
+                        pair(end(&sends[i]), end(&recvs[j]));
+                        i += 1;
+                        j += 1;
+                    }
                 }
             }
         }
+        // Each channel's ends freed once paired.
+        *chan = Chan::default();
     }
-    partner
 }
 
 #[cfg(test)]

@@ -22,7 +22,7 @@
 //!
 //! - when `opts.memory`, a counter track per rank (`"ph":"C"`, name `memory rank
 //!   r`, args `{activations}`) with a sample at 0 and wherever the rank's
-//!   activation memory changes ([`memory_over_time`]; none when the program cannot
+//!   activation memory changes ([`memory_curves`]; none when the program cannot
 //!   be simulated), drawn by Perfetto as a step chart under the ranks.
 //!
 //! - when `opts.embed_program`, a top-level key `"mpipe": {"program": ...,
@@ -50,7 +50,7 @@ pub use super::trace_read::{
     timeline_from_trace_reader, TraceReadError,
 };
 use crate::ir::program::{narrow, ActionRef, CollKind, Dir, Program, Tensor};
-use crate::judge::simulate::memory_over_time;
+use crate::judge::simulate::memory_curves;
 use crate::judge::timeline::Timeline;
 
 /// What to call the trace and how to scale its times.
@@ -223,8 +223,9 @@ pub fn write_chrome_trace<W: Write>(
 
     // Memory: one counter track per rank, a sample wherever its level changes.
     if opts.memory {
-        if let Ok(curves) = memory_over_time(p, t) {
-            for (r, steps) in curves.iter().enumerate() {
+        // One rank's steps at a time.
+        if let Ok(curves) = memory_curves(p, t) {
+            for (r, steps) in curves.enumerate() {
                 let name = format!("memory rank {r}");
                 let mut sample = |ts: f64, level: f64| {
                     // Rounded like the times, so a level that returns to zero reads 0.
@@ -233,7 +234,7 @@ pub fn write_chrome_trace<W: Write>(
                                        "ts": us(ts), "args": {"activations": level}}))
                 };
                 sample(0.0, 0.0)?;
-                for &(ts, level) in steps {
+                for (ts, level) in steps {
                     sample(ts, level)?;
                 }
             }
