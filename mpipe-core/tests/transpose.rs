@@ -235,3 +235,39 @@ proptest! {
         prop_assert!(ours <= prefix * (1.0 + 1e-9), "transpose {ours} behind the prefix placement {prefix}");
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// `timing_extended` (what `transpose` times its deferred-backward candidates
+    /// with): a plan timed from the ideal timing of a shorter plan, each rank's list
+    /// cut where the ideal timing passes a time `cut` (no task before it reads one
+    /// after it), gets every task's start and end as the plan timed whole.
+    #[test]
+    fn a_plan_timed_from_its_prefix_is_timed_as_a_whole(
+        ef in 0.1f64..3.0,
+        eb in 0.1f64..3.0,
+        trainable in any::<bool>(),
+        zbv in any::<bool>(),
+        transposed in any::<bool>(),
+        share in 0.0f64..1.05,
+    ) {
+        use mpipe_core::analysis::timing_extended;
+        let prof = profile((2, ef, eb, 0.3, trainable), (1.0, 1.5, 0.5));
+        let kind = if zbv { BodyKind::ZbV } else { BodyKind::OneFOneB };
+        let mut plan = generate(kind, &prof, 4, 8).unwrap();
+        if transposed {
+            plan = transpose(plan, 0, Owners::RoundRobin, Backward::Local).unwrap();
+        }
+        let whole = timing(&plan, &dependencies(&plan).unwrap()).unwrap();
+        let cut = whole.makespan() * share;
+        let mut short = plan.clone();
+        for (list, start) in short.order.iter_mut().zip(&whole.start) {
+            list.truncate(start.partition_point(|&s| s < cut));
+        }
+        let base = timing(&short, &dependencies(&short).unwrap()).unwrap();
+        let extended = timing_extended(&plan, &base).unwrap();
+        prop_assert_eq!(&extended.start, &whole.start);
+        prop_assert_eq!(&extended.end, &whole.end);
+    }
+}

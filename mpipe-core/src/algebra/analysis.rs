@@ -70,17 +70,20 @@ pub(crate) fn describe(plan: &Plan, t: &Task) -> String {
 /// weight-gradient its own `B`. Local producers earlier on the rank win; otherwise
 /// the unique producer elsewhere.
 pub fn dependencies(plan: &Plan) -> Result<Deps, PlanError> {
-    resolve(plan, false)
+    resolve(plan, false, &[])
 }
 
 /// Like [`dependencies`], but a tensor nobody produces is taken as available from the
 /// start instead of an error: operators use it to time a plan whose work they are
 /// about to re-place.
 pub fn dependencies_lenient(plan: &Plan) -> Result<Deps, PlanError> {
-    resolve(plan, true)
+    resolve(plan, true, &[])
 }
 
-fn resolve(plan: &Plan, lenient: bool) -> Result<Deps, PlanError> {
+/// The dependencies of `plan`'s tasks, resolved only from index `from[r]` on on rank
+/// `r` (every task where `from` is empty or shorter than the ranks): the tasks
+/// before it are given none.
+fn resolve(plan: &Plan, lenient: bool, from: &[usize]) -> Result<Deps, PlanError> {
     let index = plan.locate();
     let need = plan.needs_backward();
     let succs: Vec<Vec<UnitId>> = (0..plan.units.len()).map(|u| plan.successors(u)).collect();
@@ -93,7 +96,9 @@ fn resolve(plan: &Plan, lenient: bool) -> Result<Deps, PlanError> {
     let mut items = Vec::new();
     for (r, list) in plan.order.iter().enumerate() {
         let mut off = Vec::with_capacity(list.len() + 1);
-        for (i, t) in list.iter().enumerate() {
+        let skip = from.get(r).copied().unwrap_or(0).min(list.len());
+        off.resize(skip, items.len());
+        for (i, t) in list.iter().enumerate().skip(skip) {
             off.push(items.len());
             let err = |what: String, backwards: bool| {
                 let (rank, index, task) = (r, i, describe(plan, t));
@@ -245,16 +250,82 @@ impl Timing {
 
 /// Compute the ideal timing (list scheduling in rank order, O(tasks + deps)).
 pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
+    let start: Vec<Vec<f64>> = plan.order.iter().map(|l| vec![0.0; l.len()]).collect();
+    let end = start.clone();
+    let seq: Vec<Vec<usize>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
+    settle(
+        plan,
+        deps,
+        Timing { start, end, seq },
+        vec![0; plan.ranks],
+        0,
+    )
+}
+
+/// The ideal timing of `plan` from `base`, the ideal timing of a plan whose rank
+/// lists are the first `base.start[r].len()` tasks of `plan`'s on each rank `r`
+/// (each rank's list extended at its end), the same units: only the tasks past those
+/// are timed (their dependencies resolved as [`dependencies`] resolves them), the
+/// others keep `base`'s times. Exactly [`timing`]'s start and end times where no
+/// task of the shorter plan reads a task past it and the shorter plan's tasks read
+/// the producers they read in `plan` (as when the tasks added produce what no
+/// earlier task reads); `seq` numbers the added tasks after `base`'s (still a
+/// topological order, not necessarily [`timing`]'s). An operator that appends work
+/// to a timed plan times only what it appended.
+pub fn timing_extended(plan: &Plan, base: &Timing) -> Result<Timing, PlanError> {
+    let from: Vec<usize> = (0..plan.ranks)
+        .map(|r| {
+            let have = base.start.get(r).map_or(0, Vec::len);
+            have.min(plan.order[r].len())
+        })
+        .collect();
+    let deps = resolve(plan, false, &from)?;
+    let counter = from.iter().sum();
+    let mut time = Timing {
+        start: Vec::with_capacity(plan.ranks),
+        end: Vec::with_capacity(plan.ranks),
+        seq: Vec::with_capacity(plan.ranks),
+    };
+    for (r, list) in plan.order.iter().enumerate() {
+        let n = from[r];
+        let extend = |have: Option<&Vec<f64>>| {
+            let mut v = Vec::with_capacity(list.len());
+            v.extend_from_slice(have.map_or(&[][..], |h| &h[..n.min(h.len())]));
+            v.resize(list.len(), 0.0);
+            v
+        };
+        time.start.push(extend(base.start.get(r)));
+        time.end.push(extend(base.end.get(r)));
+        let mut seq = Vec::with_capacity(list.len());
+        seq.extend_from_slice(base.seq.get(r).map_or(&[][..], |h| &h[..n.min(h.len())]));
+        seq.resize(list.len(), 0);
+        time.seq.push(seq);
+    }
+    settle(plan, &deps, time, from, counter)
+}
+
+/// List scheduling in rank order from `done[r]` tasks settled on each rank `r` (their
+/// times in `time`, numbered below `counter`): every other task as early as its rank
+/// order and its dependencies allow.
+fn settle(
+    plan: &Plan,
+    deps: &Deps,
+    time: Timing,
+    mut done: Vec<usize>,
+    mut counter: usize,
+) -> Result<Timing, PlanError> {
     let p = plan.ranks;
-    let mut start: Vec<Vec<f64>> = plan.order.iter().map(|l| vec![0.0; l.len()]).collect();
-    let mut end = start.clone();
-    let mut seq: Vec<Vec<usize>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
-    let mut done = vec![0usize; p];
-    let mut clock = vec![0.0f64; p];
+    let Timing {
+        mut start,
+        mut end,
+        mut seq,
+    } = time;
+    let mut clock: Vec<f64> = (0..p)
+        .map(|r| done[r].checked_sub(1).map_or(0.0, |i| end[r][i]))
+        .collect();
     let mut waiters: Vec<Vec<usize>> = vec![Vec::new(); p];
     let mut queue: Vec<usize> = (0..p).rev().collect();
     let mut queued = vec![true; p];
-    let mut counter = 0usize;
     // Each unit's cost of each op, read per task without touching the units.
     let ops = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
     let costs: Vec<[f64; 5]> = plan

@@ -59,6 +59,10 @@ pub(crate) fn best_lowering_with(
     // what places it again, not as its lowering and report: at 8 x 65536 those
     // beside a candidate's run set the derivation's peak).
     let cutoff = |best: &Option<Best>| best.as_ref().map_or(f64::INFINITY, |b| b.makespan);
+    // The winner's lowering, kept only when it reaches the plan's ideal makespan:
+    // then no other candidate is lowered or simulated beside it, and it is not
+    // placed and assembled again at the end.
+    let mut reached: Option<Lowered> = None;
     for placement in PLACEMENTS {
         if done(&best) {
             break;
@@ -75,7 +79,6 @@ pub(crate) fn best_lowering_with(
         else {
             continue;
         };
-        drop(lowered);
         let makespan = makespan_of(finish);
         if best.as_ref().is_none_or(|b| b.beaten_by(makespan)) {
             best = Some(Best {
@@ -83,6 +86,10 @@ pub(crate) fn best_lowering_with(
                 placement,
                 makespan,
             });
+            if done(&best) {
+                // Nothing is lowered after it: the winner's lowering is kept.
+                reached = Some(lowered);
+            }
         }
     }
     // Re-place the transfers against the times the best program actually ran at:
@@ -92,7 +99,7 @@ pub(crate) fn best_lowering_with(
         let Some(b) = &best else {
             break;
         };
-        if done(&best) {
+        if reached.is_some() {
             break;
         }
         let time = b.simulated_timing(plan, &prepared, opts, policy)?;
@@ -115,7 +122,6 @@ pub(crate) fn best_lowering_with(
             else {
                 continue;
             };
-            drop(lowered);
             let makespan = makespan_of(finish);
             if best.as_ref().is_none_or(|b| b.beaten_by(makespan)) {
                 best = Some(Best {
@@ -124,6 +130,10 @@ pub(crate) fn best_lowering_with(
                     makespan,
                 });
                 improved = true;
+                if done(&best) {
+                    reached = Some(lowered);
+                    break;
+                }
             }
         }
         if !improved {
@@ -136,9 +146,13 @@ pub(crate) fn best_lowering_with(
     // gives for its named program), then named rank by rank, each rank's steps freed
     // as its actions are written: the placement, the named program and the
     // simulator's working set are never alive together.
-    let at = best.placement(plan, &prepared, policy)?;
-    let lowered = assemble_lowered(plan, &at).map_err(|e| e.to_string())?;
-    drop(at);
+    let lowered = match reached {
+        Some(lowered) => lowered,
+        None => {
+            let at = best.placement(plan, &prepared, policy)?;
+            assemble_lowered(plan, &at).map_err(|e| e.to_string())?
+        }
+    };
     // Without refinement nothing places the winner again: the timings it was placed
     // against go before it is simulated (at 8 x 65536, ~100 MB off the peak).
     let again = refine_too.then_some((prepared, best));

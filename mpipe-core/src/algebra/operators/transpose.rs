@@ -20,7 +20,7 @@
 
 use super::insert_all;
 use crate::algebra::analysis::{
-    dependencies, dependencies_lenient, peak_memory, timing, PlanError,
+    dependencies, dependencies_lenient, peak_memory, timing, timing_extended, PlanError, Timing,
 };
 use crate::ir::compare::{at_most, less};
 use crate::ir::plan::{InputShip, Plan, Task, UnitId};
@@ -130,39 +130,56 @@ pub fn transpose_with(
         (Place::Idle, _) => &[Place::Idle],
     };
     let trainable = plan.units[enc].trainable;
-    let mut candidates = Vec::new();
+    // Nothing reads the encoder's gradient when it has no inputs: its backwards,
+    // appended at the ends of the lists, change no other task's ideal time.
+    let no_readers = plan.units[enc].inputs.is_empty();
+    // Each candidate, with its ideal makespan where it is known already.
+    let mut candidates: Vec<(Plan, Option<f64>)> = Vec::new();
     for &pl in places {
         let (placed, owner) = place_forwards(&plan, enc, &ring, owners, pl)?;
         if !trainable {
-            candidates.push(placed);
+            candidates.push((placed, None));
             continue;
         }
         // The backward: two placements. Eager: each encoder backward as soon as its
         // gradient is ready. Deferred: after the rank's other work, so the first
         // stage's backwards (which other ranks wait for) are not held up by encoder
         // work nobody waits for; but every encoder activation is then held to the end.
-        for deferred in [false, true] {
-            candidates.push(place_backward(
-                &placed,
-                enc,
-                &|mb| owner[mb],
-                backward,
-                deferred,
-            )?);
-        }
+        // Both read the ideal timing of the plan with the forwards placed: timed once,
+        // the eager placement reads its gradients' ready times from it, and the
+        // deferred one (the same lists, each extended at its end) is timed only past
+        // it.
+        let placed_time = timing(&placed, &dependencies_lenient(&placed)?)?;
+        let owner = |mb: usize| owner[mb];
+        candidates.push((
+            place_backward(&placed, enc, &owner, backward, None, &placed_time)?,
+            None,
+        ));
+        let deferred = place_backward(&placed, enc, &owner, backward, Some(()), &placed_time)?;
+        drop(placed);
+        let span = no_readers
+            .then(|| Ok::<_, PlanError>(timing_extended(&deferred, &placed_time)?.makespan()))
+            .transpose()?;
+        candidates.push((deferred, span));
     }
     // The fastest candidate among those within the profile's memory limit (so
     // without a limit a trainable encoder may hold all its activations to the end of
-    // the step); on a tie the earlier candidate.
+    // the step); on a tie the earlier candidate. A candidate whose makespan is known
+    // is still checked as the others are (its dependencies resolved in full), after
+    // them: the eager one of its placement holds every task it holds, so it was
+    // checked first.
     let fits = |peak: f64| plan.memory_limit.is_none_or(|limit| at_most(peak, limit));
     let mut best: Option<(f64, f64, Plan)> = None;
     let single = candidates.len() == 1;
-    for candidate in candidates {
+    for (candidate, known) in candidates {
         if single {
             best = Some((0.0, 0.0, candidate));
             break;
         }
-        let span = timing(&candidate, &dependencies(&candidate)?)?.makespan();
+        let span = match known {
+            Some(span) => span,
+            None => timing(&candidate, &dependencies(&candidate)?)?.makespan(),
+        };
         let peak = peak_memory(&candidate).into_iter().fold(0.0, f64::max);
         let better = match &best {
             None => true,
@@ -335,15 +352,18 @@ fn idle_owners(plan: &Plan, ring: &[usize], c_f: f64) -> Result<Vec<usize>, Plan
     Ok(best.unwrap_or_else(|| (0..m).map(|mb| ring[mb % ring.len()]).collect()))
 }
 
-/// Place encoder `enc`'s backward (see [`transpose`]); `deferred` appends each rank's
-/// share at the end of its order instead of as early as its gradient allows.
+/// Place encoder `enc`'s backward (see [`transpose`]) in `plan`, whose ideal timing
+/// (dependencies resolved leniently) is `timed`; `deferred` (`Some`) appends each
+/// rank's share at the end of its order instead of as early as its gradient allows.
 fn place_backward(
     plan: &Plan,
     enc: UnitId,
     owner: &dyn Fn(usize) -> usize,
     backward: Backward,
-    deferred: bool,
+    deferred: Option<()>,
+    timed: &Timing,
 ) -> Result<Plan, PlanError> {
+    let deferred = deferred.is_some();
     let mut plan = plan.clone();
     let (p, m) = (plan.ranks, plan.microbatches);
     let first = plan.stages[0];
@@ -379,19 +399,19 @@ fn place_backward(
         }
     }
     if !remote.is_empty() {
-        let timed = timing(&plan, &dependencies_lenient(&plan)?)?;
-        let index = plan.locate();
+        let index = (!deferred).then(|| plan.locate());
         let mut inserts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
         for (mb, k) in remote {
-            let pos = if deferred {
-                plan.order[k].len()
-            } else {
-                let ready = index
-                    .get(Op::B, first, mb)
-                    .or_else(|| index.get(Op::BW, first, mb))
-                    .map_or(0.0, |(q, j)| timed.end[q][j]);
-                let own_f = index.get(Op::F, enc, mb).map_or(0, |(_, j)| j + 1);
-                timed.start[k].partition_point(|&s| s < ready).max(own_f)
+            let pos = match &index {
+                None => plan.order[k].len(),
+                Some(index) => {
+                    let ready = index
+                        .get(Op::B, first, mb)
+                        .or_else(|| index.get(Op::BW, first, mb))
+                        .map_or(0.0, |(q, j)| timed.end[q][j]);
+                    let own_f = index.get(Op::F, enc, mb).map_or(0, |(_, j)| j + 1);
+                    timed.start[k].partition_point(|&s| s < ready).max(own_f)
+                }
             };
             inserts[k].push((pos, Task::new(Op::BW, enc, mb)));
         }
