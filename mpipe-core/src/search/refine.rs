@@ -23,13 +23,16 @@ use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{Op, Unit};
 use crate::judge::compare::timed;
-use crate::judge::simulate::{finish_times_lowered, simulate_lowered, SimOptions, SimReport};
+use crate::judge::simulate::{finish_times_within, simulate_lowered, SimOptions, SimReport};
 
 /// A trial's [`timed`] score from its finishing times alone (no timeline kept, no
 /// memory walked): the makespan, the latest of them, then their sum, as [`timed`]
-/// reads them from the report [`simulate_lowered`] gives. `None` when it does not run.
-fn score_of(units: &[Unit], lowered: &Lowered, opts: &SimOptions) -> Option<Score> {
-    let finish = finish_times_lowered(units, lowered, opts).ok()?;
+/// reads them from the report [`simulate_lowered`] gives. `None` when it does not
+/// run, or as soon as its simulation proves it ends later than `cutoff`
+/// ([`finish_times_within`]): a trial has only to improve on a program of that
+/// makespan, and such a one cannot.
+fn score_of(units: &[Unit], lowered: &Lowered, opts: &SimOptions, cutoff: f64) -> Option<Score> {
+    let finish = finish_times_within(units, lowered, opts, cutoff).ok()??;
     let makespan = finish.iter().copied().fold(0.0, f64::max);
     let ends: f64 = finish.iter().sum();
     Some(Score::span(makespan).with_ends(ends))
@@ -67,7 +70,7 @@ pub(crate) fn refine(
                 };
                 spent += 1;
                 let kept = assemble_lowered(plan, &at).ok().and_then(|candidate| {
-                    score_of(&plan.units, &candidate, opts)
+                    score_of(&plan.units, &candidate, opts, best.makespan)
                         .filter(|score| score.improves(&best))?;
                     let rep = simulate_lowered(&plan.units, &candidate, opts).ok()?;
                     Some((candidate, rep))
@@ -251,7 +254,7 @@ pub(crate) fn settle_w(
     let cost = |a: &Step| lengths.compute(a);
     // A candidate's report when it beats `best` and fits.
     let accept = |next: &Lowered, best: Score| {
-        score_of(units, next, opts).filter(|score| score.improves(&best))?;
+        score_of(units, next, opts, best.makespan).filter(|score| score.improves(&best))?;
         simulate_lowered(units, next, opts)
             .ok()
             .filter(|rep| fits(rep))
@@ -752,7 +755,7 @@ mod tests {
         let units = &derived.program.units;
         let rep = simulate_lowered(units, &lowered, &opts).unwrap();
         assert_eq!(rep, derived.report);
-        let score = score_of(units, &lowered, &opts).unwrap();
+        let score = score_of(units, &lowered, &opts, f64::INFINITY).unwrap();
         assert_eq!(score, timed(&rep));
     }
 }

@@ -69,7 +69,7 @@ use crate::ir::program::{ActionRef, Op, Program};
 use crate::ir::progress::Stage;
 use crate::judge::compare::{span, timed};
 use crate::judge::simulate::{
-    finish_times_lowered, simulate, simulate_lowered, SimOptions, SimReport,
+    finish_times_within, simulate, simulate_lowered, SimOptions, SimReport,
 };
 use crate::search::place::PLACEMENTS;
 use std::collections::{BTreeMap, BTreeSet};
@@ -225,7 +225,10 @@ fn search_on(
                 // Trials an earlier search of the same plan took in this very
                 // order are not lowered again: their finishing times are read back.
                 let recorded = replay.ahead(&batch);
-                let (nexts, lowered) = pool.lower_all(nexts, recorded.len(), rule);
+                // A trial only has to tell whether it beats the best: one that
+                // provably ends later is cut short ([`Outcome::Slower`]).
+                let cutoff = best.1.makespan;
+                let (nexts, lowered) = pool.lower_all(nexts, recorded.len(), rule, cutoff);
                 let mut recorded = recorded.into_iter();
                 for ((t, next), lowered) in batch.into_iter().zip(nexts).zip(lowered) {
                     tried.insert(t.key());
@@ -234,27 +237,26 @@ fn search_on(
                     }
                     spent += 1;
                     stage.step();
-                    let (low, finish) = match recorded.next() {
-                        Some(finish) => {
+                    let (low, outcome) = match recorded.next() {
+                        Some(outcome) => {
                             replay.at += 1;
                             replay.replayed += 1;
-                            (None, finish)
+                            (None, outcome)
                         }
                         None => {
-                            let (low, finish) = lowered.unzip();
-                            replay.record(t.key(), finish.clone());
-                            (low, finish)
+                            let (low, outcome) = lowered;
+                            replay.record(t.key(), outcome.clone());
+                            (low, outcome)
                         }
                     };
-                    let (Some(next), Some(finish)) = (next, finish) else {
+                    let (Some(next), Outcome::Ran(finish)) = (next, outcome) else {
                         continue;
                     };
                     if !timed_finish(&finish).beats(&timed(&best.1)) {
                         continue;
                     }
                     // A trial read back is lowered again only when it helps.
-                    let Some(low) =
-                        low.or_else(|| lower_one(&next, opts, rule, policy).map(|(l, _)| l))
+                    let Some(low) = low.or_else(|| lower_one(&next, opts, rule, policy, cutoff).0)
                     else {
                         continue;
                     };
@@ -305,8 +307,7 @@ pub(crate) struct Search<'a> {
 }
 
 /// The trials a search of one plan took, in the order it took them: each move
-/// and the finishing times of its lowering (`None`: nothing to lower, or it did
-/// not lower). The search is deterministic and its budget only cuts it short, so
+/// and what its lowering gave ([`Outcome`]). The search is deterministic and its budget only cuts it short, so
 /// a search of the same plan under the same options with a larger budget takes
 /// the same trials first: it reads their times back instead of lowering and
 /// simulating them again (`auto`'s further order search repeats its first one
@@ -314,14 +315,26 @@ pub(crate) struct Search<'a> {
 /// first that is not, the record is dropped and the search goes on alone.
 #[derive(Default)]
 pub(crate) struct Trials {
-    taken: std::cell::RefCell<Vec<(Move, Option<Vec<f64>>)>>,
+    taken: std::cell::RefCell<Vec<(Move, Outcome)>>,
+}
+
+/// What a trial's lowering gave: each rank's finishing time, or the proof that it
+/// ends later than the best of its time (its simulation cut short there), or
+/// nothing (nothing to lower, or it does not lower or run). A search reading the
+/// record back follows the same course, so it compares a trial with the same best:
+/// one that was slower is still slower.
+#[derive(Clone, Debug)]
+enum Outcome {
+    Ran(Vec<f64>),
+    Slower,
+    Fails,
 }
 
 /// One search's reading of a [`Trials`] record: the trials, how many it has
 /// taken, and how many of those it read back.
 #[derive(Default)]
 struct Replay {
-    log: Vec<(Move, Option<Vec<f64>>)>,
+    log: Vec<(Move, Outcome)>,
     at: usize,
     /// Whether the trials are recorded at all (for a caller that keeps them).
     on: bool,
@@ -347,7 +360,7 @@ impl Replay {
 
     /// The recorded times of the first trials of `batch`, as far as they are the
     /// next moves recorded in order (each is read back only if taken).
-    fn ahead(&self, batch: &[Try]) -> Vec<Option<Vec<f64>>> {
+    fn ahead(&self, batch: &[Try]) -> Vec<Outcome> {
         batch
             .iter()
             .zip(self.log.get(self.at..).unwrap_or_default())
@@ -358,7 +371,7 @@ impl Replay {
 
     /// A trial taken and lowered here: the record goes on with it (what was
     /// recorded past this point belongs to another course of the search).
-    fn record(&mut self, key: Move, finish: Option<Vec<f64>>) {
+    fn record(&mut self, key: Move, finish: Outcome) {
         if !self.on {
             return;
         }
@@ -821,15 +834,14 @@ fn first_lowering(
     best
 }
 
-/// A trial for a worker of a [`Pool`]: its place in the batch, its plan, the rule.
-type Job = (usize, Plan, Placement);
+/// A trial for a worker of a [`Pool`]: its place in the batch, its plan, the rule,
+/// the makespan to beat.
+type Job = (usize, Plan, Placement, f64);
+/// A trial's lowering (if it has one) and what it gave.
+type Trial = (Option<Lowered>, Outcome);
 /// A worker's answer: the place, the plan back, and [`lower_one`] of it (or the
 /// panic it raised).
-type Done = (
-    usize,
-    Plan,
-    std::thread::Result<Option<(Lowered, Vec<f64>)>>,
-);
+type Done = (usize, Plan, std::thread::Result<Trial>);
 
 /// Threads that lower and simulate a search's trials beside the calling thread,
 /// started once for the whole search (thread starts per batch of two trials cost
@@ -860,9 +872,9 @@ impl<'a> Pool<'a> {
                 let (send, take) = std::sync::mpsc::channel::<Job>();
                 let answer = answer.clone();
                 scope.spawn(move || {
-                    for (k, plan, rule) in take {
+                    for (k, plan, rule, cutoff) in take {
                         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            lower_one(&plan, opts, rule, policy)
+                            lower_one(&plan, opts, rule, policy, cutoff)
                         }));
                         if answer.send((k, plan, r)).is_err() {
                             break;
@@ -880,17 +892,17 @@ impl<'a> Pool<'a> {
         }
     }
 
-    /// [`lower_one`] of each plan with `rule`, side by side, but for the first
-    /// `skip` (read back instead): the plans back, and the answers in order. A
-    /// panic in one is the caller's, as on one thread.
-    #[allow(clippy::type_complexity)]
+    /// [`lower_one`] of each plan with `rule` against `cutoff`, side by side, but
+    /// for the first `skip` (read back instead): the plans back, and the answers in
+    /// order. A panic in one is the caller's, as on one thread.
     fn lower_all(
         &self,
         mut plans: Vec<Option<Plan>>,
         skip: usize,
         rule: Placement,
-    ) -> (Vec<Option<Plan>>, Vec<Option<(Lowered, Vec<f64>)>>) {
-        let mut out: Vec<Option<(Lowered, Vec<f64>)>> = plans.iter().map(|_| None).collect();
+        cutoff: f64,
+    ) -> (Vec<Option<Plan>>, Vec<Trial>) {
+        let mut out: Vec<Trial> = plans.iter().map(|_| (None, Outcome::Fails)).collect();
         let todo: Vec<usize> = (skip..plans.len())
             .filter(|&k| plans[k].is_some())
             .collect();
@@ -899,7 +911,7 @@ impl<'a> Pool<'a> {
         if !self.jobs.is_empty() {
             for (w, &k) in todo.iter().skip(1).enumerate() {
                 if let Some(plan) = plans[k].take() {
-                    let job = (k, plan, rule);
+                    let job = (k, plan, rule, cutoff);
                     if let Err(back) = self.jobs[w % self.jobs.len()].send(job) {
                         // A worker that stopped: this thread lowers it.
                         plans[k] = Some(back.0 .1);
@@ -911,7 +923,7 @@ impl<'a> Pool<'a> {
         }
         for &k in &todo {
             if let Some(p) = &plans[k] {
-                out[k] = lower_one(p, self.opts, rule, self.policy);
+                out[k] = lower_one(p, self.opts, rule, self.policy, cutoff);
             }
         }
         for _ in 0..sent {
@@ -929,19 +941,32 @@ impl<'a> Pool<'a> {
     }
 }
 
-/// `plan` lowered with `rule` and simulated, and each rank's finishing time; `None`
-/// if either fails. The lowering is by unit index: [`Lowered::program`] names it
-/// (the program [`lower_prepared_by`] gives), and the times are those of
-/// [`simulate`]'s report of that program ([`finish_times_lowered`]).
+/// `plan` lowered with `rule` and simulated: the lowering, and each rank's
+/// finishing time ([`Outcome::Ran`]), or [`Outcome::Slower`] as soon as the
+/// simulation proves that it ends later than `cutoff`
+/// ([`finish_times_within`]: then it cannot beat a program of that makespan), or
+/// [`Outcome::Fails`] (no lowering when the lowering fails). The lowering is by
+/// unit index: [`Lowered::program`] names it (the program [`lower_prepared_by`]
+/// gives), and the times are those of [`simulate`]'s report of that program.
 fn lower_one(
     plan: &Plan,
     opts: &SimOptions,
     rule: Placement,
     policy: &SearchPolicy,
-) -> Option<(Lowered, Vec<f64>)> {
-    let lowered = lower_indexed_by(plan, &prepare(plan).ok()?, rule, policy).ok()?;
-    let finish = finish_times_lowered(&plan.units, &lowered, opts).ok()?;
-    Some((lowered, finish))
+    cutoff: f64,
+) -> Trial {
+    let Some(lowered) = prepare(plan)
+        .ok()
+        .and_then(|p| lower_indexed_by(plan, &p, rule, policy).ok())
+    else {
+        return (None, Outcome::Fails);
+    };
+    let outcome = match finish_times_within(&plan.units, &lowered, opts, cutoff) {
+        Ok(Some(finish)) => Outcome::Ran(finish),
+        Ok(None) => Outcome::Slower,
+        Err(_) => Outcome::Fails,
+    };
+    (Some(lowered), outcome)
 }
 
 /// [`timed`] of the report whose ranks finish at `finish`: the makespan (the
@@ -1031,7 +1056,9 @@ mod tests {
                     let mut next = plan.clone();
                     let t = next.order[q].remove(from);
                     next.order[q].insert(to, t);
-                    let Some((low, finish)) = lower_one(&next, &opts, rule, policy) else {
+                    let (Some(low), Outcome::Ran(finish)) =
+                        lower_one(&next, &opts, rule, policy, f64::INFINITY)
+                    else {
                         continue;
                     };
                     let report = simulate_lowered(&next.units, &low, &opts).unwrap();
