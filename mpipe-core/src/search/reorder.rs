@@ -73,6 +73,7 @@ use crate::judge::simulate::{
 };
 use crate::search::place::PLACEMENTS;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 /// Better plans than `plan`, if the search finds any within `budget` simulations
 /// (see the module documentation), and the simulations spent; no plan when no move
@@ -96,7 +97,7 @@ fn reorder_on(
     replay: &mut Replay,
 ) -> (Vec<Plan>, usize) {
     std::thread::scope(|s| {
-        let pool = Pool::new(s, width.saturating_sub(1), search.opts, search.policy);
+        let pool = Pool::new(s, width.saturating_sub(1), plan, search.opts, search.policy);
         search_on(plan, search, budget, width, replay, &pool)
     })
 }
@@ -138,16 +139,23 @@ fn search_on(
     let mut improved = false;
     let mut tried: BTreeSet<Move> = BTreeSet::new();
     // Moves change where tasks run, never the units: their families are fixed.
-    let family = families(&plan);
+    let family = Arc::new(families(&plan));
     'search: while spent < budget {
         // The plan lowered, so its dependencies resolve; were they not to, stop
         // with what was found.
         let Ok(deps) = dependencies(&plan) else {
             break;
         };
-        let index = plan.locate();
         let (program, report) = &best;
-        let times = compute_times(program, report);
+        // What the trials of this round are moves of (their plans are built where
+        // they are lowered, from this order).
+        let base = Arc::new(Base {
+            order: plan.order.clone(),
+            times: compute_times(program, report),
+            index: plan.locate(),
+            family: Arc::clone(&family),
+        });
+        let (times, index) = (&base.times, &base.index);
         let mut waits: Vec<(f64, usize, usize)> = Vec::new();
         for (r, rank) in times.iter().enumerate() {
             for (j, slot) in rank.iter().enumerate() {
@@ -176,10 +184,10 @@ fn search_on(
                     // A wait is first filled with weight gradients, then single
                     // tasks move into it.
                     let fill = (kind == Kind::Advance)
-                        .then(|| fill_with_w(&plan, &index, r, j, wait))
+                        .then(|| fill_with_w(&plan, index, r, j, wait))
                         .flatten();
                     fill.into_iter().chain(
-                        candidates(&plan, &deps, &times, (r, j), wait, kind, lookahead)
+                        candidates(&plan, &deps, times, (r, j), wait, kind, lookahead)
                             .into_iter()
                             .map(|(q, from, to)| {
                                 let list = &plan.order[q];
@@ -209,28 +217,15 @@ fn search_on(
                 if spent >= budget {
                     break 'search;
                 }
-                let nexts: Vec<Option<Plan>> = batch
-                    .iter()
-                    .map(|&t| match t {
-                        Try::Within((q, ..), from, to) => {
-                            let mut next = plan.clone();
-                            let task = next.order[q].remove(from);
-                            next.order[q].insert(to, task);
-                            Some(next)
-                        }
-                        Try::Migrate(m) => migrate(&plan, &family, &times, m),
-                        Try::Fill((q, ..), j, count) => Some(fill(&plan, &index, q, j, count)),
-                    })
-                    .collect();
                 // Trials an earlier search of the same plan took in this very
                 // order are not lowered again: their finishing times are read back.
                 let recorded = replay.ahead(&batch);
                 // A trial only has to tell whether it beats the best: one that
                 // provably ends later is cut short ([`Outcome::Slower`]).
                 let cutoff = best.1.makespan;
-                let (nexts, lowered) = pool.lower_all(nexts, recorded.len(), rule, cutoff);
+                let lowered = pool.lower_all(&base, &batch, recorded.len(), rule, cutoff);
                 let mut recorded = recorded.into_iter();
-                for ((t, next), lowered) in batch.into_iter().zip(nexts).zip(lowered) {
+                for (t, lowered) in batch.into_iter().zip(lowered) {
                     tried.insert(t.key());
                     if spent >= budget {
                         break 'search;
@@ -249,10 +244,15 @@ fn search_on(
                             (low, outcome)
                         }
                     };
-                    let (Some(next), Outcome::Ran(finish)) = (next, outcome) else {
+                    let Outcome::Ran(finish) = outcome else {
                         continue;
                     };
                     if !timed_finish(&finish).beats(&timed(&best.1)) {
+                        continue;
+                    }
+                    // The plan of a move that helps is built here too.
+                    let mut next = plan.clone();
+                    if !base.apply(t, &mut next.order) {
                         continue;
                     }
                     // A trial read back is lowered again only when it helps.
@@ -558,12 +558,11 @@ fn candidates(
 /// on `r` before `j` (ready during a wait before `j`), in list order; `index` is
 /// the plan's [`Plan::locate`].
 fn ready_ws<'a>(
-    plan: &'a Plan,
+    list: &'a [Task],
     index: &'a TaskIndex,
     r: usize,
     j: usize,
 ) -> impl Iterator<Item = usize> + 'a {
-    let list = &plan.order[r];
     (j + 1..list.len()).filter(move |&k| {
         let t = list[k];
         t.op == Op::W
@@ -586,7 +585,7 @@ fn fill_with_w(plan: &Plan, index: &TaskIndex, r: usize, j: usize, wait: f64) ->
     let mut total = 0.0;
     let mut count = 0;
     let mut first = None;
-    for k in ready_ws(plan, index, r, j) {
+    for k in ready_ws(list, index, r, j) {
         total += plan.units[list[k].unit].cost.w;
         if total > wait {
             break;
@@ -598,13 +597,11 @@ fn fill_with_w(plan: &Plan, index: &TaskIndex, r: usize, j: usize, wait: f64) ->
     (count >= 2).then_some(Try::Fill((r, list[j], first), j, count))
 }
 
-/// `plan` with the first `count` of [`ready_ws`] of rank `r` moved, in their
-/// order, to just before task `j`.
-fn fill(plan: &Plan, index: &TaskIndex, r: usize, j: usize, count: usize) -> Plan {
-    let list = &plan.order[r];
-    let take: BTreeSet<usize> = ready_ws(plan, index, r, j).take(count).collect();
-    let mut next = plan.clone();
-    next.order[r] = list[..j]
+/// Rank `r`'s list `list` with the first `count` of [`ready_ws`] moved, in their
+/// order, to just before task `j` (`index` locates the tasks of the plan).
+fn fill(list: &[Task], index: &TaskIndex, r: usize, j: usize, count: usize) -> Vec<Task> {
+    let take: BTreeSet<usize> = ready_ws(list, index, r, j).take(count).collect();
+    list[..j]
         .iter()
         .chain(take.iter().map(|&k| &list[k]))
         .chain(
@@ -613,8 +610,7 @@ fn fill(plan: &Plan, index: &TaskIndex, r: usize, j: usize, count: usize) -> Pla
                 .map(|k| &list[k]),
         )
         .copied()
-        .collect();
-    next
+        .collect()
 }
 
 /// Whether task `a` reads what `b` computed on its own rank for the same unit and
@@ -769,11 +765,12 @@ fn families(plan: &Plan) -> Vec<usize> {
         .collect()
 }
 
-/// `plan` with the tasks of `m` moved (`family`: [`families`] of the plan's units),
-/// each put before the first task of the target that started no earlier than it did
-/// (`times`, the simulated compute times), so the target runs them at about the
-/// same time, in the same order. `None` when nothing moves.
-fn migrate(plan: &Plan, family: &[usize], times: &[Vec<Timed>], m: Migration) -> Option<Plan> {
+/// The plan's `order` with the tasks of `m` moved (`family`: [`families`] of the
+/// plan's units), each put before the first task of the target that started no
+/// earlier than it did (`times`, the simulated compute times), so the target runs
+/// them at about the same time, in the same order. `false` (and `order` changed
+/// in no way that matters: the caller drops it) when nothing moves.
+fn migrate(order: &mut [Vec<Task>], family: &[usize], times: &[Vec<Timed>], m: Migration) -> bool {
     // A stage is a family of its own, so a whole encoder family never takes one.
     let takes = |t: &Task| {
         t.mb == m.mb
@@ -783,10 +780,9 @@ fn migrate(plan: &Plan, family: &[usize], times: &[Vec<Timed>], m: Migration) ->
                 t.unit == m.unit
             }
     };
-    let mut next = plan.clone();
     let mut moved: Vec<(f64, Task)> = Vec::new();
     let mut k = 0;
-    next.order[m.from].retain(|t| {
+    order[m.from].retain(|t| {
         let keep = !takes(t);
         if !keep {
             moved.push((times[m.from][k].start, *t));
@@ -795,7 +791,7 @@ fn migrate(plan: &Plan, family: &[usize], times: &[Vec<Timed>], m: Migration) ->
         keep
     });
     if moved.is_empty() {
-        return None;
+        return false;
     }
     // Positions in the target's list as it was; inserted from the last, so the
     // earlier positions stay valid, and a task before the one after it.
@@ -804,9 +800,57 @@ fn migrate(plan: &Plan, family: &[usize], times: &[Vec<Timed>], m: Migration) ->
         .map(|&(start, _)| times[m.to].partition_point(|x| x.start < start))
         .collect();
     for (i, &(_, task)) in moved.iter().enumerate().rev() {
-        next.order[m.to].insert(at[i], task);
+        order[m.to].insert(at[i], task);
     }
-    Some(next)
+    true
+}
+
+/// What the trials of one round of the search are moves of: the plan's compute
+/// order, its simulated compute times, where its tasks are, and its units'
+/// families. Shared by the workers, which build each trial's plan from it
+/// ([`Base::apply`]): the caller sends a move, not a plan.
+struct Base {
+    order: Vec<Vec<Task>>,
+    times: Vec<Vec<Timed>>,
+    index: TaskIndex,
+    family: Arc<Vec<usize>>,
+}
+
+impl Base {
+    /// `order`, equal to this base's order, made the order of trial `t`; `false`
+    /// when the move moves nothing (no plan to lower).
+    fn apply(&self, t: Try, order: &mut [Vec<Task>]) -> bool {
+        match t {
+            Try::Within((q, ..), from, to) => {
+                let task = order[q].remove(from);
+                order[q].insert(to, task);
+                true
+            }
+            Try::Migrate(m) => migrate(order, &self.family, &self.times, m),
+            Try::Fill((q, ..), j, count) => {
+                order[q] = fill(&self.order[q], &self.index, q, j, count);
+                true
+            }
+        }
+    }
+
+    /// Trial `t` lowered and simulated ([`lower_one`]) on `scratch`, a plan of the
+    /// same units whose order is overwritten.
+    fn trial(
+        &self,
+        t: Try,
+        scratch: &mut Plan,
+        opts: &SimOptions,
+        rule: Placement,
+        policy: &SearchPolicy,
+        cutoff: f64,
+    ) -> Trial {
+        scratch.order.clone_from(&self.order);
+        if !self.apply(t, &mut scratch.order) {
+            return (None, Outcome::Fails);
+        }
+        lower_one(scratch, opts, rule, policy, cutoff)
+    }
 }
 
 /// The rule whose lowering of `plan` runs fastest, with that lowering.
@@ -834,25 +878,30 @@ fn first_lowering(
     best
 }
 
-/// A trial for a worker of a [`Pool`]: its place in the batch, its plan, the rule,
-/// the makespan to beat.
-type Job = (usize, Plan, Placement, f64);
+/// A trial for a worker of a [`Pool`]: its place in the batch, what it is a move
+/// of, the move, the rule, the makespan to beat.
+type Job = (usize, Arc<Base>, Try, Placement, f64);
 /// A trial's lowering (if it has one) and what it gave.
 type Trial = (Option<Lowered>, Outcome);
-/// A worker's answer: the place, the plan back, and [`lower_one`] of it (or the
-/// panic it raised).
-type Done = (usize, Plan, std::thread::Result<Trial>);
+/// A worker's answer: the place and [`Base::trial`] of the job (or the panic it
+/// raised).
+type Done = (usize, std::thread::Result<Trial>);
 
 /// Threads that lower and simulate a search's trials beside the calling thread,
 /// started once for the whole search (thread starts per batch of two trials cost
 /// about a second of system time over a 12000-simulation search). Each worker
 /// takes its jobs in the order sent; answers are put back in batch order, so the
-/// search does not depend on the workers.
+/// search does not depend on the workers. A job is a move: the worker builds its
+/// plan in a plan of its own, kept for the whole search (a plan copied per
+/// trial, its units with it, was work on the calling thread, which the other
+/// threads waited for).
 struct Pool<'a> {
     opts: &'a SimOptions,
     policy: &'a SearchPolicy,
     jobs: Vec<std::sync::mpsc::Sender<Job>>,
     done: std::sync::mpsc::Receiver<Done>,
+    /// The calling thread's plan to build trials in.
+    scratch: std::cell::RefCell<Plan>,
 }
 
 impl<'a> Pool<'a> {
@@ -860,6 +909,7 @@ impl<'a> Pool<'a> {
     fn new<'scope>(
         scope: &'scope std::thread::Scope<'scope, '_>,
         workers: usize,
+        plan: &Plan,
         opts: &'a SimOptions,
         policy: &'a SearchPolicy,
     ) -> Pool<'a>
@@ -871,12 +921,13 @@ impl<'a> Pool<'a> {
             .map(|_| {
                 let (send, take) = std::sync::mpsc::channel::<Job>();
                 let answer = answer.clone();
+                let mut scratch = plan.clone();
                 scope.spawn(move || {
-                    for (k, plan, rule, cutoff) in take {
+                    for (k, base, t, rule, cutoff) in take {
                         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            lower_one(&plan, opts, rule, policy, cutoff)
+                            base.trial(t, &mut scratch, opts, rule, policy, cutoff)
                         }));
-                        if answer.send((k, plan, r)).is_err() {
+                        if answer.send((k, r)).is_err() {
                             break;
                         }
                     }
@@ -889,55 +940,48 @@ impl<'a> Pool<'a> {
             policy,
             jobs,
             done,
+            scratch: std::cell::RefCell::new(plan.clone()),
         }
     }
 
-    /// [`lower_one`] of each plan with `rule` against `cutoff`, side by side, but
-    /// for the first `skip` (read back instead): the plans back, and the answers in
+    /// [`Base::trial`] of each move of `batch` with `rule` against `cutoff`, side
+    /// by side, but for the first `skip` (read back instead): the answers in
     /// order. A panic in one is the caller's, as on one thread.
     fn lower_all(
         &self,
-        mut plans: Vec<Option<Plan>>,
+        base: &Arc<Base>,
+        batch: &[Try],
         skip: usize,
         rule: Placement,
         cutoff: f64,
-    ) -> (Vec<Option<Plan>>, Vec<Trial>) {
-        let mut out: Vec<Trial> = plans.iter().map(|_| (None, Outcome::Fails)).collect();
-        let todo: Vec<usize> = (skip..plans.len())
-            .filter(|&k| plans[k].is_some())
-            .collect();
-        // The first on this thread, the others on the workers in turn.
+    ) -> Vec<Trial> {
+        let mut out: Vec<Trial> = batch.iter().map(|_| (None, Outcome::Fails)).collect();
+        // The first on this thread, the others on the workers in turn (and on this
+        // thread, those of a worker that stopped).
+        let mut mine: Vec<usize> = (skip..batch.len()).take(1).collect();
         let mut sent = 0;
-        if !self.jobs.is_empty() {
-            for (w, &k) in todo.iter().skip(1).enumerate() {
-                if let Some(plan) = plans[k].take() {
-                    let job = (k, plan, rule, cutoff);
-                    if let Err(back) = self.jobs[w % self.jobs.len()].send(job) {
-                        // A worker that stopped: this thread lowers it.
-                        plans[k] = Some(back.0 .1);
-                    } else {
-                        sent += 1;
-                    }
-                }
+        for (w, k) in (skip + 1..batch.len()).enumerate() {
+            let job = (k, Arc::clone(base), batch[k], rule, cutoff);
+            match self.jobs.get(w % self.jobs.len().max(1)) {
+                Some(worker) if worker.send(job).is_ok() => sent += 1,
+                _ => mine.push(k),
             }
         }
-        for &k in &todo {
-            if let Some(p) = &plans[k] {
-                out[k] = lower_one(p, self.opts, rule, self.policy, cutoff);
-            }
+        let mut scratch = self.scratch.borrow_mut();
+        for &k in &mine {
+            out[k] = base.trial(batch[k], &mut scratch, self.opts, rule, self.policy, cutoff);
         }
         for _ in 0..sent {
             // Every job sent is answered: the workers live as long as the pool.
-            let Ok((k, plan, r)) = self.done.recv() else {
+            let Ok((k, r)) = self.done.recv() else {
                 break;
             };
-            plans[k] = Some(plan);
             match r {
                 Ok(r) => out[k] = r,
                 Err(panic) => std::panic::resume_unwind(panic),
             }
         }
-        (plans, out)
+        out
     }
 }
 
@@ -1252,7 +1296,8 @@ mod tests {
                 assert_eq!((q, at, before), (r, j, plan.order[r][j]));
                 assert!(count >= 2);
                 fills += 1;
-                let next = fill(&plan, &index, r, j, count);
+                let mut next = plan.clone();
+                next.order[r] = fill(&plan.order[r], &index, r, j, count);
                 let (old, new) = (&plan.order[r], &next.order[r]);
                 assert_eq!(old[..j], new[..j]);
                 let moved = &new[j..j + count];
