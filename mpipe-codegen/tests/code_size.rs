@@ -206,7 +206,13 @@ fn schedules() -> Vec<(String, Growth)> {
         ("dualpipev", TRANSPOSE_DRIFTS, FILL_DRIFTS),
         ("zb2p", TRANSPOSE_DRIFTS, FILL_DRIFTS),
         ("zb2p(costs = unit)", TRANSPOSE_DRIFTS, FILL_DRIFTS),
-        // The compute order of these is periodic; the transfers drift.
+        // The compute order of these is periodic; the transfers drift. Measured
+        // (`zb2p(v = 2)`): in the steady stretch the transfers repeat already (at
+        // 128 micro-batches at most 4 of its 27 periods break the template on a
+        // rank); the growth is in the ~17 micro-batches before it (zb2p's ramp),
+        // whose transfers do not repeat: at 32 that ramp is most of the program and
+        // no steady loop forms (1428 steps), from 48 on it is the ramp, a loop and
+        // the cool-down (1693).
         ("zb2p(v = 2)", TRANSFERS_DRIFT, Growth::Flat { at: 1024 }),
         (
             "zb2p(layout = v)",
