@@ -124,6 +124,12 @@ impl RampCosts {
     /// model, not a bound: `zb2p`'s list schedule with asynchronous sends comes within
     /// a few milliseconds of it on Qwen2-VL-7B (`profiles/qwen2vl-7b.toml`).
     fn floor(&self, llm: &[usize], chunks: &[u32]) -> f64 {
+        self.floor_in(llm, chunks, &mut Vec::new())
+    }
+
+    /// [`RampCosts::floor`] with `after` as its scratch (its contents are
+    /// overwritten): a search evaluating thousands of moves allocates nothing per move.
+    fn floor_in(&self, llm: &[usize], chunks: &[u32], after: &mut Vec<f64>) -> f64 {
         let p = self.ranks;
         let m = self.microbatches;
         let mut ramp = chunks
@@ -134,7 +140,8 @@ impl RampCosts {
         let mut end = 0.0f64;
         // `after[k]`: the largest chunk time from chunk `k` on (0 if none), one
         // backward pass instead of a scan per rank (the maximum of the same products).
-        let mut after = vec![0.0f64; chunks.len() + 1];
+        after.clear();
+        after.resize(chunks.len() + 1, 0.0);
         for k in (0..chunks.len()).rev() {
             after[k] = after[k + 1].max(f64::from(chunks[k]) * self.enc_f);
         }
@@ -282,36 +289,52 @@ pub fn ramp_split_by(
         u32::MAX
     };
     let trade = worth.saturating_add(ramp_trade_slack);
+    // Each move is made in place, evaluated and undone (no copy of the split per
+    // move); the best move of a round is remembered as what it changes.
+    let mut after = Vec::new();
     loop {
-        let mut step: Option<(f64, Vec<usize>, Vec<u32>)> = None;
-        let mut consider = |l: Vec<usize>, c: Vec<u32>| {
-            let f = costs.floor(&l, &c);
-            if f < best * (1.0 - ramp_min_gain) && step.as_ref().is_none_or(|s| f < s.0) {
-                step = Some((f, l, c));
-            }
-        };
+        // (floor, from rank, to rank, LLM layers moved, encoder layers moved back).
+        let mut step: Option<(f64, usize, usize, usize, u32)> = None;
         for a in 0..ranks {
             for b in (0..ranks).filter(|&b| b != a) {
+                let mut consider =
+                    |split: &mut [usize], chunks: &mut [u32], layers: usize, k: u32| {
+                        // One LLM layer from `a` to `b` with `k` encoder layers back,
+                        // or (`layers == 0`) `k` encoder layers from `a` to `b`.
+                        let (ka, kb) = if layers == 0 { (a, b) } else { (b, a) };
+                        split[a] -= layers;
+                        split[b] += layers;
+                        chunks[ka] -= k;
+                        chunks[kb] += k;
+                        let f = costs.floor_in(split, chunks, &mut after);
+                        split[a] += layers;
+                        split[b] -= layers;
+                        chunks[ka] += k;
+                        chunks[kb] -= k;
+                        if f < best * (1.0 - ramp_min_gain) && step.as_ref().is_none_or(|s| f < s.0)
+                        {
+                            step = Some((f, a, b, layers, k));
+                        }
+                    };
                 if split[a] > least(a) {
                     for k in 0..=trade.min(chunks[b]) {
-                        let (mut l, mut c) = (split.clone(), chunks.clone());
-                        l[a] -= 1;
-                        l[b] += 1;
-                        c[b] -= k;
-                        c[a] += k;
-                        consider(l, c);
+                        consider(&mut split, &mut chunks, 1, k);
                     }
                 }
                 for k in 1..=ramp_max_shift.min(chunks[a]) {
-                    let mut c = chunks.clone();
-                    c[a] -= k;
-                    c[b] += k;
-                    consider(split.clone(), c);
+                    consider(&mut split, &mut chunks, 0, k);
                 }
             }
         }
-        let Some((f, l, c)) = step else { break };
-        (best, split, chunks) = (f, l, c);
+        let Some((f, a, b, layers, k)) = step else {
+            break;
+        };
+        let (ka, kb) = if layers == 0 { (a, b) } else { (b, a) };
+        split[a] -= layers;
+        split[b] += layers;
+        chunks[ka] -= k;
+        chunks[kb] += k;
+        best = f;
     }
     Some(RampSplit {
         llm: split,
