@@ -45,16 +45,14 @@ use std::collections::{HashMap, HashSet};
 
 /// `best` with its transfers placed periodically in every rank's steady state
 /// ([`periodic`]), the template taken from the period half way through the
-/// micro-batches, else the stretch's first, else its last period, else period `c`
-/// for each `c` of [`SearchPolicy::periodic_settle_periods`], the periods before it
-/// left as they are ([`Reference::After`]) (each rank rewritten
+/// micro-batches, else the stretch's first, else its last period (each rank rewritten
 /// only where its rolled code is no larger, see [`periodic`]): the first whose
 /// program is more regular ([`irregularity`]: fewer distinct gap contents),
 /// verifies, runs no slower (makespan equal or less) and peaks no higher on any
 /// rank; else `best`. Its code then rolls to
 /// loops of a size independent of the micro-batch count where the plan's compute
-/// order is periodic. At most `3 + periodic_settle_periods.len()` verifications
-/// and simulations, none where no rank changes (a regular program costs only three linear scans).
+/// order is periodic. At most three verifications and simulations, none where no
+/// rank changes (a regular program costs only three linear scans).
 /// Rendezvous only. Applied once to a derivation's final program
 /// (`search::finish`), not inside the searches, so that it changes no search's
 /// course.
@@ -85,14 +83,7 @@ pub(crate) fn periodic_if_no_slower(
     // and no candidate wins (deterministic: the same report).
     let mut dropped = false;
     let mut before = None;
-    let settled = policy
-        .periodic_settle_periods
-        .iter()
-        .map(|&c| Reference::After(c));
-    for reference in [Reference::Middle, Reference::First, Reference::Last]
-        .into_iter()
-        .chain(settled)
-    {
+    for reference in [Reference::Middle, Reference::First, Reference::Last] {
         let Some(mut rewritten) = periodic(&program, &shapes, reference, policy) else {
             // Nothing moves with this template: no rank has a periodic stretch, or
             // its transfers are placed as the template places them already, break
@@ -286,15 +277,6 @@ pub(crate) enum Reference {
     First,
     /// The stretch's last full period.
     Last,
-    /// Period `c` of the stretch, for itself and the periods after it; the periods
-    /// before keep their placement. Where ranks run at different rates, a fast
-    /// rank's meeting points drift from the start of the steady state on, and a
-    /// template from later in the run, imposed from the start, makes the busiest
-    /// rank wait while the phases settle into it (`interleaved(v = 2)` with a
-    /// trainable encoder: a constant 110 ticks); from period `c` on, the template
-    /// is the placement already there, so the change costs nothing, and the code
-    /// written out before the loop is `c` periods whatever the micro-batch count.
-    After(usize),
 }
 
 /// Where [`Shape::find`] looks for a stretch: through task `n * point.0 / point.1`, one of
@@ -349,9 +331,6 @@ struct Found {
     periods: usize,
     /// The period whose placement is the template.
     reference: usize,
-    /// The first period placed as the template ([`Reference::After`]; 0 for the
-    /// others): the periods before it keep their placement.
-    from: usize,
 }
 
 impl Found {
@@ -449,16 +428,7 @@ impl Shape {
             return None;
         }
         let target = probe.microbatches as f64 / 2.0;
-        let mut from = 0;
         let reference = match reference {
-            Reference::After(c) => {
-                // As many periods from the template on as any stretch needs.
-                if periods < c.saturating_add(min_periods) {
-                    return None;
-                }
-                from = c;
-                c
-            }
             Reference::First => 0,
             Reference::Last => periods - 1,
             Reference::Middle => (0..periods)
@@ -475,7 +445,6 @@ impl Shape {
             d,
             periods,
             reference,
-            from,
         })
     }
 
@@ -502,7 +471,7 @@ impl Shape {
                     })
             })
         };
-        (f.from..f.periods)
+        (0..f.periods)
             .filter(|&q| !placed_as_template(q))
             .take(most)
             .count()
@@ -539,10 +508,10 @@ impl Shape {
         }
         // Every period's groups from the template, claiming the transfers they name.
         let shift = |mb: usize, by: i64| usize::try_from(mb as i64 + by).ok();
-        let (lo, hi) = (f.gap(f.from, 1), f.gap(f.periods - 1, f.period));
+        let (lo, hi) = (f.gap(0, 1), f.gap(f.periods - 1, f.period));
         let mut moved: HashSet<Key> = HashSet::new();
         let mut generated: Vec<Vec<Vec<Action>>> = vec![Vec::new(); self.gap_start.len() - 1];
-        for q in f.from..f.periods {
+        for q in 0..f.periods {
             let by = (q as i64 - f.reference as i64) * f.d;
             for k in 1..=f.period {
                 for members in &template[k - 1] {
