@@ -59,13 +59,16 @@ pub enum LowerError {
 /// dependencies allow, `id` names the transfer (both ends share it). The end's
 /// action ([`Placed::action`]) is kept as numbers, not as an [`Action`]: a placement
 /// holds one end per transfer end of the program (millions at the largest sizes),
-/// and a search holds several placements.
+/// and a search holds several placements: its numbers are 32-bit (32 bytes an end;
+/// 48 with the slots and the id as `usize`), and a placement whose numbers do not
+/// fit is refused ([`LowerError::TooLarge`]).
 #[derive(Clone, Debug)]
 pub(crate) struct Placed {
-    pub slot: usize,
-    pub min: usize,
-    pub max: usize,
-    pub id: usize,
+    pub slot: u32,
+    pub min: u32,
+    pub max: u32,
+    /// The transfer's index in the plan's transfers.
+    pub id: u32,
     pub dir: Dir,
     pub tensor: Tensor,
     /// The unit, as its index in the plan's units.
@@ -351,7 +354,7 @@ pub(crate) fn assemble(plan: &Plan, at: &[Vec<Placed>], expr: Option<&str>) -> P
         at,
         &form,
         (&bcasts, &reduces),
-        |x| x.slot,
+        |x| x.slot as usize,
         |x| x.action(&form.names),
     );
     form.program(plan, programs, expr)
@@ -371,7 +374,7 @@ pub(crate) fn assemble_lowered(plan: &Plan, at: &[Vec<Placed>]) -> Result<Lowere
         at,
         &form,
         (&bcasts, &reduces),
-        |x| x.slot,
+        |x| x.slot as usize,
         |x| Step::P2p {
             dir: x.dir,
             tensor: x.tensor,
@@ -1100,10 +1103,10 @@ fn place(
             let small =
                 |x: usize| u32::try_from(x).map_err(|_| LowerError::TooLarge { action: text() });
             at.push(Placed {
-                slot,
-                min,
-                max: hi,
-                id,
+                slot: small(slot)?,
+                min: small(min)?,
+                max: small(hi)?,
+                id: small(id)?,
                 dir,
                 tensor,
                 unit: small(unit)?,

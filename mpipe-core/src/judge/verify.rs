@@ -1049,8 +1049,9 @@ impl<'p> Checker<'p> {
     // -- rule 3 ------------------------------------------------------------
 
     fn matching(&mut self) {
-        // Channel (from, to) -> (keys and indices of its sends, of its receives).
-        type Side = Vec<(u64, u32)>;
+        // Channel (from, to) -> (indices of its sends, of its receives): 4 bytes a
+        // transfer, its key read again from the resolved action where needed.
+        type Side = Vec<u32>;
         type Chan = ((usize, usize), (Side, Side));
         let mut chans: Vec<Chan> = Vec::new();
         // A channel's place in `chans`: in a table of ranks x ranks cells where that
@@ -1080,29 +1081,58 @@ impl<'p> Checker<'p> {
             }
         };
         let m = self.m as u64;
+        // Each transfer's channel and key, `None` for other actions and bad ones.
+        let ends = |r: usize, a: &Packed| match a.wide() {
+            V::P2p {
+                dir,
+                tensor,
+                unit,
+                mb,
+                peer,
+            } if mb != BAD && peer != BAD => {
+                let key = (u64::from(unit) * m + mb as u64) * 3 + tensor_index(tensor);
+                Some(match dir {
+                    Dir::Send => ((r, peer), key, true),
+                    Dir::Recv => ((peer, r), key, false),
+                })
+            }
+            _ => None,
+        };
+        // The key of transfer `i` of rank `r` (one of the sides).
+        let acts = &self.acts;
+        let key_at = |r: usize, i: u32| ends(r, &acts[r][i as usize]).map_or(0, |e| e.1);
+        // Two passes: the channels' sizes counted first, so that each side is
+        // allocated once at its size (grown by doubling, the sides held up to twice
+        // their 16 bytes a transfer at the verifier's peak).
+        let mut sizes: Vec<(usize, usize)> = Vec::new();
+        for (r, list) in self.acts.iter().enumerate() {
+            for a in list {
+                if let Some((ch, _, send)) = ends(r, a) {
+                    let c = chan(&mut chans, ch);
+                    if sizes.len() <= c {
+                        sizes.resize(c + 1, (0, 0));
+                    }
+                    if send {
+                        sizes[c].0 += 1;
+                    } else {
+                        sizes[c].1 += 1;
+                    }
+                }
+            }
+        }
+        for ((_, (sends, recvs)), &(ns, nr)) in chans.iter_mut().zip(&sizes) {
+            sends.reserve_exact(ns);
+            recvs.reserve_exact(nr);
+        }
+        drop(sizes);
         for (r, list) in self.acts.iter().enumerate() {
             for (i, a) in list.iter().enumerate() {
-                if let V::P2p {
-                    dir,
-                    tensor,
-                    unit,
-                    mb,
-                    peer,
-                } = a.wide()
-                {
-                    if mb == BAD || peer == BAD {
-                        continue;
-                    }
-                    let key = (u64::from(unit) * m + mb as u64) * 3 + tensor_index(tensor);
-                    match dir {
-                        Dir::Send => {
-                            let c = chan(&mut chans, (r, peer));
-                            chans[c].1 .0.push((key, i as u32));
-                        }
-                        Dir::Recv => {
-                            let c = chan(&mut chans, (peer, r));
-                            chans[c].1 .1.push((key, i as u32));
-                        }
+                if let Some((ch, _, send)) = ends(r, a) {
+                    let c = chan(&mut chans, ch);
+                    if send {
+                        chans[c].1 .0.push(i as u32);
+                    } else {
+                        chans[c].1 .1.push(i as u32);
                     }
                 }
             }
@@ -1126,15 +1156,15 @@ impl<'p> Checker<'p> {
         // By channel, as a map by `(from, to)` would list them.
         chans.sort_unstable_by_key(|c| c.0);
         for &((a, b), (ref sends, ref recvs)) in &chans {
-            for (pos, &(k, _)) in sends.iter().enumerate() {
-                let k = k as usize;
+            for (pos, &i) in sends.iter().enumerate() {
+                let k = key_at(a, i) as usize;
                 if cnt_s[k] == 0 {
                     first_s[k] = pos as u32;
                 }
                 cnt_s[k] += 1;
             }
-            for (pos, &(k, _)) in recvs.iter().enumerate() {
-                let k = k as usize;
+            for (pos, &j) in recvs.iter().enumerate() {
+                let k = key_at(b, j) as usize;
                 if cnt_r[k] == 0 {
                     first_r[k] = pos as u32;
                 }
@@ -1142,10 +1172,11 @@ impl<'p> Checker<'p> {
             }
             // Matched transfers in send order, with their receive positions.
             let mut matched: Vec<(u32, u32)> = Vec::new();
-            for (pos, &(k, i)) in sends.iter().enumerate() {
+            for (pos, &i) in sends.iter().enumerate() {
+                let k = key_at(a, i);
                 let ku = k as usize;
                 if first_s[ku] != pos as u32 {
-                    let fi = sends[first_s[ku] as usize].1;
+                    let fi = sends[first_s[ku] as usize];
                     found.push((
                         a,
                         i as usize,
@@ -1169,10 +1200,11 @@ impl<'p> Checker<'p> {
                     matched.push((pos as u32, first_r[ku]));
                 }
             }
-            for (pos, &(k, j)) in recvs.iter().enumerate() {
+            for (pos, &j) in recvs.iter().enumerate() {
+                let k = key_at(b, j);
                 let ku = k as usize;
                 if first_r[ku] != pos as u32 {
-                    let fj = recvs[first_r[ku] as usize].1;
+                    let fj = recvs[first_r[ku] as usize];
                     found.push((
                         b,
                         j as usize,
@@ -1199,8 +1231,8 @@ impl<'p> Checker<'p> {
             let keep = longest_increasing(&ranks);
             for (n, &(sp, rp)) in matched.iter().enumerate() {
                 if !keep[n] {
-                    let i = sends[sp as usize].1 as usize;
-                    let j = recvs[rp as usize].1;
+                    let i = sends[sp as usize] as usize;
+                    let j = recvs[rp as usize];
                     found.push((
                         a,
                         i,
@@ -1212,7 +1244,11 @@ impl<'p> Checker<'p> {
                     ));
                 }
             }
-            for &(k, _) in sends.iter().chain(recvs.iter()) {
+            for k in sends
+                .iter()
+                .map(|&i| key_at(a, i))
+                .chain(recvs.iter().map(|&j| key_at(b, j)))
+            {
                 let k = k as usize;
                 cnt_s[k] = 0;
                 cnt_r[k] = 0;

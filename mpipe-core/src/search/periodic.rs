@@ -297,23 +297,42 @@ fn key(a: &Action) -> Option<Key<'_>> {
     }
 }
 
-/// One rank's list read as compute tasks and the gaps between them.
+/// One rank's list read as compute tasks and the gaps between them, its indices
+/// 32-bit (16 bytes a task, 8 a group: the three templates read every rank's, held
+/// beside the program while a rank is rewritten; a list longer than that has none).
 struct Shape {
     /// Index in the list of each compute task.
-    tasks: Vec<usize>,
+    tasks: Vec<u32>,
     /// `x[k] = (op, unit, mb[k] - mb[k-1])` of task `k`, interned (`x[0]`'s step is 0).
     x: Vec<u32>,
     /// Each task's micro-batch.
-    mbs: Vec<i64>,
+    mbs: Vec<u32>,
     /// The groups (a batch, a lone transfer or a collective) as ranges of the list,
     /// in order.
-    groups: Vec<std::ops::Range<usize>>,
+    groups: Vec<Group>,
     /// Gap `g` (what is posted before task `g`; gap `n` after the last) holds
     /// `groups[gap_start[g]..gap_start[g + 1]]`.
-    gap_start: Vec<usize>,
+    gap_start: Vec<u32>,
     /// [`stretch`]'s answer through each task asked so far (the three templates ask
     /// the same; it depends on the compute order only, which no rewrite changes).
     stretches: std::cell::RefCell<HashMap<usize, Option<Span>>>,
+}
+
+/// A range of a rank's list, `start..end`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Group {
+    start: u32,
+    end: u32,
+}
+
+impl Group {
+    fn range(self) -> std::ops::Range<usize> {
+        self.start as usize..self.end as usize
+    }
+
+    fn len(self) -> usize {
+        (self.end - self.start) as usize
+    }
 }
 
 /// A periodic stretch as [`stretch`] gives it: `(period, start, end)`.
@@ -342,6 +361,7 @@ impl Found {
 
 impl Shape {
     fn of(list: &[Action]) -> Option<Shape> {
+        u32::try_from(list.len()).ok()?;
         let mut shape = Shape {
             tasks: Vec::new(),
             x: Vec::new(),
@@ -355,19 +375,25 @@ impl Shape {
         while j < list.len() {
             match list[j].view() {
                 ActionRef::Compute(c) => {
-                    let mb = i64::try_from(c.mb).ok()?;
-                    let d = shape.mbs.last().map_or(0, |m| mb - m);
+                    let mb = u32::try_from(c.mb).ok()?;
+                    let d = shape
+                        .mbs
+                        .last()
+                        .map_or(0, |&m| i64::from(mb) - i64::from(m));
                     let next = ids.len() as u32;
                     shape
                         .x
                         .push(*ids.entry((c.op as u8, c.unit, d)).or_insert(next));
                     shape.mbs.push(mb);
-                    shape.tasks.push(j);
-                    shape.gap_start.push(shape.groups.len());
+                    shape.tasks.push(j as u32);
+                    shape.gap_start.push(shape.groups.len() as u32);
                     j += 1;
                 }
                 ActionRef::Coll(_) => {
-                    shape.groups.push(j..j + 1);
+                    shape.groups.push(Group {
+                        start: j as u32,
+                        end: j as u32 + 1,
+                    });
                     j += 1;
                 }
                 ActionRef::P2p(t) => {
@@ -379,18 +405,21 @@ impl Shape {
                             end += 1;
                         }
                     }
-                    shape.groups.push(j..end);
+                    shape.groups.push(Group {
+                        start: j as u32,
+                        end: end as u32,
+                    });
                     j = end;
                 }
             }
         }
-        shape.gap_start.push(shape.groups.len());
+        shape.gap_start.push(shape.groups.len() as u32);
         Some(shape)
     }
 
     /// The groups of gap `g`.
-    fn gap(&self, g: usize) -> &[std::ops::Range<usize>] {
-        &self.groups[self.gap_start[g]..self.gap_start[g + 1]]
+    fn gap(&self, g: usize) -> &[Group] {
+        &self.groups[self.gap_start[g] as usize..self.gap_start[g + 1] as usize]
     }
 
     /// The periodic stretch through the [`Probe`]'s task, with its template period;
@@ -417,7 +446,7 @@ impl Shape {
         }?;
         // Tasks start .. end repeat with period `period`: task k + P is task k
         // advanced by D for k in start .. end - P.
-        let d = self.mbs[start + period] - self.mbs[start];
+        let d = i64::from(self.mbs[start + period]) - i64::from(self.mbs[start]);
         if d <= 0 {
             return None;
         }
@@ -459,7 +488,7 @@ impl Shape {
                 here.len() == there.len()
                     && here.iter().zip(there).all(|(a, b)| {
                         a.len() == b.len()
-                            && a.clone().zip(b.clone()).all(|(i, j)| {
+                            && a.range().zip(b.range()).all(|(i, j)| {
                                 match (key(&list[i]), key(&list[j])) {
                                     (Some((d1, t1, u1, m1, p1)), Some((d2, t2, u2, m2, p2))) => {
                                         (d1, t1, u1, p1) == (d2, t2, u2, p2)
@@ -487,7 +516,7 @@ impl Shape {
             let mut groups = Vec::new();
             for g in self.gap(f.gap(f.reference, k)) {
                 let mut members = Vec::new();
-                for a in g.clone() {
+                for a in g.range() {
                     // A collective in the middle of the steady state: leave the rank be.
                     members.push((a, key(&list[a])?));
                 }
@@ -495,22 +524,24 @@ impl Shape {
             }
             template.push(groups);
         }
-        // Which gap each transfer is posted in.
-        let mut at: HashMap<Key, usize> = HashMap::new();
+        // Which gap each transfer is posted in, by its compact key.
+        let mut ids = UnitIds::default();
+        let mut at: HashMap<Compact, u32> = HashMap::new();
         for g in 0..self.gap_start.len() - 1 {
             for group in self.gap(g) {
-                for a in group.clone() {
-                    if let Some(k) = key(&list[a]) {
-                        at.insert(k, g);
+                for a in group.range() {
+                    if let Some(k) = key(&list[a]).and_then(|k| ids.compact(k)) {
+                        at.insert(k, g as u32);
                     }
                 }
             }
         }
-        // Every period's groups from the template, claiming the transfers they name.
+        // Every period's groups from the template, claiming the transfers they name,
+        // in gap order (each period's gaps follow the one before's).
         let shift = |mb: usize, by: i64| usize::try_from(mb as i64 + by).ok();
         let (lo, hi) = (f.gap(0, 1), f.gap(f.periods - 1, f.period));
-        let mut moved: HashSet<Key> = HashSet::new();
-        let mut generated: Vec<Vec<Vec<Action>>> = vec![Vec::new(); self.gap_start.len() - 1];
+        let mut moved: HashSet<Compact> = HashSet::new();
+        let mut generated: Vec<(usize, Vec<Action>)> = Vec::new();
         for q in 0..f.periods {
             let by = (q as i64 - f.reference as i64) * f.d;
             for k in 1..=f.period {
@@ -518,10 +549,14 @@ impl Shape {
                     let mut group = Vec::new();
                     for &(a, (dir, tensor, unit, mb, peer)) in members {
                         let Some(mb) = shift(mb, by) else { continue };
-                        let key = (dir, tensor, unit, mb, peer);
+                        let Some(key) = ids.compact((dir, tensor, unit, mb, peer)) else {
+                            continue;
+                        };
                         // Only transfers posted within the stretch's full periods
                         // move: the warm-up and the cool-down keep theirs.
-                        let inside = at.get(&key).is_some_and(|&g| lo <= g && g <= hi);
+                        let inside = at
+                            .get(&key)
+                            .is_some_and(|&g| lo <= g as usize && g as usize <= hi);
                         if !inside || !moved.insert(key) {
                             continue;
                         }
@@ -530,11 +565,12 @@ impl Shape {
                         group.push(act);
                     }
                     if !group.is_empty() {
-                        generated[f.gap(q, k)].push(group);
+                        generated.push((f.gap(q, k), group));
                     }
                 }
             }
         }
+        drop(at);
         // Assemble: per gap, the groups that stay (without their moved members), then
         // the generated ones; then the task.
         let mut out: Vec<Action> = Vec::with_capacity(list.len());
@@ -549,25 +585,54 @@ impl Shape {
                 out.push(a);
             }
         };
-        for (g, generated) in generated.into_iter().enumerate() {
+        let mut generated = generated.into_iter().peekable();
+        for g in 0..self.gap_start.len() - 1 {
             for members in self.gap(g) {
                 let stay: Vec<Action> = members
-                    .clone()
-                    .filter(|&a| key(&list[a]).is_none_or(|k| !moved.contains(&k)))
+                    .range()
+                    .filter(|&a| {
+                        key(&list[a])
+                            .and_then(|k| ids.compact(k))
+                            .is_none_or(|k| !moved.contains(&k))
+                    })
                     .map(|a| list[a].clone())
                     .collect();
                 if !stay.is_empty() {
                     push(&mut out, stay);
                 }
             }
-            for group in generated {
+            while let Some((_, group)) = generated.next_if(|(at, _)| *at == g) {
                 push(&mut out, group);
             }
             if let Some(&t) = self.tasks.get(g) {
-                out.push(list[t].clone());
+                out.push(list[t as usize].clone());
             }
         }
         (out.len() == list.len()).then_some(out)
+    }
+}
+
+/// A transfer's identity on its rank ([`Key`]) with its unit numbered: 16 bytes, not
+/// 40, in the tables [`Shape::rewrite`] keeps of every transfer of a rank.
+type Compact = (Dir, Tensor, u32, u32, u32);
+
+/// A rank's units, numbered as first seen, for [`Compact`] keys.
+#[derive(Default)]
+struct UnitIds<'a>(HashMap<&'a str, u32>);
+
+impl<'a> UnitIds<'a> {
+    /// The compact key of `k`; `None` when a number is over 32 bits (no transfer of
+    /// a list has such a key).
+    fn compact(&mut self, (dir, tensor, unit, mb, peer): Key<'a>) -> Option<Compact> {
+        let next = self.0.len() as u32;
+        let unit = *self.0.entry(unit).or_insert(next);
+        Some((
+            dir,
+            tensor,
+            unit,
+            u32::try_from(mb).ok()?,
+            u32::try_from(peer).ok()?,
+        ))
     }
 }
 

@@ -131,10 +131,10 @@ fn waits(lowered: &Lowered, report: &SimReport, at: &[Vec<Placed>]) -> Vec<(usiz
                     ..
                 } => {
                     // The end of this step: same slot (compute count) and transfer.
-                    let from = at[r].partition_point(|x| x.slot < compute);
+                    let from = at[r].partition_point(|x| (x.slot as usize) < compute);
                     let here = at[r][from..]
                         .iter()
-                        .take_while(|x| x.slot == compute)
+                        .take_while(|x| x.slot as usize == compute)
                         .position(|x| {
                             x.dir == dir
                                 && x.tensor == tensor
@@ -176,7 +176,7 @@ fn shift(
     r: usize,
     q: usize,
     dir: Move,
-) -> Option<Vec<(usize, usize, usize)>> {
+) -> Option<Vec<(usize, usize, u32)>> {
     let list = &at[r];
     let slot = list[q].slot;
     let range = match dir {
