@@ -146,6 +146,50 @@ type TransferId = (Tensor, usize, usize, usize);
 /// Its ends: `(source rank, producer index there, first consumer index at the destination)`.
 type Ends = (usize, usize, usize);
 
+/// A transfer of [`Prepared`] (its [`TransferId`] and [`Ends`]) with 32-bit numbers:
+/// 28 bytes, where the two as machine words took 56. Every lowering of a plan holds
+/// one per transfer of the plan beside its candidates (at 8 x 65536, about 1.8 M).
+#[derive(Clone, Copy, Debug)]
+struct Transfer {
+    tensor: Tensor,
+    unit: u32,
+    mb: u32,
+    to: u32,
+    from: u32,
+    j: u32,
+    i: u32,
+}
+
+impl Transfer {
+    /// `id` and `ends` in 32 bits; `None` when a number is over.
+    fn new((tensor, unit, mb, to): TransferId, (from, j, i): Ends) -> Option<Transfer> {
+        let n = |x: usize| u32::try_from(x).ok();
+        Some(Transfer {
+            tensor,
+            unit: n(unit)?,
+            mb: n(mb)?,
+            to: n(to)?,
+            from: n(from)?,
+            j: n(j)?,
+            i: n(i)?,
+        })
+    }
+
+    /// The transfer's identity and its ends, as machine words.
+    fn parts(self) -> (TransferId, Ends) {
+        let w = |x: u32| x as usize;
+        (
+            (self.tensor, w(self.unit), w(self.mb), w(self.to)),
+            (w(self.from), w(self.j), w(self.i)),
+        )
+    }
+
+    /// The order of [`Prepared::transfers`]: by identity, then by first consumer.
+    fn order(&self) -> (Tensor, u32, u32, u32, u32) {
+        (self.tensor, self.unit, self.mb, self.to, self.i)
+    }
+}
+
 /// Lower `plan` to a program with [`Placement::Meet`] (falling back to
 /// [`Placement::Ready`] where it cannot apply). `expr` is recorded as the source.
 pub fn lower(plan: &Plan, expr: Option<&str>) -> Result<Program, LowerError> {
@@ -166,7 +210,7 @@ pub fn lower_with(
 pub struct Prepared {
     /// The plan's ideal (communication-free) timing.
     pub time: Timing,
-    transfers: Vec<(TransferId, Ends)>,
+    transfers: Vec<Transfer>,
     /// Per rank, the transfers with an end there, by where the dependencies put it
     /// (a `SEND` just after its producer, a `RECV` just before its consumer): about
     /// the order every placement gives them, so sorting their keys is quick. Empty
@@ -176,7 +220,7 @@ pub struct Prepared {
 
 /// [`Prepared::ends`] of these transfers of `plan`: per rank by place, then by
 /// transfer index (a counting sort, linear).
-fn ends_by_place(plan: &Plan, transfers: &[(TransferId, Ends)]) -> Vec<Vec<u32>> {
+fn ends_by_place(plan: &Plan, transfers: &[Transfer]) -> Vec<Vec<u32>> {
     if u32::try_from(transfers.len()).is_err() {
         return Vec::new();
     }
@@ -187,7 +231,8 @@ fn ends_by_place(plan: &Plan, transfers: &[(TransferId, Ends)]) -> Vec<Vec<u32>>
         .iter()
         .map(|l| vec![0; 2 * l.len() + 2])
         .collect();
-    for &((_, _, _, to), (from, j, i)) in transfers {
+    for t in transfers {
+        let ((_, _, _, to), (from, j, i)) = t.parts();
         first[from][2 * j + 1] += 1;
         first[to][2 * i] += 1;
     }
@@ -199,7 +244,8 @@ fn ends_by_place(plan: &Plan, transfers: &[(TransferId, Ends)]) -> Vec<Vec<u32>>
         }
         out.push(vec![0; at]);
     }
-    for (id, &((_, _, _, to), (from, j, i))) in transfers.iter().enumerate() {
+    for (id, t) in transfers.iter().enumerate() {
+        let ((_, _, _, to), (from, j, i)) = t.parts();
         for (r, place) in [(from, 2 * j + 1), (to, 2 * i)] {
             let k = &mut first[r][place];
             out[r][*k] = id as u32;
@@ -215,13 +261,23 @@ pub fn prepare(plan: &Plan) -> Result<Prepared, LowerError> {
     let time = timing(plan, &deps)?;
     // Every cross-rank read, then one transfer per (tensor, unit, mb, destination):
     // the first consumer on the destination decides where the RECV must be.
-    let mut reads: Vec<(TransferId, Ends)> = Vec::new();
+    let mut reads: Vec<Transfer> = Vec::new();
+    let mut read = |id: TransferId, ends: Ends| {
+        let t = Transfer::new(id, ends).ok_or_else(|| {
+            let (tensor, unit, mb, to) = id;
+            LowerError::TooLarge {
+                action: format!("the transfer of {tensor:?}(unit #{unit}, mb {mb}) to rank {to}"),
+            }
+        })?;
+        reads.push(t);
+        Ok::<(), LowerError>(())
+    };
     for (r, list) in plan.order.iter().enumerate() {
         for i in 0..list.len() {
             for d in deps.of(r, i) {
                 let (q, j) = d.producer;
                 if q != r {
-                    reads.push(((d.tensor, d.unit, d.mb, r), (q, j, i)));
+                    read((d.tensor, d.unit, d.mb, r), (q, j, i))?;
                 }
             }
         }
@@ -241,11 +297,11 @@ pub fn prepare(plan: &Plan) -> Result<Prepared, LowerError> {
             continue;
         };
         if q == s.from && r == s.to && q != r {
-            reads.push(((Tensor::Input, s.unit, s.mb, r), (q, j, i)));
+            read((Tensor::Input, s.unit, s.mb, r), (q, j, i))?;
         }
     }
-    reads.sort_unstable_by_key(|&(id, (_, _, i))| (id, i));
-    reads.dedup_by_key(|&mut (id, _)| id);
+    reads.sort_unstable_by_key(Transfer::order);
+    reads.dedup_by_key(|t| t.parts().0);
     // Every lowering of the plan holds these: not the reads' capacity beside them.
     reads.shrink_to_fit();
     let ends = ends_by_place(plan, &reads);
@@ -847,9 +903,9 @@ pub enum Placement {
 /// its cost there): narrowest windows first, each transfer that costs time moves to
 /// the meeting time, within its window, of an already settled transfer between the
 /// same two ranks (the nearest to its own), if there is one.
-fn join(time: &Timing, transfers: &[(TransferId, Ends)], taus: &mut [(f64, f64)]) {
+fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) {
     let window = |id: usize| {
-        let ((_, _, _, to), (from, j, i)) = transfers[id];
+        let ((_, _, _, to), (from, j, i)) = transfers[id].parts();
         (
             time.end[from][j],
             time.start[to][i],
@@ -931,7 +987,8 @@ fn place(
     };
     // Each transfer's meeting time, and what meeting then costs (Meet, Critical, Join).
     let mut taus: Vec<(f64, f64)> = Vec::with_capacity(transfers.len());
-    for &((_, _, _, to), (from, j, i)) in transfers {
+    for t in transfers {
+        let ((_, _, _, to), (from, j, i)) = t.parts();
         let ready = time.end[from][j];
         let need = time.start[to][i];
         taus.push(match strategy {
@@ -992,7 +1049,7 @@ fn place(
             .iter()
             .all(|l| l.iter().all(|&q| (q as u64) < 1 << u32::BITS));
     let seq_of = |id: usize| {
-        let (_, (from, j, _)) = transfers[id];
+        let (_, (from, j, _)) = transfers[id].parts();
         time.seq[from][j]
     };
     let key_of = |id: usize| (total_order(taus[id].0) as u64) ^ (1 << (u64::BITS - 1));
@@ -1016,7 +1073,8 @@ fn place(
             .collect();
     } else {
         wide = vec![Vec::new(); p];
-        for (id, &((_, _, _, to), (from, _, _))) in transfers.iter().enumerate() {
+        for (id, t) in transfers.iter().enumerate() {
+            let ((_, _, _, to), (from, _, _)) = t.parts();
             let k = (key_of(id), seq_of(id), id);
             wide[from].push(k);
             wide[to].push(k);
@@ -1044,7 +1102,7 @@ fn place(
         // the rule's choice within the slots the dependencies allow (`min..=hi`: a
         // SEND after its producer, a RECV before its consumer).
         let end = |id: usize| {
-            let ((_, _, _, to), (from, j, i)) = transfers[id];
+            let ((_, _, _, to), (from, j, i)) = transfers[id].parts();
             let tau = taus[id].0;
             if from == r {
                 let n = plan.order[from].len();
@@ -1078,7 +1136,7 @@ fn place(
         if strategy == Placement::Ready {
             let mut c = usize::MAX;
             for (k, &id) in order.iter().enumerate().rev() {
-                let ((_, _, _, to), (from, _, i)) = transfers[id];
+                let ((_, _, _, to), (from, _, i)) = transfers[id].parts();
                 let hi = if from == r { plan.order[from].len() } else { i };
                 debug_assert!(from == r || to == r);
                 c = c.min(hi);
@@ -1088,7 +1146,7 @@ fn place(
         let mut at: Vec<Placed> = Vec::with_capacity(order.len());
         let mut slot = 0;
         for (&id, &cap) in order.iter().zip(&cap) {
-            let ((tensor, unit, mb, _), _) = transfers[id];
+            let ((tensor, unit, mb, _), _) = transfers[id].parts();
             let (dir, peer, lo, hi, min) = end(id);
             slot = slot.max(lo.min(cap)).max(min);
             let text = || Action::p2p(dir, tensor, names[unit].clone(), mb, peer, None).to_string();

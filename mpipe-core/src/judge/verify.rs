@@ -120,11 +120,21 @@ pub fn verify_static(p: &Program) -> Vec<Violation> {
 }
 
 fn check(p: &Program, termination: Option<Mode>) -> Vec<Violation> {
-    let mut c = Checker::new(p);
-    c.run(termination);
-    let mut out = c.out;
+    let bound = p.ranks.min(p.programs.len());
+    let mut out = if Small::fits(p.units.len(), p.microbatches, bound) {
+        check_as::<Small>(p, termination)
+    } else {
+        check_as::<Packed>(p, termination)
+    };
     out.sort_by_key(|v| (v.rule, v.rank, v.index));
     out
+}
+
+/// [`check`]'s violations, unsorted, its actions held as `P`.
+fn check_as<P: Pack>(p: &Program, termination: Option<Mode>) -> Vec<Violation> {
+    let mut c = Checker::<P>::new(p);
+    c.run(termination);
+    c.out
 }
 
 const NONE: u32 = u32::MAX;
@@ -191,7 +201,126 @@ fn widen_bad(n: u32) -> usize {
     }
 }
 
-impl Packed {
+/// How the checker holds each resolved action: a [`V`] packed, read back whole.
+trait Pack: Copy {
+    fn of(v: V) -> Self;
+    fn wide(self) -> V;
+}
+
+/// A [`V`] in 8 bytes, for a program whose numbers fit (most: [`Small::fits`]): the
+/// unit in bits 0-21, the micro-batch in 22-39, the peer in 40-59 (each all ones
+/// for [`BAD`]) and what the action is in 60-63 ([`Small::tag`]). The verifier
+/// holds one per action beside the program; at 8 x 65536 that sets the
+/// derivation's peak for `1f1b` (16 bytes as [`Packed`]).
+#[derive(Clone, Copy, Debug)]
+struct Small(u64);
+
+impl Small {
+    const UNIT_BITS: u32 = 22;
+    const MB_BITS: u32 = 18;
+    const PEER_BITS: u32 = 20;
+    const OPS: [Op; 5] = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
+    const TENSORS: [Tensor; 3] = [Tensor::Act, Tensor::Grad, Tensor::Input];
+    const KINDS: [CollKind; 2] = [CollKind::Bcast, CollKind::Reduce];
+    /// Tags: 0 unknown unit, then the computes (by [`Small::OPS`]), the transfers
+    /// (by direction, then [`Small::TENSORS`]) and the collectives.
+    const COMPUTE: u64 = 1;
+    const P2P: u64 = Small::COMPUTE + 5;
+    const COLL: u64 = Small::P2P + 6;
+
+    /// Whether every action of a program with `units` units, `microbatches`
+    /// micro-batches and `ranks` ranks that exist packs: its unit, micro-batch and
+    /// peer, when in range, are below their field's all-ones value.
+    fn fits(units: usize, microbatches: usize, ranks: usize) -> bool {
+        let below = |n: usize, bits: u32| n < (1 << bits) - 1;
+        below(units, Small::UNIT_BITS)
+            && below(microbatches, Small::MB_BITS)
+            && below(ranks, Small::PEER_BITS)
+    }
+
+    fn new(tag: u64, unit: u32, mb: usize, peer: usize) -> Small {
+        // A number out of range is `BAD` here; in range it is below the all-ones
+        // value (`fits`), so either way the field's bits say which.
+        let field = |n: usize, bits: u32| (n as u64).min((1 << bits) - 1);
+        Small(
+            u64::from(unit)
+                | field(mb, Small::MB_BITS) << Small::UNIT_BITS
+                | field(peer, Small::PEER_BITS) << (Small::UNIT_BITS + Small::MB_BITS)
+                | tag << 60,
+        )
+    }
+
+    /// Field `bits` wide at `shift`, all ones read as [`BAD`].
+    fn field(self, shift: u32, bits: u32) -> usize {
+        let all = (1u64 << bits) - 1;
+        match (self.0 >> shift) & all {
+            n if n == all => BAD,
+            n => n as usize,
+        }
+    }
+}
+
+/// The place of `x` in `list` (0 if absent, which the lists rule out).
+fn index<T: PartialEq + Copy>(list: &[T], x: T) -> u64 {
+    list.iter().position(|&y| y == x).unwrap_or(0) as u64
+}
+
+impl Pack for Small {
+    fn of(v: V) -> Small {
+        match v {
+            V::Bad => Small(0),
+            V::Compute { op, unit, mb } => {
+                Small::new(Small::COMPUTE + index(&Small::OPS, op), unit, mb, 0)
+            }
+            V::P2p {
+                dir,
+                tensor,
+                unit,
+                mb,
+                peer,
+            } => {
+                let tag =
+                    Small::P2P + 3 * u64::from(dir == Dir::Recv) + index(&Small::TENSORS, tensor);
+                Small::new(tag, unit, mb, peer)
+            }
+            V::Coll { kind, unit } => {
+                let tag = Small::COLL + u64::from(kind == CollKind::Reduce);
+                Small::new(tag, unit, 0, 0)
+            }
+        }
+    }
+
+    fn wide(self) -> V {
+        let tag = self.0 >> 60;
+        let unit = (self.0 & ((1 << Small::UNIT_BITS) - 1)) as u32;
+        let mb = || self.field(Small::UNIT_BITS, Small::MB_BITS);
+        if tag == 0 {
+            V::Bad
+        } else if tag < Small::P2P {
+            V::Compute {
+                op: Small::OPS[(tag - Small::COMPUTE) as usize],
+                unit,
+                mb: mb(),
+            }
+        } else if tag < Small::COLL {
+            let k = tag - Small::P2P;
+            V::P2p {
+                dir: if k < 3 { Dir::Send } else { Dir::Recv },
+                tensor: Small::TENSORS[(k % 3) as usize],
+                unit,
+                mb: mb(),
+                peer: self.field(Small::UNIT_BITS + Small::MB_BITS, Small::PEER_BITS),
+            }
+        } else {
+            V::Coll {
+                kind: Small::KINDS[(tag - Small::COLL) as usize],
+                unit,
+            }
+        }
+    }
+}
+
+impl Pack for Packed {
     fn of(v: V) -> Packed {
         match v {
             V::Bad => Packed::Bad,
@@ -243,7 +372,7 @@ impl Packed {
     }
 }
 
-struct Checker<'p> {
+struct Checker<'p, P> {
     p: &'p Program,
     out: Vec<Violation>,
     /// Number of action lists.
@@ -256,14 +385,15 @@ struct Checker<'p> {
     needs_bwd: Vec<bool>,
     /// Successors that need backward.
     succ_nb: Vec<Vec<u32>>,
-    /// Every action resolved, 16 bytes each ([`Packed`]; [`V`] is 32).
-    acts: Vec<Vec<Packed>>,
+    /// Every action resolved, 8 bytes each ([`Small`]) where the program's numbers
+    /// fit, else 16 ([`Packed`]; [`V`] is 32).
+    acts: Vec<Vec<P>>,
     /// `(unit, mb)` tables fit in memory.
     dense: bool,
 }
 
-impl<'p> Checker<'p> {
-    fn new(p: &'p Program) -> Checker<'p> {
+impl<'p, P: Pack> Checker<'p, P> {
+    fn new(p: &'p Program) -> Checker<'p, P> {
         let nr = p.programs.len();
         Checker {
             p,
@@ -636,7 +766,7 @@ impl<'p> Checker<'p> {
                         }
                     }
                 };
-                out.push(Packed::of(v));
+                out.push(P::of(v));
             }
             all.push(out);
         }
@@ -1082,7 +1212,7 @@ impl<'p> Checker<'p> {
         };
         let m = self.m as u64;
         // Each transfer's channel and key, `None` for other actions and bad ones.
-        let ends = |r: usize, a: &Packed| match a.wide() {
+        let ends = |r: usize, a: &P| match a.wide() {
             V::P2p {
                 dir,
                 tensor,
@@ -1579,6 +1709,50 @@ mod tests {
     fn frozen(mut x: Unit) -> Unit {
         x.trainable = false;
         x
+    }
+
+    /// Every resolved action a program that [`Small::fits`] can hold reads back
+    /// from 8 bytes as it went in, at the edges of each field: out-of-range
+    /// numbers ([`BAD`]) included.
+    #[test]
+    fn small_packing_reads_back_every_action() {
+        let (units, mbs, ranks) = (
+            (1 << Small::UNIT_BITS) - 2,
+            (1 << Small::MB_BITS) - 2,
+            (1 << Small::PEER_BITS) - 2,
+        );
+        assert!(Small::fits(units, mbs, ranks));
+        assert!(!Small::fits(units + 1, mbs, ranks));
+        let mut vs = vec![V::Bad];
+        for unit in [0, 1, units as u32 - 1] {
+            for mb in [0, 7, mbs - 1, BAD] {
+                for op in Small::OPS {
+                    vs.push(V::Compute { op, unit, mb });
+                }
+                for peer in [0, 3, ranks - 1, BAD] {
+                    for dir in [Dir::Send, Dir::Recv] {
+                        for tensor in Small::TENSORS {
+                            vs.push(V::P2p {
+                                dir,
+                                tensor,
+                                unit,
+                                mb,
+                                peer,
+                            });
+                        }
+                    }
+                }
+            }
+            for kind in Small::KINDS {
+                vs.push(V::Coll { kind, unit });
+            }
+        }
+        assert_eq!(std::mem::size_of::<Small>(), 8);
+        for v in vs {
+            let back = Small::of(v).wide();
+            assert_eq!(format!("{back:?}"), format!("{v:?}"));
+            assert_eq!(format!("{:?}", Packed::of(v).wide()), format!("{v:?}"));
+        }
     }
 
     /// A valid two-rank GPipe program: `a` on rank 0 feeds `b` on rank 1.
