@@ -36,15 +36,36 @@ pub enum PlanError {
     OverBudget { cap: u64 },
 }
 
-/// One input of a task: the tensor it reads and the task that produces it.
+/// One input of a task: the tensor it reads (of the task's own micro-batch) and the
+/// task that produces it. 16 bytes (40 with machine words and the micro-batch): a
+/// plan's dependencies are about one per task, millions at the largest sizes. Its
+/// numbers are 32-bit: a unit and a task index each stand for a value held in
+/// memory (a unit, a task of one rank's list), never 2^32 of them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Dep {
     pub tensor: Tensor,
+    unit: u32,
+    producer: (u32, u32),
+}
+
+impl Dep {
+    fn new(tensor: Tensor, unit: UnitId, (rank, index): (usize, usize)) -> Dep {
+        Dep {
+            tensor,
+            unit: unit as u32,
+            producer: (rank as u32, index as u32),
+        }
+    }
+
     /// The unit the tensor belongs to (`act(unit)` or `grad(unit)`).
-    pub unit: UnitId,
-    pub mb: usize,
+    pub fn unit(&self) -> UnitId {
+        self.unit as UnitId
+    }
+
     /// `(rank, index)` of the producing task.
-    pub producer: (usize, usize),
+    pub fn producer(&self) -> (usize, usize) {
+        (self.producer.0 as usize, self.producer.1 as usize)
+    }
 }
 
 /// Dependencies of every task, `deps(r, i)`.
@@ -137,12 +158,7 @@ fn resolve(plan: &Plan, lenient: bool, from: &[usize]) -> Result<Deps, PlanError
                                 return Err(err(format!("act({},{})", plan.units[p].name, t.mb), b))
                             }
                         };
-                        items.push(Dep {
-                            tensor: Tensor::Act,
-                            unit: p,
-                            mb: t.mb,
-                            producer: dep,
-                        });
+                        items.push(Dep::new(Tensor::Act, p, dep));
                     }
                 }
                 Op::B | Op::BW => {
@@ -169,12 +185,7 @@ fn resolve(plan: &Plan, lenient: bool, from: &[usize]) -> Result<Deps, PlanError
                                 ))
                             }
                         };
-                        items.push(Dep {
-                            tensor: Tensor::Grad,
-                            unit: s,
-                            mb: t.mb,
-                            producer: dep,
-                        });
+                        items.push(Dep::new(Tensor::Grad, s, dep));
                     }
                 }
                 Op::W => {
@@ -349,7 +360,7 @@ fn settle(
             let t = &list[i];
             let mut ready = clock[r];
             for d in deps.of(r, i) {
-                let (q, j) = d.producer;
+                let (q, j) = d.producer();
                 if j >= done[q] {
                     waiters[q].push(r);
                     break 'advance;

@@ -273,11 +273,13 @@ pub fn prepare(plan: &Plan) -> Result<Prepared, LowerError> {
         Ok::<(), LowerError>(())
     };
     for (r, list) in plan.order.iter().enumerate() {
-        for i in 0..list.len() {
+        for (i, task) in list.iter().enumerate() {
+            // A task reads tensors of its own micro-batch.
+            let mb = task.mb;
             for d in deps.of(r, i) {
-                let (q, j) = d.producer;
+                let (q, j) = d.producer();
                 if q != r {
-                    read((d.tensor, d.unit, d.mb, r), (q, j, i))?;
+                    read((d.tensor, d.unit(), mb, r), (q, j, i))?;
                 }
             }
         }

@@ -500,7 +500,7 @@ fn candidates(
             (j + 1..list.len().min(j + 1 + lookahead))
                 .filter(|&k| {
                     deps.of(r, k).iter().all(|d| {
-                        let (q, i) = d.producer;
+                        let (q, i) = d.producer();
                         if q == r {
                             i < j
                         } else {
@@ -524,7 +524,7 @@ fn candidates(
             let late = deps
                 .of(r, j)
                 .iter()
-                .map(|d| d.producer)
+                .map(|d| d.producer())
                 .filter(|&(q, _)| q != r)
                 .max_by(|&(q, i), &(p, k)| times[q][i].end.total_cmp(&times[p][k].end));
             if let Some((q, i)) = late {
@@ -533,8 +533,8 @@ fn candidates(
                 let lo = deps
                     .of(q, i)
                     .iter()
-                    .filter(|d| d.producer.0 == q)
-                    .map(|d| d.producer.1 + 1)
+                    .filter(|d| d.producer().0 == q)
+                    .map(|d| d.producer().1 + 1)
                     .chain(own_before.map(|k| k + 1))
                     .max()
                     .unwrap_or(0)
@@ -1252,7 +1252,7 @@ mod tests {
                             }
                             _ => {
                                 let producer =
-                                    deps.of(r, j).iter().any(|d| d.producer == (q, from));
+                                    deps.of(r, j).iter().any(|d| d.producer() == (q, from));
                                 assert!(producer && to < from, "{kind:?} {q} {from} {to}");
                                 seen[2] += 1;
                             }
