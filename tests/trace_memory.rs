@@ -21,23 +21,29 @@
 //!   counters are written rank by rank as they are found (`memory_curves`: all
 //!   ranks' steps at once, about 24 bytes an action, before), and the flows' ends
 //!   are gathered an eighth at a time (about 2). 62 to 63 (87 to 91 before).
-//! - The derivation ([`WHOLE_BYTES_PER_ACTION`], the whole command's peak): 89 for
+//! - The derivation ([`WHOLE_BYTES_PER_ACTION`], the whole command's peak): 80 for
 //!   `1f1b` (a candidate simulated beside the plan and its ideal timing: its
-//!   lowering by unit index, 24 bytes a step, and the simulator's transfer ends
-//!   being matched, 16 bytes each), 92 for `zbv` (the periodic placement rewriting
-//!   a rank beside the program and its report: the ranks' shapes, 16 bytes a task
-//!   and 8 a group, 28 and 16 before), 102 for `transpose(vision, 1f1b)` (an
-//!   alternative placement's ideal-timing floor, its dependencies 40 bytes each,
-//!   beside the derivation kept). 98 to 122 before this bound (the simulator's
-//!   working set; a placed transfer end 48 bytes, now 32; the periodic placement's
-//!   tables keyed by unit name, 40 bytes a key, now 16; the verifier's transfer ends
-//!   16 bytes with their key, now 4).
+//!   lowering by unit index, 24 bytes a step, the simulator's resolved copy, 8, and
+//!   its transfer ends being matched; the verifier's peak just below, its resolved
+//!   actions 8 bytes beside the named program and its report), 92 for `zbv` (the
+//!   periodic placement rewriting a rank beside the named program, 32 bytes an
+//!   action, its report's timeline, 16, and the plan: the ranks' shapes, 16 bytes a
+//!   task and 8 a group), 95 for `transpose(vision, 1f1b)` (an alternative
+//!   placement's plan and ideal-timing floor beside the derivation kept, program
+//!   and report). 89 to 102 before this bound: a prepared transfer 56 bytes (now
+//!   28), the verifier's resolved action 16 (now 8), a plan's dependency 40 (now
+//!   16); 98 to 122 before the last (the simulator's working set; a placed
+//!   transfer end 48 bytes, now 32; the periodic placement's tables keyed by unit
+//!   name, 40 bytes a key, now 16; the verifier's transfer ends 16 bytes with
+//!   their key, now 4).
 //!
-//! Reaching the goal needs the derivation smaller still: the lowering's steps
-//! (`algebra/lower.rs`, 24 bytes) read by the simulator as they are (no resolved
-//! copy), the plan's dependencies (`algebra/analysis.rs` `Dep`) 32-bit, the
-//! verifier's resolved actions 8 bytes as the simulator's, or the report's
-//! timeline not held beside the checks.
+//! Reaching the goal needs the derivation smaller still, where its peaks are now:
+//! the periodic placement (`search/periodic.rs`) and `choose_placement`
+//! (`search/derive.rs`) hold a named program and its report's timeline (48 bytes
+//! an action) beside their own work, so that work has about 10 bytes an action
+//! left under the goal; the candidates' simulation would gain 8 with the lowering's
+//! steps (`algebra/lower.rs`, 24 bytes) read by the simulator as they are (no
+//! resolved copy), and more with a smaller `Step`.
 
 use mpipe::core::derive::{derive_str, Request};
 use mpipe::core::profile::Profile;
@@ -54,9 +60,9 @@ static ALLOC: PeakAlloc = PeakAlloc;
 const TRACE_BYTES_PER_ACTION: usize = 64;
 
 /// The most bytes held at the peak per action by the whole command (the derivation's
-/// peak is the larger): above every body's figure (89 to 102), below every figure
-/// before this bound (98 to 122).
-const WHOLE_BYTES_PER_ACTION: usize = 104;
+/// peak is the larger): above every body's figure (80 to 95), below the figures
+/// before this bound (89 to 102) but for `1f1b`'s 89.
+const WHOLE_BYTES_PER_ACTION: usize = 96;
 
 /// What the whole command should hold: 400 MB for `zbv`'s 6.9 M actions at 8 x
 /// 65536. Not reached (see the module's text): printed beside the figures.
