@@ -7,6 +7,7 @@
 pub mod advice;
 pub mod bound;
 pub mod compare;
+pub(crate) mod resume;
 pub mod simulate;
 pub mod timeline;
 pub mod verify;

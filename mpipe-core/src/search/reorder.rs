@@ -68,6 +68,7 @@ use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{ActionRef, Op, Program};
 use crate::ir::progress::Stage;
 use crate::judge::compare::{span, timed};
+use crate::judge::resume::Resumable;
 use crate::judge::simulate::{
     finish_times_within, simulate, simulate_lowered, SimOptions, SimReport,
 };
@@ -138,6 +139,11 @@ fn search_on(
     }
     let mut improved = false;
     let mut tried: BTreeSet<Move> = BTreeSet::new();
+    // The best's lowering, which the trials are resumed from (the first lowered
+    // again by unit index, the same placement).
+    let mut lowered: Option<Lowered> = prepare(&plan)
+        .ok()
+        .and_then(|p| lower_indexed_by(&plan, &p, rule, policy).ok());
     // Moves change where tasks run, never the units: their families are fixed.
     let family = Arc::new(families(&plan));
     'search: while spent < budget {
@@ -154,6 +160,9 @@ fn search_on(
             times: compute_times(program, report),
             index: plan.locate(),
             family: Arc::clone(&family),
+            run: lowered
+                .take()
+                .and_then(|l| Resumable::new(l, &report.timeline)),
         });
         let (times, index) = (&base.times, &base.index);
         let mut waits: Vec<(f64, usize, usize)> = Vec::new();
@@ -167,7 +176,7 @@ fn search_on(
         waits.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
         // The first move kept: the plan, its lowering, and whether it moved work
         // between ranks.
-        let mut kept: Option<(Plan, (Program, SimReport), bool)> = None;
+        let mut kept: Option<(Plan, (Program, SimReport), bool, Lowered)> = None;
         'kinds: for kind in [Kind::Advance, Kind::Migrate, Kind::Shift] {
             if kind == Kind::Shift && improved && exhausted.is_none() {
                 exhausted = Some(plan.clone());
@@ -256,7 +265,8 @@ fn search_on(
                         continue;
                     }
                     // A trial read back is lowered again only when it helps.
-                    let Some(low) = low.or_else(|| lower_one(&next, opts, rule, policy, cutoff).0)
+                    let Some(low) =
+                        low.or_else(|| lower_one(&next, opts, rule, policy, cutoff, None).0)
                     else {
                         continue;
                     };
@@ -267,20 +277,21 @@ fn search_on(
                     };
                     let p = low.program(&next.units, text);
                     if better(&rep, &best.1) && fits(&p, &rep) {
-                        kept = Some((next, (p, rep), matches!(t, Try::Migrate(_))));
+                        kept = Some((next, (p, rep), matches!(t, Try::Migrate(_)), low));
                         break 'kinds;
                     }
                 }
             }
         }
-        let Some((next, lowered, between)) = kept else {
+        let Some((next, kept_run, between, kept_low)) = kept else {
             break;
         };
         if between && improved && within.is_none() {
             within = Some(plan.clone());
         }
         plan = next;
-        best = lowered;
+        best = kept_run;
+        lowered = Some(kept_low);
         improved = true;
     }
     let mut found: Vec<Plan> = within.into_iter().chain(exhausted).collect();
@@ -814,6 +825,9 @@ struct Base {
     times: Vec<Vec<Timed>>,
     index: TaskIndex,
     family: Arc<Vec<usize>>,
+    /// The order's lowering and its run, which trials resume from (see
+    /// [`crate::judge::resume`]), when it can be resumed from.
+    run: Option<Resumable>,
 }
 
 impl Base {
@@ -849,7 +863,7 @@ impl Base {
         if !self.apply(t, &mut scratch.order) {
             return (None, Outcome::Fails);
         }
-        lower_one(scratch, opts, rule, policy, cutoff)
+        lower_one(scratch, opts, rule, policy, cutoff, self.run.as_ref())
     }
 }
 
@@ -998,6 +1012,7 @@ fn lower_one(
     rule: Placement,
     policy: &SearchPolicy,
     cutoff: f64,
+    run: Option<&Resumable>,
 ) -> Trial {
     let Some(lowered) = prepare(plan)
         .ok()
@@ -1005,7 +1020,11 @@ fn lower_one(
     else {
         return (None, Outcome::Fails);
     };
-    let outcome = match finish_times_within(&plan.units, &lowered, opts, cutoff) {
+    let finish = match run {
+        Some(run) => run.finish_times(&plan.units, &lowered, opts, cutoff),
+        None => finish_times_within(&plan.units, &lowered, opts, cutoff),
+    };
+    let outcome = match finish {
         Ok(Some(finish)) => Outcome::Ran(finish),
         Ok(None) => Outcome::Slower,
         Err(_) => Outcome::Fails,
@@ -1084,6 +1103,168 @@ mod tests {
         (plan, opts, rule, times)
     }
 
+    /// A base to resume trials from: `expr` derived from `profile` at `ranks` x
+    /// `mbs`, its plan, the options (eager semantics when `eager`), the rule that
+    /// did best, the run of its lowering and its makespan.
+    struct Resumed {
+        plan: Plan,
+        opts: SimOptions,
+        rule: Placement,
+        run: Resumable,
+        makespan: f64,
+    }
+
+    fn resumed(profile: &str, (ranks, mbs): (usize, usize), expr: &str, eager: bool) -> Resumed {
+        let profile = Profile::from_toml_str(profile).unwrap();
+        let req = Request::new(&profile, ranks, mbs);
+        let derived = derive_str(&req, expr).unwrap();
+        let plan = crate::search::replan::plan_of_program(&derived.program).unwrap();
+        let mut opts = req.sim_options(req.mode);
+        if eager {
+            opts.mode = crate::ir::model::Mode::Eager;
+        }
+        let policy = &SearchPolicy::DEFAULT;
+        let (rule, (_, report)) = first_lowering(&plan, None, &opts, policy).unwrap();
+        let low = lower_indexed_by(&plan, &prepare(&plan).unwrap(), rule, policy).unwrap();
+        let run = Resumable::new(low, &report.timeline).unwrap();
+        Resumed {
+            plan,
+            opts,
+            rule,
+            run,
+            makespan: report.makespan,
+        }
+    }
+
+    /// The bases of the property test below: rendezvous and eager, with and
+    /// without a link model, several shapes.
+    fn bases() -> &'static [Resumed] {
+        static BASES: std::sync::OnceLock<Vec<Resumed>> = std::sync::OnceLock::new();
+        BASES.get_or_init(|| {
+            let qwen = include_str!("../../../profiles/qwen2vl-7b.toml");
+            let heavy = include_str!("../../../profiles/encoder-heavy.toml");
+            let ramp = "refine(layers(zb2p(encoders = ramp, costs = unit)))";
+            let mut out = vec![
+                resumed(qwen, (4, 8), ramp, false),
+                resumed(qwen, (4, 8), ramp, true),
+                resumed(qwen, (3, 6), "zbv", false),
+                resumed(heavy, (4, 6), "1f1b", false),
+                resumed(heavy, (4, 6), "zbv", true),
+            ];
+            // Free communication.
+            let mut free = resumed(qwen, (4, 8), ramp, false);
+            free.opts.comm = None;
+            let report = crate::judge::simulate::simulate_lowered(
+                &free.plan.units,
+                free.run_lowered(),
+                &free.opts,
+            )
+            .unwrap();
+            let low = free.run_lowered().clone();
+            free.run = Resumable::new(low, &report.timeline).unwrap();
+            free.makespan = report.makespan;
+            out.push(free);
+            out
+        })
+    }
+
+    impl Resumed {
+        fn run_lowered(&self) -> &Lowered {
+            self.run.lowered()
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(256))]
+        /// A trial resumed from its base's run ([`Resumable`]) gives the full
+        /// trial's outcome: the same finishing times bit for bit, the same
+        /// failure, and where one is cut short against the cutoff, the other is
+        /// too or provably ends later (so every decision of the search is the
+        /// same). Random moves (one or two tasks, most a few places, some anywhere on any rank;
+        /// many plans they make do not lower, and are compared as such) of several bases.
+        #[test]
+        fn a_resumed_trial_is_the_full_trial(
+            case in 0usize..6,
+            moves in proptest::collection::vec(
+                (proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>()),
+                1..3,
+            ),
+            near in 0usize..4,
+            cut in 0usize..3,
+        ) {
+            let b = &bases()[case];
+            let mut next = b.plan.clone();
+            for (q, from, to) in moves {
+                let q = q as usize % next.ranks;
+                let n = next.order[q].len();
+                if n < 2 {
+                    continue;
+                }
+                let from = from as usize % n;
+                // Near moves (within a few places) lower far more often.
+                let to = if near > 0 {
+                    (from + to as usize % 7).saturating_sub(3).min(n - 1)
+                } else {
+                    to as usize % n
+                };
+                let t = next.order[q].remove(from);
+                next.order[q].insert(to, t);
+            }
+            let cutoff = [f64::INFINITY, b.makespan, b.makespan * 0.995][cut];
+            let policy = &SearchPolicy::DEFAULT;
+            let full = lower_one(&next, &b.opts, b.rule, policy, cutoff, None).1;
+            let resumed = lower_one(&next, &b.opts, b.rule, policy, cutoff, Some(&b.run)).1;
+            let over = |f: &[f64]| crate::ir::compare::less(cutoff, f.iter().copied().fold(0.0, f64::max));
+            match (&full, &resumed) {
+                (Outcome::Ran(x), Outcome::Ran(y)) => {
+                    let bits = |v: &[f64]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    proptest::prop_assert_eq!(bits(x), bits(y));
+                }
+                (Outcome::Fails, Outcome::Fails) | (Outcome::Slower, Outcome::Slower) => {}
+                (Outcome::Ran(x), _) | (_, Outcome::Ran(x)) => {
+                    proptest::prop_assert!(cutoff.is_finite() && over(x), "{:?} {:?}", full, resumed);
+                }
+                _ => proptest::prop_assert!(cutoff.is_finite(), "{:?} {:?}", full, resumed),
+            }
+        }
+    }
+
+    /// The resumed trials of the search do resume: on the lockstep ramp, a
+    /// move's trial keeps most of its base's run.
+    #[test]
+    fn trials_of_the_search_are_resumed() {
+        let b = &bases()[0];
+        let (plan, opts, rule, times) = lockstep_ramp();
+        assert_eq!(plan.order, b.plan.order);
+        let deps = dependencies(&plan).unwrap();
+        let (mut share, mut ran) = (0.0, 0);
+        for (r, rank) in times.iter().enumerate() {
+            for (j, slot) in rank.iter().enumerate() {
+                for (q, from, to) in
+                    candidates(&plan, &deps, &times, (r, j), slot.wait, Kind::Advance, 8)
+                {
+                    let mut next = plan.clone();
+                    let t = next.order[q].remove(from);
+                    next.order[q].insert(to, t);
+                    let policy = &SearchPolicy::DEFAULT;
+                    let full = lower_one(&next, &opts, rule, policy, f64::INFINITY, None).1;
+                    let again =
+                        lower_one(&next, &opts, rule, policy, f64::INFINITY, Some(&b.run)).1;
+                    if let (Outcome::Ran(x), Outcome::Ran(y)) = (&full, &again) {
+                        assert_eq!(x, y);
+                        ran += 1;
+                    }
+                    let low = lower_indexed_by(&next, &prepare(&next).unwrap(), rule, policy);
+                    share += b.run.kept_share(&low.unwrap());
+                }
+            }
+        }
+        assert!(ran > 10, "{ran}");
+        // Over half of a trial's steps on average are not simulated again.
+        let mean = share / ran as f64;
+        assert!(mean > 0.5, "{mean}");
+    }
+
     /// A trial is ranked on its lowering's finishing times alone; the score they
     /// give is the full report's, on candidates of every wait of the lockstep ramp.
     #[test]
@@ -1101,7 +1282,7 @@ mod tests {
                     let t = next.order[q].remove(from);
                     next.order[q].insert(to, t);
                     let (Some(low), Outcome::Ran(finish)) =
-                        lower_one(&next, &opts, rule, policy, f64::INFINITY)
+                        lower_one(&next, &opts, rule, policy, f64::INFINITY, None)
                     else {
                         continue;
                     };

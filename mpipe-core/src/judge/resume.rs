@@ -1,0 +1,420 @@
+//! Resuming a simulation: the finishing times of a lowering that differs from one
+//! already simulated only past some point of each rank's list, computed from that
+//! run's times with only what differs simulated.
+//!
+//! A search's trial (a task moved, then the plan lowered again) keeps most of
+//! its base's program: on each rank the steps before the first that differs are
+//! the same. Those steps run at the same times as in the base exactly when
+//! nothing they wait for differs, so the trial is simulated from there:
+//!
+//! 1. on each rank `r`, the common prefix `p[r]`: the steps before the first that
+//!    differs from the base's (cut back to the start of a batch it ends inside);
+//! 2. the valid prefix `v[r] <= p[r]`: cut back further, to the start of the
+//!    first transfer whose partner (in the base's run) lies at or past `v[q]` on
+//!    its rank `q`, until no cut moves (a fixed point). A transfer of a valid
+//!    prefix has the same partner in the trial (the `k`-th `SEND` of a channel
+//!    and key pairs with the `k`-th `RECV`, and both ranks' lists agree up to
+//!    both), and by induction over the base's run every operation of the valid
+//!    prefixes reaches and completes at the base's times;
+//! 3. the transfers past the valid prefixes pair among themselves only (the
+//!    pairing is one to one, and the prefixes' transfers are paired with each
+//!    other), the `k`-th of a channel and key past the prefix with the `k`-th
+//!    past the peer's; from each rank's time at the end of its valid prefix, the
+//!    rest runs as [`crate::judge::simulate`]'s engine runs it: compute back to
+//!    back, a transfer (or batch) reached when its rank gets there and complete
+//!    once its partners are reached (under eager semantics a `SEND` does not
+//!    wait), at the same expressions of the same numbers.
+//!
+//! The answer is [`finish_times_within`]'s: the same finishing times, bit for bit,
+//! when that runs to the end, and `None` only for a program that provably
+//! finishes later than the cutoff (a rank's time plus its compute left, checked
+//! after every transfer past the prefix). Whatever this does not handle is
+//! handed to [`finish_times_within`] whole: collectives (in either program), a
+//! different number of ranks, a step naming no unit or rank, a transfer with no
+//! partner, a run that does not end (deadlock) or a time that is not finite, so
+//! every error is the engine's own.
+
+use crate::algebra::lower::{Lowered, Step};
+use crate::ir::compare::less;
+use crate::ir::model::{Mode, SimOptions};
+use crate::ir::program::{Dir, Op, Tensor, Unit};
+use crate::judge::simulate::{finish_times_within, SimError};
+use crate::judge::timeline::Timeline;
+use std::collections::HashMap;
+
+/// No partner (in a per-action table).
+const NONE: u32 = u32::MAX;
+
+/// A lowering with its simulated run, kept to resume trials from
+/// ([`Resumable::finish_times`]).
+pub(crate) struct Resumable {
+    lowered: Lowered,
+    /// Per rank, per step: when it ended, as the engine's timeline has it.
+    end: Vec<Vec<f64>>,
+    /// Per rank `r`, per peer `q` it has transfers with: at `i`, one more than the
+    /// largest index on `q` of a partner of one of `r`'s first `i` steps (0 for
+    /// none): the first transfer of `r` whose partner is past some point of `q` is
+    /// found by a binary search.
+    reach: Vec<Vec<(usize, Vec<u32>)>>,
+}
+
+/// The channel and key a transfer pairs on: `(source, destination, unit, mb,
+/// tensor)`.
+type Chan = (u32, u32, u32, u32, Tensor);
+
+/// The channel of `step` on rank `r`, if it is a transfer.
+fn chan(r: usize, step: &Step) -> Option<(Chan, Dir, u32)> {
+    match *step {
+        Step::P2p {
+            dir,
+            tensor,
+            unit,
+            mb,
+            peer,
+            ..
+        } => {
+            let r = r as u32;
+            let (src, dst) = match dir {
+                Dir::Send => (r, peer),
+                Dir::Recv => (peer, r),
+            };
+            Some(((src, dst, unit, mb, tensor), dir, peer))
+        }
+        _ => None,
+    }
+}
+
+/// Whether step `i` of `list` joins the one before in a batch (the engine's
+/// reading: two transfers in a row with the same batch number).
+fn joins(list: &[Step], i: usize) -> bool {
+    let batch = |s: &Step| match *s {
+        Step::P2p { batch, .. } => batch,
+        _ => None,
+    };
+    i > 0 && i < list.len() && batch(&list[i]).is_some() && batch(&list[i]) == batch(&list[i - 1])
+}
+
+/// Pair the transfers at or past `from[r]` of each rank `r` of `lists`: the
+/// `k`-th `SEND` of a channel and key with its `k`-th `RECV`. Per rank, per step
+/// past `from[r]`, the partner's index on its rank ([`NONE`] for a compute step);
+/// `None` when a transfer has no partner, or a step names a rank that does not
+/// exist.
+fn pair(lists: &[Vec<Step>], from: &[usize]) -> Option<Vec<Vec<u32>>> {
+    let ranks = lists.len();
+    let mut sends: HashMap<Chan, Vec<(u32, u32)>> = HashMap::new();
+    let mut recvs: HashMap<Chan, Vec<(u32, u32)>> = HashMap::new();
+    for (r, list) in lists.iter().enumerate() {
+        for (i, step) in list.iter().enumerate().skip(from[r]) {
+            let Some((key, dir, peer)) = chan(r, step) else {
+                continue;
+            };
+            if peer as usize >= ranks {
+                return None;
+            }
+            let side = if dir == Dir::Send {
+                &mut sends
+            } else {
+                &mut recvs
+            };
+            side.entry(key).or_default().push((r as u32, i as u32));
+        }
+    }
+    let mut partner: Vec<Vec<u32>> = lists
+        .iter()
+        .zip(from)
+        .map(|(l, &f)| vec![NONE; l.len().saturating_sub(f)])
+        .collect();
+    if sends.len() != recvs.len() {
+        return None;
+    }
+    for (key, s) in &sends {
+        let r = recvs.get(key)?;
+        if r.len() != s.len() {
+            return None;
+        }
+        for (&(a, i), &(b, j)) in s.iter().zip(r) {
+            partner[a as usize][i as usize - from[a as usize]] = j;
+            partner[b as usize][j as usize - from[b as usize]] = i;
+        }
+    }
+    Some(partner)
+}
+
+/// The start of the operation step `i` of `list` belongs to (a batch's first
+/// member).
+fn op_start(list: &[Step], mut i: usize) -> usize {
+    while joins(list, i) {
+        i -= 1;
+    }
+    i
+}
+
+impl Resumable {
+    /// `lowered` and its run's `timeline` (its report's, from
+    /// [`crate::judge::simulate::simulate_lowered`]); `None` when they do not
+    /// fit each other or the run cannot be resumed from (collectives, a transfer
+    /// with no partner): trials are then simulated whole.
+    pub(crate) fn new(lowered: Lowered, timeline: &Timeline) -> Option<Resumable> {
+        let fits = lowered.colls.is_empty()
+            && timeline.ranks.len() == lowered.programs.len()
+            && timeline
+                .ranks
+                .iter()
+                .zip(&lowered.programs)
+                .all(|(t, l)| t.len() == l.len());
+        if !fits {
+            return None;
+        }
+        let partner = pair(&lowered.programs, &vec![0; lowered.programs.len()])?;
+        let reach = lowered
+            .programs
+            .iter()
+            .zip(&partner)
+            .enumerate()
+            .map(|(r, (list, partner))| {
+                let mut peers: Vec<(usize, Vec<u32>)> = Vec::new();
+                for (i, step) in list.iter().enumerate() {
+                    let Some((_, _, q)) = chan(r, step) else {
+                        continue;
+                    };
+                    let at = match peers.iter().position(|p| p.0 == q as usize) {
+                        Some(at) => at,
+                        None => {
+                            peers.push((q as usize, vec![0; list.len() + 1]));
+                            peers.len() - 1
+                        }
+                    };
+                    let prefix = &mut peers[at].1;
+                    prefix[i + 1] = partner[i] + 1;
+                }
+                // Running maxima.
+                for (_, prefix) in &mut peers {
+                    for i in 1..prefix.len() {
+                        prefix[i] = prefix[i].max(prefix[i - 1]);
+                    }
+                }
+                peers
+            })
+            .collect();
+        let end = timeline
+            .ranks
+            .iter()
+            .map(|t| t.iter().map(|s| s.end).collect())
+            .collect();
+        Some(Resumable {
+            lowered,
+            end,
+            reach,
+        })
+    }
+
+    /// The lowering this run is of.
+    #[cfg(test)]
+    pub(crate) fn lowered(&self) -> &Lowered {
+        &self.lowered
+    }
+
+    /// The share of `trial`'s steps that resuming from this run does not simulate
+    /// again (its valid prefixes).
+    #[cfg(test)]
+    pub(crate) fn kept_share(&self, trial: &Lowered) -> f64 {
+        let total: usize = trial.programs.iter().map(Vec::len).sum();
+        self.valid_prefix(trial).iter().sum::<usize>() as f64 / total.max(1) as f64
+    }
+
+    /// [`finish_times_within`] of `trial` (`units` the plan's): see the module
+    /// documentation.
+    pub(crate) fn finish_times(
+        &self,
+        units: &[Unit],
+        trial: &Lowered,
+        opts: &SimOptions,
+        cutoff: f64,
+    ) -> Result<Option<Vec<f64>>, SimError> {
+        match self.resume(units, trial, opts, cutoff) {
+            Some(answer) => Ok(answer),
+            None => finish_times_within(units, trial, opts, cutoff),
+        }
+    }
+
+    /// Each rank's valid prefix for `trial` (step 2 of the module documentation).
+    fn valid_prefix(&self, trial: &Lowered) -> Vec<usize> {
+        let base = &self.lowered.programs;
+        let mut v: Vec<usize> = base
+            .iter()
+            .zip(&trial.programs)
+            .map(|(b, t)| {
+                let p = b.iter().zip(t).take_while(|(x, y)| x == y).count();
+                // A batch that the common steps end inside (in either list) is not
+                // common: back to its first member.
+                if joins(b, p) || joins(t, p) {
+                    op_start(b, p - 1)
+                } else {
+                    p
+                }
+            })
+            .collect();
+        loop {
+            let mut moved = false;
+            for r in 0..v.len() {
+                for (q, reach) in &self.reach[r] {
+                    // The first transfer before `v[r]` whose partner is at or past
+                    // `v[q]`, if any (`reach` is non-decreasing).
+                    if reach[v[r]] > v[*q] as u32 {
+                        let i = reach.partition_point(|&m| m <= v[*q] as u32) - 1;
+                        v[r] = op_start(&base[r], i);
+                        moved = true;
+                    }
+                }
+            }
+            if !moved {
+                return v;
+            }
+        }
+    }
+
+    /// The resumed run (steps 1-3), or `None` for what is handed to the engine.
+    fn resume(
+        &self,
+        units: &[Unit],
+        trial: &Lowered,
+        opts: &SimOptions,
+        cutoff: f64,
+    ) -> Option<Option<Vec<f64>>> {
+        let lists = &trial.programs;
+        let nr = lists.len();
+        let same_shape = trial.ranks == self.lowered.ranks
+            && trial.microbatches == self.lowered.microbatches
+            && trial.prefetch == self.lowered.prefetch;
+        if !trial.colls.is_empty() || nr != self.lowered.programs.len() || !same_shape {
+            return None;
+        }
+        let v = self.valid_prefix(trial);
+        // Every step past the prefixes names a unit and a micro-batch (the
+        // prefixes are the base's, which ran).
+        let named = lists.iter().zip(&v).all(|(l, &from)| {
+            l[from..].iter().all(|s| match *s {
+                Step::Compute { unit, mb, .. } | Step::P2p { unit, mb, .. } => {
+                    (unit as usize) < units.len() && (mb as usize) < trial.microbatches
+                }
+                Step::Coll(_) => false,
+            })
+        });
+        if !named {
+            return None;
+        }
+        let partner = pair(lists, &v)?;
+        let cost = |unit: u32, op: Op| op.cost(&units[unit as usize].cost);
+        let eager = opts.mode == Mode::Eager;
+        let bounded = cutoff.is_finite();
+        // Each rank's position, time and compute left (against a finite cutoff).
+        let mut pc: Vec<usize> = v.clone();
+        let mut now: Vec<f64> = (0..nr)
+            .map(|r| v[r].checked_sub(1).map_or(0.0, |i| self.end[r][i]))
+            .collect();
+        let mut left: Vec<f64> = if bounded {
+            lists
+                .iter()
+                .zip(&v)
+                .map(|(l, &from)| {
+                    l[from..]
+                        .iter()
+                        .map(|s| match *s {
+                            Step::Compute { op, unit, .. } => cost(unit, op),
+                            _ => 0.0,
+                        })
+                        .sum()
+                })
+                .collect()
+        } else {
+            vec![0.0; nr]
+        };
+        // When each operation past the prefixes was reached (NaN: not yet), by
+        // its first step's index past the prefix.
+        let mut reach: Vec<Vec<f64>> = lists
+            .iter()
+            .zip(&v)
+            .map(|(l, &from)| vec![f64::NAN; l.len() - from])
+            .collect();
+        let reached = |reach: &Vec<Vec<f64>>, q: usize, j: usize| -> f64 {
+            let at = op_start(&lists[q], j);
+            reach[q][at - v[q]]
+        };
+        let mut stack: Vec<usize> = (0..nr).rev().collect();
+        while let Some(r) = stack.pop() {
+            let list = &lists[r];
+            let (mut i, mut t) = (pc[r], now[r]);
+            while i < list.len() {
+                if let Step::Compute { op, unit, .. } = list[i] {
+                    let d = cost(unit, op);
+                    t += d;
+                    if bounded {
+                        left[r] -= d;
+                    }
+                    i += 1;
+                    continue;
+                }
+                let mut hi = i + 1;
+                while joins(list, hi) {
+                    hi += 1;
+                }
+                if reach[r][i - v[r]].is_nan() {
+                    reach[r][i - v[r]] = t;
+                    // Whoever waits for this operation may go on.
+                    for step in &list[i..hi] {
+                        if let Some((_, _, peer)) = chan(r, step) {
+                            stack.push(peer as usize);
+                        }
+                    }
+                }
+                let rx = reach[r][i - v[r]];
+                let mut done = rx;
+                let mut ready = true;
+                for k in i..hi {
+                    let (_, dir, peer) = chan(r, &list[k])?;
+                    let (q, j) = (peer as usize, partner[r][k - v[r]] as usize);
+                    let own = q == r && op_start(list, j) == i;
+                    let rp = if own { rx } else { reached(&reach, q, j) };
+                    if rp.is_nan() {
+                        if !(eager && dir == Dir::Send) {
+                            ready = false;
+                            break;
+                        }
+                        // An eager SEND completes on its own.
+                        continue;
+                    }
+                    let Step::P2p { unit, .. } = list[k] else {
+                        return None;
+                    };
+                    let tr = opts
+                        .comm
+                        .map_or(0.0, |c| c.transfer_time(units[unit as usize].bytes));
+                    let end = match (opts.mode, dir) {
+                        (Mode::Rendezvous, _) => rx.max(rp) + tr,
+                        (Mode::Eager, Dir::Send) => rx,
+                        (Mode::Eager, Dir::Recv) => rx.max(rp + tr),
+                    };
+                    done = done.max(end);
+                }
+                if !ready {
+                    break;
+                }
+                t = done;
+                i = hi;
+                if bounded && less(cutoff, t + left[r]) {
+                    return Some(None);
+                }
+            }
+            pc[r] = i;
+            now[r] = t;
+        }
+        if (0..nr).any(|r| pc[r] < lists[r].len()) {
+            // A deadlock: the engine says where.
+            return None;
+        }
+        if !now.iter().copied().fold(0.0, f64::max).is_finite() {
+            return None;
+        }
+        Some(Some(now))
+    }
+}
