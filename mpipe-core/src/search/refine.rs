@@ -23,6 +23,7 @@ use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{Op, Unit};
 use crate::judge::compare::timed;
+use crate::judge::resume::Resumable;
 use crate::judge::simulate::{finish_times_within, simulate_lowered, SimOptions, SimReport};
 
 /// A trial's [`timed`] score from its finishing times alone (no timeline kept, no
@@ -30,9 +31,20 @@ use crate::judge::simulate::{finish_times_within, simulate_lowered, SimOptions, 
 /// reads them from the report [`simulate_lowered`] gives. `None` when it does not
 /// run, or as soon as its simulation proves it ends later than `cutoff`
 /// ([`finish_times_within`]): a trial has only to improve on a program of that
-/// makespan, and such a one cannot.
-fn score_of(units: &[Unit], lowered: &Lowered, opts: &SimOptions, cutoff: f64) -> Option<Score> {
-    let finish = finish_times_within(units, lowered, opts, cutoff).ok()??;
+/// makespan, and such a one cannot. With `run` (the run of the program the trial
+/// is a move of), the trial is simulated from it ([`Resumable`]: the same times).
+fn score_of(
+    units: &[Unit],
+    lowered: &Lowered,
+    opts: &SimOptions,
+    cutoff: f64,
+    run: Option<&Resumable>,
+) -> Option<Score> {
+    let finish = match run {
+        Some(run) => run.finish_times(units, lowered, opts, cutoff),
+        None => finish_times_within(units, lowered, opts, cutoff),
+    };
+    let finish = finish.ok()??;
     let makespan = finish.iter().copied().fold(0.0, f64::max);
     let ends: f64 = finish.iter().sum();
     Some(Score::span(makespan).with_ends(ends))
@@ -52,6 +64,8 @@ pub(crate) fn refine(
     let (mut lowered, mut report) = start;
     let mut spent = 0;
     let mut best = timed(&report);
+    // The best's run, which trials are simulated from.
+    let mut run = Resumable::new(lowered.clone(), &report.timeline);
     while spent < budget {
         let waits = waits(&lowered, &report, &at);
         let mut improved = false;
@@ -70,7 +84,7 @@ pub(crate) fn refine(
                 };
                 spent += 1;
                 let kept = assemble_lowered(plan, &at).ok().and_then(|candidate| {
-                    score_of(&plan.units, &candidate, opts, best.makespan)
+                    score_of(&plan.units, &candidate, opts, best.makespan, run.as_ref())
                         .filter(|score| score.improves(&best))?;
                     let rep = simulate_lowered(&plan.units, &candidate, opts).ok()?;
                     Some((candidate, rep))
@@ -78,6 +92,7 @@ pub(crate) fn refine(
                 match kept {
                     Some((candidate, rep)) => {
                         best = timed(&rep);
+                        run = Resumable::new(candidate.clone(), &rep.timeline);
                         lowered = candidate;
                         report = rep;
                         improved = true;
@@ -249,12 +264,14 @@ pub(crate) fn settle_w(
     let (moves_per_round, fit) = (policy.w_moves_per_round, policy.w_fit);
     let (mut lowered, mut report) = start;
     let mut best = timed(&report);
+    let mut run = Resumable::new(lowered.clone(), &report.timeline);
     let mut spent = 0;
     let lengths = Lengths::of(units, opts);
     let cost = |a: &Step| lengths.compute(a);
-    // A candidate's report when it beats `best` and fits.
-    let accept = |next: &Lowered, best: Score| {
-        score_of(units, next, opts, best.makespan).filter(|score| score.improves(&best))?;
+    // A candidate's report when it beats `best` and fits (simulated from `run`,
+    // the best's run).
+    let accept = |next: &Lowered, best: Score, run: Option<&Resumable>| {
+        score_of(units, next, opts, best.makespan, run).filter(|score| score.improves(&best))?;
         simulate_lowered(units, next, opts)
             .ok()
             .filter(|rep| fits(rep))
@@ -272,9 +289,10 @@ pub(crate) fn settle_w(
             };
             spent += 1;
             let old = std::mem::replace(&mut lowered.programs[r], filled);
-            match accept(&lowered, best) {
+            match accept(&lowered, best, run.as_ref()) {
                 Some(rep) => {
                     best = timed(&rep);
+                    run = Resumable::new(lowered.clone(), &rep.timeline);
                     report = rep;
                     improved = true;
                 }
@@ -313,8 +331,9 @@ pub(crate) fn settle_w(
                 let list = &mut lowered.programs[rank];
                 let w = list.remove(from);
                 list.insert(to, w);
-                if let Some(rep) = accept(&lowered, best) {
+                if let Some(rep) = accept(&lowered, best, run.as_ref()) {
                     best = timed(&rep);
+                    run = Resumable::new(lowered.clone(), &rep.timeline);
                     report = rep;
                     improved = true;
                     break;
@@ -755,7 +774,51 @@ mod tests {
         let units = &derived.program.units;
         let rep = simulate_lowered(units, &lowered, &opts).unwrap();
         assert_eq!(rep, derived.report);
-        let score = score_of(units, &lowered, &opts, f64::INFINITY).unwrap();
+        let score = score_of(units, &lowered, &opts, f64::INFINITY, None).unwrap();
         assert_eq!(score, timed(&rep));
+    }
+
+    /// A trial of the moves here (a step of the lowering moved a few places on its
+    /// rank: a transfer or a weight gradient, as `refine` and `settle_w` move
+    /// them) scores the same simulated from its base's run as simulated whole,
+    /// for every such move of one rank's first steps.
+    #[test]
+    fn a_trial_simulated_from_its_bases_run_scores_the_same() {
+        let text = include_str!("../../../profiles/qwen2vl-7b.toml");
+        let profile = Profile::from_toml_str(text).unwrap();
+        let req = Request::new(&profile, 4, 8);
+        let derived = derive_str(&req, "layers(zb2p(encoders = ramp, costs = unit))").unwrap();
+        let base = lowered_of(&derived.program);
+        let opts = req.sim_options(req.mode);
+        let units = &derived.program.units;
+        let run = Resumable::new(base.clone(), &derived.report.timeline).unwrap();
+        let mut compared = 0;
+        for r in 0..base.programs.len() {
+            let n = base.programs[r].len();
+            for from in (0..n).step_by(7) {
+                for to in [from.saturating_sub(2), (from + 3).min(n - 1)] {
+                    let mut next = base.clone();
+                    let step = next.programs[r].remove(from);
+                    next.programs[r].insert(to, step);
+                    for cutoff in [f64::INFINITY, derived.report.makespan] {
+                        let whole = score_of(units, &next, &opts, cutoff, None);
+                        let resumed = score_of(units, &next, &opts, cutoff, Some(&run));
+                        match (whole, resumed) {
+                            (Some(a), Some(b)) => {
+                                assert_eq!(a.makespan.to_bits(), b.makespan.to_bits());
+                                assert_eq!(a.ends.to_bits(), b.ends.to_bits());
+                                compared += 1;
+                            }
+                            (None, None) => {}
+                            // Cut short on one side only: the other ends later.
+                            (Some(a), None) | (None, Some(a)) => assert!(
+                                cutoff.is_finite() && crate::ir::compare::less(cutoff, a.makespan)
+                            ),
+                        }
+                    }
+                }
+            }
+        }
+        assert!(compared > 20, "{compared}");
     }
 }
