@@ -95,6 +95,11 @@ pub(crate) fn best_lowering_with(
     // Re-place the transfers against the times the best program actually ran at:
     // waiting shifts the timeline, and meeting points chosen on the shifted one
     // fit it better. A few rounds, keeping the fastest program.
+    // The report of the best's full run in the last re-placement round, while the
+    // best is the program it ran: the winner's report at the end, if no later
+    // candidate beats it (its lowering is not held: 24 bytes a step beside the
+    // placements; it is placed and assembled again).
+    let mut ran: Option<SimReport> = None;
     for _ in 0..replace_rounds {
         let Some(b) = &best else {
             break;
@@ -102,7 +107,8 @@ pub(crate) fn best_lowering_with(
         if reached.is_some() {
             break;
         }
-        let time = b.simulated_timing(plan, &prepared, opts, policy)?;
+        let (time, report) = b.simulated_timing(plan, &prepared, opts, policy)?;
+        ran = Some(report);
         let Some(time) = time.map(Rc::new) else {
             break;
         };
@@ -129,6 +135,7 @@ pub(crate) fn best_lowering_with(
                     placement,
                     makespan,
                 });
+                ran = None;
                 improved = true;
                 if done(&best) {
                     reached = Some(lowered);
@@ -146,18 +153,24 @@ pub(crate) fn best_lowering_with(
     // gives for its named program), then named rank by rank, each rank's steps freed
     // as its actions are written: the placement, the named program and the
     // simulator's working set are never alive together.
-    let lowered = match reached {
-        Some(lowered) => lowered,
+    // (A best whose full run is held is not simulated again: the same lowering runs
+    // the same way.)
+    let (lowered, report) = match reached {
+        Some(lowered) => (lowered, None),
         None => {
             let at = best.placement(plan, &prepared, policy)?;
-            assemble_lowered(plan, &at).map_err(|e| e.to_string())?
+            let lowered = assemble_lowered(plan, &at).map_err(|e| e.to_string())?;
+            (lowered, ran)
         }
     };
     // Without refinement nothing places the winner again: the timings it was placed
     // against go before it is simulated (at 8 x 65536, ~100 MB off the peak).
     let again = refine_too.then_some((prepared, best));
-    let report = simulate_lowered(&plan.units, &lowered, opts)
-        .map_err(|e| format!("derived program does not run: {e}"))?;
+    let report = match report {
+        Some(report) => report,
+        None => simulate_lowered(&plan.units, &lowered, opts)
+            .map_err(|e| format!("derived program does not run: {e}"))?,
+    };
     let actions: usize = lowered.programs.iter().map(Vec::len).sum();
     let done = at_most(report.makespan, target) || !refine_too;
     let budget = refine_budget.min(refine_actions / actions.max(1));
@@ -225,25 +238,27 @@ impl Best {
     }
 
     /// The compute tasks' times in a simulation of this best, lowered by unit index
-    /// again ([`simulated_timing`]); `Ok(None)` when they cannot serve as a timing.
+    /// again ([`simulated_timing`]; `None` when they cannot serve as a timing), with
+    /// the simulation's report.
     fn simulated_timing(
         &self,
         plan: &Plan,
         prepared: &Prepared,
         opts: &SimOptions,
         policy: &SearchPolicy,
-    ) -> Result<Option<Timing>, String> {
+    ) -> Result<(Option<Timing>, SimReport), String> {
         let at = self.placement(plan, prepared, policy)?;
         let lowered = assemble_lowered(plan, &at).map_err(|e| e.to_string())?;
         drop(at);
         let report = simulate_lowered(&plan.units, &lowered, opts)
             .map_err(|e| format!("derived program does not run: {e}"))?;
-        Ok(simulated_timing(
+        let time = simulated_timing(
             plan,
             &lowered.programs,
             &report.timeline.ranks,
             &prepared.time,
-        ))
+        );
+        Ok((time, report))
     }
 }
 
@@ -336,8 +351,10 @@ fn simulated_timing(
     let mut all: Vec<(usize, usize)> = (0..plan.ranks)
         .flat_map(|r| (0..plan.order[r].len()).map(move |i| (r, i)))
         .collect();
-    // `seq` numbers the tasks, so the order is total and an unstable sort exact.
-    all.sort_unstable_by_key(|&(r, i)| {
+    // `seq` numbers the tasks, so the order is total (any sort gives it). A rank runs
+    // its tasks one after another, so each rank's run is in this order already: a
+    // stable sort finds the runs and merges them.
+    all.sort_by_key(|&(r, i)| {
         (
             total_order(end[r][i]),
             total_order(start[r][i]),
