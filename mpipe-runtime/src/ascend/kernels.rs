@@ -42,52 +42,33 @@ fn acl_dtype(d: DType) -> aclDataType {
     }
 }
 
-/// An `aclTensor` destroyed on drop.
-struct Tensor<'a> {
-    raw: *mut aclTensor,
-    t: &'a Aclnn,
+/// An aclnn object (`aclTensor`, `aclScalar`, `aclIntArray`, `aclBoolArray`) owned
+/// by the host: made by its `aclCreate*` call, destroyed once by its `aclDestroy*`
+/// on drop.
+struct Handle<P> {
+    raw: *mut P,
+    destroy: unsafe extern "C" fn(*const P) -> aclnnStatus,
 }
 
-impl Drop for Tensor<'_> {
-    fn drop(&mut self) {
-        // SAFETY: made by aclCreateTensor, destroyed once.
-        let _ = unsafe { (self.t.aclDestroyTensor)(self.raw) };
+impl<P> Handle<P> {
+    /// Takes `raw`, fresh from `call`, or reports the call's failure (null).
+    fn new(
+        t: &Aclnn,
+        call: &'static str,
+        raw: *mut P,
+        destroy: unsafe extern "C" fn(*const P) -> aclnnStatus,
+    ) -> Result<Handle<P>, AscendError> {
+        Ok(Handle {
+            raw: created(t, call, raw)?,
+            destroy,
+        })
     }
 }
 
-struct Scalar<'a> {
-    raw: *mut aclScalar,
-    t: &'a Aclnn,
-}
-
-impl Drop for Scalar<'_> {
+impl<P> Drop for Handle<P> {
     fn drop(&mut self) {
-        // SAFETY: made by aclCreateScalar, destroyed once.
-        let _ = unsafe { (self.t.aclDestroyScalar)(self.raw) };
-    }
-}
-
-struct IntArray<'a> {
-    raw: *mut aclIntArray,
-    t: &'a Aclnn,
-}
-
-impl Drop for IntArray<'_> {
-    fn drop(&mut self) {
-        // SAFETY: made by aclCreateIntArray, destroyed once.
-        let _ = unsafe { (self.t.aclDestroyIntArray)(self.raw) };
-    }
-}
-
-struct BoolArray<'a> {
-    raw: *mut aclBoolArray,
-    t: &'a Aclnn,
-}
-
-impl Drop for BoolArray<'_> {
-    fn drop(&mut self) {
-        // SAFETY: made by aclCreateBoolArray, destroyed once.
-        let _ = unsafe { (self.t.aclDestroyBoolArray)(self.raw) };
+        // SAFETY: made by the matching create call (never null here), destroyed once.
+        let _ = unsafe { (self.destroy)(self.raw) };
     }
 }
 
@@ -116,6 +97,21 @@ fn created<P>(t: &Aclnn, call: &'static str, p: *mut P) -> Result<*mut P, Ascend
         status(t, call, ACLNN_ERR_PARAM_INVALID)?;
     }
     Ok(p)
+}
+
+/// Plans and runs the aclnn operator `$op` on the kernels' stream
+/// ([`Kernels::launch`]): its first phase `$plan` is called with the arguments given,
+/// then the workspace-size and executor out-parameters.
+macro_rules! aclnn {
+    ($k:expr, $op:ident / $plan:ident ( $($arg:expr),* $(,)? )) => {{
+        let t = $k.t;
+        $k.launch((stringify!($plan), stringify!($op)), t.$op, |ws, ex| {
+            // SAFETY: the handles passed are alive for the call (the caller holds
+            // them until it returns), optional ones may be null, and both
+            // out-parameters are writable.
+            unsafe { (t.$plan)($($arg,)* ws, ex) }
+        })
+    }};
 }
 
 /// The aclnn kernels of one rank: entry points, compute stream, workspace.
@@ -183,7 +179,7 @@ impl Kernels {
 
     /// An `aclTensor` of `v`. A base address off the 32-byte alignment is rounded down
     /// (allocations are aligned) and the difference moved into the element offset.
-    fn tensor(&self, v: &DevTensor) -> Result<Tensor<'static>, AscendError> {
+    fn tensor(&self, v: &DevTensor) -> Result<Handle<aclTensor>, AscendError> {
         let es = v.dtype().size();
         let mis = v.base_addr() % ALIGN;
         if !mis.is_multiple_of(es) {
@@ -213,38 +209,31 @@ impl Kernels {
                 base as *mut c_void,
             )
         };
-        Ok(Tensor {
-            raw: created(self.t, "aclCreateTensor", raw)?,
-            t: self.t,
-        })
+        Handle::new(self.t, "aclCreateTensor", raw, self.t.aclDestroyTensor)
     }
 
-    fn scalar(&self, v: f32) -> Result<Scalar<'static>, AscendError> {
+    fn scalar(&self, v: f32) -> Result<Handle<aclScalar>, AscendError> {
         let mut v = v;
         // SAFETY: one f32 at the pointer, copied by the call.
         let raw = unsafe { (self.t.aclCreateScalar)((&mut v as *mut f32).cast(), ACL_FLOAT) };
-        Ok(Scalar {
-            raw: created(self.t, "aclCreateScalar", raw)?,
-            t: self.t,
-        })
+        Handle::new(self.t, "aclCreateScalar", raw, self.t.aclDestroyScalar)
     }
 
-    fn ints(&self, v: &[i64]) -> Result<IntArray<'static>, AscendError> {
+    fn ints(&self, v: &[i64]) -> Result<Handle<aclIntArray>, AscendError> {
         // SAFETY: `v` holds `len` values, copied by the call.
         let raw = unsafe { (self.t.aclCreateIntArray)(v.as_ptr(), v.len() as u64) };
-        Ok(IntArray {
-            raw: created(self.t, "aclCreateIntArray", raw)?,
-            t: self.t,
-        })
+        Handle::new(self.t, "aclCreateIntArray", raw, self.t.aclDestroyIntArray)
     }
 
-    fn bools(&self, v: &[bool]) -> Result<BoolArray<'static>, AscendError> {
+    fn bools(&self, v: &[bool]) -> Result<Handle<aclBoolArray>, AscendError> {
         // SAFETY: `v` holds `len` values, copied by the call.
         let raw = unsafe { (self.t.aclCreateBoolArray)(v.as_ptr(), v.len() as u64) };
-        Ok(BoolArray {
-            raw: created(self.t, "aclCreateBoolArray", raw)?,
-            t: self.t,
-        })
+        Handle::new(
+            self.t,
+            "aclCreateBoolArray",
+            raw,
+            self.t.aclDestroyBoolArray,
+        )
     }
 
     /// Both phases: `plan` is the `GetWorkspaceSize` call, then `run` on the compute
@@ -286,30 +275,16 @@ impl Kernels {
         out: &DevTensor,
     ) -> Result<(), AscendError> {
         let (ta, tb, to) = (self.tensor(a)?, self.tensor(b)?, self.tensor(out)?);
-        let t = self.t;
         if a.rank() == 3 && b.rank() == 3 {
-            self.launch(
-                ("aclnnBatchMatMulGetWorkspaceSize", "aclnnBatchMatMul"),
-                t.aclnnBatchMatMul,
-                |ws, ex| {
-                    // SAFETY: live handles; writable out-parameters.
-                    unsafe {
-                        (t.aclnnBatchMatMulGetWorkspaceSize)(
-                            ta.raw, tb.raw, to.raw, KEEP_DTYPE, ws, ex,
-                        )
-                    }
-                },
+            aclnn!(
+                self,
+                aclnnBatchMatMul
+                    / aclnnBatchMatMulGetWorkspaceSize(ta.raw, tb.raw, to.raw, KEEP_DTYPE)
             )
         } else {
-            self.launch(
-                ("aclnnMatmulGetWorkspaceSize", "aclnnMatmul"),
-                t.aclnnMatmul,
-                |ws, ex| {
-                    // SAFETY: as above.
-                    unsafe {
-                        (t.aclnnMatmulGetWorkspaceSize)(ta.raw, tb.raw, to.raw, KEEP_DTYPE, ws, ex)
-                    }
-                },
+            aclnn!(
+                self,
+                aclnnMatmul / aclnnMatmulGetWorkspaceSize(ta.raw, tb.raw, to.raw, KEEP_DTYPE)
             )
         }
     }
@@ -330,18 +305,12 @@ impl Kernels {
             self.tensor(c)?,
         );
         let (sb, sa) = (self.scalar(beta)?, self.scalar(alpha)?);
-        let t = self.t;
-        self.launch(
-            ("aclnnAddmmGetWorkspaceSize", "aclnnAddmm"),
-            t.aclnnAddmm,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe {
-                    (t.aclnnAddmmGetWorkspaceSize)(
-                        tc.raw, ta.raw, tb.raw, sb.raw, sa.raw, to.raw, KEEP_DTYPE, ws, ex,
-                    )
-                }
-            },
+        aclnn!(
+            self,
+            aclnnAddmm
+                / aclnnAddmmGetWorkspaceSize(
+                    tc.raw, ta.raw, tb.raw, sb.raw, sa.raw, to.raw, KEEP_DTYPE
+                )
         )
     }
 
@@ -359,28 +328,18 @@ impl Kernels {
             self.tensor(out)?,
             self.scalar(alpha)?,
         );
-        let t = self.t;
-        self.launch(
-            ("aclnnAddGetWorkspaceSize", "aclnnAdd"),
-            t.aclnnAdd,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe { (t.aclnnAddGetWorkspaceSize)(ta.raw, tb.raw, s.raw, to.raw, ws, ex) }
-            },
+        aclnn!(
+            self,
+            aclnnAdd / aclnnAddGetWorkspaceSize(ta.raw, tb.raw, s.raw, to.raw)
         )
     }
 
     /// `a += alpha * b` (`aclnnInplaceAdd`; `b` broadcast to `a`).
     pub fn add_(&mut self, a: &DevTensor, b: &DevTensor, alpha: f32) -> Result<(), AscendError> {
         let (ta, tb, s) = (self.tensor(a)?, self.tensor(b)?, self.scalar(alpha)?);
-        let t = self.t;
-        self.launch(
-            ("aclnnInplaceAddGetWorkspaceSize", "aclnnInplaceAdd"),
-            t.aclnnInplaceAdd,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe { (t.aclnnInplaceAddGetWorkspaceSize)(ta.raw, tb.raw, s.raw, ws, ex) }
-            },
+        aclnn!(
+            self,
+            aclnnInplaceAdd / aclnnInplaceAddGetWorkspaceSize(ta.raw, tb.raw, s.raw)
         )
     }
 
@@ -392,60 +351,37 @@ impl Kernels {
         out: &DevTensor,
     ) -> Result<(), AscendError> {
         let (ta, tb, to) = (self.tensor(a)?, self.tensor(b)?, self.tensor(out)?);
-        let t = self.t;
-        self.launch(
-            ("aclnnMulGetWorkspaceSize", "aclnnMul"),
-            t.aclnnMul,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe { (t.aclnnMulGetWorkspaceSize)(ta.raw, tb.raw, to.raw, ws, ex) }
-            },
+        aclnn!(
+            self,
+            aclnnMul / aclnnMulGetWorkspaceSize(ta.raw, tb.raw, to.raw)
         )
     }
 
     /// `out = a * s` (`aclnnMuls`).
     pub fn muls(&mut self, a: &DevTensor, s: f32, out: &DevTensor) -> Result<(), AscendError> {
         let (ta, to, sc) = (self.tensor(a)?, self.tensor(out)?, self.scalar(s)?);
-        let t = self.t;
-        self.launch(
-            ("aclnnMulsGetWorkspaceSize", "aclnnMuls"),
-            t.aclnnMuls,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe { (t.aclnnMulsGetWorkspaceSize)(ta.raw, sc.raw, to.raw, ws, ex) }
-            },
+        aclnn!(
+            self,
+            aclnnMuls / aclnnMulsGetWorkspaceSize(ta.raw, sc.raw, to.raw)
         )
     }
 
     /// `a *= s` (`aclnnInplaceMuls`).
     pub fn muls_(&mut self, a: &DevTensor, s: f32) -> Result<(), AscendError> {
         let (ta, sc) = (self.tensor(a)?, self.scalar(s)?);
-        let t = self.t;
-        self.launch(
-            ("aclnnInplaceMulsGetWorkspaceSize", "aclnnInplaceMuls"),
-            t.aclnnInplaceMuls,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe { (t.aclnnInplaceMulsGetWorkspaceSize)(ta.raw, sc.raw, ws, ex) }
-            },
+        aclnn!(
+            self,
+            aclnnInplaceMuls / aclnnInplaceMulsGetWorkspaceSize(ta.raw, sc.raw)
         )
     }
 
     /// `out[j] = sum_i x[i, j]` of a 2-D `x` (`aclnnReduceSum`, dims `[0]`).
     pub fn sum_dim0(&mut self, x: &DevTensor, out: &DevTensor) -> Result<(), AscendError> {
         let (tx, to, dims) = (self.tensor(x)?, self.tensor(out)?, self.ints(&[0])?);
-        let t = self.t;
-        self.launch(
-            ("aclnnReduceSumGetWorkspaceSize", "aclnnReduceSum"),
-            t.aclnnReduceSum,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe {
-                    (t.aclnnReduceSumGetWorkspaceSize)(
-                        tx.raw, dims.raw, false, ACL_FLOAT, to.raw, ws, ex,
-                    )
-                }
-            },
+        aclnn!(
+            self,
+            aclnnReduceSum
+                / aclnnReduceSumGetWorkspaceSize(tx.raw, dims.raw, false, ACL_FLOAT, to.raw)
         )
     }
 
@@ -470,27 +406,19 @@ impl Kernels {
             self.tensor(rstd)?,
             self.ints(&[d])?,
         );
-        let t = self.t;
-        self.launch(
-            ("aclnnLayerNormGetWorkspaceSize", "aclnnLayerNorm"),
-            t.aclnnLayerNorm,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe {
-                    (t.aclnnLayerNormGetWorkspaceSize)(
-                        tx.raw,
-                        ns.raw,
-                        tw.raw,
-                        tb.raw,
-                        f64::from(eps),
-                        to.raw,
-                        tm.raw,
-                        tr.raw,
-                        ws,
-                        ex,
-                    )
-                }
-            },
+        aclnn!(
+            self,
+            aclnnLayerNorm
+                / aclnnLayerNormGetWorkspaceSize(
+                    tx.raw,
+                    ns.raw,
+                    tw.raw,
+                    tb.raw,
+                    f64::from(eps),
+                    to.raw,
+                    tm.raw,
+                    tr.raw
+                )
         )
     }
 
@@ -524,37 +452,20 @@ impl Kernels {
             self.tensor(db)?,
         );
         let (ns, mask) = (self.ints(&[d])?, self.bools(&[true, true, true])?);
-        let t = self.t;
-        self.launch(
-            (
-                "aclnnLayerNormBackwardGetWorkspaceSize",
-                "aclnnLayerNormBackward",
-            ),
-            t.aclnnLayerNormBackward,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe {
-                    (t.aclnnLayerNormBackwardGetWorkspaceSize)(
-                        tdy.raw, tx.raw, ns.raw, tm.raw, tr.raw, tw.raw, tb.raw, mask.raw, tdx.raw,
-                        tdw.raw, tdb.raw, ws, ex,
-                    )
-                }
-            },
+        aclnn!(
+            self,
+            aclnnLayerNormBackward
+                / aclnnLayerNormBackwardGetWorkspaceSize(
+                    tdy.raw, tx.raw, ns.raw, tm.raw, tr.raw, tw.raw, tb.raw, mask.raw, tdx.raw,
+                    tdw.raw, tdb.raw
+                )
         )
     }
 
     /// GELU, tanh approximation `x * sigmoid(2 sqrt(2/pi) (x + 0.044715 x^3))` (`aclnnGelu`).
     pub fn gelu(&mut self, x: &DevTensor, out: &DevTensor) -> Result<(), AscendError> {
         let (tx, to) = (self.tensor(x)?, self.tensor(out)?);
-        let t = self.t;
-        self.launch(
-            ("aclnnGeluGetWorkspaceSize", "aclnnGelu"),
-            t.aclnnGelu,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe { (t.aclnnGeluGetWorkspaceSize)(tx.raw, to.raw, ws, ex) }
-            },
-        )
+        aclnn!(self, aclnnGelu / aclnnGeluGetWorkspaceSize(tx.raw, to.raw))
     }
 
     /// `dx = dy * gelu'(x)` (`aclnnGeluBackward`).
@@ -565,28 +476,18 @@ impl Kernels {
         dx: &DevTensor,
     ) -> Result<(), AscendError> {
         let (tdy, tx, tdx) = (self.tensor(dy)?, self.tensor(x)?, self.tensor(dx)?);
-        let t = self.t;
-        self.launch(
-            ("aclnnGeluBackwardGetWorkspaceSize", "aclnnGeluBackward"),
-            t.aclnnGeluBackward,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe { (t.aclnnGeluBackwardGetWorkspaceSize)(tdy.raw, tx.raw, tdx.raw, ws, ex) }
-            },
+        aclnn!(
+            self,
+            aclnnGeluBackward / aclnnGeluBackwardGetWorkspaceSize(tdy.raw, tx.raw, tdx.raw)
         )
     }
 
     /// Softmax over the last dim (`aclnnSoftmax`, dim -1).
     pub fn softmax(&mut self, x: &DevTensor, out: &DevTensor) -> Result<(), AscendError> {
         let (tx, to) = (self.tensor(x)?, self.tensor(out)?);
-        let t = self.t;
-        self.launch(
-            ("aclnnSoftmaxGetWorkspaceSize", "aclnnSoftmax"),
-            t.aclnnSoftmax,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe { (t.aclnnSoftmaxGetWorkspaceSize)(tx.raw, -1, to.raw, ws, ex) }
-            },
+        aclnn!(
+            self,
+            aclnnSoftmax / aclnnSoftmaxGetWorkspaceSize(tx.raw, -1, to.raw)
         )
     }
 
@@ -598,19 +499,10 @@ impl Kernels {
         dx: &DevTensor,
     ) -> Result<(), AscendError> {
         let (tdy, ty, tdx) = (self.tensor(dy)?, self.tensor(y)?, self.tensor(dx)?);
-        let t = self.t;
-        self.launch(
-            (
-                "aclnnSoftmaxBackwardGetWorkspaceSize",
-                "aclnnSoftmaxBackward",
-            ),
-            t.aclnnSoftmaxBackward,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe {
-                    (t.aclnnSoftmaxBackwardGetWorkspaceSize)(tdy.raw, ty.raw, -1, tdx.raw, ws, ex)
-                }
-            },
+        aclnn!(
+            self,
+            aclnnSoftmaxBackward
+                / aclnnSoftmaxBackwardGetWorkspaceSize(tdy.raw, ty.raw, -1, tdx.raw)
         )
     }
 
@@ -623,33 +515,19 @@ impl Kernels {
         value: f32,
     ) -> Result<(), AscendError> {
         let (tx, tm, s) = (self.tensor(x)?, self.tensor(mask)?, self.scalar(value)?);
-        let t = self.t;
-        self.launch(
-            (
-                "aclnnInplaceMaskedFillScalarGetWorkspaceSize",
-                "aclnnInplaceMaskedFillScalar",
-            ),
-            t.aclnnInplaceMaskedFillScalar,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe {
-                    (t.aclnnInplaceMaskedFillScalarGetWorkspaceSize)(tx.raw, tm.raw, s.raw, ws, ex)
-                }
-            },
+        aclnn!(
+            self,
+            aclnnInplaceMaskedFillScalar
+                / aclnnInplaceMaskedFillScalarGetWorkspaceSize(tx.raw, tm.raw, s.raw)
         )
     }
 
     /// Log-softmax over the last dim (`aclnnLogSoftmax`, dim -1).
     pub fn log_softmax(&mut self, x: &DevTensor, out: &DevTensor) -> Result<(), AscendError> {
         let (tx, to) = (self.tensor(x)?, self.tensor(out)?);
-        let t = self.t;
-        self.launch(
-            ("aclnnLogSoftmaxGetWorkspaceSize", "aclnnLogSoftmax"),
-            t.aclnnLogSoftmax,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe { (t.aclnnLogSoftmaxGetWorkspaceSize)(tx.raw, -1, to.raw, ws, ex) }
-            },
+        aclnn!(
+            self,
+            aclnnLogSoftmax / aclnnLogSoftmaxGetWorkspaceSize(tx.raw, -1, to.raw)
         )
     }
 
@@ -661,21 +539,10 @@ impl Kernels {
         dx: &DevTensor,
     ) -> Result<(), AscendError> {
         let (tdy, ty, tdx) = (self.tensor(dy)?, self.tensor(y)?, self.tensor(dx)?);
-        let t = self.t;
-        self.launch(
-            (
-                "aclnnLogSoftmaxBackwardGetWorkspaceSize",
-                "aclnnLogSoftmaxBackward",
-            ),
-            t.aclnnLogSoftmaxBackward,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe {
-                    (t.aclnnLogSoftmaxBackwardGetWorkspaceSize)(
-                        tdy.raw, ty.raw, -1, tdx.raw, ws, ex,
-                    )
-                }
-            },
+        aclnn!(
+            self,
+            aclnnLogSoftmaxBackward
+                / aclnnLogSoftmaxBackwardGetWorkspaceSize(tdy.raw, ty.raw, -1, tdx.raw)
         )
     }
 
@@ -704,18 +571,10 @@ impl Kernels {
         let w = self.ones(c)?;
         let (tx, tt, tw) = (self.tensor(logp)?, self.tensor(target)?, self.tensor(&w)?);
         let (to, ttw) = (self.tensor(out)?, self.tensor(total_weight)?);
-        let t = self.t;
-        self.launch(
-            ("aclnnNLLLossGetWorkspaceSize", "aclnnNLLLoss"),
-            t.aclnnNLLLoss,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe {
-                    (t.aclnnNLLLossGetWorkspaceSize)(
-                        tx.raw, tt.raw, tw.raw, 1, -100, to.raw, ttw.raw, ws, ex,
-                    )
-                }
-            },
+        aclnn!(
+            self,
+            aclnnNLLLoss
+                / aclnnNLLLossGetWorkspaceSize(tx.raw, tt.raw, tw.raw, 1, -100, to.raw, ttw.raw)
         )
     }
 
@@ -738,21 +597,12 @@ impl Kernels {
             self.tensor(&w)?,
         );
         let (ttw, to) = (self.tensor(total_weight)?, self.tensor(dlogp)?);
-        let t = self.t;
-        self.launch(
-            (
-                "aclnnNLLLossBackwardGetWorkspaceSize",
-                "aclnnNLLLossBackward",
-            ),
-            t.aclnnNLLLossBackward,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe {
-                    (t.aclnnNLLLossBackwardGetWorkspaceSize)(
-                        tg.raw, tx.raw, tt.raw, tw.raw, 1, -100, ttw.raw, to.raw, ws, ex,
-                    )
-                }
-            },
+        aclnn!(
+            self,
+            aclnnNLLLossBackward
+                / aclnnNLLLossBackwardGetWorkspaceSize(
+                    tg.raw, tx.raw, tt.raw, tw.raw, 1, -100, ttw.raw, to.raw
+                )
         )
     }
 
@@ -764,14 +614,9 @@ impl Kernels {
         out: &DevTensor,
     ) -> Result<(), AscendError> {
         let (tw, ti, to) = (self.tensor(weight)?, self.tensor(idx)?, self.tensor(out)?);
-        let t = self.t;
-        self.launch(
-            ("aclnnEmbeddingGetWorkspaceSize", "aclnnEmbedding"),
-            t.aclnnEmbedding,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe { (t.aclnnEmbeddingGetWorkspaceSize)(tw.raw, ti.raw, to.raw, ws, ex) }
-            },
+        aclnn!(
+            self,
+            aclnnEmbedding / aclnnEmbeddingGetWorkspaceSize(tw.raw, ti.raw, to.raw)
         )
     }
 
@@ -785,28 +630,17 @@ impl Kernels {
         out: &DevTensor,
     ) -> Result<(), AscendError> {
         let (tg, ti, to) = (self.tensor(grad)?, self.tensor(idx)?, self.tensor(out)?);
-        let t = self.t;
-        self.launch(
-            (
-                "aclnnEmbeddingDenseBackwardGetWorkspaceSize",
-                "aclnnEmbeddingDenseBackward",
-            ),
-            t.aclnnEmbeddingDenseBackward,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe {
-                    (t.aclnnEmbeddingDenseBackwardGetWorkspaceSize)(
-                        tg.raw,
-                        ti.raw,
-                        v as u64,
-                        -1i64 as u64,
-                        false,
-                        to.raw,
-                        ws,
-                        ex,
-                    )
-                }
-            },
+        aclnn!(
+            self,
+            aclnnEmbeddingDenseBackward
+                / aclnnEmbeddingDenseBackwardGetWorkspaceSize(
+                    tg.raw,
+                    ti.raw,
+                    v as u64,
+                    -1i64 as u64,
+                    false,
+                    to.raw
+                )
         )
     }
 
@@ -814,28 +648,18 @@ impl Kernels {
     /// permuted view is made contiguous) and is broadcast and cast to `dst`.
     pub fn copy_(&mut self, dst: &DevTensor, src: &DevTensor) -> Result<(), AscendError> {
         let (td, ts) = (self.tensor(dst)?, self.tensor(src)?);
-        let t = self.t;
-        self.launch(
-            ("aclnnInplaceCopyGetWorkspaceSize", "aclnnInplaceCopy"),
-            t.aclnnInplaceCopy,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe { (t.aclnnInplaceCopyGetWorkspaceSize)(td.raw, ts.raw, ws, ex) }
-            },
+        aclnn!(
+            self,
+            aclnnInplaceCopy / aclnnInplaceCopyGetWorkspaceSize(td.raw, ts.raw)
         )
     }
 
     /// `x = 0` (`aclnnInplaceZero`).
     pub fn zero_(&mut self, x: &DevTensor) -> Result<(), AscendError> {
         let tx = self.tensor(x)?;
-        let t = self.t;
-        self.launch(
-            ("aclnnInplaceZeroGetWorkspaceSize", "aclnnInplaceZero"),
-            t.aclnnInplaceZero,
-            |ws, ex| {
-                // SAFETY: live handle; writable out-parameters.
-                unsafe { (t.aclnnInplaceZeroGetWorkspaceSize)(tx.raw, ws, ex) }
-            },
+        aclnn!(
+            self,
+            aclnnInplaceZero / aclnnInplaceZeroGetWorkspaceSize(tx.raw)
         )
     }
 
@@ -847,14 +671,9 @@ impl Kernels {
         out: &DevTensor,
     ) -> Result<(), AscendError> {
         let (tx, to) = (self.tensor(x)?, self.tensor(out)?);
-        let t = self.t;
-        self.launch(
-            ("aclnnCastGetWorkspaceSize", "aclnnCast"),
-            t.aclnnCast,
-            |ws, ex| {
-                // SAFETY: live handles; writable out-parameters.
-                unsafe { (t.aclnnCastGetWorkspaceSize)(tx.raw, acl_dtype(dtype), to.raw, ws, ex) }
-            },
+        aclnn!(
+            self,
+            aclnnCast / aclnnCastGetWorkspaceSize(tx.raw, acl_dtype(dtype), to.raw)
         )
     }
 
@@ -916,32 +735,24 @@ impl Kernels {
             self.tensor(grad)?,
             self.tensor(&st)?,
         );
-        let t = self.t;
-        self.launch(
-            ("aclnnApplyAdamWV2GetWorkspaceSize", "aclnnApplyAdamWV2"),
-            t.aclnnApplyAdamWV2,
-            |ws, ex| {
-                // SAFETY: live handles (a null optional one); writable out-parameters.
-                unsafe {
-                    (t.aclnnApplyAdamWV2GetWorkspaceSize)(
-                        tp.raw,
-                        tm.raw,
-                        tv.raw,
-                        null_mut(),
-                        tg.raw,
-                        ts.raw,
-                        lr,
-                        beta1,
-                        beta2,
-                        weight_decay,
-                        eps,
-                        false,
-                        false,
-                        ws,
-                        ex,
-                    )
-                }
-            },
+        aclnn!(
+            self,
+            aclnnApplyAdamWV2
+                / aclnnApplyAdamWV2GetWorkspaceSize(
+                    tp.raw,
+                    tm.raw,
+                    tv.raw,
+                    null_mut(),
+                    tg.raw,
+                    ts.raw,
+                    lr,
+                    beta1,
+                    beta2,
+                    weight_decay,
+                    eps,
+                    false,
+                    false
+                )
         )
     }
 
