@@ -241,6 +241,10 @@ fn best_lowering(
             .max(peak_memory_with_params(&plain.0, &plain.1)),
     };
     let fits = |p: &Program, r: &SimReport| at_most(peak_memory_with_params(p, r), cap);
+    // The search's start, kept: the periodic placement applied after it can gain
+    // more on the start than on what the search found, and `refine(X, order = N)`
+    // is never slower than `refine(X)`.
+    let start = first.clone();
     let mut best = first;
     let search = crate::search::reorder::Search {
         text: Some(text),
@@ -255,6 +259,10 @@ fn best_lowering(
             .ok()
             .filter(|(p, r)| span(r).beats(&span(best)) && fits(p, r))
     });
-    let refined = periodic_if_no_slower(best, &opts, policy);
+    let searched = best.0 != start.0;
+    let mut refined = periodic_if_no_slower(best, &opts, policy);
+    if searched {
+        refined = faster(refined, periodic_if_no_slower(start, &opts, policy));
+    }
     Ok(faster(refined, periodic_if_no_slower(plain, &opts, policy)))
 }
