@@ -370,10 +370,7 @@ fn walk_ops<'p>(
         match a.view() {
             ActionRef::P2p(x) => {
                 let peer = number(x.peer, index)?;
-                let (from, to) = match x.dir {
-                    Dir::Send => (me, peer),
-                    Dir::Recv => (peer, me),
-                };
+                let (from, to) = x.dir.ends(me, peer);
                 let unit = units.id(x.unit);
                 let mb = number(x.mb, index)?;
                 let n = seen

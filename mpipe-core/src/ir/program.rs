@@ -284,6 +284,17 @@ pub enum Dir {
     Recv,
 }
 
+impl Dir {
+    /// A transfer's two ends, `(sender, receiver)`, for the end on `me` whose
+    /// partner is `peer`.
+    pub fn ends<T>(self, me: T, peer: T) -> (T, T) {
+        match self {
+            Dir::Send => (me, peer),
+            Dir::Recv => (peer, me),
+        }
+    }
+}
+
 /// One action of a rank's list. Serialized with the `op` key as the tag, exactly as
 /// docs/spec/program-format.md spells it.
 ///

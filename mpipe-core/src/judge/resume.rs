@@ -38,7 +38,7 @@ use crate::algebra::lower::{Lowered, Step};
 use crate::ir::compare::less;
 use crate::ir::model::{Mode, SimOptions};
 use crate::ir::program::{Dir, Op, Tensor, Unit};
-use crate::judge::simulate::{finish_times_within, SimError};
+use crate::judge::simulate::{finish_times_within, joins_batch, SimError};
 use crate::judge::timeline::Timeline;
 use std::collections::HashMap;
 
@@ -73,11 +73,7 @@ fn chan(r: usize, step: &Step) -> Option<(Chan, Dir, u32)> {
             peer,
             ..
         } => {
-            let r = r as u32;
-            let (src, dst) = match dir {
-                Dir::Send => (r, peer),
-                Dir::Recv => (peer, r),
-            };
+            let (src, dst) = dir.ends(r as u32, peer);
             Some(((src, dst, unit, mb, tensor), dir, peer))
         }
         _ => None,
@@ -85,13 +81,13 @@ fn chan(r: usize, step: &Step) -> Option<(Chan, Dir, u32)> {
 }
 
 /// Whether step `i` of `list` joins the one before in a batch (the engine's
-/// reading: two transfers in a row with the same batch number).
+/// rule, [`joins_batch`]).
 fn joins(list: &[Step], i: usize) -> bool {
     let batch = |s: &Step| match *s {
         Step::P2p { batch, .. } => batch,
         _ => None,
     };
-    i > 0 && i < list.len() && batch(&list[i]).is_some() && batch(&list[i]) == batch(&list[i - 1])
+    i > 0 && i < list.len() && joins_batch(batch(&list[i - 1]), batch(&list[i]))
 }
 
 /// Pair the transfers at or past `from[r]` of each rank `r` of `lists`: the

@@ -493,6 +493,13 @@ pub(crate) fn p2p_batch(a: &Action) -> Option<u64> {
     a.batch()
 }
 
+/// The batch rule: a transfer with batch number `batch` is posted in one batch
+/// with the action before it (whose batch number is `prev`, `None` for anything
+/// but a numbered transfer) when both carry the same number.
+pub(crate) fn joins_batch<B: PartialEq>(prev: Option<B>, batch: Option<B>) -> bool {
+    batch.is_some() && batch == prev
+}
+
 /// Split a rank's list into operations: `[lo, hi)` ranges that are one compute
 /// action, one collective, one unbatched transfer, or one batch.
 pub(crate) fn split_ops(list: &[Action], mut push: impl FnMut(usize, usize)) {
@@ -501,7 +508,7 @@ pub(crate) fn split_ops(list: &[Action], mut push: impl FnMut(usize, usize)) {
         let lo = i;
         i += 1;
         if let Some(b) = p2p_batch(&list[lo]) {
-            while i < list.len() && p2p_batch(&list[i]) == Some(b) {
+            while i < list.len() && joins_batch(Some(b), p2p_batch(&list[i])) {
                 i += 1;
             }
         }
@@ -1116,7 +1123,7 @@ impl Resolver {
             } => {
                 let mb = check_mb(mb)?;
                 check_rank(peer)?;
-                let joins = batch.is_some() && batch == self.prev;
+                let joins = joins_batch(self.prev, batch);
                 (RAct::p2p(dir, tensor, unit, mb, joins), batch)
             }
             View::Coll { kind, root, group } => {
@@ -1755,10 +1762,7 @@ fn match_p2p(s: &Setup<'_>, mut pair: impl FnMut(End, End)) {
             };
             let key = s.key(a.unit(), a.mb()) * 3 + tensor_index(tensor);
             let peer = s.src.peer(r, i);
-            let ends = match dir {
-                Dir::Send => (r as u32, peer),
-                Dir::Recv => (peer, r as u32),
-            };
+            let ends = dir.ends(r as u32, peer);
             let c = if table.is_empty() {
                 *chan_of.entry(ends).or_insert_with(|| {
                     chans.push(Chan::default());

@@ -1221,10 +1221,7 @@ impl<'p, P: Pack> Checker<'p, P> {
                 peer,
             } if mb != BAD && peer != BAD => {
                 let key = (u64::from(unit) * m + mb as u64) * 3 + tensor_index(tensor);
-                Some(match dir {
-                    Dir::Send => ((r, peer), key, true),
-                    Dir::Recv => ((peer, r), key, false),
-                })
+                Some((dir.ends(r, peer), key, dir == Dir::Send))
             }
             _ => None,
         };

@@ -91,10 +91,7 @@ pub fn waits(program: &Program, timeline: &Timeline, makespan: f64) -> Vec<Waits
             mine.push(match action.view() {
                 ActionRef::Compute(_) => None,
                 ActionRef::P2p(t) => {
-                    let (from, to) = match t.dir {
-                        Dir::Send => (rank, t.peer),
-                        Dir::Recv => (t.peer, rank),
-                    };
+                    let (from, to) = t.dir.ends(rank, t.peer);
                     let n = seen_p2p
                         .entry((t.dir, t.tensor, t.unit, t.mb, from, to))
                         .or_default();
