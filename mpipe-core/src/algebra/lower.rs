@@ -923,11 +923,35 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) {
         })
         .collect();
     by_width.sort_unstable();
-    // Settled meeting times per pair of ranks, sorted.
-    let mut settled: std::collections::BTreeMap<(usize, usize), Vec<f64>> = Default::default();
+    // Settled meeting times per pair of ranks, sorted; a pair's list found in a
+    // table of ranks x ranks cells where that is no larger than the transfers,
+    // else by a map.
+    let ranks = time.end.len();
+    let mut settled: Vec<Vec<f64>> = Vec::new();
+    let mut table: Vec<u32> = if ranks
+        .checked_mul(ranks)
+        .is_some_and(|c| c <= transfers.len() && c < u32::MAX as usize)
+    {
+        vec![u32::MAX; ranks * ranks]
+    } else {
+        Vec::new()
+    };
+    let mut map: std::collections::BTreeMap<(usize, usize), usize> = Default::default();
     for (_, id) in by_width {
         let (ready, need, lo, hi) = window(id);
-        let times = settled.entry((lo, hi)).or_default();
+        let at = if table.is_empty() {
+            *map.entry((lo, hi)).or_insert(settled.len())
+        } else {
+            let cell = &mut table[lo * ranks + hi];
+            if *cell == u32::MAX {
+                *cell = settled.len() as u32;
+            }
+            *cell as usize
+        };
+        if at == settled.len() {
+            settled.push(Vec::new());
+        }
+        let times = &mut settled[at];
         let (own, cost) = taus[id];
         if cost > 0.0 {
             let k = times.partition_point(|&t| t < own);

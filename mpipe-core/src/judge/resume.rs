@@ -40,7 +40,6 @@ use crate::ir::model::{Mode, SimOptions};
 use crate::ir::program::{Dir, Op, Tensor, Unit};
 use crate::judge::simulate::{finish_times_within, joins_batch, SimError};
 use crate::judge::timeline::Timeline;
-use std::collections::HashMap;
 
 /// No partner (in a per-action table).
 const NONE: u32 = u32::MAX;
@@ -95,10 +94,14 @@ fn joins(list: &[Step], i: usize) -> bool {
 /// past `from[r]`, the partner's index on its rank ([`NONE`] for a compute step);
 /// `None` when a transfer has no partner, or a step names a rank that does not
 /// exist.
+///
+/// The ends are sorted by channel and key, then direction, rank and index: all
+/// `SEND`s of a channel and key are on its source rank and all its `RECV`s on its
+/// destination, so each direction's ends of a key come out in list order, and the
+/// `k`-th of one pairs with the `k`-th of the other (no hashing, one allocation).
 fn pair(lists: &[Vec<Step>], from: &[usize]) -> Option<Vec<Vec<u32>>> {
     let ranks = lists.len();
-    let mut sends: HashMap<Chan, Vec<(u32, u32)>> = HashMap::new();
-    let mut recvs: HashMap<Chan, Vec<(u32, u32)>> = HashMap::new();
+    let mut ends: Vec<(Chan, Dir, u32, u32)> = Vec::new();
     for (r, list) in lists.iter().enumerate() {
         for (i, step) in list.iter().enumerate().skip(from[r]) {
             let Some((key, dir, peer)) = chan(r, step) else {
@@ -107,31 +110,30 @@ fn pair(lists: &[Vec<Step>], from: &[usize]) -> Option<Vec<Vec<u32>>> {
             if peer as usize >= ranks {
                 return None;
             }
-            let side = if dir == Dir::Send {
-                &mut sends
-            } else {
-                &mut recvs
-            };
-            side.entry(key).or_default().push((r as u32, i as u32));
+            ends.push((key, dir, r as u32, i as u32));
         }
     }
+    ends.sort_unstable();
     let mut partner: Vec<Vec<u32>> = lists
         .iter()
         .zip(from)
         .map(|(l, &f)| vec![NONE; l.len().saturating_sub(f)])
         .collect();
-    if sends.len() != recvs.len() {
-        return None;
-    }
-    for (key, s) in &sends {
-        let r = recvs.get(key)?;
-        if r.len() != s.len() {
+    let mut lo = 0;
+    while lo < ends.len() {
+        let key = ends[lo].0;
+        let hi = lo + ends[lo..].iter().take_while(|e| e.0 == key).count();
+        let group = &ends[lo..hi];
+        // `Dir::Send` sorts first.
+        let sends = group.iter().take_while(|e| e.1 == Dir::Send).count();
+        if 2 * sends != group.len() {
             return None;
         }
-        for (&(a, i), &(b, j)) in s.iter().zip(r) {
+        for (&(_, _, a, i), &(_, _, b, j)) in group[..sends].iter().zip(&group[sends..]) {
             partner[a as usize][i as usize - from[a as usize]] = j;
             partner[b as usize][j as usize - from[b as usize]] = i;
         }
+        lo = hi;
     }
     Some(partner)
 }
