@@ -21,7 +21,9 @@ use crate::algebra::operators::host::{host, Host};
 use crate::algebra::operators::layers::layers;
 use crate::algebra::operators::prefetch::prefetch;
 use crate::algebra::operators::split_w::split_w;
-use crate::algebra::operators::transpose::{transpose_with, Backward, Owners, Place};
+use crate::algebra::operators::transpose::{
+    transpose_recorded, Backward, Owners, Place, PlaceRecord,
+};
 use crate::algebra::profile::{Profile, Split};
 use crate::algebra::signature::{Checked, Context, Param, Shape, Signature, Type};
 use crate::ir::model::{Mode, SimOptions};
@@ -90,6 +92,11 @@ pub struct Request<'a> {
     /// caller's, who can then read it), to derive both placements then; `None` (the
     /// default) records nothing here.
     pub fill_ties: Option<&'a FillTies>,
+    /// Where a `transpose` choosing its placement records what it learnt of the
+    /// placements it compared ([`PlaceRecord`]): the derivation sets one, to skip
+    /// evaluating again an alternative placement it can judge from the record;
+    /// `None` (the default) records nothing.
+    pub place_record: Option<&'a PlaceRecord>,
 }
 
 impl<'a> Request<'a> {
@@ -103,6 +110,7 @@ impl<'a> Request<'a> {
             policy: SearchPolicy::DEFAULT,
             fill_cap: None,
             fill_ties: None,
+            place_record: None,
         }
     }
 
@@ -406,7 +414,12 @@ pub(crate) static TABLE: [Row; 17] = [
             let backward = [Backward::Local, Backward::Central][c.choice("backward")];
             let place = [Place::Best, Place::Late, Place::Prefix, Place::Idle][c.choice("place")];
             let (id, plan) = encoder_and_plan(req, c, errors)?;
-            applied(e, transpose_with(plan, id, owners, backward, place), errors)
+            let record = req.place_record;
+            applied(
+                e,
+                transpose_recorded(plan, id, owners, backward, place, record),
+                errors,
+            )
         },
     },
     Row {

@@ -211,15 +211,17 @@ pub struct Prepared {
     /// The plan's ideal (communication-free) timing.
     pub time: Timing,
     transfers: Vec<Transfer>,
-    /// Per rank, the transfers with an end there, by where the dependencies put it
-    /// (a `SEND` just after its producer, a `RECV` just before its consumer): about
-    /// the order every placement gives them, so sorting their keys is quick. Empty
-    /// when a transfer's index is over 32 bits.
+    /// Per rank, the transfers with an end there, grouped by the other end,
+    /// direction, tensor and unit, each group by where the dependencies put its ends
+    /// (a `SEND` just after its producer, a `RECV` just before its consumer): each
+    /// group about in the order every placement gives it, so sorting their keys is
+    /// quick (a merge of long runs). Empty when a transfer's index is over 32 bits.
     ends: Vec<Vec<u32>>,
 }
 
-/// [`Prepared::ends`] of these transfers of `plan`: per rank by place, then by
-/// transfer index (a counting sort, linear).
+/// [`Prepared::ends`] of these transfers of `plan`: per rank grouped by the other
+/// end, direction, tensor and unit, and within a group by place, then by transfer
+/// index.
 fn ends_by_place(plan: &Plan, transfers: &[Transfer]) -> Vec<Vec<u32>> {
     if u32::try_from(transfers.len()).is_err() {
         return Vec::new();
@@ -251,6 +253,18 @@ fn ends_by_place(plan: &Plan, transfers: &[Transfer]) -> Vec<Vec<u32>> {
             out[r][*k] = id as u32;
             *k += 1;
         }
+    }
+    // Then grouped by the other end, direction, tensor and unit (a stable sort, so
+    // by place within a group): a group's meeting times mostly rise with its place,
+    // so its keys come in long sorted runs, which the placements' sort finds and
+    // merges; by place alone, the groups interleave and the runs are short.
+    for (r, list) in out.iter_mut().enumerate() {
+        list.sort_by_key(|&id| {
+            let t = transfers[id as usize];
+            let send = t.from as usize == r;
+            let peer = if send { t.to } else { t.from };
+            (peer, send, t.tensor, t.unit)
+        });
     }
     out
 }
@@ -397,6 +411,23 @@ pub(crate) fn placement_at(
         Ok(at) => Ok(at),
         // The meeting-point heuristic may, with zero-cost tasks, ask for an order
         // the constraints forbid; the ready-time rule is always feasible.
+        Err(_) => place(plan, time, prepared, Placement::Ready, policy),
+    }
+}
+
+/// [`placement_at`] with each transfer's meeting time given: `taus` are
+/// [`meeting_times`] of the same rule against the same `time`.
+pub(crate) fn placement_at_times(
+    plan: &Plan,
+    prepared: &Prepared,
+    time: &Timing,
+    placement: Placement,
+    taus: &[(f64, f64)],
+    policy: &SearchPolicy,
+) -> Result<Vec<Vec<Placed>>, LowerError> {
+    match place_at_times(plan, time, prepared, placement, taus) {
+        Ok(at) => Ok(at),
+        // As in `placement_at`.
         Err(_) => place(plan, time, prepared, Placement::Ready, policy),
     }
 }
@@ -904,8 +935,9 @@ pub enum Placement {
 /// [`Placement::Join`]'s second pass over `taus` (each transfer's meeting time and
 /// its cost there): narrowest windows first, each transfer that costs time moves to
 /// the meeting time, within its window, of an already settled transfer between the
-/// same two ranks (the nearest to its own), if there is one.
-fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) {
+/// same two ranks (the nearest to its own), if there is one. Returns whether a
+/// meeting time moved.
+fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool {
     let window = |id: usize| {
         let ((_, _, _, to), (from, j, i)) = transfers[id].parts();
         (
@@ -923,6 +955,8 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) {
         })
         .collect();
     by_width.sort_unstable();
+    // Whether a meeting moved.
+    let mut moved = false;
     // Settled meeting times per pair of ranks, sorted; a pair's list found in a
     // table of ranks x ranks cells where that is no larger than the transfers,
     // else by a map.
@@ -962,6 +996,7 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) {
                 .filter(|&t| t >= ready && t <= need)
                 .min_by(|a, b| (a - own).abs().total_cmp(&(b - own).abs()));
             if let Some(t) = near {
+                moved |= t != own;
                 taus[id] = (t, 0.0);
             }
         }
@@ -969,6 +1004,7 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) {
         let k = times.partition_point(|&x| x < t);
         times.insert(k, t);
     }
+    moved
 }
 
 /// Place every transfer's two ends: `result[rank]` lists them in key order, slots
@@ -980,8 +1016,25 @@ fn place(
     strategy: Placement,
     policy: &SearchPolicy,
 ) -> Result<Vec<Vec<Placed>>, LowerError> {
+    let (taus, _) = meeting_times(time, prepared, strategy, policy);
+    place_at_times(plan, time, prepared, strategy, &taus)
+}
+
+/// Each transfer's meeting time under `strategy` against `time`, with what meeting
+/// there costs (Meet, Critical, Join; 0 otherwise), as [`Placement`] describes;
+/// and whether every time is the one [`Placement::Meet`] gives (then the placement
+/// is `Meet`'s: the three place a transfer's ends by its time alone). Told for
+/// `Meet` itself, for `Critical` (its rule's choice and `Meet`'s are weighed at the
+/// same candidate points) and `Join` (where its second pass moves no meeting);
+/// `false` for the others.
+pub(crate) fn meeting_times(
+    time: &Timing,
+    prepared: &Prepared,
+    strategy: Placement,
+    policy: &SearchPolicy,
+) -> (Vec<(f64, f64)>, bool) {
     let transfers = &prepared.transfers;
-    let p = plan.ranks;
+    let p = time.start.len();
     // At most this many candidate meeting points per rank and transfer.
     let (candidates, idle_parts) = (policy.meet_candidates, policy.meet_idle_parts);
 
@@ -1013,6 +1066,10 @@ fn place(
     };
     // Each transfer's meeting time, and what meeting then costs (Meet, Critical, Join).
     let mut taus: Vec<(f64, f64)> = Vec::with_capacity(transfers.len());
+    let mut as_meet = matches!(
+        strategy,
+        Placement::Meet | Placement::Critical | Placement::Join
+    );
     for t in transfers {
         let ((_, _, _, to), (from, j, i)) = t.parts();
         let ready = time.end[from][j];
@@ -1039,30 +1096,53 @@ fn place(
                 let local = |r: usize, lo: usize, hi: usize, t: f64| {
                     lo + time.end[r][lo..hi].partition_point(|&e| e <= t)
                 };
+                // What meeting at `t` costs, under this rule's weights and (for
+                // `Critical`) under `Meet`'s.
                 let cost = |t: f64| {
                     let (es, gs) = gap(from, local(from, s0, s1, t));
                     let (er, gr) = gap(to, local(to, r0, r1, t));
                     let meet = es.max(er);
-                    weight[from] * (meet - gs).max(0.0) + weight[to] * (meet - gr).max(0.0)
+                    let (lost_s, lost_r) = ((meet - gs).max(0.0), (meet - gr).max(0.0));
+                    (weight[from] * lost_s + weight[to] * lost_r, lost_s + lost_r)
                 };
-                let mut best = (cost(ready), ready);
+                let first = cost(ready);
+                let (mut best, mut plain) = ((first.0, ready), (first.1, ready));
                 let candidates = time.end[from][s0..s1].iter().chain(&time.end[to][r0..r1]);
                 for &t in candidates {
                     if t < ready || t > need {
                         continue;
                     }
-                    let c = cost(t);
+                    let (c, u) = cost(t);
                     if c < best.0 || (c == best.0 && t < best.1) {
                         best = (c, t);
                     }
+                    if u < plain.0 || (u == plain.0 && t < plain.1) {
+                        plain = (u, t);
+                    }
                 }
+                // (Under `Meet` and `Join` the weights are 1: the same choice.)
+                as_meet &= best.1 == plain.1;
                 (best.1, best.0)
             }
         });
     }
     if strategy == Placement::Join {
-        join(time, transfers, &mut taus);
+        as_meet &= !join(time, transfers, &mut taus);
     }
+    (taus, as_meet)
+}
+
+/// [`place`] with each transfer's meeting time given ([`meeting_times`]).
+fn place_at_times(
+    plan: &Plan,
+    time: &Timing,
+    prepared: &Prepared,
+    strategy: Placement,
+    taus: &[(f64, f64)],
+) -> Result<Vec<Vec<Placed>>, LowerError> {
+    let transfers = &prepared.transfers;
+    let p = plan.ranks;
+    let slot_near = |r: usize, t: f64, near: usize| partition_near(&time.end[r], t, near);
     // Each end's sort key, as one integer where every part fits 32 bits (always, but
     // at absurd sizes): the time as `f64::total_cmp` orders it, then the producer's
     // `seq`, then the transfer's index, which stands for `(tensor, unit, mb, to)`:

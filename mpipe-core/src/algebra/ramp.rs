@@ -124,12 +124,15 @@ impl RampCosts {
     /// model, not a bound: `zb2p`'s list schedule with asynchronous sends comes within
     /// a few milliseconds of it on Qwen2-VL-7B (`profiles/qwen2vl-7b.toml`).
     fn floor(&self, llm: &[usize], chunks: &[u32]) -> f64 {
-        self.floor_in(llm, chunks, &mut Vec::new())
+        self.floor_in(llm, chunks, f64::INFINITY, &mut Vec::new())
     }
 
-    /// [`RampCosts::floor`] with `after` as its scratch (its contents are
-    /// overwritten): a search evaluating thousands of moves allocates nothing per move.
-    fn floor_in(&self, llm: &[usize], chunks: &[u32], after: &mut Vec<f64>) -> f64 {
+    /// [`RampCosts::floor`] where it is below `cutoff`; else some figure at least
+    /// `cutoff` (a search comparing moves with its best needs no more). `ramps` is
+    /// its scratch (its contents are overwritten): a search evaluating thousands of
+    /// moves allocates nothing per move. The ranks are read last first, where the
+    /// ramp is longest, so a move that cannot win is mostly dismissed after a few.
+    fn floor_in(&self, llm: &[usize], chunks: &[u32], cutoff: f64, ramps: &mut Vec<f64>) -> f64 {
         let p = self.ranks;
         let m = self.microbatches;
         let mut ramp = chunks
@@ -137,23 +140,10 @@ impl RampCosts {
             .map(|&n| f64::from(n) * self.enc_f)
             .sum::<f64>()
             + chunks.iter().filter(|&&n| n > 0).count().saturating_sub(1) as f64 * self.enc_hop;
-        let mut end = 0.0f64;
-        // `after[k]`: the largest chunk time from chunk `k` on (0 if none), one
-        // backward pass instead of a scan per rank (the maximum of the same products).
-        after.clear();
-        after.resize(chunks.len() + 1, 0.0);
-        for k in (0..chunks.len()).rev() {
-            after[k] = after[k + 1].max(f64::from(chunks[k]) * self.enc_f);
-        }
-        for r in 0..p {
+        // Each rank's ramp (`R_r`, summed from the first rank on), and its first
+        // forward's time and its work.
+        let rank = |r: usize| {
             let n = f64::from(chunks[r]);
-            let upstream = after[r + 1];
-            let ready = if upstream > 0.0 {
-                (ramp / upstream).min(m)
-            } else {
-                m
-            };
-            let fill = (n * self.enc_f * ready).min(ramp);
             let mut work = llm[r] as f64 * self.layer_work + n * self.enc_work;
             let mut f = llm[r].div_ceil(self.v) as f64 * self.layer_f;
             if r == 0 {
@@ -166,8 +156,30 @@ impl RampCosts {
                     f += self.last_f;
                 }
             }
+            (n, f, work)
+        };
+        ramps.clear();
+        for r in 0..p {
+            ramps.push(ramp);
+            ramp += rank(r).1 + self.hop;
+        }
+        let mut end = 0.0f64;
+        // `upstream`: the largest chunk time from rank `r + 1` on (0 if none).
+        let mut upstream = 0.0f64;
+        for r in (0..p).rev() {
+            let (n, _, work) = rank(r);
+            let ramp = ramps[r];
+            let ready = if upstream > 0.0 {
+                (ramp / upstream).min(m)
+            } else {
+                m
+            };
+            let fill = (n * self.enc_f * ready).min(ramp);
             end = end.max(ramp - fill + m * work);
-            ramp += f + self.hop;
+            if end >= cutoff {
+                return end;
+            }
+            upstream = upstream.max(n * self.enc_f);
         }
         end
     }
@@ -306,7 +318,10 @@ pub fn ramp_split_by(
                         split[b] += layers;
                         chunks[ka] -= k;
                         chunks[kb] += k;
-                        let f = costs.floor_in(split, chunks, &mut after);
+                        // Only a move below both figures can be taken.
+                        let cutoff = step.as_ref().map_or(f64::INFINITY, |s| s.0);
+                        let cutoff = cutoff.min(best * (1.0 - ramp_min_gain));
+                        let f = costs.floor_in(split, chunks, cutoff, &mut after);
                         split[a] += layers;
                         split[b] -= layers;
                         chunks[ka] += k;

@@ -18,6 +18,7 @@ pub use crate::algebra::eval::{
 use crate::algebra::eval::{err, eval, one_body, plan_of};
 use crate::algebra::expr::{Arg, Expr, Ident, Value};
 use crate::algebra::operators::fill::FillTies;
+use crate::algebra::operators::transpose::{Place, PlaceRecord, Verdict};
 use crate::ir::compare::{close, less, Score};
 use crate::ir::plan::Plan;
 pub use crate::ir::text::did_you_mean;
@@ -80,8 +81,13 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
     // A `fill` that cannot tell its placements apart records it here (in the
     // caller's record, if it gave one); then both are derived (`choose_placement`).
     let own = FillTies::new();
+    // A `transpose` choosing its placement records here what it learnt of the
+    // placements `choose_placement` derives besides (a record of this derivation's
+    // own: counted per derivation).
+    let record = PlaceRecord::new(lowering_floor);
     let req = &Request {
         fill_ties: Some(req.fill_ties.unwrap_or(&own)),
+        place_record: Some(&record),
         ..*req
     };
     match expr.name() {
@@ -151,20 +157,65 @@ fn choose_placement(
     let mut best = plan;
     let mut score: Option<Option<Score>> = None;
     let mut held: Option<Result<Checked, Vec<DeriveError>>> = None;
-    // Each alternative, and whether it is derived only on an ideal tie with `plan`.
-    let others = ["prefix", "late"]
+    // Each alternative, whether it is derived only on an ideal tie with `plan`, and
+    // the placement it gives `transpose` if it is one of those.
+    let placements = [("prefix", Place::Prefix), ("late", Place::Late)];
+    let others = placements
         .iter()
-        .map_while(|place| with_placement(expr, place))
-        .chain(with_fixed_list(expr))
-        .map(|e| (e, false))
+        .map_while(|&(name, place)| with_placement(expr, name).map(|e| (e, false, Some(place))))
+        .chain(with_fixed_list(expr).map(|e| (e, false, None)))
         .chain(
             ["whole", "layers"]
                 .iter()
                 .filter(|_| fill_tied)
                 .map_while(|pieces| with_fill_pieces(expr, pieces))
-                .map(|e| (e, true)),
+                .map(|e| (e, true, None)),
         );
-    for (other, on_tie) in others {
+    // Where `expr` is the one `transpose` choosing its placement, its evaluation
+    // (giving `plan`) compared the `prefix` and `late` placements' plans already and
+    // recorded a verdict on each ([`PlaceRecord`]): the plan kept, or another with
+    // its floor. Read before any alternative is evaluated (they record too).
+    let verdicts = placements.map(|(_, place)| {
+        let sole = default_transposes(expr) == 1 && chooses_place(expr);
+        req.place_record
+            .filter(|_| sole)
+            .and_then(|r| r.verdict(place))
+    });
+    let verdict = |place: Option<Place>| match place? {
+        Place::Prefix => verdicts[0],
+        Place::Late => verdicts[1],
+        _ => None,
+    };
+    // Whether `best` is still `plan` (the plan the verdicts were given against).
+    let mut replaced = false;
+    let floor = |p: &Plan| lowering_floor(p).unwrap_or(f64::NEG_INFINITY);
+    for (other, on_tie, place) in others {
+        // An alternative the record judged is not evaluated where its verdict
+        // decides: its plan is the one kept (skipped, as below), or its floor is
+        // above the kept program's makespan (cut, as below).
+        match verdict(place) {
+            Some(Verdict::Chosen) if !replaced => continue,
+            Some(Verdict::Other(f)) => {
+                let current = match score {
+                    Some(s) => s,
+                    None => {
+                        let derived = finish_checked(req, &best, &text, expr.span, None);
+                        let s = scored(&derived);
+                        held = Some(derived);
+                        s
+                    }
+                };
+                score = Some(current);
+                if current.is_some_and(|c| less(c.makespan, f.unwrap_or(f64::NEG_INFINITY))) {
+                    continue;
+                }
+                // Not cut: the alternative is evaluated and derived below, with
+                // no derivation held beside it (the kept one goes before its
+                // derivation anyway).
+                held = None;
+            }
+            _ => {}
+        }
         let mut ignored = Vec::new();
         let alt = match eval(req, &other, &mut ignored) {
             Some(alt) if ignored.is_empty() && alt != best => alt,
@@ -184,7 +235,6 @@ fn choose_placement(
         };
         // An alternative that cannot come in below the kept program's makespan is
         // not derived (it could not beat it).
-        let floor = |p: &Plan| lowering_floor(p).unwrap_or(f64::NEG_INFINITY);
         if current.is_some_and(|c| less(c.makespan, floor(&alt))) {
             score = Some(current);
             continue;
@@ -199,6 +249,7 @@ fn choose_placement(
         };
         if wins {
             (best, score, held) = (alt, Some(challenger), Some(derived));
+            replaced = true;
         } else {
             score = Some(current);
         }
@@ -227,10 +278,7 @@ fn with_placement(e: &Expr, place: &str) -> Option<Expr> {
             }
         }
     }
-    let own_default = e.name() == "transpose"
-        && e.find_key("place").is_none()
-        && e.find_key("owners").and_then(|v| v.as_name()) != Some("min");
-    if own_default {
+    if chooses_place(e) {
         out.args.push(Arg::Key {
             key: Ident::new("place", e.span),
             value: Value::Name(Ident::new(place, e.span)),
@@ -239,6 +287,27 @@ fn with_placement(e: &Expr, place: &str) -> Option<Expr> {
         changed = true;
     }
     changed.then_some(out)
+}
+
+/// Whether `e` is a `transpose` that leaves its placement to the default and does
+/// not ask for `owners = min` (what [`with_placement`] changes).
+fn chooses_place(e: &Expr) -> bool {
+    e.name() == "transpose"
+        && e.find_key("place").is_none()
+        && e.find_key("owners").and_then(|v| v.as_name()) != Some("min")
+}
+
+/// How many `transpose`s in `e` choose their placement ([`chooses_place`]).
+fn default_transposes(e: &Expr) -> usize {
+    let inner: usize = e
+        .args
+        .iter()
+        .map(|a| match a {
+            Arg::Expr(sub) => default_transposes(sub),
+            _ => 0,
+        })
+        .sum();
+    inner + usize::from(chooses_place(e))
 }
 
 /// `e` with `pieces = PIECES` given to every `fill` that chooses its pieces (no
@@ -322,6 +391,65 @@ mod tests {
     use crate::algebra::expr::parse_str;
     use crate::algebra::profile::Profile;
     use crate::ir::model::Mode;
+
+    /// A `transpose` choosing its placement records, on `prefix` and `late`, what
+    /// evaluating that placement would give: `Chosen` exactly where its plan is the
+    /// plan chosen, else that plan's floor. Checked on the shipped profiles, frozen
+    /// and trainable encoders, several bodies and sizes, with and without a memory
+    /// limit.
+    #[test]
+    fn transpose_records_the_verdicts_its_placements_would_give() {
+        let profiles = [
+            include_str!("../../../profiles/encoder-heavy.toml"),
+            include_str!("../../../profiles/qwen2vl-7b.toml"),
+            include_str!("../../../profiles/eval-b-qwen2vl72b-frozen.toml"),
+            include_str!("../../../profiles/eval-c-omni.toml"),
+        ];
+        let mut checked = 0;
+        let mut others = 0;
+        for text in profiles {
+            let profile = Profile::from_toml_str(text).expect("shipped profile parses");
+            let encoder = &profile.encoders[0].name;
+            for body in ["1f1b", "zbv", "interleaved(v = 2)"] {
+                for (ranks, mbs) in [(4, 8), (8, 16), (4, 3)] {
+                    let record = PlaceRecord::new(lowering_floor);
+                    let req = Request {
+                        place_record: Some(&record),
+                        ..Request::new(&profile, ranks, mbs)
+                    };
+                    let expr = format!("transpose({encoder}, {body})");
+                    let Some(plan) = eval(&req, &parse_str(&expr).unwrap(), &mut Vec::new()) else {
+                        continue;
+                    };
+                    for (name, place) in [("prefix", Place::Prefix), ("late", Place::Late)] {
+                        let verdict = record.verdict(place).expect("one call recorded");
+                        let alt = format!("transpose({encoder}, {body}, place = {name})");
+                        let alt = eval(
+                            &Request::new(&profile, ranks, mbs),
+                            &parse_str(&alt).unwrap(),
+                            &mut Vec::new(),
+                        )
+                        .expect("the placement evaluates where the choice did");
+                        if alt == plan {
+                            assert_eq!(verdict, Verdict::Chosen, "{expr} {name}");
+                        } else {
+                            assert_eq!(
+                                verdict,
+                                Verdict::Other(lowering_floor(&alt)),
+                                "{expr} {name}"
+                            );
+                            others += 1;
+                        }
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            checked > 40 && others > 5,
+            "{checked} verdicts checked, {others} other"
+        );
+    }
 
     /// [`lowering_floor`] is a theorem about every derivation: no program derived
     /// from a plan finishes before it. Checked on the shipped profiles, bodies and

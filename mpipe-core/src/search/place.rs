@@ -5,8 +5,8 @@
 
 use crate::algebra::analysis::Timing;
 use crate::algebra::lower::{
-    assemble_lowered, placement_at, placement_of, prepare, total_order, Lowered, Placed, Placement,
-    Prepared, Step,
+    assemble_lowered, meeting_times, placement_at, placement_at_times, prepare, total_order,
+    Lowered, Placed, Placement, Prepared, Step,
 };
 use crate::ir::compare::{at_most, Score};
 use crate::ir::plan::Plan;
@@ -67,7 +67,12 @@ pub(crate) fn best_lowering_with(
         if done(&best) {
             break;
         }
-        let at = placement_of(plan, &prepared, placement, policy).map_err(|e| e.to_string())?;
+        let Some(taus) = meetings(&prepared, &prepared.time, placement, policy) else {
+            continue;
+        };
+        let at = placement_at_times(plan, &prepared, &prepared.time, placement, &taus, policy)
+            .map_err(|e| e.to_string())?;
+        drop(taus);
         if !seen.first_sight(&at) {
             continue;
         }
@@ -114,9 +119,14 @@ pub(crate) fn best_lowering_with(
         };
         let mut improved = false;
         for placement in PLACEMENTS {
-            let Ok(at) = placement_at(plan, &prepared, &time, placement, policy) else {
+            let Some(taus) = meetings(&prepared, &time, placement, policy) else {
                 continue;
             };
+            let Ok(at) = placement_at_times(plan, &prepared, &time, placement, &taus, policy)
+            else {
+                continue;
+            };
+            drop(taus);
             if !seen.first_sight(&at) {
                 continue;
             }
@@ -260,6 +270,21 @@ impl Best {
         );
         Ok((time, report))
     }
+}
+
+/// The meeting times `placement` gives the transfers against `time`
+/// ([`meeting_times`]); `None` for `Critical` or `Join` where they are `Meet`'s: then
+/// so is the placement, and `Meet`'s against the same timing comes first in
+/// [`PLACEMENTS`] (already seen, or failed as this one would), so it is skipped
+/// without being placed.
+fn meetings(
+    prepared: &Prepared,
+    time: &Timing,
+    placement: Placement,
+    policy: &SearchPolicy,
+) -> Option<Vec<(f64, f64)>> {
+    let (taus, as_meet) = meeting_times(time, prepared, placement, policy);
+    (placement == Placement::Meet || !as_meet).then_some(taus)
 }
 
 /// The makespan of a simulation whose ranks finished at `finish` (as

@@ -81,11 +81,87 @@ pub fn transpose(
 
 /// Re-place encoder `enc`'s work in `plan`, its forwards placed by `place`.
 pub fn transpose_with(
+    plan: Plan,
+    enc: UnitId,
+    owners: Owners,
+    backward: Backward,
+    place: Place,
+) -> Result<Plan, PlanError> {
+    transpose_recorded(plan, enc, owners, backward, place, None)
+}
+
+/// What a `transpose` choosing its placement ([`Place::Best`], owners other than
+/// [`Owners::Min`]) learnt of the placements [`Place::Prefix`] and [`Place::Late`],
+/// for a caller that would evaluate them again: the derivation compares their
+/// programs with the chosen plan's (`search::derive`). Each one's plan, as
+/// `transpose` with that placement gives it, is among the candidates it compared
+/// (the fastest of that placement's own, by the same rule). Per placement, the
+/// verdict: its plan is the plan chosen, or another, with the figure `judge` gives
+/// it. Figures only: no plan is held.
+#[derive(Debug)]
+pub struct PlaceRecord {
+    judge: fn(&Plan) -> Option<f64>,
+    /// The calls that chose their placement, and the last one's verdicts on
+    /// `Prefix` and `Late`.
+    seen: std::sync::Mutex<(usize, Option<[Verdict; 2]>)>,
+}
+
+/// [`PlaceRecord`]'s verdict on one placement.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Verdict {
+    /// The placement's plan is the plan chosen.
+    Chosen,
+    /// Another plan, with the record's `judge` figure for it.
+    Other(Option<f64>),
+}
+
+impl PlaceRecord {
+    /// An empty record whose verdicts on other plans carry `judge`'s figure.
+    pub fn new(judge: fn(&Plan) -> Option<f64>) -> Self {
+        PlaceRecord {
+            judge,
+            seen: std::sync::Mutex::new((0, None)),
+        }
+    }
+
+    /// The verdict on `place` (`Prefix` or `Late`) of the one call recorded; `None`
+    /// for another placement, or unless exactly one call chose its placement under
+    /// this record (and finished).
+    pub fn verdict(&self, place: Place) -> Option<Verdict> {
+        let k = match place {
+            Place::Prefix => 0,
+            Place::Late => 1,
+            _ => return None,
+        };
+        let seen = self.seen.lock().ok()?;
+        match *seen {
+            (1, Some(v)) => Some(v[k]),
+            _ => None,
+        }
+    }
+
+    fn enter(&self) {
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.0 += 1;
+        }
+    }
+
+    fn record(&self, verdicts: [Verdict; 2]) {
+        if let Ok(mut seen) = self.seen.lock() {
+            seen.1 = Some(verdicts);
+        }
+    }
+}
+
+/// [`transpose_with`], recording what it learns of the placements it compares in
+/// `record` (see [`PlaceRecord`]) when it chooses its placement.
+pub fn transpose_recorded(
     mut plan: Plan,
     enc: UnitId,
     owners: Owners,
     backward: Backward,
     place: Place,
+    record: Option<&PlaceRecord>,
 ) -> Result<Plan, PlanError> {
     let p = plan.ranks;
     let first = plan.stages[0];
@@ -130,15 +206,22 @@ pub fn transpose_with(
         (Place::Idle, _) => &[Place::Idle],
     };
     let trainable = plan.units[enc].trainable;
+    // Recorded: the fastest candidate of `Prefix` and of `Late` too (the first and
+    // last of `places`).
+    let record = record.filter(|_| places.len() == 3);
+    if let Some(record) = record {
+        record.enter();
+    }
     // Nothing reads the encoder's gradient when it has no inputs: its backwards,
     // appended at the ends of the lists, change no other task's ideal time.
     let no_readers = plan.units[enc].inputs.is_empty();
-    // Each candidate, with its ideal makespan where it is known already.
-    let mut candidates: Vec<(Plan, Option<f64>)> = Vec::new();
-    for &pl in places {
+    // Each candidate, with its ideal makespan where it is known already, and its
+    // placement (an index into `places`).
+    let mut candidates: Vec<(Option<Plan>, Option<f64>, usize)> = Vec::new();
+    for (k, &pl) in places.iter().enumerate() {
         let (placed, owner) = place_forwards(&plan, enc, &ring, owners, pl)?;
         if !trainable {
-            candidates.push((placed, None));
+            candidates.push((Some(placed), None, k));
             continue;
         }
         // The backward: two placements. Eager: each encoder backward as soon as its
@@ -152,15 +235,23 @@ pub fn transpose_with(
         let placed_time = timing(&placed, &dependencies_lenient(&placed)?)?;
         let owner = |mb: usize| owner[mb];
         candidates.push((
-            place_backward(&placed, enc, &owner, backward, None, &placed_time)?,
+            Some(place_backward(
+                &placed,
+                enc,
+                &owner,
+                backward,
+                None,
+                &placed_time,
+            )?),
             None,
+            k,
         ));
         let deferred = place_backward(&placed, enc, &owner, backward, Some(()), &placed_time)?;
         drop(placed);
         let span = no_readers
             .then(|| Ok::<_, PlanError>(timing_extended(&deferred, &placed_time)?.makespan()))
             .transpose()?;
-        candidates.push((deferred, span));
+        candidates.push((Some(deferred), span, k));
     }
     // The fastest candidate among those within the profile's memory limit (so
     // without a limit a trainable encoder may hold all its activations to the end of
@@ -169,34 +260,70 @@ pub fn transpose_with(
     // them: the eager one of its placement holds every task it holds, so it was
     // checked first.
     let fits = |peak: f64| plan.memory_limit.is_none_or(|limit| at_most(peak, limit));
-    let mut best: Option<(f64, f64, Plan)> = None;
+    // (span, peak, candidate index) of the fastest so far.
+    type Fastest = Option<(f64, f64, usize)>;
+    let better = |span: f64, peak: f64, than: &Fastest| match than {
+        None => true,
+        Some((b_span, b_peak, _)) => match (fits(peak), fits(*b_peak)) {
+            (true, false) => true,
+            (false, true) => false,
+            _ => span < *b_span,
+        },
+    };
+    let mut best: Fastest = None;
+    // The fastest of each placement's own candidates (kept only when recorded).
+    let mut own: [Fastest; 3] = [None; 3];
     let single = candidates.len() == 1;
-    for (candidate, known) in candidates {
+    for i in 0..candidates.len() {
         if single {
-            best = Some((0.0, 0.0, candidate));
+            best = Some((0.0, 0.0, i));
             break;
         }
+        let (Some(candidate), known, k) = &candidates[i] else {
+            continue;
+        };
         let span = match known {
-            Some(span) => span,
-            None => timing(&candidate, &dependencies(&candidate)?)?.makespan(),
+            Some(span) => *span,
+            None => timing(candidate, &dependencies(candidate)?)?.makespan(),
         };
-        let peak = peak_memory(&candidate).into_iter().fold(0.0, f64::max);
-        let better = match &best {
-            None => true,
-            Some((b_span, b_peak, _)) => match (fits(peak), fits(*b_peak)) {
-                (true, false) => true,
-                (false, true) => false,
-                _ => span < *b_span,
-            },
+        let peak = peak_memory(candidate).into_iter().fold(0.0, f64::max);
+        if better(span, peak, &best) {
+            best = Some((span, peak, i));
+        }
+        if record.is_some() && better(span, peak, &own[*k]) {
+            own[*k] = Some((span, peak, i));
+        }
+        // Candidates no longer needed go now (as each one was compared, before).
+        let kept = |j: usize| {
+            [best, own[0], own[2]]
+                .iter()
+                .any(|f| f.is_some_and(|(_, _, x)| x == j))
         };
-        if better {
-            best = Some((span, peak, candidate));
+        for (j, c) in candidates.iter_mut().enumerate().take(i + 1) {
+            if !kept(j) {
+                c.0 = None;
+            }
         }
     }
-    let Some((_, _, mut plan)) = best else {
+    let Some(mut plan) = best.and_then(|(_, _, i)| candidates[i].0.take()) else {
         return Ok(plan);
     };
     plan.input_ships.sort();
+    if let Some(record) = record {
+        let mut verdict = |k: usize| {
+            let Some(mut other) = own[k].and_then(|(_, _, i)| candidates[i].0.take()) else {
+                return Verdict::Chosen;
+            };
+            other.input_ships.sort();
+            if other == plan {
+                Verdict::Chosen
+            } else {
+                Verdict::Other((record.judge)(&other))
+            }
+        };
+        let verdicts = [verdict(0), verdict(2)];
+        record.record(verdicts);
+    }
     Ok(plan)
 }
 
