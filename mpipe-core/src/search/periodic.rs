@@ -66,30 +66,44 @@ pub(crate) fn periodic_if_no_slower(
     if opts.mode != Mode::Rendezvous || policy.periodic_probes < 2 {
         return best;
     }
-    // Each rank read once, for the three templates.
-    let Some(shapes) = best
-        .0
-        .programs
-        .iter()
-        .map(|l| Shape::of(l))
-        .collect::<Option<Vec<_>>>()
-    else {
+    // Each rank read once, for the three templates (read again only after a
+    // candidate was checked and lost: its shapes are not held while it is).
+    let Some(first) = shapes_of(&best.0, Vec::new()) else {
         return best;
     };
+    let mut shapes = Some(first);
+    // The stretches found so far, per rank, while the shapes are not held.
+    let mut known = Vec::new();
     let (mut program, mut kept) = best;
-    // While a candidate is simulated, the kept program's timeline is not held (at
-    // 8 x 65536 it is 16 bytes an action beside the candidate's simulation): its
-    // makespan and peaks decide, and it is simulated again only if it was dropped
-    // and no candidate wins (deterministic: the same report).
+    // While a rank is rewritten and a candidate checked and simulated, the kept
+    // program's timeline is not held (at 8 x 65536 it is 16 bytes an action beside
+    // the rewriting's tables or the candidate's simulation): its makespan and peaks
+    // decide, and it is simulated again only if it was dropped and no candidate
+    // wins (deterministic: the same report). A regular program, where nothing is
+    // rewritten, keeps it.
     let mut dropped = false;
     let mut before = None;
     for reference in [Reference::Middle, Reference::First, Reference::Last] {
-        let Some(mut rewritten) = periodic(&program, &shapes, reference, policy) else {
+        let current = match shapes.take() {
+            Some(s) => s,
+            None => match shapes_of(&program, std::mem::take(&mut known)) {
+                Some(s) => s,
+                None => break,
+            },
+        };
+        let mut release = || {
+            if !dropped {
+                dropped = !std::mem::take(&mut kept.timeline).ranks.is_empty();
+            }
+        };
+        let Some(mut rewritten) = periodic(&program, &current, reference, policy, &mut release)
+        else {
             // Nothing moves with this template: no rank has a periodic stretch, or
             // its transfers are placed as the template places them already, break
             // it in too few periods, or moving them would make a rank's code
             // larger. Another template may differ (a regular rank costs one linear
             // scan per template).
+            shapes = Some(current);
             continue;
         };
         // Checked before simulating: one that merely moves a regular program's
@@ -98,15 +112,21 @@ pub(crate) fn periodic_if_no_slower(
         // The rewritten ranks are swapped in place (and back if the candidate
         // loses): the ranks it keeps are not copied.
         swap_ranks(&mut program, &mut rewritten);
-        let checked =
-            irregularity(&program) < before && verify_mode(&program, opts.mode).is_empty();
-        let accepted = checked
-            .then(|| {
-                if !dropped {
-                    dropped = !std::mem::take(&mut kept.timeline).ranks.is_empty();
-                }
-                simulate(&program, opts).ok()
-            })
+        if irregularity(&program) >= before {
+            swap_ranks(&mut program, &mut rewritten);
+            shapes = Some(current);
+            continue;
+        }
+        // The shapes are not needed to judge the candidate: not held while it is
+        // verified and simulated (the stretches found are kept, and the shapes
+        // read again if it loses).
+        known = current
+            .into_iter()
+            .map(|s| s.stretches.into_inner())
+            .collect();
+        let accepted = verify_mode(&program, opts.mode)
+            .is_empty()
+            .then(|| simulate(&program, opts).ok())
             .flatten()
             .filter(|new| {
                 let no_slower = new.makespan <= kept.makespan;
@@ -122,12 +142,29 @@ pub(crate) fn periodic_if_no_slower(
         }
         swap_ranks(&mut program, &mut rewritten);
     }
+    drop(shapes);
     if dropped {
         if let Ok(report) = simulate(&program, opts) {
             kept.timeline = report.timeline;
         }
     }
     (program, kept)
+}
+
+/// Every rank of `p` read as a [`Shape`], with the stretches `known` found before
+/// (per rank; none if empty); `None` if a rank is too long for one.
+fn shapes_of(p: &Program, known: Vec<HashMap<usize, Option<Span>>>) -> Option<Vec<Shape>> {
+    let mut known = known.into_iter();
+    p.programs
+        .iter()
+        .map(|l| {
+            let shape = Shape::of(l)?;
+            if let Some(k) = known.next() {
+                shape.stretches.replace(k);
+            }
+            Some(shape)
+        })
+        .collect()
 }
 
 /// Exchange the lists of `ranks` (rank, list) with `p`'s (twice: back as before).
@@ -141,11 +178,15 @@ fn swap_ranks(p: &mut Program, ranks: &mut [(usize, Vec<Action>)]) {
 /// are placed as in its `reference` period (batches renumbered `0, 1, ...` per
 /// rank), where this leaves the rank's rolled code no larger ([`rank_code_size`]);
 /// `None` if no rank has such a stretch or nothing moved.
+///
+/// `release` is called before the first rank is rewritten (the caller frees what it
+/// does not need from there on).
 fn periodic(
     p: &Program,
     shapes: &[Shape],
     reference: Reference,
     policy: &SearchPolicy,
+    release: &mut dyn FnMut(),
 ) -> Option<Vec<(usize, Vec<Action>)>> {
     let probes = policy.periodic_probes.max(1);
     let min_periods = policy.periodic_min_periods.max(2);
@@ -182,6 +223,7 @@ fn periodic(
             if shape.breaks(now, &found, needed) < needed {
                 continue;
             }
+            release();
             let Some(new) = shape.rewrite(now, &found) else {
                 continue;
             };
@@ -524,29 +566,38 @@ impl Shape {
             }
             template.push(groups);
         }
-        // Which gap each transfer is posted in, by its compact key.
+        // Where each transfer is posted (its last position, for a key posted twice),
+        // by its compact key.
         let mut ids = UnitIds::default();
-        let mut at: HashMap<Compact, u32> = HashMap::new();
-        for g in 0..self.gap_start.len() - 1 {
-            for group in self.gap(g) {
-                for a in group.range() {
-                    if let Some(k) = key(&list[a]).and_then(|k| ids.compact(k)) {
-                        at.insert(k, g as u32);
-                    }
-                }
+        let transfers = list
+            .iter()
+            .filter(|a| matches!(a.view(), ActionRef::P2p(_)))
+            .count();
+        let mut at: HashMap<Compact, u32> = HashMap::with_capacity(transfers);
+        for (i, a) in list.iter().enumerate() {
+            if let Some(k) = key(a).and_then(|k| ids.compact(k)) {
+                at.insert(k, i as u32);
             }
         }
-        // Every period's groups from the template, claiming the transfers they name,
-        // in gap order (each period's gaps follow the one before's).
-        let shift = |mb: usize, by: i64| usize::try_from(mb as i64 + by).ok();
+        // A transfer is posted within the stretch's full periods (gaps `lo..=hi`)
+        // when it lies after task `lo - 1` and before task `hi` (if any).
         let (lo, hi) = (f.gap(0, 1), f.gap(f.periods - 1, f.period));
-        let mut moved: HashSet<Compact> = HashSet::new();
-        let mut generated: Vec<(usize, Vec<Action>)> = Vec::new();
+        let after = self.tasks[lo - 1];
+        let before = self.tasks.get(hi).map_or(u32::MAX, |&t| t);
+        // Moved transfers, by the position `at` gives their key (one bit each).
+        let mut moved = vec![0u64; list.len().div_ceil(64)];
+        let is_moved = |moved: &[u64], i: u32| moved[i as usize / 64] >> (i % 64) & 1 != 0;
+        // Every period's groups from the template, claiming the transfers they name,
+        // in gap order (each period's gaps follow the one before's): per transfer
+        // generated, its gap, the template's position it is copied from, its
+        // micro-batch, and whether it starts a group.
+        let shift = |mb: usize, by: i64| usize::try_from(mb as i64 + by).ok();
+        let mut generated: Vec<Generated> = Vec::new();
         for q in 0..f.periods {
             let by = (q as i64 - f.reference as i64) * f.d;
             for k in 1..=f.period {
                 for members in &template[k - 1] {
-                    let mut group = Vec::new();
+                    let mut first = true;
                     for &(a, (dir, tensor, unit, mb, peer)) in members {
                         let Some(mb) = shift(mb, by) else { continue };
                         let Some(key) = ids.compact((dir, tensor, unit, mb, peer)) else {
@@ -554,55 +605,69 @@ impl Shape {
                         };
                         // Only transfers posted within the stretch's full periods
                         // move: the warm-up and the cool-down keep theirs.
-                        let inside = at
-                            .get(&key)
-                            .is_some_and(|&g| lo <= g as usize && g as usize <= hi);
-                        if !inside || !moved.insert(key) {
+                        let Some(&i) = at.get(&key).filter(|&&i| after < i && i < before) else {
+                            continue;
+                        };
+                        if is_moved(&moved, i) {
                             continue;
                         }
-                        let mut act = list[a].clone();
-                        set_mb(&mut act, mb);
-                        group.push(act);
-                    }
-                    if !group.is_empty() {
-                        generated.push((f.gap(q, k), group));
+                        moved[i as usize / 64] |= 1 << (i % 64);
+                        generated.push(Generated {
+                            gap: f.gap(q, k) as u32,
+                            from: a as u32,
+                            mb: key.3,
+                            first,
+                        });
+                        first = false;
                     }
                 }
             }
         }
-        drop(at);
         // Assemble: per gap, the groups that stay (without their moved members), then
         // the generated ones; then the task.
         let mut out: Vec<Action> = Vec::with_capacity(list.len());
         let mut batch = 0u64;
-        let mut push = |out: &mut Vec<Action>, group: Vec<Action>| {
-            let id = (group.len() > 1).then(|| {
+        // Each group's members are pushed, then their batch set (a group of one
+        // has none).
+        let mut close = |out: &mut Vec<Action>, from: usize| {
+            let id = (out.len() - from > 1).then(|| {
                 batch += 1;
                 batch - 1
             });
-            for mut a in group {
+            for a in &mut out[from..] {
                 a.set_batch(id);
-                out.push(a);
             }
         };
         let mut generated = generated.into_iter().peekable();
         for g in 0..self.gap_start.len() - 1 {
             for members in self.gap(g) {
-                let stay: Vec<Action> = members
-                    .range()
-                    .filter(|&a| {
-                        key(&list[a])
-                            .and_then(|k| ids.compact(k))
-                            .is_none_or(|k| !moved.contains(&k))
-                    })
-                    .map(|a| list[a].clone())
-                    .collect();
-                if !stay.is_empty() {
-                    push(&mut out, stay);
+                let from = out.len();
+                for a in members.range() {
+                    let stays = key(&list[a])
+                        .and_then(|k| ids.compact(k))
+                        .is_none_or(|k| at.get(&k).is_none_or(|&i| !is_moved(&moved, i)));
+                    if stays {
+                        out.push(list[a].clone());
+                    }
+                }
+                if out.len() > from {
+                    close(&mut out, from);
                 }
             }
-            while let Some((_, group)) = generated.next_if(|(at, _)| *at == g) {
-                push(&mut out, group);
+            let mut from = None;
+            while let Some(x) = generated.next_if(|x| x.gap as usize == g) {
+                if x.first {
+                    if let Some(from) = from {
+                        close(&mut out, from);
+                    }
+                    from = Some(out.len());
+                }
+                let mut act = list[x.from as usize].clone();
+                set_mb(&mut act, x.mb as usize);
+                out.push(act);
+            }
+            if let Some(from) = from {
+                close(&mut out, from);
             }
             if let Some(&t) = self.tasks.get(g) {
                 out.push(list[t as usize].clone());
@@ -610,6 +675,19 @@ impl Shape {
         }
         (out.len() == list.len()).then_some(out)
     }
+}
+
+/// A transfer [`Shape::rewrite`] places from its template: 16 bytes, not a copied
+/// action in a group of its own.
+struct Generated {
+    /// The gap it is posted in.
+    gap: u32,
+    /// The template's transfer it is a copy of (position in the list).
+    from: u32,
+    /// Its micro-batch.
+    mb: u32,
+    /// Whether it starts a group (else it is batched with the one before).
+    first: bool,
 }
 
 /// A transfer's identity on its rank ([`Key`]) with its unit numbered: 16 bytes, not
