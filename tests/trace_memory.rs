@@ -25,25 +25,33 @@
 //!   `1f1b` (a candidate simulated beside the plan and its ideal timing: its
 //!   lowering by unit index, 24 bytes a step, the simulator's resolved copy, 8, and
 //!   its transfer ends being matched; the verifier's peak just below, its resolved
-//!   actions 8 bytes beside the named program and its report), 92 for `zbv` (the
-//!   periodic placement rewriting a rank beside the named program, 32 bytes an
-//!   action, its report's timeline, 16, and the plan: the ranks' shapes, 16 bytes a
-//!   task and 8 a group), 95 for `transpose(vision, 1f1b)` (an alternative
-//!   placement's plan and ideal-timing floor beside the derivation kept, program
-//!   and report). 89 to 102 before this bound: a prepared transfer 56 bytes (now
+//!   actions 8 bytes beside the named program and its report), 83 for `zbv` (in
+//!   `search/place.rs`, as for `1f1b`: a candidate's lowering, 24 bytes a step,
+//!   simulated, its resolved copy 8 and the engine's tables, beside the plan, its
+//!   ideal timing and the prepared transfers),
+//!   91 for `transpose(vision, 1f1b)` (an alternative placement's plan and
+//!   ideal-timing floor beside the derivation kept, program and report). 92 for
+//!   `zbv` and 95 for `transpose` before the last change: the periodic placement
+//!   (`search/periodic.rs`) rewrote a rank beside the named program (32 bytes an
+//!   action), its report's timeline (16), the ranks' shapes (16 bytes a task and 8
+//!   a group) and its rewriting tables; now the timeline is not held from the first
+//!   rank rewritten, the shapes not while a candidate is judged, and a rank's
+//!   rewrite keeps a bit per moved transfer and 16 bytes per generated one. 89 to
+//!   102 before the bound of the seventh session: a prepared transfer 56 bytes (now
 //!   28), the verifier's resolved action 16 (now 8), a plan's dependency 40 (now
-//!   16); 98 to 122 before the last (the simulator's working set; a placed
-//!   transfer end 48 bytes, now 32; the periodic placement's tables keyed by unit
-//!   name, 40 bytes a key, now 16; the verifier's transfer ends 16 bytes with
+//!   16); 98 to 122 before the one of the sixth (the simulator's working set; a
+//!   placed transfer end 48 bytes, now 32; the periodic placement's tables keyed by
+//!   unit name, 40 bytes a key, now 16; the verifier's transfer ends 16 bytes with
 //!   their key, now 4).
 //!
-//! Reaching the goal needs the derivation smaller still, where its peaks are now:
-//! the periodic placement (`search/periodic.rs`) and `choose_placement`
-//! (`search/derive.rs`) hold a named program and its report's timeline (48 bytes
-//! an action) beside their own work, so that work has about 10 bytes an action
-//! left under the goal; the candidates' simulation would gain 8 with the lowering's
-//! steps (`algebra/lower.rs`, 24 bytes) read by the simulator as they are (no
-//! resolved copy), and more with a smaller `Step`.
+//! Reaching the goal needs the derivation's search smaller still, where its peaks
+//! are now: `search/place.rs` (a candidate's lowering, 24 bytes a step, and its
+//! simulation beside the plan, its ideal timing and the prepared transfers)
+//! and `choose_placement` (`search/derive.rs`). A smaller `Step`
+//! (`algebra/lower.rs`) would help the first. The simulator reading a lowering's
+//! steps in place of its resolved copy (8 bytes an action) was tried: 1 to 2 bytes
+//! an action lower at the peak, 8.7% more instructions for a derivation (each
+//! step converted at every reading), not kept.
 
 use mpipe::core::derive::{derive_str, Request};
 use mpipe::core::profile::Profile;
@@ -60,8 +68,8 @@ static ALLOC: PeakAlloc = PeakAlloc;
 const TRACE_BYTES_PER_ACTION: usize = 64;
 
 /// The most bytes held at the peak per action by the whole command (the derivation's
-/// peak is the larger): above every body's figure (80 to 95), below the figures
-/// before this bound (89 to 102) but for `1f1b`'s 89.
+/// peak is the larger): above every body's figure (80 to 91), below the figures
+/// before the seventh session's bound (89 to 102) but for `1f1b`'s 89.
 const WHOLE_BYTES_PER_ACTION: usize = 96;
 
 /// What the whole command should hold: 400 MB for `zbv`'s 6.9 M actions at 8 x

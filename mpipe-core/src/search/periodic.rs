@@ -51,8 +51,10 @@ use std::collections::{HashMap, HashSet};
 /// verifies, runs no slower (makespan equal or less) and peaks no higher on any
 /// rank; else `best`. Its code then rolls to
 /// loops of a size independent of the micro-batch count where the plan's compute
-/// order is periodic. At most three verifications and simulations, none where no
-/// rank changes (a regular program costs only three linear scans).
+/// order is periodic. At most three verifications and simulations, and one more
+/// simulation (of `best` again, for its timeline, not held while ranks are
+/// rewritten) where a rank was rewritten and no candidate wins; none where no rank
+/// changes (a regular program costs only three linear scans).
 /// Rendezvous only. Applied once to a derivation's final program
 /// (`search::finish`), not inside the searches, so that it changes no search's
 /// course.
