@@ -587,8 +587,9 @@ impl Shape {
         let after = self.tasks[lo - 1];
         let before = self.tasks.get(hi).map_or(u32::MAX, |&t| t);
         // Moved transfers, by the position `at` gives their key (one bit each).
-        let mut moved = vec![0u64; list.len().div_ceil(64)];
-        let is_moved = |moved: &[u64], i: u32| moved[i as usize / 64] >> (i % 64) & 1 != 0;
+        const WORD: u32 = u64::BITS;
+        let mut moved = vec![0u64; list.len().div_ceil(WORD as usize)];
+        let is_moved = |moved: &[u64], i: u32| moved[(i / WORD) as usize] >> (i % WORD) & 1 != 0;
         // Every period's groups from the template, claiming the transfers they name,
         // in gap order (each period's gaps follow the one before's): per transfer
         // generated, its gap, the template's position it is copied from, its
@@ -613,7 +614,7 @@ impl Shape {
                         if is_moved(&moved, i) {
                             continue;
                         }
-                        moved[i as usize / 64] |= 1 << (i % 64);
+                        moved[(i / WORD) as usize] |= 1 << (i % WORD);
                         generated.push(Generated {
                             gap: f.gap(q, k) as u32,
                             from: a as u32,
