@@ -169,7 +169,11 @@ fn schedules() -> Vec<(String, Growth)> {
         // `BW(vision)`) is slower than rank 1's, and the drifting meeting points
         // repeated only every 89 micro-batches.
         ("gpipe", FLAT),
-        ("interleaved(v = 2)", TRANSFERS_DRIFT),
+        // Flat since the periodic placement also takes its template from a period
+        // a few into the steady state, for that period and the later ones: from
+        // the start, the middle's template made rank 0 (the encoder's) wait 110
+        // ticks while ranks 1 and 2 settled into its phase.
+        ("interleaved(v = 2)", FLAT),
         ("interleaved(v = 3)", FLAT),
         ("interleaved(v = 4)", FLAT),
         ("zbh1", FLAT),

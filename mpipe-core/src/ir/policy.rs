@@ -143,6 +143,17 @@ pub struct SearchPolicy {
     /// zbv)` at 64 x 1024: 13 of 830) gains nothing from it. Smaller: more stretches
     /// rewritten and weighed, more time.
     pub periodic_min_break_share: f64,
+    /// The periods, counted from a periodic stretch's start, whose placement is
+    /// tried as the template for themselves and every later period (the earlier
+    /// ones keep theirs), after the templates from the middle, the first and the
+    /// last period of the stretch (`search/periodic.rs`, `Reference::After`). A
+    /// fast rank's meeting points drift from the start of the steady state, and a
+    /// later period's placement imposed from the start makes the busiest rank wait
+    /// while the phases settle into it; from a period a few in, the steady state
+    /// keeps the pace it has there. Larger: more of the stretch written out before
+    /// its loop; each one more: a verification and a simulation more for a program
+    /// whose placement drifts (none for a regular one).
+    pub periodic_settle_periods: &'static [usize],
     /// The critical-path placement weighs a rank's lost time by one over its idle
     /// time plus the makespan divided by this: smaller weighs busy and idle ranks
     /// more alike when choosing meeting points, larger favours the busiest ranks.
@@ -238,6 +249,7 @@ impl SearchPolicy {
         periodic_min_periods: 3,
         periodic_probes: 8,
         periodic_min_break_share: 0.125,
+        periodic_settle_periods: &[4, 8],
         meet_idle_parts: 100.0,
         refine_budget: 300,
         refine_actions: 1_500_000,

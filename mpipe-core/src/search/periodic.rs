@@ -45,16 +45,19 @@ use std::collections::{HashMap, HashSet};
 
 /// `best` with its transfers placed periodically in every rank's steady state
 /// ([`periodic`]), the template taken from the period half way through the
-/// micro-batches, else the stretch's first, else its last period (each rank rewritten
+/// micro-batches, else the stretch's first, else its last period, else period `c`
+/// for each `c` of [`SearchPolicy::periodic_settle_periods`], the periods before it
+/// left as they are ([`Reference::After`]) (each rank rewritten
 /// only where its rolled code is no larger, see [`periodic`]): the first whose
 /// program is more regular ([`irregularity`]: fewer distinct gap contents),
 /// verifies, runs no slower (makespan equal or less) and peaks no higher on any
 /// rank; else `best`. Its code then rolls to
 /// loops of a size independent of the micro-batch count where the plan's compute
-/// order is periodic. At most three verifications and simulations, and one more
-/// simulation (of `best` again, for its timeline, not held while ranks are
-/// rewritten) where a rank was rewritten and no candidate wins; none where no rank
-/// changes (a regular program costs only three linear scans).
+/// order is periodic. At most `3 + periodic_settle_periods.len()` verifications
+/// and simulations, and one more simulation (of `best` again, for its timeline,
+/// not held while ranks are rewritten) where a rank was rewritten and no candidate
+/// wins; none where no rank changes (a regular program costs only one linear scan
+/// per template).
 /// Rendezvous only. Applied once to a derivation's final program
 /// (`search::finish`), not inside the searches, so that it changes no search's
 /// course.
@@ -68,7 +71,7 @@ pub(crate) fn periodic_if_no_slower(
     if opts.mode != Mode::Rendezvous || policy.periodic_probes < 2 {
         return best;
     }
-    // Each rank read once, for the three templates (read again only after a
+    // Each rank read once, for all the templates (read again only after a
     // candidate was checked and lost: its shapes are not held while it is).
     let Some(first) = shapes_of(&best.0, Vec::new()) else {
         return best;
@@ -85,7 +88,14 @@ pub(crate) fn periodic_if_no_slower(
     // rewritten, keeps it.
     let mut dropped = false;
     let mut before = None;
-    for reference in [Reference::Middle, Reference::First, Reference::Last] {
+    let settled = policy
+        .periodic_settle_periods
+        .iter()
+        .map(|&c| Reference::After(c));
+    for reference in [Reference::Middle, Reference::First, Reference::Last]
+        .into_iter()
+        .chain(settled)
+    {
         let current = match shapes.take() {
             Some(s) => s,
             None => match shapes_of(&program, std::mem::take(&mut known)) {
@@ -321,6 +331,15 @@ pub(crate) enum Reference {
     First,
     /// The stretch's last full period.
     Last,
+    /// Period `c` of the stretch, for itself and the periods after it; the periods
+    /// before keep their placement. Where ranks run at different rates, a fast
+    /// rank's meeting points drift from the start of the steady state on, and a
+    /// template from later in the run, imposed from the start, makes the busiest
+    /// rank wait while the phases settle into it (`interleaved(v = 2)` with a
+    /// trainable encoder: a constant 110 ticks); from period `c` on, the template
+    /// is the placement already there, so the change costs nothing, and the code
+    /// written out before the loop is `c` periods whatever the micro-batch count.
+    After(usize),
 }
 
 /// Where [`Shape::find`] looks for a stretch: through task `n * point.0 / point.1`, one of
@@ -342,7 +361,7 @@ fn key(a: &Action) -> Option<Key<'_>> {
 }
 
 /// One rank's list read as compute tasks and the gaps between them, its indices
-/// 32-bit (16 bytes a task, 8 a group: the three templates read every rank's, held
+/// 32-bit (16 bytes a task, 8 a group: the templates read every rank's, held
 /// beside the program while a rank is rewritten; a list longer than that has none).
 struct Shape {
     /// Index in the list of each compute task.
@@ -357,7 +376,7 @@ struct Shape {
     /// Gap `g` (what is posted before task `g`; gap `n` after the last) holds
     /// `groups[gap_start[g]..gap_start[g + 1]]`.
     gap_start: Vec<u32>,
-    /// [`stretch`]'s answer through each task asked so far (the three templates ask
+    /// [`stretch`]'s answer through each task asked so far (the templates ask
     /// the same; it depends on the compute order only, which no rewrite changes).
     stretches: std::cell::RefCell<HashMap<usize, Option<Span>>>,
 }
@@ -394,6 +413,9 @@ struct Found {
     periods: usize,
     /// The period whose placement is the template.
     reference: usize,
+    /// The first period placed as the template ([`Reference::After`]; 0 for the
+    /// others): the periods before it keep their placement.
+    from: usize,
 }
 
 impl Found {
@@ -501,7 +523,16 @@ impl Shape {
             return None;
         }
         let target = probe.microbatches as f64 / 2.0;
+        let mut from = 0;
         let reference = match reference {
+            Reference::After(c) => {
+                // As many periods from the template on as any stretch needs.
+                if periods < c.saturating_add(min_periods) {
+                    return None;
+                }
+                from = c;
+                c
+            }
             Reference::First => 0,
             Reference::Last => periods - 1,
             Reference::Middle => (0..periods)
@@ -518,6 +549,7 @@ impl Shape {
             d,
             periods,
             reference,
+            from,
         })
     }
 
@@ -544,7 +576,7 @@ impl Shape {
                     })
             })
         };
-        (0..f.periods)
+        (f.from..f.periods)
             .filter(|&q| !placed_as_template(q))
             .take(most)
             .count()
@@ -581,9 +613,10 @@ impl Shape {
                 at.insert(k, i as u32);
             }
         }
-        // A transfer is posted within the stretch's full periods (gaps `lo..=hi`)
-        // when it lies after task `lo - 1` and before task `hi` (if any).
-        let (lo, hi) = (f.gap(0, 1), f.gap(f.periods - 1, f.period));
+        // A transfer is posted within the stretch's full periods from the first placed
+        // as the template (gaps `lo..=hi`) when it lies after task `lo - 1` and before
+        // task `hi` (if any): the periods before `f.from` keep their placement.
+        let (lo, hi) = (f.gap(f.from, 1), f.gap(f.periods - 1, f.period));
         let after = self.tasks[lo - 1];
         let before = self.tasks.get(hi).map_or(u32::MAX, |&t| t);
         // Moved transfers, by the position `at` gives their key (one bit each).
@@ -596,7 +629,7 @@ impl Shape {
         // micro-batch, and whether it starts a group.
         let shift = |mb: usize, by: i64| usize::try_from(mb as i64 + by).ok();
         let mut generated: Vec<Generated> = Vec::new();
-        for q in 0..f.periods {
+        for q in f.from..f.periods {
             let by = (q as i64 - f.reference as i64) * f.d;
             for k in 1..=f.period {
                 for members in &template[k - 1] {
