@@ -189,6 +189,18 @@ fn choose_placement(
     // Whether `best` is still `plan` (the plan the verdicts were given against).
     let mut replaced = false;
     let floor = |p: &Plan| lowering_floor(p).unwrap_or(f64::NEG_INFINITY);
+    // The kept plan's score, derived the first time it is asked for (its
+    // derivation then held, for the end).
+    let kept_score = |best: &Plan,
+                      score: &mut Option<Option<Score>>,
+                      held: &mut Option<Result<Checked, Vec<DeriveError>>>| {
+        *score.get_or_insert_with(|| {
+            let derived = finish_checked(req, best, &text, expr.span, None);
+            let s = scored(&derived);
+            *held = Some(derived);
+            s
+        })
+    };
     for (other, on_tie, place) in others {
         // An alternative the record judged is not evaluated where its verdict
         // decides: its plan is the one kept (skipped, as below), or its floor is
@@ -196,16 +208,7 @@ fn choose_placement(
         match verdict(place) {
             Some(Verdict::Chosen) if !replaced => continue,
             Some(Verdict::Other(f)) => {
-                let current = match score {
-                    Some(s) => s,
-                    None => {
-                        let derived = finish_checked(req, &best, &text, expr.span, None);
-                        let s = scored(&derived);
-                        held = Some(derived);
-                        s
-                    }
-                };
-                score = Some(current);
+                let current = kept_score(&best, &mut score, &mut held);
                 if current.is_some_and(|c| less(c.makespan, f.unwrap_or(f64::NEG_INFINITY))) {
                     continue;
                 }
@@ -224,19 +227,10 @@ fn choose_placement(
         if on_tie && !ideal.is_some_and(|t| ideal_step(&alt).is_some_and(|a| close(a, t))) {
             continue;
         }
-        let current = match score {
-            Some(s) => s,
-            None => {
-                let derived = finish_checked(req, &best, &text, expr.span, None);
-                let s = scored(&derived);
-                held = Some(derived);
-                s
-            }
-        };
+        let current = kept_score(&best, &mut score, &mut held);
         // An alternative that cannot come in below the kept program's makespan is
         // not derived (it could not beat it).
         if current.is_some_and(|c| less(c.makespan, floor(&alt))) {
-            score = Some(current);
             continue;
         }
         held = None;
@@ -250,8 +244,6 @@ fn choose_placement(
         if wins {
             (best, score, held) = (alt, Some(challenger), Some(derived));
             replaced = true;
-        } else {
-            score = Some(current);
         }
     }
     // Only the program kept needs its lower bound.
