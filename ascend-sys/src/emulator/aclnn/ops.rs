@@ -191,6 +191,44 @@ fn gelu_grad(x: f64) -> f64 {
 
 // ------------------------------------------------------------------ matmul family
 
+/// `z = alpha * x y + beta * z` for row-major `x` (m x k), `y` (k x n) and `z`
+/// (m x n), in f64 (the emulator computes in f64 and rounds once, on writing).
+fn gemm(
+    (m, k, n): (usize, usize, usize),
+    alpha: f64,
+    x: &[f64],
+    y: &[f64],
+    beta: f64,
+    z: &mut [f64],
+) {
+    assert!(x.len() == m * k && y.len() == k * n && z.len() == m * n);
+    if m == 0 || n == 0 {
+        return;
+    }
+    let s = |c: usize| isize::try_from(c).expect("a checked tensor's extent fits isize");
+    // SAFETY: the three slices hold m x k, k x n and m x n elements (asserted),
+    // row-major: row strides k, n and n, column stride 1, so every index the product
+    // forms is inside its slice, and `z` is borrowed mutably (no aliasing).
+    unsafe {
+        matrixmultiply::dgemm(
+            m,
+            k,
+            n,
+            alpha,
+            x.as_ptr(),
+            s(k),
+            1,
+            y.as_ptr(),
+            s(n),
+            1,
+            beta,
+            z.as_mut_ptr(),
+            s(n),
+            1,
+        );
+    }
+}
+
 fn matmul_plan(a: Desc, b: Desc, o: Desc, batched: bool) -> Result<Kernel, Fail> {
     f32s(&[(&a, "self"), (&b, "mat2"), (&o, "out")])?;
     let (ar, br) = (a.shape.len(), b.shape.len());
@@ -243,15 +281,8 @@ fn matmul_plan(a: Desc, b: Desc, o: Desc, batched: bool) -> Result<Kernel, Fail>
         let y = mem.read_as(1, &sb);
         let mut z = vec![0.0; bn * m * n];
         for p in 0..bn {
-            let (x, y) = (&x[p * m * k..], &y[p * k * n..]);
-            for i in 0..m {
-                for l in 0..k {
-                    let xv = x[i * k + l];
-                    for j in 0..n {
-                        z[p * m * n + i * n + j] += xv * y[l * n + j];
-                    }
-                }
-            }
+            let (x, y) = (&x[p * m * k..][..m * k], &y[p * k * n..][..k * n]);
+            gemm((m, k, n), 1.0, x, y, 0.0, &mut z[p * m * n..][..m * n]);
         }
         mem.write(2, &z);
         Ok(())
@@ -335,14 +366,7 @@ pub unsafe extern "C" fn aclnnAddmmGetWorkspaceSize(
                 mem.read_as(0, &[m, n]).iter().map(|v| beta * v).collect()
             };
             let (x, y) = (mem.read(1), mem.read(2));
-            for i in 0..m {
-                for l in 0..k {
-                    let xv = alpha * x[i * k + l];
-                    for j in 0..n {
-                        z[i * n + j] += xv * y[l * n + j];
-                    }
-                }
-            }
+            gemm((m, k, n), alpha, &x, &y, 1.0, &mut z);
             mem.write(3, &z);
             Ok(())
         });
