@@ -64,15 +64,20 @@ impl Progress for Bars {
 /// How often [`Lines`] reports, in seconds, unless `MPIPE_PROGRESS_INTERVAL` says.
 pub(crate) const DEFAULT_INTERVAL_SECS: f64 = 10.0;
 
-/// The interval `MPIPE_PROGRESS_INTERVAL` gives (seconds, a number > 0), else
-/// [`DEFAULT_INTERVAL_SECS`].
+/// The interval `MPIPE_PROGRESS_INTERVAL` gives, by [`interval_from`].
 pub(crate) fn interval_from_env() -> std::time::Duration {
-    let secs = std::env::var("MPIPE_PROGRESS_INTERVAL")
-        .ok()
+    interval_from(std::env::var("MPIPE_PROGRESS_INTERVAL").ok().as_deref())
+}
+
+/// The interval a value of `MPIPE_PROGRESS_INTERVAL` gives: seconds, a number > 0
+/// (one too large for a duration, `inf` included, means never); anything else, or
+/// no value, gives [`DEFAULT_INTERVAL_SECS`].
+fn interval_from(value: Option<&str>) -> std::time::Duration {
+    value
         .and_then(|v| v.trim().parse::<f64>().ok())
-        .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e6)
-        .unwrap_or(DEFAULT_INTERVAL_SECS);
-    std::time::Duration::from_secs_f64(secs)
+        .filter(|s| *s > 0.0)
+        .map(|s| std::time::Duration::try_from_secs_f64(s).unwrap_or(std::time::Duration::MAX))
+        .unwrap_or(std::time::Duration::from_secs_f64(DEFAULT_INTERVAL_SECS))
 }
 
 /// One open stage as [`Lines`] knows it: what, done, total, when it began.
@@ -151,5 +156,35 @@ impl Progress for Lines {
 
     fn note(&self, text: &str) {
         errln!("mpipe: note: {text}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{interval_from, DEFAULT_INTERVAL_SECS};
+    use std::time::Duration;
+
+    #[test]
+    fn an_interval_is_positive_seconds_and_a_huge_one_means_never() {
+        let default = Duration::from_secs_f64(DEFAULT_INTERVAL_SECS);
+        assert_eq!(interval_from(Some("0.01")), Duration::from_millis(10));
+        // The guide's test asks for 1e6 s so that a loaded machine shows no line; it
+        // once fell back to the default here, and a slow run printed one.
+        assert_eq!(
+            interval_from(Some("1000000")),
+            Duration::from_secs(1_000_000)
+        );
+        assert_eq!(interval_from(Some("inf")), Duration::MAX);
+        assert_eq!(interval_from(Some("1e300")), Duration::MAX);
+        for bad in [
+            None,
+            Some(""),
+            Some("0"),
+            Some("-1"),
+            Some("NaN"),
+            Some("soon"),
+        ] {
+            assert_eq!(interval_from(bad), default, "{bad:?}");
+        }
     }
 }
