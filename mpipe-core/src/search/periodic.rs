@@ -41,7 +41,7 @@ use crate::ir::program::{Action, ActionRef, Dir, Program, Tensor};
 use crate::ir::rolled::{rank_code_size, RollOptions};
 use crate::judge::simulate::{simulate, Mode, SimOptions, SimReport};
 use crate::judge::verify::verify_mode;
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// `best` with its transfers placed periodically in every rank's steady state
 /// ([`periodic`]), the template taken from the period half way through the
@@ -379,6 +379,11 @@ struct Shape {
     /// [`stretch`]'s answer through each task asked so far (the templates ask
     /// the same; it depends on the compute order only, which no rewrite changes).
     stretches: std::cell::RefCell<HashMap<usize, Option<Span>>>,
+    /// The stretches found with every full period placed alike (each the others
+    /// with its micro-batches advanced by `d` per period): [`Shape::breaks`] is 0
+    /// for them whatever the template period, so they are not compared again.
+    /// Told of the list the shape was read from.
+    regular: std::cell::RefCell<Vec<Span>>,
 }
 
 /// A range of a rank's list, `start..end`.
@@ -435,8 +440,14 @@ impl Shape {
             groups: Vec::new(),
             gap_start: vec![0],
             stretches: Default::default(),
+            regular: Default::default(),
         };
-        let mut ids: HashMap<(u8, &str, i64), u32> = HashMap::new();
+        // `x` interned by unit name id: a task's unit name is most often one shared
+        // string per unit, so it is found by the string's address (integer keys), and
+        // the name itself hashed once per address, not once per task.
+        let mut names: HashMap<&str, u32> = HashMap::new();
+        let mut by_address: BTreeMap<(usize, usize), u32> = BTreeMap::new();
+        let mut ids: BTreeMap<(u8, u32, i64), u32> = BTreeMap::new();
         let mut j = 0;
         while j < list.len() {
             match list[j].view() {
@@ -446,10 +457,16 @@ impl Shape {
                         .mbs
                         .last()
                         .map_or(0, |&m| i64::from(mb) - i64::from(m));
+                    let name = *by_address
+                        .entry((c.unit.as_ptr() as usize, c.unit.len()))
+                        .or_insert_with(|| {
+                            let next = names.len() as u32;
+                            *names.entry(c.unit).or_insert(next)
+                        });
                     let next = ids.len() as u32;
                     shape
                         .x
-                        .push(*ids.entry((c.op as u8, c.unit, d)).or_insert(next));
+                        .push(*ids.entry((c.op as u8, name, d)).or_insert(next));
                     shape.mbs.push(mb);
                     shape.tasks.push(j as u32);
                     shape.gap_start.push(shape.groups.len() as u32);
@@ -556,7 +573,16 @@ impl Shape {
     /// How many full periods of `f` have their transfers placed otherwise than the
     /// template (other groups, other transfers, or micro-batches not advanced by `d`
     /// per period), counting up to `most`.
+    ///
+    /// Being placed as one another (micro-batches advanced by `d` per period) is
+    /// an equivalence: where every full period is placed as the template, every
+    /// period is placed as any other, so a stretch found so is recorded as
+    /// [`Shape::regular`] and not compared again under another template.
     fn breaks(&self, list: &[Action], f: &Found, most: usize) -> usize {
+        let span = (f.period, f.start, f.end);
+        if self.regular.borrow().contains(&span) {
+            return 0;
+        }
         let placed_as_template = |q: usize| {
             let by = (q as i64 - f.reference as i64) * f.d;
             (1..=f.period).all(|k| {
@@ -576,10 +602,14 @@ impl Shape {
                     })
             })
         };
-        (f.from..f.periods)
+        let n = (f.from..f.periods)
             .filter(|&q| !placed_as_template(q))
             .take(most)
-            .count()
+            .count();
+        if n == 0 && f.from == 0 && most > 0 {
+            self.regular.borrow_mut().push(span);
+        }
+        n
     }
 
     /// `list` (the list this shape was read from) with the transfers of `f`'s full

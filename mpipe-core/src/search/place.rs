@@ -436,10 +436,14 @@ pub fn resident_params(program: &Program) -> Vec<f64> {
         .enumerate()
         .map(|(i, u)| (u.name.as_str(), i))
         .collect();
-    let mut held = vec![std::collections::BTreeSet::new(); program.ranks];
+    // An action's unit name is most often one shared string per unit: looked up by
+    // its address (integer comparisons), and by name once per address.
+    let mut by_address: std::collections::BTreeMap<(usize, usize), Option<usize>> =
+        Default::default();
+    let mut held = vec![vec![false; program.units.len()]; program.ranks];
     for (u, unit) in program.units.iter().enumerate() {
         if unit.home < program.ranks {
-            held[unit.home].insert(u);
+            held[unit.home][u] = true;
         }
     }
     for (r, list) in program.programs.iter().enumerate().take(program.ranks) {
@@ -447,17 +451,26 @@ pub fn resident_params(program: &Program) -> Vec<f64> {
         for a in list {
             if let ActionRef::Compute(c) = a.view() {
                 // Runs of actions on one unit are common: skip the lookup for them.
-                if last == Some(c.unit) {
+                if last.is_some_and(|l| std::ptr::eq(l, c.unit)) {
                     continue;
                 }
                 last = Some(c.unit);
-                if let Some(&u) = index.get(c.unit) {
-                    held[r].insert(u);
+                let u = *by_address
+                    .entry((c.unit.as_ptr() as usize, c.unit.len()))
+                    .or_insert_with(|| index.get(c.unit).copied());
+                if let Some(u) = u {
+                    held[r][u] = true;
                 }
             }
         }
     }
     held.iter()
-        .map(|set| set.iter().map(|&u| program.units[u].params).sum())
+        .map(|set| {
+            set.iter()
+                .zip(&program.units)
+                .filter(|(&h, _)| h)
+                .map(|(_, u)| u.params)
+                .sum()
+        })
         .collect()
 }
