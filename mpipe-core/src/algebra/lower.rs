@@ -1033,6 +1033,49 @@ pub(crate) fn meeting_times(
     strategy: Placement,
     policy: &SearchPolicy,
 ) -> (Vec<(f64, f64)>, bool) {
+    meeting_pass(time, prepared, strategy, strategy, policy)
+}
+
+/// [`Placement::Meet`]'s meeting times against `time` ([`meeting_times`]), with
+/// whether `Critical`'s and `Join`'s are `Meet`'s there (what [`meeting_times`]
+/// tells for them), found in this one pass: `Critical` weighs its choice and
+/// `Meet`'s at the same candidate points, so one pass under `Critical`'s weights
+/// gives both, and `Join` is `Meet`'s where its second pass, run here on a copy,
+/// moves no meeting. A search trying the three rules places `Critical` and `Join`
+/// only where they differ, without another pass for them.
+pub(crate) fn meet_times_and_alikes(
+    time: &Timing,
+    prepared: &Prepared,
+    policy: &SearchPolicy,
+) -> (Vec<(f64, f64)>, MeetAlikes) {
+    let (taus, critical) =
+        meeting_pass(time, prepared, Placement::Critical, Placement::Meet, policy);
+    let mut joined = taus.clone();
+    let join = !join(time, &prepared.transfers, &mut joined);
+    (taus, MeetAlikes { critical, join })
+}
+
+/// Whether [`Placement::Critical`]'s and [`Placement::Join`]'s meeting times
+/// against a timing are [`Placement::Meet`]'s ([`meet_times_and_alikes`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MeetAlikes {
+    pub(crate) critical: bool,
+    pub(crate) join: bool,
+}
+
+/// [`meeting_times`] weighing lost time as `strategy` does and answering with
+/// `answer`'s choice: `strategy`'s own, or (`strategy` `Critical`, `answer`
+/// `Meet`) `Meet`'s choice at the same candidate points, which is exactly what
+/// `Meet`'s own pass chooses (its weights are 1). The flag: whether every choice
+/// of `strategy` is `Meet`'s, as [`meeting_times`] tells it.
+fn meeting_pass(
+    time: &Timing,
+    prepared: &Prepared,
+    strategy: Placement,
+    answer: Placement,
+    policy: &SearchPolicy,
+) -> (Vec<(f64, f64)>, bool) {
+    let plain_answer = answer == Placement::Meet && strategy == Placement::Critical;
     let transfers = &prepared.transfers;
     let p = time.start.len();
     // At most this many candidate meeting points per rank and transfer.
@@ -1122,7 +1165,11 @@ pub(crate) fn meeting_times(
                 }
                 // (Under `Meet` and `Join` the weights are 1: the same choice.)
                 as_meet &= best.1 == plain.1;
-                (best.1, best.0)
+                if plain_answer {
+                    (plain.1, plain.0)
+                } else {
+                    (best.1, best.0)
+                }
             }
         });
     }
@@ -1378,7 +1425,60 @@ fn push_batched<F: Form>(
 
 #[cfg(test)]
 mod tests {
-    use super::partition_near;
+    use super::*;
+
+    /// `Meet`'s pass that tells of `Critical` and `Join` gives `Meet`'s own meeting
+    /// times, and says of the other two what their own passes say, against the
+    /// ideal timing and a skewed one (every task on odd ranks later), on the
+    /// shipped profiles' schedules.
+    #[test]
+    fn one_meet_pass_tells_what_critical_and_join_would() {
+        use crate::algebra::eval::{eval, Request};
+        use crate::algebra::expr::parse_str;
+        use crate::algebra::profile::Profile;
+        let profiles = [
+            include_str!("../../../profiles/encoder-heavy.toml"),
+            include_str!("../../../profiles/qwen2vl-7b.toml"),
+            include_str!("../../../profiles/eval-c-omni.toml"),
+        ];
+        let policy = SearchPolicy::DEFAULT;
+        let (mut checked, mut differ) = (0, 0);
+        for text in profiles {
+            let profile = Profile::from_toml_str(text).expect("shipped profile parses");
+            for e in [
+                "1f1b",
+                "zbv",
+                "interleaved(v = 2)",
+                "transpose(vision, 1f1b)",
+            ] {
+                for (ranks, mbs) in [(4, 8), (8, 16)] {
+                    let req = Request::new(&profile, ranks, mbs);
+                    let Some(plan) = eval(&req, &parse_str(e).unwrap(), &mut Vec::new()) else {
+                        continue;
+                    };
+                    let prepared = prepare(&plan).expect("prepares");
+                    let mut skewed = prepared.time.clone();
+                    for (r, (s, e)) in skewed.start.iter_mut().zip(&mut skewed.end).enumerate() {
+                        let by = (r % 2) as f64 * 0.25;
+                        s.iter_mut().chain(e.iter_mut()).for_each(|t| *t += by);
+                    }
+                    for time in [&prepared.time, &skewed] {
+                        let (taus, alikes) = meet_times_and_alikes(time, &prepared, &policy);
+                        let own = |rule| meeting_times(time, &prepared, rule, &policy);
+                        assert_eq!(taus, own(Placement::Meet).0, "{e} {ranks} x {mbs}");
+                        assert_eq!(alikes.critical, own(Placement::Critical).1, "{e}");
+                        assert_eq!(alikes.join, own(Placement::Join).1, "{e}");
+                        differ += usize::from(!alikes.critical) + usize::from(!alikes.join);
+                        checked += 1;
+                    }
+                }
+            }
+        }
+        assert!(
+            checked > 20 && differ > 0,
+            "{checked} checked, {differ} differ"
+        );
+    }
 
     /// Galloping from any index finds what a binary search over the whole finds, on
     /// non-decreasing lists with repeats, for times below, between, on and above
