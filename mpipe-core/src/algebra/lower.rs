@@ -1037,30 +1037,18 @@ pub(crate) fn meeting_times(
 }
 
 /// [`Placement::Meet`]'s meeting times against `time` ([`meeting_times`]), with
-/// whether `Critical`'s and `Join`'s are `Meet`'s there (what [`meeting_times`]
-/// tells for them), found in this one pass: `Critical` weighs its choice and
-/// `Meet`'s at the same candidate points, so one pass under `Critical`'s weights
-/// gives both, and `Join` is `Meet`'s where its second pass, run here on a copy,
-/// moves no meeting. A search trying the three rules places `Critical` and `Join`
-/// only where they differ, without another pass for them.
-pub(crate) fn meet_times_and_alikes(
+/// whether `Critical`'s are `Meet`'s there (what [`meeting_times`] tells for it),
+/// found in this one pass: `Critical` weighs its choice and `Meet`'s at the same
+/// candidate points, so one pass under `Critical`'s weights gives both. A search
+/// trying both rules places `Critical` only where it differs, without another pass
+/// for it. (`Join`'s answer needs its second pass, which costs about as much as a
+/// meeting pass where it runs: not run here, for a search that may stop first.)
+pub(crate) fn meet_times_and_critical(
     time: &Timing,
     prepared: &Prepared,
     policy: &SearchPolicy,
-) -> (Vec<(f64, f64)>, MeetAlikes) {
-    let (taus, critical) =
-        meeting_pass(time, prepared, Placement::Critical, Placement::Meet, policy);
-    let mut joined = taus.clone();
-    let join = !join(time, &prepared.transfers, &mut joined);
-    (taus, MeetAlikes { critical, join })
-}
-
-/// Whether [`Placement::Critical`]'s and [`Placement::Join`]'s meeting times
-/// against a timing are [`Placement::Meet`]'s ([`meet_times_and_alikes`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct MeetAlikes {
-    pub(crate) critical: bool,
-    pub(crate) join: bool,
+) -> (Vec<(f64, f64)>, bool) {
+    meeting_pass(time, prepared, Placement::Critical, Placement::Meet, policy)
 }
 
 /// [`meeting_times`] weighing lost time as `strategy` does and answering with
@@ -1427,12 +1415,12 @@ fn push_batched<F: Form>(
 mod tests {
     use super::*;
 
-    /// `Meet`'s pass that tells of `Critical` and `Join` gives `Meet`'s own meeting
-    /// times, and says of the other two what their own passes say, against the
+    /// `Meet`'s pass that tells of `Critical` gives `Meet`'s own meeting times, and
+    /// says of `Critical` what its own pass says, against the
     /// ideal timing and a skewed one (every task on odd ranks later), on the
     /// shipped profiles' schedules.
     #[test]
-    fn one_meet_pass_tells_what_critical_and_join_would() {
+    fn one_meet_pass_tells_what_critical_would() {
         use crate::algebra::eval::{eval, Request};
         use crate::algebra::expr::parse_str;
         use crate::algebra::profile::Profile;
@@ -1463,12 +1451,11 @@ mod tests {
                         s.iter_mut().chain(e.iter_mut()).for_each(|t| *t += by);
                     }
                     for time in [&prepared.time, &skewed] {
-                        let (taus, alikes) = meet_times_and_alikes(time, &prepared, &policy);
+                        let (taus, critical) = meet_times_and_critical(time, &prepared, &policy);
                         let own = |rule| meeting_times(time, &prepared, rule, &policy);
                         assert_eq!(taus, own(Placement::Meet).0, "{e} {ranks} x {mbs}");
-                        assert_eq!(alikes.critical, own(Placement::Critical).1, "{e}");
-                        assert_eq!(alikes.join, own(Placement::Join).1, "{e}");
-                        differ += usize::from(!alikes.critical) + usize::from(!alikes.join);
+                        assert_eq!(critical, own(Placement::Critical).1, "{e}");
+                        differ += usize::from(!critical);
                         checked += 1;
                     }
                 }

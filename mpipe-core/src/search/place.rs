@@ -5,8 +5,8 @@
 
 use crate::algebra::analysis::Timing;
 use crate::algebra::lower::{
-    assemble_lowered, meet_times_and_alikes, meeting_times, placement_at, placement_at_times,
-    prepare, total_order, Lowered, MeetAlikes, Placed, Placement, Prepared, Step,
+    assemble_lowered, meet_times_and_critical, meeting_times, placement_at, placement_at_times,
+    prepare, total_order, Lowered, Placed, Placement, Prepared, Step,
 };
 use crate::ir::compare::{at_most, Score};
 use crate::ir::plan::Plan;
@@ -63,14 +63,15 @@ pub(crate) fn best_lowering_with(
     // then no other candidate is lowered or simulated beside it, and it is not
     // placed and assembled again at the end.
     let mut reached: Option<Lowered> = None;
-    // What `Meet`'s pass against the timing placed against told of `Critical` and
-    // `Join` ([`meetings`]).
-    let mut alikes = None;
+    // What `Meet`'s pass against the timing placed against told of `Critical`
+    // ([`meetings`]).
+    let mut critical = None;
     for placement in PLACEMENTS {
         if done(&best) {
             break;
         }
-        let Some(taus) = meetings(&prepared, &prepared.time, placement, policy, &mut alikes) else {
+        let Some(taus) = meetings(&prepared, &prepared.time, placement, policy, &mut critical)
+        else {
             continue;
         };
         let at = placement_at_times(plan, &prepared, &prepared.time, placement, &taus, policy)
@@ -121,9 +122,9 @@ pub(crate) fn best_lowering_with(
             break;
         };
         let mut improved = false;
-        let mut alikes = None;
+        let mut critical = None;
         for placement in PLACEMENTS {
-            let Some(taus) = meetings(&prepared, &time, placement, policy, &mut alikes) else {
+            let Some(taus) = meetings(&prepared, &time, placement, policy, &mut critical) else {
                 continue;
             };
             let Ok(at) = placement_at_times(plan, &prepared, &time, placement, &taus, policy)
@@ -280,28 +281,24 @@ impl Best {
 /// ([`meeting_times`]); `None` for `Critical` or `Join` where they are `Meet`'s: then
 /// so is the placement, and `Meet`'s against the same timing comes first in
 /// [`PLACEMENTS`] (already seen, or failed as this one would), so it is skipped
-/// without being placed. `alikes` holds what `Meet`'s pass against `time` told of
-/// the other two ([`meet_times_and_alikes`]; written by `Meet`, read by them): a
-/// rule found `Meet`'s there is skipped without a pass of its own.
+/// without being placed. `critical` holds what `Meet`'s pass against `time` told of
+/// `Critical` ([`meet_times_and_critical`]; written by `Meet`, read by `Critical`):
+/// where it is `Meet`'s, it is skipped without a pass of its own.
 fn meetings(
     prepared: &Prepared,
     time: &Timing,
     placement: Placement,
     policy: &SearchPolicy,
-    alikes: &mut Option<MeetAlikes>,
+    critical: &mut Option<bool>,
 ) -> Option<Vec<(f64, f64)>> {
-    let alike = match placement {
+    match placement {
         Placement::Meet => {
-            let (taus, told) = meet_times_and_alikes(time, prepared, policy);
-            *alikes = Some(told);
+            let (taus, alike) = meet_times_and_critical(time, prepared, policy);
+            *critical = Some(alike);
             return Some(taus);
         }
-        Placement::Critical => alikes.map(|a| a.critical),
-        Placement::Join => alikes.map(|a| a.join),
-        Placement::Ready | Placement::Late => Some(false),
-    };
-    if alike == Some(true) {
-        return None;
+        Placement::Critical if *critical == Some(true) => return None,
+        _ => {}
     }
     let (taus, as_meet) = meeting_times(time, prepared, placement, policy);
     (!as_meet).then_some(taus)
