@@ -107,12 +107,7 @@ pub fn dependencies_lenient(plan: &Plan) -> Result<Deps, PlanError> {
 fn resolve(plan: &Plan, lenient: bool, from: &[usize]) -> Result<Deps, PlanError> {
     let index = plan.locate();
     let need = plan.needs_backward();
-    let succs: Vec<Vec<UnitId>> = (0..plan.units.len()).map(|u| plan.successors(u)).collect();
-    let inputs: Vec<Vec<UnitId>> = plan
-        .units
-        .iter()
-        .map(|u| u.inputs.iter().filter_map(|n| plan.unit_id(n)).collect())
-        .collect();
+    let (inputs, succs) = plan.unit_links();
     let mut offsets = Vec::with_capacity(plan.ranks);
     let mut items = Vec::new();
     for (r, list) in plan.order.iter().enumerate() {

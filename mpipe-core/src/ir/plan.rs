@@ -94,6 +94,41 @@ impl Plan {
             .collect()
     }
 
+    /// Each unit's inputs by index, as [`Plan::unit_id`] finds them (a name of no
+    /// unit left out), and its successors, as [`Plan::successors`] lists them: in
+    /// time linear in the units and their inputs (the two one unit at a time are
+    /// quadratic in the units).
+    pub(crate) fn unit_links(&self) -> (Vec<Vec<UnitId>>, Vec<Vec<UnitId>>) {
+        let n = self.units.len();
+        let mut by_name: std::collections::HashMap<&str, Vec<UnitId>> =
+            std::collections::HashMap::with_capacity(n);
+        for (u, unit) in self.units.iter().enumerate() {
+            by_name.entry(unit.name.as_str()).or_default().push(u);
+        }
+        let inputs = self
+            .units
+            .iter()
+            .map(|u| {
+                u.inputs
+                    .iter()
+                    .filter_map(|i| by_name.get(i.as_str()).map(|ids| ids[0]))
+                    .collect()
+            })
+            .collect();
+        let mut succs: Vec<Vec<UnitId>> = vec![Vec::new(); n];
+        for (s, unit) in self.units.iter().enumerate() {
+            for i in &unit.inputs {
+                for &p in by_name.get(i.as_str()).map_or(&[][..], Vec::as_slice) {
+                    // Once per reader, however many of its inputs name `p`.
+                    if succs[p].last() != Some(&s) {
+                        succs[p].push(s);
+                    }
+                }
+            }
+        }
+        (inputs, succs)
+    }
+
     /// Position `(rank, index)` of each task, in a dense table.
     pub fn locate(&self) -> TaskIndex {
         TaskIndex::new(self)
@@ -187,5 +222,58 @@ impl TaskIndex {
     pub fn get(&self, op: Op, unit: UnitId, mb: usize) -> Option<(usize, usize)> {
         let [r, i] = self.slots[(op_slot(op) * self.units + unit) * self.microbatches + mb];
         (r != u32::MAX).then_some((r as usize, i as usize))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Plan;
+    use crate::ir::program::{Cost, Unit};
+    use crate::ir::role::Role;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The links found at once are those found one unit at a time, with
+        /// repeated names, repeated inputs and inputs naming no unit.
+        #[test]
+        fn unit_links_are_the_ones_found_one_at_a_time(
+            units in proptest::collection::vec(
+                (0usize..6, proptest::collection::vec(0usize..8, 0..4)),
+                0..12,
+            ),
+        ) {
+            let name = |k: usize| format!("u{k}");
+            let units: Vec<Unit> = units
+                .iter()
+                .map(|(n, inputs)| Unit {
+                    name: name(*n),
+                    inputs: inputs.iter().map(|&k| name(k)).collect(),
+                    home: 0,
+                    trainable: true,
+                    cost: Cost::default(),
+                    act: 0.0,
+                    bytes: 0.0,
+                    params: 0.0,
+                    role: Role::of_name(&name(*n)),
+                })
+                .collect();
+            let plan = Plan {
+                ranks: 1,
+                microbatches: 1,
+                units,
+                stages: Vec::new(),
+                encoders: Vec::new(),
+                order: vec![Vec::new()],
+                input_ships: Vec::new(),
+                prefetch: Vec::new(),
+                memory_limit: None,
+            };
+            let (inputs, succs) = plan.unit_links();
+            for (u, unit) in plan.units.iter().enumerate() {
+                let want: Vec<usize> = unit.inputs.iter().filter_map(|n| plan.unit_id(n)).collect();
+                prop_assert_eq!(&inputs[u], &want);
+                prop_assert_eq!(&succs[u], &plan.successors(u));
+            }
+        }
     }
 }
