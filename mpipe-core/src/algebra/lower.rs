@@ -35,7 +35,6 @@ use crate::ir::program::{
 };
 use std::cell::Cell;
 use std::cmp::Ordering;
-use std::collections::BTreeSet;
 
 /// The lowering failed: the plan is not executable, or (a bug) the placement
 /// constraints proved satisfiable were not.
@@ -254,19 +253,61 @@ fn ends_by_place(plan: &Plan, transfers: &[Transfer]) -> Vec<Vec<u32>> {
             *k += 1;
         }
     }
-    // Then grouped by the other end, direction, tensor and unit (a stable sort, so
-    // by place within a group): a group's meeting times mostly rise with its place,
+    // Then grouped by the other end, direction, tensor and unit (stably, so by
+    // place within a group): a group's meeting times mostly rise with its place,
     // so its keys come in long sorted runs, which the placements' sort finds and
-    // merges; by place alone, the groups interleave and the runs are short.
+    // merges; by place alone, the groups interleave and the runs are short. Two
+    // stable counting passes (by unit, then by other end, direction and tensor)
+    // give the order a stable sort by `(peer, send, tensor, unit)` gives, in time
+    // linear in the ends, the units and the ranks.
+    let tensors = Tensor::Input as usize + 1;
+    let (mut buffer, mut count) = (Vec::new(), Vec::new());
     for (r, list) in out.iter_mut().enumerate() {
-        list.sort_by_key(|&id| {
-            let t = transfers[id as usize];
-            let send = t.from as usize == r;
-            let peer = if send { t.to } else { t.from };
-            (peer, send, t.tensor, t.unit)
+        let t = |id: u32| transfers[id as usize];
+        counting_sort(list, &mut buffer, &mut count, plan.units.len(), |id| {
+            t(id).unit as usize
         });
+        counting_sort(
+            list,
+            &mut buffer,
+            &mut count,
+            2 * tensors * plan.ranks,
+            |id| {
+                let t = t(id);
+                let send = t.from as usize == r;
+                let peer = if send { t.to } else { t.from };
+                (2 * peer as usize + usize::from(send)) * tensors + t.tensor as usize
+            },
+        );
     }
     out
+}
+
+/// `list` sorted stably by `key` (each below `buckets`) by counting, through the
+/// scratch `buffer` and `count`.
+fn counting_sort<T: Copy>(
+    list: &mut Vec<T>,
+    buffer: &mut Vec<T>,
+    count: &mut Vec<usize>,
+    buckets: usize,
+    key: impl Fn(T) -> usize,
+) {
+    count.clear();
+    count.resize(buckets + 1, 0);
+    for &x in list.iter() {
+        count[key(x) + 1] += 1;
+    }
+    for b in 1..=buckets {
+        count[b] += count[b - 1];
+    }
+    buffer.clear();
+    buffer.extend_from_slice(list);
+    for &x in list.iter() {
+        let at = &mut count[key(x)];
+        buffer[*at] = x;
+        *at += 1;
+    }
+    std::mem::swap(list, buffer);
 }
 
 /// Resolve `plan`'s dependencies, time it and collect its transfers.
@@ -316,7 +357,7 @@ pub fn prepare(plan: &Plan) -> Result<Prepared, LowerError> {
             read((Tensor::Input, s.unit, s.mb, r), (q, j, i))?;
         }
     }
-    reads.sort_unstable_by_key(Transfer::order);
+    sort_reads(&mut reads);
     reads.dedup_by_key(|t| t.parts().0);
     // Every lowering of the plan holds these: not the reads' capacity beside them.
     reads.shrink_to_fit();
@@ -326,6 +367,32 @@ pub fn prepare(plan: &Plan) -> Result<Prepared, LowerError> {
         transfers: reads,
         ends,
     })
+}
+
+/// `reads` sorted by [`Transfer::order`]: `reads` being a plan's reads of
+/// activations and gradients in order of destination, then consumer (rank by
+/// rank, task by task), then its reads of raw inputs. Those are sorted by
+/// destination and consumer, then three stable counting passes (by micro-batch,
+/// unit, tensor) give the order: linear in the reads, micro-batches and units.
+/// Reads equal in that order are equal in every field (one consumer reads one
+/// producer's tensor), so the order is the one any sort by it gives.
+fn sort_reads(reads: &mut Vec<Transfer>) {
+    let regular = reads
+        .iter()
+        .position(|t| t.tensor == Tensor::Input)
+        .unwrap_or(reads.len());
+    debug_assert!(reads[regular..].iter().all(|t| t.tensor == Tensor::Input));
+    reads[regular..].sort_unstable_by_key(|t| (t.to, t.i, t.tensor, t.unit, t.mb));
+    let mbs = reads.iter().map(|t| t.mb as usize + 1).max().unwrap_or(0);
+    let units = reads.iter().map(|t| t.unit as usize + 1).max().unwrap_or(0);
+    let tensors = Tensor::Input as usize + 1;
+    let (mut buffer, mut count) = (Vec::with_capacity(reads.len()), Vec::new());
+    counting_sort(reads, &mut buffer, &mut count, mbs, |t| t.mb as usize);
+    counting_sort(reads, &mut buffer, &mut count, units, |t| t.unit as usize);
+    counting_sort(reads, &mut buffer, &mut count, tensors, |t| {
+        t.tensor as usize
+    });
+    debug_assert!(reads.windows(2).all(|w| w[0].order() <= w[1].order()));
 }
 
 impl Prepared {
@@ -1221,7 +1288,6 @@ fn place_at_times(
             wide[to].push(k);
         }
     }
-    let names = unit_names(plan);
     let mut out = Vec::with_capacity(p);
     let mut order: Vec<usize> = Vec::new();
     let mut cap: Vec<usize> = Vec::new();
@@ -1290,7 +1356,11 @@ fn place_at_times(
             let ((tensor, unit, mb, _), _) = transfers[id].parts();
             let (dir, peer, lo, hi, min) = end(id);
             slot = slot.max(lo.min(cap)).max(min);
-            let text = || Action::p2p(dir, tensor, names[unit].clone(), mb, peer, None).to_string();
+            // Named only for an error (not for every lowering).
+            let text = || {
+                let name = Name::from(plan.units[unit].name.as_str());
+                Action::p2p(dir, tensor, name, mb, peer, None).to_string()
+            };
             if slot > hi {
                 return Err(LowerError::Placement {
                     rank: r,
@@ -1321,9 +1391,10 @@ fn place_at_times(
 /// Broadcasts and reductions of every trainable unit computed away from its home.
 fn collectives(plan: &Plan) -> (Vec<Collective>, Vec<Collective>) {
     let n = plan.units.len();
-    let mut users: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
-    let mut reducers: Vec<BTreeSet<usize>> = vec![BTreeSet::new(); n];
-    // Per rank, which units it computes and which it reduces, then one insertion each.
+    // Each unit's ranks, ascending (each rank pushed once, in rank order).
+    let mut users: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut reducers: Vec<Vec<usize>> = vec![Vec::new(); n];
+    // Per rank, which units it computes and which it reduces, then one push each.
     let (mut uses, mut reduced) = (vec![false; n], vec![false; n]);
     for (r, list) in plan.order.iter().enumerate() {
         for t in list {
@@ -1334,10 +1405,10 @@ fn collectives(plan: &Plan) -> (Vec<Collective>, Vec<Collective>) {
         }
         for (u, (used, red)) in uses.iter_mut().zip(&mut reduced).enumerate() {
             if std::mem::take(used) {
-                users[u].insert(r);
+                users[u].push(r);
             }
             if std::mem::take(red) {
-                reducers[u].insert(r);
+                reducers[u].push(r);
             }
         }
     }
@@ -1351,13 +1422,15 @@ fn collectives(plan: &Plan) -> (Vec<Collective>, Vec<Collective>) {
             (&mut users[u], &mut bcasts, CollKind::Bcast),
             (&mut reducers[u], &mut reduces, CollKind::Reduce),
         ] {
-            set.insert(unit.home);
+            if let Err(at) = set.binary_search(&unit.home) {
+                set.insert(at, unit.home);
+            }
             if set.len() > 1 {
                 out.push(Collective {
                     kind,
                     unit: u,
                     root: unit.home,
-                    group: set.iter().copied().collect(),
+                    group: std::mem::take(set),
                 });
             }
         }
@@ -1414,6 +1487,7 @@ fn push_batched<F: Form>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     /// `Meet`'s pass that tells of `Critical` gives `Meet`'s own meeting times, and
     /// says of `Critical` what its own pass says, against the
@@ -1465,6 +1539,22 @@ mod tests {
             checked > 20 && differ > 0,
             "{checked} checked, {differ} differ"
         );
+    }
+
+    proptest! {
+        /// Counting by a key orders a list as a stable sort by that key does.
+        #[test]
+        fn counting_sort_is_a_stable_sort(
+            list in proptest::collection::vec(0u32..200, 0..300),
+            buckets in 1usize..40,
+        ) {
+            let key = |x: u32| x as usize % buckets;
+            let mut want = list.clone();
+            want.sort_by_key(|&x| key(x));
+            let mut got = list;
+            counting_sort(&mut got, &mut Vec::new(), &mut vec![7; 3], buckets, key);
+            prop_assert_eq!(got, want);
+        }
     }
 
     /// Galloping from any index finds what a binary search over the whole finds, on
