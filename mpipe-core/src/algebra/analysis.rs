@@ -244,8 +244,10 @@ pub struct Timing {
     /// `start[r][i]`, `end[r][i]` of task `i` on rank `r`.
     pub start: Vec<Vec<f64>>,
     pub end: Vec<Vec<f64>>,
-    /// The order in which tasks were settled: a topological order of the plan.
-    pub seq: Vec<Vec<usize>>,
+    /// The order in which tasks were settled: a topological order of the plan. 32-bit
+    /// (4 bytes a task off a timing held through the placement search): a number
+    /// per task held in memory, never 2^32 of them.
+    pub seq: Vec<Vec<u32>>,
 }
 
 impl Timing {
@@ -258,7 +260,7 @@ impl Timing {
 pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
     let start: Vec<Vec<f64>> = plan.order.iter().map(|l| vec![0.0; l.len()]).collect();
     let end = start.clone();
-    let seq: Vec<Vec<usize>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
+    let seq: Vec<Vec<u32>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
     settle(
         plan,
         deps,
@@ -366,7 +368,7 @@ fn settle(
             start[r][i] = ready;
             end[r][i] = ready + c;
             clock[r] = ready + c;
-            seq[r][i] = counter;
+            seq[r][i] = counter as u32;
             counter += 1;
             done[r] += 1;
         }

@@ -35,6 +35,7 @@ use crate::ir::program::{
 };
 use std::cell::Cell;
 use std::cmp::Ordering;
+use std::num::NonZeroU32;
 
 /// The lowering failed: the plan is not executable, or (a bug) the placement
 /// constraints proved satisfiable were not.
@@ -569,9 +570,10 @@ pub struct Lowered {
 }
 
 /// One action of a [`Lowered`] program: an [`Action`] naming its unit by index.
-/// Its numbers are 32-bit and its unit an index (24 bytes a step; an [`Action`] is
-/// 32, with its unit's name shared): a search holds a lowering of every candidate
-/// it judges, millions of steps at the largest sizes. [`assemble_lowered`] refuses a program whose numbers do not fit.
+/// Its numbers are 32-bit and its unit an index (20 bytes a step, its batch in 4;
+/// an [`Action`] is 32, with its unit's name shared): a search holds a lowering of
+/// every candidate it judges, millions of steps at the largest sizes.
+/// [`assemble_lowered`] refuses a program whose numbers do not fit.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Step {
     Compute {
@@ -585,10 +587,28 @@ pub enum Step {
         unit: u32,
         mb: u32,
         peer: u32,
-        batch: Option<u32>,
+        batch: Option<Batch>,
     },
     /// The collective of this index in [`Lowered::colls`].
     Coll(u32),
+}
+
+/// A transfer's batch number in a [`Step`], below `u32::MAX`: held as one more, so
+/// that `Option<Batch>` takes 4 bytes (8 as `Option<u32>`, a step 24 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Batch(NonZeroU32);
+
+impl Batch {
+    /// Batch `n`; `None` when it does not fit.
+    pub fn new(n: u64) -> Option<Batch> {
+        let one_more = u32::try_from(n.checked_add(1)?).ok()?;
+        NonZeroU32::new(one_more).map(Batch)
+    }
+
+    /// The batch's number.
+    pub fn get(self) -> u32 {
+        self.0.get() - 1
+    }
 }
 
 /// A broadcast or reduction of a unit's parameters over a group of ranks.
@@ -693,7 +713,7 @@ fn step_action(step: &Step, names: &[Name], colls: &[Action]) -> Action {
             names[unit as usize].clone(),
             mb as usize,
             peer as usize,
-            batch.map(u64::from),
+            batch.map(|b| u64::from(b.get())),
         ),
         Step::Coll(k) => colls[k as usize].clone(),
     }
@@ -864,10 +884,10 @@ impl Form for Indexed {
     }
     fn set_batch(&self, a: &mut Step, batch: u64) {
         if let Step::P2p { batch: b, .. } = a {
-            let n = u32::try_from(batch).unwrap_or_else(|_| {
+            let n = Batch::new(batch).unwrap_or_else(|| {
                 let first = self.over.take().unwrap_or_else(|| format!("batch {batch}"));
                 self.over.set(Some(first));
-                0
+                Batch(NonZeroU32::MIN)
             });
             *b = Some(n);
         }
@@ -1246,19 +1266,16 @@ fn place_at_times(
     let p = plan.ranks;
     let slot_near = |r: usize, t: f64, near: usize| partition_near(&time.end[r], t, near);
     // Each end's sort key, as one integer where every part fits 32 bits (always, but
-    // at absurd sizes): the time as `f64::total_cmp` orders it, then the producer's
-    // `seq`, then the transfer's index, which stands for `(tensor, unit, mb, to)`:
-    // the prepared list is sorted by exactly that and holds each transfer once. A
-    // rank holds at most one end of a transfer (a transfer joins two ranks), so the
-    // index also says which end: the `SEND` on its source.
-    let packed = !prepared.ends.is_empty()
-        && time
-            .seq
-            .iter()
-            .all(|l| l.iter().all(|&q| (q as u64) < 1 << u32::BITS));
+    // at absurd sizes, where the transfers' indices do not): the time as
+    // `f64::total_cmp` orders it, then the producer's `seq` (32-bit), then the
+    // transfer's index, which stands for `(tensor, unit, mb, to)`: the prepared list
+    // is sorted by exactly that and holds each transfer once. A rank holds at most
+    // one end of a transfer (a transfer joins two ranks), so the index also says
+    // which end: the `SEND` on its source.
+    let packed = !prepared.ends.is_empty();
     let seq_of = |id: usize| {
         let (_, (from, j, _)) = transfers[id].parts();
-        time.seq[from][j]
+        time.seq[from][j] as usize
     };
     let key_of = |id: usize| (total_order(taus[id].0) as u64) ^ (1 << (u64::BITS - 1));
     let mut keys: Vec<Vec<u128>> = Vec::new();
@@ -1555,6 +1572,18 @@ mod tests {
             counting_sort(&mut got, &mut Vec::new(), &mut vec![7; 3], buckets, key);
             prop_assert_eq!(got, want);
         }
+    }
+
+    /// A step is 20 bytes (its batch in 4): a lowering is held per candidate the
+    /// placement search judges. Batches round-trip below `u32::MAX`.
+    #[test]
+    fn a_step_is_twenty_bytes_and_its_batch_round_trips() {
+        assert_eq!(std::mem::size_of::<Step>(), 20);
+        for n in [0, 1, 7, u64::from(u32::MAX) - 1] {
+            assert_eq!(Batch::new(n).map(|b| u64::from(b.get())), Some(n));
+        }
+        assert_eq!(Batch::new(u64::from(u32::MAX)), None);
+        assert_eq!(Batch::new(u64::MAX), None);
     }
 
     /// Galloping from any index finds what a binary search over the whole finds, on

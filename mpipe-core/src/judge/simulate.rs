@@ -816,7 +816,7 @@ impl<'p> Setup<'p> {
                             tensor,
                             mb: mb as usize,
                             peer: peer as usize,
-                            batch: batch.map(u64::from),
+                            batch: batch.map(|b| u64::from(b.get())),
                         },
                     ),
                     Step::Coll(k) => {

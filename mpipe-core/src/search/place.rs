@@ -403,9 +403,9 @@ fn simulated_timing(
             ideal.seq[r][i],
         )
     });
-    let mut seq: Vec<Vec<usize>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
+    let mut seq: Vec<Vec<u32>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
     for (k, (r, i)) in all.into_iter().enumerate() {
-        seq[r][i] = k;
+        seq[r][i] = k as u32;
     }
     Some(Timing { start, end, seq })
 }

@@ -17,7 +17,7 @@
 //! [`crate::algebra::lower`] depends only on that order, so every refined program terminates
 //! under rendezvous, like the one it came from.
 
-use crate::algebra::lower::{assemble_lowered, Lowered, Placed, Step};
+use crate::algebra::lower::{assemble_lowered, Batch, Lowered, Placed, Step};
 use crate::ir::compare::Score;
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
@@ -408,7 +408,7 @@ fn transfer_waits(lowered: &Lowered, report: &SimReport) -> Vec<(f64, usize, usi
 }
 
 /// The batch of a point-to-point step (`None` for a single transfer or another step).
-fn batch_of(a: &Step) -> Option<u32> {
+fn batch_of(a: &Step) -> Option<Batch> {
     match *a {
         Step::P2p { batch, .. } => batch,
         _ => None,
@@ -669,7 +669,7 @@ mod tests {
                             unit: index(p.unit),
                             mb: p.mb as u32,
                             peer: p.peer as u32,
-                            batch: p.batch.map(|b| b as u32),
+                            batch: p.batch.and_then(Batch::new),
                         },
                         ActionRef::Coll(c) => {
                             colls.push(Collective {

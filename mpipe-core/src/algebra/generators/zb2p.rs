@@ -219,7 +219,9 @@ impl<'a> Scheduler<'a> {
             pending_w: vec![Default::default(); p],
             chunk_w: vec![Default::default(); p],
             clock: vec![0.0f64; p],
-            out: vec![Vec::with_capacity(3 * m * s / p.max(1)); p],
+            out: (0..p)
+                .map(|_| Vec::with_capacity(3 * m * s / p.max(1)))
+                .collect(),
             enc,
         }
     }

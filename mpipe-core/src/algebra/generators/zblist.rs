@@ -169,7 +169,7 @@ pub(crate) fn run(ctx: &Ctx, chunks: usize, rule: &Rule) -> Option<Run> {
     let mut held = vec![0.0f64; p];
     let mut peak = vec![0.0f64; p];
     let mut free = vec![0.0f64; p];
-    let mut order: Vec<Vec<Task>> = vec![Vec::with_capacity(3 * m * chunks); p];
+    let mut order: Vec<Vec<Task>> = (0..p).map(|_| Vec::with_capacity(3 * m * chunks)).collect();
     let mut remaining = 3 * m * s;
     let mut makespan = 0.0f64;
     let deep_first: [usize; 2] = [1, 0];

@@ -54,7 +54,7 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
         .collect();
     // An F fits if the budget allows it, or if nothing at all is in flight.
     let fits = |held: f64, k: usize, r: usize| held == 0.0 || at_most(held + act(k), budget[r]);
-    let mut order: Vec<Vec<Task>> = vec![Vec::with_capacity(6 * m); p];
+    let mut order: Vec<Vec<Task>> = (0..p).map(|_| Vec::with_capacity(6 * m)).collect();
     let mut heap: BinaryHeap<Free> = (0..p).map(|r| Free(0.0, r as u64, r)).collect();
     let mut pushes = p as u64;
     let mut latest: Vec<u64> = (0..p as u64).collect();
