@@ -6,11 +6,15 @@
 //! (1/16 of the largest size, so the test takes seconds; every table involved grows
 //! linearly with the actions), per action of the derived program.
 //!
-//! The goal: at most 400 MB at 8 x 65536 for `zbv`'s 6.9 M actions, about 58 bytes
-//! an action for the whole command ([`GOAL_BYTES_PER_ACTION`]; `benches/trace.rs`
-//! measures the largest size itself, resident). It is not reached: the trace
-//! phase is near it, the derivation well above; the bounds below hold what is,
-//! phase by phase, with where the rest is:
+//! The goal: at most 400 MB at 8 x 65536 ([`GOAL_BYTES_AT_LARGEST`]). Asserted, as
+//! the peak here times 16 (the program at 8 x 65536 has 16 times the actions; every
+//! table grows with them), for the issue's reproducer, `1f1b` on
+//! `profiles/encoder-heavy.toml`, and `transpose(vision, 1f1b)` there: about 230 and
+//! 280 MB. Not reached for `zbv` on the profile with 16 LLM layers (two stages a
+//! rank, 6.9 M actions: about 535 MB, 77 bytes an action where 400 MB is 58): for it
+//! the figure is printed and the bounds below hold what is, phase by phase (`mpipe
+//! trace` measures the same resident: `benches/trace.rs` runs all three at the
+//! largest size), with where the rest is:
 //!
 //! - Simulating and writing the trace, the program held ([`TRACE_BYTES_PER_ACTION`]):
 //!   the named program is 32 bytes an action, its timeline 16, and the simulator's
@@ -20,40 +24,42 @@
 //!   lists and their reverse, 16 more, are gone: read from the partners). The memory
 //!   counters are written rank by rank as they are found (`memory_curves`: all
 //!   ranks' steps at once, about 24 bytes an action, before), and the flows' ends
-//!   are gathered an eighth at a time (about 2). 62 to 63 (87 to 91 before).
-//! - The derivation ([`WHOLE_BYTES_PER_ACTION`], the whole command's peak): 80 for
-//!   `1f1b` (a candidate simulated beside the plan and its ideal timing: its
-//!   lowering by unit index, 24 bytes a step, the simulator's resolved copy, 8, and
-//!   its transfer ends being matched; the verifier's peak just below, its resolved
-//!   actions 8 bytes beside the named program and its report), 83 for `zbv` (in
-//!   `search/place.rs`, as for `1f1b`: a candidate's lowering, 24 bytes a step,
-//!   simulated, its resolved copy 8 and the engine's tables, beside the plan, its
-//!   ideal timing and the prepared transfers),
-//!   91 for `transpose(vision, 1f1b)` (an alternative placement's plan and
-//!   ideal-timing floor beside the derivation kept, program and report). 92 for
-//!   `zbv` and 95 for `transpose` before the last change: the periodic placement
-//!   (`search/periodic.rs`) rewrote a rank beside the named program (32 bytes an
-//!   action), its report's timeline (16), the ranks' shapes (16 bytes a task and 8
-//!   a group) and its rewriting tables; now the timeline is not held from the first
-//!   rank rewritten, the shapes not while a candidate is judged, and a rank's
-//!   rewrite keeps a bit per moved transfer and 16 bytes per generated one. 89 to
-//!   102 before the bound of the seventh session: a prepared transfer 56 bytes (now
-//!   28), the verifier's resolved action 16 (now 8), a plan's dependency 40 (now
-//!   16); 98 to 122 before the one of the sixth (the simulator's working set; a
-//!   placed transfer end 48 bytes, now 32; the periodic placement's tables keyed by
-//!   unit name, 40 bytes a key, now 16; the verifier's transfer ends 16 bytes with
-//!   their key, now 4).
+//!   are gathered an eighth at a time (about 2). 62 to 63 (87 to 91 before). This
+//!   phase alone is above `zbv`'s goal: the program and its timeline are 48.
+//! - The derivation ([`WHOLE_BYTES_PER_ACTION`], the whole command's peak): 77 for
+//!   `1f1b` and `zbv` (in `search/place.rs`: a candidate's lowering, 20 bytes a
+//!   step, simulated, its resolved copy 8 and the engine's tables with the
+//!   transfer ends being matched, beside the plan, its ideal timing and the
+//!   prepared transfers), 85 for `transpose(vision, 1f1b)` (an alternative
+//!   placement's plan and ideal-timing floor beside the derivation kept, program
+//!   and report). 80, 83 and 91 before the ninth session's change: a step was 24
+//!   bytes (its batch an `Option<u32>`), a timing's settle order a machine word a
+//!   task, and `zbv`'s rank lists (as `zblist`'s and `zb2p`'s) grew by doubling
+//!   on all ranks but the last (`vec![Vec::with_capacity(n); p]` clones an empty
+//!   vector). 92 for `zbv` and 95 for `transpose` before the eighth: the periodic
+//!   placement (`search/periodic.rs`) rewrote a rank beside the named program (32
+//!   bytes an action), its report's timeline (16), the ranks' shapes (16 bytes a
+//!   task and 8 a group) and its rewriting tables; now the timeline is not held
+//!   from the first rank rewritten, the shapes not while a candidate is judged,
+//!   and a rank's rewrite keeps a bit per moved transfer and 16 bytes per
+//!   generated one. 89 to 102 before the bound of the seventh session: a prepared
+//!   transfer 56 bytes (now 28), the verifier's resolved action 16 (now 8), a
+//!   plan's dependency 40 (now 16); 98 to 122 before the one of the sixth (the
+//!   simulator's working set; a placed transfer end 48 bytes, now 32; the periodic
+//!   placement's tables keyed by unit name, 40 bytes a key, now 16; the verifier's
+//!   transfer ends 16 bytes with their key, now 4).
 //!
-//! Reaching the goal needs the derivation's search smaller still, where its peaks
-//! are now: `search/place.rs` (a candidate's lowering, 24 bytes a step, and its
-//! simulation beside the plan, its ideal timing and the prepared transfers)
-//! and `choose_placement` (`search/derive.rs`). A smaller `Step`
-//! (`algebra/lower.rs`) would help the first. The simulator reading a lowering's
-//! steps in place of its resolved copy (8 bytes an action) was tried: 1 to 2 bytes
-//! an action lower at the peak, 8.7% more instructions for a derivation (each
-//! step converted at every reading), not kept.
+//! Reaching the goal for `zbv` needs both phases smaller: the trace phase (the
+//! program and its timeline held while the trace is written) and the derivation's
+//! search, where its peak is now: `search/place.rs` (a candidate's lowering and its
+//! simulation beside the plan, a task 24 bytes, its ideal timing, 20, the prepared
+//! transfers and the placements seen) and `choose_placement`
+//! (`search/derive.rs`). The simulator reading a lowering's steps in place of its
+//! resolved copy (8 bytes an action) was tried: 1 to 2 bytes an action lower at
+//! the peak, 8.7% more instructions for a derivation (each step converted at every
+//! reading), not kept.
 
-use mpipe::core::derive::{derive_str, Request};
+use mpipe::core::derive::{derive_str, Request, MAX_MICROBATCHES};
 use mpipe::core::profile::Profile;
 use mpipe::core::render::trace::{write_chrome_trace, TraceOptions};
 use mpipe::core::simulate::{simulate, Mode};
@@ -68,13 +74,21 @@ static ALLOC: PeakAlloc = PeakAlloc;
 const TRACE_BYTES_PER_ACTION: usize = 64;
 
 /// The most bytes held at the peak per action by the whole command (the derivation's
-/// peak is the larger): above every body's figure (80 to 91), below the figures
+/// peak is the larger): above every body's figure (77 to 85), below the figures
 /// before the seventh session's bound (89 to 102) but for `1f1b`'s 89.
 const WHOLE_BYTES_PER_ACTION: usize = 96;
 
-/// What the whole command should hold: 400 MB for `zbv`'s 6.9 M actions at 8 x
-/// 65536. Not reached (see the module's text): printed beside the figures.
-const GOAL_BYTES_PER_ACTION: usize = 58;
+/// What the whole command should hold at the largest size, 8 x 65536 (the issue's
+/// "a few hundred MB"): asserted for the bodies of [`GOAL_HELD`], printed for all.
+const GOAL_BYTES_AT_LARGEST: usize = 400_000_000;
+
+/// The bodies that hold [`GOAL_BYTES_AT_LARGEST`]: the issue's reproducer and its
+/// `transpose`. Not `zbv` on 16 LLM layers (see the module's text).
+const GOAL_HELD: [&str; 2] = ["1f1b", "transpose(vision, 1f1b)"];
+
+/// The micro-batches measured here: the peak at the largest size is this peak
+/// times `MAX_MICROBATCHES / MEASURED` (16).
+const MEASURED: usize = 4096;
 
 #[test]
 fn tracing_a_large_step_holds_a_bounded_number_of_bytes_per_action() {
@@ -96,7 +110,7 @@ fn tracing_a_large_step_holds_a_bounded_number_of_bytes_per_action() {
         let base = ALLOC.current_usage();
         // As `mpipe trace` does: the derivation's own report is dropped, the program
         // simulated again, and the trace streamed.
-        let req = Request::new(&profile, 8, 4096);
+        let req = Request::new(&profile, 8, MEASURED);
         let opts = req.sim_options(Mode::Rendezvous);
         let program = derive_str(&req, expr)
             .unwrap_or_else(|e| panic!("{expr}: {e:?}"))
@@ -113,20 +127,31 @@ fn tracing_a_large_step_holds_a_bounded_number_of_bytes_per_action() {
         let actions: usize = program.programs.iter().map(Vec::len).sum::<usize>().max(1);
         let (derive_per, trace_per) = (derive_peak / actions, trace_peak / actions);
         let whole_per = derive_per.max(trace_per);
+        let largest = derive_peak.max(trace_peak) * (MAX_MICROBATCHES / MEASURED);
         eprintln!(
             "{expr}: {actions} actions; bytes an action at the peak: {derive_per} deriving, \
-             {trace_per} simulating and writing the trace (the goal: {GOAL_BYTES_PER_ACTION})"
+             {trace_per} simulating and writing the trace; at 8 x {MAX_MICROBATCHES} about \
+             {} MB (the goal: {} MB)",
+            largest / 1_000_000,
+            GOAL_BYTES_AT_LARGEST / 1_000_000
         );
+        if GOAL_HELD.contains(&expr) && largest > GOAL_BYTES_AT_LARGEST {
+            failures.push(format!(
+                "{expr}: {} bytes at the peak at 8 x {MEASURED}, so about {largest} at 8 x \
+                 {MAX_MICROBATCHES} (at most {GOAL_BYTES_AT_LARGEST})",
+                derive_peak.max(trace_peak)
+            ));
+        }
         if trace_per > TRACE_BYTES_PER_ACTION {
             failures.push(format!(
-                "{expr} at 8 x 4096: {trace_peak} bytes at the peak simulating and writing \
+                "{expr} at 8 x {MEASURED}: {trace_peak} bytes at the peak simulating and writing \
                  the trace for {actions} actions, {trace_per} an action (at most \
                  {TRACE_BYTES_PER_ACTION})"
             ));
         }
         if whole_per > WHOLE_BYTES_PER_ACTION {
             failures.push(format!(
-                "{expr} at 8 x 4096: {derive_peak} bytes at the derivation's peak for \
+                "{expr} at 8 x {MEASURED}: {derive_peak} bytes at the derivation's peak for \
                  {actions} actions, {whole_per} an action (at most {WHOLE_BYTES_PER_ACTION})"
             ));
         }

@@ -106,7 +106,7 @@ pub(crate) fn best_lowering_with(
     // fit it better. A few rounds, keeping the fastest program.
     // The report of the best's full run in the last re-placement round, while the
     // best is the program it ran: the winner's report at the end, if no later
-    // candidate beats it (its lowering is not held: 24 bytes a step beside the
+    // candidate beats it (its lowering is not held: 20 bytes a step beside the
     // placements; it is placed and assembled again).
     let mut ran: Option<SimReport> = None;
     for _ in 0..replace_rounds {
