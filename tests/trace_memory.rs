@@ -11,7 +11,7 @@
 //! table grows with them), for the reproducer, `1f1b` on
 //! `profiles/encoder-heavy.toml`, and `transpose(vision, 1f1b)` there: about 230 and
 //! 280 MB. Not reached for `zbv` on the profile with 16 LLM layers (two stages a
-//! rank, 6.9 M actions: about 535 MB, 77 bytes an action where 400 MB is 58): for it
+//! rank, 6.9 M actions: about 540 MB, 77 bytes an action where 400 MB is 58): for it
 //! the figure is printed and the bounds below hold what is, phase by phase (`mpipe
 //! trace` measures the same resident: `benches/trace.rs` runs all three at the
 //! largest size), with where the rest is:
