@@ -38,7 +38,7 @@
 
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{Action, ActionRef, Dir, Program, Tensor};
-use crate::ir::rolled::{rank_code_size, RollOptions};
+use crate::ir::rolled::{canonical, rank_code_size, RollOptions};
 use crate::judge::simulate::{simulate, Mode, SimOptions, SimReport};
 use crate::judge::verify::verify_mode;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -73,6 +73,7 @@ pub(crate) fn periodic_if_no_slower(
     }
     // Each rank read once, for all the templates (read again only after a
     // candidate was checked and lost: its shapes are not held while it is).
+    let best = strays_joined_if_no_slower(best, opts, policy);
     let Some(first) = shapes_of(&best.0, Vec::new()) else {
         return best;
     };
@@ -161,6 +162,227 @@ pub(crate) fn periodic_if_no_slower(
         }
     }
     (program, kept)
+}
+
+/// `best` with its strays joined to their siblings ([`strays`]) where that leaves
+/// the program more regular ([`irregularity`]), and it verifies, runs no slower and
+/// peaks no higher on any rank; else `best`. One verification and simulation where
+/// a rank has strays, none where none has (one linear scan per rank).
+fn strays_joined_if_no_slower(
+    best: (Program, SimReport),
+    opts: &SimOptions,
+    policy: &SearchPolicy,
+) -> (Program, SimReport) {
+    let Some(shapes) = shapes_of(&best.0, Vec::new()) else {
+        return best;
+    };
+    let Some(mut joined) = strays(&best.0, &shapes, policy) else {
+        return best;
+    };
+    drop(shapes);
+    let (mut program, kept) = best;
+    let before = irregularity(&program);
+    swap_ranks(&mut program, &mut joined);
+    let accepted = (irregularity(&program) < before)
+        .then(|| verify_mode(&program, opts.mode).is_empty())
+        .filter(|&valid| valid)
+        .and_then(|_| simulate(&program, opts).ok())
+        .filter(|new| {
+            new.makespan <= kept.makespan
+                && new
+                    .peak_memory
+                    .iter()
+                    .zip(&kept.peak_memory)
+                    .all(|(a, b)| a <= b)
+        });
+    match accepted {
+        Some(report) => (program, report),
+        None => {
+            swap_ranks(&mut program, &mut joined);
+            (program, kept)
+        }
+    }
+}
+
+/// The ranks of `p` (each with its new list, batches numbered canonically) with
+/// their strays joined to their siblings; `None` if no rank has a stray that can.
+///
+/// A stray is a transfer posted within a periodic stretch's full periods (found
+/// as [`periodic`] finds them, the template from the middle) that the template
+/// does not name: its tensor is produced and consumed away from the steady state
+/// (an encoder activation computed in an owner's warm-up for a micro-batch the
+/// first stage reads late), and the lowering met it where both ranks happened to
+/// be idle, one task in some period, which breaks that period for the roller.
+/// Its siblings are the transfers of the same kind (direction, tensor, unit) to
+/// the same peer; it is moved, on both ranks, to just before the group holding
+/// the sibling with the next larger micro-batch, where that sibling is posted
+/// earlier on the stray's rank (so it is met in the warm-up with the others of
+/// its kind, in the same order on both ranks). The caller verifies and simulates
+/// the result.
+fn strays(
+    p: &Program,
+    shapes: &[Shape],
+    policy: &SearchPolicy,
+) -> Option<Vec<(usize, Vec<Action>)>> {
+    let probes = policy.periodic_probes.max(1);
+    let min_periods = policy.periodic_min_periods.max(2);
+    // The strays found, by rank: (position in the rank's list, key).
+    let mut found: Vec<(usize, usize, Key)> = Vec::new();
+    for (r, list) in p.programs.iter().enumerate() {
+        let shape = &shapes[r];
+        let mut done: Vec<(usize, usize)> = Vec::new();
+        for probe in 1..probes {
+            let at = Probe {
+                point: (probe, probes),
+                min_periods,
+                microbatches: p.microbatches,
+            };
+            let Some(f) = shape.find(&at, &done, Reference::Middle) else {
+                continue;
+            };
+            done.push((f.start, f.end));
+            // The template's transfers, per gap of the period, micro-batches as in
+            // the reference period.
+            let mut named: HashSet<(usize, Key)> = HashSet::new();
+            for k in 1..=f.period {
+                for g in shape.gap(f.gap(f.reference, k)) {
+                    named.extend(g.range().filter_map(|a| key(&list[a]).map(|x| (k, x))));
+                }
+            }
+            for q in 0..f.periods {
+                if q == f.reference {
+                    continue;
+                }
+                let by = (q as i64 - f.reference as i64) * f.d;
+                for k in 1..=f.period {
+                    for g in shape.gap(f.gap(q, k)) {
+                        for a in g.range() {
+                            let Some(x) = key(&list[a]) else { continue };
+                            let Ok(mb) = usize::try_from(x.3 as i64 - by) else {
+                                found.push((r, a, x));
+                                continue;
+                            };
+                            if !named.contains(&(k, (x.0, x.1, x.2, mb, x.4))) {
+                                found.push((r, a, x));
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if found.is_empty() {
+        return None;
+    }
+    // Per rank and kind (direction, tensor, unit, peer): the micro-batches posted
+    // and where, in micro-batch order.
+    type Kind<'a> = (Dir, Tensor, &'a str, usize);
+    // Only the ranks a stray's ends are on.
+    let mut involved: Vec<bool> = vec![false; p.programs.len()];
+    for &(r, _, x) in &found {
+        involved[r] = true;
+        if let Some(b) = involved.get_mut(x.4) {
+            *b = true;
+        }
+    }
+    let kinds: Vec<HashMap<Kind, Vec<(usize, usize)>>> = p
+        .programs
+        .iter()
+        .zip(&involved)
+        .map(|(list, &inv)| {
+            let mut m: HashMap<Kind, Vec<(usize, usize)>> = HashMap::new();
+            if inv {
+                for (i, a) in list.iter().enumerate() {
+                    if let Some((dir, tensor, unit, mb, peer)) = key(a) {
+                        m.entry((dir, tensor, unit, peer))
+                            .or_default()
+                            .push((mb, i));
+                    }
+                }
+                for v in m.values_mut() {
+                    v.sort_unstable();
+                }
+            }
+            m
+        })
+        .collect();
+    let stray_set: HashSet<(usize, Key)> = found.iter().map(|&(r, _, x)| (r, x)).collect();
+    // Per rank: positions removed, and the actions inserted before a position.
+    let mut removed: Vec<HashSet<usize>> = vec![HashSet::new(); p.programs.len()];
+    let mut inserted: Vec<HashMap<usize, Vec<Action>>> = vec![HashMap::new(); p.programs.len()];
+    for &(r, i, (dir, tensor, unit, mb, peer)) in &found {
+        let other = match dir {
+            Dir::Send => Dir::Recv,
+            Dir::Recv => Dir::Send,
+        };
+        let ends = [(r, dir, peer, i), (peer, other, r, usize::MAX)];
+        let mut moves = Vec::new();
+        for (rank, d, to, at) in ends {
+            if rank >= p.programs.len() {
+                break;
+            }
+            let list = &p.programs[rank];
+            let Some(v) = kinds[rank].get(&(d, tensor, unit, to)) else {
+                break;
+            };
+            let k = v.partition_point(|&(m, _)| m <= mb);
+            let (Some(&(own_mb, own)), Some(&(next, sib))) =
+                (k.checked_sub(1).and_then(|j| v.get(j)), v.get(k))
+            else {
+                break;
+            };
+            if own_mb != mb || (at != usize::MAX && own != at) {
+                break;
+            }
+            if stray_set.contains(&(rank, (d, tensor, unit, next, to))) {
+                break;
+            }
+            // The start of the sibling's group.
+            let mut start = sib;
+            let batch = list[sib].batch();
+            while batch.is_some()
+                && start > 0
+                && list[start - 1].batch() == batch
+                && key(&list[start - 1]).is_some()
+            {
+                start -= 1;
+            }
+            moves.push((rank, own, start, next));
+        }
+        // Both ends, the sibling the same transfer on both, and posted earlier than
+        // the stray on its rank.
+        let [(r0, own0, start0, next0), (r1, own1, start1, next1)] = moves[..] else {
+            continue;
+        };
+        if next0 != next1 || start0 >= own0 {
+            continue;
+        }
+        for (rank, own, start) in [(r0, own0, start0), (r1, own1, start1)] {
+            if !removed[rank].insert(own) {
+                continue;
+            }
+            let mut act = p.programs[rank][own].clone();
+            act.set_batch(None);
+            inserted[rank].entry(start).or_default().push(act);
+        }
+    }
+    let mut out = Vec::new();
+    for (r, list) in p.programs.iter().enumerate() {
+        if removed[r].is_empty() {
+            continue;
+        }
+        let mut new = Vec::with_capacity(list.len());
+        for (i, a) in list.iter().enumerate() {
+            if let Some(acts) = inserted[r].remove(&i) {
+                new.extend(acts);
+            }
+            if !removed[r].contains(&i) {
+                new.push(a.clone());
+            }
+        }
+        out.push((r, canonical(&new)));
+    }
+    (!out.is_empty()).then_some(out)
 }
 
 /// Every rank of `p` read as a [`Shape`], with the stretches `known` found before
