@@ -7,7 +7,9 @@ use crate::input::{Input, Source};
 use crate::places;
 use mpipe_core::advice::{for_written, memory_over_limit};
 use mpipe_core::bound::lower_bound;
-use mpipe_core::derive::{bound_for, derive, resident_params, DeriveError, Derived, Request};
+use mpipe_core::derive::{
+    bound_for, derive, derive_auto, resident_params, DeriveError, Derived, Request,
+};
 use mpipe_core::expr::Expr;
 use mpipe_core::policy::SearchPolicy;
 use mpipe_core::profile::{Profile, ProfileFormat};
@@ -33,8 +35,8 @@ pub fn schedule_with(tokens: TokenStream, cache: Option<&Cache>) -> TokenStream 
 }
 
 /// [`schedule_with`], noting at compile time (a warning) any `auto` search that
-/// takes `long` or more.
-pub fn schedule_noting(tokens: TokenStream, cache: Option<&Cache>, long: Duration) -> TokenStream {
+/// spends `long` or more work ([`LONG_SEARCH`]).
+pub fn schedule_noting(tokens: TokenStream, cache: Option<&Cache>, long: u64) -> TokenStream {
     let input = match syn::parse2::<Input>(tokens) {
         Ok(input) => input,
         Err(e) => return e.to_compile_error(),
@@ -201,22 +203,26 @@ fn shaped(out: TokenStream, units: &[String]) -> TokenStream {
     shaped
 }
 
-/// How long a search may run before the macro notes, at compile time, how to avoid
-/// running it again: well above what the small searches of this repository's own
-/// tests take in an unoptimized macro (so `clippy -D warnings` stays clean), well
-/// below a real model's (minutes in a dev build).
-pub const LONG_SEARCH: Duration = Duration::from_secs(10);
+/// How much work (task visits, [`mpipe_core::search::Search::work`]) a search may
+/// spend before the macro notes, at compile time, how to avoid running it again.
+/// By work, not time, so that whether a build warns (and fails under `-D
+/// warnings`) is the same on every machine and under any load. Above the small
+/// searches of this repository's own tests and examples (4 ranks x 8 to 32
+/// micro-batches), below a real model's (`profiles/qwen2vl-7b.toml` at 8 x 32,
+/// whose search takes minutes in a dev build).
+pub const LONG_SEARCH: u64 = 120_000_000;
 
 /// `auto` as the macro runs it: the program `cache` remembers for `req`, checked
 /// ([`remembered`]), or else a search among the schedules the macro can emit
 /// (`req`'s policy has [`SearchPolicy::prefetch`] off), whose choice is then
 /// remembered. A search
-/// longer than `long` also returns a note for the user (how to skip it next time).
+/// spending `long` work or more also returns a note for the user (how to skip it
+/// next time).
 fn auto(
     req: &Request,
     expr: &Expr,
     cache: Option<&Cache>,
-    long: Duration,
+    long: u64,
 ) -> (Result<Derived, Vec<DeriveError>>, Option<String>) {
     let key = cache.and_then(|_| cache::key(req));
     if let (Some(cache), Some(key)) = (cache, &key) {
@@ -225,7 +231,10 @@ fn auto(
         }
     }
     let started = Instant::now();
-    let found = derive(req, expr);
+    let (found, work) = match derive_auto(req, expr) {
+        Ok((d, work)) => (Ok(d), work),
+        Err(es) => (Err(es), 0),
+    };
     let took = started.elapsed();
     let stored = match (cache, &key, &found) {
         (Some(cache), Some(key), Ok(d)) => {
@@ -240,7 +249,7 @@ fn auto(
         _ => None,
     };
     let note = match &found {
-        Ok(d) if took >= long => Some(long_search_note(&d.expr, took, stored.as_deref())),
+        Ok(d) if work >= long => Some(long_search_note(&d.expr, took, stored.as_deref())),
         _ => None,
     };
     (found, note)

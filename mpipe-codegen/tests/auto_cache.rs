@@ -5,7 +5,7 @@
 
 use mpipe_codegen::cache::{self, Cache, Choice};
 use mpipe_codegen::{schedule, schedule_noting, schedule_with};
-use mpipe_core::derive::{derive_str, Request};
+use mpipe_core::derive::{derive_auto, derive_str, Request};
 use mpipe_core::profile::{Profile, ProfileFormat};
 use mpipe_core::program::{Program, Source};
 use quote::quote;
@@ -162,15 +162,17 @@ fn a_bad_remembered_choice_means_a_search() {
     assert_eq!(out, searched, "after a torn file");
 }
 
-/// A search that runs long leaves a compile-time note (a deprecated item's use)
-/// naming the choice, the cache and how to pin it; a cached rebuild leaves none.
+/// A search that spends much work leaves a compile-time note (a deprecated item's
+/// use) naming the choice, the cache and how to pin it; a small one (this 2 x 4
+/// search, at the macro's own threshold) and a cached rebuild leave none, however
+/// loaded the machine.
 #[test]
 fn a_long_search_leaves_a_note() {
     let dir = tempfile::tempdir().unwrap();
     let cache = Cache::at(dir.path());
     let quiet = schedule_with(input(quote!(auto)), None).to_string();
     assert!(!quiet.contains("deprecated"), "{quiet}");
-    let out = schedule_noting(input(quote!(auto)), Some(&cache), Duration::ZERO);
+    let out = schedule_noting(input(quote!(auto)), Some(&cache), 0);
     let chosen = expr_of(&out);
     let text = out.to_string();
     assert!(text.starts_with(&quiet), "the module is unchanged");
@@ -185,12 +187,35 @@ fn a_long_search_leaves_a_note() {
     // The note compiles as a warning: it parses as items.
     syn::parse_str::<syn::File>(note).expect("the note is items");
     // Rebuilt from the cache: no search, no note.
-    let hit = schedule_noting(input(quote!(auto)), Some(&cache), Duration::ZERO).to_string();
+    let hit = schedule_noting(input(quote!(auto)), Some(&cache), 0).to_string();
     assert_eq!(hit, quiet);
     // Without a cache, the note says how to get one.
-    let uncached = schedule_noting(input(quote!(auto)), None, Duration::ZERO).to_string();
+    let uncached = schedule_noting(input(quote!(auto)), None, 0).to_string();
     assert!(uncached.contains("MPIPE_AUTO_CACHE"), "{uncached}");
 }
+
+/// The threshold sits below a real model's search: `auto` as the macro runs it
+/// (no `prefetch`) on `profiles/qwen2vl-7b.toml` at 8 x 32 spends more work, so its
+/// first build says how to skip the search next time.
+#[test]
+fn a_real_models_search_is_long() {
+    let text = include_str!("../../profiles/qwen2vl-7b.toml");
+    let profile = Profile::from_toml_str(text).expect("the shipped profile");
+    let req = Request {
+        policy: mpipe_core::policy::SearchPolicy {
+            prefetch: false,
+            ..mpipe_core::policy::SearchPolicy::DEFAULT
+        },
+        ..Request::new(&profile, 8, 32)
+    };
+    let auto = mpipe_core::expr::parse_str("auto").expect("parses");
+    let (_, work) = derive_auto(&req, &auto).expect("auto derives");
+    assert!(
+        work >= mpipe_codegen::expand::LONG_SEARCH,
+        "{work} task visits, below the threshold"
+    );
+}
+
 #[test]
 fn errors_are_not_remembered() {
     let dir = tempfile::tempdir().unwrap();

@@ -1309,8 +1309,9 @@ fn keep_better(best: &mut Option<(f64, f64, usize, Derived)>, d: Derived, order:
 }
 
 /// `auto` in an expression: the search's winner, with its expression in
-/// [`Derived::expr`]. `expr` is the `auto` node (for error spans).
-pub(crate) fn auto(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
+/// [`Derived::expr`], and the work the search spent ([`Search::work`]). `expr` is
+/// the `auto` node (for error spans).
+pub(crate) fn auto(req: &Request, expr: &Expr) -> Result<(Derived, u64), Vec<DeriveError>> {
     if !expr.args.is_empty() {
         return Err(vec![DeriveError {
             message: "`auto` takes no arguments; write `auto`".into(),
@@ -1323,7 +1324,7 @@ pub(crate) fn auto(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveErro
             for note in &s.notes {
                 crate::ir::progress::note(&format!("auto: {note}"));
             }
-            Ok(s.best)
+            Ok((s.best, s.work))
         }
         Err(es) if es.is_empty() => Err(vec![DeriveError {
             message: "`auto` found no schedule for this profile, ranks and micro-batches".into(),

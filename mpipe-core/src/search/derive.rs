@@ -31,8 +31,17 @@ pub use crate::search::place::resident_params;
 use crate::ir::program::OverLimit;
 pub use crate::ir::program::{MAX_MICROBATCHES, MAX_RANK_MICROBATCHES};
 
-/// Derive, verify and simulate `expr` for `req`. All errors found are returned.
-pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
+/// `auto` (`expr`, the `auto` node) as [`derive`] derives it, with the work its
+/// search spent ([`crate::search::Search::work`], in task visits): a measure of the
+/// search's cost that, unlike its time, is the same on every machine and under any
+/// load (the `schedule!` macro notes a long search by it).
+pub fn derive_auto(req: &Request, expr: &Expr) -> Result<(Derived, u64), Vec<DeriveError>> {
+    sizes_fit(req, expr)?;
+    crate::search::auto::auto(req, expr)
+}
+
+/// The request's sizes are ones a step can have (errors at `expr`'s span).
+fn sizes_fit(req: &Request, expr: &Expr) -> Result<(), Vec<DeriveError>> {
     let mut errors = Vec::new();
     if req.ranks == 0 {
         errors.push(err(
@@ -72,11 +81,18 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
             ),
         ));
     }
-    if !errors.is_empty() {
-        return Err(errors);
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
     }
+}
+
+/// Derive, verify and simulate `expr` for `req`. All errors found are returned.
+pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
+    sizes_fit(req, expr)?;
     if expr.name() == "auto" {
-        return crate::search::auto::auto(req, expr);
+        return crate::search::auto::auto(req, expr).map(|(d, _)| d);
     }
     // A `fill` that cannot tell its placements apart records it here (in the
     // caller's record, if it gave one); then both are derived (`choose_placement`).
