@@ -34,6 +34,13 @@ pub enum PlanError {
          this size (auto's budget, SearchPolicy::fill_work)"
     )]
     OverBudget { cap: u64 },
+    /// More tasks than a 32-bit settle order numbers. The size limits keep every
+    /// accepted plan far below it; this says so instead of wrapping.
+    #[error(
+        "the plan has more than 2^32 tasks, too many to time; use fewer ranks or \
+         micro-batches"
+    )]
+    TooLarge,
 }
 
 /// One input of a task: the tensor it reads (of the task's own micro-batch) and the
@@ -368,7 +375,7 @@ fn settle(
             start[r][i] = ready;
             end[r][i] = ready + c;
             clock[r] = ready + c;
-            seq[r][i] = counter as u32;
+            seq[r][i] = u32::try_from(counter).map_err(|_| PlanError::TooLarge)?;
             counter += 1;
             done[r] += 1;
         }

@@ -405,7 +405,7 @@ fn simulated_timing(
     });
     let mut seq: Vec<Vec<u32>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
     for (k, (r, i)) in all.into_iter().enumerate() {
-        seq[r][i] = k as u32;
+        seq[r][i] = u32::try_from(k).ok()?;
     }
     Some(Timing { start, end, seq })
 }
