@@ -11,8 +11,73 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 /// A unit name inside actions: shared, so a million actions naming a dozen units
-/// cost a dozen allocations, not a million.
-pub type Name = Arc<str>;
+/// cost a dozen allocations, not a million; and behind one thin pointer (8 bytes,
+/// where an `Arc<str>` is 16 with its length), so an [`Action`] is 24 bytes: a step
+/// at the largest size holds millions of actions, and the derivation's and `mpipe
+/// trace`'s peaks hold a named program. Reads as the `str` it names.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Name(Arc<Box<str>>);
+
+impl std::ops::Deref for Name {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for Name {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::borrow::Borrow<str> for Name {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<&str> for Name {
+    fn from(s: &str) -> Name {
+        Name(Arc::new(Box::from(s)))
+    }
+}
+
+impl From<String> for Name {
+    fn from(s: String) -> Name {
+        Name(Arc::new(s.into_boxed_str()))
+    }
+}
+
+impl From<&String> for Name {
+    fn from(s: &String) -> Name {
+        Name::from(s.as_str())
+    }
+}
+
+impl std::fmt::Debug for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+impl std::fmt::Display for Name {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        (**self).fmt(f)
+    }
+}
+
+impl Serialize for Name {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for Name {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Name, D::Error> {
+        String::deserialize(d).map(Name::from)
+    }
+}
 
 /// The value of the `format` key of every program document.
 pub const FORMAT: &str = "mpipe-program/1";
@@ -69,6 +134,7 @@ pub struct Program {
     /// The model's units in topological order.
     pub units: Vec<Unit>,
     /// `programs[r]` is rank `r`'s action list, in execution order.
+    #[serde(deserialize_with = "lists_sharing_names")]
     pub programs: Vec<Vec<Action>>,
     /// Where the program came from (written by the derivation, ignored by readers).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -299,7 +365,7 @@ impl Dir {
 /// docs/spec/program-format.md spells it.
 ///
 /// Micro-batch and rank numbers are held in 32 bits and a collective's group behind
-/// one pointer, so an action is 32 bytes (a step at the largest size holds millions
+/// one pointer, its unit name behind one thin pointer ([`Name`]), so an action is 24 bytes (a step at the largest size holds millions
 /// of them, and `mpipe trace` holds one beside its simulation). The builders
 /// ([`Action::compute`], [`Action::p2p`], [`Action::coll`]) take `usize`; a number
 /// over `u32::MAX` is kept as `u32::MAX`, which is out of range for every program
@@ -639,6 +705,82 @@ impl Action {
             ActionRef::Coll(c) => c.unit,
         }
     }
+
+    /// The unit's name as the action holds it.
+    fn unit_name_mut(&mut self) -> &mut Name {
+        use Action::*;
+        match self {
+            F { unit, .. }
+            | B { unit, .. }
+            | W { unit, .. }
+            | BW { unit, .. }
+            | RF { unit, .. }
+            | SEND { unit, .. }
+            | RECV { unit, .. }
+            | BCAST { unit, .. }
+            | REDUCE { unit, .. } => unit,
+        }
+    }
+}
+
+/// [`Program::programs`] read action by action, each action's unit name replaced
+/// as it is read by the first one read with the same text: the actions of a
+/// program file or an embedded program share their names as a derived program's do
+/// (a name read is an allocation of its own, freed at once), so a program read
+/// holds 24 bytes an action, not an allocation more per action.
+fn lists_sharing_names<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<Vec<Vec<Action>>, D::Error> {
+    use serde::de::{DeserializeSeed, SeqAccess, Visitor};
+    use std::collections::HashSet;
+
+    struct Lists;
+    struct List<'a>(&'a mut HashSet<Name>);
+
+    impl<'de> Visitor<'de> for Lists {
+        type Value = Vec<Vec<Action>>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of action lists")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut names = HashSet::new();
+            let mut lists = Vec::new();
+            while let Some(list) = seq.next_element_seed(List(&mut names))? {
+                lists.push(list);
+            }
+            Ok(lists)
+        }
+    }
+
+    impl<'de> DeserializeSeed<'de> for List<'_> {
+        type Value = Vec<Action>;
+        fn deserialize<D: serde::Deserializer<'de>>(self, d: D) -> Result<Vec<Action>, D::Error> {
+            d.deserialize_seq(self)
+        }
+    }
+
+    impl<'de> Visitor<'de> for List<'_> {
+        type Value = Vec<Action>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("a list of actions")
+        }
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+            let mut list = Vec::new();
+            while let Some(mut a) = seq.next_element::<Action>()? {
+                let unit = a.unit_name_mut();
+                match self.0.get(&**unit) {
+                    Some(shared) => *unit = shared.clone(),
+                    None => {
+                        self.0.insert(unit.clone());
+                    }
+                }
+                list.push(a);
+            }
+            Ok(list)
+        }
+    }
+
+    d.deserialize_seq(Lists)
 }
 
 impl std::fmt::Display for Action {
@@ -701,8 +843,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_action_is_32_bytes() {
-        assert_eq!(std::mem::size_of::<Action>(), 32);
+    fn an_action_is_24_bytes() {
+        assert_eq!(std::mem::size_of::<Name>(), 8);
+        assert_eq!(std::mem::size_of::<Action>(), 24);
         assert_eq!(std::mem::size_of::<Option<Batch>>(), 4);
     }
 
