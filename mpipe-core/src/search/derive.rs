@@ -25,7 +25,7 @@ pub use crate::ir::text::did_you_mean;
 use crate::judge::bound::lowering_floor;
 use crate::judge::compare::span;
 pub use crate::search::finish::{bound_for, Derived};
-use crate::search::finish::{finish, finish_checked, Checked};
+use crate::search::finish::{finish, finish_checked, finish_checked_taking, Checked};
 pub use crate::search::place::resident_params;
 
 use crate::ir::program::OverLimit;
@@ -126,7 +126,8 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
                 (Some(plan), Some(inner)) if errors.is_empty() => {
                     // The placement chosen as for the body alone, then refined (the
                     // order search runs once, on the winner).
-                    let (plan, _) = choose_placement(req, plan, inner);
+                    let (plan, _) = choose_placement(req, plan, inner, true);
+                    let plan = plan.expect("kept when asked for");
                     finish(req, &plan, &expr.to_string(), expr.span, Some(order))
                 }
                 _ => Err(errors),
@@ -134,7 +135,7 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
         }
         _ => {
             let plan = plan_of(req, expr)?;
-            choose_placement(req, plan, expr).1
+            choose_placement(req, plan, expr, false).1
         }
     }
 }
@@ -153,12 +154,14 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
 /// ideal timing), also the plans with `pieces = whole` and `pieces = layers` there,
 /// but only those whose ideal step equals `plan`'s under the tolerance rule: where
 /// the ideal timing cannot tell them apart, the simulation does (and elsewhere
-/// nothing more is derived). Returns the plan kept and its derivation.
+/// nothing more is derived). Returns the plan kept (if `keep_plan`) and its
+/// derivation.
 fn choose_placement(
     req: &Request,
     plan: Plan,
     expr: &Expr,
-) -> (Plan, Result<Derived, Vec<DeriveError>>) {
+    keep_plan: bool,
+) -> (Option<Plan>, Result<Derived, Vec<DeriveError>>) {
     let text = expr.to_string();
     // Whether a `fill` recorded a tie: only then are its alternatives planned, and
     // derived where their ideal step ties `plan`'s (timed only then too).
@@ -262,8 +265,16 @@ fn choose_placement(
             replaced = true;
         }
     }
-    // Only the program kept needs its lower bound.
-    let derived = held.unwrap_or_else(|| finish_checked(req, &best, &text, expr.span, None));
+    // Only the program kept needs its lower bound. A plan the caller does not keep
+    // goes as soon as its derivation no longer needs it.
+    let (best, derived) = match held {
+        Some(derived) => (keep_plan.then_some(best), derived),
+        None if keep_plan => {
+            let derived = finish_checked(req, &best, &text, expr.span, None);
+            (Some(best), derived)
+        }
+        None => (None, finish_checked_taking(req, best, &text, expr.span)),
+    };
     (best, derived.map(|c| c.bounded(req)))
 }
 

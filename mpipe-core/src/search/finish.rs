@@ -15,6 +15,7 @@ use crate::judge::simulate::{simulate, Mode, SimOptions, SimReport};
 use crate::judge::verify::verify_static;
 use crate::search::periodic::periodic_if_no_slower;
 use crate::search::place::{best_lowering_with, peak_memory_with_params, resident_params};
+use std::borrow::Cow;
 
 /// A derived program with its predicted figures.
 #[derive(Clone, Debug)]
@@ -70,7 +71,7 @@ pub(crate) fn finish_replaying(
     order: usize,
     trials: &crate::search::reorder::Trials,
 ) -> Result<Derived, Vec<DeriveError>> {
-    check(req, plan, text, Some(order), Some(trials))
+    check(req, Cow::Borrowed(plan), text, Some(order), Some(trials))
         .map_err(|es| {
             es.into_iter()
                 .map(|(kind, message)| err(kind, Span::NONE, message))
@@ -110,7 +111,24 @@ pub(crate) fn finish_checked(
     span: Span,
     refine: Option<usize>,
 ) -> Result<Checked, Vec<DeriveError>> {
-    check(req, plan, text, refine, None).map_err(|es| {
+    check(req, Cow::Borrowed(plan), text, refine, None).map_err(|es| {
+        es.into_iter()
+            .map(|(kind, message)| err(kind, span, message))
+            .collect()
+    })
+}
+
+/// [`finish_checked`] of a plan the caller no longer needs: without `refine`, the
+/// plan goes once its best lowering is named, before the periodic placement and the
+/// checks run beside the named program (at 8 x 65536 a plan is tens of MB, a task
+/// 24 bytes).
+pub(crate) fn finish_checked_taking(
+    req: &Request,
+    plan: Plan,
+    text: &str,
+    span: Span,
+) -> Result<Checked, Vec<DeriveError>> {
+    check(req, Cow::Owned(plan), text, None, None).map_err(|es| {
         es.into_iter()
             .map(|(kind, message)| err(kind, span, message))
             .collect()
@@ -118,10 +136,10 @@ pub(crate) fn finish_checked(
 }
 
 /// [`finish_checked`], its errors as kind and message (the caller gives them the
-/// span).
+/// span). A plan given owned is dropped as soon as it is not needed.
 fn check(
     req: &Request,
-    plan: &Plan,
+    plan: Cow<'_, Plan>,
     text: &str,
     refine: Option<usize>,
     trials: Option<&crate::search::reorder::Trials>,
@@ -201,7 +219,7 @@ pub fn bound_for(profile: &Profile, program: &Program, opts: &SimOptions) -> Bou
 /// `refine(X)` is never slower than `X`).
 fn best_lowering(
     req: &Request,
-    plan: &Plan,
+    plan: Cow<'_, Plan>,
     text: &str,
     refine: Option<usize>,
     trials: Option<&crate::search::reorder::Trials>,
@@ -209,10 +227,13 @@ fn best_lowering(
     let limit = req.profile.memory.as_ref().map(|m| m.limit);
     let opts = req.sim_options(req.mode);
     let policy = &req.policy;
-    let first = best_lowering_with(plan, Some(text), &opts, limit, refine.is_some(), policy)?;
+    let first = best_lowering_with(&plan, Some(text), &opts, limit, refine.is_some(), policy)?;
     let Some(budget) = refine else {
+        // Not needed by the periodic placement (an owned plan goes here).
+        drop(plan);
         return Ok(periodic_if_no_slower(first, &opts, policy));
     };
+    let plan = &*plan;
     // The plan's own lowering, unrefined: with the periodic placement applied after
     // the searches, it can come out faster than the refinement does (the placement
     // may gain more on it), and `refine(X)` is never slower than `X`.
