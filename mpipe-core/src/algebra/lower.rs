@@ -451,7 +451,7 @@ pub(crate) fn lower_indexed_by(
     policy: &SearchPolicy,
 ) -> Result<Lowered, LowerError> {
     let at = placement_of(plan, prepared, placement, policy)?;
-    assemble_lowered(plan, &at)
+    assemble_lowered(plan, at)
 }
 
 /// The placement of every transfer's ends under `placement`; `policy` gives the
@@ -519,8 +519,13 @@ pub(crate) fn assemble(plan: &Plan, at: &[Vec<Placed>], expr: Option<&str>) -> P
 
 /// [`assemble`] by unit index, from [`placement_of`]'s placement: the same program
 /// before its units are named ([`Lowered::program`] names it). An error when a
-/// number of the program is over what a [`Step`] holds (2^32).
-pub(crate) fn assemble_lowered(plan: &Plan, at: &[Vec<Placed>]) -> Result<Lowered, LowerError> {
+/// number of the program is over what a [`Step`] holds (2^32). Given the placement
+/// itself (not a reference), each rank's ends are freed once its steps are written,
+/// so the placement and the lowering are not both held in full.
+pub(crate) fn assemble_lowered<L: AsRef<[Placed]>>(
+    plan: &Plan,
+    at: impl IntoIterator<Item = L>,
+) -> Result<Lowered, LowerError> {
     let (bcasts, reduces) = collectives(plan);
     let form = Indexed {
         rank: name_ranks(&plan.units),
@@ -571,7 +576,7 @@ pub struct Lowered {
 
 /// One action of a [`Lowered`] program: an [`Action`] naming its unit by index.
 /// Its numbers are 32-bit and its unit an index (20 bytes a step, its batch in 4;
-/// an [`Action`] is 32, with its unit's name shared): a search holds a lowering of
+/// an [`Action`] is 24, with its unit's name shared): a search holds a lowering of
 /// every candidate it judges, millions of steps at the largest sizes.
 /// [`assemble_lowered`] refuses a program whose numbers do not fit.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -914,9 +919,9 @@ fn name_ranks(units: &[Unit]) -> Vec<usize> {
 /// `form`: the broadcasts the rank is a member of, then compute in the plan's order
 /// with the transfers of each slot batched before the task of that slot, then its
 /// reductions; then the transfers of prefetched forwards.
-fn assemble_in<F: Form, P>(
+fn assemble_in<F: Form, P, L: AsRef<[P]>>(
     plan: &Plan,
-    at: &[Vec<P>],
+    at: impl IntoIterator<Item = L>,
     form: &F,
     (bcasts, reduces): (&[Collective], &[Collective]),
     slot: impl Fn(&P) -> usize,
@@ -926,7 +931,9 @@ fn assemble_in<F: Form, P>(
     // Scratch kept across slots and ranks: a slot's transfers, and the ends of the
     // batch being formed.
     let (mut group, mut seen) = (Vec::new(), Vec::new());
-    for (r, at) in at.iter().enumerate() {
+    // A rank's ends, if owned, go at the end of its turn.
+    for (r, ends) in at.into_iter().enumerate() {
+        let at = ends.as_ref();
         let n = plan.order[r].len();
         let mut list = Vec::with_capacity(bcasts.len() + n + at.len() + reduces.len());
         for (k, c) in bcasts.iter().enumerate() {

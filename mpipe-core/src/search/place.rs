@@ -80,8 +80,7 @@ pub(crate) fn best_lowering_with(
         if !seen.first_sight(&at) {
             continue;
         }
-        let lowered = assemble_lowered(plan, &at).map_err(|e| e.to_string())?;
-        drop(at);
+        let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
         // A run that provably cannot beat the best is cut short (`None`).
         let Some(finish) = finish_times_within(&plan.units, &lowered, opts, cutoff(&best))
             .map_err(|e| format!("derived program does not run: {e}"))?
@@ -135,10 +134,9 @@ pub(crate) fn best_lowering_with(
             if !seen.first_sight(&at) {
                 continue;
             }
-            let Ok(lowered) = assemble_lowered(plan, &at) else {
+            let Ok(lowered) = assemble_lowered(plan, at) else {
                 continue;
             };
-            drop(at);
             let Ok(Some(finish)) = finish_times_within(&plan.units, &lowered, opts, cutoff(&best))
             else {
                 continue;
@@ -174,7 +172,7 @@ pub(crate) fn best_lowering_with(
         Some(lowered) => (lowered, None),
         None => {
             let at = best.placement(plan, &prepared, policy)?;
-            let lowered = assemble_lowered(plan, &at).map_err(|e| e.to_string())?;
+            let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
             (lowered, ran)
         }
     };
@@ -263,8 +261,7 @@ impl Best {
         policy: &SearchPolicy,
     ) -> Result<(Option<Timing>, SimReport), String> {
         let at = self.placement(plan, prepared, policy)?;
-        let lowered = assemble_lowered(plan, &at).map_err(|e| e.to_string())?;
-        drop(at);
+        let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
         let report = simulate_lowered(&plan.units, &lowered, opts)
             .map_err(|e| format!("derived program does not run: {e}"))?;
         let time = simulated_timing(
