@@ -9,55 +9,44 @@
 //! The goal: at most 400 MB at 8 x 65536 ([`GOAL_BYTES_AT_LARGEST`]). Asserted, as
 //! the peak here times 16 (the program at 8 x 65536 has 16 times the actions; every
 //! table grows with them), for the reproducer, `1f1b` on
-//! `profiles/encoder-heavy.toml`, and `transpose(vision, 1f1b)` there: about 230 and
-//! 280 MB. Not reached for `zbv` on the profile with 16 LLM layers (two stages a
-//! rank, 6.9 M actions: about 540 MB, 77 bytes an action where 400 MB is 58): for it
+//! `profiles/encoder-heavy.toml`, and `transpose(vision, 1f1b)` there: about 225 and
+//! 270 MB. Not reached for `zbv` on the profile with 16 LLM layers (two stages a
+//! rank, 6.9 M actions: about 520 MB, 74 bytes an action where 400 MB is 58): for it
 //! the figure is printed and the bounds below hold what is, phase by phase (`mpipe
 //! trace` measures the same resident: `benches/trace.rs` runs all three at the
 //! largest size), with where the rest is:
 //!
 //! - Simulating and writing the trace, the program held ([`TRACE_BYTES_PER_ACTION`]):
-//!   the named program is 32 bytes an action, its timeline 16, and the simulator's
-//!   working set at its peak about 14 (44 before this bound): a resolved action in
-//!   8 bytes (16), 4 per transfer for its partner's operation (8 per action for
-//!   operation ids and partner indices), about 13 per operation (the dependency
-//!   lists and their reverse, 16 more, are gone: read from the partners). The memory
-//!   counters are written rank by rank as they are found (`memory_curves`: all
-//!   ranks' steps at once, about 24 bytes an action, before), and the flows' ends
-//!   are gathered an eighth at a time (about 2). 62 to 63 (87 to 91 before). This
-//!   phase alone is above `zbv`'s goal: the program and its timeline are 48.
-//! - The derivation ([`WHOLE_BYTES_PER_ACTION`], the whole command's peak): 77 for
-//!   `1f1b` and `zbv` (in `search/place.rs`: a candidate's lowering, 20 bytes a
-//!   step, simulated, its resolved copy 8 and the engine's tables with the
-//!   transfer ends being matched, beside the plan, its ideal timing and the
-//!   prepared transfers), 85 for `transpose(vision, 1f1b)` (an alternative
-//!   placement's plan and ideal-timing floor beside the derivation kept, program
-//!   and report). 80, 83 and 91 before the ninth session's change: a step was 24
-//!   bytes (its batch an `Option<u32>`), a timing's settle order a machine word a
-//!   task, and `zbv`'s rank lists (as `zblist`'s and `zb2p`'s) grew by doubling
-//!   on all ranks but the last (`vec![Vec::with_capacity(n); p]` clones an empty
-//!   vector). 92 for `zbv` and 95 for `transpose` before the eighth: the periodic
-//!   placement (`search/periodic.rs`) rewrote a rank beside the named program (32
-//!   bytes an action), its report's timeline (16), the ranks' shapes (16 bytes a
-//!   task and 8 a group) and its rewriting tables; now the timeline is not held
-//!   from the first rank rewritten, the shapes not while a candidate is judged,
-//!   and a rank's rewrite keeps a bit per moved transfer and 16 bytes per
-//!   generated one. 89 to 102 before the bound of the seventh session: a prepared
-//!   transfer 56 bytes (now 28), the verifier's resolved action 16 (now 8), a
-//!   plan's dependency 40 (now 16); 98 to 122 before the one of the sixth (the
-//!   simulator's working set; a placed transfer end 48 bytes, now 32; the periodic
-//!   placement's tables keyed by unit name, 40 bytes a key, now 16; the verifier's
-//!   transfer ends 16 bytes with their key, now 4).
+//!   the named program is 24 bytes an action (an action 24 bytes, its unit's name
+//!   behind one thin pointer: 32 before the tenth session), its timeline 16, and the
+//!   simulator's working set at its peak about 14. 54 to 55 (62 to 63 before the
+//!   tenth session, 87 to 91 before the sixth): this phase alone is now within the
+//!   goal's 58.
+//! - The derivation ([`WHOLE_BYTES_PER_ACTION`], the whole command's peak): 75 for
+//!   `1f1b`, 74 for `zbv` and 82 for `transpose(vision, 1f1b)`, in
+//!   `search/place.rs`: a candidate's simulation (its lowering, 20 bytes a step, the
+//!   simulator's resolved copy, 8, its set-up with the transfer ends being matched,
+//!   16 bytes an end in vectors grown by doubling) beside the plan (a task 24
+//!   bytes), its ideal timing (20 a task), the prepared transfers and the placements
+//!   seen (about 2 bytes an action each). The later phases, which hold the named
+//!   program, are below it since the tenth session: the plan is dropped once its best
+//!   lowering is named (`derive`'s choice keeps it only for `refine`), and an action
+//!   is 8 bytes smaller; a candidate's assembly frees its placement rank by rank.
+//!   77, 77 and 85 before the tenth session; 80, 83 and 91 before the ninth (a step
+//!   was 24 bytes, a timing's settle order a machine word a task, and `zbv`'s rank
+//!   lists grew by doubling on all ranks but the last); 92 for `zbv` and 95 for
+//!   `transpose` before the eighth (the periodic placement held the named program,
+//!   its report's timeline and the ranks' shapes beside its rewriting tables); 89 to
+//!   102 before the seventh (a prepared transfer 56 bytes, now 28, the verifier's
+//!   resolved action 16, now 8, a plan's dependency 40, now 16); 98 to 122 before
+//!   the sixth (the simulator's working set, a placed transfer end 48 bytes, the
+//!   periodic placement's tables keyed by unit name, the verifier's transfer ends).
 //!
-//! Reaching the goal for `zbv` needs both phases smaller: the trace phase (the
-//! program and its timeline held while the trace is written) and the derivation's
-//! search, where its peak is now: `search/place.rs` (a candidate's lowering and its
-//! simulation beside the plan, a task 24 bytes, its ideal timing, 20, the prepared
-//! transfers and the placements seen) and `choose_placement`
-//! (`search/derive.rs`). The simulator reading a lowering's steps in place of its
-//! resolved copy (8 bytes an action) was tried: 1 to 2 bytes an action lower at
-//! the peak, 8.7% more instructions for a derivation (each step converted at every
-//! reading), not kept.
+//! Reaching the goal for `zbv` needs the placement search's peak smaller by about
+//! a fifth: the candidate's lowering and the simulator's copy of it held together
+//! (the simulator reading the lowering's steps in place was tried in the ninth
+//! session: 8.7% more instructions, not kept), the transfer matching's vectors, the
+//! plan's 24-byte tasks and the placements seen.
 
 use mpipe::core::derive::{derive_str, Request, MAX_MICROBATCHES};
 use mpipe::core::profile::Profile;
@@ -69,14 +58,15 @@ use peak_alloc::PeakAlloc;
 static ALLOC: PeakAlloc = PeakAlloc;
 
 /// The most bytes held at the peak per action while the program is simulated and
-/// the trace written, the program included: the program (32), its timeline (16)
-/// and the simulator's working set (about 14).
-const TRACE_BYTES_PER_ACTION: usize = 64;
+/// the trace written, the program included: the program (24), its timeline (16)
+/// and the simulator's working set (about 14); the goal's 58 (62 to 63 before the
+/// tenth session).
+const TRACE_BYTES_PER_ACTION: usize = 58;
 
 /// The most bytes held at the peak per action by the whole command (the derivation's
-/// peak is the larger): above every body's figure (77 to 85), below the figures
-/// before the seventh session's bound (89 to 102) but for `1f1b`'s 89.
-const WHOLE_BYTES_PER_ACTION: usize = 96;
+/// peak is the larger): above every body's figure (74 to 82), below `transpose`'s
+/// 85 before the tenth session.
+const WHOLE_BYTES_PER_ACTION: usize = 84;
 
 /// What the whole command should hold at the largest size, 8 x 65536 (the issue's
 /// "a few hundred MB"): asserted for the bodies of [`GOAL_HELD`], printed for all.

@@ -895,5 +895,18 @@ mod tests {
         );
         let again = Program::from_json(&p.to_json()).unwrap();
         assert_eq!(p, again);
+        // The actions read share one name per unit text, across ranks too.
+        let text = r#"{"format": "mpipe-program/1", "ranks": 2, "microbatches": 1, "units": [],
+          "programs": [[{"op": "F", "unit": "a", "mb": 0}, {"op": "B", "unit": "b", "mb": 0},
+                        {"op": "SEND", "tensor": "act", "unit": "a", "mb": 0, "peer": 1}],
+                       [{"op": "RECV", "tensor": "act", "unit": "a", "mb": 0, "peer": 0},
+                        {"op": "W", "unit": "b", "mb": 0}]]}"#;
+        let p = Program::from_json(text).unwrap();
+        let at = |r: usize, i: usize| p.programs[r][i].unit().as_ptr();
+        assert_eq!(at(0, 0), at(0, 2));
+        assert_eq!(at(0, 0), at(1, 0));
+        assert_eq!(at(0, 1), at(1, 1));
+        assert_ne!(at(0, 0), at(0, 1));
+        assert_eq!(p.programs[1][1].unit(), "b");
     }
 }
