@@ -727,7 +727,8 @@ impl Action {
 /// as it is read by the first one read with the same text: the actions of a
 /// program file or an embedded program share their names as a derived program's do
 /// (a name read is an allocation of its own, freed at once), so a program read
-/// holds 24 bytes an action, not an allocation more per action.
+/// holds 24 bytes an action, not an allocation more per action. A list expected is
+/// "a sequence", serde's words for a `Vec`, so errors read as before.
 fn lists_sharing_names<'de, D: serde::Deserializer<'de>>(
     d: D,
 ) -> Result<Vec<Vec<Action>>, D::Error> {
@@ -740,7 +741,7 @@ fn lists_sharing_names<'de, D: serde::Deserializer<'de>>(
     impl<'de> Visitor<'de> for Lists {
         type Value = Vec<Vec<Action>>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a list of action lists")
+            f.write_str("a sequence")
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
             let mut names = HashSet::new();
@@ -762,7 +763,7 @@ fn lists_sharing_names<'de, D: serde::Deserializer<'de>>(
     impl<'de> Visitor<'de> for List<'_> {
         type Value = Vec<Action>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-            f.write_str("a list of actions")
+            f.write_str("a sequence")
         }
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
             let mut list = Vec::new();
