@@ -113,8 +113,8 @@ pub fn dependencies_lenient(plan: &Plan) -> Result<Deps, PlanError> {
 /// before it are given none.
 fn resolve(plan: &Plan, lenient: bool, from: &[usize]) -> Result<Deps, PlanError> {
     let index = plan.locate();
-    let need = plan.needs_backward();
-    let (inputs, succs) = plan.unit_links();
+    let names = plan.unit_names();
+    let need = names.needs_backward();
     let mut offsets = Vec::with_capacity(plan.ranks);
     let mut items = Vec::new();
     for (r, list) in plan.order.iter().enumerate() {
@@ -147,7 +147,7 @@ fn resolve(plan: &Plan, lenient: bool, from: &[usize]) -> Result<Deps, PlanError
                         !plan.prefetch.is_empty() && plan.prefetch.binary_search(&(u, t.mb)).is_ok()
                     };
                     let reader_ahead = ahead(t.unit);
-                    for &p in &inputs[t.unit] {
+                    for &p in names.inputs(t.unit) {
                         // Left by the previous step (see `Plan::prefetch`), unless
                         // the reader runs a step ahead too.
                         if ahead(p) && !reader_ahead {
@@ -173,7 +173,7 @@ fn resolve(plan: &Plan, lenient: bool, from: &[usize]) -> Result<Deps, PlanError
                             false,
                         )
                     })?;
-                    for &s in &succs[t.unit] {
+                    for &s in names.successors(t.unit) {
                         if !need[s] {
                             continue;
                         }

@@ -976,15 +976,17 @@ fn prefetch_transfers<F: Form>(plan: &Plan, form: &F, programs: &mut [Vec<F::Act
         return;
     }
     let index = plan.locate();
+    let names = plan.unit_names();
     for &(u, mb) in &plan.prefetch {
         let Some((q, _)) = index.get(Op::F, u, mb) else {
             continue;
         };
         // Readers prefetched too (the next layer of a cut encoder) read this step's
         // copy: the rest of the lowering moves it, as any dependency.
-        let mut readers: Vec<usize> = plan
+        let mut readers: Vec<usize> = names
             .successors(u)
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|&s| plan.prefetch.binary_search(&(s, mb)).is_err())
             .filter_map(|s| index.get(Op::F, s, mb).or_else(|| index.get(Op::RF, s, mb)))
             .map(|(r, _)| r)

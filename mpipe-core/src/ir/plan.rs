@@ -78,55 +78,23 @@ impl Plan {
     /// Whether unit `u` needs a backward (it is trainable or reads, transitively, a
     /// trainable unit). Units are in topological order, so one pass suffices.
     pub fn needs_backward(&self) -> Vec<bool> {
-        needs_backward(&self.units)
+        self.unit_names().needs_backward()
     }
 
-    /// Index of the unit named `name`.
+    /// The units by name ([`UnitNames`]): where a unit's name becomes its index.
+    pub fn unit_names(&self) -> UnitNames<'_> {
+        UnitNames::new(&self.units)
+    }
+
+    /// Index of the unit named `name` ([`UnitNames::id`]; to look up many names,
+    /// build [`Plan::unit_names`] once).
     pub fn unit_id(&self, name: &str) -> Option<UnitId> {
-        self.units.iter().position(|u| u.name == name)
+        self.unit_names().id(name)
     }
 
-    /// Units that read `u`'s output.
+    /// Units that read `u`'s output ([`UnitNames::successors`]).
     pub fn successors(&self, u: UnitId) -> Vec<UnitId> {
-        let name = &self.units[u].name;
-        (0..self.units.len())
-            .filter(|&s| self.units[s].inputs.iter().any(|i| i == name))
-            .collect()
-    }
-
-    /// Each unit's inputs by index, as [`Plan::unit_id`] finds them (a name of no
-    /// unit left out), and its successors, as [`Plan::successors`] lists them: in
-    /// time linear in the units and their inputs (the two one unit at a time are
-    /// quadratic in the units).
-    pub(crate) fn unit_links(&self) -> (Vec<Vec<UnitId>>, Vec<Vec<UnitId>>) {
-        let n = self.units.len();
-        let mut by_name: std::collections::HashMap<&str, Vec<UnitId>> =
-            std::collections::HashMap::with_capacity(n);
-        for (u, unit) in self.units.iter().enumerate() {
-            by_name.entry(unit.name.as_str()).or_default().push(u);
-        }
-        let inputs = self
-            .units
-            .iter()
-            .map(|u| {
-                u.inputs
-                    .iter()
-                    .filter_map(|i| by_name.get(i.as_str()).map(|ids| ids[0]))
-                    .collect()
-            })
-            .collect();
-        let mut succs: Vec<Vec<UnitId>> = vec![Vec::new(); n];
-        for (s, unit) in self.units.iter().enumerate() {
-            for i in &unit.inputs {
-                for &p in by_name.get(i.as_str()).map_or(&[][..], Vec::as_slice) {
-                    // Once per reader, however many of its inputs name `p`.
-                    if succs[p].last() != Some(&s) {
-                        succs[p].push(s);
-                    }
-                }
-            }
-        }
-        (inputs, succs)
+        self.unit_names().successors(u).to_vec()
     }
 
     /// Position `(rank, index)` of each task, in a dense table.
@@ -167,17 +135,85 @@ impl Plan {
 
 /// `needs backward` for units in topological order (see docs/spec/program-format.md).
 pub fn needs_backward(units: &[Unit]) -> Vec<bool> {
-    let mut need = vec![false; units.len()];
-    for (i, u) in units.iter().enumerate() {
-        need[i] = u.trainable
-            || u.inputs.iter().any(|name| {
-                units[..i]
+    UnitNames::new(units).needs_backward()
+}
+
+/// A plan's units found by name, once: the one place a unit's name becomes its
+/// index, which looking a name up ([`Plan::unit_id`]), the readers of a unit
+/// ([`Plan::successors`]) and dependency resolution all read. Built in time linear
+/// in the units and their inputs. A name several units bear is the first's (a
+/// program refuses such units; the plan's links are those of the first).
+#[derive(Clone, Debug)]
+pub struct UnitNames<'a> {
+    units: &'a [Unit],
+    by_name: std::collections::HashMap<&'a str, UnitId>,
+    /// Each unit's inputs by index, in the order it names them (a name of no unit
+    /// left out).
+    inputs: Vec<Vec<UnitId>>,
+    /// Each unit's readers: the units with it among their inputs, each once, in
+    /// unit order.
+    readers: Vec<Vec<UnitId>>,
+}
+
+impl<'a> UnitNames<'a> {
+    /// The index of `units`.
+    pub fn new(units: &'a [Unit]) -> UnitNames<'a> {
+        let n = units.len();
+        let mut by_name = std::collections::HashMap::with_capacity(n);
+        for (u, unit) in units.iter().enumerate() {
+            by_name.entry(unit.name.as_str()).or_insert(u);
+        }
+        let inputs: Vec<Vec<UnitId>> = units
+            .iter()
+            .map(|u| {
+                u.inputs
                     .iter()
-                    .position(|p| &p.name == name)
-                    .is_some_and(|p| need[p])
-            });
+                    .filter_map(|i| by_name.get(i.as_str()).copied())
+                    .collect()
+            })
+            .collect();
+        let mut readers: Vec<Vec<UnitId>> = vec![Vec::new(); n];
+        for (s, ins) in inputs.iter().enumerate() {
+            for &p in ins {
+                // Once per reader, however many of its inputs name `p`.
+                if readers[p].last() != Some(&s) {
+                    readers[p].push(s);
+                }
+            }
+        }
+        UnitNames {
+            units,
+            by_name,
+            inputs,
+            readers,
+        }
     }
-    need
+
+    /// Index of the unit named `name`.
+    pub fn id(&self, name: &str) -> Option<UnitId> {
+        self.by_name.get(name).copied()
+    }
+
+    /// Unit `u`'s inputs by index.
+    pub fn inputs(&self, u: UnitId) -> &[UnitId] {
+        &self.inputs[u]
+    }
+
+    /// Units that read `u`'s output.
+    pub fn successors(&self, u: UnitId) -> &[UnitId] {
+        &self.readers[u]
+    }
+
+    /// Whether each unit (in topological order) needs a backward: it is trainable
+    /// or reads, transitively, a unit that does (an input later in the order does
+    /// not count). One pass.
+    pub fn needs_backward(&self) -> Vec<bool> {
+        let mut need = vec![false; self.units.len()];
+        for (i, u) in self.units.iter().enumerate() {
+            need[i] = u.trainable || self.inputs[i].iter().any(|&p| p < i && need[p]);
+        }
+        need
+    }
 }
 
 /// Dense `(op, unit, mb) -> (rank, index)` table of a plan.
@@ -227,16 +263,17 @@ impl TaskIndex {
 
 #[cfg(test)]
 mod tests {
-    use super::Plan;
+    use super::UnitNames;
     use crate::ir::program::{Cost, Unit};
     use crate::ir::role::Role;
     use proptest::prelude::*;
 
     proptest! {
-        /// The links found at once are those found one unit at a time, with
-        /// repeated names, repeated inputs and inputs naming no unit.
+        /// A unit's readers are the units naming it among their inputs, each once
+        /// and in unit order, with repeated names, repeated inputs and inputs
+        /// naming no unit; a name is its first unit's.
         #[test]
-        fn unit_links_are_the_ones_found_one_at_a_time(
+        fn readers_are_the_units_whose_inputs_name_the_unit(
             units in proptest::collection::vec(
                 (0usize..6, proptest::collection::vec(0usize..8, 0..4)),
                 0..12,
@@ -257,22 +294,18 @@ mod tests {
                     role: Role::of_name(&name(*n)),
                 })
                 .collect();
-            let plan = Plan {
-                ranks: 1,
-                microbatches: 1,
-                units,
-                stages: Vec::new(),
-                encoders: Vec::new(),
-                order: vec![Vec::new()],
-                input_ships: Vec::new(),
-                prefetch: Vec::new(),
-                memory_limit: None,
-            };
-            let (inputs, succs) = plan.unit_links();
-            for (u, unit) in plan.units.iter().enumerate() {
-                let want: Vec<usize> = unit.inputs.iter().filter_map(|n| plan.unit_id(n)).collect();
-                prop_assert_eq!(&inputs[u], &want);
-                prop_assert_eq!(&succs[u], &plan.successors(u));
+            let names = UnitNames::new(&units);
+            for k in 0..8 {
+                let first = units.iter().position(|u| u.name == name(k));
+                prop_assert_eq!(names.id(&name(k)), first);
+            }
+            for (u, unit) in units.iter().enumerate() {
+                let ins: Vec<usize> = unit.inputs.iter().filter_map(|n| names.id(n)).collect();
+                prop_assert_eq!(names.inputs(u), &ins[..]);
+                let readers: Vec<usize> = (0..units.len())
+                    .filter(|&s| names.inputs(s).contains(&u))
+                    .collect();
+                prop_assert_eq!(names.successors(u), &readers[..]);
             }
         }
     }

@@ -203,6 +203,7 @@ fn apply(plan: &Plan, cut: Vec<Option<Pieces>>) -> (Plan, Vec<UnitId>) {
     let mut first = Vec::with_capacity(plan.units.len());
     let mut count = Vec::with_capacity(plan.units.len());
     let mut units: Vec<Unit> = Vec::new();
+    let names = plan.unit_names();
     let last_name = |u: UnitId, units: &[Unit], first: &[usize], count: &[usize]| {
         units[first[u] + count[u] - 1].name.clone()
     };
@@ -211,7 +212,7 @@ fn apply(plan: &Plan, cut: Vec<Option<Pieces>>) -> (Plan, Vec<UnitId>) {
         let inputs: Vec<String> = unit
             .inputs
             .iter()
-            .map(|n| match plan.unit_id(n) {
+            .map(|n| match names.id(n) {
                 Some(i) if i < u => last_name(i, &units, &first, &count),
                 _ => n.clone(),
             })
