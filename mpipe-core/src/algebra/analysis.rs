@@ -3,7 +3,7 @@
 //! free). The lowering orders transfers by these times; operators that place work
 //! into idle time read them.
 
-use crate::ir::plan::{Plan, Task, TaskIndex, UnitId};
+use crate::ir::plan::{Plan, Task, TaskIndex, UnitId, UnitNames};
 use crate::ir::program::{Op, Tensor};
 
 /// A plan that cannot be executed: a generator or operator broke the plan invariant.
@@ -98,22 +98,33 @@ pub(crate) fn describe(plan: &Plan, t: &Task) -> String {
 /// weight-gradient its own `B`. Local producers earlier on the rank win; otherwise
 /// the unique producer elsewhere.
 pub fn dependencies(plan: &Plan) -> Result<Deps, PlanError> {
-    resolve(plan, false, &[])
+    resolve(plan, &plan.unit_names(), false, &[])
+}
+
+/// [`dependencies`] with the plan's units found by name in `names`
+/// ([`Plan::unit_names`] of this plan, or of another of the same units): a search
+/// resolving many plans of the same units builds the index once.
+pub(crate) fn dependencies_named(plan: &Plan, names: &UnitNames) -> Result<Deps, PlanError> {
+    resolve(plan, names, false, &[])
 }
 
 /// Like [`dependencies`], but a tensor nobody produces is taken as available from the
 /// start instead of an error: operators use it to time a plan whose work they are
 /// about to re-place.
 pub fn dependencies_lenient(plan: &Plan) -> Result<Deps, PlanError> {
-    resolve(plan, true, &[])
+    resolve(plan, &plan.unit_names(), true, &[])
 }
 
 /// The dependencies of `plan`'s tasks, resolved only from index `from[r]` on on rank
 /// `r` (every task where `from` is empty or shorter than the ranks): the tasks
 /// before it are given none.
-fn resolve(plan: &Plan, lenient: bool, from: &[usize]) -> Result<Deps, PlanError> {
+fn resolve(
+    plan: &Plan,
+    names: &UnitNames,
+    lenient: bool,
+    from: &[usize],
+) -> Result<Deps, PlanError> {
     let index = plan.locate();
-    let names = plan.unit_names();
     let need = names.needs_backward();
     let mut offsets = Vec::with_capacity(plan.ranks);
     let mut items = Vec::new();
@@ -294,7 +305,7 @@ pub fn timing_extended(plan: &Plan, base: &Timing) -> Result<Timing, PlanError> 
             have.min(plan.order[r].len())
         })
         .collect();
-    let deps = resolve(plan, false, &from)?;
+    let deps = resolve(plan, &plan.unit_names(), false, &from)?;
     let counter = from.iter().sum();
     let mut time = Timing {
         start: Vec::with_capacity(plan.ranks),

@@ -27,8 +27,8 @@
 //! Actions that land between the same two compute tasks are posted together as
 //! batches (at most one `SEND` to and one `RECV` from each peer per batch).
 
-use crate::algebra::analysis::{dependencies, timing, PlanError, Timing};
-use crate::ir::plan::Plan;
+use crate::algebra::analysis::{dependencies_named, timing, PlanError, Timing};
+use crate::ir::plan::{Plan, UnitNames};
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{
     Action, CollKind, Dir, Name, Op, Prefetch, Program, Source, Tensor, Unit, FORMAT,
@@ -313,7 +313,13 @@ fn counting_sort<T: Copy>(
 
 /// Resolve `plan`'s dependencies, time it and collect its transfers.
 pub fn prepare(plan: &Plan) -> Result<Prepared, LowerError> {
-    let deps = dependencies(plan)?;
+    prepare_named(plan, &plan.unit_names())
+}
+
+/// [`prepare`] with the plan's units found by name in `names` (see
+/// [`dependencies_named`]).
+pub(crate) fn prepare_named(plan: &Plan, names: &UnitNames) -> Result<Prepared, LowerError> {
+    let deps = dependencies_named(plan, names)?;
     let time = timing(plan, &deps)?;
     // Every cross-rank read, then one transfer per (tensor, unit, mb, destination):
     // the first consumer on the destination decides where the RECV must be.

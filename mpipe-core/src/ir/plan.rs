@@ -78,7 +78,7 @@ impl Plan {
     /// Whether unit `u` needs a backward (it is trainable or reads, transitively, a
     /// trainable unit). Units are in topological order, so one pass suffices.
     pub fn needs_backward(&self) -> Vec<bool> {
-        self.unit_names().needs_backward()
+        self.unit_names().needs_backward().to_vec()
     }
 
     /// The units by name ([`UnitNames`]): where a unit's name becomes its index.
@@ -135,17 +135,18 @@ impl Plan {
 
 /// `needs backward` for units in topological order (see docs/spec/program-format.md).
 pub fn needs_backward(units: &[Unit]) -> Vec<bool> {
-    UnitNames::new(units).needs_backward()
+    UnitNames::new(units).needs_backward().to_vec()
 }
 
 /// A plan's units found by name, once: the one place a unit's name becomes its
 /// index, which looking a name up ([`Plan::unit_id`]), the readers of a unit
 /// ([`Plan::successors`]) and dependency resolution all read. Built in time linear
 /// in the units and their inputs. A name several units bear is the first's (a
-/// program refuses such units; the plan's links are those of the first).
+/// program refuses such units; the plan's links are those of the first). It
+/// depends on the units alone, so plans of the same units (the order search's
+/// trials) share one.
 #[derive(Clone, Debug)]
 pub struct UnitNames<'a> {
-    units: &'a [Unit],
     by_name: std::collections::HashMap<&'a str, UnitId>,
     /// Each unit's inputs by index, in the order it names them (a name of no unit
     /// left out).
@@ -153,6 +154,8 @@ pub struct UnitNames<'a> {
     /// Each unit's readers: the units with it among their inputs, each once, in
     /// unit order.
     readers: Vec<Vec<UnitId>>,
+    /// Whether each unit needs a backward ([`UnitNames::needs_backward`]).
+    need: Vec<bool>,
 }
 
 impl<'a> UnitNames<'a> {
@@ -181,11 +184,17 @@ impl<'a> UnitNames<'a> {
                 }
             }
         }
+        // Units are in topological order: one pass. An input later in the order
+        // does not count.
+        let mut need = vec![false; n];
+        for (i, u) in units.iter().enumerate() {
+            need[i] = u.trainable || inputs[i].iter().any(|&p| p < i && need[p]);
+        }
         UnitNames {
-            units,
             by_name,
             inputs,
             readers,
+            need,
         }
     }
 
@@ -204,15 +213,10 @@ impl<'a> UnitNames<'a> {
         &self.readers[u]
     }
 
-    /// Whether each unit (in topological order) needs a backward: it is trainable
-    /// or reads, transitively, a unit that does (an input later in the order does
-    /// not count). One pass.
-    pub fn needs_backward(&self) -> Vec<bool> {
-        let mut need = vec![false; self.units.len()];
-        for (i, u) in self.units.iter().enumerate() {
-            need[i] = u.trainable || self.inputs[i].iter().any(|&p| p < i && need[p]);
-        }
-        need
+    /// Whether each unit needs a backward: it is trainable or reads, transitively,
+    /// a unit that does (units are in topological order).
+    pub fn needs_backward(&self) -> &[bool] {
+        &self.need
     }
 }
 

@@ -61,9 +61,11 @@
 //! which ends early when no move is left.
 
 use crate::algebra::analysis::dependencies;
-use crate::algebra::lower::{lower_indexed_by, lower_prepared_by, prepare, Lowered, Placement};
+use crate::algebra::lower::{
+    lower_indexed_by, lower_prepared_by, prepare, prepare_named, Lowered, Placement,
+};
 use crate::ir::compare::{less, Score};
-use crate::ir::plan::{Plan, Task, TaskIndex};
+use crate::ir::plan::{Plan, Task, TaskIndex, UnitNames};
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{ActionRef, Op, Program};
 use crate::ir::progress::Stage;
@@ -97,8 +99,17 @@ fn reorder_on(
     width: usize,
     replay: &mut Replay,
 ) -> (Vec<Plan>, usize) {
+    // Moves never change the units: every trial's plan has these names.
+    let names = plan.unit_names();
     std::thread::scope(|s| {
-        let pool = Pool::new(s, width.saturating_sub(1), plan, search.opts, search.policy);
+        let pool = Pool::new(
+            s,
+            width.saturating_sub(1),
+            plan,
+            &names,
+            search.opts,
+            search.policy,
+        );
         search_on(plan, search, budget, width, replay, &pool)
     })
 }
@@ -265,9 +276,9 @@ fn search_on(
                         continue;
                     }
                     // A trial read back is lowered again only when it helps.
-                    let Some(low) =
-                        low.or_else(|| lower_one(&next, opts, rule, policy, cutoff, None).0)
-                    else {
+                    let Some(low) = low.or_else(|| {
+                        lower_one(&next, pool.names, opts, rule, policy, cutoff, None).0
+                    }) else {
                         continue;
                     };
                     // Only a move that helps is measured in full and named (for
@@ -849,11 +860,13 @@ impl Base {
     }
 
     /// Trial `t` lowered and simulated ([`lower_one`]) on `scratch`, a plan of the
-    /// same units whose order is overwritten.
+    /// same units (found by name in `names`) whose order is overwritten.
+    #[allow(clippy::too_many_arguments)]
     fn trial(
         &self,
         t: Try,
         scratch: &mut Plan,
+        names: &UnitNames,
         opts: &SimOptions,
         rule: Placement,
         policy: &SearchPolicy,
@@ -863,7 +876,15 @@ impl Base {
         if !self.apply(t, &mut scratch.order) {
             return (None, Outcome::Fails);
         }
-        lower_one(scratch, opts, rule, policy, cutoff, self.run.as_ref())
+        lower_one(
+            scratch,
+            names,
+            opts,
+            rule,
+            policy,
+            cutoff,
+            self.run.as_ref(),
+        )
     }
 }
 
@@ -910,6 +931,8 @@ type Done = (usize, std::thread::Result<Trial>);
 /// trial, its units with it, was work on the calling thread, which the other
 /// threads waited for).
 struct Pool<'a> {
+    /// The units of every trial's plan, by name.
+    names: &'a UnitNames<'a>,
     opts: &'a SimOptions,
     policy: &'a SearchPolicy,
     jobs: Vec<std::sync::mpsc::Sender<Job>>,
@@ -924,6 +947,7 @@ impl<'a> Pool<'a> {
         scope: &'scope std::thread::Scope<'scope, '_>,
         workers: usize,
         plan: &Plan,
+        names: &'a UnitNames<'a>,
         opts: &'a SimOptions,
         policy: &'a SearchPolicy,
     ) -> Pool<'a>
@@ -939,7 +963,7 @@ impl<'a> Pool<'a> {
                 scope.spawn(move || {
                     for (k, base, t, rule, cutoff) in take {
                         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            base.trial(t, &mut scratch, opts, rule, policy, cutoff)
+                            base.trial(t, &mut scratch, names, opts, rule, policy, cutoff)
                         }));
                         if answer.send((k, r)).is_err() {
                             break;
@@ -950,6 +974,7 @@ impl<'a> Pool<'a> {
             })
             .collect();
         Pool {
+            names,
             opts,
             policy,
             jobs,
@@ -983,7 +1008,15 @@ impl<'a> Pool<'a> {
         }
         let mut scratch = self.scratch.borrow_mut();
         for &k in &mine {
-            out[k] = base.trial(batch[k], &mut scratch, self.opts, rule, self.policy, cutoff);
+            out[k] = base.trial(
+                batch[k],
+                &mut scratch,
+                self.names,
+                self.opts,
+                rule,
+                self.policy,
+                cutoff,
+            );
         }
         for _ in 0..sent {
             // Every job sent is answered: the workers live as long as the pool.
@@ -999,8 +1032,8 @@ impl<'a> Pool<'a> {
     }
 }
 
-/// `plan` lowered with `rule` and simulated: the lowering, and each rank's
-/// finishing time ([`Outcome::Ran`]), or [`Outcome::Slower`] as soon as the
+/// `plan` (its units found by name in `names`) lowered with `rule` and
+/// simulated: the lowering, and each rank's finishing time ([`Outcome::Ran`]), or [`Outcome::Slower`] as soon as the
 /// simulation proves that it ends later than `cutoff`
 /// ([`finish_times_within`]: then it cannot beat a program of that makespan), or
 /// [`Outcome::Fails`] (no lowering when the lowering fails). The lowering is by
@@ -1008,13 +1041,14 @@ impl<'a> Pool<'a> {
 /// gives), and the times are those of [`simulate`]'s report of that program.
 fn lower_one(
     plan: &Plan,
+    names: &UnitNames,
     opts: &SimOptions,
     rule: Placement,
     policy: &SearchPolicy,
     cutoff: f64,
     run: Option<&Resumable>,
 ) -> Trial {
-    let Ok(prepared) = prepare(plan) else {
+    let Ok(prepared) = prepare_named(plan, names) else {
         return (None, Outcome::Fails);
     };
     // The plan's ideal timing is a floor of every program of the plan (each of its
@@ -1219,13 +1253,13 @@ mod tests {
             }
             let cutoff = [f64::INFINITY, b.makespan, b.makespan * 0.995][cut];
             let policy = &SearchPolicy::DEFAULT;
-            let full = lower_one(&next, &b.opts, b.rule, policy, cutoff, None).1;
-            let resumed = lower_one(&next, &b.opts, b.rule, policy, cutoff, Some(&b.run)).1;
+            let full = lower_one(&next, &next.unit_names(), &b.opts, b.rule, policy, cutoff, None).1;
+            let resumed = lower_one(&next, &next.unit_names(), &b.opts, b.rule, policy, cutoff, Some(&b.run)).1;
             let over = |f: &[f64]| crate::ir::compare::less(cutoff, f.iter().copied().fold(0.0, f64::max));
             // A trial found slower (cut short, or its plan's ideal floor beyond the
             // cutoff) does end later than the cutoff when run to the end.
             if matches!(full, Outcome::Slower) {
-                let whole = lower_one(&next, &b.opts, b.rule, policy, f64::INFINITY, None).1;
+                let whole = lower_one(&next, &next.unit_names(), &b.opts, b.rule, policy, f64::INFINITY, None).1;
                 if let Outcome::Ran(x) = &whole {
                     proptest::prop_assert!(over(x), "{:?} ran in {:?}", full, x);
                 }
@@ -1262,9 +1296,26 @@ mod tests {
                     let t = next.order[q].remove(from);
                     next.order[q].insert(to, t);
                     let policy = &SearchPolicy::DEFAULT;
-                    let full = lower_one(&next, &opts, rule, policy, f64::INFINITY, None).1;
-                    let again =
-                        lower_one(&next, &opts, rule, policy, f64::INFINITY, Some(&b.run)).1;
+                    let full = lower_one(
+                        &next,
+                        &next.unit_names(),
+                        &opts,
+                        rule,
+                        policy,
+                        f64::INFINITY,
+                        None,
+                    )
+                    .1;
+                    let again = lower_one(
+                        &next,
+                        &next.unit_names(),
+                        &opts,
+                        rule,
+                        policy,
+                        f64::INFINITY,
+                        Some(&b.run),
+                    )
+                    .1;
                     if let (Outcome::Ran(x), Outcome::Ran(y)) = (&full, &again) {
                         assert_eq!(x, y);
                         ran += 1;
@@ -1296,9 +1347,15 @@ mod tests {
                     let mut next = plan.clone();
                     let t = next.order[q].remove(from);
                     next.order[q].insert(to, t);
-                    let (Some(low), Outcome::Ran(finish)) =
-                        lower_one(&next, &opts, rule, policy, f64::INFINITY, None)
-                    else {
+                    let (Some(low), Outcome::Ran(finish)) = lower_one(
+                        &next,
+                        &next.unit_names(),
+                        &opts,
+                        rule,
+                        policy,
+                        f64::INFINITY,
+                        None,
+                    ) else {
                         continue;
                     };
                     let report = simulate_lowered(&next.units, &low, &opts).unwrap();
