@@ -71,10 +71,12 @@ pub(crate) fn periodic_if_no_slower(
     if opts.mode != Mode::Rendezvous || policy.periodic_probes < 2 {
         return best;
     }
-    // Each rank read once, for all the templates (read again only after a
-    // candidate was checked and lost: its shapes are not held while it is).
-    let best = strays_joined_if_no_slower(best, opts, policy);
-    let Some(first) = shapes_of(&best.0, Vec::new()) else {
+    // Each rank read once for the strays and all the templates, where no stray
+    // moves (the common case); read again after a candidate was checked (a
+    // joined program's, or a template's that lost: its shapes are not held while
+    // it is verified and simulated).
+    let (best, read) = strays_joined_if_no_slower(best, opts, policy);
+    let Some(first) = read.or_else(|| shapes_of(&best.0, Vec::new())) else {
         return best;
     };
     let mut shapes = Some(first);
@@ -167,17 +169,19 @@ pub(crate) fn periodic_if_no_slower(
 /// `best` with its strays joined to their siblings ([`strays`]) where that leaves
 /// the program more regular ([`irregularity`]), and it verifies, runs no slower and
 /// peaks no higher on any rank; else `best`. One verification and simulation where
-/// a rank has strays, none where none has (one linear scan per rank).
+/// a rank has strays, none where none has (one linear scan per rank). With it, the
+/// program's ranks as read ([`shapes_of`]) where no rank had a stray (the program
+/// is `best`'s, unchanged): the caller's templates read the same.
 fn strays_joined_if_no_slower(
     best: (Program, SimReport),
     opts: &SimOptions,
     policy: &SearchPolicy,
-) -> (Program, SimReport) {
+) -> ((Program, SimReport), Option<Vec<Shape>>) {
     let Some(shapes) = shapes_of(&best.0, Vec::new()) else {
-        return best;
+        return (best, None);
     };
     let Some(mut joined) = strays(&best.0, &shapes, policy) else {
-        return best;
+        return (best, Some(shapes));
     };
     drop(shapes);
     let (mut program, kept) = best;
@@ -196,10 +200,10 @@ fn strays_joined_if_no_slower(
                     .all(|(a, b)| a <= b)
         });
     match accepted {
-        Some(report) => (program, report),
+        Some(report) => ((program, report), None),
         None => {
             swap_ranks(&mut program, &mut joined);
-            (program, kept)
+            ((program, kept), None)
         }
     }
 }
