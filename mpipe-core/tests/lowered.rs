@@ -12,7 +12,10 @@
 //!   same error, under rendezvous and eager semantics, with and without a link;
 //! - its finishing times alone ([`finish_times_lowered`], what ranks a trial) are
 //!   the report's: the end of each rank's last interval, the makespan their
-//!   largest; or the same error.
+//!   largest; or the same error;
+//! - the report found from a run's kept times ([`finish_times_within_or_run`],
+//!   [`simulate_lowered_ran`]: what the placement search keeps of its winner's
+//!   run, not run again) is [`simulate_lowered`]'s, interval for interval.
 
 use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::lower::{lower_prepared, lower_prepared_indexed, prepare, Placement};
@@ -20,7 +23,8 @@ use mpipe_core::plan::Plan;
 use mpipe_core::profile::Profile;
 use mpipe_core::relower::plan_of_program;
 use mpipe_core::simulate::{
-    finish_times_lowered, simulate, simulate_lowered, CommModel, Mode, SimOptions,
+    finish_times_lowered, finish_times_within_or_run, simulate, simulate_lowered,
+    simulate_lowered_ran, CommModel, Mode, SimOptions,
 };
 
 const RULES: [Placement; 5] = [
@@ -143,6 +147,22 @@ fn check(plan: &Plan, what: &str) -> (usize, usize, usize) {
                     a.is_ok(),
                     b.is_ok()
                 ),
+            }
+            if let Ok(report) = &a {
+                let (finish, run) =
+                    finish_times_within_or_run(&plan.units, &indexed, &opts, f64::INFINITY, |_| {
+                        true
+                    })
+                    .unwrap_or_else(|e| panic!("{what} {rule:?} {opts:?}: {e}"))
+                    .unwrap_or_else(|| panic!("{what} {rule:?} {opts:?}: cut short"));
+                let run = run.unwrap_or_else(|| panic!("{what} {rule:?} {opts:?}: not kept"));
+                assert_eq!(finish.iter().copied().fold(0.0, f64::max), report.makespan);
+                let again = simulate_lowered_ran(&plan.units, &indexed, &opts, run);
+                assert_eq!(
+                    again.as_ref(),
+                    Ok(report),
+                    "{what} {rule:?} {opts:?}: from its run"
+                );
             }
             ran += usize::from(a.is_ok());
         }

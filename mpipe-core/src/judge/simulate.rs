@@ -289,11 +289,66 @@ pub fn finish_times_within(
     cutoff: f64,
 ) -> Result<Option<Vec<f64>>, SimError> {
     let setup = Setup::lowered(units, lowered, opts)?;
-    let Some((_, _, finish)) = Engine::new(&setup)?.execute(false, cutoff)? else {
+    let Some((_, _, finish, _)) = Engine::new(&setup)?.execute(false, cutoff)? else {
         return Ok(None);
     };
     finite(finish.iter().copied().fold(0.0, f64::max))?;
     Ok(Some(finish))
+}
+
+/// What a run of [`finish_times_within_or_run`] kept of itself: every operation's
+/// time reached, every rank's busy compute and finishing time (8 bytes an operation:
+/// the intervals follow from them, [`simulate_lowered_ran`]).
+#[derive(Debug)]
+pub struct Ran {
+    reach: Vec<f64>,
+    busy: Vec<f64>,
+    finish: Vec<f64>,
+}
+
+/// Every rank's finishing time, and the run where it was kept.
+pub type FinishOrRun = (Vec<f64>, Option<Ran>);
+
+/// [`finish_times_within`], and where `keep` wants the run, told its finishing
+/// times, what [`simulate_lowered_ran`] needs to give its report without running
+/// it again ([`Ran`]). Holds no more than [`finish_times_within`] while it runs.
+pub fn finish_times_within_or_run(
+    units: &[Unit],
+    lowered: &Lowered,
+    opts: &SimOptions,
+    cutoff: f64,
+    keep: impl FnOnce(&[f64]) -> bool,
+) -> Result<Option<FinishOrRun>, SimError> {
+    let setup = Setup::lowered(units, lowered, opts)?;
+    let mut engine = Engine::new(&setup)?;
+    let Some((_, busy, finish, reach)) = engine.execute(false, cutoff)? else {
+        return Ok(None);
+    };
+    finite(finish.iter().copied().fold(0.0, f64::max))?;
+    let ran = keep(&finish).then(|| Ran {
+        reach,
+        busy,
+        finish: finish.clone(),
+    });
+    Ok(Some((finish, ran)))
+}
+
+/// [`simulate_lowered`]'s report for `lowered`, from a run of it that
+/// [`finish_times_within_or_run`] kept (`ran`, which must be of this lowering under
+/// these options): the same report, its intervals found from the times each
+/// operation was reached (the run is not repeated: each operation's completion
+/// follows from those times alone).
+pub fn simulate_lowered_ran(
+    units: &[Unit],
+    lowered: &Lowered,
+    opts: &SimOptions,
+    ran: Ran,
+) -> Result<SimReport, SimError> {
+    let setup = Setup::lowered(units, lowered, opts)?;
+    let engine = Engine::new(&setup)?;
+    let slots = engine.replay(&ran.reach);
+    drop(ran.reach);
+    Ok(engine.report(slots, ran.busy, &ran.finish))
 }
 
 /// Run the resolved program of `setup` and measure it.
@@ -1247,8 +1302,8 @@ struct BlockedAt<'a> {
 type End = (u32, u32);
 
 /// What [`Engine::execute`] measured: every rank's intervals, busy compute time and
-/// finishing time.
-type Run = (Vec<Vec<Slot>>, Vec<f64>, Vec<f64>);
+/// finishing time, and the time every operation was reached.
+type Run = (Vec<Vec<Slot>>, Vec<f64>, Vec<f64>, Vec<f64>);
 
 impl<'s, 'p> Engine<'s, 'p> {
     fn new(s: &'s Setup<'p>) -> Result<Engine<'s, 'p>, SimError> {
@@ -1351,9 +1406,57 @@ impl<'s, 'p> Engine<'s, 'p> {
     /// Run every rank and measure the step: time, compute and memory.
     fn run(mut self) -> Result<SimReport, SimError> {
         // Nothing is over an infinite cutoff: the run goes to the end.
-        let Some((slots, busy, now)) = self.execute(true, f64::INFINITY)? else {
+        let Some((slots, busy, now, _)) = self.execute(true, f64::INFINITY)? else {
             return Ok(SimReport::default());
         };
+        Ok(self.report(slots, busy, &now))
+    }
+
+    /// Every rank's intervals in a run that reached operation `x` at `reach[x]`
+    /// (every operation reached): what [`Engine::execute`] records, found in one
+    /// pass over the lists (a compute action runs from where the rank is; an
+    /// operation from its time reached to its completion, which depends on the
+    /// times reached alone).
+    fn replay(&self, reach: &[f64]) -> Vec<Vec<Slot>> {
+        let s = self.s;
+        let mut slots = Vec::with_capacity(s.acts.len());
+        for (r, acts) in s.acts.iter().enumerate() {
+            let mut rank_slots = vec![Slot::default(); acts.len()];
+            let mut t = 0.0f64;
+            let (mut x, mut m) = (self.rank_ops[r] as usize, self.rank_members[r] as usize);
+            let mut i = 0;
+            while i < acts.len() {
+                let a = acts[i];
+                if let Some(op) = a.compute_op() {
+                    let d = s.cost[a.unit() as usize][op];
+                    rank_slots[i] = Slot {
+                        start: t,
+                        end: t + d,
+                    };
+                    t += d;
+                    i += 1;
+                    continue;
+                }
+                let hi = op_end(acts, i);
+                let done = self.completion(r, x, i..hi, m, reach);
+                rank_slots[i..hi].fill(Slot {
+                    start: reach[x],
+                    end: done,
+                });
+                t = done;
+                m += hi - i;
+                i = hi;
+                x += 1;
+            }
+            slots.push(rank_slots);
+        }
+        slots
+    }
+
+    /// The report of a run ([`Engine::execute`], recorded) whose ranks' intervals
+    /// are `slots`, busy compute times `busy` and finishing times `now`: time,
+    /// compute and memory.
+    fn report(&self, slots: Vec<Vec<Slot>>, busy: Vec<f64>, now: &[f64]) -> SimReport {
         let nr = now.len();
         let makespan = now.iter().copied().fold(0.0, f64::max);
         let total: f64 = busy.iter().sum();
@@ -1366,13 +1469,13 @@ impl<'s, 'p> Engine<'s, 'p> {
         let peak_memory = (0..nr)
             .map(|r| self.peak(r, &slots[r], &mut table, &mut scratch))
             .collect();
-        Ok(SimReport {
+        SimReport {
             makespan,
             bubble,
             peak_memory,
             compute: busy,
             timeline: Timeline { ranks: slots },
-        })
+        }
     }
 
     /// Run every rank: each action's interval (when `record`, else every rank's
@@ -1516,7 +1619,7 @@ impl<'s, 'p> Engine<'s, 'p> {
                 blocked: blocked.iter().map(|&r| self.explain(r, &at)).collect(),
             });
         }
-        Ok(Some((slots, busy, now)))
+        Ok(Some((slots, busy, now, reach)))
     }
 
     /// Completion time of operation `x` of rank `r`, its actions `ops` and its

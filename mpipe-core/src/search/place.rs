@@ -12,7 +12,9 @@ use crate::ir::compare::{at_most, Score};
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{ActionRef, Program};
-use crate::judge::simulate::{finish_times_within, simulate_lowered, SimOptions, SimReport};
+use crate::judge::simulate::{
+    finish_times_within_or_run, simulate_lowered, simulate_lowered_ran, Ran, SimOptions, SimReport,
+};
 use crate::judge::timeline::Slot;
 use crate::search::refine::{refine, settle_w};
 use std::rc::Rc;
@@ -61,8 +63,16 @@ pub(crate) fn best_lowering_with(
     let cutoff = |best: &Option<Best>| best.as_ref().map_or(f64::INFINITY, |b| b.makespan);
     // The winner's lowering, kept only when it reaches the plan's ideal makespan:
     // then no other candidate is lowered or simulated beside it, and it is not
-    // placed and assembled again at the end.
-    let mut reached: Option<Lowered> = None;
+    // placed and assembled again at the end. With it, what its run kept of itself
+    // (8 bytes an operation): its report is measured from it at the end, when the
+    // placements are gone, without running it again.
+    let mut reached: Option<(Lowered, Ran)> = None;
+    // Whether a run whose ranks finish at `finish` would be kept and reach the
+    // ideal: then it is kept.
+    let wanted = |best: &Option<Best>, finish: &[f64]| {
+        let makespan = makespan_of(finish);
+        best.as_ref().is_none_or(|b| b.beaten_by(makespan)) && at_most(makespan, target)
+    };
     // What `Meet`'s pass against the timing placed against told of `Critical`
     // ([`meetings`]).
     let mut critical = None;
@@ -82,21 +92,25 @@ pub(crate) fn best_lowering_with(
         }
         let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
         // A run that provably cannot beat the best is cut short (`None`).
-        let Some(finish) = finish_times_within(&plan.units, &lowered, opts, cutoff(&best))
+        let Some((finish, run)) =
+            finish_times_within_or_run(&plan.units, &lowered, opts, cutoff(&best), |finish| {
+                wanted(&best, finish)
+            })
             .map_err(|e| format!("derived program does not run: {e}"))?
         else {
             continue;
         };
-        let makespan = makespan_of(finish);
+        let makespan = makespan_of(&finish);
         if best.as_ref().is_none_or(|b| b.beaten_by(makespan)) {
             best = Some(Best {
                 time: None,
                 placement,
                 makespan,
             });
-            if done(&best) {
-                // Nothing is lowered after it: the winner's lowering is kept.
-                reached = Some(lowered);
+            if let Some(run) = run.filter(|_| done(&best)) {
+                // Nothing is lowered after it: the winner's lowering is kept,
+                // and its run.
+                reached = Some((lowered, run));
             }
         }
     }
@@ -137,11 +151,14 @@ pub(crate) fn best_lowering_with(
             let Ok(lowered) = assemble_lowered(plan, at) else {
                 continue;
             };
-            let Ok(Some(finish)) = finish_times_within(&plan.units, &lowered, opts, cutoff(&best))
+            let Ok(Some((finish, run))) =
+                finish_times_within_or_run(&plan.units, &lowered, opts, cutoff(&best), |finish| {
+                    wanted(&best, finish)
+                })
             else {
                 continue;
             };
-            let makespan = makespan_of(finish);
+            let makespan = makespan_of(&finish);
             if best.as_ref().is_none_or(|b| b.beaten_by(makespan)) {
                 best = Some(Best {
                     time: Some(Rc::clone(&time)),
@@ -150,8 +167,8 @@ pub(crate) fn best_lowering_with(
                 });
                 ran = None;
                 improved = true;
-                if done(&best) {
-                    reached = Some(lowered);
+                if let Some(run) = run.filter(|_| done(&best)) {
+                    reached = Some((lowered, run));
                     break;
                 }
             }
@@ -167,23 +184,24 @@ pub(crate) fn best_lowering_with(
     // as its actions are written: the placement, the named program and the
     // simulator's working set are never alive together.
     // (A best whose full run is held is not simulated again: the same lowering runs
-    // the same way.)
-    let (lowered, report) = match reached {
-        Some(lowered) => (lowered, None),
+    // the same way; nor one whose run kept what its report needs.)
+    let (lowered, report, run) = match reached {
+        Some((lowered, run)) => (lowered, None, Some(run)),
         None => {
             let at = best.placement(plan, &prepared, policy)?;
             let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
-            (lowered, ran)
+            (lowered, ran, None)
         }
     };
     // Without refinement nothing places the winner again: the timings it was placed
     // against go before it is simulated (at 8 x 65536, ~100 MB off the peak).
     let again = refine_too.then_some((prepared, best));
-    let report = match report {
-        Some(report) => report,
-        None => simulate_lowered(&plan.units, &lowered, opts)
-            .map_err(|e| format!("derived program does not run: {e}"))?,
-    };
+    let report = match (report, run) {
+        (Some(report), _) => Ok(report),
+        (None, Some(run)) => simulate_lowered_ran(&plan.units, &lowered, opts, run),
+        (None, None) => simulate_lowered(&plan.units, &lowered, opts),
+    }
+    .map_err(|e| format!("derived program does not run: {e}"))?;
     let actions: usize = lowered.programs.iter().map(Vec::len).sum();
     let done = at_most(report.makespan, target) || !refine_too;
     let budget = refine_budget.min(refine_actions / actions.max(1));
@@ -303,8 +321,8 @@ fn meetings(
 
 /// The makespan of a simulation whose ranks finished at `finish` (as
 /// [`SimReport::makespan`] is: the latest, 0 without ranks).
-fn makespan_of(finish: Vec<f64>) -> f64 {
-    finish.into_iter().fold(0.0, f64::max)
+fn makespan_of(finish: &[f64]) -> f64 {
+    finish.iter().copied().fold(0.0, f64::max)
 }
 
 /// The placements lowered so far, each as its signature: its ends' slots and
