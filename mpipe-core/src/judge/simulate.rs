@@ -289,7 +289,7 @@ pub fn finish_times_within(
     cutoff: f64,
 ) -> Result<Option<Vec<f64>>, SimError> {
     let setup = Setup::lowered(units, lowered, opts)?;
-    let Some((_, _, finish, _)) = Engine::new(&setup)?.execute(false, cutoff)? else {
+    let Some((_, _, finish, _)) = Engine::new(&setup)?.execute::<false>(cutoff)? else {
         return Ok(None);
     };
     finite(finish.iter().copied().fold(0.0, f64::max))?;
@@ -321,7 +321,7 @@ pub fn finish_times_within_or_run(
 ) -> Result<Option<FinishOrRun>, SimError> {
     let setup = Setup::lowered(units, lowered, opts)?;
     let mut engine = Engine::new(&setup)?;
-    let Some((_, busy, finish, reach)) = engine.execute(false, cutoff)? else {
+    let Some((_, busy, finish, reach)) = engine.execute::<false>(cutoff)? else {
         return Ok(None);
     };
     finite(finish.iter().copied().fold(0.0, f64::max))?;
@@ -1406,7 +1406,7 @@ impl<'s, 'p> Engine<'s, 'p> {
     /// Run every rank and measure the step: time, compute and memory.
     fn run(mut self) -> Result<SimReport, SimError> {
         // Nothing is over an infinite cutoff: the run goes to the end.
-        let Some((slots, busy, now, _)) = self.execute(true, f64::INFINITY)? else {
+        let Some((slots, busy, now, _)) = self.execute::<true>(f64::INFINITY)? else {
             return Ok(SimReport::default());
         };
         Ok(self.report(slots, busy, &now))
@@ -1478,13 +1478,14 @@ impl<'s, 'p> Engine<'s, 'p> {
         }
     }
 
-    /// Run every rank: each action's interval (when `record`, else every rank's
+    /// Run every rank: each action's interval (when `RECORD`, else every rank's
     /// list of intervals is empty: 16 bytes an action a search judging trials by
     /// their finishing times does not need), each rank's busy compute time and its
     /// finishing time (the end of its last interval, 0 for an empty list). `None`
     /// once some rank provably finishes later than a finite `cutoff` by more than the
-    /// tolerance ([`finish_times_within`]).
-    fn execute(&mut self, record: bool, cutoff: f64) -> Result<Option<Run>, SimError> {
+    /// tolerance ([`finish_times_within`]). `RECORD` is a constant, so the searches'
+    /// runs, which record nothing, have a loop of their own without its tests.
+    fn execute<const RECORD: bool>(&mut self, cutoff: f64) -> Result<Option<Run>, SimError> {
         let s = self.s;
         let nr = s.acts.len();
         let nops = self.pending.len();
@@ -1511,7 +1512,7 @@ impl<'s, 'p> Engine<'s, 'p> {
         let mut slots: Vec<Vec<Slot>> = s
             .acts
             .iter()
-            .map(|l| vec![Slot::default(); if record { l.len() } else { 0 }])
+            .map(|l| vec![Slot::default(); if RECORD { l.len() } else { 0 }])
             .collect();
         let mut busy = vec![0.0f64; nr];
         let mut pc = vec![0usize; nr];
@@ -1534,7 +1535,7 @@ impl<'s, 'p> Engine<'s, 'p> {
                 let a = acts[i];
                 if let Some(op) = a.compute_op() {
                     let d = s.cost[a.unit() as usize][op];
-                    if record {
+                    if RECORD {
                         rank_slots[i] = Slot {
                             start: t,
                             end: t + d,
@@ -1581,7 +1582,7 @@ impl<'s, 'p> Engine<'s, 'p> {
                     break;
                 }
                 let done = self.completion(r, x, i..hi, m, &reach);
-                if record {
+                if RECORD {
                     rank_slots[i..hi].fill(Slot {
                         start: reach[x],
                         end: done,
