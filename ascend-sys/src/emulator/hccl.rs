@@ -1560,15 +1560,27 @@ pub(super) extern "C" fn HcclGetErrorString(code: HcclResult) -> *const c_char {
 /// ([`departed_rank`]), instead of waiting for HCCL's timeout. For a rank that fails
 /// while its peers may be waiting for it (the emulator's stand-in for an abort,
 /// which HCCL lacks). Returns whether `comm` was a communicator.
+///
+/// In the process serving the group (its ranks in other processes reach it through
+/// [`super::hub`]), this waits, as `HcclCommDestroy` does, until those ranks have
+/// left or HCCL's timeout has passed: the group is the emulator's stand-in for the
+/// fabric, which on a device does not die with one rank's process. Their operations
+/// with a gone rank fail at once, naming the rank that failed first; without the
+/// wait, a rank whose next operation reached the group after this process ended
+/// could only blame this rank (the process that served it), not the one whose death
+/// failed it.
 pub fn abandon(comm: HcclComm) -> bool {
     let Some(c) = lock(comms()).remove(&(comm as usize)) else {
         return false;
     };
     match &c.link {
-        Link::Local(g) => g.mark_gone(
-            c.rank,
-            "it left its communicator after failing (abandoned it without HcclCommDestroy)",
-        ),
+        Link::Local(g) => {
+            g.mark_gone(
+                c.rank,
+                "it left its communicator after failing (abandoned it without HcclCommDestroy)",
+            );
+            g.await_remote_lanes();
+        }
         Link::Remote(r) => r.abandon(),
     }
     true

@@ -59,7 +59,9 @@
 //! A rank keeps a pool of connections (lanes), so operations on several streams of one
 //! communicator proceed independently, as on a device. The serving process keeps its
 //! groups until every remote lane has closed (`HcclCommDestroy` of a rank in the serving
-//! process waits for that, up to the timeout), so it does not exit under a reply.
+//! process waits for that, up to the timeout, and so does its `abandon` after a
+//! failure), so it does not exit under a reply, nor before the others have learnt
+//! which rank failed first.
 
 use super::hccl::{element_size, join_group, timeout, CollOp, Group, MAGIC};
 use crate::bindings::*;
