@@ -1179,9 +1179,10 @@ impl<'p, P: Pack> Checker<'p, P> {
     // -- rule 3 ------------------------------------------------------------
 
     fn matching(&mut self) {
-        // Channel (from, to) -> (indices of its sends, of its receives): 4 bytes a
-        // transfer, its key read again from the resolved action where needed.
-        type Side = Vec<u32>;
+        // Channel (from, to) -> (its sends, its receives), each as its index in its
+        // rank's list and its key: 8 bytes a transfer, each action decoded twice
+        // (counted, then placed), never again.
+        type Side = Vec<(u32, u32)>;
         type Chan = ((usize, usize), (Side, Side));
         let mut chans: Vec<Chan> = Vec::new();
         // A channel's place in `chans`: in a table of ranks x ranks cells where that
@@ -1211,6 +1212,22 @@ impl<'p, P: Pack> Checker<'p, P> {
             }
         };
         let m = self.m as u64;
+        let keys = self.nu * self.m * 3;
+        if u32::try_from(keys).is_err() {
+            self.push(
+                Rule::Matching,
+                None,
+                None,
+                format!(
+                    "{} units x {} micro-batches are too many to match transfers by key \
+                     (at most {} keys): lower `microbatches` or the number of units",
+                    self.nu,
+                    self.m,
+                    u32::MAX
+                ),
+            );
+            return;
+        }
         // Each transfer's channel and key, `None` for other actions and bad ones.
         let ends = |r: usize, a: &P| match a.wide() {
             V::P2p {
@@ -1220,14 +1237,12 @@ impl<'p, P: Pack> Checker<'p, P> {
                 mb,
                 peer,
             } if mb != BAD && peer != BAD => {
+                // Below `keys`, which fits in 32 bits (checked above).
                 let key = (u64::from(unit) * m + mb as u64) * 3 + tensor_index(tensor);
-                Some((dir.ends(r, peer), key, dir == Dir::Send))
+                Some((dir.ends(r, peer), key as u32, dir == Dir::Send))
             }
             _ => None,
         };
-        // The key of transfer `i` of rank `r` (one of the sides).
-        let acts = &self.acts;
-        let key_at = |r: usize, i: u32| ends(r, &acts[r][i as usize]).map_or(0, |e| e.1);
         // Two passes: the channels' sizes counted first, so that each side is
         // allocated once at its size (grown by doubling, the sides held up to twice
         // their 16 bytes a transfer at the verifier's peak).
@@ -1254,23 +1269,23 @@ impl<'p, P: Pack> Checker<'p, P> {
         drop(sizes);
         for (r, list) in self.acts.iter().enumerate() {
             for (i, a) in list.iter().enumerate() {
-                if let Some((ch, _, send)) = ends(r, a) {
+                if let Some((ch, key, send)) = ends(r, a) {
                     let c = chan(&mut chans, ch);
                     if send {
-                        chans[c].1 .0.push(i as u32);
+                        chans[c].1 .0.push((i as u32, key));
                     } else {
-                        chans[c].1 .1.push(i as u32);
+                        chans[c].1 .1.push((i as u32, key));
                     }
                 }
             }
         }
-        let keys = self.nu * self.m * 3;
         let mut cnt_s = vec![0u32; keys];
         let mut cnt_r = vec![0u32; keys];
         let mut first_s = vec![NONE; keys];
         let mut first_r = vec![NONE; keys];
         let mut found: Vec<(usize, usize, String)> = Vec::new();
-        let describe = |key: u64| -> String {
+        let describe = |key: u32| -> String {
+            let (key, m) = (u64::from(key), m);
             let t = match key % 3 {
                 0 => "act",
                 1 => "grad",
@@ -1283,15 +1298,15 @@ impl<'p, P: Pack> Checker<'p, P> {
         // By channel, as a map by `(from, to)` would list them.
         chans.sort_unstable_by_key(|c| c.0);
         for &((a, b), (ref sends, ref recvs)) in &chans {
-            for (pos, &i) in sends.iter().enumerate() {
-                let k = key_at(a, i) as usize;
+            for (pos, &(_, k)) in sends.iter().enumerate() {
+                let k = k as usize;
                 if cnt_s[k] == 0 {
                     first_s[k] = pos as u32;
                 }
                 cnt_s[k] += 1;
             }
-            for (pos, &j) in recvs.iter().enumerate() {
-                let k = key_at(b, j) as usize;
+            for (pos, &(_, k)) in recvs.iter().enumerate() {
+                let k = k as usize;
                 if cnt_r[k] == 0 {
                     first_r[k] = pos as u32;
                 }
@@ -1299,11 +1314,10 @@ impl<'p, P: Pack> Checker<'p, P> {
             }
             // Matched transfers in send order, with their receive positions.
             let mut matched: Vec<(u32, u32)> = Vec::new();
-            for (pos, &i) in sends.iter().enumerate() {
-                let k = key_at(a, i);
+            for (pos, &(i, k)) in sends.iter().enumerate() {
                 let ku = k as usize;
                 if first_s[ku] != pos as u32 {
-                    let fi = sends[first_s[ku] as usize];
+                    let fi = sends[first_s[ku] as usize].0;
                     found.push((
                         a,
                         i as usize,
@@ -1327,11 +1341,10 @@ impl<'p, P: Pack> Checker<'p, P> {
                     matched.push((pos as u32, first_r[ku]));
                 }
             }
-            for (pos, &j) in recvs.iter().enumerate() {
-                let k = key_at(b, j);
+            for (pos, &(j, k)) in recvs.iter().enumerate() {
                 let ku = k as usize;
                 if first_r[ku] != pos as u32 {
-                    let fj = recvs[first_r[ku] as usize];
+                    let fj = recvs[first_r[ku] as usize].0;
                     found.push((
                         b,
                         j as usize,
@@ -1358,8 +1371,8 @@ impl<'p, P: Pack> Checker<'p, P> {
             let keep = longest_increasing(&ranks);
             for (n, &(sp, rp)) in matched.iter().enumerate() {
                 if !keep[n] {
-                    let i = sends[sp as usize] as usize;
-                    let j = recvs[rp as usize];
+                    let i = sends[sp as usize].0 as usize;
+                    let j = recvs[rp as usize].0;
                     found.push((
                         a,
                         i,
@@ -1371,11 +1384,7 @@ impl<'p, P: Pack> Checker<'p, P> {
                     ));
                 }
             }
-            for k in sends
-                .iter()
-                .map(|&i| key_at(a, i))
-                .chain(recvs.iter().map(|&j| key_at(b, j)))
-            {
+            for &(_, k) in sends.iter().chain(recvs) {
                 let k = k as usize;
                 cnt_s[k] = 0;
                 cnt_r[k] = 0;
