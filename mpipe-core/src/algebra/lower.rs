@@ -149,7 +149,7 @@ type Ends = (usize, usize, usize);
 /// A transfer of [`Prepared`] (its [`TransferId`] and [`Ends`]) with 32-bit numbers:
 /// 28 bytes, where the two as machine words took 56. Every lowering of a plan holds
 /// one per transfer of the plan beside its candidates (at 8 x 65536, about 1.8 M).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Transfer {
     tensor: Tensor,
     unit: u32,
@@ -1165,23 +1165,18 @@ fn meeting_pass(
     answer: Placement,
     policy: &SearchPolicy,
 ) -> (Vec<(f64, f64)>, bool) {
-    let plain_answer = answer == Placement::Meet && strategy == Placement::Critical;
-    let transfers = &prepared.transfers;
-    let p = time.start.len();
-    // At most this many candidate meeting points per rank and transfer.
-    let (candidates, idle_parts) = (policy.meet_candidates, policy.meet_idle_parts);
+    let (mut taus, mut as_meet, _) = first_pass(time, prepared, strategy, answer, policy, None);
+    if strategy == Placement::Join {
+        as_meet &= !join(time, &prepared.transfers, &mut taus);
+    }
+    (taus, as_meet)
+}
 
-    // Slot of rank r at time t: after every task that ends by t.
-    // Slot of rank r at time t, searched outward from slot `near` (where the
-    // answer usually is, or close by).
-    let slot_near = |r: usize, t: f64, near: usize| partition_near(&time.end[r], t, near);
-    let gap = |r: usize, k: usize| {
-        let e = if k == 0 { 0.0 } else { time.end[r][k - 1] };
-        let g = time.start[r].get(k).copied().unwrap_or(f64::INFINITY);
-        (e, g)
-    };
-    // How much each rank's lost time costs (Critical), else 1.
-    let weight: Vec<f64> = match strategy {
+/// The weight of each rank's lost time under `strategy` against `time`: by how
+/// critical the rank is (`Critical`), else 1.
+fn rank_weights(time: &Timing, strategy: Placement, idle_parts: f64) -> Vec<f64> {
+    let p = time.start.len();
+    match strategy {
         Placement::Critical => {
             let span = time.makespan();
             (0..p)
@@ -1196,15 +1191,64 @@ fn meeting_pass(
                 .collect()
         }
         _ => vec![1.0; p],
+    }
+}
+
+/// [`meeting_pass`] before `Join`'s second pass: each transfer's meeting time and its
+/// cost there, found against `time` on its own (see [`Meetings`] for what one
+/// reads). With `kept`, the first pass of another timing of a plan with as many tasks
+/// per rank under the same rule, a transfer with the same ends there whose reads of
+/// the timing are all equal in both takes `kept`'s answer instead of weighing its
+/// candidates again (the same answer: it is a function of those reads). The flag
+/// is [`meeting_pass`]'s, told only without `kept` (`false` with it); then how many
+/// transfers took `kept`'s answer.
+fn first_pass(
+    time: &Timing,
+    prepared: &Prepared,
+    strategy: Placement,
+    answer: Placement,
+    policy: &SearchPolicy,
+    kept: Option<&Meetings>,
+) -> (Vec<(f64, f64)>, bool, usize) {
+    let plain_answer = answer == Placement::Meet && strategy == Placement::Critical;
+    let transfers = &prepared.transfers;
+    // At most this many candidate meeting points per rank and transfer.
+    let (candidates, idle_parts) = (policy.meet_candidates, policy.meet_idle_parts);
+
+    // Slot of rank r at time t: after every task that ends by t.
+    // Slot of rank r at time t, searched outward from slot `near` (where the
+    // answer usually is, or close by).
+    let slot_near = |r: usize, t: f64, near: usize| partition_near(&time.end[r], t, near);
+    let gap = |r: usize, k: usize| {
+        let e = if k == 0 { 0.0 } else { time.end[r][k - 1] };
+        let g = time.start[r].get(k).copied().unwrap_or(f64::INFINITY);
+        (e, g)
     };
+    // How much each rank's lost time costs (Critical), else 1.
+    let weight = rank_weights(time, strategy, idle_parts);
+    // Per rank, how many of the first tasks `kept` has the same times for, when its
+    // answers can be taken at all.
+    let same = kept.and_then(|k| k.agreement(time, strategy, &weight, policy));
     // Each transfer's meeting time, and what meeting then costs (Meet, Critical, Join).
     let mut taus: Vec<(f64, f64)> = Vec::with_capacity(transfers.len());
     let mut as_meet = matches!(
         strategy,
         Placement::Meet | Placement::Critical | Placement::Join
-    );
-    for t in transfers {
+    ) && kept.is_none();
+    let mut taken = 0;
+    for (id, t) in transfers.iter().enumerate() {
         let ((_, _, _, to), (from, j, i)) = t.parts();
+        if let (Some(same), Some(k)) = (&same, kept) {
+            // Read on the source up to slot `j + 1 + candidates` (the last gap of
+            // its window), on the destination up to the consumer `i`.
+            let n = time.end[from].len();
+            let source = (j + 1 + candidates).min(n - 1) < same[from];
+            if source && i < same[to] && k.transfers.get(id) == Some(t) {
+                taus.push(k.taus[id]);
+                taken += 1;
+                continue;
+            }
+        }
         let ready = time.end[from][j];
         let need = time.start[to][i];
         taus.push(match strategy {
@@ -1263,10 +1307,122 @@ fn meeting_pass(
             }
         });
     }
-    if strategy == Placement::Join {
-        as_meet &= !join(time, transfers, &mut taus);
+    (taus, as_meet, taken)
+}
+
+/// The first pass of one plan's meeting times under one rule ([`first_pass`]),
+/// kept with the timing and transfers it was found against, for lowerings of plans
+/// that differ from that one in the order of some tasks: each of their transfers
+/// whose meeting time reads only what is the same in both takes the kept one.
+///
+/// What a transfer's first-pass meeting time reads: its ends (source rank and
+/// producer `j`, destination rank and first consumer `i`); on the source, the
+/// times of tasks up to `j + 1 + meet_candidates` (its window of candidate slots
+/// after the producer and the gaps there); on the destination, the times of tasks
+/// up to `i` (the slot where the tensor is ready, found by a partition of the
+/// rank's end times whose result, capped at `i`, the ends before `i` decide; the
+/// candidate slots up to `i` and their gaps; the consumer's start); the ranks'
+/// weights (`Critical`: their busy time and the makespan) and the policy's two
+/// meeting knobs. Equal reads give the same answer, bit for bit.
+pub(crate) struct Meetings {
+    strategy: Placement,
+    /// [`SearchPolicy::meet_candidates`] and [`SearchPolicy::meet_idle_parts`] it was
+    /// found under.
+    knobs: (usize, f64),
+    time: Timing,
+    transfers: Vec<Transfer>,
+    weight: Vec<f64>,
+    taus: Vec<(f64, f64)>,
+}
+
+impl Meetings {
+    /// The first pass of `prepared` under `strategy`; `None` for a rule that does not
+    /// search meeting points (`Ready`, `Late`: nothing to keep).
+    pub(crate) fn new(
+        prepared: &Prepared,
+        strategy: Placement,
+        policy: &SearchPolicy,
+    ) -> Option<Meetings> {
+        if !matches!(
+            strategy,
+            Placement::Meet | Placement::Critical | Placement::Join
+        ) {
+            return None;
+        }
+        let time = &prepared.time;
+        let (taus, ..) = first_pass(time, prepared, strategy, strategy, policy, None);
+        Some(Meetings {
+            strategy,
+            knobs: (policy.meet_candidates, policy.meet_idle_parts),
+            time: time.clone(),
+            transfers: prepared.transfers.clone(),
+            weight: rank_weights(time, strategy, policy.meet_idle_parts),
+            taus,
+        })
     }
-    (taus, as_meet)
+
+    /// The share of `prepared`'s transfers whose first-pass meeting time is taken
+    /// from these under their rule (for tests).
+    #[cfg(test)]
+    pub(crate) fn kept_share(&self, prepared: &Prepared, policy: &SearchPolicy) -> f64 {
+        let s = self.strategy;
+        let (taus, _, taken) = first_pass(&prepared.time, prepared, s, s, policy, Some(self));
+        taken as f64 / taus.len().max(1) as f64
+    }
+
+    /// Per rank, how many of its first tasks have the same start and end (bit for
+    /// bit) in `time` as in the kept timing; `None` when no kept answer can be taken
+    /// (another rule, other knobs or weights, other ranks or task counts).
+    fn agreement(
+        &self,
+        time: &Timing,
+        strategy: Placement,
+        weight: &[f64],
+        policy: &SearchPolicy,
+    ) -> Option<Vec<usize>> {
+        let bits = |v: &[f64]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        let knobs = (policy.meet_candidates, policy.meet_idle_parts);
+        let alike = strategy == self.strategy
+            && knobs.0 == self.knobs.0
+            && knobs.1.to_bits() == self.knobs.1.to_bits()
+            && bits(weight) == bits(&self.weight)
+            && time.start.len() == self.time.start.len()
+            && (0..time.start.len()).all(|r| time.start[r].len() == self.time.start[r].len());
+        alike.then(|| {
+            (0..time.start.len())
+                .map(|r| {
+                    let (s, e) = (&time.start[r], &time.end[r]);
+                    let (ks, ke) = (&self.time.start[r], &self.time.end[r]);
+                    (0..s.len())
+                        .find(|&k| {
+                            s[k].to_bits() != ks[k].to_bits() || e[k].to_bits() != ke[k].to_bits()
+                        })
+                        .unwrap_or(s.len())
+                })
+                .collect()
+        })
+    }
+}
+
+/// [`lower_indexed_by`] with the first pass of the meeting times taken from `kept`
+/// where it holds ([`Meetings`]): the same lowering.
+pub(crate) fn lower_indexed_from(
+    plan: &Plan,
+    prepared: &Prepared,
+    placement: Placement,
+    policy: &SearchPolicy,
+    kept: &Meetings,
+) -> Result<Lowered, LowerError> {
+    if kept.strategy != placement {
+        return lower_indexed_by(plan, prepared, placement, policy);
+    }
+    let time = &prepared.time;
+    let (mut taus, ..) = first_pass(time, prepared, placement, placement, policy, Some(kept));
+    if placement == Placement::Join {
+        join(time, &prepared.transfers, &mut taus);
+    }
+    let at = placement_at_times(plan, prepared, time, placement, &taus, policy)?;
+    assemble_lowered(plan, at)
 }
 
 /// [`place`] with each transfer's meeting time given ([`meeting_times`]).

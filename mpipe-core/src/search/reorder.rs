@@ -62,7 +62,8 @@
 
 use crate::algebra::analysis::dependencies;
 use crate::algebra::lower::{
-    lower_indexed_by, lower_prepared_by, prepare, prepare_named, Lowered, Placement,
+    lower_indexed_by, lower_indexed_from, lower_prepared_by, prepare, prepare_named, Lowered,
+    Meetings, Placement,
 };
 use crate::ir::compare::{less, Score};
 use crate::ir::plan::{Plan, Task, TaskIndex, UnitNames};
@@ -174,6 +175,9 @@ fn search_on(
             run: lowered
                 .take()
                 .and_then(|l| Resumable::new(l, &report.timeline)),
+            meetings: prepare_named(&plan, pool.names)
+                .ok()
+                .and_then(|p| Meetings::new(&p, rule, policy)),
         });
         let (times, index) = (&base.times, &base.index);
         let mut waits: Vec<(f64, usize, usize)> = Vec::new();
@@ -277,7 +281,7 @@ fn search_on(
                     }
                     // A trial read back is lowered again only when it helps.
                     let Some(low) = low.or_else(|| {
-                        lower_one(&next, pool.names, opts, rule, policy, cutoff, None).0
+                        lower_one(&next, pool.names, opts, rule, policy, cutoff, (None, None)).0
                     }) else {
                         continue;
                     };
@@ -839,6 +843,9 @@ struct Base {
     /// The order's lowering and its run, which trials resume from (see
     /// [`crate::judge::resume`]), when it can be resumed from.
     run: Option<Resumable>,
+    /// The first pass of the order's meeting times under the search's rule, which
+    /// trials take where it holds for them ([`Meetings`]).
+    meetings: Option<Meetings>,
 }
 
 impl Base {
@@ -883,7 +890,7 @@ impl Base {
             rule,
             policy,
             cutoff,
-            self.run.as_ref(),
+            (self.run.as_ref(), self.meetings.as_ref()),
         )
     }
 }
@@ -1046,7 +1053,7 @@ fn lower_one(
     rule: Placement,
     policy: &SearchPolicy,
     cutoff: f64,
-    run: Option<&Resumable>,
+    (run, kept): (Option<&Resumable>, Option<&Meetings>),
 ) -> Trial {
     let Ok(prepared) = prepare_named(plan, names) else {
         return (None, Outcome::Fails);
@@ -1058,7 +1065,11 @@ fn lower_one(
     if less(cutoff, prepared.time.makespan()) {
         return (None, Outcome::Slower);
     }
-    let Ok(lowered) = lower_indexed_by(plan, &prepared, rule, policy) else {
+    let lowered = match kept {
+        Some(kept) => lower_indexed_from(plan, &prepared, rule, policy, kept),
+        None => lower_indexed_by(plan, &prepared, rule, policy),
+    };
+    let Ok(lowered) = lowered else {
         return (None, Outcome::Fails);
     };
     let finish = match run {
@@ -1153,6 +1164,8 @@ mod tests {
         rule: Placement,
         run: Resumable,
         makespan: f64,
+        /// The first pass of the plan's meeting times under `rule`.
+        meetings: Option<Meetings>,
     }
 
     fn resumed(profile: &str, (ranks, mbs): (usize, usize), expr: &str, eager: bool) -> Resumed {
@@ -1168,12 +1181,14 @@ mod tests {
         let (rule, (_, report)) = first_lowering(&plan, None, &opts, policy).unwrap();
         let low = lower_indexed_by(&plan, &prepare(&plan).unwrap(), rule, policy).unwrap();
         let run = Resumable::new(low, &report.timeline).unwrap();
+        let meetings = Meetings::new(&prepare(&plan).unwrap(), rule, policy);
         Resumed {
             plan,
             opts,
             rule,
             run,
             makespan: report.makespan,
+            meetings,
         }
     }
 
@@ -1253,13 +1268,13 @@ mod tests {
             }
             let cutoff = [f64::INFINITY, b.makespan, b.makespan * 0.995][cut];
             let policy = &SearchPolicy::DEFAULT;
-            let full = lower_one(&next, &next.unit_names(), &b.opts, b.rule, policy, cutoff, None).1;
-            let resumed = lower_one(&next, &next.unit_names(), &b.opts, b.rule, policy, cutoff, Some(&b.run)).1;
+            let full = lower_one(&next, &next.unit_names(), &b.opts, b.rule, policy, cutoff, (None, None)).1;
+            let resumed = lower_one(&next, &next.unit_names(), &b.opts, b.rule, policy, cutoff, (Some(&b.run), b.meetings.as_ref())).1;
             let over = |f: &[f64]| crate::ir::compare::less(cutoff, f.iter().copied().fold(0.0, f64::max));
             // A trial found slower (cut short, or its plan's ideal floor beyond the
             // cutoff) does end later than the cutoff when run to the end.
             if matches!(full, Outcome::Slower) {
-                let whole = lower_one(&next, &next.unit_names(), &b.opts, b.rule, policy, f64::INFINITY, None).1;
+                let whole = lower_one(&next, &next.unit_names(), &b.opts, b.rule, policy, f64::INFINITY, (None, None)).1;
                 if let Outcome::Ran(x) = &whole {
                     proptest::prop_assert!(over(x), "{:?} ran in {:?}", full, x);
                 }
@@ -1276,6 +1291,58 @@ mod tests {
                 _ => proptest::prop_assert!(cutoff.is_finite(), "{:?} {:?}", full, resumed),
             }
         }
+
+        /// A lowering that takes its base's meeting times where they hold
+        /// ([`Meetings`]) is the full lowering, step for step (or fails as it
+        /// does), under every placement rule, for random moves of several bases
+        /// (as above) and moves of encoder work between ranks (other task counts:
+        /// nothing is taken).
+        #[test]
+        fn a_lowering_taking_kept_meeting_times_is_the_full_lowering(
+            case in 0usize..6,
+            moves in proptest::collection::vec(
+                (proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>()),
+                1..3,
+            ),
+            near in 0usize..4,
+            across in proptest::prelude::any::<bool>(),
+        ) {
+            let b = &bases()[case];
+            let mut next = b.plan.clone();
+            for (q, from, to) in moves {
+                let q = q as usize % next.ranks;
+                let n = next.order[q].len();
+                if n < 2 {
+                    continue;
+                }
+                let from = from as usize % n;
+                let to = if near > 0 {
+                    (from + to as usize % 7).saturating_sub(3).min(n - 1)
+                } else {
+                    to as usize % n
+                };
+                let t = next.order[q].remove(from);
+                // Now and then to the next rank (other task counts).
+                let q2 = if across && near == 0 { (q + 1) % next.ranks } else { q };
+                let to = to.min(next.order[q2].len());
+                next.order[q2].insert(to, t);
+            }
+            let policy = &SearchPolicy::DEFAULT;
+            let (Ok(base), Ok(prepared)) = (prepare(&b.plan), prepare(&next)) else {
+                return Ok(());
+            };
+            for rule in PLACEMENTS {
+                let Some(kept) = Meetings::new(&base, rule, policy) else {
+                    continue;
+                };
+                let full = lower_indexed_by(&next, &prepared, rule, policy);
+                let taking = lower_indexed_from(&next, &prepared, rule, policy, &kept);
+                proptest::prop_assert_eq!(full.is_ok(), taking.is_ok());
+                if let (Ok(x), Ok(y)) = (full, taking) {
+                    proptest::prop_assert!(x == y, "{:?}", rule);
+                }
+            }
+        }
     }
 
     /// The resumed trials of the search do resume: on the lockstep ramp, a
@@ -1287,6 +1354,7 @@ mod tests {
         assert_eq!(plan.order, b.plan.order);
         let deps = dependencies(&plan).unwrap();
         let (mut share, mut ran) = (0.0, 0);
+        let (mut meet, mut moves) = (0.0, 0);
         for (r, rank) in times.iter().enumerate() {
             for (j, slot) in rank.iter().enumerate() {
                 for (q, from, to) in
@@ -1303,7 +1371,7 @@ mod tests {
                         rule,
                         policy,
                         f64::INFINITY,
-                        None,
+                        (None, None),
                     )
                     .1;
                     let again = lower_one(
@@ -1313,19 +1381,29 @@ mod tests {
                         rule,
                         policy,
                         f64::INFINITY,
-                        Some(&b.run),
+                        (Some(&b.run), b.meetings.as_ref()),
                     )
                     .1;
                     if let (Outcome::Ran(x), Outcome::Ran(y)) = (&full, &again) {
                         assert_eq!(x, y);
                         ran += 1;
                     }
-                    let low = lower_indexed_by(&next, &prepare(&next).unwrap(), rule, policy);
+                    let prepared = prepare(&next).unwrap();
+                    let low = lower_indexed_by(&next, &prepared, rule, policy);
                     share += b.run.kept_share(&low.unwrap());
+                    if let Some(m) = &b.meetings {
+                        meet += m.kept_share(&prepared, policy);
+                        moves += 1;
+                    }
                 }
             }
         }
         assert!(ran > 10, "{ran}");
+        // A trial takes most of its base's meeting times (where its rule has them).
+        if b.meetings.is_some() {
+            let mean = meet / moves as f64;
+            assert!(mean > 0.5, "{mean}");
+        }
         // Over half of a trial's steps on average are not simulated again.
         let mean = share / ran as f64;
         assert!(mean > 0.5, "{mean}");
@@ -1354,7 +1432,7 @@ mod tests {
                         rule,
                         policy,
                         f64::INFINITY,
-                        None,
+                        (None, None),
                     ) else {
                         continue;
                     };
