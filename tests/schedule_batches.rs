@@ -17,6 +17,8 @@ mpipe::schedule! { mod s_zbh1 { model = "profiles/encoder-heavy.toml"; ranks = 4
 mpipe::schedule! { mod s_inter { model = "profiles/encoder-heavy.toml"; ranks = 2; microbatches = 4; schedule = interleaved(v = 2); } }
 mpipe::schedule! { mod s_transpose { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, 1f1b); } }
 mpipe::schedule! { mod s_transpose_zbv { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, zbv); } }
+// Loops inside loops on every rank (see tests/schedule_macro.rs).
+mpipe::schedule! { mod s_nested { model = "docs/guide/examples/small-mllm.toml"; ranks = 4; microbatches = 48; schedule = zb2p(encoders = chain, costs = unit); } }
 mpipe::schedule! { mod s_file { program = "tests/profiles/tiny-program.json"; } }
 
 type Run = fn(usize, &mut Recorder) -> Result<(), NoSuchRank>;
@@ -46,6 +48,7 @@ fn cases() -> Vec<Case> {
         case!(s_inter),
         case!(s_transpose),
         case!(s_transpose_zbv),
+        case!(s_nested),
         case!(s_file),
     ]
 }
@@ -100,6 +103,24 @@ fn tables_are_what_the_code_posts_and_the_runtime_derives() {
         }
         assert!(items > 0, "{}: no transfers at all", c.name);
     }
+}
+
+/// `s_nested`'s tables hold loops inside loops, as its code does (so the comparison
+/// above covers them).
+#[test]
+fn nested_tables_hold_loops_inside_loops() {
+    fn depth(entries: &[Entry]) -> usize {
+        entries
+            .iter()
+            .map(|e| match e {
+                Entry::Loop { body, .. } => 1 + depth(body),
+                _ => 0,
+            })
+            .max()
+            .unwrap_or(0)
+    }
+    let deepest = s_nested::BATCHES.iter().map(|t| depth(t)).max();
+    assert!(deepest >= Some(2), "{:?}", s_nested::BATCHES);
 }
 
 /// Counts filled at start-up from the model's output lengths equal the lengths of

@@ -31,6 +31,10 @@ mpipe::schedule! { mod inter_eager { model = "profiles/encoder-heavy.toml"; rank
 mpipe::schedule! { mod inter_rdv { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = transpose(vision, interleaved(v = 2)); mode = rendezvous; } }
 mpipe::schedule! { mod from_file_eager { program = "tests/profiles/tiny-program.json"; mode = eager; } }
 mpipe::schedule! { mod layers_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = refine(layers(transpose(vision, zbh1))); } }
+// Nested loops: zb2p's list scheduler with unit costs repeats a period that holds
+// repetitions, so every rank's code is a loop holding loops
+// (`nested_loops_run_the_derived_program` checks that it is).
+mpipe::schedule! { mod nested_s { model = "docs/guide/examples/small-mllm.toml"; ranks = 4; microbatches = 48; schedule = zb2p(encoders = chain, costs = unit); } }
 mpipe::schedule! { mod auto_s { model = "profiles/encoder-heavy.toml"; ranks = 4; microbatches = 8; schedule = auto; } }
 
 /// The calls the derived program implies for `rank`: one per compute or collective
@@ -141,7 +145,28 @@ fn generated_code_runs_the_derived_program() {
         layers_s,
         auto_s,
         inter_eager,
-        from_file_eager
+        from_file_eager,
+        nested_s
+    );
+}
+
+/// The nested case has loops inside loops (so the comparison above covers them).
+#[test]
+fn nested_loops_run_the_derived_program() {
+    let program = Program::from_json(nested_s::PROGRAM_JSON).expect("PROGRAM_JSON parses");
+    let rolled = mpipe::core::rolled::roll(&program).expect("rolls");
+    let deepest = rolled
+        .ranks
+        .iter()
+        .flatten()
+        .map(mpipe::core::rolled::Block::depth)
+        .max();
+    assert!(deepest >= Some(2), "no nested loop:\n{rolled}");
+    check(
+        "nested_s",
+        nested_s::PROGRAM_JSON,
+        nested_s::RANKS,
+        nested_s::run::<Recorder>,
     );
 }
 

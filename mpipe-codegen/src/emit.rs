@@ -1,14 +1,15 @@
 //! Tokens for a derived schedule: the module of constants and per-rank functions.
 //!
 //! Each rank's action list is first re-rolled (`mpipe_core::rolled`) so regular
-//! stretches become `for` loops over affine micro-batch indices; each action becomes
+//! stretches become `for` loops over affine micro-batch indices (nested where a
+//! period holds repetitions); each action becomes
 //! one call on the runtime's `Step`. Output is deterministic (program order, unit
 //! order), so expansion snapshots are stable.
 
 use crate::input::Input;
 use mpipe_core::derive::Derived;
 use mpipe_core::program::{CollKind, Dir, Op, Tensor};
-use mpipe_core::rolled::{roll, Affine, Block, Op as ROp, P2p};
+use mpipe_core::rolled::{roll, Affine, Block, Op as ROp, P2p, COUNTERS};
 use proc_macro2::{Literal, TokenStream};
 use quote::{format_ident, quote};
 use std::path::Path;
@@ -81,7 +82,7 @@ pub fn module(input: &Input, facts: &Facts) -> TokenStream {
     });
     let rank_fns = rolled.ranks.iter().enumerate().map(|(r, blocks)| {
         let name = format_ident!("rank_{}", r);
-        let body = blocks.iter().map(block);
+        let body = blocks.iter().map(|b| block(b, 0));
         let doc = format!("Rank {r}'s actions for one step, in program order.");
         quote! {
             #[doc = #doc]
@@ -204,13 +205,18 @@ pub fn const_name(unit: &str) -> String {
     s
 }
 
-fn block(b: &Block) -> TokenStream {
+/// `b`, inside `depth` loops.
+fn block(b: &Block, depth: usize) -> TokenStream {
     match b {
-        Block::Op(op) => one(op),
+        Block::Op(op) => one(op, depth),
         Block::Loop { count, body } => {
-            let uses_i = body.iter().any(op_uses_counter);
-            let var = if uses_i { quote!(i) } else { quote!(_) };
-            let body = body.iter().map(one);
+            let var = if body.iter().any(|b| uses_counter(b, 0)) {
+                let v = counter(depth);
+                quote!(#v)
+            } else {
+                quote!(_)
+            };
+            let body = body.iter().map(|b| block(b, depth + 1));
             quote! {
                 for #var in 0..#count {
                     #(#body)*
@@ -220,39 +226,66 @@ fn block(b: &Block) -> TokenStream {
     }
 }
 
-fn op_uses_counter(op: &ROp) -> bool {
-    match op {
-        ROp::Compute { mb, .. } => mb.stride != 0,
-        ROp::Batch(items) => items.iter().any(|x| x.mb.stride != 0),
-        ROp::Coll { .. } => false,
+/// Whether a micro-batch number of `b` depends on the counter of the loop `up` levels
+/// around `b` (0: the loop whose body holds `b`).
+fn uses_counter(b: &Block, up: usize) -> bool {
+    match b {
+        Block::Op(ROp::Compute { mb, .. }) => mb.strides[up] != 0,
+        Block::Op(ROp::Batch(items)) => items.iter().any(|x| x.mb.strides[up] != 0),
+        Block::Op(ROp::Coll { .. }) => false,
+        Block::Loop { body, .. } => body.iter().any(|b| uses_counter(b, up + 1)),
     }
+}
+
+/// The counter of the loop at nesting level `level` (0: outermost): `i`, `j`, ...
+fn counter(level: usize) -> proc_macro2::Ident {
+    format_ident!("{}", COUNTERS[level])
 }
 
 fn lit(n: usize) -> Literal {
     Literal::usize_unsuffixed(n)
 }
 
-/// The micro-batch expression `base + stride * i`, simplified.
-fn affine(a: &Affine) -> TokenStream {
+/// The micro-batch expression of `a` inside `depth` loops, simplified: `base`, then
+/// `stride * counter` for each loop from the outermost, the positive terms added
+/// before the negative ones are subtracted (so no intermediate value is below the
+/// result, which is a micro-batch the program runs); `i` alone for `0 + i`.
+fn affine(a: &Affine, depth: usize) -> TokenStream {
     let base = lit(a.base.unsigned_abs() as usize);
-    let k = a.stride.unsigned_abs() as usize;
-    let term = match k {
-        0 => None,
-        1 => Some(quote!(i)),
-        _ => {
-            let k = lit(k);
-            Some(quote!(#k * i))
+    let (mut pos, mut neg) = (Vec::new(), Vec::new());
+    for level in 0..depth {
+        let s = a.strides[depth - 1 - level];
+        let v = counter(level);
+        let term = match s.unsigned_abs() {
+            0 => continue,
+            1 => quote!(#v),
+            k => {
+                let k = lit(k as usize);
+                quote!(#k * #v)
+            }
+        };
+        if s > 0 {
+            pos.push(term);
+        } else {
+            neg.push(term);
         }
-    };
-    match (term, a.base, a.stride) {
-        (None, _, _) => quote!(#base),
-        (Some(t), 0, s) if s > 0 => t,
-        (Some(t), _, s) if s > 0 => quote!(#base + #t),
-        (Some(t), _, _) => quote!(#base - #t),
     }
+    let mut pos = pos.into_iter();
+    let mut expr = match (a.base, pos.len()) {
+        (0, 1..) => pos.next().expect("a positive term"),
+        _ => quote!(#base),
+    };
+    for t in pos {
+        expr = quote!(#expr + #t);
+    }
+    for t in neg {
+        expr = quote!(#expr - #t);
+    }
+    expr
 }
 
-fn one(op: &ROp) -> TokenStream {
+/// Step `op`, inside `depth` loops.
+fn one(op: &ROp, depth: usize) -> TokenStream {
     match op {
         ROp::Compute { op, unit, mb } => {
             let method = match op {
@@ -262,11 +295,11 @@ fn one(op: &ROp) -> TokenStream {
                 Op::BW => quote!(backward),
                 Op::RF => quote!(recompute),
             };
-            let (unit, mb) = (Literal::u32_unsuffixed(*unit), affine(mb));
+            let (unit, mb) = (Literal::u32_unsuffixed(*unit), affine(mb, depth));
             quote! { step.#method(#unit, #mb)?; }
         }
         ROp::Batch(items) => {
-            let items = items.iter().map(p2p);
+            let items = items.iter().map(|x| p2p(x, depth));
             quote! { step.p2p(&[#(#items),*])?; }
         }
         ROp::Coll {
@@ -286,7 +319,7 @@ fn one(op: &ROp) -> TokenStream {
     }
 }
 
-fn p2p(x: &P2p) -> TokenStream {
+fn p2p(x: &P2p, depth: usize) -> TokenStream {
     let ctor = match x.dir {
         Dir::Send => quote!(send),
         Dir::Recv => quote!(recv),
@@ -296,7 +329,11 @@ fn p2p(x: &P2p) -> TokenStream {
         Tensor::Grad => quote!(Grad),
         Tensor::Input => quote!(Input),
     };
-    let (unit, mb, peer) = (Literal::u32_unsuffixed(x.unit), affine(&x.mb), lit(x.peer));
+    let (unit, mb, peer) = (
+        Literal::u32_unsuffixed(x.unit),
+        affine(&x.mb, depth),
+        lit(x.peer),
+    );
     quote! { P2p::#ctor(Tensor::#tensor, #unit, #mb, #peer) }
 }
 
@@ -307,32 +344,47 @@ fn p2p(x: &P2p) -> TokenStream {
 /// sizes are abstract): each item's count source follows from its tensor, resolved by
 /// the runtime from the model at start-up (`mpipe_runtime::batches`).
 fn tables(rolled: &mpipe_core::rolled::Rolled) -> TokenStream {
-    fn entries(ops: &[ROp], out: &mut Vec<TokenStream>, skip: &mut usize) {
-        for op in ops {
-            match op {
-                ROp::Batch(items) => {
+    fn transfer(x: &P2p, depth: usize) -> TokenStream {
+        let dir = match x.dir {
+            Dir::Send => quote!(Send),
+            Dir::Recv => quote!(Recv),
+        };
+        let tensor = match x.tensor {
+            Tensor::Act => quote!(Act),
+            Tensor::Grad => quote!(Grad),
+            Tensor::Input => quote!(Input),
+        };
+        let unit = Literal::u32_unsuffixed(x.unit);
+        let base = Literal::i64_unsuffixed(x.mb.base);
+        let peer = lit(x.peer);
+        if x.mb.strides[1..].iter().all(|&s| s == 0) {
+            let stride = Literal::i64_unsuffixed(x.mb.strides[0]);
+            quote! { X::new(D::#dir, T::#tensor, #unit, #base, #stride, #peer) }
+        } else {
+            // Inside nested loops: a stride per enclosing loop, innermost first.
+            let strides = x.mb.strides[..depth]
+                .iter()
+                .map(|&s| Literal::i64_unsuffixed(s));
+            quote! { X::nested(D::#dir, T::#tensor, #unit, #base, [#(#strides),*], #peer) }
+        }
+    }
+    fn entries(blocks: &[Block], depth: usize, out: &mut Vec<TokenStream>, skip: &mut usize) {
+        for b in blocks {
+            match b {
+                Block::Op(ROp::Batch(items)) => {
                     flush(out, skip);
-                    let items = items.iter().map(|x| {
-                        let dir = match x.dir {
-                            Dir::Send => quote!(Send),
-                            Dir::Recv => quote!(Recv),
-                        };
-                        let tensor = match x.tensor {
-                            Tensor::Act => quote!(Act),
-                            Tensor::Grad => quote!(Grad),
-                            Tensor::Input => quote!(Input),
-                        };
-                        let unit = Literal::u32_unsuffixed(x.unit);
-                        let (base, stride) = (
-                            Literal::i64_unsuffixed(x.mb.base),
-                            Literal::i64_unsuffixed(x.mb.stride),
-                        );
-                        let peer = lit(x.peer);
-                        quote! { X::new(D::#dir, T::#tensor, #unit, #base, #stride, #peer) }
-                    });
+                    let items = items.iter().map(|x| transfer(x, depth));
                     out.push(quote! { E::Batch(&[#(#items),*]) });
                 }
-                ROp::Compute { .. } | ROp::Coll { .. } => *skip += 1,
+                Block::Op(ROp::Compute { .. } | ROp::Coll { .. }) => *skip += 1,
+                Block::Loop { count, body } => {
+                    flush(out, skip);
+                    let (mut inner, mut inner_skip) = (Vec::new(), 0);
+                    entries(body, depth + 1, &mut inner, &mut inner_skip);
+                    flush(&mut inner, &mut inner_skip);
+                    let count = lit(*count);
+                    out.push(quote! { E::Loop { count: #count, body: &[#(#inner),*] } });
+                }
             }
         }
     }
@@ -345,19 +397,8 @@ fn tables(rolled: &mpipe_core::rolled::Rolled) -> TokenStream {
     }
     let per_rank = rolled.ranks.iter().map(|blocks| {
         let (mut out, mut skip) = (Vec::new(), 0);
-        for b in blocks {
-            match b {
-                Block::Op(op) => entries(std::slice::from_ref(op), &mut out, &mut skip),
-                Block::Loop { count, body } => {
-                    flush(&mut out, &mut skip);
-                    let (mut inner, mut inner_skip) = (Vec::new(), 0);
-                    entries(body, &mut inner, &mut inner_skip);
-                    flush(&mut inner, &mut inner_skip);
-                    let count = lit(*count);
-                    out.push(quote! { E::Loop { count: #count, body: &[#(#inner),*] } });
-                }
-            }
-        }
+        // Actions after the last batch need no entry.
+        entries(blocks, 0, &mut out, &mut skip);
         quote! { &[#(#out),*] }
     });
     quote! {

@@ -17,6 +17,7 @@ use mpipe_core::profile::Profile;
 use mpipe_core::program::{Action, CollKind, Cost, Dir, Op, Program, Tensor, Unit, FORMAT};
 use mpipe_core::rolled::{
     canonical, roll, roll_with, unroll, Affine, Block, Op as Step, RollError, RollOptions, Rolled,
+    MAX_DEPTH,
 };
 use mpipe_core::simulate::{simulate, Mode};
 use mpipe_core::verify::verify;
@@ -46,16 +47,39 @@ fn derive(profile: &Profile, ranks: usize, microbatches: usize, expr: &str) -> D
     derive_str(&req, expr).unwrap_or_else(|e| panic!("{expr} ({ranks} x {microbatches}): {e:?}"))
 }
 
-/// Every loop respects the options, and the rolled form executes as many steps as it
-/// writes out at most.
+/// Every loop, at every level, respects the options; loops nest at most `MAX_DEPTH`
+/// deep, and every micro-batch number depends only on the loops around it.
 fn check_shape(r: &Rolled, opts: &RollOptions) -> Result<(), TestCaseError> {
-    for blocks in &r.ranks {
-        for b in blocks {
-            if let Block::Loop { count, body } = b {
+    fn walk(b: &Block, depth: usize, opts: &RollOptions) -> Result<(), TestCaseError> {
+        match b {
+            Block::Loop { count, body } => {
+                prop_assert!(depth < MAX_DEPTH, "nested too deep: {b:?}");
                 prop_assert!(*count >= opts.min_iterations.max(2), "{b:?}");
                 prop_assert!(!body.is_empty() && body.len() <= opts.max_period);
-                prop_assert!(body.len() * (count - 1) >= opts.min_saving);
+                // Each of the body's items saves a step at least per iteration
+                // (counted before the body's own loops were rolled).
+                let steps: usize = body.iter().map(Block::steps).sum();
+                prop_assert!(steps * (count - 1) >= opts.min_saving);
+                for x in body {
+                    walk(x, depth + 1, opts)?;
+                }
             }
+            Block::Op(op) => {
+                let mbs: Vec<Affine> = match op {
+                    Step::Compute { mb, .. } => vec![*mb],
+                    Step::Batch(ps) => ps.iter().map(|p| p.mb).collect(),
+                    Step::Coll { .. } => vec![],
+                };
+                for a in mbs {
+                    prop_assert!(a.depth() <= depth, "{a:?} inside {depth} loops");
+                }
+            }
+        }
+        Ok(())
+    }
+    for blocks in &r.ranks {
+        for b in blocks {
+            walk(b, 0, opts)?;
         }
     }
     Ok(())
@@ -427,6 +451,198 @@ proptest! {
     }
 }
 
+/// A nested repetition: a template action whose micro-batch is affine in the counters
+/// of the repetitions around it (`strides[level]`, outermost first), or a repetition
+/// of a sequence of patterns.
+#[derive(Clone, Debug)]
+enum Pattern {
+    Leaf(Template, [i64; 6]),
+    Repeat(usize, Vec<Pattern>),
+}
+
+/// Patterns nested up to 6 levels (deeper than `MAX_DEPTH`).
+fn pattern() -> impl Strategy<Value = Pattern> {
+    let leaf =
+        (template(), prop::array::uniform6(-2i64..=3)).prop_map(|(t, s)| Pattern::Leaf(t, s));
+    leaf.prop_recursive(6, 48, 4, |inner| {
+        (1usize..=4, prop::collection::vec(inner, 1..=4))
+            .prop_map(|(n, parts)| Pattern::Repeat(n, parts))
+    })
+}
+
+/// `p` written out inside repetitions whose counters are `counters` (outermost
+/// first): each action's template with its micro-batch (clamped at 0).
+fn write_out(p: &Pattern, counters: &mut Vec<i64>, out: &mut Vec<(Template, i64)>) {
+    match p {
+        Pattern::Leaf(t, strides) => {
+            let mb = t.4
+                + counters
+                    .iter()
+                    .zip(strides)
+                    .map(|(c, s)| c * s)
+                    .sum::<i64>();
+            out.push((*t, mb.max(0)));
+        }
+        Pattern::Repeat(n, parts) => {
+            for k in 0..*n {
+                counters.push(k as i64);
+                for q in parts {
+                    write_out(q, counters, out);
+                }
+                counters.pop();
+            }
+        }
+    }
+}
+
+/// A list of nested repetitions (at most 4000 actions), sometimes with one action's
+/// micro-batch moved off its pattern.
+fn nested_list() -> impl Strategy<Value = Vec<Action>> {
+    (
+        prop::collection::vec(pattern(), 0..=4),
+        prop::option::weighted(0.3, (any::<prop::sample::Index>(), 1i64..4)),
+    )
+        .prop_map(|(patterns, noise)| {
+            let mut tpl = Vec::new();
+            for p in &patterns {
+                write_out(p, &mut Vec::new(), &mut tpl);
+            }
+            tpl.truncate(4000);
+            let noisy =
+                noise.and_then(|(at, by)| (!tpl.is_empty()).then(|| (at.index(tpl.len()), by)));
+            tpl.iter()
+                .enumerate()
+                .map(|(k, &(t, mb))| {
+                    let n = noisy.filter(|&(at, _)| at == k).map_or(0, |(_, by)| by);
+                    action((t.0, t.1, t.2, t.3, mb, 0), 0, n)
+                })
+                .collect()
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Nested repetitions roll into nested loops (at most `MAX_DEPTH` deep, every loop
+    /// within the options) that unroll to the list itself, in canonical form.
+    #[test]
+    fn random_nested_lists_round_trip(lists in prop::collection::vec(nested_list(), 1..=2), opts in options()) {
+        let p = program(lists);
+        let r = check_round_trip(&p, &opts)?;
+        // The rolled form executes every step once.
+        for (rank, list) in p.programs.iter().enumerate() {
+            let steps: usize = r.ranks[rank].iter().map(Block::steps).sum();
+            prop_assert!(steps <= list.len());
+        }
+    }
+}
+
+/// Action `op` of unit `a` on micro-batch `mb`.
+fn act(op: Op, mb: usize) -> Action {
+    Action::compute(op, "a", mb)
+}
+
+/// A period with inner repetitions, as a list scheduler's steady state has (4
+/// forward-backward pairs, then their 4 weight gradients; the period advances 4
+/// micro-batches): one loop over the periods holding a loop per repetition, of the
+/// same size for 10 and for 1000 periods, and written with a counter per level.
+#[test]
+fn a_period_with_inner_repetitions_becomes_a_loop_of_loops() {
+    let list = |periods: usize| -> Vec<Action> {
+        (0..periods)
+            .flat_map(|s| {
+                (0..4)
+                    .flat_map(move |t| [act(Op::F, 4 * s + t + 4), act(Op::B, 4 * s + t)])
+                    .chain((0..4).map(move |t| act(Op::W, 4 * s + t)))
+            })
+            .collect()
+    };
+    for periods in [10, 1000] {
+        let l = list(periods);
+        let r = roll(&program(vec![l.clone()])).unwrap();
+        assert_eq!(unroll(&r)[0], l);
+        let [Block::Loop { count, body }] = &r.ranks[0][..] else {
+            panic!("one loop expected:\n{r}")
+        };
+        assert_eq!(*count, periods);
+        assert!(
+            matches!(
+                &body[..],
+                [Block::Loop { count: 4, body: fb }, Block::Loop { count: 4, body: w }]
+                    if fb.len() == 2 && w.len() == 1
+            ),
+            "{r}"
+        );
+        assert_eq!(r.code_size(0), 3, "{r}");
+    }
+    let text = roll(&program(vec![list(10)])).unwrap().to_string();
+    for want in [
+        "for i in 0..10 {",
+        "    for j in 0..4 {",
+        "F(a, 4 + 4*i + j)",
+        "B(a, 0 + 4*i + j)",
+        "W(a, 0 + 4*i + j)",
+    ] {
+        assert!(text.contains(want), "{want}:\n{text}");
+    }
+}
+
+/// A sequence of loops that repeats with a period longer than `max_period` steps:
+/// the first pass rolls each run of forwards, the next pass the runs and the sends
+/// between them.
+#[test]
+fn a_sequence_of_loops_becomes_a_loop_of_loops() {
+    let list: Vec<Action> = (0..10)
+        .flat_map(|s| (0..5).map(move |t| f(10 * s + t)).chain([send(s)]))
+        .collect();
+    let opts = RollOptions {
+        max_period: 3,
+        ..RollOptions::default()
+    };
+    let r = roll_with(&program(vec![list.clone()]), &opts).unwrap();
+    assert_eq!(unroll(&r)[0], list);
+    assert!(
+        matches!(
+            &r.ranks[0][..],
+            [Block::Loop { count: 10, body }]
+                if matches!(&body[..], [Block::Loop { count: 5, .. }, Block::Op(_)])
+        ),
+        "{r}"
+    );
+    assert!(r.to_string().contains("F(a, 0 + 10*i + j)"), "{r}");
+    assert!(r.to_string().contains("SEND act(a, 0 + i)->1"), "{r}");
+}
+
+/// Repetitions nested deeper than `MAX_DEPTH`: loops go `MAX_DEPTH` deep, the
+/// outer repetitions stay written out, and the round trip is exact.
+#[test]
+fn nesting_stops_at_max_depth() {
+    // Level 0: F; level `n`: three repetitions of level `n - 1` (the micro-batch
+    // advancing by 3^(n-1)), then a `W` marking the level.
+    fn level(n: u32, at: usize, out: &mut Vec<Action>) {
+        if n == 0 {
+            out.push(f(at));
+            return;
+        }
+        for k in 0..3 {
+            level(n - 1, at + k * 3usize.pow(n - 1), out);
+        }
+        out.push(act(Op::W, n as usize));
+    }
+    let mut list = Vec::new();
+    level(MAX_DEPTH as u32 + 2, 0, &mut list);
+    let r = roll(&program(vec![list.clone()])).unwrap();
+    assert_eq!(unroll(&r)[0], list);
+    let depth = r.ranks[0].iter().map(Block::depth).max().unwrap();
+    assert_eq!(depth, MAX_DEPTH, "{r}");
+    assert!(
+        r.code_size(0) < list.len() / 20,
+        "{} of {}:\n{r}",
+        r.code_size(0),
+        list.len()
+    );
+}
+
 // ---------------------------------------------------------------------------
 // Code size does not grow with the micro-batch count.
 
@@ -573,24 +789,22 @@ fn affine_patterns_become_loops() {
             Step::Compute {
                 op: Op::F,
                 unit: 0,
-                mb: Affine { base: 1, stride: 3 }
+                mb: Affine::new(1, 3)
             },
             Step::Batch(vec![mpipe_core::rolled::P2p {
                 dir: Dir::Send,
                 tensor: Tensor::Act,
                 unit: 0,
-                mb: Affine { base: 1, stride: 3 },
+                mb: Affine::new(1, 3),
                 peer: 1
             }]),
             Step::Compute {
                 op: Op::F,
                 unit: 0,
-                mb: Affine {
-                    base: 100,
-                    stride: -1
-                }
+                mb: Affine::new(100, -1)
             },
         ]
+        .map(Block::Op)
     );
     assert_eq!(unroll(&r)[0], list);
     assert!(r.to_string().contains("for i in 0..50 {"), "{r}");

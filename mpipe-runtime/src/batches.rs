@@ -77,19 +77,27 @@ impl Item {
     }
 }
 
-/// One transfer of a compiled batch, its micro-batch `base + stride * i` in a loop
-/// over `i` (stride 0 outside loops).
+/// How deep a compiled table's loops may nest (as deep as the generated code's,
+/// `mpipe_core::rolled::MAX_DEPTH`).
+pub const MAX_DEPTH: usize = mpipe_core::rolled::MAX_DEPTH;
+
+/// One transfer of a compiled batch, its micro-batch `base + strides[0] * i0 +
+/// strides[1] * i1 + ...` in the counters of the loops around it, innermost first
+/// (every stride 0 outside loops).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Transfer {
     pub dir: Dir,
     pub tensor: Tensor,
     pub unit: UnitId,
     pub base: i64,
-    pub stride: i64,
+    /// Per enclosing loop, innermost first.
+    pub strides: [i64; MAX_DEPTH],
     pub peer: usize,
 }
 
 impl Transfer {
+    /// A transfer whose micro-batch is `base + stride * i` in its innermost loop's
+    /// counter `i` (the same in every iteration of the loops further out).
     pub const fn new(
         dir: Dir,
         tensor: Tensor,
@@ -98,20 +106,51 @@ impl Transfer {
         stride: i64,
         peer: usize,
     ) -> Transfer {
+        Transfer::nested(dir, tensor, unit, base, [stride], peer)
+    }
+
+    /// A transfer inside nested loops: `strides` has one stride per enclosing loop,
+    /// innermost first (at most [`MAX_DEPTH`]; more fails to compile in a constant).
+    pub const fn nested<const K: usize>(
+        dir: Dir,
+        tensor: Tensor,
+        unit: UnitId,
+        base: i64,
+        strides: [i64; K],
+        peer: usize,
+    ) -> Transfer {
+        assert!(K <= MAX_DEPTH, "loops nested deeper than MAX_DEPTH");
+        let mut all = [0; MAX_DEPTH];
+        let mut k = 0;
+        while k < K {
+            all[k] = strides[k];
+            k += 1;
+        }
         Transfer {
             dir,
             tensor,
             unit,
             base,
-            stride,
+            strides: all,
             peer,
         }
+    }
+
+    /// The micro-batch in the loops whose counters are `counters` (outermost first),
+    /// `None` on overflow.
+    pub fn mb(&self, counters: &[i64]) -> Option<i64> {
+        let mut v = self.base;
+        for (s, c) in self.strides.iter().zip(counters.iter().rev()) {
+            v = s.checked_mul(*c)?.checked_add(v)?;
+        }
+        Some(v)
     }
 }
 
 /// One entry of a rank's compiled table, rolled like the generated code (so its size
 /// does not grow with the micro-batch count): `Skip(n)` stands for `n` actions that
-/// are not transfers, `Batch` for one batch, `Loop` for `count` iterations of a body.
+/// are not transfers, `Batch` for one batch, `Loop` for `count` iterations of a body
+/// (which may hold loops, at most [`MAX_DEPTH`] levels in all).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Entry {
     Skip(usize),
@@ -131,9 +170,10 @@ pub struct OwnedBatch {
 
 /// A rank's compiled table written out: its batches with their action indices.
 pub fn unroll(table: &[Entry]) -> Result<Vec<OwnedBatch>, TableError> {
+    /// `entries` inside loops whose counters are `counters` (outermost first).
     fn walk(
         entries: &[Entry],
-        i: i64,
+        counters: &mut Vec<i64>,
         at: &mut usize,
         out: &mut Vec<OwnedBatch>,
     ) -> Result<(), TableError> {
@@ -144,10 +184,10 @@ pub fn unroll(table: &[Entry]) -> Result<Vec<OwnedBatch>, TableError> {
                     let items = items
                         .iter()
                         .map(|t| {
-                            let mb = t.base + t.stride * i;
-                            let mb = usize::try_from(mb).map_err(|_| {
+                            let mb = t.mb(counters);
+                            let mb = mb.and_then(|m| usize::try_from(m).ok()).ok_or_else(|| {
                                 TableError::Malformed(format!(
-                                    "{t:?} has micro-batch {mb} in iteration {i}"
+                                    "{t:?} has micro-batch {mb:?} at loop counters {counters:?}"
                                 ))
                             })?;
                             Ok(Item::new(t.dir, t.tensor, t.unit, mb, t.peer))
@@ -157,11 +197,15 @@ pub fn unroll(table: &[Entry]) -> Result<Vec<OwnedBatch>, TableError> {
                     *at += out.last().map_or(0, |b| b.items.len());
                 }
                 Entry::Loop { count, body } => {
-                    if body.iter().any(|b| matches!(b, Entry::Loop { .. })) {
-                        return Err(TableError::Malformed("a loop inside a loop".into()));
+                    if counters.len() == MAX_DEPTH {
+                        return Err(TableError::Malformed(format!(
+                            "loops nested deeper than {MAX_DEPTH}"
+                        )));
                     }
                     for k in 0..count {
-                        walk(body, k as i64, at, out)?;
+                        counters.push(k as i64);
+                        walk(body, counters, at, out)?;
+                        counters.pop();
                     }
                 }
             }
@@ -169,7 +213,7 @@ pub fn unroll(table: &[Entry]) -> Result<Vec<OwnedBatch>, TableError> {
         Ok(())
     }
     let mut out = Vec::new();
-    walk(table, 0, &mut 0, &mut out)?;
+    walk(table, &mut Vec::with_capacity(MAX_DEPTH), &mut 0, &mut out)?;
     Ok(out)
 }
 
@@ -317,4 +361,106 @@ pub fn sizes(
         .iter()
         .map(|b| b.items.iter().map(|x| count(x.count)).collect())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: UnitId = 2;
+
+    /// A batch of one send of an activation of `A` at `mb` to rank 1.
+    fn send(mb: usize) -> Vec<Item> {
+        vec![Item::new(Dir::Send, Tensor::Act, A, mb, 1)]
+    }
+
+    /// Loops inside loops: each transfer's micro-batch is affine in every enclosing
+    /// counter (innermost first), action indices advance through `Skip`s and batches
+    /// in program order.
+    #[test]
+    fn nested_loops_unroll_in_program_order() {
+        const INNER: &[Entry] = &[
+            Entry::Batch(&[Transfer::nested(Dir::Send, Tensor::Act, A, 5, [1, 10], 1)]),
+            Entry::Skip(1),
+        ];
+        const TABLE: &[Entry] = &[
+            Entry::Batch(&[Transfer::new(Dir::Send, Tensor::Act, A, 0, 0, 1)]),
+            Entry::Loop {
+                count: 3,
+                body: &[
+                    Entry::Skip(2),
+                    Entry::Loop {
+                        count: 2,
+                        body: INNER,
+                    },
+                    Entry::Batch(&[Transfer::new(Dir::Send, Tensor::Act, A, 7, 10, 1)]),
+                ],
+            },
+        ];
+        let mut want = vec![OwnedBatch {
+            first: 0,
+            items: send(0),
+        }];
+        let mut at = 1;
+        for i in 0..3 {
+            at += 2;
+            for j in 0..2 {
+                want.push(OwnedBatch {
+                    first: at,
+                    items: send(5 + j + 10 * i),
+                });
+                at += 2;
+            }
+            want.push(OwnedBatch {
+                first: at,
+                items: send(7 + 10 * i),
+            });
+            at += 1;
+        }
+        assert_eq!(unroll(TABLE).unwrap(), want);
+        assert_eq!(
+            Transfer::new(Dir::Recv, Tensor::Grad, A, 3, -1, 0),
+            Transfer::nested(Dir::Recv, Tensor::Grad, A, 3, [-1], 0)
+        );
+    }
+
+    /// Deeper than `MAX_DEPTH`, or a micro-batch below 0: malformed, not a panic.
+    #[test]
+    fn malformed_nesting_is_an_error() {
+        const LEAF: &[Entry] = &[Entry::Batch(&[Transfer::new(
+            Dir::Send,
+            Tensor::Act,
+            A,
+            0,
+            1,
+            1,
+        )])];
+        fn nest(depth: usize) -> &'static [Entry] {
+            let mut e = LEAF;
+            for _ in 0..depth {
+                e = Box::leak(Box::new([Entry::Loop { count: 2, body: e }]));
+            }
+            e
+        }
+        assert_eq!(unroll(nest(MAX_DEPTH)).unwrap().len(), 1 << MAX_DEPTH);
+        assert!(matches!(
+            unroll(nest(MAX_DEPTH + 1)),
+            Err(TableError::Malformed(_))
+        ));
+        const NEGATIVE: &[Entry] = &[Entry::Loop {
+            count: 2,
+            body: &[Entry::Loop {
+                count: 2,
+                body: &[Entry::Batch(&[Transfer::nested(
+                    Dir::Send,
+                    Tensor::Act,
+                    A,
+                    0,
+                    [0, -1],
+                    1,
+                )])],
+            }],
+        }];
+        assert!(matches!(unroll(NEGATIVE), Err(TableError::Malformed(_))));
+    }
 }

@@ -37,9 +37,11 @@
 //! collective, or a [`Op::Batch`] of point-to-point transfers posted together. Units
 //! are numbered by their index in [`Program::units`] (the first unit of that name,
 //! should a program repeat one). A rank is then a list of [`Block`]s: a plain step,
-//! or a loop of `count` iterations over a body of steps whose micro-batch numbers are
+//! or a loop of `count` iterations over a body of blocks whose micro-batch numbers are
 //! [`Affine`] in the loop counter `i` (`mb = base + stride * i`, `i` in
-//! `0..count`). Loops do not nest; outside a loop every stride is 0.
+//! `0..count`). Loops nest, at most [`MAX_DEPTH`] deep: a number inside nested loops
+//! is affine in every enclosing counter (`mb = base + 12*i + j` inside `for i` and
+//! `for j`, [`Affine::strides`], innermost first). Outside a loop every stride is 0.
 //!
 //! # Batches and their canonical form
 //!
@@ -78,6 +80,27 @@
 //! and goes on after it; with no such period, step `i` is emitted plainly and the
 //! search goes on at `i + 1`. See [`RollOptions`] for the defaults.
 //!
+//! # Nested loops
+//!
+//! The same search runs on any list of *items* (steps or loops): two items have the
+//! same shape when they are equal except for the bases of their micro-batch numbers
+//! (so loops of one shape have equal counts and strides), and an item's numbers are
+//! its bases. Nesting comes from two places:
+//! - a period with inner repetitions (a list scheduler's steady state: 12
+//!   forward-backward pairs, then their 12 weight gradients, the whole advancing 12
+//!   micro-batches): the longest cover is the period, and its body, whose steps now
+//!   carry the outer stride (part of their shape), is rolled in turn, one level
+//!   deeper, into the inner loops;
+//! - a sequence of loops that repeats (a period longer than `max_period` steps, or
+//!   one the greedy left-to-right choice split): the rank's rolled list is rolled
+//!   again, as items, until a pass finds no loop.
+//!
+//! A new loop's stride goes in at each number's level: after the loops inside the
+//! item, before the ones around it. Items already `MAX_DEPTH - e` loops deep (inside
+//! `e` loops) take no further loop around them (they get a shape of their own).
+//! Every pass only merges items into loops, so the result unrolls to the same steps
+//! ([`unroll`]), and the search is deterministic.
+//!
 //! Speed (a rank of 1F1B over 4096 micro-batches has about 16 000 steps):
 //! - the candidate periods at `i` are read off a chain linking each step to the next
 //!   one of the same shape, not tried one by one;
@@ -100,10 +123,11 @@
 //! `dualpipev` and `transpose(vision, 1f1b)` roll to a constant size on the profiles
 //! tested (`mpipe-core/tests/rolled.rs`). Over every generator and `transpose` and
 //! `fill` over them (`mpipe-codegen/tests/code_size.rs`, 4 ranks), most programs
-//! either roll to a constant size or repeat with a period longer than 32
-//! micro-batches hold, so their code stops growing past a few hundred; the woven
-//! `zb2p(encoders = spread)` has no period (its list scheduler places the encoder by
-//! timing) and its code grows with the micro-batch count.
+//! either roll to a constant size (with nested loops, the unit-cost list schedules'
+//! periods too) or have regimes 32 micro-batches do not reach, so their code stops
+//! growing past a few hundred; the woven `zb2p(encoders = spread)` has no period (its
+//! list scheduler places the encoder by timing) and its code grows with the
+//! micro-batch count.
 
 use crate::ir::program::{
     Action, ActionRef, CollKind, Dir, Name, Op as ComputeOp, Program, Tensor,
@@ -111,12 +135,24 @@ use crate::ir::program::{
 use std::collections::HashMap;
 use std::fmt;
 
-/// A micro-batch number affine in the innermost enclosing loop's counter `i`:
-/// `base + stride * i`. Outside a loop `stride` is 0 and the number is `base`.
+/// Deepest loop nesting a rolled program has (and `mpipe-runtime`'s batch tables hold):
+/// a loop's body may hold loops, down to this many levels. Two levels hold a period
+/// with inner repetitions; the others hold a sequence of such periods repeating.
+pub const MAX_DEPTH: usize = 4;
+
+/// The loop counters' names by nesting level, outermost first (as [`Rolled`]'s
+/// `Display` and the generated code write them).
+pub const COUNTERS: [&str; MAX_DEPTH] = ["i", "j", "k", "l"];
+
+/// A micro-batch number affine in the counters of the loops around it:
+/// `base + strides[0] * (innermost counter) + strides[1] * (the next one out) + ...`.
+/// Outside a loop every stride is 0 and the number is `base`; a step `d` loops deep
+/// has `strides[d..]` all 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Affine {
     pub base: i64,
-    pub stride: i64,
+    /// Per enclosing loop, innermost first.
+    pub strides: [i64; MAX_DEPTH],
 }
 
 impl Affine {
@@ -124,26 +160,80 @@ impl Affine {
     pub fn constant(mb: i64) -> Affine {
         Affine {
             base: mb,
-            stride: 0,
+            strides: [0; MAX_DEPTH],
         }
     }
 
-    /// The value at loop counter `i`, or `None` on overflow.
-    pub fn at(self, i: i64) -> Option<i64> {
-        self.stride.checked_mul(i)?.checked_add(self.base)
+    /// `base + stride * i` in its innermost loop's counter `i` (no dependence on the
+    /// loops further out).
+    pub fn new(base: i64, stride: i64) -> Affine {
+        let mut strides = [0; MAX_DEPTH];
+        strides[0] = stride;
+        Affine { base, strides }
+    }
+
+    /// The stride of the innermost enclosing loop's counter.
+    pub fn stride(self) -> i64 {
+        self.strides[0]
+    }
+
+    /// Whether the number is the same in every iteration of every loop around it.
+    pub fn is_constant(self) -> bool {
+        self.strides.iter().all(|&s| s == 0)
+    }
+
+    /// The value for the counters of the enclosing loops, **outermost first** (as the
+    /// loops are written; the last is the innermost's), or `None` on overflow.
+    /// Strides beyond the counters given count as of counter 0.
+    pub fn at(self, counters: &[i64]) -> Option<i64> {
+        let mut v = self.base;
+        for (s, c) in self.strides.iter().zip(counters.iter().rev()) {
+            v = s.checked_mul(*c)?.checked_add(v)?;
+        }
+        Some(v)
+    }
+
+    /// The fewest enclosing loops the number needs: 1 + the outermost nonzero
+    /// stride's index, 0 if constant.
+    pub fn depth(self) -> usize {
+        self.strides
+            .iter()
+            .rposition(|&s| s != 0)
+            .map_or(0, |x| x + 1)
+    }
+
+    /// Written `depth` loops deep: counters named by their loop's level
+    /// ([`COUNTERS`], outermost first): `7 + 12*i + j`.
+    pub fn show(self, depth: usize) -> impl fmt::Display {
+        ShowAffine(self, depth.max(self.depth()))
+    }
+}
+
+struct ShowAffine(Affine, usize);
+
+impl fmt::Display for ShowAffine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (a, depth) = (self.0, self.1);
+        write!(f, "{}", a.base)?;
+        for level in 0..depth {
+            let s = a.strides[depth - 1 - level];
+            let name = COUNTERS.get(level).copied().unwrap_or("?");
+            let sign = if s < 0 { '-' } else { '+' };
+            match s.unsigned_abs() {
+                0 => {}
+                1 => write!(f, " {sign} {name}")?,
+                k => write!(f, " {sign} {k}*{name}")?,
+            }
+        }
+        Ok(())
     }
 }
 
 impl fmt::Display for Affine {
-    /// `7`, `7 + i`, `7 + 2*i`, `7 - i`.
+    /// `7`, `7 + i`, `7 + 2*i`, `7 - i`; with outer loops `7 + 12*i + j` (the
+    /// fewest loops the number needs, [`Affine::show`]).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.stride {
-            0 => write!(f, "{}", self.base),
-            1 => write!(f, "{} + i", self.base),
-            -1 => write!(f, "{} - i", self.base),
-            s if s < 0 => write!(f, "{} - {}*i", self.base, s.unsigned_abs()),
-            s => write!(f, "{} + {s}*i", self.base),
-        }
+        self.show(self.depth()).fmt(f)
     }
 }
 
@@ -184,26 +274,36 @@ pub enum Op {
 /// A plain step or a loop.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Block {
-    /// A step outside any loop (its strides are 0).
+    /// A step (its strides are those of the loops around it, 0 at the top level).
     Op(Op),
-    /// `for i in 0..count { body }`; the body's micro-batches are affine in `i`.
-    Loop { count: usize, body: Vec<Op> },
+    /// `for i in 0..count { body }`; the body's micro-batches are affine in the
+    /// counters of this loop and the loops around it. The body may hold loops
+    /// (at most [`MAX_DEPTH`] levels in all).
+    Loop { count: usize, body: Vec<Block> },
 }
 
 impl Block {
-    /// Steps written out: 1 for a plain step, the body's length for a loop.
+    /// Steps written out: 1 for a plain step, the body's for a loop.
     pub fn size(&self) -> usize {
         match self {
             Block::Op(_) => 1,
-            Block::Loop { body, .. } => body.len(),
+            Block::Loop { body, .. } => body.iter().map(Block::size).sum(),
         }
     }
 
-    /// Steps executed: 1 for a plain step, `count * body.len()` for a loop.
+    /// Steps executed: 1 for a plain step, `count` times the body's for a loop.
     pub fn steps(&self) -> usize {
         match self {
             Block::Op(_) => 1,
-            Block::Loop { count, body } => count * body.len(),
+            Block::Loop { count, body } => count * body.iter().map(Block::steps).sum::<usize>(),
+        }
+    }
+
+    /// Loops nested in the block, itself included: 0 for a plain step.
+    pub fn depth(&self) -> usize {
+        match self {
+            Block::Op(_) => 0,
+            Block::Loop { body, .. } => 1 + body.iter().map(Block::depth).max().unwrap_or(0),
         }
     }
 }
@@ -219,8 +319,8 @@ pub struct Rolled {
 }
 
 impl Rolled {
-    /// Code size of rank `r`: top-level steps plus the steps of every loop body
-    /// (loop headers not counted). Bounded independently of the micro-batch count for
+    /// Code size of rank `r`: top-level steps plus the steps of every loop body, at
+    /// every level (loop headers not counted). Bounded independently of the micro-batch count for
     /// the regular schedules.
     pub fn code_size(&self, r: usize) -> usize {
         self.ranks[r].iter().map(Block::size).sum()
@@ -257,7 +357,7 @@ pub enum RollError {
 /// Tuning of the loop finder. [`Default`] is what [`roll`] uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RollOptions {
-    /// Longest loop body tried, in steps (default 1024). 256 covers the body
+    /// Longest loop body tried, in items (steps or loops; default 1024). 256 covers the body
     /// schedules (interleaved's steady body over 8 ranks is under 100 steps); the
     /// longer default also catches the long periods of programs whose timing-driven
     /// placement repeats only every few hundred steps (`transpose(vision, 1f1b)` over
@@ -270,7 +370,8 @@ pub struct RollOptions {
     /// loops with odd strides; with 3, a loop's body has shown its deltas repeat.
     /// Values below 2 count as 2.
     pub min_iterations: usize,
-    /// Fewest steps a loop must save, `L * (n - 1)` (default 2).
+    /// Fewest steps a loop must save, `L * (n - 1)` for a body of `L` items (steps or
+    /// loops, counted before the body's own loops are rolled; default 2).
     pub min_saving: usize,
 }
 
@@ -302,10 +403,7 @@ pub fn roll_with(p: &Program, opts: &RollOptions) -> Result<Rolled, RollError> {
         .programs
         .iter()
         .enumerate()
-        .map(|(r, list)| {
-            let seq = Seq::build(r, list, &index)?;
-            Ok(seq.roll(opts))
-        })
+        .map(|(r, list)| Ok(roll_rank(steps_of(r, list, &index)?, opts)))
         .collect::<Result<Vec<_>, RollError>>()?;
     Ok(Rolled {
         units: p.units.iter().map(|u| u.name.clone()).collect(),
@@ -329,8 +427,8 @@ pub fn rank_code_size(
     for (u, unit) in p.units.iter().enumerate() {
         index.entry(unit.name.as_str()).or_insert(u as u32);
     }
-    let seq = Seq::build(rank, list, &index)?;
-    Ok(seq.roll(opts).iter().map(Block::size).sum())
+    let blocks = roll_rank(steps_of(rank, list, &index)?, opts);
+    Ok(blocks.iter().map(Block::size).sum())
 }
 
 /// Expand `r` back into flat action lists, one per rank, with batches numbered
@@ -347,22 +445,36 @@ pub fn unroll(r: &Rolled) -> Vec<Vec<Action>> {
         .map(|blocks| {
             let mut out = Vec::with_capacity(blocks.iter().map(Block::steps).sum());
             let mut batch = 0u64;
+            let mut counters = Vec::with_capacity(MAX_DEPTH);
             for b in blocks {
-                match b {
-                    Block::Op(op) => emit(&mut out, &names, op, 0, &mut batch),
-                    Block::Loop { count, body } => {
-                        for i in 0..*count {
-                            let i = i64::try_from(i).expect("loop counter fits in i64");
-                            for op in body {
-                                emit(&mut out, &names, op, i, &mut batch);
-                            }
-                        }
-                    }
-                }
+                expand(&mut out, &names, b, &mut counters, &mut batch);
             }
             out
         })
         .collect()
+}
+
+/// Append `b`'s actions, executed inside loops whose counters are `counters`
+/// (outermost first), to `out`.
+fn expand(
+    out: &mut Vec<Action>,
+    names: &[Name],
+    b: &Block,
+    counters: &mut Vec<i64>,
+    batch: &mut u64,
+) {
+    match b {
+        Block::Op(op) => emit(out, names, op, counters, batch),
+        Block::Loop { count, body } => {
+            for i in 0..*count {
+                counters.push(i64::try_from(i).expect("loop counter fits in i64"));
+                for b in body {
+                    expand(out, names, b, counters, batch);
+                }
+                counters.pop();
+            }
+        }
+    }
 }
 
 /// `list` with its batches numbered canonically: groups of two or more consecutive
@@ -419,11 +531,11 @@ fn set_batch(a: &mut Action, to: Option<u64>) {
     a.set_batch(to);
 }
 
-fn emit(out: &mut Vec<Action>, names: &[Name], op: &Op, i: i64, batch: &mut u64) {
+fn emit(out: &mut Vec<Action>, names: &[Name], op: &Op, counters: &[i64], batch: &mut u64) {
     let mb = |a: Affine| -> usize {
-        a.at(i)
+        a.at(counters)
             .and_then(|m| usize::try_from(m).ok())
-            .unwrap_or_else(|| panic!("micro-batch {a} at i = {i} is out of range"))
+            .unwrap_or_else(|| panic!("micro-batch {a} at counters {counters:?} is out of range"))
     };
     let name = |u: u32| names[u as usize].clone();
     match op {
@@ -456,28 +568,177 @@ fn emit(out: &mut Vec<Action>, names: &[Name], op: &Op, i: i64, batch: &mut u64)
     }
 }
 
-/// A step with its micro-batch numbers taken out.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-enum Shape {
-    Compute(ComputeOp, u32),
-    Batch(Vec<(Dir, Tensor, u32, usize)>),
-    Coll(CollKind, u32, usize, Vec<usize>),
+/// `list`'s steps (rank `r`'s actions), each with constant micro-batches: a compute
+/// action, a collective, or a batch of transfers with its members in canonical order.
+fn steps_of(r: usize, list: &[Action], index: &HashMap<&str, u32>) -> Result<Vec<Op>, RollError> {
+    let unit = |j: usize, name: &str| {
+        index
+            .get(name)
+            .copied()
+            .ok_or_else(|| RollError::UnknownUnit {
+                rank: r,
+                index: j,
+                name: name.to_string(),
+            })
+    };
+    let mb = |j: usize, mb: usize| {
+        i64::try_from(mb)
+            .map(Affine::constant)
+            .map_err(|_| RollError::Microbatch {
+                rank: r,
+                index: j,
+                mb,
+            })
+    };
+    let mut out = Vec::with_capacity(list.len());
+    let mut j = 0;
+    while j < list.len() {
+        let end = group_end(list, j);
+        out.push(match list[j].view() {
+            ActionRef::Compute(c) => Op::Compute {
+                op: c.op,
+                unit: unit(j, c.unit)?,
+                mb: mb(j, c.mb)?,
+            },
+            ActionRef::Coll(c) => Op::Coll {
+                kind: c.kind,
+                unit: unit(j, c.unit)?,
+                root: c.root,
+                group: c.group.to_vec(),
+            },
+            ActionRef::P2p(_) => {
+                let mut order: Vec<usize> = (j..end).collect();
+                order.sort_by_key(|&a| member_key(&list[a]));
+                let mut members = Vec::with_capacity(end - j);
+                for k in order {
+                    let ActionRef::P2p(p) = list[k].view() else {
+                        unreachable!("a batch group holds transfers only")
+                    };
+                    members.push(P2p {
+                        dir: p.dir,
+                        tensor: p.tensor,
+                        unit: unit(k, p.unit)?,
+                        mb: mb(k, p.mb)?,
+                        peer: p.peer,
+                    });
+                }
+                Op::Batch(members)
+            }
+        });
+        j = end;
+    }
+    Ok(out)
 }
 
-/// One rank's steps: interned shapes and, per step, its micro-batch numbers (one
-/// per compute step, one per transfer of a batch, none for a collective).
+/// A rank's steps rolled: loops found over the steps (each loop's body rolled in
+/// turn, [`roll_items`]), then over the blocks that gives, again and again until a
+/// pass finds no loop (so a sequence of loops that repeats becomes a loop of loops).
+fn roll_rank(steps: Vec<Op>, opts: &RollOptions) -> Vec<Block> {
+    let mut blocks = roll_items(steps.into_iter().map(Block::Op).collect(), 0, opts);
+    loop {
+        let before = blocks.len();
+        blocks = roll_items(blocks, 0, opts);
+        // A pass only merges items into loops: equal length, nothing found.
+        if blocks.len() == before {
+            return blocks;
+        }
+    }
+}
+
+/// `items` (steps and loops, inside `enclosing` loops) with their regular stretches
+/// rolled into loops, greedily left to right ([`Seq::best_loop`]); each new loop's
+/// body is rolled in turn, one level deeper, so a period with inner repetitions
+/// becomes a loop holding loops.
+fn roll_items(items: Vec<Block>, enclosing: usize, opts: &RollOptions) -> Vec<Block> {
+    if enclosing >= MAX_DEPTH || items.len() < 2 {
+        return items;
+    }
+    let seq = Seq::build(&items, MAX_DEPTH - enclosing);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < seq.len() {
+        match seq.best_loop(i, opts) {
+            Some((l, n)) => {
+                let body = (i..i + l)
+                    .map(|j| {
+                        let deltas: Vec<i64> = (seq.mb(j).iter().zip(seq.mb(j + l)))
+                            .map(|(a, b)| b - a)
+                            .collect();
+                        wrap(&items[j], &deltas)
+                    })
+                    .collect();
+                out.push(Block::Loop {
+                    count: n,
+                    body: roll_items(body, enclosing + 1, opts),
+                });
+                i += l * n;
+            }
+            None => {
+                out.push(items[i].clone());
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Calls `f` on every micro-batch number of `b`, in order (a batch's members in
+/// order, loop bodies in order), with the number of loops inside `b` around it.
+fn visit(b: &Block, depth: usize, f: &mut impl FnMut(Affine, usize)) {
+    match b {
+        Block::Op(Op::Compute { mb, .. }) => f(*mb, depth),
+        Block::Op(Op::Batch(ps)) => ps.iter().for_each(|p| f(p.mb, depth)),
+        Block::Op(Op::Coll { .. }) => {}
+        Block::Loop { body, .. } => body.iter().for_each(|b| visit(b, depth + 1, f)),
+    }
+}
+
+/// [`visit`], mutably.
+fn visit_mut(b: &mut Block, depth: usize, f: &mut impl FnMut(&mut Affine, usize)) {
+    match b {
+        Block::Op(Op::Compute { mb, .. }) => f(mb, depth),
+        Block::Op(Op::Batch(ps)) => ps.iter_mut().for_each(|p| f(&mut p.mb, depth)),
+        Block::Op(Op::Coll { .. }) => {}
+        Block::Loop { body, .. } => body.iter_mut().for_each(|b| visit_mut(b, depth + 1, f)),
+    }
+}
+
+/// `b` with every base 0: what two items must share to be iterations of one loop
+/// (the steps, loop counts and every stride).
+fn skeleton(b: &Block) -> Block {
+    let mut s = b.clone();
+    visit_mut(&mut s, 0, &mut |a, _| a.base = 0);
+    s
+}
+
+/// `b` as the body item of a new loop around it whose counter advances its `k`-th
+/// micro-batch number (in [`visit`]'s order) by `deltas[k]`: the new stride goes in
+/// at each number's level (after the loops inside `b`, before the ones around it).
+fn wrap(b: &Block, deltas: &[i64]) -> Block {
+    let mut w = b.clone();
+    let mut k = 0;
+    visit_mut(&mut w, 0, &mut |a, depth| {
+        debug_assert_eq!(a.strides[MAX_DEPTH - 1], 0, "nesting deeper than MAX_DEPTH");
+        a.strides.copy_within(depth..MAX_DEPTH - 1, depth + 1);
+        a.strides[depth] = deltas[k];
+        k += 1;
+    });
+    w
+}
+
+/// A list of items (steps or loops) as the loop finder reads it: per item, an
+/// interned *shape* (its [`skeleton`]) and its micro-batch numbers' bases.
 struct Seq {
-    shapes: Vec<Shape>,
     shape: Vec<u32>,
-    /// `mbs[start[j]..start[j + 1]]` are step `j`'s micro-batches.
+    /// `mbs[start[j]..start[j + 1]]` are item `j`'s bases.
     start: Vec<usize>,
     mbs: Vec<i64>,
-    /// Polynomial prefix hashes of the shapes (`hash[j]` covers steps `..j`), so that
-    /// two windows of steps compare in O(1) before they are compared step by step.
+    /// Polynomial prefix hashes of the shapes (`hash[j]` covers items `..j`), so that
+    /// two windows of items compare in O(1) before they are compared item by item.
     hash: Vec<u64>,
     /// `pow[k] = HASH_BASE^k`.
     pow: Vec<u64>,
-    /// `next[j]`: the next step after `j` with the same shape (`usize::MAX`: none);
+    /// `next[j]`: the next item after `j` with the same shape (`usize::MAX`: none);
     /// the candidate periods at `i` are the distances along this chain.
     next: Vec<usize>,
 }
@@ -486,67 +747,33 @@ struct Seq {
 const HASH_BASE: u64 = 0x9E37_79B9_7F4A_7C15;
 
 impl Seq {
-    fn build(r: usize, list: &[Action], index: &HashMap<&str, u32>) -> Result<Seq, RollError> {
-        let mut ids: HashMap<Shape, u32> = HashMap::new();
+    /// The items' shapes and bases. An item with `room` or more levels of loops
+    /// cannot go into one more loop: it gets a shape of its own, equal to no other.
+    fn build(items: &[Block], room: usize) -> Seq {
+        let mut ids: HashMap<Block, u32> = HashMap::new();
+        let mut fresh = 0u32;
         let mut seq = Seq {
-            shapes: Vec::new(),
-            shape: Vec::with_capacity(list.len()),
-            start: vec![0],
-            mbs: Vec::with_capacity(list.len()),
+            shape: Vec::with_capacity(items.len()),
+            start: Vec::with_capacity(items.len() + 1),
+            mbs: Vec::with_capacity(items.len()),
             hash: Vec::new(),
             pow: Vec::new(),
             next: Vec::new(),
         };
-        let unit = |j: usize, name: &str| {
-            index
-                .get(name)
-                .copied()
-                .ok_or_else(|| RollError::UnknownUnit {
-                    rank: r,
-                    index: j,
-                    name: name.to_string(),
-                })
-        };
-        let mb = |j: usize, mb: usize| {
-            i64::try_from(mb).map_err(|_| RollError::Microbatch {
-                rank: r,
-                index: j,
-                mb,
-            })
-        };
-        let mut j = 0;
-        while j < list.len() {
-            let end = group_end(list, j);
-            let shape = match list[j].view() {
-                ActionRef::Compute(c) => {
-                    seq.mbs.push(mb(j, c.mb)?);
-                    Shape::Compute(c.op, unit(j, c.unit)?)
-                }
-                ActionRef::Coll(c) => {
-                    Shape::Coll(c.kind, unit(j, c.unit)?, c.root, c.group.to_vec())
-                }
-                ActionRef::P2p(_) => {
-                    let mut order: Vec<usize> = (j..end).collect();
-                    order.sort_by_key(|&a| member_key(&list[a]));
-                    let mut members = Vec::with_capacity(end - j);
-                    for k in order {
-                        let ActionRef::P2p(p) = list[k].view() else {
-                            unreachable!("a batch group holds transfers only")
-                        };
-                        seq.mbs.push(mb(k, p.mb)?);
-                        members.push((p.dir, p.tensor, unit(k, p.unit)?, p.peer));
-                    }
-                    Shape::Batch(members)
-                }
-            };
-            let next = seq.shapes.len() as u32;
-            let id = *ids.entry(shape).or_insert_with_key(|s| {
-                seq.shapes.push(s.clone());
-                next
-            });
-            seq.shape.push(id);
+        seq.start.push(0);
+        for b in items {
+            visit(b, 0, &mut |a, _| seq.mbs.push(a.base));
             seq.start.push(seq.mbs.len());
-            j = end;
+            let id = if b.depth() >= room {
+                fresh += 1;
+                fresh - 1
+            } else {
+                *ids.entry(skeleton(b)).or_insert_with(|| {
+                    fresh += 1;
+                    fresh - 1
+                })
+            };
+            seq.shape.push(id);
         }
         let n = seq.shape.len();
         seq.hash.reserve(n + 1);
@@ -564,13 +791,13 @@ impl Seq {
             seq.pow.push(seq.pow[j].wrapping_mul(HASH_BASE));
         }
         seq.next = vec![usize::MAX; n];
-        let mut last = vec![usize::MAX; seq.shapes.len()];
+        let mut last = vec![usize::MAX; fresh as usize];
         for j in (0..n).rev() {
             let s = &mut last[seq.shape[j] as usize];
             seq.next[j] = *s;
             *s = j;
         }
-        Ok(seq)
+        seq
     }
 
     fn len(&self) -> usize {
@@ -684,74 +911,20 @@ impl Seq {
         }
         best
     }
-
-    /// Step `j` with affine micro-batches: `mb(j) + (mb(j + l) - mb(j)) * i`, or
-    /// constant when `l` is `None`.
-    fn op(&self, j: usize, l: Option<usize>) -> Op {
-        let m = self.mb(j);
-        let aff = |x: usize| Affine {
-            base: m[x],
-            stride: l.map_or(0, |l| self.mb(j + l)[x] - m[x]),
-        };
-        match &self.shapes[self.shape[j] as usize] {
-            Shape::Compute(op, unit) => Op::Compute {
-                op: *op,
-                unit: *unit,
-                mb: aff(0),
-            },
-            Shape::Batch(members) => Op::Batch(
-                members
-                    .iter()
-                    .enumerate()
-                    .map(|(x, &(dir, tensor, unit, peer))| P2p {
-                        dir,
-                        tensor,
-                        unit,
-                        mb: aff(x),
-                        peer,
-                    })
-                    .collect(),
-            ),
-            Shape::Coll(kind, unit, root, group) => Op::Coll {
-                kind: *kind,
-                unit: *unit,
-                root: *root,
-                group: group.clone(),
-            },
-        }
-    }
-
-    fn roll(&self, opts: &RollOptions) -> Vec<Block> {
-        let mut blocks = Vec::new();
-        let mut i = 0;
-        while i < self.len() {
-            match self.best_loop(i, opts) {
-                Some((l, n)) => {
-                    blocks.push(Block::Loop {
-                        count: n,
-                        body: (i..i + l).map(|j| self.op(j, Some(l))).collect(),
-                    });
-                    i += l * n;
-                }
-                None => {
-                    blocks.push(Block::Op(self.op(i, None)));
-                    i += 1;
-                }
-            }
-        }
-        blocks
-    }
 }
 
 /// Writes steps as in [`Action`]'s display, with affine micro-batches:
 /// `F(llm.3, 4 + i)`, `[SEND act(llm.3, 3 + i)->4, RECV act(llm.2, 5 + i)<-2]`.
-struct ShowOp<'a>(&'a Op, &'a [String]);
+/// The third field is how many loops are around the step.
+struct ShowOp<'a>(&'a Op, &'a [String], usize);
 
 impl fmt::Display for ShowOp<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let name = |u: u32| self.1.get(u as usize).map_or("?", String::as_str);
         match self.0 {
-            Op::Compute { op, unit, mb } => write!(f, "{}({}, {mb})", op.as_str(), name(*unit)),
+            Op::Compute { op, unit, mb } => {
+                write!(f, "{}({}, {})", op.as_str(), name(*unit), mb.show(self.2))
+            }
             Op::Batch(ps) => {
                 if ps.len() > 1 {
                     f.write_str("[")?;
@@ -769,7 +942,7 @@ impl fmt::Display for ShowOp<'_> {
                         "{what} {}({}, {}){arrow}{}",
                         p.tensor.as_str(),
                         name(p.unit),
-                        p.mb,
+                        p.mb.show(self.2),
                         p.peer
                     )?;
                 }
@@ -795,21 +968,32 @@ impl fmt::Display for ShowOp<'_> {
 }
 
 impl fmt::Display for Rolled {
-    /// One rank after another, loops as `for i in 0..count { ... }`.
+    /// One rank after another, loops as `for i in 0..count { ... }` (nested loops'
+    /// counters `j`, `k`, `l`, [`COUNTERS`]).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fn block(
+            f: &mut fmt::Formatter<'_>,
+            b: &Block,
+            units: &[String],
+            depth: usize,
+        ) -> fmt::Result {
+            let pad = "  ".repeat(depth + 1);
+            match b {
+                Block::Op(op) => writeln!(f, "{pad}{}", ShowOp(op, units, depth)),
+                Block::Loop { count, body } => {
+                    let name = COUNTERS.get(depth).copied().unwrap_or("?");
+                    writeln!(f, "{pad}for {name} in 0..{count} {{")?;
+                    for b in body {
+                        block(f, b, units, depth + 1)?;
+                    }
+                    writeln!(f, "{pad}}}")
+                }
+            }
+        }
         for (r, blocks) in self.ranks.iter().enumerate() {
             writeln!(f, "rank {r}:")?;
             for b in blocks {
-                match b {
-                    Block::Op(op) => writeln!(f, "  {}", ShowOp(op, &self.units))?,
-                    Block::Loop { count, body } => {
-                        writeln!(f, "  for i in 0..{count} {{")?;
-                        for op in body {
-                            writeln!(f, "    {}", ShowOp(op, &self.units))?;
-                        }
-                        writeln!(f, "  }}")?;
-                    }
-                }
+                block(f, b, &self.units, 0)?;
             }
         }
         Ok(())
