@@ -13,9 +13,11 @@
 //! - its finishing times alone ([`finish_times_lowered`], what ranks a trial) are
 //!   the report's: the end of each rank's last interval, the makespan their
 //!   largest; or the same error;
-//! - the report found from a run's kept times ([`finish_times_within_or_run`],
-//!   [`simulate_lowered_ran`]: what the placement search keeps of its winner's
-//!   run, not run again) is [`simulate_lowered`]'s, interval for interval.
+//! - the report found from a run's kept times ([`finish_times_taken_or_run`],
+//!   [`Kept::report`]: what the placement search keeps of its winner's run, not
+//!   run again) is [`simulate_lowered`]'s, interval for interval; and a lowering
+//!   the simulator takes apart ([`finish_times_taken_or_run`], [`simulate_taken`])
+//!   comes back step for step, the same report or the same error.
 
 use mpipe_core::derive::{derive_str, Request};
 use mpipe_core::lower::{lower_prepared, lower_prepared_indexed, prepare, Placement};
@@ -23,8 +25,8 @@ use mpipe_core::plan::Plan;
 use mpipe_core::profile::Profile;
 use mpipe_core::relower::plan_of_program;
 use mpipe_core::simulate::{
-    finish_times_lowered, finish_times_within_or_run, simulate, simulate_lowered,
-    simulate_lowered_ran, CommModel, Mode, SimOptions,
+    finish_times_lowered, finish_times_taken_or_run, simulate, simulate_lowered, simulate_taken,
+    CommModel, Kept, Mode, SimOptions,
 };
 
 const RULES: [Placement; 5] = [
@@ -148,21 +150,43 @@ fn check(plan: &Plan, what: &str) -> (usize, usize, usize) {
                     b.is_ok()
                 ),
             }
+            let taken = simulate_taken(&plan.units, indexed.clone(), &opts);
+            match (&a, taken) {
+                (Ok(report), Ok((back, again))) => {
+                    assert!(
+                        back == indexed,
+                        "{what} {rule:?} {opts:?}: taken, given back"
+                    );
+                    assert_eq!(&again, report, "{what} {rule:?} {opts:?}: taken");
+                }
+                (Err(a), Err(b)) => assert_eq!(*a, b, "{what} {rule:?} {opts:?}: taken"),
+                (a, b) => panic!(
+                    "{what} {rule:?} {opts:?}: taken: {:?} / {:?}",
+                    a.is_ok(),
+                    b.is_ok()
+                ),
+            }
             if let Ok(report) = &a {
-                let (finish, run) =
-                    finish_times_within_or_run(&plan.units, &indexed, &opts, f64::INFINITY, |_| {
-                        true
-                    })
-                    .unwrap_or_else(|e| panic!("{what} {rule:?} {opts:?}: {e}"))
-                    .unwrap_or_else(|| panic!("{what} {rule:?} {opts:?}: cut short"));
-                let run = run.unwrap_or_else(|| panic!("{what} {rule:?} {opts:?}: not kept"));
+                let (finish, run) = finish_times_taken_or_run(
+                    &plan.units,
+                    indexed.clone(),
+                    &opts,
+                    f64::INFINITY,
+                    |_| true,
+                )
+                .unwrap_or_else(|e| panic!("{what} {rule:?} {opts:?}: {e}"))
+                .unwrap_or_else(|| panic!("{what} {rule:?} {opts:?}: cut short"));
+                let run: Kept<'_> =
+                    run.unwrap_or_else(|| panic!("{what} {rule:?} {opts:?}: not kept"));
                 assert_eq!(finish.iter().copied().fold(0.0, f64::max), report.makespan);
-                let again = simulate_lowered_ran(&plan.units, &indexed, &opts, run);
-                assert_eq!(
-                    again.as_ref(),
-                    Ok(report),
-                    "{what} {rule:?} {opts:?}: from its run"
+                let (back, again) = run
+                    .report()
+                    .unwrap_or_else(|e| panic!("{what} {rule:?} {opts:?}: {e}"));
+                assert!(
+                    back == indexed,
+                    "{what} {rule:?} {opts:?}: kept, given back"
                 );
+                assert_eq!(&again, report, "{what} {rule:?} {opts:?}: from its run");
             }
             ran += usize::from(a.is_ok());
         }

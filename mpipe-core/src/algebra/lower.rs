@@ -692,7 +692,12 @@ impl Lowered {
     /// Action `i` of rank `r`, its unit named after `units` (for messages, one at
     /// a time); `None` when there is no such action or no such unit.
     pub fn action(&self, units: &[Unit], r: usize, i: usize) -> Option<Action> {
-        let step = self.programs.get(r)?.get(i)?;
+        self.describe(units, self.programs.get(r)?.get(i)?)
+    }
+
+    /// `step`, one of this lowering's or of its kind, named after `units` (for
+    /// messages); `None` when it names a unit or collective there is not.
+    pub fn describe(&self, units: &[Unit], step: &Step) -> Option<Action> {
         let unit = match *step {
             Step::Compute { unit, .. } | Step::P2p { unit, .. } => unit as usize,
             Step::Coll(k) => self.colls.get(k as usize)?.unit,

@@ -66,7 +66,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use serde::Serialize;
 
-use crate::algebra::lower::{Lowered, Step};
+use crate::algebra::lower::{Batch, Lowered, Step};
 use crate::ir::program::{
     over_limit, Action, ActionRef, CollKind, Dir, Op, OverLimit, Program, Tensor, Unit,
     MAX_MICROBATCHES, MAX_RANK_MICROBATCHES, MAX_UNIT_FIGURE,
@@ -296,59 +296,89 @@ pub fn finish_times_within(
     Ok(Some(finish))
 }
 
-/// What a run of [`finish_times_within_or_run`] kept of itself: every operation's
+/// What a run of [`finish_times_taken_or_run`] kept of itself: every operation's
 /// time reached, every rank's busy compute and finishing time (8 bytes an operation:
-/// the intervals follow from them, [`simulate_lowered_ran`]).
+/// the intervals follow from them, [`Kept::report`]).
 #[derive(Debug)]
-pub struct Ran {
+struct Ran {
     reach: Vec<f64>,
     busy: Vec<f64>,
     finish: Vec<f64>,
 }
 
-/// Every rank's finishing time, and the run where it was kept.
-pub type FinishOrRun = (Vec<f64>, Option<Ran>);
+/// A run [`finish_times_taken_or_run`] kept, with the lowering it ran, still taken
+/// apart: its report and the lowering again ([`Kept::report`]), without running it
+/// again.
+pub struct Kept<'p> {
+    setup: Setup<'p>,
+    ran: Ran,
+}
 
-/// [`finish_times_within`], and where `keep` wants the run, told its finishing
-/// times, what [`simulate_lowered_ran`] needs to give its report without running
-/// it again ([`Ran`]). Holds no more than [`finish_times_within`] while it runs.
-pub fn finish_times_within_or_run(
-    units: &[Unit],
-    lowered: &Lowered,
+/// Every rank's finishing time, and the run where it was kept.
+pub type FinishOrRun<'p> = (Vec<f64>, Option<Kept<'p>>);
+
+/// [`finish_times_within`] of `lowered`, taken (its steps freed rank by rank as the
+/// simulator reads them, so a search's candidate is not held twice while it runs),
+/// and where `keep` wants the run, told its finishing times, the run kept with what
+/// gives the lowering back ([`Kept`]). Holds no more than [`finish_times_within`]
+/// while it runs, less the steps.
+pub fn finish_times_taken_or_run<'p>(
+    units: &'p [Unit],
+    lowered: Lowered,
     opts: &SimOptions,
     cutoff: f64,
     keep: impl FnOnce(&[f64]) -> bool,
-) -> Result<Option<FinishOrRun>, SimError> {
-    let setup = Setup::lowered(units, lowered, opts)?;
-    let mut engine = Engine::new(&setup)?;
-    let Some((_, busy, finish, reach)) = engine.execute::<false>(cutoff)? else {
+) -> Result<Option<FinishOrRun<'p>>, SimError> {
+    let setup = Setup::taken(units, lowered, opts)?;
+    let run = Engine::new(&setup)?.execute::<false>(cutoff)?;
+    let Some((_, busy, finish, reach)) = run else {
         return Ok(None);
     };
     finite(finish.iter().copied().fold(0.0, f64::max))?;
-    let ran = keep(&finish).then(|| Ran {
-        reach,
-        busy,
-        finish: finish.clone(),
+    let kept = keep(&finish).then(|| Kept {
+        setup,
+        ran: Ran {
+            reach,
+            busy,
+            finish: finish.clone(),
+        },
     });
-    Ok(Some((finish, ran)))
+    Ok(Some((finish, kept)))
 }
 
-/// [`simulate_lowered`]'s report for `lowered`, from a run of it that
-/// [`finish_times_within_or_run`] kept (`ran`, which must be of this lowering under
-/// these options): the same report, its intervals found from the times each
-/// operation was reached (the run is not repeated: each operation's completion
-/// follows from those times alone).
-pub fn simulate_lowered_ran(
+impl Kept<'_> {
+    /// The lowering this run ran, and the report [`simulate_lowered`] gives for it
+    /// (its intervals found from the times each operation was reached: the run is
+    /// not repeated, each operation's completion follows from those times alone).
+    pub fn report(self) -> Result<(Lowered, SimReport), SimError> {
+        let Kept { setup, ran } = self;
+        let report = {
+            let engine = Engine::new(&setup)?;
+            let slots = engine.replay(&ran.reach);
+            drop(ran.reach);
+            engine.report(slots, ran.busy, &ran.finish)
+        };
+        Ok((given_back(setup), report))
+    }
+}
+
+/// [`simulate_lowered`] of `lowered`, taken (see [`finish_times_taken_or_run`]):
+/// the report, with the lowering given back after the run, step for step.
+pub fn simulate_taken(
     units: &[Unit],
-    lowered: &Lowered,
+    lowered: Lowered,
     opts: &SimOptions,
-    ran: Ran,
-) -> Result<SimReport, SimError> {
-    let setup = Setup::lowered(units, lowered, opts)?;
-    let engine = Engine::new(&setup)?;
-    let slots = engine.replay(&ran.reach);
-    drop(ran.reach);
-    Ok(engine.report(slots, ran.busy, &ran.finish))
+) -> Result<(Lowered, SimReport), SimError> {
+    let setup = Setup::taken(units, lowered, opts)?;
+    let report = measure(&setup)?;
+    Ok((given_back(setup), report))
+}
+
+/// The lowering a setup of [`Setup::taken`] took apart.
+fn given_back(setup: Setup<'_>) -> Lowered {
+    setup
+        .into_lowered()
+        .expect("a setup taken apart gives its lowering back")
 }
 
 /// Run the resolved program of `setup` and measure it.
@@ -707,42 +737,177 @@ enum View<'a> {
 }
 
 /// Where a [`Setup`]'s actions come from: a named program, or a lowering by unit
-/// index with the units it refers to. Only the words of errors read it again.
-#[derive(Clone, Copy)]
+/// index with the units it refers to, borrowed or taken apart ([`Taken`]). Only the
+/// words of errors read it again, and matching a lowering's transfers (their
+/// peers).
 enum Src<'p> {
     Program(&'p Program),
     Lowered(&'p Lowered, &'p [Unit]),
+    Taken(Box<Taken>, &'p [Unit]),
 }
 
-impl Src<'_> {
-    /// Action `i` of rank `r`, `None` past the end of its list.
-    fn action(&self, r: usize, i: usize) -> Option<Action> {
-        match *self {
-            Src::Program(p) => p.programs.get(r)?.get(i).cloned(),
-            Src::Lowered(l, units) => l.action(units, r, i),
-        }
-    }
+/// What a lowering's steps hold that their resolved actions do not: a transfer's
+/// peer, a collective's index, a batch's number where it is not the canonical one
+/// the resolved actions' joins give ([`steps_of`]). With the resolved actions, the steps
+/// again ([`steps_of`]): 4 bytes a transfer or collective, where the steps are 20
+/// bytes an action.
+struct Taken {
+    /// The lowering without its lists.
+    shell: Lowered,
+    /// Per rank, every member's peer ([`NONE`] for a collective), in list order.
+    peers: Vec<Vec<u32>>,
+    /// Per rank, the number of members on the ranks before it.
+    first_member: Vec<usize>,
+    /// Per rank, the index in [`Lowered::colls`] of each collective, in list order.
+    colls: Vec<Vec<u32>>,
+    /// Per rank, `(index, batch)` of each transfer whose batch is not the canonical
+    /// one ([`steps_of`]).
+    batches: Vec<Vec<(u32, Option<Batch>)>>,
+}
 
-    /// The peer of transfer `i` of rank `r` (resolution has checked it is a rank),
-    /// [`NONE`] for another action.
-    fn peer(&self, r: usize, i: usize) -> u32 {
-        match *self {
-            Src::Program(p) => match p.programs[r][i].view() {
-                ActionRef::P2p(t) => t.peer as u32,
-                _ => NONE,
-            },
-            Src::Lowered(l, _) => match l.programs[r][i] {
-                Step::P2p { peer, .. } => peer,
-                _ => NONE,
-            },
-        }
+/// A rank's steps again, from its resolved actions `acts` and what [`Taken`] kept
+/// of them: its members' `peers`, its collectives' indices and the batches that
+/// are not canonical. A transfer's canonical batch is the one
+/// [`crate::algebra::lower::assemble_lowered`] gives it: the members of a batch of
+/// two or more (a transfer and the ones joining it) numbered from 0 in list order,
+/// a transfer alone in none.
+fn steps_of(
+    acts: &[RAct],
+    peers: &[u32],
+    colls: &[u32],
+    odd: &[(u32, Option<Batch>)],
+) -> Vec<Step> {
+    let mut steps: Vec<Step> = Vec::with_capacity(acts.len());
+    let mut odd = odd.iter().peekable();
+    // Members and collectives so far, batches counted.
+    let (mut m, mut k, mut n) = (0, 0, 0u64);
+    for (i, a) in acts.iter().enumerate() {
+        let (unit, mb) = (a.unit(), a.mb());
+        steps.push(match a.kind() {
+            Kind::Compute(op) => Step::Compute { op, unit, mb },
+            Kind::P2p { dir, tensor, joins } => {
+                let joined = acts.get(i + 1).is_some_and(|b| b.joins());
+                let mut batch = if joins || joined {
+                    let b = Batch::new(n);
+                    n += u64::from(!joined);
+                    b
+                } else {
+                    None
+                };
+                if let Some(&(_, b)) = odd.next_if(|x| x.0 as usize == i) {
+                    batch = b;
+                }
+                m += 1;
+                Step::P2p {
+                    dir,
+                    tensor,
+                    unit,
+                    mb,
+                    peer: peers[m - 1],
+                    batch,
+                }
+            }
+            Kind::Coll => {
+                m += 1;
+                k += 1;
+                Step::Coll(colls[k - 1])
+            }
+        });
     }
+    steps
+}
 
-    /// [`Src::action`] as text (`?` if there is none, which resolution rules out).
-    fn text(&self, r: usize, i: usize) -> String {
-        self.action(r, i)
-            .map_or_else(|| "?".to_string(), |a| a.to_string())
+/// Step `i` of rank `r` of `l` as [`Resolver::push`] reads it, with its unit's
+/// index; an error for a collective or unit `l` (with `units`) does not have.
+#[inline(always)]
+fn step_view<'l>(
+    units: &[Unit],
+    l: &'l Lowered,
+    r: usize,
+    i: usize,
+    step: &Step,
+) -> Result<(u32, View<'l>), SimError> {
+    let (unit, view) = match *step {
+        Step::Compute { op, unit, mb } => (
+            unit as usize,
+            View::Compute {
+                op,
+                mb: mb as usize,
+            },
+        ),
+        Step::P2p {
+            dir,
+            tensor,
+            unit,
+            mb,
+            peer,
+            batch,
+        } => (
+            unit as usize,
+            View::P2p {
+                dir,
+                tensor,
+                mb: mb as usize,
+                peer: peer as usize,
+                batch: batch.map(|b| u64::from(b.get())),
+            },
+        ),
+        Step::Coll(k) => {
+            let Some(c) = l.colls.get(k as usize) else {
+                return Err(SimError::UnknownUnit {
+                    rank: r,
+                    index: i,
+                    action: format!("collective #{k}"),
+                    unit: format!("(no collective #{k})"),
+                });
+            };
+            let view = View::Coll {
+                kind: c.kind,
+                root: c.root,
+                group: &c.group,
+            };
+            (c.unit, view)
+        }
+    };
+    if unit >= units.len() {
+        return Err(SimError::UnknownUnit {
+            rank: r,
+            index: i,
+            action: format!("{step:?}"),
+            unit: format!("#{unit}"),
+        });
     }
+    Ok((unit as u32, view))
+}
+
+/// `step` of `l` as text, for an error (`?` if it names what `l` does not have).
+fn describe(units: &[Unit], l: &Lowered, step: &Step) -> String {
+    l.describe(units, step)
+        .map_or_else(|| "?".to_string(), |a| a.to_string())
+}
+
+/// What [`Setup::lowered`] checks of `l` before reading its steps.
+fn check_lowered(units: &[Unit], l: &Lowered, opts: &SimOptions) -> Result<(), SimError> {
+    check_comm(opts)?;
+    shape_of_units(units, l.ranks, l.programs.len(), l.microbatches)?;
+    for (index, &(u, mb)) in l.prefetch.iter().enumerate() {
+        let problem = if u >= units.len() {
+            "no unit has that name".to_string()
+        } else if mb >= l.microbatches {
+            format!("the program has {} micro-batches", l.microbatches)
+        } else {
+            continue;
+        };
+        return Err(SimError::BadPrefetch {
+            index,
+            unit: units
+                .get(u)
+                .map_or_else(|| format!("#{u}"), |x| x.name.clone()),
+            mb,
+            problem,
+        });
+    }
+    Ok(())
 }
 
 /// A collective's identity: kind, unit, root, sorted distinct group members.
@@ -824,85 +989,150 @@ impl<'p> Setup<'p> {
         l: &'p Lowered,
         opts: &SimOptions,
     ) -> Result<Setup<'p>, SimError> {
-        check_comm(opts)?;
-        shape_of_units(units, l.ranks, l.programs.len(), l.microbatches)?;
-        for (index, &(u, mb)) in l.prefetch.iter().enumerate() {
-            let problem = if u >= units.len() {
-                "no unit has that name".to_string()
-            } else if mb >= l.microbatches {
-                format!("the program has {} micro-batches", l.microbatches)
-            } else {
-                continue;
-            };
-            return Err(SimError::BadPrefetch {
-                index,
-                unit: units
-                    .get(u)
-                    .map_or_else(|| format!("#{u}"), |x| x.name.clone()),
-                mb,
-                problem,
-            });
-        }
+        check_lowered(units, l, opts)?;
         let total: usize = l.programs.iter().map(Vec::len).sum();
         let mut res = Resolver::new(units, l.programs.len(), l.microbatches, total)?;
-        let src = Src::Lowered(l, units);
         for (r, list) in l.programs.iter().enumerate() {
             res.rank(list.len());
             for (i, step) in list.iter().enumerate() {
-                let (unit, view) = match *step {
-                    Step::Compute { op, unit, mb } => (
-                        unit as usize,
-                        View::Compute {
-                            op,
-                            mb: mb as usize,
-                        },
-                    ),
-                    Step::P2p {
-                        dir,
-                        tensor,
-                        unit,
-                        mb,
-                        peer,
-                        batch,
-                    } => (
-                        unit as usize,
-                        View::P2p {
-                            dir,
-                            tensor,
-                            mb: mb as usize,
-                            peer: peer as usize,
-                            batch: batch.map(|b| u64::from(b.get())),
-                        },
-                    ),
-                    Step::Coll(k) => {
-                        let Some(c) = l.colls.get(k as usize) else {
-                            return Err(SimError::UnknownUnit {
-                                rank: r,
-                                index: i,
-                                action: format!("collective #{k}"),
-                                unit: format!("(no collective #{k})"),
-                            });
-                        };
-                        let view = View::Coll {
-                            kind: c.kind,
-                            root: c.root,
-                            group: &c.group,
-                        };
-                        (c.unit, view)
-                    }
-                };
-                if unit >= units.len() {
-                    return Err(SimError::UnknownUnit {
-                        rank: r,
-                        index: i,
-                        action: format!("{step:?}"),
-                        unit: format!("#{unit}"),
-                    });
-                }
-                res.push(r, i, unit as u32, view, || src.text(r, i))?;
+                let (unit, view) = step_view(units, l, r, i, step)?;
+                res.push(r, i, unit, view, || describe(units, l, step))?;
             }
         }
-        Ok(res.finish(src, units, opts))
+        Ok(res.finish(Src::Lowered(l, units), units, opts))
+    }
+
+    /// [`Setup::lowered`] taking `l` apart: each rank's steps are freed once they
+    /// are resolved, what the resolved actions do not hold of them kept beside
+    /// ([`Taken`]), so the steps and the resolved actions are not both held in
+    /// full. [`Setup::into_lowered`] gives `l` back, step for step.
+    fn taken(units: &'p [Unit], mut l: Lowered, opts: &SimOptions) -> Result<Setup<'p>, SimError> {
+        check_lowered(units, &l, opts)?;
+        let total: usize = l.programs.iter().map(Vec::len).sum();
+        let mut res = Resolver::new(units, l.programs.len(), l.microbatches, total)?;
+        let lists = std::mem::take(&mut l.programs);
+        let mut taken = Taken {
+            peers: Vec::with_capacity(lists.len()),
+            first_member: Vec::with_capacity(lists.len()),
+            colls: Vec::with_capacity(lists.len()),
+            batches: Vec::with_capacity(lists.len()),
+            shell: l,
+        };
+        for (r, list) in lists.into_iter().enumerate() {
+            res.rank(list.len());
+            let first = taken.first_member.last().copied().unwrap_or(0)
+                + taken.peers.last().map_or(0, Vec::len);
+            taken.first_member.push(first);
+            let members = list
+                .iter()
+                .filter(|s| !matches!(s, Step::Compute { .. }))
+                .count();
+            let (mut peers, mut colls, mut odd) =
+                (Vec::with_capacity(members), Vec::new(), Vec::new());
+            // The batch of the step before (if a transfer), and the canonical
+            // batches counted.
+            let (mut prev, mut n) = (None, 0u64);
+            for (i, step) in list.iter().enumerate() {
+                let (unit, view) = step_view(units, &taken.shell, r, i, step)?;
+                res.push(r, i, unit, view, || describe(units, &taken.shell, step))?;
+                match *step {
+                    Step::Compute { .. } => prev = None,
+                    Step::P2p { peer, batch, .. } => {
+                        peers.push(peer);
+                        // The canonical batch, as `steps_of` reads it from the
+                        // resolved actions: one that is not is kept (none for a
+                        // lowering `assemble_lowered` wrote).
+                        let joins = batch.is_some() && batch == prev;
+                        let joined = batch.is_some()
+                            && matches!(list.get(i + 1), Some(Step::P2p { batch: b, .. }) if *b == batch);
+                        let canonical = if joins || joined {
+                            let b = Batch::new(n);
+                            n += u64::from(!joined);
+                            b
+                        } else {
+                            None
+                        };
+                        if canonical != batch {
+                            odd.push((i as u32, batch));
+                        }
+                        prev = batch;
+                    }
+                    Step::Coll(k) => {
+                        peers.push(NONE);
+                        colls.push(k);
+                        prev = None;
+                    }
+                }
+            }
+            taken.peers.push(peers);
+            taken.colls.push(colls);
+            taken.batches.push(odd);
+        }
+        let names = Src::Taken(Box::new(taken), units);
+        Ok(res.finish(names, units, opts))
+    }
+
+    /// The lowering a [`Setup::taken`] took apart, step for step as it was, its
+    /// resolved actions freed rank by rank as its steps are written again. `None`
+    /// for a setup of another reading.
+    fn into_lowered(self) -> Option<Lowered> {
+        let Src::Taken(taken, _) = self.src else {
+            return None;
+        };
+        let Taken {
+            mut shell,
+            peers,
+            colls,
+            batches,
+            ..
+        } = *taken;
+        let mut programs = Vec::with_capacity(self.acts.len());
+        let lists = self
+            .acts
+            .into_iter()
+            .zip(peers)
+            .zip(colls.iter().zip(&batches));
+        for ((acts, peers), (colls, odd)) in lists {
+            programs.push(steps_of(&acts, &peers, colls, odd));
+        }
+        shell.programs = programs;
+        Some(shell)
+    }
+
+    /// Action `i` of rank `r`, as its source names it.
+    fn action(&self, r: usize, i: usize) -> Option<Action> {
+        match &self.src {
+            Src::Program(p) => p.programs.get(r)?.get(i).cloned(),
+            Src::Lowered(l, units) => l.action(units, r, i),
+            Src::Taken(t, units) => {
+                let acts = self.acts.get(r)?;
+                let step = *steps_of(acts, &t.peers[r], &t.colls[r], &t.batches[r]).get(i)?;
+                t.shell.describe(units, &step)
+            }
+        }
+    }
+
+    /// [`Setup::action`] as text (`?` if there is none, which resolution rules out).
+    fn text(&self, r: usize, i: usize) -> String {
+        self.action(r, i)
+            .map_or_else(|| "?".to_string(), |a| a.to_string())
+    }
+
+    /// The peer of transfer `i` of rank `r`, member `m` (resolution has checked it
+    /// is a rank), [`NONE`] for another action.
+    #[inline(always)]
+    fn peer(&self, r: usize, i: usize, m: usize) -> u32 {
+        match &self.src {
+            Src::Program(p) => match p.programs[r][i].view() {
+                ActionRef::P2p(t) => t.peer as u32,
+                _ => NONE,
+            },
+            Src::Lowered(l, _) => match l.programs[r][i] {
+                Step::P2p { peer, .. } => peer,
+                _ => NONE,
+            },
+            Src::Taken(t, _) => t.peers[r][m - t.first_member[r]],
+        }
     }
 
     /// The activation memory rank `r` holds over time, given its timeline: `(time,
@@ -1711,7 +1941,7 @@ impl<'s, 'p> Engine<'s, 'p> {
         let mut waits: Vec<String> = Vec::new();
         // Where rank `q` is stuck, in words.
         let stuck = |q: usize| -> String {
-            match s.src.action(q, pc[q]) {
+            match s.action(q, pc[q]) {
                 None => format!("rank {q} has finished its list"),
                 Some(a) => format!("rank {q} is stuck at action {} `{a}`", pc[q]),
             }
@@ -1728,15 +1958,15 @@ impl<'s, 'p> Engine<'s, 'p> {
                         continue;
                     }
                     let mb = a.mb();
-                    let q = s.src.peer(r, i) as usize;
-                    let action = s.src.action(r, i);
+                    let member = m + (i - lo);
+                    let q = s.peer(r, i, member) as usize;
+                    let action = s.action(r, i);
                     let unit = action.as_ref().map_or("?", Action::unit);
                     let (other, arrow) = match dir {
                         Dir::Send => ("RECV", "<-"),
                         Dir::Recv => ("SEND", "->"),
                     };
                     let want = format!("{other} {}({unit},{mb}){arrow}{r}", tensor.as_str());
-                    let member = m + (i - lo);
                     let text = if at.partner[member] == NONE {
                         Some(format!(
                             "{want} on rank {q}, but rank {q} has no such action left to \
@@ -1762,7 +1992,7 @@ impl<'s, 'p> Engine<'s, 'p> {
             }
             Kind::Coll => {
                 if let Some(&(id, k)) = s.coll_of.get(&(r as u32, lo as u32)) {
-                    let what = s.src.text(r, lo);
+                    let what = s.text(r, lo);
                     for &g in &s.coll_ids[id as usize].3 {
                         if g == r {
                             continue;
@@ -1797,7 +2027,7 @@ impl<'s, 'p> Engine<'s, 'p> {
         Blocked {
             rank: r,
             index,
-            action: s.src.text(r, index),
+            action: s.text(r, index),
             waiting_for: waits.join("; and "),
         }
     }
@@ -1865,7 +2095,7 @@ fn match_p2p(s: &Setup<'_>, mut pair: impl FnMut(End, End)) {
                 continue;
             };
             let key = s.key(a.unit(), a.mb()) * 3 + tensor_index(tensor);
-            let peer = s.src.peer(r, i);
+            let peer = s.peer(r, i, m as usize - 1);
             let ends = dir.ends(r as u32, peer);
             let c = if table.is_empty() {
                 *chan_of.entry(ends).or_insert_with(|| {

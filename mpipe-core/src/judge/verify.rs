@@ -1279,8 +1279,10 @@ impl<'p, P: Pack> Checker<'p, P> {
                 }
             }
         }
-        let mut cnt_s = vec![0u32; keys];
-        let mut cnt_r = vec![0u32; keys];
+        // How many sends and receives of each key the channel has, as 0, 1 or more
+        // (all that is asked of them): a byte each, beside the first positions.
+        let mut cnt_s = vec![0u8; keys];
+        let mut cnt_r = vec![0u8; keys];
         let mut first_s = vec![NONE; keys];
         let mut first_r = vec![NONE; keys];
         let mut found: Vec<(usize, usize, String)> = Vec::new();
@@ -1303,14 +1305,14 @@ impl<'p, P: Pack> Checker<'p, P> {
                 if cnt_s[k] == 0 {
                     first_s[k] = pos as u32;
                 }
-                cnt_s[k] += 1;
+                cnt_s[k] = cnt_s[k].saturating_add(1);
             }
             for (pos, &(_, k)) in recvs.iter().enumerate() {
                 let k = k as usize;
                 if cnt_r[k] == 0 {
                     first_r[k] = pos as u32;
                 }
-                cnt_r[k] += 1;
+                cnt_r[k] = cnt_r[k].saturating_add(1);
             }
             // Matched transfers in send order, with their receive positions.
             let mut matched: Vec<(u32, u32)> = Vec::new();

@@ -659,12 +659,20 @@ impl Found {
 impl Shape {
     fn of(list: &[Action]) -> Option<Shape> {
         u32::try_from(list.len()).ok()?;
+        // Allocated at their sizes (every rank's shape is held beside the program):
+        // a task a compute action, a group at most every other action.
+        let n = list
+            .iter()
+            .filter(|a| matches!(a.view(), ActionRef::Compute(_)))
+            .count();
+        let mut gap_start = Vec::with_capacity(n + 2);
+        gap_start.push(0);
         let mut shape = Shape {
-            tasks: Vec::new(),
-            x: Vec::new(),
-            mbs: Vec::new(),
-            groups: Vec::new(),
-            gap_start: vec![0],
+            tasks: Vec::with_capacity(n),
+            x: Vec::with_capacity(n),
+            mbs: Vec::with_capacity(n),
+            groups: Vec::with_capacity(list.len() - n),
+            gap_start,
             stretches: Default::default(),
             regular: Default::default(),
         };
@@ -723,6 +731,8 @@ impl Shape {
             }
         }
         shape.gap_start.push(shape.groups.len() as u32);
+        // Batches make fewer groups than actions.
+        shape.groups.shrink_to_fit();
         Some(shape)
     }
 

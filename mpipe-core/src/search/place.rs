@@ -13,7 +13,7 @@ use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{ActionRef, Program};
 use crate::judge::simulate::{
-    finish_times_within_or_run, simulate_lowered, simulate_lowered_ran, Ran, SimOptions, SimReport,
+    finish_times_taken_or_run, simulate_taken, Kept, SimOptions, SimReport,
 };
 use crate::judge::timeline::Slot;
 use crate::search::refine::{refine, settle_w};
@@ -63,10 +63,11 @@ pub(crate) fn best_lowering_with(
     let cutoff = |best: &Option<Best>| best.as_ref().map_or(f64::INFINITY, |b| b.makespan);
     // The winner's lowering, kept only when it reaches the plan's ideal makespan:
     // then no other candidate is lowered or simulated beside it, and it is not
-    // placed and assembled again at the end. With it, what its run kept of itself
-    // (8 bytes an operation): its report is measured from it at the end, when the
-    // placements are gone, without running it again.
-    let mut reached: Option<(Lowered, Ran)> = None;
+    // placed and assembled again at the end. It is kept as its run kept it, taken
+    // apart ([`Kept`]: the simulator's reading of it, and 8 bytes an operation of
+    // the run): its report is measured from it at the end, when the placements are
+    // gone, without running it again, and its steps written again.
+    let mut reached: Option<Kept<'_>> = None;
     // Whether a run whose ranks finish at `finish` would be kept and reach the
     // ideal: then it is kept.
     let wanted = |best: &Option<Best>, finish: &[f64]| {
@@ -92,8 +93,9 @@ pub(crate) fn best_lowering_with(
         }
         let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
         // A run that provably cannot beat the best is cut short (`None`).
+        // Taken by the simulator: its steps are freed as they are read.
         let Some((finish, run)) =
-            finish_times_within_or_run(&plan.units, &lowered, opts, cutoff(&best), |finish| {
+            finish_times_taken_or_run(&plan.units, lowered, opts, cutoff(&best), |finish| {
                 wanted(&best, finish)
             })
             .map_err(|e| format!("derived program does not run: {e}"))?
@@ -110,7 +112,7 @@ pub(crate) fn best_lowering_with(
             if let Some(run) = run.filter(|_| done(&best)) {
                 // Nothing is lowered after it: the winner's lowering is kept,
                 // and its run.
-                reached = Some((lowered, run));
+                reached = Some(run);
             }
         }
     }
@@ -152,7 +154,7 @@ pub(crate) fn best_lowering_with(
                 continue;
             };
             let Ok(Some((finish, run))) =
-                finish_times_within_or_run(&plan.units, &lowered, opts, cutoff(&best), |finish| {
+                finish_times_taken_or_run(&plan.units, lowered, opts, cutoff(&best), |finish| {
                     wanted(&best, finish)
                 })
             else {
@@ -168,7 +170,7 @@ pub(crate) fn best_lowering_with(
                 ran = None;
                 improved = true;
                 if let Some(run) = run.filter(|_| done(&best)) {
-                    reached = Some((lowered, run));
+                    reached = Some(run);
                     break;
                 }
             }
@@ -185,21 +187,23 @@ pub(crate) fn best_lowering_with(
     // simulator's working set are never alive together.
     // (A best whose full run is held is not simulated again: the same lowering runs
     // the same way; nor one whose run kept what its report needs.)
-    let (lowered, report, run) = match reached {
-        Some((lowered, run)) => (lowered, None, Some(run)),
+    let winner = match reached {
+        Some(kept) => Err(kept),
         None => {
             let at = best.placement(plan, &prepared, policy)?;
             let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
-            (lowered, ran, None)
+            Ok((lowered, ran))
         }
     };
     // Without refinement nothing places the winner again: the timings it was placed
     // against go before it is simulated (at 8 x 65536, ~100 MB off the peak).
     let again = refine_too.then_some((prepared, best));
-    let report = match (report, run) {
-        (Some(report), _) => Ok(report),
-        (None, Some(run)) => simulate_lowered_ran(&plan.units, &lowered, opts, run),
-        (None, None) => simulate_lowered(&plan.units, &lowered, opts),
+    // Simulated taken apart (its steps freed as they are read, written again after
+    // the run).
+    let (lowered, report) = match winner {
+        Err(kept) => kept.report(),
+        Ok((lowered, Some(report))) => Ok((lowered, report)),
+        Ok((lowered, None)) => simulate_taken(&plan.units, lowered, opts),
     }
     .map_err(|e| format!("derived program does not run: {e}"))?;
     let actions: usize = lowered.programs.iter().map(Vec::len).sum();
@@ -280,7 +284,7 @@ impl Best {
     ) -> Result<(Option<Timing>, SimReport), String> {
         let at = self.placement(plan, prepared, policy)?;
         let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
-        let report = simulate_lowered(&plan.units, &lowered, opts)
+        let (lowered, report) = simulate_taken(&plan.units, lowered, opts)
             .map_err(|e| format!("derived program does not run: {e}"))?;
         let time = simulated_timing(
             plan,
@@ -325,49 +329,36 @@ fn makespan_of(finish: &[f64]) -> f64 {
     finish.iter().copied().fold(0.0, f64::max)
 }
 
-/// The placements lowered so far, each as its signature: its ends' slots and
-/// transfers, rank by rank, in order (the program `assemble` builds from a placement
-/// is a function of exactly these: each end's action follows from its transfer and
-/// rank). A signature is written as variable-length differences (LEB128, zigzag for
-/// the transfers, whose numbers jump both ways), which read back to exactly these
-/// numbers, so equal signatures are equal placements: at 8 x 65536 about 3 MB each,
-/// where the numbers as machine words took 29 MB.
+/// The placements lowered so far, each as a 64-bit hash (SipHash-1-3, fixed keys)
+/// of its ends' slots and transfers, rank by rank, in order, with each rank's
+/// number of ends (the program `assemble` builds from a placement is a function of
+/// exactly these: each end's action follows from its transfer and rank). Equal
+/// placements have equal hashes, so a placement seen before is always known; a
+/// new one is taken for one seen only if their hashes collide (about 2^-64 for a
+/// pair, with a handful of placements a plan). 8 bytes a placement, where its
+/// numbers took about 3 MB at 8 x 65536 (as variable-length differences), and
+/// that beside a candidate's run.
 #[derive(Default)]
-struct Seen(Vec<Vec<u8>>);
+struct Seen(Vec<u64>);
 
 impl Seen {
     /// Record `at` and say whether it is new.
     fn first_sight(&mut self, at: &[Vec<Placed>]) -> bool {
-        let mut sig = Vec::new();
+        use std::hash::Hasher;
+        let mut h = std::collections::hash_map::DefaultHasher::new();
         for list in at {
-            put(&mut sig, list.len() as u64);
-            let (mut slot, mut id) = (0u64, 0i64);
+            h.write_usize(list.len());
             for x in list {
-                // Slots never decrease along a rank's list.
-                put(&mut sig, (x.slot as u64).wrapping_sub(slot));
-                let d = (x.id as i64).wrapping_sub(id);
-                put(&mut sig, ((d << 1) ^ (d >> (i64::BITS - 1))) as u64);
-                (slot, id) = (x.slot as u64, x.id as i64);
+                h.write_u64(u64::from(x.slot) << 32 | u64::from(x.id));
             }
         }
+        let sig = h.finish();
         if self.0.contains(&sig) {
             return false;
         }
-        sig.shrink_to_fit();
         self.0.push(sig);
         true
     }
-}
-
-/// Append `x` to `out` in LEB128: seven bits a byte, low first, the high bit set on
-/// every byte but the last.
-fn put(out: &mut Vec<u8>, mut x: u64) {
-    const MORE: u8 = 0x80;
-    while x >= u64::from(MORE) {
-        out.push((x as u8) | MORE);
-        x >>= u8::BITS - 1;
-    }
-    out.push(x as u8);
 }
 
 /// The placement rules tried, in order.

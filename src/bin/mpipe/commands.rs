@@ -3,7 +3,7 @@
 use crate::failure::{Collect, Failure, Problem, MAX_SHOWN};
 use crate::source::{
     check_link_args, conditions, derive_one, derive_schedule, file_label, link_override, load,
-    load_inputs, load_profile, read_program, Loaded,
+    load_inputs, load_keeping_report, load_profile, read_program, Loaded,
 };
 use crate::table::{num, pct, Table, PEAK_MEMORY_MEANS};
 use crate::{ScheduleArgs, SourceArgs};
@@ -532,9 +532,13 @@ pub(crate) fn trace(
     output: &Path,
     embed_program: bool,
 ) -> Result<u8, Failure> {
-    let loaded = load(s, mode)?;
-    let r =
-        run(&loaded.program, &loaded.options(mode)).map_err(|e| sim_failure(&loaded.label, e))?;
+    let mut loaded = load_keeping_report(s, mode)?;
+    // A derived program's report is its derivation's (not simulated again).
+    let r = match loaded.report.take() {
+        Some(r) => r,
+        None => run(&loaded.program, &loaded.options(mode))
+            .map_err(|e| sim_failure(&loaded.label, e))?,
+    };
     warn_if_invalid(&loaded, mode);
     let opts = TraceOptions {
         name: Some(format!(

@@ -6,10 +6,12 @@ use crate::decode::decode_program;
 use crate::failure::{expr_failure, snippet, snippet_of_line, Collect, Failure, Problem};
 use crate::{ScheduleArgs, SourceArgs};
 use mpipe_core::bound::lower_bound;
-use mpipe_core::derive::{bound_for, derive_str, resident_params, DeriveError, ErrorKind, Request};
+use mpipe_core::derive::{
+    bound_for, derive_str, resident_params, DeriveError, Derived, ErrorKind, Request,
+};
 use mpipe_core::profile::{Profile, ProfileError, ProfileFormat};
 use mpipe_core::program::Program;
-use mpipe_core::simulate::{CommModel, Mode, SimOptions};
+use mpipe_core::simulate::{CommModel, Mode, SimOptions, SimReport};
 use serde_json::json;
 use std::io::Read;
 use std::path::Path;
@@ -168,6 +170,11 @@ pub(crate) struct Loaded {
     pub from_file: bool,
     /// The unit names the profile declares (none for a program file).
     pub units: crate::table::Units,
+    /// The derivation's own simulation of the program, when asked for
+    /// ([`load_keeping_report`]) and timed as the command times it (the mode it
+    /// was derived for, the profile's link): the report [`mpipe_core::simulate::simulate`]
+    /// gives, not computed again.
+    pub report: Option<SimReport>,
 }
 
 impl Loaded {
@@ -217,6 +224,15 @@ pub(crate) fn derive_one(
         ..Request::new(profile, ranks, microbatches)
     };
     let d = derive_str(&req, expr).map_err(|es| expr_failure(expr, &es))?;
+    let mut loaded = loaded_of(profile, expr, &req, d);
+    // The derivation's report is dropped: the commands time the program themselves.
+    loaded.report = None;
+    Ok(loaded)
+}
+
+/// What [`derive_one`] gives for the derivation `d` of `expr` under `req`, its
+/// report kept.
+fn loaded_of(profile: &Profile, expr: &str, req: &Request, d: Derived) -> Loaded {
     let encoders: Vec<&str> = profile.encoders.iter().map(|e| e.name.as_str()).collect();
     if let Some(w) = mpipe_core::advice::degenerate(&d.expr, &d.program, &encoders) {
         errln!("warning: {w}");
@@ -227,7 +243,7 @@ pub(crate) fn derive_one(
         Ok(w) if w != d.expr => format!("{w} = {}", d.expr),
         _ => expr.to_string(),
     };
-    Ok(Loaded {
+    Loaded {
         program: d.program,
         label,
         comm: req.sim_options(Mode::Rendezvous).comm,
@@ -236,7 +252,8 @@ pub(crate) fn derive_one(
         limit: profile.memory.as_ref().map(|m| m.limit),
         from_file: false,
         units: crate::table::Units::of(profile),
-    })
+        report: Some(d.report),
+    }
 }
 
 /// Load the profile and check the sizes; when either fails, also report the
@@ -349,6 +366,16 @@ pub(crate) fn read_program(file: &str) -> Result<Program, Failure> {
 /// Read the program file, or derive the expression for `mode` (the semantics it is
 /// then timed under).
 pub(crate) fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
+    load_keeping(s, mode, false)
+}
+
+/// [`load`], keeping a derivation's report ([`Loaded::report`]) where it is the one
+/// the command would compute (no `--latency` or `--bandwidth` changing the link).
+pub(crate) fn load_keeping_report(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
+    load_keeping(s, mode, true)
+}
+
+fn load_keeping(s: &SourceArgs, mode: Mode, keep_report: bool) -> Result<Loaded, Failure> {
     let mut all = Collect::default();
     // Bad link arguments are reported without deriving, which can take a while.
     let link_ok = all.take(check_link_args(s.latency, s.bandwidth)).is_some();
@@ -377,6 +404,7 @@ pub(crate) fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
                 limit: None,
                 from_file: true,
                 units: Default::default(),
+                report: None,
             };
             (loaded, None)
         })
@@ -393,7 +421,15 @@ pub(crate) fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
         all.take(load_inputs(model, ranks, mbs, &[expr]))
             .filter(|_| link_ok)
             .and_then(|profile| {
-                let loaded = all.take(derive_one(&profile, ranks, mbs, expr, mode))?;
+                let req = Request {
+                    mode,
+                    ..Request::new(&profile, ranks, mbs)
+                };
+                let derived = derive_str(&req, expr).map_err(|es| expr_failure(expr, &es));
+                let mut loaded = loaded_of(&profile, expr, &req, all.take(derived)?);
+                if !keep_report {
+                    loaded.report = None;
+                }
                 Some((loaded, Some(profile)))
             })
     };
@@ -405,6 +441,8 @@ pub(crate) fn load(s: &SourceArgs, mode: Mode) -> Result<Loaded, Failure> {
             // The bound counts the time transfers hold the ranks, which depends on
             // the link the program is timed with.
             if l.from_file || comm != base {
+                // Timed under another link than the derivation's.
+                l.report = None;
                 l.comm = comm;
                 let opts = l.options(mode);
                 l.bound = match &profile {
