@@ -24,6 +24,7 @@ macro_rules! errln {
     }};
 }
 
+mod alloc;
 mod calibrate;
 mod commands;
 mod decode;
@@ -420,6 +421,7 @@ fn emit(text: &str, newline: bool) {
 }
 
 fn main() -> ExitCode {
+    alloc::map_large_blocks();
     let cli = Cli::parse();
     // Commands whose `--json` output must stay JSON when they fail as a whole.
     let json_failures = matches!(
