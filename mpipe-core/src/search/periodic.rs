@@ -41,7 +41,8 @@ use crate::ir::program::{Action, ActionRef, Dir, Program, Tensor};
 use crate::ir::rolled::{canonical, rank_code_size, RollOptions};
 use crate::judge::simulate::{simulate, Mode, SimOptions, SimReport};
 use crate::judge::verify::verify_mode;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
+use std::collections::BTreeMap;
 
 /// `best` with its transfers placed periodically in every rank's steady state
 /// ([`periodic`]), the template taken from the period half way through the
@@ -247,7 +248,7 @@ fn strays(
             done.push((f.start, f.end));
             // The template's transfers, per gap of the period, micro-batches as in
             // the reference period.
-            let mut named: HashSet<(usize, Key)> = HashSet::new();
+            let mut named: HashSet<(usize, Key)> = HashSet::default();
             for k in 1..=f.period {
                 for g in shape.gap(f.gap(f.reference, k)) {
                     named.extend(g.range().filter_map(|a| key(&list[a]).map(|x| (k, x))));
@@ -294,7 +295,7 @@ fn strays(
         .iter()
         .zip(&involved)
         .map(|(list, &inv)| {
-            let mut m: HashMap<Kind, Vec<(usize, usize)>> = HashMap::new();
+            let mut m: HashMap<Kind, Vec<(usize, usize)>> = HashMap::default();
             if inv {
                 for (i, a) in list.iter().enumerate() {
                     if let Some((dir, tensor, unit, mb, peer)) = key(a) {
@@ -312,8 +313,8 @@ fn strays(
         .collect();
     let stray_set: HashSet<(usize, Key)> = found.iter().map(|&(r, _, x)| (r, x)).collect();
     // Per rank: positions removed, and the actions inserted before a position.
-    let mut removed: Vec<HashSet<usize>> = vec![HashSet::new(); p.programs.len()];
-    let mut inserted: Vec<HashMap<usize, Vec<Action>>> = vec![HashMap::new(); p.programs.len()];
+    let mut removed: Vec<HashSet<usize>> = vec![HashSet::default(); p.programs.len()];
+    let mut inserted: Vec<HashMap<usize, Vec<Action>>> = vec![HashMap::default(); p.programs.len()];
     for &(r, i, (dir, tensor, unit, mb, peer)) in &found {
         let other = match dir {
             Dir::Send => Dir::Recv,
@@ -512,7 +513,7 @@ fn rank_irregularity(list: &[Action]) -> usize {
     /// A transfer of a gap: its batch's number within the gap, what it moves and
     /// where, its micro-batch as an offset.
     type Member<'a> = (usize, Dir, Tensor, &'a str, i64, usize);
-    let mut seen: HashSet<(u8, &str, Vec<Member>)> = HashSet::new();
+    let mut seen: HashSet<(u8, &str, Vec<Member>)> = HashSet::default();
     let (mut op, mut unit, mut mb) = (u8::MAX, "", 0i64);
     let mut gap: Vec<Member> = Vec::new();
     let mut last_batch: Option<u64> = None;
@@ -679,7 +680,7 @@ impl Shape {
         // `x` interned by unit name id: a task's unit name is most often one shared
         // string per unit, so it is found by the string's address (integer keys), and
         // the name itself hashed once per address, not once per task.
-        let mut names: HashMap<&str, u32> = HashMap::new();
+        let mut names: HashMap<&str, u32> = HashMap::default();
         let mut by_address: BTreeMap<(usize, usize), u32> = BTreeMap::new();
         let mut ids: BTreeMap<(u8, u32, i64), u32> = BTreeMap::new();
         let mut j = 0;
@@ -873,7 +874,8 @@ impl Shape {
             .iter()
             .filter(|a| matches!(a.view(), ActionRef::P2p(_)))
             .count();
-        let mut at: HashMap<Compact, u32> = HashMap::with_capacity(transfers);
+        let mut at: HashMap<Compact, u32> =
+            HashMap::with_capacity_and_hasher(transfers, Default::default());
         for (i, a) in list.iter().enumerate() {
             if let Some(k) = key(a).and_then(|k| ids.compact(k)) {
                 at.insert(k, i as u32);
