@@ -1064,11 +1064,11 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool 
     by_width.sort_unstable();
     // Whether a meeting moved.
     let mut moved = false;
-    // Settled meeting times per pair of ranks, sorted; a pair's list found in a
-    // table of ranks x ranks cells where that is no larger than the transfers,
-    // else by a map.
+    // Settled meeting times per pair of ranks, ordered (each a [`Settled`]); a
+    // pair's found in a table of ranks x ranks cells where that is no larger than
+    // the transfers, else by a map.
     let ranks = time.end.len();
-    let mut settled: Vec<Vec<f64>> = Vec::new();
+    let mut settled: Vec<Settled> = Vec::new();
     let mut table: Vec<u32> = if ranks
         .checked_mul(ranks)
         .is_some_and(|c| c <= transfers.len() && c < u32::MAX as usize)
@@ -1090,16 +1090,14 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool 
             *cell as usize
         };
         if at == settled.len() {
-            settled.push(Vec::new());
+            settled.push(Settled::default());
         }
         let times = &mut settled[at];
         let (own, cost) = taus[id];
         if cost > 0.0 {
-            let k = times.partition_point(|&t| t < own);
-            let near = [k.checked_sub(1), Some(k)]
+            let near = [times.below(own), times.from(own)]
                 .into_iter()
                 .flatten()
-                .filter_map(|k| times.get(k).copied())
                 .filter(|&t| t >= ready && t <= need)
                 .min_by(|a, b| (a - own).abs().total_cmp(&(b - own).abs()));
             if let Some(t) = near {
@@ -1107,11 +1105,52 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool 
                 taus[id] = (t, 0.0);
             }
         }
-        let t = taus[id].0;
-        let k = times.partition_point(|&x| x < t);
-        times.insert(k, t);
+        times.insert(taus[id].0);
     }
     moved
+}
+
+/// The meeting times settled on one pair of ranks, as [`join`] reads them: a
+/// sorted list of every time inserted, each inserted before the equal ones already
+/// there, asked for the last time below a time and the first at or above it. Held
+/// by value (numbers equal as `f64`s share a key): of each, the time inserted
+/// first (the last of its equals in the list) and the one inserted last (the
+/// first of them), so each question gets the list's answer, bit for bit, in
+/// logarithmic time (the list took linear time an insertion).
+#[derive(Default)]
+struct Settled(std::collections::BTreeMap<i64, (f64, f64)>);
+
+impl Settled {
+    /// Times ordered as `f64`'s `<` orders them (both zeros one key; a timing's
+    /// times are never NaN).
+    fn key(t: f64) -> i64 {
+        debug_assert!(!t.is_nan());
+        total_order(t + 0.0)
+    }
+
+    /// The list's last time below `t`.
+    fn below(&self, t: f64) -> Option<f64> {
+        self.0
+            .range(..Self::key(t))
+            .next_back()
+            .map(|(_, &(first, _))| first)
+    }
+
+    /// The list's first time at or above `t`.
+    fn from(&self, t: f64) -> Option<f64> {
+        self.0
+            .range(Self::key(t)..)
+            .next()
+            .map(|(_, &(_, last))| last)
+    }
+
+    /// Insert `t` before the equal times already there.
+    fn insert(&mut self, t: f64) {
+        self.0
+            .entry(Self::key(t))
+            .and_modify(|e| e.1 = t)
+            .or_insert((t, t));
+    }
 }
 
 /// Place every transfer's two ends: `result[rank]` lists them in key order, slots
