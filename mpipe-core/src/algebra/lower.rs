@@ -1313,27 +1313,53 @@ fn first_pass(
                 let r_first = slot_near(to, ready, i).min(i);
                 let (r0, r1) = window(to, r_first);
                 let r1 = r1.min(i);
-                // Slot at time t, searched within a window.
-                let local = |r: usize, lo: usize, hi: usize, t: f64| {
-                    lo + time.end[r][lo..hi].partition_point(|&e| e <= t)
-                };
-                // What meeting at `t` costs, under this rule's weights and (for
-                // `Critical`) under `Meet`'s.
-                let cost = |t: f64| {
-                    let (es, gs) = gap(from, local(from, s0, s1, t));
-                    let (er, gr) = gap(to, local(to, r0, r1, t));
+                // The candidate points on each side (ends, non-decreasing): the
+                // slot at time `t` is the window's first plus how many end by `t`.
+                let (ends_s, ends_r) = (&time.end[from][s0..s1], &time.end[to][r0..r1]);
+                let (wf, wt) = (weight[from], weight[to]);
+                // What meeting costs at the slots `s0 + ks` and `r0 + kr`,
+                // under this rule's weights and (for `Critical`) under `Meet`'s.
+                let cost = |ks: usize, kr: usize| {
+                    let (es, gs) = gap(from, s0 + ks);
+                    let (er, gr) = gap(to, r0 + kr);
                     let meet = es.max(er);
                     let (lost_s, lost_r) = ((meet - gs).max(0.0), (meet - gr).max(0.0));
-                    (weight[from] * lost_s + weight[to] * lost_r, lost_s + lost_r)
+                    (wf * lost_s + wt * lost_r, lost_s + lost_r)
                 };
-                let first = cost(ready);
+                let by = |ends: &[f64], t: f64| ends.iter().take_while(|&&e| e <= t).count();
+                let first = cost(by(ends_s, ready), by(ends_r, ready));
                 let (mut best, mut plain) = ((first.0, ready), (first.1, ready));
-                let candidates = time.end[from][s0..s1].iter().chain(&time.end[to][r0..r1]);
-                for &t in candidates {
+                // The candidates in time order (the choice is the least cost, then
+                // the earliest time: the same in any order), each side's count of
+                // ends by then carried along.
+                let (mut a, mut b) = (0, 0);
+                let (mut ks, mut kr) = (0, 0);
+                while a < ends_s.len() || b < ends_r.len() {
+                    let t = match (ends_s.get(a), ends_r.get(b)) {
+                        (Some(&x), Some(&y)) if y < x => {
+                            b += 1;
+                            y
+                        }
+                        (Some(&x), _) => {
+                            a += 1;
+                            x
+                        }
+                        (None, Some(&y)) => {
+                            b += 1;
+                            y
+                        }
+                        (None, None) => break,
+                    };
                     if t < ready || t > need {
                         continue;
                     }
-                    let (c, u) = cost(t);
+                    while ks < ends_s.len() && ends_s[ks] <= t {
+                        ks += 1;
+                    }
+                    while kr < ends_r.len() && ends_r[kr] <= t {
+                        kr += 1;
+                    }
+                    let (c, u) = cost(ks, kr);
                     if c < best.0 || (c == best.0 && t < best.1) {
                         best = (c, t);
                     }
