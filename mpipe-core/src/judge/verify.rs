@@ -1179,10 +1179,11 @@ impl<'p, P: Pack> Checker<'p, P> {
     // -- rule 3 ------------------------------------------------------------
 
     fn matching(&mut self) {
-        // Channel (from, to) -> (its sends, its receives), each as its index in its
-        // rank's list and its key: 8 bytes a transfer, each action decoded twice
-        // (counted, then placed), never again.
-        type Side = Vec<(u32, u32)>;
+        // Channel (from, to) -> (its sends, its receives), each as its key: 4 bytes
+        // a transfer, each action decoded twice (counted, then placed). Where they
+        // are in their ranks' lists is found again only for a channel with a
+        // violation to report ([`Checker::channel_indices`]).
+        type Side = Vec<u32>;
         type Chan = ((usize, usize), (Side, Side));
         let mut chans: Vec<Chan> = Vec::new();
         // A channel's place in `chans`: in a table of ranks x ranks cells where that
@@ -1268,13 +1269,13 @@ impl<'p, P: Pack> Checker<'p, P> {
         }
         drop(sizes);
         for (r, list) in self.acts.iter().enumerate() {
-            for (i, a) in list.iter().enumerate() {
+            for a in list {
                 if let Some((ch, key, send)) = ends(r, a) {
                     let c = chan(&mut chans, ch);
                     if send {
-                        chans[c].1 .0.push((i as u32, key));
+                        chans[c].1 .0.push(key);
                     } else {
-                        chans[c].1 .1.push((i as u32, key));
+                        chans[c].1 .1.push(key);
                     }
                 }
             }
@@ -1297,17 +1298,33 @@ impl<'p, P: Pack> Checker<'p, P> {
             let (u, mb) = (cell / m, cell % m);
             format!("{t}({},{mb})", self.p.units[u as usize].name)
         };
+        // Where channel `ch`'s sends (`send`) or receives are in rank `r`'s list, in
+        // order: found again only for a channel with a violation to report.
+        let acts = &self.acts;
+        let indices = |r: usize, ch: (usize, usize), send: bool| -> Vec<u32> {
+            let on = |a: &P| matches!(ends(r, a), Some((c, _, s)) if c == ch && s == send);
+            (0..acts[r].len() as u32)
+                .filter(|&i| on(&acts[r][i as usize]))
+                .collect()
+        };
         // By channel, as a map by `(from, to)` would list them.
         chans.sort_unstable_by_key(|c| c.0);
         for &((a, b), (ref sends, ref recvs)) in &chans {
-            for (pos, &(_, k)) in sends.iter().enumerate() {
+            // The index of the send (receive) at `pos` in the channel.
+            let mut send_at = None::<Vec<u32>>;
+            let mut recv_at = None::<Vec<u32>>;
+            let mut send_index =
+                |pos: usize| send_at.get_or_insert_with(|| indices(a, (a, b), true))[pos];
+            let mut recv_index =
+                |pos: usize| recv_at.get_or_insert_with(|| indices(b, (a, b), false))[pos];
+            for (pos, &k) in sends.iter().enumerate() {
                 let k = k as usize;
                 if cnt_s[k] == 0 {
                     first_s[k] = pos as u32;
                 }
                 cnt_s[k] = cnt_s[k].saturating_add(1);
             }
-            for (pos, &(_, k)) in recvs.iter().enumerate() {
+            for (pos, &k) in recvs.iter().enumerate() {
                 let k = k as usize;
                 if cnt_r[k] == 0 {
                     first_r[k] = pos as u32;
@@ -1316,13 +1333,13 @@ impl<'p, P: Pack> Checker<'p, P> {
             }
             // Matched transfers in send order, with their receive positions.
             let mut matched: Vec<(u32, u32)> = Vec::new();
-            for (pos, &(i, k)) in sends.iter().enumerate() {
+            for (pos, &k) in sends.iter().enumerate() {
                 let ku = k as usize;
                 if first_s[ku] != pos as u32 {
-                    let fi = sends[first_s[ku] as usize].0;
+                    let fi = send_index(first_s[ku] as usize);
                     found.push((
                         a,
-                        i as usize,
+                        send_index(pos) as usize,
                         format!(
                             "rank {a} already sends {} to rank {b} at action {fi}: each \
                              transfer is sent exactly once; remove the duplicate",
@@ -1332,7 +1349,7 @@ impl<'p, P: Pack> Checker<'p, P> {
                 } else if cnt_r[ku] == 0 {
                     found.push((
                         a,
-                        i as usize,
+                        send_index(pos) as usize,
                         format!(
                             "no matching `RECV {}<-{a}` on rank {b}: add it to rank {b}'s list, \
                              or remove this SEND",
@@ -1343,13 +1360,13 @@ impl<'p, P: Pack> Checker<'p, P> {
                     matched.push((pos as u32, first_r[ku]));
                 }
             }
-            for (pos, &(j, k)) in recvs.iter().enumerate() {
+            for (pos, &k) in recvs.iter().enumerate() {
                 let ku = k as usize;
                 if first_r[ku] != pos as u32 {
-                    let fj = recvs[first_r[ku] as usize].0;
+                    let fj = recv_index(first_r[ku] as usize);
                     found.push((
                         b,
-                        j as usize,
+                        recv_index(pos) as usize,
                         format!(
                             "rank {b} already receives {} from rank {a} at action {fj}: each \
                              transfer is received exactly once; remove the duplicate",
@@ -1359,7 +1376,7 @@ impl<'p, P: Pack> Checker<'p, P> {
                 } else if cnt_s[ku] == 0 {
                     found.push((
                         b,
-                        j as usize,
+                        recv_index(pos) as usize,
                         format!(
                             "no matching `SEND {}->{b}` on rank {a}: add it to rank {a}'s list, \
                              or remove this RECV",
@@ -1373,8 +1390,8 @@ impl<'p, P: Pack> Checker<'p, P> {
             let keep = longest_increasing(&ranks);
             for (n, &(sp, rp)) in matched.iter().enumerate() {
                 if !keep[n] {
-                    let i = sends[sp as usize].0 as usize;
-                    let j = recvs[rp as usize].0;
+                    let i = send_index(sp as usize) as usize;
+                    let j = recv_index(rp as usize);
                     found.push((
                         a,
                         i,
@@ -1386,7 +1403,7 @@ impl<'p, P: Pack> Checker<'p, P> {
                     ));
                 }
             }
-            for &(_, k) in sends.iter().chain(recvs) {
+            for &k in sends.iter().chain(recvs) {
                 let k = k as usize;
                 cnt_s[k] = 0;
                 cnt_r[k] = 0;
