@@ -349,7 +349,7 @@ impl Seen {
         for list in at {
             h.write_usize(list.len());
             for x in list {
-                h.write_u64(u64::from(x.slot) << 32 | u64::from(x.id));
+                h.write_u64(u64::from(x.slot) << u32::BITS | u64::from(x.id));
             }
         }
         let sig = h.finish();
