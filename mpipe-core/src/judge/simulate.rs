@@ -308,9 +308,11 @@ struct Ran {
 
 /// A run [`finish_times_taken_or_run`] kept, with the lowering it ran, still taken
 /// apart: its report and the lowering again ([`Kept::report`]), without running it
-/// again.
+/// again, nor resolving it or building the engine's tables again (`wiring`, the
+/// run's own).
 pub struct Kept<'p> {
     setup: Setup<'p>,
+    wiring: Wiring,
     ran: Ran,
 }
 
@@ -330,30 +332,40 @@ pub fn finish_times_taken_or_run<'p>(
     keep: impl FnOnce(&[f64]) -> bool,
 ) -> Result<Option<FinishOrRun<'p>>, SimError> {
     let setup = Setup::taken(units, lowered, opts)?;
-    let run = Engine::new(&setup)?.execute::<false>(cutoff)?;
+    let mut engine = Engine::new(&setup)?;
+    let run = engine.execute::<false>(cutoff)?;
     let Some((_, busy, finish, reach)) = run else {
         return Ok(None);
     };
     finite(finish.iter().copied().fold(0.0, f64::max))?;
-    let kept = keep(&finish).then(|| Kept {
+    if !keep(&finish) {
+        return Ok(Some((finish, None)));
+    }
+    let Engine { w: wiring, .. } = engine;
+    let kept = Kept {
         setup,
+        wiring,
         ran: Ran {
             reach,
             busy,
             finish: finish.clone(),
         },
-    });
-    Ok(Some((finish, kept)))
+    };
+    Ok(Some((finish, Some(kept))))
 }
 
 impl Kept<'_> {
     /// The lowering this run ran, and the report [`simulate_lowered`] gives for it
     /// (its intervals found from the times each operation was reached: the run is
-    /// not repeated, each operation's completion follows from those times alone).
+    /// not repeated, each operation's completion follows from those times alone;
+    /// read through the run's own resolution and engine tables).
     pub fn report(self) -> Result<(Lowered, SimReport), SimError> {
-        let Kept { setup, ran } = self;
+        let Kept { setup, wiring, ran } = self;
         let report = {
-            let engine = Engine::new(&setup)?;
+            let engine = Engine {
+                s: &setup,
+                w: wiring,
+            };
             let slots = engine.replay(&ran.reach);
             drop(ran.reach);
             engine.report(slots, ran.busy, &ran.finish)
@@ -601,7 +613,7 @@ pub(crate) fn split_ops(list: &[Action], mut push: impl FnMut(usize, usize)) {
     }
 }
 
-pub(crate) fn op_index(op: Op) -> usize {
+pub(crate) const fn op_index(op: Op) -> usize {
     match op {
         Op::F => 0,
         Op::B => 1,
@@ -693,6 +705,23 @@ impl RAct {
 
     fn is_compute(self) -> bool {
         self.tag() < RAct::COLL
+    }
+
+    fn is_coll(self) -> bool {
+        self.tag() == RAct::COLL
+    }
+
+    /// A transfer's direction and [`tensor_index`] (what [`RAct::kind`] gives of
+    /// it, read from the tag's bits without building the rest).
+    fn p2p_dir(self) -> Option<(Dir, u64)> {
+        let tag = self.tag();
+        let dir = if tag & 4 == 0 { Dir::Send } else { Dir::Recv };
+        (tag >= RAct::P2P).then_some((dir, tag & 3))
+    }
+
+    fn is_recv(self) -> bool {
+        let tag = self.tag();
+        tag >= RAct::P2P && tag & 4 != 0
     }
 
     /// A transfer posted in one batch with the action before it.
@@ -932,6 +961,8 @@ struct Setup<'p> {
     coll_ids: Vec<CollId>,
     /// For each collective action `(rank, index)`: its identity and occurrence.
     coll_of: BTreeMap<(u32, u32), (u32, u32)>,
+    /// Its operations and members, counted as it was resolved.
+    ops: Ops,
 }
 
 impl<'p> Setup<'p> {
@@ -1246,18 +1277,23 @@ impl<'p> Setup<'p> {
             table.resize(keys, [NONE; 3]);
         }
         let consumer = |e: &[u32; 3]| if e[0] != NONE { e[0] } else { e[1] };
+        const W: usize = op_index(Op::W);
+        const B: usize = op_index(Op::B);
+        const BW: usize = op_index(Op::BW);
+        const F: usize = op_index(Op::F);
+        const RF: usize = op_index(Op::RF);
         for (i, a) in acts.iter().enumerate() {
-            if let Kind::Compute(op) = a.kind() {
+            if let Some(op) = a.compute_op() {
                 let e = &mut table[self.key(a.unit(), a.mb()) as usize];
                 match op {
-                    Op::W => e[0] = i as u32,
-                    Op::B | Op::BW => e[1] = i as u32,
-                    Op::F | Op::RF => {}
+                    W => e[0] = i as u32,
+                    B | BW => e[1] = i as u32,
+                    _ => {}
                 }
             }
         }
         for (i, a) in acts.iter().enumerate() {
-            if let Kind::Compute(Op::F | Op::RF) = a.kind() {
+            if let Some(F | RF) = a.compute_op() {
                 let e = &mut table[self.key(a.unit(), a.mb()) as usize];
                 let c = consumer(e);
                 if c != NONE && (i as u32) < c {
@@ -1313,6 +1349,25 @@ struct Resolver {
     occ_count: BTreeMap<(u32, u32), u32>,
     /// The `batch` of the action before, on the rank being read.
     prev: Option<u64>,
+    /// The operations and members so far, as [`Engine`] numbers them.
+    ops: Ops,
+}
+
+/// The operations and members of a resolved program, counted as it is read (see
+/// [`Engine`]), so the engine has no counting pass of its own.
+#[derive(Debug, Default)]
+struct Ops {
+    /// Per rank, the id of its first operation; one more entry, their number.
+    rank_ops: Vec<u32>,
+    /// Per rank, the index of its first member; one more entry, their number.
+    rank_members: Vec<u32>,
+    /// (rank, index, operation) of every collective, in list order (as in
+    /// [`Setup::coll_of`]).
+    colls: Vec<(u32, u32, u32)>,
+    /// The operations so far.
+    ops: u32,
+    /// The members so far.
+    members: u32,
 }
 
 impl Resolver {
@@ -1351,6 +1406,7 @@ impl Resolver {
             coll_of: BTreeMap::new(),
             occ_count: BTreeMap::new(),
             prev: None,
+            ops: Ops::default(),
         })
     }
 
@@ -1358,6 +1414,9 @@ impl Resolver {
     fn rank(&mut self, len: usize) {
         self.acts.push(Vec::with_capacity(len));
         self.prev = None;
+        let ops = &mut self.ops;
+        ops.rank_ops.push(ops.ops);
+        ops.rank_members.push(ops.members);
     }
 
     /// Action `i` of rank `r` (the last rank started), on unit `unit`; `describe`
@@ -1435,6 +1494,17 @@ impl Resolver {
             }
         };
         self.prev = batch;
+        if !ra.is_compute() {
+            // Fewer than 2^32 actions (checked when reading began), so these fit.
+            let ops = &mut self.ops;
+            ops.members += 1;
+            if !ra.joins() {
+                if ra.is_coll() {
+                    ops.colls.push((r as u32, i as u32, ops.ops));
+                }
+                ops.ops += 1;
+            }
+        }
         self.acts[r].push(ra);
         Ok(())
     }
@@ -1462,6 +1532,12 @@ impl Resolver {
             acts: self.acts,
             coll_ids: self.coll_ids,
             coll_of: self.coll_of,
+            ops: {
+                let mut ops = self.ops;
+                ops.rank_ops.push(ops.ops);
+                ops.rank_members.push(ops.members);
+                ops
+            },
         }
     }
 }
@@ -1484,6 +1560,26 @@ impl Resolver {
 /// `SEND`s' partners).
 struct Engine<'s, 'p> {
     s: &'s Setup<'p>,
+    w: Wiring,
+}
+
+impl std::ops::Deref for Engine<'_, '_> {
+    type Target = Wiring;
+    fn deref(&self) -> &Wiring {
+        &self.w
+    }
+}
+
+impl std::ops::DerefMut for Engine<'_, '_> {
+    fn deref_mut(&mut self) -> &mut Wiring {
+        &mut self.w
+    }
+}
+
+/// The engine's tables of a resolved program ([`Engine`]), owning nothing of it:
+/// a run kept for its report keeps them ([`Kept`]).
+#[derive(Debug)]
+struct Wiring {
     /// Per rank, the id of its first operation; one more entry, their number.
     rank_ops: Vec<u32>,
     /// Per rank, the index of its first member; one more entry, their number.
@@ -1537,60 +1633,22 @@ type Run = (Vec<Vec<Slot>>, Vec<f64>, Vec<f64>, Vec<f64>);
 
 impl<'s, 'p> Engine<'s, 'p> {
     fn new(s: &'s Setup<'p>) -> Result<Engine<'s, 'p>, SimError> {
-        let nr = s.acts.len();
-        let mut rank_ops = Vec::with_capacity(nr + 1);
-        let mut rank_members = Vec::with_capacity(nr + 1);
-        // (rank, index, operation) of every collective, in list order (as in
-        // `s.coll_of`).
-        let mut colls: Vec<(u32, u32, u32)> = Vec::new();
-        // Fewer than 2^32 actions (resolution refuses more), so these fit.
-        let (mut nops, mut nmem) = (0u32, 0u32);
-        for (r, acts) in s.acts.iter().enumerate() {
-            rank_ops.push(nops);
-            rank_members.push(nmem);
-            for (i, a) in acts.iter().enumerate() {
-                if a.is_compute() {
-                    continue;
-                }
-                nmem += 1;
-                if !a.joins() {
-                    if a.kind() == Kind::Coll {
-                        colls.push((r as u32, i as u32, nops));
-                    }
-                    nops += 1;
-                }
-            }
-        }
-        rank_ops.push(nops);
-        rank_members.push(nmem);
-
-        let mut partner_op = vec![NONE; nmem as usize];
-        match_p2p(s, |send, recv| {
+        let Ops {
+            rank_ops,
+            rank_members,
+            colls,
+            ops,
+            members,
+        } = &s.ops;
+        // A transfer waits for each of its members' partners to be reached (under
+        // eager semantics, its `RECV`s'), but its own; forever for a member with no
+        // partner: counted as the partners are matched.
+        let mut pending = vec![0u32; *ops as usize];
+        let mut partner_op = vec![NONE; *members as usize];
+        match_p2p(s, Some(&mut pending), |send, recv| {
             partner_op[send.0 as usize] = recv.1;
             partner_op[recv.0 as usize] = send.1;
         });
-
-        // A transfer waits for each of its members' partners to be reached (under
-        // eager semantics, its `RECV`s'), but its own; forever for a member with no
-        // partner.
-        let mut pending = vec![0u32; nops as usize];
-        let eager = s.mode == Mode::Eager;
-        let (mut x, mut m) = (0usize, 0usize);
-        for a in s.acts.iter().flatten() {
-            if a.is_compute() {
-                continue;
-            }
-            if !a.joins() {
-                x += 1;
-            }
-            if let Kind::P2p { dir, .. } = a.kind() {
-                let y = partner_op[m];
-                if !(eager && dir == Dir::Send) && (y == NONE || y as usize != x - 1) {
-                    pending[x - 1] += 1;
-                }
-            }
-            m += 1;
-        }
 
         let mut coll_occ: BTreeMap<(u32, u32), Vec<u32>> = BTreeMap::new();
         for (&(r, _, x), (_, &(id, _))) in colls.iter().zip(&s.coll_of) {
@@ -1598,7 +1656,7 @@ impl<'s, 'p> Engine<'s, 'p> {
         }
         let mut coll_deps: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
         let mut coll_waiters: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for &(r, i, x) in &colls {
+        for &(r, i, x) in colls {
             let Some(&(id, k)) = s.coll_of.get(&(r, i)) else {
                 continue;
             };
@@ -1616,16 +1674,16 @@ impl<'s, 'p> Engine<'s, 'p> {
             }
             coll_deps.insert(x, deps);
         }
-        Ok(Engine {
-            s,
-            rank_ops,
-            rank_members,
+        let w = Wiring {
+            rank_ops: rank_ops.clone(),
+            rank_members: rank_members.clone(),
             partner_op,
             pending,
             coll_deps,
             coll_waiters,
             coll_occ,
-        })
+        };
+        Ok(Engine { s, w })
     }
 
     /// The rank of operation `x`.
@@ -1792,7 +1850,7 @@ impl<'s, 'p> Engine<'s, 'p> {
                             stack.push(self.rank_of(y as u32) as u32);
                         }
                     };
-                    if a.kind() == Kind::Coll {
+                    if a.is_coll() {
                         if let Some(waiters) = self.coll_waiters.get(&(x as u32)) {
                             for &y in waiters {
                                 release(y, &mut stack);
@@ -1801,7 +1859,7 @@ impl<'s, 'p> Engine<'s, 'p> {
                     } else {
                         for (k, b) in acts[i..hi].iter().enumerate() {
                             let y = self.partner_op[m + k];
-                            let recv = matches!(b.kind(), Kind::P2p { dir: Dir::Recv, .. });
+                            let recv = b.is_recv();
                             if y != NONE && y as usize != x && !(eager && recv) {
                                 release(y, &mut stack);
                             }
@@ -1836,7 +1894,7 @@ impl<'s, 'p> Engine<'s, 'p> {
         if !blocked.is_empty() {
             // Only the words of the error need the partners by member.
             let mut partner = vec![NONE; self.partner_op.len()];
-            match_p2p(s, |send, recv| {
+            match_p2p(s, None, |send, recv| {
                 partner[send.0 as usize] = recv.0;
                 partner[recv.0 as usize] = send.0;
             });
@@ -1868,34 +1926,31 @@ impl<'s, 'p> Engine<'s, 'p> {
         let rx = reach[x];
         let mut done = rx;
         let acts = &s.acts[r][ops];
-        match acts[0].kind() {
-            Kind::Compute(_) => {}
-            Kind::P2p { .. } => {
-                for (k, a) in acts.iter().enumerate() {
-                    let Kind::P2p { dir, .. } = a.kind() else {
-                        continue;
-                    };
-                    let tr = s
-                        .comm
-                        .map_or(0.0, |c| c.transfer_time(s.bytes[a.unit() as usize]));
-                    let y = self.partner_op[m + k];
-                    let rp = if y == NONE { rx } else { reach[y as usize] };
-                    let end = match (s.mode, dir) {
-                        (Mode::Rendezvous, _) => rx.max(rp) + tr,
-                        (Mode::Eager, Dir::Send) => rx,
-                        (Mode::Eager, Dir::Recv) => rx.max(rp + tr),
-                    };
-                    done = done.max(end);
-                }
+        let first = acts[0];
+        if first.p2p_dir().is_some() {
+            for (k, a) in acts.iter().enumerate() {
+                let Some((dir, _)) = a.p2p_dir() else {
+                    continue;
+                };
+                let tr = s
+                    .comm
+                    .map_or(0.0, |c| c.transfer_time(s.bytes[a.unit() as usize]));
+                let y = self.partner_op[m + k];
+                let rp = if y == NONE { rx } else { reach[y as usize] };
+                let end = match (s.mode, dir) {
+                    (Mode::Rendezvous, _) => rx.max(rp) + tr,
+                    (Mode::Eager, Dir::Send) => rx,
+                    (Mode::Eager, Dir::Recv) => rx.max(rp + tr),
+                };
+                done = done.max(end);
             }
-            Kind::Coll => {
-                for &y in self.coll_deps.get(&(x as u32)).into_iter().flatten() {
-                    done = done.max(reach[y as usize]);
-                }
-                if let (Some(c), Some(&(id, _))) = (s.comm, s.coll_of.get(&(r as u32, lo as u32))) {
-                    let unit = s.coll_ids[id as usize].1;
-                    done += c.transfer_time(s.params[unit as usize]);
-                }
+        } else if first.is_coll() {
+            for &y in self.coll_deps.get(&(x as u32)).into_iter().flatten() {
+                done = done.max(reach[y as usize]);
+            }
+            if let (Some(c), Some(&(id, _))) = (s.comm, s.coll_of.get(&(r as u32, lo as u32))) {
+                let unit = s.coll_ids[id as usize].1;
+                done += c.transfer_time(s.params[unit as usize]);
             }
         }
         done
@@ -2059,8 +2114,11 @@ impl<'s, 'p> Engine<'s, 'p> {
 /// Pair every `SEND` with its `RECV`: the k-th `SEND(t,u,m)` from `a` to `b` with
 /// the k-th `RECV(t,u,m)` from `a` on `b`, each pair given to `pair` as its two
 /// ends (`SEND`'s first). Linear when both sides list a channel's transfers in the
-/// same order (the valid case); sorting otherwise.
-fn match_p2p(s: &Setup<'_>, mut pair: impl FnMut(End, End)) {
+/// same order (the valid case); sorting otherwise. With `waits` (one entry an
+/// operation, zero), also counts there each operation's transfers that wait for a
+/// partner in another operation or for none (under eager semantics its `RECV`s
+/// only): what [`Wiring::pending`] starts from.
+fn match_p2p(s: &Setup<'_>, mut waits: Option<&mut [u32]>, mut pair: impl FnMut(End, End)) {
     /// A transfer end: its channel key, member index and operation.
     type Entry = (u64, u32, u32);
     #[derive(Default)]
@@ -2082,6 +2140,7 @@ fn match_p2p(s: &Setup<'_>, mut pair: impl FnMut(End, End)) {
     };
     // The member and operation counts so far (see [`Engine`]).
     let (mut m, mut x) = (0u32, 0u32);
+    let eager = s.mode == Mode::Eager;
     for (r, list) in s.acts.iter().enumerate() {
         for (i, a) in list.iter().enumerate() {
             if a.is_compute() {
@@ -2091,10 +2150,15 @@ fn match_p2p(s: &Setup<'_>, mut pair: impl FnMut(End, End)) {
                 x += 1;
             }
             m += 1;
-            let Kind::P2p { dir, tensor, .. } = a.kind() else {
+            let Some((dir, tensor)) = a.p2p_dir() else {
                 continue;
             };
-            let key = s.key(a.unit(), a.mb()) * 3 + tensor_index(tensor);
+            if let Some(w) = waits.as_deref_mut() {
+                if !(eager && dir == Dir::Send) {
+                    w[x as usize - 1] += 1;
+                }
+            }
+            let key = s.key(a.unit(), a.mb()) * 3 + tensor;
             let peer = s.peer(r, i, m as usize - 1);
             let ends = dir.ends(r as u32, peer);
             let c = if table.is_empty() {
@@ -2121,6 +2185,15 @@ fn match_p2p(s: &Setup<'_>, mut pair: impl FnMut(End, End)) {
     drop(table);
     drop(chan_of);
     let end = |e: &Entry| (e.1, e.2);
+    // A pair within one operation (a batch sending to itself) waits for neither end.
+    let mut pair = |send: End, recv: End| {
+        if let Some(w) = waits.as_deref_mut() {
+            if send.1 == recv.1 {
+                w[send.1 as usize] -= if eager { 1 } else { 2 };
+            }
+        }
+        pair(send, recv);
+    };
     for chan in &mut chans {
         let n = chan.sends.len().min(chan.recvs.len());
         let mut k = 0;
