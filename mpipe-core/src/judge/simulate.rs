@@ -245,7 +245,7 @@ fn deadlock_text(blocked: &[Blocked]) -> String {
 
 /// Run `p` under `opts` and measure it.
 pub fn simulate(p: &Program, opts: &SimOptions) -> Result<SimReport, SimError> {
-    measure(&Setup::new(p, opts)?)
+    measure(Setup::new(p, opts, true)?)
 }
 
 /// [`simulate`] of a lowering by unit index (`units` are the plan's): the report,
@@ -257,7 +257,7 @@ pub fn simulate_lowered(
     lowered: &Lowered,
     opts: &SimOptions,
 ) -> Result<SimReport, SimError> {
-    measure(&Setup::lowered(units, lowered, opts)?)
+    measure(Setup::lowered(units, lowered, opts)?)
 }
 
 /// Each rank's finishing time under [`simulate_lowered`] (the end of the last
@@ -288,8 +288,8 @@ pub fn finish_times_within(
     opts: &SimOptions,
     cutoff: f64,
 ) -> Result<Option<Vec<f64>>, SimError> {
-    let setup = Setup::lowered(units, lowered, opts)?;
-    let Some((_, _, finish, _)) = Engine::new(&setup)?.execute::<false>(cutoff)? else {
+    let mut setup = Setup::lowered(units, lowered, opts)?;
+    let Some((_, _, finish, _)) = Engine::new(&mut setup)?.execute::<false>(cutoff)? else {
         return Ok(None);
     };
     finite(finish.iter().copied().fold(0.0, f64::max))?;
@@ -331,8 +331,8 @@ pub fn finish_times_taken_or_run<'p>(
     cutoff: f64,
     keep: impl FnOnce(&[f64]) -> bool,
 ) -> Result<Option<FinishOrRun<'p>>, SimError> {
-    let setup = Setup::taken(units, lowered, opts)?;
-    let mut engine = Engine::new(&setup)?;
+    let mut setup = Setup::taken(units, lowered, opts)?;
+    let mut engine = Engine::new(&mut setup)?;
     let run = engine.execute::<false>(cutoff)?;
     let Some((_, busy, finish, reach)) = run else {
         return Ok(None);
@@ -381,8 +381,8 @@ pub fn simulate_taken(
     lowered: Lowered,
     opts: &SimOptions,
 ) -> Result<(Lowered, SimReport), SimError> {
-    let setup = Setup::taken(units, lowered, opts)?;
-    let report = measure(&setup)?;
+    let mut setup = Setup::taken(units, lowered, opts)?;
+    let report = measure_in(&mut setup)?;
     Ok((given_back(setup), report))
 }
 
@@ -394,7 +394,12 @@ fn given_back(setup: Setup<'_>) -> Lowered {
 }
 
 /// Run the resolved program of `setup` and measure it.
-fn measure(setup: &Setup<'_>) -> Result<SimReport, SimError> {
+fn measure(mut setup: Setup<'_>) -> Result<SimReport, SimError> {
+    measure_in(&mut setup)
+}
+
+/// [`measure`], the setup kept.
+fn measure_in(setup: &mut Setup<'_>) -> Result<SimReport, SimError> {
     let report = Engine::new(setup)?.run()?;
     finite(report.makespan)?;
     Ok(report)
@@ -428,7 +433,8 @@ pub fn memory_curves<'a>(
     p: &'a Program,
     t: &'a Timeline,
 ) -> Result<impl Iterator<Item = Vec<(f64, f64)>> + 'a, SimError> {
-    let setup = Setup::new(p, &SimOptions::default())?;
+    // No engine runs it: its transfers are not paired.
+    let setup = Setup::new(p, &SimOptions::default(), false)?;
     for (rank, list) in p.programs.iter().enumerate() {
         let slots = t.ranks.get(rank).map_or(0, Vec::len);
         if slots != list.len() {
@@ -963,14 +969,24 @@ struct Setup<'p> {
     coll_of: BTreeMap<(u32, u32), (u32, u32)>,
     /// Its operations and members, counted as it was resolved.
     ops: Ops,
+    /// For every member that is a `SEND`/`RECV`: the operation of its partner on
+    /// the peer rank; [`NONE`] if it has none, and for a collective (paired as it
+    /// was resolved).
+    partner_op: Vec<u32>,
+    /// Per operation, its transfers that wait for a partner in another operation or
+    /// for none (under eager semantics its `RECV`s only): what [`Wiring::pending`]
+    /// starts from, taken by the engine ([`Engine::new`]).
+    pending: Vec<u32>,
 }
 
 impl<'p> Setup<'p> {
-    fn new(p: &'p Program, opts: &SimOptions) -> Result<Setup<'p>, SimError> {
+    /// The setup of `p`, its transfers paired for an engine where `paired`.
+    fn new(p: &'p Program, opts: &SimOptions, paired: bool) -> Result<Setup<'p>, SimError> {
         check_comm(opts)?;
         let names = shape(p)?;
         let total: usize = p.programs.iter().map(Vec::len).sum();
-        let mut res = Resolver::new(&p.units, p.programs.len(), p.microbatches, total)?;
+        let mut res = Resolver::new(&p.units, p.programs.len(), p.microbatches, total, opts.mode)?;
+        res.paired = paired;
         // The last name looked up, by address and length: actions share their unit's
         // name, so a run of actions on one unit costs one look-up.
         let mut last: (*const u8, usize, u32) = (std::ptr::null(), 0, 0);
@@ -1022,7 +1038,7 @@ impl<'p> Setup<'p> {
     ) -> Result<Setup<'p>, SimError> {
         check_lowered(units, l, opts)?;
         let total: usize = l.programs.iter().map(Vec::len).sum();
-        let mut res = Resolver::new(units, l.programs.len(), l.microbatches, total)?;
+        let mut res = Resolver::new(units, l.programs.len(), l.microbatches, total, opts.mode)?;
         for (r, list) in l.programs.iter().enumerate() {
             res.rank(list.len());
             for (i, step) in list.iter().enumerate() {
@@ -1040,7 +1056,7 @@ impl<'p> Setup<'p> {
     fn taken(units: &'p [Unit], mut l: Lowered, opts: &SimOptions) -> Result<Setup<'p>, SimError> {
         check_lowered(units, &l, opts)?;
         let total: usize = l.programs.iter().map(Vec::len).sum();
-        let mut res = Resolver::new(units, l.programs.len(), l.microbatches, total)?;
+        let mut res = Resolver::new(units, l.programs.len(), l.microbatches, total, opts.mode)?;
         let lists = std::mem::take(&mut l.programs);
         let mut taken = Taken {
             peers: Vec::with_capacity(lists.len()),
@@ -1351,6 +1367,16 @@ struct Resolver {
     prev: Option<u64>,
     /// The operations and members so far, as [`Engine`] numbers them.
     ops: Ops,
+    /// Whether transfers run under eager semantics (then a `SEND` waits for nothing).
+    eager: bool,
+    /// Per operation so far, its transfers that wait (see [`Setup::pending`]), before
+    /// pairing.
+    waits: Vec<u32>,
+    /// The transfers read so far, by channel.
+    channels: Channels,
+    /// Whether the transfers are paired (for an engine: [`Setup::partner_op`],
+    /// [`Setup::pending`]); where not, those are left empty.
+    paired: bool,
 }
 
 /// The operations and members of a resolved program, counted as it is read (see
@@ -1377,6 +1403,7 @@ impl Resolver {
         nr: usize,
         microbatches: usize,
         total: usize,
+        mode: Mode,
     ) -> Result<Resolver, SimError> {
         if total >= NONE as usize || units.len() >= NONE as usize || nr >= NONE as usize {
             return Err(SimError::TooLarge {
@@ -1407,6 +1434,10 @@ impl Resolver {
             occ_count: BTreeMap::new(),
             prev: None,
             ops: Ops::default(),
+            eager: mode == Mode::Eager,
+            waits: Vec::new(),
+            channels: Channels::new(nr, total),
+            paired: true,
         })
     }
 
@@ -1456,6 +1487,8 @@ impl Resolver {
                 })
             }
         };
+        // A transfer's peer, direction and tensor.
+        let mut pair = None;
         let (ra, batch) = match view {
             View::Compute { op, mb } => (RAct::compute(op, unit, check_mb(mb)?), None),
             View::P2p {
@@ -1466,8 +1499,9 @@ impl Resolver {
                 batch,
             } => {
                 let mb = check_mb(mb)?;
-                check_rank(peer)?;
+                let peer = check_rank(peer)?;
                 let joins = joins_batch(self.prev, batch);
+                pair = Some((peer, dir, tensor_index(tensor)));
                 (RAct::p2p(dir, tensor, unit, mb, joins), batch)
             }
             View::Coll { kind, root, group } => {
@@ -1503,6 +1537,19 @@ impl Resolver {
                     ops.colls.push((r as u32, i as u32, ops.ops));
                 }
                 ops.ops += 1;
+                if self.paired {
+                    self.waits.push(0);
+                }
+            }
+            if let Some((peer, dir, tensor)) = pair.filter(|_| self.paired) {
+                if !(self.eager && dir == Dir::Send) {
+                    if let Some(w) = self.waits.last_mut() {
+                        *w += 1;
+                    }
+                }
+                let key = (u64::from(unit) * microbatches as u64 + u64::from(ra.mb())) * 3 + tensor;
+                let (m, x) = (ops.members - 1, ops.ops - 1);
+                self.channels.add(r as u32, peer, dir, key, m, x);
             }
         }
         self.acts[r].push(ra);
@@ -1518,6 +1565,25 @@ impl Resolver {
             }
             cost.push(c);
         }
+        // Every transfer paired with its partner; a pair within one operation (a
+        // batch sending to itself) waits for neither end.
+        let mut partner_op = vec![
+            NONE;
+            if self.paired {
+                self.ops.members as usize
+            } else {
+                0
+            }
+        ];
+        let mut pending = self.waits;
+        let eager = self.eager;
+        self.channels.pair(|send, recv| {
+            partner_op[send.0 as usize] = recv.1;
+            partner_op[recv.0 as usize] = send.1;
+            if send.1 == recv.1 {
+                pending[send.1 as usize] -= if eager { 1 } else { 2 };
+            }
+        });
         Setup {
             src,
             units: units.len(),
@@ -1538,6 +1604,8 @@ impl Resolver {
                 ops.rank_members.push(ops.members);
                 ops
             },
+            partner_op,
+            pending,
         }
     }
 }
@@ -1555,7 +1623,7 @@ impl Resolver {
 /// and member by counting: nothing is kept per action, 4 bytes a member and 13 an
 /// operation while the engine runs. A transfer's dependencies are the operations
 /// of its members' partners (under eager semantics, only its `RECV`s'), but its
-/// own; they are read from [`Engine::partner_op`], and so are the operations that
+/// own; they are read from [`Setup::partner_op`], and so are the operations that
 /// wait for it (the same pairs seen from the other end: under eager semantics, its
 /// `SEND`s' partners).
 struct Engine<'s, 'p> {
@@ -1584,9 +1652,6 @@ struct Wiring {
     rank_ops: Vec<u32>,
     /// Per rank, the index of its first member; one more entry, their number.
     rank_members: Vec<u32>,
-    /// For every member that is a `SEND`/`RECV`: the operation of its partner on
-    /// the peer rank; [`NONE`] if it has none, and for a collective.
-    partner_op: Vec<u32>,
     /// Number of dependencies not yet reached, plus one per dependency that does
     /// not exist at all (those never resolve).
     pending: Vec<u32>,
@@ -1632,23 +1697,19 @@ type End = (u32, u32);
 type Run = (Vec<Vec<Slot>>, Vec<f64>, Vec<f64>, Vec<f64>);
 
 impl<'s, 'p> Engine<'s, 'p> {
-    fn new(s: &'s Setup<'p>) -> Result<Engine<'s, 'p>, SimError> {
+    /// The engine of `s`, which it runs once (it takes `s`'s [`Setup::pending`]).
+    fn new(s: &'s mut Setup<'p>) -> Result<Engine<'s, 'p>, SimError> {
+        // A transfer waits for each of its members' partners to be reached (under
+        // eager semantics, its `RECV`s'), but its own; forever for a member with no
+        // partner: counted as resolution paired them.
+        let mut pending = std::mem::take(&mut s.pending);
+        let s: &'s Setup<'p> = s;
         let Ops {
             rank_ops,
             rank_members,
             colls,
-            ops,
-            members,
+            ..
         } = &s.ops;
-        // A transfer waits for each of its members' partners to be reached (under
-        // eager semantics, its `RECV`s'), but its own; forever for a member with no
-        // partner: counted as the partners are matched.
-        let mut pending = vec![0u32; *ops as usize];
-        let mut partner_op = vec![NONE; *members as usize];
-        match_p2p(s, Some(&mut pending), |send, recv| {
-            partner_op[send.0 as usize] = recv.1;
-            partner_op[recv.0 as usize] = send.1;
-        });
 
         let mut coll_occ: BTreeMap<(u32, u32), Vec<u32>> = BTreeMap::new();
         for (&(r, _, x), (_, &(id, _))) in colls.iter().zip(&s.coll_of) {
@@ -1677,7 +1738,6 @@ impl<'s, 'p> Engine<'s, 'p> {
         let w = Wiring {
             rank_ops: rank_ops.clone(),
             rank_members: rank_members.clone(),
-            partner_op,
             pending,
             coll_deps,
             coll_waiters,
@@ -1858,7 +1918,7 @@ impl<'s, 'p> Engine<'s, 'p> {
                         }
                     } else {
                         for (k, b) in acts[i..hi].iter().enumerate() {
-                            let y = self.partner_op[m + k];
+                            let y = self.s.partner_op[m + k];
                             let recv = b.is_recv();
                             if y != NONE && y as usize != x && !(eager && recv) {
                                 release(y, &mut stack);
@@ -1893,8 +1953,8 @@ impl<'s, 'p> Engine<'s, 'p> {
         let blocked: Vec<usize> = (0..nr).filter(|&r| pc[r] < s.acts[r].len()).collect();
         if !blocked.is_empty() {
             // Only the words of the error need the partners by member.
-            let mut partner = vec![NONE; self.partner_op.len()];
-            match_p2p(s, None, |send, recv| {
+            let mut partner = vec![NONE; s.partner_op.len()];
+            match_p2p(s, |send, recv| {
                 partner[send.0 as usize] = recv.0;
                 partner[recv.0 as usize] = send.0;
             });
@@ -1935,7 +1995,7 @@ impl<'s, 'p> Engine<'s, 'p> {
                 let tr = s
                     .comm
                     .map_or(0.0, |c| c.transfer_time(s.bytes[a.unit() as usize]));
-                let y = self.partner_op[m + k];
+                let y = self.s.partner_op[m + k];
                 let rp = if y == NONE { rx } else { reach[y as usize] };
                 let end = match (s.mode, dir) {
                     (Mode::Rendezvous, _) => rx.max(rp) + tr,
@@ -2028,7 +2088,7 @@ impl<'s, 'p> Engine<'s, 'p> {
                              pair with it (add it there, or remove this one)"
                         ))
                     } else {
-                        let y = self.partner_op[member] as usize;
+                        let y = self.s.partner_op[member] as usize;
                         (!at.reached[y]).then(|| {
                             let j = self.member_index(q, at.partner[member]);
                             format!(
@@ -2111,36 +2171,121 @@ impl<'s, 'p> Engine<'s, 'p> {
     }
 }
 
-/// Pair every `SEND` with its `RECV`: the k-th `SEND(t,u,m)` from `a` to `b` with
-/// the k-th `RECV(t,u,m)` from `a` on `b`, each pair given to `pair` as its two
-/// ends (`SEND`'s first). Linear when both sides list a channel's transfers in the
-/// same order (the valid case); sorting otherwise. With `waits` (one entry an
-/// operation, zero), also counts there each operation's transfers that wait for a
-/// partner in another operation or for none (under eager semantics its `RECV`s
-/// only): what [`Wiring::pending`] starts from.
-fn match_p2p(s: &Setup<'_>, mut waits: Option<&mut [u32]>, mut pair: impl FnMut(End, End)) {
-    /// A transfer end: its channel key, member index and operation.
-    type Entry = (u64, u32, u32);
-    #[derive(Default)]
-    struct Chan {
-        sends: Vec<Entry>,
-        recvs: Vec<Entry>,
+/// A transfer end: its channel key, member index and operation (see [`Engine`]).
+type Entry = (u64, u32, u32);
+
+/// One channel's ends, each side in list order.
+#[derive(Default)]
+struct Chan {
+    sends: Vec<Entry>,
+    recvs: Vec<Entry>,
+}
+
+/// Every `SEND` and `RECV` of a program by channel `(source, destination)`, added
+/// as they are read in list order, rank by rank, then paired ([`Channels::pair`]).
+struct Channels {
+    /// Channels in first-seen order, found by a look-up-only hash map (each channel
+    /// pairs its own actions, so the order they are paired in does not matter).
+    chans: Vec<Chan>,
+    chan_of: HashMap<(u32, u32), usize, BuildHasherDefault<Fnv>>,
+    /// Where a table of ranks x ranks cells is no larger than the program, channels
+    /// are found there by `(source, destination)` instead (no hashing per action).
+    table: Vec<u32>,
+    nr: usize,
+}
+
+impl Channels {
+    /// For a program of `nr` ranks and `actions` actions.
+    fn new(nr: usize, actions: usize) -> Channels {
+        let table = if nr.checked_mul(nr).is_some_and(|c| c <= actions) {
+            vec![NONE; nr * nr]
+        } else {
+            Vec::new()
+        };
+        Channels {
+            chans: Vec::new(),
+            chan_of: HashMap::default(),
+            table,
+            nr,
+        }
     }
-    // Channels in first-seen order, found by a look-up-only hash map (each channel
-    // pairs its own actions, so the order they are paired in does not matter).
-    let mut chans: Vec<Chan> = Vec::new();
-    let mut chan_of: HashMap<(u32, u32), usize, BuildHasherDefault<Fnv>> = HashMap::default();
-    // Where a table of ranks x ranks cells is no larger than the program, channels
-    // are found there by `(source, destination)` instead (no hashing per action).
-    let nr = s.acts.len();
-    let mut table: Vec<u32> = if nr.checked_mul(nr).is_some_and(|c| c <= s.actions) {
-        vec![NONE; nr * nr]
-    } else {
-        Vec::new()
-    };
+
+    /// A transfer end read on rank `rank`, to or from `peer`: `key` its channel
+    /// key ((unit * microbatches + mb) * 3 + tensor), `member` and `op` its member
+    /// index and operation.
+    #[inline(always)]
+    fn add(&mut self, rank: u32, peer: u32, dir: Dir, key: u64, member: u32, op: u32) {
+        let ends = dir.ends(rank, peer);
+        let c = if self.table.is_empty() {
+            let chans = &mut self.chans;
+            *self.chan_of.entry(ends).or_insert_with(|| {
+                chans.push(Chan::default());
+                chans.len() - 1
+            })
+        } else {
+            let cell = &mut self.table[ends.0 as usize * self.nr + ends.1 as usize];
+            if *cell == NONE {
+                *cell = self.chans.len() as u32;
+                self.chans.push(Chan::default());
+            }
+            *cell as usize
+        };
+        let chan = &mut self.chans[c];
+        let entry = (key, member, op);
+        match dir {
+            Dir::Send => chan.sends.push(entry),
+            Dir::Recv => chan.recvs.push(entry),
+        }
+    }
+
+    /// Pair every `SEND` with its `RECV`: the k-th `SEND(t,u,m)` from `a` to `b`
+    /// with the k-th `RECV(t,u,m)` from `a` on `b`, each pair given to `pair` as its
+    /// two ends (`SEND`'s first). Linear when both sides list a channel's transfers
+    /// in the same order (the valid case); sorting otherwise. Each channel's ends
+    /// are freed once paired.
+    fn pair(self, mut pair: impl FnMut(End, End)) {
+        let Channels { mut chans, .. } = self;
+        let end = |e: &Entry| (e.1, e.2);
+        for chan in &mut chans {
+            let n = chan.sends.len().min(chan.recvs.len());
+            let mut k = 0;
+            while k < n && chan.sends[k].0 == chan.recvs[k].0 {
+                pair(end(&chan.sends[k]), end(&chan.recvs[k]));
+                k += 1;
+            }
+            if k < chan.sends.len() && k < chan.recvs.len() {
+                // The matched prefix holds each key equally often on both sides, so
+                // the remaining occurrences still pair k-th with k-th (members follow
+                // list order on a rank, as the sort needs).
+                let sends = &mut chan.sends[k..];
+                let recvs = &mut chan.recvs[k..];
+                sends.sort_unstable();
+                recvs.sort_unstable();
+                let (mut i, mut j) = (0, 0);
+                while i < sends.len() && j < recvs.len() {
+                    match sends[i].0.cmp(&recvs[j].0) {
+                        std::cmp::Ordering::Less => i += 1,
+                        std::cmp::Ordering::Greater => j += 1,
+                        std::cmp::Ordering::Equal => {
+                            pair(end(&sends[i]), end(&recvs[j]));
+                            i += 1;
+                            j += 1;
+                        }
+                    }
+                }
+            }
+            *chan = Chan::default();
+        }
+    }
+}
+
+/// [`Channels::pair`] of `s`'s transfers, read again from its resolved actions and
+/// their source's peers (only the words of a deadlock need this: resolution paired
+/// them already, by operation).
+fn match_p2p(s: &Setup<'_>, pair: impl FnMut(End, End)) {
+    let mut channels = Channels::new(s.acts.len(), s.actions);
     // The member and operation counts so far (see [`Engine`]).
     let (mut m, mut x) = (0u32, 0u32);
-    let eager = s.mode == Mode::Eager;
     for (r, list) in s.acts.iter().enumerate() {
         for (i, a) in list.iter().enumerate() {
             if a.is_compute() {
@@ -2153,78 +2298,12 @@ fn match_p2p(s: &Setup<'_>, mut waits: Option<&mut [u32]>, mut pair: impl FnMut(
             let Some((dir, tensor)) = a.p2p_dir() else {
                 continue;
             };
-            if let Some(w) = waits.as_deref_mut() {
-                if !(eager && dir == Dir::Send) {
-                    w[x as usize - 1] += 1;
-                }
-            }
             let key = s.key(a.unit(), a.mb()) * 3 + tensor;
             let peer = s.peer(r, i, m as usize - 1);
-            let ends = dir.ends(r as u32, peer);
-            let c = if table.is_empty() {
-                *chan_of.entry(ends).or_insert_with(|| {
-                    chans.push(Chan::default());
-                    chans.len() - 1
-                })
-            } else {
-                let cell = &mut table[ends.0 as usize * nr + ends.1 as usize];
-                if *cell == NONE {
-                    *cell = chans.len() as u32;
-                    chans.push(Chan::default());
-                }
-                *cell as usize
-            };
-            let chan = &mut chans[c];
-            let entry = (key, m - 1, x - 1);
-            match dir {
-                Dir::Send => chan.sends.push(entry),
-                Dir::Recv => chan.recvs.push(entry),
-            }
+            channels.add(r as u32, peer, dir, key, m - 1, x - 1);
         }
     }
-    drop(table);
-    drop(chan_of);
-    let end = |e: &Entry| (e.1, e.2);
-    // A pair within one operation (a batch sending to itself) waits for neither end.
-    let mut pair = |send: End, recv: End| {
-        if let Some(w) = waits.as_deref_mut() {
-            if send.1 == recv.1 {
-                w[send.1 as usize] -= if eager { 1 } else { 2 };
-            }
-        }
-        pair(send, recv);
-    };
-    for chan in &mut chans {
-        let n = chan.sends.len().min(chan.recvs.len());
-        let mut k = 0;
-        while k < n && chan.sends[k].0 == chan.recvs[k].0 {
-            pair(end(&chan.sends[k]), end(&chan.recvs[k]));
-            k += 1;
-        }
-        if k < chan.sends.len() && k < chan.recvs.len() {
-            // The matched prefix holds each key equally often on both sides, so
-            // the remaining occurrences still pair k-th with k-th (members follow
-            // list order on a rank, as the sort needs).
-            let sends = &mut chan.sends[k..];
-            let recvs = &mut chan.recvs[k..];
-            sends.sort_unstable();
-            recvs.sort_unstable();
-            let (mut i, mut j) = (0, 0);
-            while i < sends.len() && j < recvs.len() {
-                match sends[i].0.cmp(&recvs[j].0) {
-                    std::cmp::Ordering::Less => i += 1,
-                    std::cmp::Ordering::Greater => j += 1,
-                    std::cmp::Ordering::Equal => {
-                        pair(end(&sends[i]), end(&recvs[j]));
-                        i += 1;
-                        j += 1;
-                    }
-                }
-            }
-        }
-        // Each channel's ends freed once paired.
-        *chan = Chan::default();
-    }
+    channels.pair(pair);
 }
 
 #[cfg(test)]
