@@ -599,7 +599,12 @@ impl<'p, P: Pack> Checker<'p, P> {
         for (r, list) in p.programs.iter().enumerate() {
             let mut out = Vec::with_capacity(list.len());
             for (i, a) in list.iter().enumerate() {
-                let name = a.unit();
+                let view = a.view();
+                let name = match view {
+                    ActionRef::Compute(c) => c.unit,
+                    ActionRef::P2p(t) => t.unit,
+                    ActionRef::Coll(c) => c.unit,
+                };
                 let unit = if (name.as_ptr(), name.len()) == (last.0, last.1) {
                     last.2
                 } else {
@@ -607,7 +612,7 @@ impl<'p, P: Pack> Checker<'p, P> {
                     last = (name.as_ptr(), name.len(), unit);
                     unit
                 };
-                let v = match a.view() {
+                let v = match view {
                     ActionRef::Compute(c) => match unit {
                         None => {
                             self.at(
@@ -1317,6 +1322,23 @@ impl<'p, P: Pack> Checker<'p, P> {
                 |pos: usize| send_at.get_or_insert_with(|| indices(a, (a, b), true))[pos];
             let mut recv_index =
                 |pos: usize| recv_at.get_or_insert_with(|| indices(b, (a, b), false))[pos];
+            // The common case: both sides list the same transfers in the same order.
+            // Then the only violation there can be is a transfer listed twice (each
+            // side lists it twice: two duplicates), found by one pass.
+            if sends == recvs {
+                let mut repeats = false;
+                for &k in sends {
+                    let k = k as usize;
+                    repeats |= cnt_s[k] != 0;
+                    cnt_s[k] = 1;
+                }
+                for &k in sends {
+                    cnt_s[k as usize] = 0;
+                }
+                if !repeats {
+                    continue;
+                }
+            }
             for (pos, &k) in sends.iter().enumerate() {
                 let k = k as usize;
                 if cnt_s[k] == 0 {
@@ -1387,9 +1409,15 @@ impl<'p, P: Pack> Checker<'p, P> {
             }
             // Same order: keep a longest run on which both orders agree, report the rest.
             let ranks: Vec<u32> = matched.iter().map(|&(_, rp)| rp).collect();
-            let keep = longest_increasing(&ranks);
+            // Received in the order sent (the common case): all are kept.
+            let in_order = ranks.windows(2).all(|w| w[0] < w[1]);
+            let keep = if in_order {
+                Vec::new()
+            } else {
+                longest_increasing(&ranks)
+            };
             for (n, &(sp, rp)) in matched.iter().enumerate() {
-                if !keep[n] {
+                if !in_order && !keep[n] {
                     let i = send_index(sp as usize) as usize;
                     let j = recv_index(rp as usize);
                     found.push((

@@ -42,7 +42,6 @@ use crate::ir::rolled::{canonical, rank_code_size, RollOptions};
 use crate::judge::simulate::{simulate, Mode, SimOptions, SimReport};
 use crate::judge::verify::verify_mode;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
-use std::collections::BTreeMap;
 
 /// `best` with its transfers placed periodically in every rank's steady state
 /// ([`periodic`]), the template taken from the period half way through the
@@ -50,15 +49,15 @@ use std::collections::BTreeMap;
 /// for each `c` of [`SearchPolicy::periodic_settle_periods`], the periods before it
 /// left as they are ([`Reference::After`]) (each rank rewritten
 /// only where its rolled code is no larger, see [`periodic`]): the first whose
-/// program is more regular ([`irregularity`]: fewer distinct gap contents),
+/// program is more regular ([`more_regular`]: fewer distinct gap contents),
 /// verifies, runs no slower (makespan equal or less) and peaks no higher on any
 /// rank; else `best`. Its code then rolls to
 /// loops of a size independent of the micro-batch count where the plan's compute
 /// order is periodic. At most `3 + periodic_settle_periods.len()` verifications
 /// and simulations, and one more simulation (of `best` again, for its timeline,
-/// not held while ranks are rewritten) where a rank was rewritten and no candidate
-/// wins; none where no rank changes (a regular program costs only one linear scan
-/// per template).
+/// not held while ranks are rewritten) where a rank was rewritten and no
+/// candidate wins; none where no rank changes (a regular program costs only one
+/// linear scan per stretch, [`Shape::breaks`]).
 /// Rendezvous only. Applied once to a derivation's final program
 /// (`search::finish`), not inside the searches, so that it changes no search's
 /// course.
@@ -91,7 +90,6 @@ pub(crate) fn periodic_if_no_slower(
     // wins (deterministic: the same report). A regular program, where nothing is
     // rewritten, keeps it.
     let mut dropped = false;
-    let mut before = None;
     let settled = policy
         .periodic_settle_periods
         .iter()
@@ -124,15 +122,13 @@ pub(crate) fn periodic_if_no_slower(
         };
         // Checked before simulating: one that merely moves a regular program's
         // transfers elsewhere is no gain.
-        let before = *before.get_or_insert_with(|| irregularity(&program));
-        // The rewritten ranks are swapped in place (and back if the candidate
-        // loses): the ranks it keeps are not copied.
-        swap_ranks(&mut program, &mut rewritten);
-        if irregularity(&program) >= before {
-            swap_ranks(&mut program, &mut rewritten);
+        if !more_regular(&program, &rewritten) {
             shapes = Some(current);
             continue;
         }
+        // The rewritten ranks are swapped in place (and back if the candidate
+        // loses): the ranks it keeps are not copied.
+        swap_ranks(&mut program, &mut rewritten);
         // The shapes are not needed to judge the candidate: not held while it is
         // verified and simulated (the stretches found are kept, and the shapes
         // read again if it loses).
@@ -168,7 +164,7 @@ pub(crate) fn periodic_if_no_slower(
 }
 
 /// `best` with its strays joined to their siblings ([`strays`]) where that leaves
-/// the program more regular ([`irregularity`]), and it verifies, runs no slower and
+/// the program more regular ([`more_regular`]), and it verifies, runs no slower and
 /// peaks no higher on any rank; else `best`. One verification and simulation where
 /// a rank has strays, none where none has (one linear scan per rank). With it, the
 /// program's ranks as read ([`shapes_of`]) where no rank had a stray (the program
@@ -186,9 +182,9 @@ fn strays_joined_if_no_slower(
     };
     drop(shapes);
     let (mut program, kept) = best;
-    let before = irregularity(&program);
+    let regular = more_regular(&program, &joined);
     swap_ranks(&mut program, &mut joined);
-    let accepted = (irregularity(&program) < before)
+    let accepted = regular
         .then(|| verify_mode(&program, opts.mode).is_empty())
         .filter(|&valid| valid)
         .and_then(|_| simulate(&program, opts).ok())
@@ -246,6 +242,19 @@ fn strays(
                 continue;
             };
             done.push((f.start, f.end));
+            // A period placed as the template ([`Shape::classes`]) holds only
+            // transfers it names: only the others are read.
+            let differ: Vec<usize> = {
+                let classes = shape.classes_of(list, &f);
+                let template = classes[f.reference];
+                (0..f.periods)
+                    .filter(|&q| q != f.reference)
+                    .filter(|&q| template == NO_CLASS || classes[q] != template)
+                    .collect()
+            };
+            if differ.is_empty() {
+                continue;
+            }
             // The template's transfers, per gap of the period, micro-batches as in
             // the reference period.
             let mut named: HashSet<(usize, Key)> = HashSet::default();
@@ -254,10 +263,7 @@ fn strays(
                     named.extend(g.range().filter_map(|a| key(&list[a]).map(|x| (k, x))));
                 }
             }
-            for q in 0..f.periods {
-                if q == f.reference {
-                    continue;
-                }
+            for q in differ {
                 let by = (q as i64 - f.reference as i64) * f.d;
                 for k in 1..=f.period {
                     for g in shape.gap(f.gap(q, k)) {
@@ -498,17 +504,25 @@ fn periodic(
     (!rewritten.is_empty()).then_some(rewritten)
 }
 
-/// How irregular `p`'s transfer placement is: over the ranks, the number of distinct
-/// gap contents, each gap (the transfers posted between two compute tasks, as
-/// batches) written relative to the task before it (its op and unit, micro-batches
-/// as offsets from its micro-batch). A program whose transfers repeat with its
-/// compute has a few per rank whatever the micro-batch count; one whose meeting
-/// points drift has more, and more with more micro-batches.
-pub(crate) fn irregularity(p: &Program) -> usize {
-    p.programs.iter().map(|list| rank_irregularity(list)).sum()
+/// Whether `p` with the lists of `ranks` (rank, new list) in place of its own is
+/// more regular than `p`. How irregular a program's transfer placement is: over
+/// the ranks, the number of distinct gap contents ([`rank_irregularity`]), each
+/// gap (the transfers posted between two compute tasks, as batches) written
+/// relative to the task before it (its op and unit, micro-batches as offsets
+/// from its micro-batch). A program whose transfers repeat with its compute has a
+/// few per rank whatever the micro-batch count; one whose meeting points drift
+/// has more, and more with more micro-batches. Only the ranks given change, so
+/// only theirs are compared.
+fn more_regular(p: &Program, ranks: &[(usize, Vec<Action>)]) -> bool {
+    let new: usize = ranks.iter().map(|(_, l)| rank_irregularity(l)).sum();
+    let old: usize = ranks
+        .iter()
+        .map(|&(r, _)| rank_irregularity(&p.programs[r]))
+        .sum();
+    new < old
 }
 
-/// [`irregularity`] of one rank's list.
+/// The irregularity of one rank's list ([`more_regular`]).
 fn rank_irregularity(list: &[Action]) -> usize {
     /// A transfer of a gap: its batch's number within the gap, what it moves and
     /// where, its micro-batch as an offset.
@@ -606,12 +620,15 @@ struct Shape {
     /// [`stretch`]'s answer through each task asked so far (the templates ask
     /// the same; it depends on the compute order only, which no rewrite changes).
     stretches: std::cell::RefCell<HashMap<usize, Option<Span>>>,
-    /// The stretches found with every full period placed alike (each the others
-    /// with its micro-batches advanced by `d` per period): [`Shape::breaks`] is 0
-    /// for them whatever the template period, so they are not compared again.
-    /// Told of the list the shape was read from.
-    regular: std::cell::RefCell<Vec<Span>>,
+    /// Per stretch compared so far, each full period's class ([`Shape::classes`]):
+    /// [`Shape::breaks`] under any template period reads them, so each stretch's
+    /// periods are compared once, not once per template. Told of the list the
+    /// shape was read from.
+    classes: std::cell::RefCell<Vec<(Span, Vec<u32>)>>,
 }
+
+/// The class of a period holding a collective ([`Shape::classes`]).
+const NO_CLASS: u32 = u32::MAX;
 
 /// A range of a rank's list, `start..end`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -662,10 +679,7 @@ impl Shape {
         u32::try_from(list.len()).ok()?;
         // Allocated at their sizes (every rank's shape is held beside the program):
         // a task a compute action, a group at most every other action.
-        let n = list
-            .iter()
-            .filter(|a| matches!(a.view(), ActionRef::Compute(_)))
-            .count();
+        let n = list.iter().filter(|a| is_compute(a)).count();
         let mut gap_start = Vec::with_capacity(n + 2);
         gap_start.push(0);
         let mut shape = Shape {
@@ -675,14 +689,16 @@ impl Shape {
             groups: Vec::with_capacity(list.len() - n),
             gap_start,
             stretches: Default::default(),
-            regular: Default::default(),
+            classes: Default::default(),
         };
         // `x` interned by unit name id: a task's unit name is most often one shared
         // string per unit, so it is found by the string's address (integer keys), and
-        // the name itself hashed once per address, not once per task.
+        // the name itself hashed once per address, not once per task. Runs of tasks
+        // on one unit (most) take the last task's id without a look-up.
         let mut names: HashMap<&str, u32> = HashMap::default();
-        let mut by_address: BTreeMap<(usize, usize), u32> = BTreeMap::new();
-        let mut ids: BTreeMap<(u8, u32, i64), u32> = BTreeMap::new();
+        let mut by_address: HashMap<(usize, usize), u32> = HashMap::default();
+        let mut ids: HashMap<(u8, u32, i64), u32> = HashMap::default();
+        let mut last_name: Option<((usize, usize), u32)> = None;
         let mut j = 0;
         while j < list.len() {
             match list[j].view() {
@@ -692,12 +708,18 @@ impl Shape {
                         .mbs
                         .last()
                         .map_or(0, |&m| i64::from(mb) - i64::from(m));
-                    let name = *by_address
-                        .entry((c.unit.as_ptr() as usize, c.unit.len()))
-                        .or_insert_with(|| {
-                            let next = names.len() as u32;
-                            *names.entry(c.unit).or_insert(next)
-                        });
+                    let address = (c.unit.as_ptr() as usize, c.unit.len());
+                    let name = match last_name {
+                        Some((a, id)) if a == address => id,
+                        _ => {
+                            let id = *by_address.entry(address).or_insert_with(|| {
+                                let next = names.len() as u32;
+                                *names.entry(c.unit).or_insert(next)
+                            });
+                            last_name = Some((address, id));
+                            id
+                        }
+                    };
                     let next = ids.len() as u32;
                     shape
                         .x
@@ -812,18 +834,63 @@ impl Shape {
     /// per period), counting up to `most`.
     ///
     /// Being placed as one another (micro-batches advanced by `d` per period) is
-    /// an equivalence: where every full period is placed as the template, every
-    /// period is placed as any other, so a stretch found so is recorded as
-    /// [`Shape::regular`] and not compared again under another template.
+    /// an equivalence, so the stretch's periods fall into classes
+    /// ([`Shape::classes`], found once per stretch): a period is placed as the
+    /// template where it is in the template's class.
     fn breaks(&self, list: &[Action], f: &Found, most: usize) -> usize {
+        let classes = self.classes_of(list, f);
+        let template = classes[f.reference];
+        (f.from..f.periods)
+            .filter(|&q| template == NO_CLASS || classes[q] != template)
+            .take(most)
+            .count()
+    }
+
+    /// [`Shape::classes`] of `f`'s stretch, found once per stretch.
+    fn classes_of(&self, list: &[Action], f: &Found) -> std::cell::Ref<'_, Vec<u32>> {
         let span = (f.period, f.start, f.end);
-        if self.regular.borrow().contains(&span) {
-            return 0;
-        }
-        let placed_as_template = |q: usize| {
-            let by = (q as i64 - f.reference as i64) * f.d;
+        let known = self.classes.borrow().iter().position(|(s, _)| *s == span);
+        let at = known.unwrap_or_else(|| {
+            let classes = self.classes(list, f);
+            let mut cache = self.classes.borrow_mut();
+            cache.push((span, classes));
+            cache.len() - 1
+        });
+        std::cell::Ref::map(self.classes.borrow(), |c| &c[at].1)
+    }
+
+    /// Each full period's class of `f`'s stretch: two periods share one where
+    /// their gaps hold the same groups of the same transfers, micro-batches
+    /// advanced by `d` per period; [`NO_CLASS`] for a period with a collective in
+    /// a gap (placed as no period, not even itself). Each period's contents are
+    /// hashed relative to its own advance, and compared in full with the first
+    /// period of their hash (a collision of hashes makes a class of its own).
+    fn classes(&self, list: &[Action], f: &Found) -> Vec<u32> {
+        use std::hash::{Hash, Hasher};
+        let shifted = |q: usize| q as i64 * f.d;
+        // Period `q`'s contents, hashed with its micro-batches less `q * d`;
+        // `None` for one holding a collective.
+        let hash = |q: usize| {
+            let mut h = rustc_hash::FxHasher::default();
+            let by = shifted(q);
+            for k in 1..=f.period {
+                let gap = self.gap(f.gap(q, k));
+                gap.len().hash(&mut h);
+                for g in gap {
+                    g.len().hash(&mut h);
+                    for a in g.range() {
+                        let (dir, tensor, unit, mb, peer) = key(&list[a])?;
+                        (dir, tensor, unit, mb as i64 - by, peer).hash(&mut h);
+                    }
+                }
+            }
+            Some(h.finish())
+        };
+        // Whether period `q` is placed as period `t` (neither with a collective).
+        let alike = |q: usize, t: usize| {
+            let by = shifted(q) - shifted(t);
             (1..=f.period).all(|k| {
-                let (here, there) = (self.gap(f.gap(q, k)), self.gap(f.gap(f.reference, k)));
+                let (here, there) = (self.gap(f.gap(q, k)), self.gap(f.gap(t, k)));
                 here.len() == there.len()
                     && here.iter().zip(there).all(|(a, b)| {
                         a.len() == b.len()
@@ -839,14 +906,21 @@ impl Shape {
                     })
             })
         };
-        let n = (f.from..f.periods)
-            .filter(|&q| !placed_as_template(q))
-            .take(most)
-            .count();
-        if n == 0 && f.from == 0 && most > 0 {
-            self.regular.borrow_mut().push(span);
+        // Per hash, its classes' first periods (more than one only on a collision).
+        let mut first: HashMap<u64, Vec<usize>> = HashMap::default();
+        let mut classes = vec![NO_CLASS; f.periods];
+        for q in 0..f.periods {
+            let Some(h) = hash(q) else { continue };
+            let firsts = first.entry(h).or_default();
+            match firsts.iter().find(|&&t| alike(q, t)) {
+                Some(&t) => classes[q] = classes[t],
+                None => {
+                    classes[q] = q as u32;
+                    firsts.push(q);
+                }
+            }
         }
-        n
+        classes
     }
 
     /// `list` (the list this shape was read from) with the transfers of `f`'s full
@@ -1054,6 +1128,18 @@ fn z_function(s: &[u32]) -> Vec<usize> {
         }
     }
     z
+}
+
+/// Whether `a` is a compute task.
+fn is_compute(a: &Action) -> bool {
+    matches!(
+        a,
+        Action::F { .. }
+            | Action::B { .. }
+            | Action::W { .. }
+            | Action::BW { .. }
+            | Action::RF { .. }
+    )
 }
 
 fn set_mb(a: &mut Action, to: usize) {
