@@ -1230,6 +1230,37 @@ mod tests {
         }
     }
 
+    /// `plan` with the proptests' random moves made: each `(q, from, to)` takes a
+    /// task of rank `q` (modulo the ranks; none from a rank of fewer than two) and
+    /// puts it back within a few places when `near > 0` (near moves lower far
+    /// more often), else anywhere; with `across` (and not `near`), into the next
+    /// rank instead (other task counts).
+    fn moved(plan: &Plan, moves: &[(u32, u32, u32)], near: usize, across: bool) -> Plan {
+        let mut next = plan.clone();
+        for &(q, from, to) in moves {
+            let q = q as usize % next.ranks;
+            let n = next.order[q].len();
+            if n < 2 {
+                continue;
+            }
+            let from = from as usize % n;
+            let to = if near > 0 {
+                (from + to as usize % 7).saturating_sub(3).min(n - 1)
+            } else {
+                to as usize % n
+            };
+            let t = next.order[q].remove(from);
+            let q2 = if across && near == 0 {
+                (q + 1) % next.ranks
+            } else {
+                q
+            };
+            let to = to.min(next.order[q2].len());
+            next.order[q2].insert(to, t);
+        }
+        next
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::test_runner::Config::with_cases(256))]
         /// A trial resumed from its base's run ([`Resumable`]) gives the full
@@ -1249,23 +1280,7 @@ mod tests {
             cut in 0usize..3,
         ) {
             let b = &bases()[case];
-            let mut next = b.plan.clone();
-            for (q, from, to) in moves {
-                let q = q as usize % next.ranks;
-                let n = next.order[q].len();
-                if n < 2 {
-                    continue;
-                }
-                let from = from as usize % n;
-                // Near moves (within a few places) lower far more often.
-                let to = if near > 0 {
-                    (from + to as usize % 7).saturating_sub(3).min(n - 1)
-                } else {
-                    to as usize % n
-                };
-                let t = next.order[q].remove(from);
-                next.order[q].insert(to, t);
-            }
+            let next = moved(&b.plan, &moves, near, false);
             let cutoff = [f64::INFINITY, b.makespan, b.makespan * 0.995][cut];
             let policy = &SearchPolicy::DEFAULT;
             let full = lower_one(&next, &next.unit_names(), &b.opts, b.rule, policy, cutoff, (None, None)).1;
@@ -1308,25 +1323,7 @@ mod tests {
             across in proptest::prelude::any::<bool>(),
         ) {
             let b = &bases()[case];
-            let mut next = b.plan.clone();
-            for (q, from, to) in moves {
-                let q = q as usize % next.ranks;
-                let n = next.order[q].len();
-                if n < 2 {
-                    continue;
-                }
-                let from = from as usize % n;
-                let to = if near > 0 {
-                    (from + to as usize % 7).saturating_sub(3).min(n - 1)
-                } else {
-                    to as usize % n
-                };
-                let t = next.order[q].remove(from);
-                // Now and then to the next rank (other task counts).
-                let q2 = if across && near == 0 { (q + 1) % next.ranks } else { q };
-                let to = to.min(next.order[q2].len());
-                next.order[q2].insert(to, t);
-            }
+            let next = moved(&b.plan, &moves, near, across);
             let policy = &SearchPolicy::DEFAULT;
             let (Ok(base), Ok(prepared)) = (prepare(&b.plan), prepare(&next)) else {
                 return Ok(());
