@@ -59,6 +59,34 @@ fn auto_is_never_slower_than_a_peer_on_the_shipped_profiles() {
     }
 }
 
+/// A case the property test below found: the peer `transpose(vision, zbh1)`, derived
+/// by name, takes the authors' placement (`place = prefix`), whose program is faster
+/// than the default placement's; `auto` derived only the default one and chose
+/// `refine(transpose(vision, zbh1), order = 3000)`, behind the peer. `auto` now
+/// derives each candidate as a derivation by name does.
+#[test]
+fn auto_is_never_behind_a_peer_that_chooses_another_placement_by_name() {
+    let text = r#"
+[[encoder]]
+name = "vision"
+layers = 3
+forward = 0.25622761708889963
+backward = 0.3989061961561774
+weight = 0.6871802294765044
+activation = 0.1
+trainable = true
+
+[llm]
+layers = 16
+forward = 1.0802058642321937
+backward = 0.7493948003775988
+weight = 1.1905039996841453
+activation = 1.0
+"#;
+    let profile = Profile::from_toml_str(text).unwrap();
+    check_not_slower(&profile, 8, 32).unwrap();
+}
+
 #[test]
 fn the_search_is_deterministic_and_its_space_holds_every_peer() {
     let profile = Profile::from_toml_str(include_str!("../../profiles/qwen2vl-7b.toml")).unwrap();

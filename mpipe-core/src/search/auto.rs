@@ -28,8 +28,11 @@
 //! The search is exact over that space and cheap: each candidate's plan is evaluated
 //! and timed ideally (no communication, asynchronous transfers), which no program of
 //! the plan can beat; candidates are then derived in full (lowered, verified,
-//! simulated, checked against the memory limit) in order of that ideal time, and the
-//! search stops at the first candidate whose ideal time is more than
+//! simulated, checked against the memory limit) in order of that ideal time, each
+//! as a derivation by name derives it (`derive::derive_candidate`: with the
+//! alternatives it chooses among, such as `transpose`'s other placements, under the
+//! stop rule below), so `auto` is never behind a candidate as the user would derive
+//! it; and the search stops at the first candidate whose ideal time is more than
 //! [`SearchPolicy::derive_within`] behind the best simulated time found (refinement can beat a
 //! plan's ideal time, since it changes the plan). Ties go to the lower peak memory,
 //! then to the earlier candidate, so the answer is deterministic. The five fastest,
@@ -70,6 +73,7 @@ use crate::ir::program::Op;
 use crate::ir::progress::Stage;
 use crate::judge::compare::span;
 use crate::judge::simulate::Mode;
+use crate::search::derive::{alternatives, derive_candidate, Chosen};
 use crate::search::finish::{finish, finish_replaying, Derived};
 use crate::search::reorder::Trials;
 use std::cell::Cell;
@@ -667,7 +671,13 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
     let space = candidates_for(req.profile, req.ranks, req.microbatches, &req.policy);
     let (exprs, mut tried, planned) = plan_phase(req, &meter, space);
     let derived = derive_phase(req, &meter, &exprs, &mut tried, planned);
-    let refined = refine_phase(req, &meter, &exprs, &tried, derived.finalists);
+    let refined = refine_phase(
+        req,
+        &meter,
+        (&exprs, &derived.chosen),
+        &tried,
+        derived.finalists,
+    );
     let mut ranked = refined.ranked;
     // Only a strict gain is worth the longer name.
     let winner = match (ranked.first(), derived.best) {
@@ -675,7 +685,11 @@ pub fn search(req: &Request) -> Result<Search, Vec<DeriveError>> {
             let (.., d, job) = ranked.remove(0);
             Some((d, refined.jobs[job].inner.clone()))
         }
-        (_, b) => b.map(|(_, _, order, d)| (d, exprs[order].clone())),
+        // Its jobs are its program's (an alternative's where it won).
+        (_, b) => b.map(|(_, _, order, d)| {
+            let inner = derived.chosen.get(&order).unwrap_or(&exprs[order]);
+            (d, inner.clone())
+        }),
     };
     let Some(winner) = winner else {
         // Why no candidate has a plan, from the first one.
@@ -764,6 +778,10 @@ struct Derivation {
     finalists: Vec<Finalist>,
     /// The errors of the first candidate that failed, if one did.
     first_errors: Option<Vec<DeriveError>>,
+    /// The candidates whose program is an alternative's (`derive::alternatives`:
+    /// another placement, say), with that alternative: the later phases work on its
+    /// plan, under its name.
+    chosen: std::collections::BTreeMap<usize, Expr>,
 }
 
 /// Phase 2: the planned candidates derived in full (lowered, verified, simulated,
@@ -789,6 +807,7 @@ fn derive_phase(
     let mut best: Option<Best> = None;
     let mut first_errors = None;
     let mut finalists = Vec::new();
+    let mut chosen = std::collections::BTreeMap::new();
     let workers = workers(planned.len(), req.policy.max_threads);
     // Left early when no candidate left can win: the stage then ends short.
     let stage = Stage::begin("auto: deriving the fastest-looking", planned.len());
@@ -825,20 +844,32 @@ fn derive_phase(
         if batch.is_empty() {
             break;
         }
-        // Each planned again where it is derived, one plan per worker at a time.
+        // Each planned again where it is derived, one plan per worker at a time;
+        // its alternatives under the stop rule too (with the best so far: the same
+        // limit whatever the batches).
+        let within = best
+            .as_ref()
+            .map_or(f64::INFINITY, |(span, ..)| *span * derive_within);
         let jobs: Vec<(PlanOf, &str, bool)> = batch
             .iter()
             .filter(|(_, twin)| twin.is_none())
             .map(|(p, _)| {
                 let i = p.order;
-                (PlanOf::Again(&exprs[i]), tried[i].expr.as_str(), false)
+                (
+                    PlanOf::Named(&exprs[i], within),
+                    tried[i].expr.as_str(),
+                    false,
+                )
             })
             .collect();
         let mut results = finish_all(req, &jobs, &stage).into_iter();
         drop(jobs);
         for (
             Planned {
-                ideal, order: i, ..
+                ideal,
+                order: i,
+                tasks,
+                ..
             },
             twin,
         ) in batch
@@ -857,18 +888,26 @@ fn derive_phase(
                 }
                 continue;
             }
-            match results.next() {
-                Some(Ok(d)) => {
+            let Some(result) = results.next() else {
+                continue;
+            };
+            // Its alternatives' derivations are work too.
+            let others = meter.derive_cost(tasks, 0) * result.others_derived as u64;
+            meter.take(others, true);
+            match result.derived {
+                Ok(d) => {
+                    if let Some(alternative) = result.alternative {
+                        chosen.insert(i, alternative);
+                    }
                     let (span, peak) = (d.report.makespan, d.peak_with_params());
                     derived.insert(i, (span, peak));
                     finalists.push((span, peak, i, false));
                     tried[i].makespan = Some(span);
                     keep_better(&mut best, d, i);
                 }
-                Some(Err(es)) => {
+                Err(es) => {
                     first_errors.get_or_insert(es);
                 }
-                None => {}
             }
         }
     }
@@ -876,6 +915,7 @@ fn derive_phase(
         best,
         finalists,
         first_errors,
+        chosen,
     }
 }
 
@@ -911,7 +951,7 @@ struct Refinement {
 fn refine_phase(
     req: &Request,
     meter: &Meter,
-    exprs: &[Expr],
+    (exprs, chosen): (&[Expr], &std::collections::BTreeMap<usize, Expr>),
     tried: &[Tried],
     mut finalists: Vec<Finalist>,
 ) -> Refinement {
@@ -950,8 +990,9 @@ fn refine_phase(
         }
     };
     for i in finalists {
-        let expr = &exprs[i];
-        // Derived in phase 2 from this very plan.
+        // Derived in phase 2 from this very plan (an alternative's where it won:
+        // the expression that gives it by name).
+        let expr = chosen.get(&i).unwrap_or(&exprs[i]);
         let Ok(plan) = replan(req, expr) else {
             continue;
         };
@@ -1011,7 +1052,7 @@ fn refine_phase(
         .zip(results)
         .enumerate()
         .filter_map(|(k, (job, result))| {
-            let d = result.ok()?;
+            let d = result.derived.ok()?;
             Some((d.report.makespan, d.peak_with_params(), job.order, d, k))
         })
         .collect();
@@ -1233,13 +1274,33 @@ impl<'a> Twins<'a> {
             if self.held.as_ref().is_none_or(|(h, _)| *h != j) {
                 self.held = replan(self.req, &self.exprs[j]).ok().map(|q| (j, q));
             }
-            if self.held.as_ref().is_some_and(|(_, q)| *q == plan) {
+            if self.held.as_ref().is_some_and(|(_, q)| *q == plan)
+                && self.same_alternatives(p.order, j)
+            {
                 return Some(j);
             }
             mine = Some(plan);
         }
         self.firsts.push((p.order, p.print));
         None
+    }
+
+    /// Whether candidates `i` and `j` (with equal plans) have alternatives
+    /// (`derive::alternatives`, which their derivations choose among) of the same
+    /// kinds with equal plans, in the same order: then they derive to the same
+    /// program.
+    fn same_alternatives(&self, i: usize, j: usize) -> bool {
+        let of = |k: usize| alternatives(&self.exprs[k]).collect::<Vec<_>>();
+        let (a, b) = (of(i), of(j));
+        a.len() == b.len()
+            && a.iter().zip(&b).all(|(x, y)| {
+                x.kind() == y.kind()
+                    && match (replan(self.req, &x.expr), replan(self.req, &y.expr)) {
+                        (Ok(p), Ok(q)) => p == q,
+                        (Err(_), Err(_)) => true,
+                        _ => false,
+                    }
+            })
     }
 }
 
@@ -1252,32 +1313,34 @@ fn workers(jobs: usize, most: usize) -> usize {
         .min(jobs.max(1))
 }
 
-/// The plan of a job of [`finish_all`]: one held, or a candidate's, planned again
-/// ([`replan`]) where the job runs.
+/// A job of [`finish_all`]: a plan held, or a candidate derived as by name
+/// ([`derive_candidate`]: planned again where the job runs, with the alternatives
+/// a derivation by name chooses among whose ideal step is within the limit given).
 enum PlanOf<'a> {
     Held(&'a Plan),
-    Again(&'a Expr),
+    Named(&'a Expr, f64),
 }
 
 /// Each job `(plan, expression text, refine)` derived in full ([`finish`]), on every
 /// core, results in job order; `stage` counts them.
-fn finish_all(
-    req: &Request,
-    jobs: &[(PlanOf, &str, bool)],
-    stage: &Stage,
-) -> Vec<Result<Derived, Vec<DeriveError>>> {
+fn finish_all(req: &Request, jobs: &[(PlanOf, &str, bool)], stage: &Stage) -> Vec<Chosen> {
     let one = |(plan, text, refine): &(PlanOf, &str, bool)| {
         let _step = StepOnDrop(stage);
-        let again;
-        let plan = match plan {
-            PlanOf::Held(plan) => *plan,
-            PlanOf::Again(expr) => {
-                again = replan(req, expr)?;
-                &again
+        match plan {
+            // The errors are about an expression `auto` built: no place in the text.
+            PlanOf::Held(plan) => {
+                Chosen::kept(finish(req, plan, text, Span::NONE, refine.then_some(0)))
             }
-        };
-        // The errors are about an expression `auto` built: no place in the text.
-        finish(req, plan, text, Span::NONE, refine.then_some(0))
+            // Under the cap on `fill`'s work phase 1 planned it with.
+            PlanOf::Named(expr, within) => {
+                let cap = FillCap::new(req.policy.fill_work);
+                let capped = Request {
+                    fill_cap: Some(&cap),
+                    ..*req
+                };
+                derive_candidate(&capped, expr, *within)
+            }
+        }
     };
     // The longest first (those refined, then the larger plans), so that no core
     // is left with a long one at the end while the other idles; the results come
@@ -1287,7 +1350,7 @@ fn finish_all(
         (PlanOf::Held(plan), _, refine) => {
             (std::cmp::Reverse(refine), std::cmp::Reverse(tasks_of(plan)))
         }
-        (PlanOf::Again(_), _, refine) => (std::cmp::Reverse(refine), std::cmp::Reverse(0)),
+        (PlanOf::Named(..), _, refine) => (std::cmp::Reverse(refine), std::cmp::Reverse(0)),
     });
     on_threads(&req.policy, &order, 1, stage, |i| one(&jobs[i]))
 }

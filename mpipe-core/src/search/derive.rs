@@ -94,19 +94,7 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
     if expr.name() == "auto" {
         return crate::search::auto::auto(req, expr).map(|(d, _)| d);
     }
-    // A `fill` that cannot tell its placements apart records it here (in the
-    // caller's record, if it gave one); then both are derived (`choose_placement`).
-    let own = FillTies::new();
-    // A `transpose` choosing its placement records here what it learnt of the
-    // placements `choose_placement` derives besides (a record of this derivation's
-    // own: counted per derivation).
-    let record = PlaceRecord::new(lowering_floor);
-    let req = &Request {
-        fill_ties: Some(req.fill_ties.unwrap_or(&own)),
-        place_record: Some(&record),
-        ..*req
-    };
-    match expr.name() {
+    with_records(req, |req| match expr.name() {
         "refine" => {
             let mut errors = Vec::new();
             let (checked, inner) = one_body(req, expr, &mut errors);
@@ -126,8 +114,8 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
                 (Some(plan), Some(inner)) if errors.is_empty() => {
                     // The placement chosen as for the body alone, then refined (the
                     // order search runs once, on the winner).
-                    let (plan, _) = choose_placement(req, plan, inner, true);
-                    let plan = plan.expect("kept when asked for");
+                    let chosen = choose_placement(req, plan, inner, true, f64::INFINITY);
+                    let plan = chosen.plan.expect("kept when asked for");
                     finish(req, &plan, &expr.to_string(), expr.span, Some(order))
                 }
                 _ => Err(errors),
@@ -135,7 +123,68 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
         }
         _ => {
             let plan = plan_of(req, expr)?;
-            choose_placement(req, plan, expr, false).1
+            choose_placement(req, plan, expr, false, f64::INFINITY).derived
+        }
+    })
+}
+
+/// `f` under `req` with the records a derivation by name keeps: a `fill` that
+/// cannot tell its placements apart records it (in the caller's record, if it gave
+/// one; then both are derived, [`choose_placement`]); a `transpose` choosing its
+/// placement records what it learnt of the placements [`choose_placement`] derives
+/// besides (a record of this derivation's own: counted per derivation).
+fn with_records<R>(req: &Request, f: impl FnOnce(&Request) -> R) -> R {
+    let own = FillTies::new();
+    let record = PlaceRecord::new(lowering_floor);
+    f(&Request {
+        fill_ties: Some(req.fill_ties.unwrap_or(&own)),
+        place_record: Some(&record),
+        ..*req
+    })
+}
+
+/// `expr`, a candidate of `auto` (no `auto` nor `refine` in it), derived as
+/// [`derive`] derives it by name: its plan, then [`choose_placement`] among its
+/// [`alternatives`], except those whose plan's ideal step is above `within` (then
+/// none of its programs can come in below `within`; `auto` gives the limit of its
+/// own stop rule). Returns the alternative whose program was kept (`None`: the
+/// expression's own plan's) and the derivation, named `expr` (derived by name,
+/// `expr` gives the same program, or a faster one only through an alternative
+/// above `within`). So `auto` is never behind an expression of its space as the
+/// user would derive it.
+pub(crate) fn derive_candidate(req: &Request, expr: &Expr, within: f64) -> Chosen {
+    with_records(req, |req| match plan_of(req, expr) {
+        Ok(plan) => choose_placement(req, plan, expr, false, within),
+        Err(es) => Chosen::failed(es),
+    })
+}
+
+/// What [`choose_placement`] kept.
+pub(crate) struct Chosen {
+    /// The plan kept, if the caller asked for it.
+    plan: Option<Plan>,
+    /// The alternative whose plan was kept; `None`: the expression's own.
+    pub(crate) alternative: Option<Expr>,
+    /// How many alternatives were derived besides the expression's own plan (the
+    /// work a caller that meters it counts).
+    pub(crate) others_derived: usize,
+    /// The kept plan's derivation.
+    pub(crate) derived: Result<Derived, Vec<DeriveError>>,
+}
+
+impl Chosen {
+    /// A derivation that failed before any plan was chosen.
+    pub(crate) fn failed(errors: Vec<DeriveError>) -> Chosen {
+        Chosen::kept(Err(errors))
+    }
+
+    /// `derived`, of the plan given, with no alternative derived.
+    pub(crate) fn kept(derived: Result<Derived, Vec<DeriveError>>) -> Chosen {
+        Chosen {
+            plan: None,
+            alternative: None,
+            others_derived: 0,
+            derived,
         }
     }
 }
@@ -154,14 +203,16 @@ pub fn derive(req: &Request, expr: &Expr) -> Result<Derived, Vec<DeriveError>> {
 /// ideal timing), also the plans with `pieces = whole` and `pieces = layers` there,
 /// but only those whose ideal step equals `plan`'s under the tolerance rule: where
 /// the ideal timing cannot tell them apart, the simulation does (and elsewhere
-/// nothing more is derived). Returns the plan kept (if `keep_plan`) and its
-/// derivation.
+/// nothing more is derived). An alternative whose plan's ideal step is above
+/// `within` is not derived either. Returns the plan kept (if `keep_plan`), the
+/// alternative it is the plan of (if not `expr`) and its derivation.
 fn choose_placement(
     req: &Request,
     plan: Plan,
     expr: &Expr,
     keep_plan: bool,
-) -> (Option<Plan>, Result<Derived, Vec<DeriveError>>) {
+    within: f64,
+) -> Chosen {
     let text = expr.to_string();
     // Whether a `fill` recorded a tie: only then are its alternatives planned, and
     // derived where their ideal step ties `plan`'s (timed only then too).
@@ -174,27 +225,16 @@ fn choose_placement(
     // deterministic). At 8 x 65536 a derivation is hundreds of MB; holding two
     // doubled the peak.
     let mut best = plan;
+    let mut alternative: Option<Expr> = None;
+    let mut others_derived = 0;
     let mut score: Option<Option<Score>> = None;
     let mut held: Option<Result<Checked, Vec<DeriveError>>> = None;
-    // Each alternative, whether it is derived only on an ideal tie with `plan`, and
-    // the placement it gives `transpose` if it is one of those.
-    let placements = [("prefix", Place::Prefix), ("late", Place::Late)];
-    let others = placements
-        .iter()
-        .map_while(|&(name, place)| with_placement(expr, name).map(|e| (e, false, Some(place))))
-        .chain(with_fixed_list(expr).map(|e| (e, false, None)))
-        .chain(
-            ["whole", "layers"]
-                .iter()
-                .filter(|_| fill_tied)
-                .map_while(|pieces| with_fill_pieces(expr, pieces))
-                .map(|e| (e, true, None)),
-        );
+    let others = alternatives(expr).filter(|a| fill_tied || !a.on_tie);
     // Where `expr` is the one `transpose` choosing its placement, its evaluation
     // (giving `plan`) compared the `prefix` and `late` placements' plans already and
     // recorded a verdict on each ([`PlaceRecord`]): the plan kept, or another with
     // its floor. Read before any alternative is evaluated (they record too).
-    let verdicts = placements.map(|(_, place)| {
+    let verdicts = PLACEMENTS.map(|(_, place)| {
         let sole = default_transposes(expr) == 1 && chooses_place(expr);
         req.place_record
             .filter(|_| sole)
@@ -220,7 +260,12 @@ fn choose_placement(
             s
         })
     };
-    for (other, on_tie, place) in others {
+    for Alternative {
+        expr: other,
+        on_tie,
+        place,
+    } in others
+    {
         // An alternative the record judged is not evaluated where its verdict
         // decides: its plan is the one kept (skipped, as below), or its floor is
         // above the kept program's makespan (cut, as below).
@@ -246,6 +291,10 @@ fn choose_placement(
         if on_tie && !ideal.is_some_and(|t| ideal_step(&alt).is_some_and(|a| close(a, t))) {
             continue;
         }
+        // No program of the plan comes in below its ideal step.
+        if within.is_finite() && ideal_step(&alt).is_none_or(|a| less(within, a)) {
+            continue;
+        }
         let current = kept_score(&best, &mut score, &mut held);
         // An alternative that cannot come in below the kept program's makespan is
         // not derived (it could not beat it).
@@ -253,6 +302,7 @@ fn choose_placement(
             continue;
         }
         held = None;
+        others_derived += 1;
         let derived = finish_checked(req, &alt, &text, expr.span, None);
         let challenger = scored(&derived);
         let wins = match (current, challenger) {
@@ -262,6 +312,7 @@ fn choose_placement(
         };
         if wins {
             (best, score, held) = (alt, Some(challenger), Some(derived));
+            alternative = Some(other);
             replaced = true;
         }
     }
@@ -275,7 +326,68 @@ fn choose_placement(
         }
         None => (None, finish_checked_taking(req, best, &text, expr.span)),
     };
-    (best, derived.map(|c| c.bounded(req)))
+    Chosen {
+        plan: best,
+        alternative,
+        others_derived,
+        derived: derived.map(|c| c.bounded(req)),
+    }
+}
+
+/// The placements [`choose_placement`] tries besides `transpose`'s default, by
+/// name and as the operator knows them.
+const PLACEMENTS: [(&str, Place); 2] = [("prefix", Place::Prefix), ("late", Place::Late)];
+
+/// An expression [`choose_placement`] derives besides the one it is given.
+pub(crate) struct Alternative {
+    /// The expression.
+    pub(crate) expr: Expr,
+    /// Whether it is derived only where its ideal step ties the given one's (a
+    /// `fill`'s pieces).
+    pub(crate) on_tie: bool,
+    /// The placement it gives `transpose`, if it is one of [`PLACEMENTS`].
+    place: Option<Place>,
+}
+
+impl Alternative {
+    /// What it changes, as a pair comparable between expressions: whether it is
+    /// derived only on a tie, and the placement it gives `transpose`.
+    pub(crate) fn kind(&self) -> (bool, Option<Place>) {
+        (self.on_tie, self.place)
+    }
+}
+
+/// The expressions a derivation of `expr` by name ([`derive`]) also derives and
+/// chooses among ([`choose_placement`]), in the order it tries them: `expr` with
+/// each of `transpose`'s other placements, with the fixed order for a searched
+/// `zbv` / `zbh1` list, and with each of a `fill`'s pieces (those only on an ideal
+/// tie). `auto` searches them too (`search::auto`), so that it is never behind an
+/// expression of its space as derived by name.
+pub(crate) fn alternatives(expr: &Expr) -> impl Iterator<Item = Alternative> + '_ {
+    PLACEMENTS
+        .iter()
+        .map_while(|&(name, place)| {
+            with_placement(expr, name).map(|e| Alternative {
+                expr: e,
+                on_tie: false,
+                place: Some(place),
+            })
+        })
+        .chain(with_fixed_list(expr).map(|e| Alternative {
+            expr: e,
+            on_tie: false,
+            place: None,
+        }))
+        .chain(
+            ["whole", "layers"]
+                .iter()
+                .map_while(|pieces| with_fill_pieces(expr, pieces))
+                .map(|e| Alternative {
+                    expr: e,
+                    on_tie: true,
+                    place: None,
+                }),
+        )
 }
 
 /// The score a derivation is chosen on (its makespan), `None` if it failed.
@@ -369,26 +481,24 @@ fn ideal_step(plan: &Plan) -> Option<f64> {
     Some(timing(plan, &deps).ok()?.makespan())
 }
 
-/// `e` with every `zbv(list = search)` / `zbh1(list = search)` made `list = fixed`;
-/// `None` if there is none.
+/// `e` with every `zbv(list = search)` / `zbh1(list = search)` in the fixed order,
+/// which is the default: the `list` argument dropped (so the expression reads, and
+/// `auto`'s space dedupes it, as the plain body); `None` if there is none.
 fn with_fixed_list(e: &Expr) -> Option<Expr> {
     let mut out = e.clone();
-    let mut changed = false;
     let searched = matches!(e.name(), "zbv" | "zbh1")
         && e.find_key("list").and_then(|v| v.as_name()) == Some("search");
+    let mut changed = searched;
+    if searched {
+        out.args
+            .retain(|a| !matches!(a, Arg::Key { key, .. } if key.name == "list"));
+    }
     for arg in &mut out.args {
-        match arg {
-            Arg::Expr(sub) => {
-                if let Some(x) = with_fixed_list(sub) {
-                    *sub = x;
-                    changed = true;
-                }
-            }
-            Arg::Key { key, value, .. } if searched && key.name == "list" => {
-                *value = Value::Name(Ident::new("fixed", value.span()));
+        if let Arg::Expr(sub) = arg {
+            if let Some(x) = with_fixed_list(sub) {
+                *sub = x;
                 changed = true;
             }
-            Arg::Key { .. } => {}
         }
     }
     changed.then_some(out)
