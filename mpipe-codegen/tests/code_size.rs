@@ -155,12 +155,18 @@ const IDLE_PHASES: Growth = Growth::Bounded {
 };
 
 /// `transpose(vision, dualpipev)` places later encoder forwards in the steady state
-/// (one every `p` micro-batches on each owner), and the transfers drift for about 25
-/// micro-batches before they settle (rank 1: from about micro-batch 37 to 57 at 512)
-/// while the compute order is periodic already. The periodic placement's candidates for
-/// it do not verify (the encoder activations' transfers then meet in different orders
-/// on the two ranks, or deadlock) or run slower (24826 against 22042 at 512), so the
-/// derivation keeps the drifting one.
+/// (one every `p` micro-batches on each owner, `Place::Late`: as late in the owner's
+/// order as still meets the first stage's need, by the plan's ideal timing), and
+/// that timing settles slowly: the forwards' places in their owners' orders move
+/// about one task every dozen micro-batches until micro-batch 55 (rank 3's forward
+/// of `mb` follows `BW(llm.3, mb - 7)` up to 15, `F(llm.3, mb - 2)` from 19,
+/// `BW(llm.4, mb - 6)` from 43, `F(llm.4, mb - 2)` from 55; the same at 128 and 512),
+/// so the compute order itself has a transient of about 55 micro-batches (timing the
+/// plan with the forwards placed gives the same places: they are a fixed point). The
+/// transfers drift with it; the periodic placement's candidates do not verify (the
+/// encoder activations' transfers then meet in different orders on the two ranks,
+/// or deadlock) or run slower (24826 against 22042 at 512), so the derivation keeps
+/// the drifting one.
 const SETTLING_TRANSFERS: Growth = Growth::Bounded {
     from: 512,
     to: 2048,
