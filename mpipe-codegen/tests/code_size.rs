@@ -207,6 +207,13 @@ const FILL_DRIFTS: Growth = Growth::Bounded {
 /// 3, 4, 1, 3, 3, 3, 3, 1, 4, 1, 3, 1, 3, 3, 3, 2, 5, ...), so the cause is the
 /// greedy list scheduler (`mpipe-core/src/algebra/generators/zb2p.rs`): a steady
 /// state scheduled once and repeated would be periodic where the greedy one slides.
+/// Tried (not kept): the first period of the greedy orders in which every rank runs
+/// each of its tasks once per micro-batch (7 micro-batches from 26 here), repeated to
+/// the cool-down, kept when the scheduler's own costed makespan is no longer. The
+/// code is then flat (rolled steps per rank at 512: 274, 522, 243, 182 against 243,
+/// 278, 140, 107 at 32), and the scheduler's makespan equal, but the derived program
+/// is slower (21153 -> 21659.75 at 512): the greedy slide absorbs the transfers the
+/// scheduler leaves out.
 const LIST_SCHEDULED: Growth = Growth::Bounded {
     from: 512,
     to: 2048,
