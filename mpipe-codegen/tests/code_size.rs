@@ -139,7 +139,14 @@ const FLAT: Growth = Growth::Flat { at: 4096 };
 /// same slots has phases of different strides somewhere (the slot counts per rank
 /// differ by the warm-up, and a placement that left the warm-up's extra slots unused
 /// would start the pipeline later); the size is the same at every micro-batch count
-/// from a few hundred on, asserted from 512 to 4096.
+/// from a few hundred on, asserted from 512 to 4096. Nor can the code at 32 hold the
+/// round-robin loop at equal speed: `D` is already the least it can be (rank 0 runs
+/// micro-batch 0's encoder forward before its first LLM forward, so `D` is at least
+/// one forward), and with it rank 0 has one slot (`transpose(vision, 1f1b)` at 32:
+/// rank 0 owns micro-batch 0 only, ranks 1 to 3 the rest in strides 3 and 2); a
+/// round-robin loop of three or more levels there would need a larger `D`, a later
+/// start. So 1.1x from 32 is out of reach for the fastest owners, not for want of a
+/// roller: the regimes at 4096 are a strict superset of those at 32.
 const IDLE_PHASES: Growth = Growth::Bounded {
     from: 512,
     to: 4096,
@@ -148,12 +155,18 @@ const IDLE_PHASES: Growth = Growth::Bounded {
 };
 
 /// `transpose(vision, dualpipev)` places later encoder forwards in the steady state
-/// (one every `p` micro-batches on each owner), and the transfers drift for about 25
-/// micro-batches before they settle (rank 1: from about micro-batch 37 to 57 at 512)
-/// while the compute order is periodic already. The periodic placement's candidates for
-/// it do not verify (the encoder activations' transfers then meet in different orders
-/// on the two ranks, or deadlock) or run slower (24826 against 22042 at 512), so the
-/// derivation keeps the drifting one.
+/// (one every `p` micro-batches on each owner, `Place::Late`: as late in the owner's
+/// order as still meets the first stage's need, by the plan's ideal timing), and
+/// that timing settles slowly: the forwards' places in their owners' orders move
+/// about one task every dozen micro-batches until micro-batch 55 (rank 3's forward
+/// of `mb` follows `BW(llm.3, mb - 7)` up to 15, `F(llm.3, mb - 2)` from 19,
+/// `BW(llm.4, mb - 6)` from 43, `F(llm.4, mb - 2)` from 55; the same at 128 and 512),
+/// so the compute order itself has a transient of about 55 micro-batches (timing the
+/// plan with the forwards placed gives the same places: they are a fixed point). The
+/// transfers drift with it; the periodic placement's candidates do not verify (the
+/// encoder activations' transfers then meet in different orders on the two ranks,
+/// or deadlock) or run slower (24826 against 22042 at 512), so the derivation keeps
+/// the drifting one.
 const SETTLING_TRANSFERS: Growth = Growth::Bounded {
     from: 512,
     to: 2048,
@@ -168,7 +181,14 @@ const SETTLING_TRANSFERS: Growth = Growth::Bounded {
 /// a steady insertion (one forward every `p` micro-batches per rank) follow, so the
 /// program has one or two more regimes than at 32 (`fill(vision, 1f1b)`: 511 lines at
 /// 32, 2001 at 256 and 512), then repeats; the regimes differ in shape, so nested
-/// loops do not merge them. Sizes 256 and 512: `fill` derives slowly at
+/// loops do not merge them. At 32 the stock is not spent (`fill(vision, 1f1b)`: 28
+/// forwards in rank 0's warm-up gap, 3 in rank 1's), and a forward placed in the
+/// steady state while a gap still holds it would lengthen the step, so the steady
+/// insertion cannot appear at 32 at equal speed: 1.1x from 32 is out of reach, the
+/// bound past the stock is the stated goal. The stock's owners also come in blocks
+/// (each gap takes consecutive micro-batches, latest fitting gap first), so the
+/// steady state of the first rank, which sends each encoder gradient to its owner,
+/// has a loop per block. Sizes 256 and 512: `fill` derives slowly at
 /// thousands of micro-batches.
 const FILL_DRIFTS: Growth = Growth::Bounded {
     from: 256,
@@ -181,7 +201,19 @@ const FILL_DRIFTS: Growth = Growth::Bounded {
 /// another rate, so the places slide and the compute order repeats only every few
 /// hundred micro-batches (2342 lines at 32, 23356 at 512 and 2048). Within that period
 /// the places slide, so its stretches are not repetitions of one another either:
-/// rolling the rolled list again (nested loops) finds nothing to merge.
+/// rolling the rolled list again (nested loops) finds nothing to merge. The compute
+/// order itself drifts, not only the transfers (`zb2p(encoders = chain)` at 128,
+/// rank 3's runs of weight gradients between forward-backward pairs: 6, 1, 3, 3, 3,
+/// 3, 4, 1, 3, 3, 3, 3, 1, 4, 1, 3, 1, 3, 3, 3, 2, 5, ...), so the cause is the
+/// greedy list scheduler (`mpipe-core/src/algebra/generators/zb2p.rs`): a steady
+/// state scheduled once and repeated would be periodic where the greedy one slides.
+/// Tried (not kept): the first period of the greedy orders in which every rank runs
+/// each of its tasks once per micro-batch (7 micro-batches from 26 here), repeated to
+/// the cool-down, kept when the scheduler's own costed makespan is no longer. The
+/// code is then flat (rolled steps per rank at 512: 274, 522, 243, 182 against 243,
+/// 278, 140, 107 at 32), and the scheduler's makespan equal, but the derived program
+/// is slower (21153 -> 21659.75 at 512): the greedy slide absorbs the transfers the
+/// scheduler leaves out.
 const LIST_SCHEDULED: Growth = Growth::Bounded {
     from: 512,
     to: 2048,
