@@ -29,7 +29,7 @@
 //! and timed ideally (no communication, asynchronous transfers), which no program of
 //! the plan can beat; candidates are then derived in full (lowered, verified,
 //! simulated, checked against the memory limit) in order of that ideal time, each
-//! as a derivation by name derives it (`derive::derive_candidate`: with the
+//! as a derivation by name derives it (`named::derive_candidate`: with the
 //! alternatives it chooses among, such as `transpose`'s other placements, under the
 //! stop rule below), so `auto` is never behind a candidate as the user would derive
 //! it; and the search stops at the first candidate whose ideal time is more than
@@ -73,8 +73,8 @@ use crate::ir::program::Op;
 use crate::ir::progress::Stage;
 use crate::judge::compare::span;
 use crate::judge::simulate::Mode;
-use crate::search::derive::{alternatives, derive_candidate, Chosen};
 use crate::search::finish::{finish, finish_replaying, Derived};
+use crate::search::named::{alternatives, derive_candidate, Chosen};
 use crate::search::reorder::Trials;
 use std::cell::Cell;
 
@@ -778,7 +778,7 @@ struct Derivation {
     finalists: Vec<Finalist>,
     /// The errors of the first candidate that failed, if one did.
     first_errors: Option<Vec<DeriveError>>,
-    /// The candidates whose program is an alternative's (`derive::alternatives`:
+    /// The candidates whose program is an alternative's (`named::alternatives`:
     /// another placement, say), with that alternative: the later phases work on its
     /// plan, under its name.
     chosen: std::collections::BTreeMap<usize, Expr>,
@@ -1286,7 +1286,7 @@ impl<'a> Twins<'a> {
     }
 
     /// Whether candidates `i` and `j` (with equal plans) have alternatives
-    /// (`derive::alternatives`, which their derivations choose among) of the same
+    /// (`named::alternatives`, which their derivations choose among) of the same
     /// kinds with equal plans, in the same order: then they derive to the same
     /// program.
     fn same_alternatives(&self, i: usize, j: usize) -> bool {

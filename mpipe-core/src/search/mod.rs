@@ -2,7 +2,8 @@
 //! one. Lowest first: transfer retiming ([`refine`]); the best lowering of a plan
 //! (`place`); a program's plan read back (`replan`); the compute-order search
 //! ([`reorder`]); re-derivation of a given program ([`relower`]); a plan to a
-//! checked, simulated program (`finish`); `auto` ([`auto`]); the entry every
+//! checked, simulated program (`finish`); a derivation by name, an expression and
+//! the alternatives it chooses among (`named`); `auto` ([`auto`]); the entry every
 //! caller uses ([`mod@derive`]), which resolves `auto` and `refine(...)` above the
 //! algebra; and the peers set against `auto` ([`evaluation`]).
 //!
@@ -12,6 +13,7 @@ pub mod auto;
 pub mod derive;
 pub mod evaluation;
 pub(crate) mod finish;
+pub(crate) mod named;
 pub(crate) mod periodic;
 pub(crate) mod place;
 pub mod refine;
