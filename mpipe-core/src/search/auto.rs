@@ -55,7 +55,7 @@
 //! fingerprint of its plan (at 1 x 65536 the plans of every candidate took 3.6 GB),
 //! and a candidate is planned again where it is derived (planning is
 //! deterministic; twins with equal fingerprints are confirmed by comparing the
-//! plans); full derivations run on every core, a few candidates at a time in ideal
+//! plans, on the core that would derive the candidate); full derivations run on every core, a few candidates at a time in ideal
 //! order, their results taken in that order (so the stop and the winner are the
 //! sequential search's). Inside `schedule!` too: nothing the search holds is tied to a
 //! thread.
@@ -642,7 +642,7 @@ struct Planned {
     order: usize,
     /// Its plan's tasks, for the work meter.
     tasks: usize,
-    /// Its plan's [`Plan::fingerprint`], for [`Twins`].
+    /// Its plan's [`Plan::fingerprint`], for [`Suspects`].
     print: u64,
 }
 
@@ -801,7 +801,7 @@ fn derive_phase(
     // A candidate whose plan equals an earlier one's (`balance` finding the even
     // split, an operator with nothing to move, ...) derives to the same program and
     // cannot win (ties go to the earlier candidate): it shares its twin's result.
-    let mut twins = Twins::new(req, exprs);
+    let mut suspects = Suspects::new();
     // Makespan and peak of each candidate derived so far, by index.
     let mut derived: std::collections::BTreeMap<usize, (f64, f64)> = Default::default();
     let mut best: Option<Best> = None;
@@ -824,12 +824,14 @@ fn derive_phase(
             }) else {
                 break;
             };
-            // In ideal order, so its twin (if any) came before.
-            let next = (next, twins.of(&next));
-            // A twin derives nothing; the first candidate is always derived.
+            // In ideal order, so its twin (if any) came before. A candidate with
+            // suspects is most likely a twin, which derives nothing: it is metered
+            // once its job has derived it (below). The first candidate is always
+            // derived.
+            let next = (next, suspects.of(&next));
             let first = best.is_none() && derived.is_empty() && batch.is_empty();
             let cost = meter.derive_cost(next.0.tasks, 0);
-            if next.1.is_none() && !meter.take(cost, first) {
+            if next.1.is_empty() && !meter.take(cost, first) {
                 meter.note(format!(
                     "stopped deriving candidates in full after {} of them (the next would \
                      take the search past its work budget, SearchPolicy::work_budget): \
@@ -850,49 +852,34 @@ fn derive_phase(
         let within = best
             .as_ref()
             .map_or(f64::INFINITY, |(span, ..)| *span * derive_within);
-        let jobs: Vec<(PlanOf, &str, bool)> = batch
-            .iter()
-            .filter(|(_, twin)| twin.is_none())
-            .map(|(p, _)| {
-                let i = p.order;
-                (
-                    PlanOf::Named(&exprs[i], within),
-                    tried[i].expr.as_str(),
-                    false,
-                )
-            })
+        let jobs: Vec<(usize, Vec<usize>)> = batch
+            .iter_mut()
+            .map(|(p, suspects)| (p.order, std::mem::take(suspects)))
             .collect();
-        let mut results = finish_all(req, &jobs, &stage).into_iter();
-        drop(jobs);
-        for (
-            Planned {
-                ideal,
-                order: i,
-                tasks,
-                ..
-            },
-            twin,
-        ) in batch
+        let results = derive_named(req, exprs, &jobs, within, &stage);
+        for ((Planned { ideal, tasks, .. }, _), ((i, suspects), result)) in
+            batch.into_iter().zip(jobs.into_iter().zip(results))
         {
             if let Some((span, ..)) = &best {
                 if ideal > *span * derive_within {
                     break 'batches;
                 }
             }
-            if let Some(of) = twin {
+            let result = match result {
                 // Its twin came earlier in this order, so it has been taken already.
-                stage.step();
-                if let Some(&(span, peak)) = derived.get(&of) {
-                    finalists.push((span, peak, i, true));
-                    tried[i].makespan = Some(span);
+                Done::Twin(of) => {
+                    if let Some(&(span, peak)) = derived.get(&of) {
+                        finalists.push((span, peak, i, true));
+                        tried[i].makespan = Some(span);
+                    }
+                    continue;
                 }
-                continue;
-            }
-            let Some(result) = results.next() else {
-                continue;
+                Done::Derived(result) => result,
             };
-            // Its alternatives' derivations are work too.
-            let others = meter.derive_cost(tasks, 0) * result.others_derived as u64;
+            // Its alternatives' derivations are work too, and its own where it had
+            // suspects (none of them its twin).
+            let own = u64::from(!suspects.is_empty());
+            let others = meter.derive_cost(tasks, 0) * (result.others_derived as u64 + own);
             meter.take(others, true);
             match result.derived {
                 Ok(d) => {
@@ -1040,10 +1027,10 @@ fn refine_phase(
     }
     let stage = Stage::begin("auto: refining the finalists", jobs.len());
     let texts: Vec<String> = jobs.iter().map(|j| j.expr.to_string()).collect();
-    let work: Vec<(PlanOf, &str, bool)> = jobs
+    let work: Vec<(&Plan, &str, bool)> = jobs
         .iter()
         .zip(&texts)
-        .map(|(job, text)| (PlanOf::Held(&job.plan), text.as_str(), job.refine))
+        .map(|(job, text)| (&job.plan, text.as_str(), job.refine))
         .collect();
     let results = finish_all(req, &work, &stage);
     drop(stage);
@@ -1224,84 +1211,83 @@ fn further_phase(
 /// A factor as a percentage, for messages.
 const PERCENT: f64 = 100.0;
 
-/// The twins of phase 2, found as it reaches the candidates in ideal order (then
-/// candidate order): a candidate's twin is the first earlier one with the same
-/// ideal time and an equal plan that is no twin itself. Plans with different
-/// fingerprints differ; those with equal ones are planned again and compared, so
-/// no two plans are taken for equal that are not.
-struct Twins<'a> {
-    req: &'a Request<'a>,
-    exprs: &'a [Expr],
+/// The twins of phase 2: a candidate's twin is the first earlier one (in ideal
+/// order, then candidate order) with the same ideal time, an equal plan and
+/// alternatives (`named::alternatives`) of the same kinds with equal plans, which
+/// then derives to the same program. Plans with different fingerprints differ, so
+/// the phase, reaching the candidates in that order, names each candidate's
+/// suspects ([`Suspects::of`]: the earlier ones of its run of equal ideal times
+/// with its fingerprint), and the worker that would derive it plans it and them
+/// again and compares ([`twin_among`]): so no two plans are taken for equal that
+/// are not, and the planning happens on every core, not on the thread that hands
+/// the work out.
+struct Suspects {
     /// The ideal time (its bits) of the current run of equal ideal times.
     run: Option<u64>,
-    /// The candidates of the run reached so far that are no twin: index and
-    /// fingerprint.
-    firsts: Vec<(usize, u64)>,
-    /// The plan last planned again for a first of the run (runs of twins share one).
-    held: Option<(usize, Plan)>,
+    /// The candidates of the run reached so far: index and fingerprint.
+    seen: Vec<(usize, u64)>,
 }
 
-impl<'a> Twins<'a> {
-    fn new(req: &'a Request<'a>, exprs: &'a [Expr]) -> Twins<'a> {
-        Twins {
-            req,
-            exprs,
+impl Suspects {
+    fn new() -> Suspects {
+        Suspects {
             run: None,
-            firsts: Vec::new(),
-            held: None,
+            seen: Vec::new(),
         }
     }
 
-    /// The twin of `p`, the next candidate in ideal order (each is asked once).
-    fn of(&mut self, p: &Planned) -> Option<usize> {
+    /// The suspects of `p`, the next candidate in ideal order (each is asked once),
+    /// in that order.
+    fn of(&mut self, p: &Planned) -> Vec<usize> {
         let bits = p.ideal.to_bits();
         if self.run != Some(bits) {
             self.run = Some(bits);
-            self.firsts.clear();
-            self.held = None;
+            self.seen.clear();
         }
-        let mut mine: Option<Plan> = None;
-        for &(j, print) in &self.firsts {
-            if print != p.print {
-                continue;
-            }
-            let Some(plan) = mine
-                .take()
-                .or_else(|| replan(self.req, &self.exprs[p.order]).ok())
-            else {
-                break;
-            };
-            if self.held.as_ref().is_none_or(|(h, _)| *h != j) {
-                self.held = replan(self.req, &self.exprs[j]).ok().map(|q| (j, q));
-            }
-            if self.held.as_ref().is_some_and(|(_, q)| *q == plan)
-                && self.same_alternatives(p.order, j)
-            {
-                return Some(j);
-            }
-            mine = Some(plan);
-        }
-        self.firsts.push((p.order, p.print));
-        None
+        let suspects = self
+            .seen
+            .iter()
+            .filter(|&&(_, print)| print == p.print)
+            .map(|&(j, _)| j)
+            .collect();
+        self.seen.push((p.order, p.print));
+        suspects
     }
+}
 
-    /// Whether candidates `i` and `j` (with equal plans) have alternatives
-    /// (`named::alternatives`, which their derivations choose among) of the same
-    /// kinds with equal plans, in the same order: then they derive to the same
-    /// program.
-    fn same_alternatives(&self, i: usize, j: usize) -> bool {
-        let of = |k: usize| alternatives(&self.exprs[k]).collect::<Vec<_>>();
-        let (a, b) = (of(i), of(j));
-        a.len() == b.len()
-            && a.iter().zip(&b).all(|(x, y)| {
-                x.kind() == y.kind()
-                    && match (replan(self.req, &x.expr), replan(self.req, &y.expr)) {
-                        (Ok(p), Ok(q)) => p == q,
-                        (Err(_), Err(_)) => true,
-                        _ => false,
-                    }
-            })
+/// The twin of candidate `i` among its `suspects` (earlier candidates of its run, in
+/// order): the first whose plan equals `i`'s and whose alternatives are
+/// [`same_alternatives`]. By that order the first such is no twin itself (a twin's
+/// twin came before it and is equal too), so it is the one whose derivation `i`
+/// shares. `None` when `i` cannot be planned.
+fn twin_among(req: &Request, exprs: &[Expr], i: usize, suspects: &[usize]) -> Option<usize> {
+    if suspects.is_empty() {
+        return None;
     }
+    let mine = replan(req, &exprs[i]).ok()?;
+    suspects.iter().copied().find(|&j| {
+        replan(req, &exprs[j]).is_ok_and(|theirs| theirs == mine)
+            && same_alternatives(req, &exprs[i], &exprs[j])
+    })
+}
+
+/// Whether two candidates (with equal plans) have alternatives
+/// (`named::alternatives`, which their derivations choose among) of the same kinds
+/// with equal plans, in the same order: then they derive to the same program.
+fn same_alternatives(req: &Request, a: &Expr, b: &Expr) -> bool {
+    let (a, b) = (
+        alternatives(a).collect::<Vec<_>>(),
+        alternatives(b).collect::<Vec<_>>(),
+    );
+    a.len() == b.len()
+        && a.iter().zip(&b).all(|(x, y)| {
+            x.kind() == y.kind()
+                && match (replan(req, &x.expr), replan(req, &y.expr)) {
+                    (Ok(p), Ok(q)) => p == q,
+                    (Err(_), Err(_)) => true,
+                    _ => false,
+                }
+        })
 }
 
 /// Threads for `jobs` independent pieces of work: every core, at most `most`.
@@ -1313,46 +1299,59 @@ fn workers(jobs: usize, most: usize) -> usize {
         .min(jobs.max(1))
 }
 
-/// A job of [`finish_all`]: a plan held, or a candidate derived as by name
-/// ([`derive_candidate`]: planned again where the job runs, with the alternatives
-/// a derivation by name chooses among whose ideal step is within the limit given).
-enum PlanOf<'a> {
-    Held(&'a Plan),
-    Named(&'a Expr, f64),
-}
-
 /// Each job `(plan, expression text, refine)` derived in full ([`finish`]), on every
 /// core, results in job order; `stage` counts them.
-fn finish_all(req: &Request, jobs: &[(PlanOf, &str, bool)], stage: &Stage) -> Vec<Chosen> {
-    let one = |(plan, text, refine): &(PlanOf, &str, bool)| {
-        let _step = StepOnDrop(stage);
-        match plan {
-            // The errors are about an expression `auto` built: no place in the text.
-            PlanOf::Held(plan) => {
-                Chosen::kept(finish(req, plan, text, Span::NONE, refine.then_some(0)))
-            }
-            // Under the cap on `fill`'s work phase 1 planned it with.
-            PlanOf::Named(expr, within) => {
-                let cap = FillCap::new(req.policy.fill_work);
-                let capped = Request {
-                    fill_cap: Some(&cap),
-                    ..*req
-                };
-                derive_candidate(&capped, expr, *within)
-            }
-        }
-    };
+fn finish_all(req: &Request, jobs: &[(&Plan, &str, bool)], stage: &Stage) -> Vec<Chosen> {
     // The longest first (those refined, then the larger plans), so that no core
     // is left with a long one at the end while the other idles; the results come
     // back in job order all the same.
     let mut order: Vec<usize> = (0..jobs.len()).collect();
-    order.sort_by_key(|&i| match jobs[i] {
-        (PlanOf::Held(plan), _, refine) => {
-            (std::cmp::Reverse(refine), std::cmp::Reverse(tasks_of(plan)))
-        }
-        (PlanOf::Named(..), _, refine) => (std::cmp::Reverse(refine), std::cmp::Reverse(0)),
+    order.sort_by_key(|&i| {
+        let (plan, _, refine) = jobs[i];
+        (std::cmp::Reverse(refine), std::cmp::Reverse(tasks_of(plan)))
     });
-    on_threads(&req.policy, &order, 1, stage, |i| one(&jobs[i]))
+    on_threads(&req.policy, &order, 1, stage, |i| {
+        let _step = StepOnDrop(stage);
+        let (plan, text, refine) = jobs[i];
+        // The errors are about an expression `auto` built: no place in the text.
+        Chosen::kept(finish(req, plan, text, Span::NONE, refine.then_some(0)))
+    })
+}
+
+/// What a job of [`derive_named`] gives: the candidate's derivation, or the
+/// earlier candidate it is the twin of (derived by its own job).
+enum Done {
+    Derived(Chosen),
+    Twin(usize),
+}
+
+/// Each job `(candidate, its suspects)` of phase 2 on every core, results in job
+/// order (`stage` counts them): the twin among its suspects ([`twin_among`]) if
+/// there is one, else the candidate derived as by name ([`derive_candidate`]:
+/// planned again where the job runs, under the cap on `fill`'s work phase 1
+/// planned it with, with the alternatives a derivation by name chooses among whose
+/// ideal step is within `within`).
+fn derive_named(
+    req: &Request,
+    exprs: &[Expr],
+    jobs: &[(usize, Vec<usize>)],
+    within: f64,
+    stage: &Stage,
+) -> Vec<Done> {
+    let order: Vec<usize> = (0..jobs.len()).collect();
+    on_threads(&req.policy, &order, 1, stage, |k| {
+        let _step = StepOnDrop(stage);
+        let (i, suspects) = &jobs[k];
+        if let Some(twin) = twin_among(req, exprs, *i, suspects) {
+            return Done::Twin(twin);
+        }
+        let cap = FillCap::new(req.policy.fill_work);
+        let capped = Request {
+            fill_cap: Some(&cap),
+            ..*req
+        };
+        Done::Derived(derive_candidate(&capped, &exprs[*i], within))
+    })
 }
 
 /// Keep `d` (the candidate at `order`) in `best` if it is faster, or as fast with
@@ -1484,13 +1483,13 @@ mod tests {
 
     /// Twins are candidates with equal ideal times and equal plans, the first of
     /// each run of them standing for the others; equal fingerprints alone make no
-    /// twins.
+    /// twins (the suspects are planned again and compared).
     #[test]
     fn twins_are_equal_plans_with_equal_ideal_times() {
         let profile =
             Profile::from_toml_str(include_str!("../../../profiles/qwen2vl-7b.toml")).unwrap();
         let req = Request::new(&profile, 4, 8);
-        let exprs: Vec<Expr> = ["zbh1", "1f1b", "zbh1", "zbh1", "1f1b"]
+        let exprs: Vec<Expr> = ["zbh1", "1f1b", "zbh1", "zbh1", "1f1b", "zbh1"]
             .iter()
             .map(|e| parse_str(e).unwrap())
             .collect();
@@ -1502,19 +1501,36 @@ mod tests {
             tasks: 0,
             print,
         };
-        let mut twins = Twins::new(&req, &exprs);
-        let got: Vec<Option<usize>> = [
+        let mut suspects = Suspects::new();
+        let got: Vec<(Vec<usize>, Option<usize>)> = [
             planned(1.0, 0, print(0)),
             planned(1.0, 1, print(1)),
             planned(1.0, 2, print(2)),
+            // Its suspects are the run's first and its twin: the first is the twin.
+            planned(1.0, 5, print(5)),
             planned(2.0, 3, print(3)),
             // A forged fingerprint, zbh1's: the plans are compared, and differ.
             planned(2.0, 4, print(0)),
         ]
         .iter()
-        .map(|p| twins.of(p))
+        .map(|p| {
+            let of = suspects.of(p);
+            let twin = twin_among(&req, &exprs, p.order, &of);
+            (of, twin)
+        })
         .collect();
-        assert_eq!(got, [None, None, Some(0), None, None]);
+        let none = Vec::new;
+        assert_eq!(
+            got,
+            [
+                (none(), None),
+                (none(), None),
+                (vec![0], Some(0)),
+                (vec![0, 2], Some(0)),
+                (none(), None),
+                (vec![3], None)
+            ]
+        );
     }
 
     /// On one thread, on every core and as inside `schedule!` (without `prefetch`)

@@ -177,11 +177,14 @@ pub(crate) fn choose_placement(
             Some(alt) if ignored.is_empty() && alt != best => alt,
             _ => continue,
         };
-        if on_tie && !ideal.is_some_and(|t| ideal_step(&alt).is_some_and(|a| close(a, t))) {
+        // The alternative's ideal step, timed once, where a rule below asks for it.
+        let alt_ideal = (on_tie || within.is_finite()).then(|| ideal_step(&alt));
+        let alt_ideal = alt_ideal.flatten();
+        if on_tie && !ideal.is_some_and(|t| alt_ideal.is_some_and(|a| close(a, t))) {
             continue;
         }
         // No program of the plan comes in below its ideal step.
-        if within.is_finite() && ideal_step(&alt).is_none_or(|a| less(within, a)) {
+        if within.is_finite() && alt_ideal.is_none_or(|a| less(within, a)) {
             continue;
         }
         let current = kept_score(&best, &mut score, &mut held);
