@@ -361,6 +361,30 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// The search hands candidates out a few at a time (one per core), and a
+    /// candidate's alternatives are derived under the stop rule's limit at its batch's
+    /// start: still the answer, what was tried and the work counted are those of one
+    /// candidate at a time.
+    #[test]
+    fn auto_answers_alike_on_one_thread_and_on_every_core((text, p, m) in random_profile()) {
+        let profile = Profile::from_toml_str(&text).unwrap();
+        let req = Request::new(&profile, p, m);
+        let mut alone = req;
+        alone.policy.max_threads = 1;
+        let (all, one) = (search(&req).unwrap(), search(&alone).unwrap());
+        prop_assert_eq!(&all.best.expr, &one.best.expr);
+        prop_assert_eq!(&all.best.program, &one.best.program);
+        prop_assert_eq!(all.work, one.work);
+        let tried = |s: &mpipe_core::search::Search| {
+            s.tried.iter().map(|t| (t.expr.clone(), t.makespan)).collect::<Vec<_>>()
+        };
+        prop_assert_eq!(tried(&all), tried(&one));
+    }
+}
+
 /// The goals `auto` serves, for one derived request: the chosen program verifies,
 /// it is never slower than any peer schedule (the best named schedule the search
 /// holds), and where micro-batches are at least twice the ranks it is within the

@@ -74,7 +74,7 @@ use crate::ir::progress::Stage;
 use crate::judge::compare::span;
 use crate::judge::simulate::Mode;
 use crate::search::finish::{finish, finish_replaying, Derived};
-use crate::search::named::{alternatives, derive_candidate, Chosen};
+use crate::search::named::{alternatives, derive_candidate, within_limit, Chosen};
 use crate::search::reorder::Trials;
 use std::cell::Cell;
 
@@ -812,43 +812,51 @@ fn derive_phase(
     // Left early when no candidate left can win: the stage then ends short.
     let stage = Stage::begin("auto: deriving the fastest-looking", planned.len());
     let mut rest = planned.into_iter().peekable();
-    // Set when the next candidate would take the search past its budget: the batch
-    // taken so far is derived, and the search stops there.
-    let mut over = false;
-    'batches: while rest.peek().is_some() && !over {
+    let stopped = |derived: usize| {
+        meter.note(format!(
+            "stopped deriving candidates in full after {derived} of them (the next would \
+             take the search past its work budget, SearchPolicy::work_budget): the best \
+             program so far"
+        ));
+    };
+    'batches: while rest.peek().is_some() {
         let mut batch = Vec::new();
+        // What the batch's candidates without suspects cost, derived (a candidate
+        // with suspects is most likely a twin, which derives nothing): the batch ends
+        // before a candidate that would not fit even after them alone (one at a time
+        // would not derive it there either); the search stops there if it is the
+        // batch's first. Whether one handed out fits is decided as its result is
+        // taken, in order (below): the work counted is one at a time's.
+        let mut pending = 0;
         while batch.len() < workers {
-            let Some(next) = rest.next_if(|p| {
+            let Some(&next) = rest.peek().filter(|p| {
                 best.as_ref()
                     .is_none_or(|(span, ..)| p.ideal <= *span * derive_within)
             }) else {
                 break;
             };
-            // In ideal order, so its twin (if any) came before. A candidate with
-            // suspects is most likely a twin, which derives nothing: it is metered
-            // once its job has derived it (below). The first candidate is always
-            // derived.
-            let next = (next, suspects.of(&next));
+            // The first candidate is always derived.
             let first = best.is_none() && derived.is_empty() && batch.is_empty();
-            let cost = meter.derive_cost(next.0.tasks, 0);
-            if next.1.is_empty() && !meter.take(cost, first) {
-                meter.note(format!(
-                    "stopped deriving candidates in full after {} of them (the next would \
-                     take the search past its work budget, SearchPolicy::work_budget): \
-                     the best program so far",
-                    derived.len() + batch.len()
-                ));
-                over = true;
-                break;
+            if !suspects.any(&next) {
+                pending += meter.derive_cost(next.tasks, 0);
+                if !first && !meter.fits(pending) {
+                    if batch.is_empty() {
+                        stopped(derived.len());
+                        break 'batches;
+                    }
+                    break;
+                }
             }
-            batch.push(next);
+            rest.next();
+            // In ideal order, so its twin (if any) came before.
+            batch.push((next, suspects.of(&next)));
         }
         if batch.is_empty() {
             break;
         }
         // Each planned again where it is derived, one plan per worker at a time;
-        // its alternatives under the stop rule too (with the best so far: the same
-        // limit whatever the batches).
+        // its alternatives under the stop rule too (with the best at the batch's
+        // start: no lower than the limit one at a time would give, see below).
         let within = best
             .as_ref()
             .map_or(f64::INFINITY, |(span, ..)| *span * derive_within);
@@ -857,7 +865,7 @@ fn derive_phase(
             .map(|(p, suspects)| (p.order, std::mem::take(suspects)))
             .collect();
         let results = derive_named(req, exprs, &jobs, within, &stage);
-        for ((Planned { ideal, tasks, .. }, _), ((i, suspects), result)) in
+        for ((Planned { ideal, tasks, .. }, _), ((i, _), result)) in
             batch.into_iter().zip(jobs.into_iter().zip(results))
         {
             if let Some((span, ..)) = &best {
@@ -865,7 +873,7 @@ fn derive_phase(
                     break 'batches;
                 }
             }
-            let result = match result {
+            let mut result = match result {
                 // Its twin came earlier in this order, so it has been taken already.
                 Done::Twin(of) => {
                     if let Some(&(span, peak)) = derived.get(&of) {
@@ -876,11 +884,33 @@ fn derive_phase(
                 }
                 Done::Derived(result) => result,
             };
-            // Its alternatives' derivations are work too, and its own where it had
-            // suspects (none of them its twin).
-            let own = u64::from(!suspects.is_empty());
-            let others = meter.derive_cost(tasks, 0) * (result.others_derived as u64 + own);
-            meter.take(others, true);
+            // Its derivation is work, counted as one at a time would: where it does not
+            // fit, the search stops before it.
+            let first = best.is_none() && derived.is_empty();
+            if !meter.take(meter.derive_cost(tasks, 0), first) {
+                stopped(derived.len());
+                break 'batches;
+            }
+            // The limit one candidate at a time would have given it: the best so far
+            // in this order. Its job had the best at its batch's start, no lower, so it
+            // may have derived more alternatives; that changes nothing unless one of
+            // them was kept on the way (then other plans might have been kept), and
+            // then it is derived again here, under this limit (rare). So the answer
+            // and the work counted are the same on any number of cores.
+            let limit = best
+                .as_ref()
+                .map_or(f64::INFINITY, |(span, ..)| *span * derive_within);
+            if result
+                .kept_on_the_way
+                .iter()
+                .any(|&a| !within_limit(limit, a))
+            {
+                result = derive_capped(req, &exprs[i], limit);
+            }
+            // Its alternatives' derivations are work too (those under the limit).
+            let derived_under = |&&a: &&Option<f64>| within_limit(limit, a);
+            let others = result.others_derived.iter().filter(derived_under).count();
+            meter.take(meter.derive_cost(tasks, 0) * others as u64, true);
             match result.derived {
                 Ok(d) => {
                     if let Some(alternative) = result.alternative {
@@ -1236,6 +1266,12 @@ impl Suspects {
         }
     }
 
+    /// Whether `p`, the next candidate in ideal order, has suspects (nothing
+    /// recorded).
+    fn any(&self, p: &Planned) -> bool {
+        self.run == Some(p.ideal.to_bits()) && self.seen.iter().any(|&(_, print)| print == p.print)
+    }
+
     /// The suspects of `p`, the next candidate in ideal order (each is asked once),
     /// in that order.
     fn of(&mut self, p: &Planned) -> Vec<usize> {
@@ -1342,16 +1378,23 @@ fn derive_named(
     on_threads(&req.policy, &order, 1, stage, |k| {
         let _step = StepOnDrop(stage);
         let (i, suspects) = &jobs[k];
-        if let Some(twin) = twin_among(req, exprs, *i, suspects) {
-            return Done::Twin(twin);
+        match twin_among(req, exprs, *i, suspects) {
+            Some(twin) => Done::Twin(twin),
+            None => Done::Derived(derive_capped(req, &exprs[*i], within)),
         }
-        let cap = FillCap::new(req.policy.fill_work);
-        let capped = Request {
-            fill_cap: Some(&cap),
-            ..*req
-        };
-        Done::Derived(derive_candidate(&capped, &exprs[*i], within))
     })
+}
+
+/// `expr` derived as by name ([`derive_candidate`], with the alternatives whose
+/// ideal step is within `within`), under the cap on `fill`'s work phase 1 planned
+/// it with.
+fn derive_capped(req: &Request, expr: &Expr, within: f64) -> Chosen {
+    let cap = FillCap::new(req.policy.fill_work);
+    let capped = Request {
+        fill_cap: Some(&cap),
+        ..*req
+    };
+    derive_candidate(&capped, expr, within)
 }
 
 /// Keep `d` (the candidate at `order`) in `best` if it is faster, or as fast with

@@ -54,9 +54,14 @@ pub(crate) struct Chosen {
     pub(crate) plan: Option<Plan>,
     /// The alternative whose plan was kept; `None`: the expression's own.
     pub(crate) alternative: Option<Expr>,
-    /// How many alternatives were derived besides the expression's own plan (the
-    /// work a caller that meters it counts).
-    pub(crate) others_derived: usize,
+    /// The ideal step of each alternative derived besides the expression's own
+    /// plan (`None`: it could not be timed), in order: the work a caller that
+    /// meters it counts.
+    pub(crate) others_derived: Vec<Option<f64>>,
+    /// The ideal step of each alternative that was the one kept at some point, in
+    /// order: had the limit given been below one of them ([`within_limit`]), another
+    /// plan might have been kept.
+    pub(crate) kept_on_the_way: Vec<Option<f64>>,
     /// The kept plan's derivation.
     pub(crate) derived: Result<Derived, Vec<DeriveError>>,
 }
@@ -72,7 +77,8 @@ impl Chosen {
         Chosen {
             plan: None,
             alternative: None,
-            others_derived: 0,
+            others_derived: Vec::new(),
+            kept_on_the_way: Vec::new(),
             derived,
         }
     }
@@ -115,7 +121,8 @@ pub(crate) fn choose_placement(
     // doubled the peak.
     let mut best = plan;
     let mut alternative: Option<Expr> = None;
-    let mut others_derived = 0;
+    let mut others_derived = Vec::new();
+    let mut kept_on_the_way = Vec::new();
     let mut score: Option<Option<Score>> = None;
     let mut held: Option<Result<Checked, Vec<DeriveError>>> = None;
     let others = alternatives(expr).filter(|a| fill_tied || !a.on_tie);
@@ -177,14 +184,14 @@ pub(crate) fn choose_placement(
             Some(alt) if ignored.is_empty() && alt != best => alt,
             _ => continue,
         };
-        // The alternative's ideal step, timed once, where a rule below asks for it.
-        let alt_ideal = (on_tie || within.is_finite()).then(|| ideal_step(&alt));
-        let alt_ideal = alt_ideal.flatten();
+        // The alternative's ideal step (timed once: the rules below and the caller
+        // ask for it).
+        let alt_ideal = ideal_step(&alt);
         if on_tie && !ideal.is_some_and(|t| alt_ideal.is_some_and(|a| close(a, t))) {
             continue;
         }
         // No program of the plan comes in below its ideal step.
-        if within.is_finite() && alt_ideal.is_none_or(|a| less(within, a)) {
+        if !within_limit(within, alt_ideal) {
             continue;
         }
         let current = kept_score(&best, &mut score, &mut held);
@@ -194,7 +201,7 @@ pub(crate) fn choose_placement(
             continue;
         }
         held = None;
-        others_derived += 1;
+        others_derived.push(alt_ideal);
         let derived = finish_checked(req, &alt, &text, expr.span, None);
         let challenger = scored(&derived);
         let wins = match (current, challenger) {
@@ -206,6 +213,7 @@ pub(crate) fn choose_placement(
             (best, score, held) = (alt, Some(challenger), Some(derived));
             alternative = Some(other);
             replaced = true;
+            kept_on_the_way.push(alt_ideal);
         }
     }
     // Only the program kept needs its lower bound. A plan the caller does not keep
@@ -222,6 +230,7 @@ pub(crate) fn choose_placement(
         plan: best,
         alternative,
         others_derived,
+        kept_on_the_way,
         derived: derived.map(|c| c.bounded(req)),
     }
 }
@@ -365,6 +374,13 @@ fn with_fill_pieces(e: &Expr, pieces: &str) -> Option<Expr> {
         changed = true;
     }
     changed.then_some(out)
+}
+
+/// Whether an alternative with this ideal step (`None`: it cannot be timed) is
+/// derived under the limit `within` ([`choose_placement`]): no program of its plan
+/// comes in below its ideal step, so above a finite limit it is not.
+pub(crate) fn within_limit(within: f64, ideal: Option<f64>) -> bool {
+    !within.is_finite() || ideal.is_some_and(|a| !less(within, a))
 }
 
 /// `plan`'s ideal (communication-free) step; `None` if it cannot be timed.
