@@ -882,7 +882,7 @@ fn derive_phase(
                     }
                     continue;
                 }
-                Done::Derived(result) => result,
+                Done::Derived(result) => *result,
             };
             // Its derivation is work, counted as one at a time would: where it does not
             // fit, the search stops before it.
@@ -1357,7 +1357,7 @@ fn finish_all(req: &Request, jobs: &[(&Plan, &str, bool)], stage: &Stage) -> Vec
 /// What a job of [`derive_named`] gives: the candidate's derivation, or the
 /// earlier candidate it is the twin of (derived by its own job).
 enum Done {
-    Derived(Chosen),
+    Derived(Box<Chosen>),
     Twin(usize),
 }
 
@@ -1380,7 +1380,7 @@ fn derive_named(
         let (i, suspects) = &jobs[k];
         match twin_among(req, exprs, *i, suspects) {
             Some(twin) => Done::Twin(twin),
-            None => Done::Derived(derive_capped(req, &exprs[*i], within)),
+            None => Done::Derived(Box::new(derive_capped(req, &exprs[*i], within))),
         }
     })
 }
