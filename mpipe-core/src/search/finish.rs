@@ -227,7 +227,21 @@ fn best_lowering(
     let limit = req.profile.memory.as_ref().map(|m| m.limit);
     let opts = req.sim_options(req.mode);
     let policy = &req.policy;
-    let first = best_lowering_with(&plan, Some(text), &opts, limit, refine.is_some(), policy)?;
+    // With an order search whose trials an earlier derivation of the same plan
+    // recorded, that derivation's two lowerings below are this one's: derived
+    // again, they come out the same but for the expression they record.
+    let kept = match refine {
+        Some(n) if n > 0 => trials.and_then(|t| t.start()),
+        _ => None,
+    };
+    let kept = kept.map(|(first, plain)| (named(first, text), named(plain, text)));
+    let (first, kept_plain) = match kept {
+        Some((first, plain)) => (first, Some(plain)),
+        None => (
+            best_lowering_with(&plan, Some(text), &opts, limit, refine.is_some(), policy)?,
+            None,
+        ),
+    };
     let Some(budget) = refine else {
         // Not needed by the periodic placement (an owned plan goes here).
         drop(plan);
@@ -252,7 +266,13 @@ fn best_lowering(
             periodic_if_no_slower(plain()?, &opts, policy),
         ));
     }
-    let plain = plain()?;
+    let plain = match kept_plain {
+        Some(plain) => plain,
+        None => plain()?,
+    };
+    if let Some(t) = trials {
+        t.keep(&(first.clone(), plain.clone()));
+    }
     // Without a limit, the search may use the memory of the plan's own lowering or
     // of its refinement, whichever is more: refinement moves weight gradients
     // earlier, which lowers the peak, and the search judges its moves on lowerings.
@@ -286,4 +306,12 @@ fn best_lowering(
         refined = faster(refined, periodic_if_no_slower(start, &opts, policy));
     }
     Ok(faster(refined, periodic_if_no_slower(plain, &opts, policy)))
+}
+
+/// `run`'s program recording `text` as its source expression.
+fn named(mut run: (Program, SimReport), text: &str) -> (Program, SimReport) {
+    run.0.source = Some(crate::ir::program::Source {
+        expr: text.to_string(),
+    });
+    run
 }

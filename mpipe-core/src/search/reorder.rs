@@ -342,6 +342,29 @@ pub(crate) struct Search<'a> {
 #[derive(Default)]
 pub(crate) struct Trials {
     taken: std::cell::RefCell<Vec<(Move, Outcome)>>,
+    /// What the search started from, kept for the next derivation of the same plan
+    /// under the same request (see [`Trials::start`]).
+    start: std::cell::RefCell<Option<Box<Start>>>,
+}
+
+/// The lowerings a derivation of a plan with an order search starts from: its
+/// best lowering with refinement (the search's start) and without (the plan's own),
+/// each a program and its report ([`crate::search::finish`]).
+pub(crate) type Start = ((Program, SimReport), (Program, SimReport));
+
+impl Trials {
+    /// The start an earlier derivation of the same plan kept ([`Trials::keep`]),
+    /// if any: the same lowerings, as deterministic derivations of the same plan
+    /// under the same request give them (the caller names them for its own
+    /// expression).
+    pub(crate) fn start(&self) -> Option<Start> {
+        self.start.borrow().as_deref().cloned()
+    }
+
+    /// Keep `start` for the next derivation of the same plan.
+    pub(crate) fn keep(&self, start: &Start) {
+        *self.start.borrow_mut() = Some(Box::new(start.clone()));
+    }
 }
 
 /// What a trial's lowering gave: each rank's finishing time, or the proof that it
