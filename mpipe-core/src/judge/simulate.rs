@@ -957,7 +957,9 @@ struct Setup<'p> {
     comm: Option<CommModel>,
     /// Per unit, the cost of each op (indexed by [`op_index`]).
     cost: Vec<[f64; 5]>,
-    bytes: Vec<f64>,
+    /// Per unit, the time a transfer of its activation or gradient takes (0 without
+    /// a comm model).
+    transfer: Vec<f64>,
     params: Vec<f64>,
     act: Vec<f64>,
     /// Number of actions in the program.
@@ -987,15 +989,25 @@ impl<'p> Setup<'p> {
         let total: usize = p.programs.iter().map(Vec::len).sum();
         let mut res = Resolver::new(&p.units, p.programs.len(), p.microbatches, total, opts.mode)?;
         res.paired = paired;
-        // The last name looked up, by address and length: actions share their unit's
-        // name, so a run of actions on one unit costs one look-up.
-        let mut last: (*const u8, usize, u32) = (std::ptr::null(), 0, 0);
+        // The last two names looked up, by address and length: actions share their
+        // unit's name, so a run of actions on one unit (or alternating between two, a
+        // stage's and its neighbour's) costs one look-up.
+        let mut last = [(std::ptr::null::<u8>(), 0usize, 0u32); 2];
         for (r, list) in p.programs.iter().enumerate() {
             res.rank(list.len());
             for (i, a) in list.iter().enumerate() {
-                let unit_name = a.unit();
-                let unit = if (unit_name.as_ptr(), unit_name.len()) == (last.0, last.1) {
-                    last.2
+                let view = a.view();
+                let unit_name = match view {
+                    ActionRef::Compute(c) => c.unit,
+                    ActionRef::P2p(t) => t.unit,
+                    ActionRef::Coll(c) => c.unit,
+                };
+                let key = (unit_name.as_ptr(), unit_name.len());
+                let unit = if key == (last[0].0, last[0].1) {
+                    last[0].2
+                } else if key == (last[1].0, last[1].1) {
+                    last.swap(0, 1);
+                    last[0].2
                 } else {
                     let Some(&unit) = names.get(unit_name) else {
                         return Err(SimError::UnknownUnit {
@@ -1005,25 +1017,46 @@ impl<'p> Setup<'p> {
                             unit: unit_name.to_string(),
                         });
                     };
-                    last = (unit_name.as_ptr(), unit_name.len(), unit);
+                    last[1] = last[0];
+                    last[0] = (key.0, key.1, unit);
                     unit
                 };
-                let view = match a.view() {
-                    ActionRef::Compute(c) => View::Compute { op: c.op, mb: c.mb },
-                    ActionRef::P2p(t) => View::P2p {
-                        dir: t.dir,
-                        tensor: t.tensor,
-                        mb: t.mb,
-                        peer: t.peer,
-                        batch: t.batch,
-                    },
-                    ActionRef::Coll(c) => View::Coll {
-                        kind: c.kind,
-                        root: c.root,
-                        group: c.group,
-                    },
-                };
-                res.push(r, i, unit, view, || a.to_string())?;
+                match view {
+                    ActionRef::Compute(c) if c.mb < res.microbatches => {
+                        res.prev = None;
+                        res.acts[r].push(RAct::compute(c.op, unit, c.mb as u32));
+                    }
+                    ActionRef::P2p(t) if t.mb < res.microbatches && t.peer < res.nr => {
+                        res.p2p(
+                            r,
+                            t.dir,
+                            t.tensor,
+                            unit,
+                            t.mb as u32,
+                            t.peer as u32,
+                            t.batch,
+                        );
+                    }
+                    _ => {
+                        // Through the checks, for their errors (and a collective).
+                        let view = match view {
+                            ActionRef::Compute(c) => View::Compute { op: c.op, mb: c.mb },
+                            ActionRef::P2p(t) => View::P2p {
+                                dir: t.dir,
+                                tensor: t.tensor,
+                                mb: t.mb,
+                                peer: t.peer,
+                                batch: t.batch,
+                            },
+                            ActionRef::Coll(c) => View::Coll {
+                                kind: c.kind,
+                                root: c.root,
+                                group: c.group,
+                            },
+                        };
+                        res.push(r, i, unit, view, || a.to_string())?;
+                    }
+                }
             }
         }
         Ok(res.finish(Src::Program(p), &p.units, opts))
@@ -1042,8 +1075,7 @@ impl<'p> Setup<'p> {
         for (r, list) in l.programs.iter().enumerate() {
             res.rank(list.len());
             for (i, step) in list.iter().enumerate() {
-                let (unit, view) = step_view(units, l, r, i, step)?;
-                res.push(r, i, unit, view, || describe(units, l, step))?;
+                res.push_step(units, l, r, i, step)?;
             }
         }
         Ok(res.finish(Src::Lowered(l, units), units, opts))
@@ -1080,8 +1112,7 @@ impl<'p> Setup<'p> {
             // batches counted.
             let (mut prev, mut n) = (None, 0u64);
             for (i, step) in list.iter().enumerate() {
-                let (unit, view) = step_view(units, &taken.shell, r, i, step)?;
-                res.push(r, i, unit, view, || describe(units, &taken.shell, step))?;
+                res.push_step(units, &taken.shell, r, i, step)?;
                 match *step {
                     Step::Compute { .. } => prev = None,
                     Step::P2p { peer, batch, .. } => {
@@ -1487,8 +1518,6 @@ impl Resolver {
                 })
             }
         };
-        // A transfer's peer, direction and tensor.
-        let mut pair = None;
         let (ra, batch) = match view {
             View::Compute { op, mb } => (RAct::compute(op, unit, check_mb(mb)?), None),
             View::P2p {
@@ -1500,9 +1529,8 @@ impl Resolver {
             } => {
                 let mb = check_mb(mb)?;
                 let peer = check_rank(peer)?;
-                let joins = joins_batch(self.prev, batch);
-                pair = Some((peer, dir, tensor_index(tensor)));
-                (RAct::p2p(dir, tensor, unit, mb, joins), batch)
+                self.p2p(r, dir, tensor, unit, mb, peer, batch);
+                return Ok(());
             }
             View::Coll { kind, root, group } => {
                 for &g in group {
@@ -1528,32 +1556,97 @@ impl Resolver {
             }
         };
         self.prev = batch;
-        if !ra.is_compute() {
+        if ra.is_coll() {
             // Fewer than 2^32 actions (checked when reading began), so these fit.
             let ops = &mut self.ops;
             ops.members += 1;
-            if !ra.joins() {
-                if ra.is_coll() {
-                    ops.colls.push((r as u32, i as u32, ops.ops));
-                }
-                ops.ops += 1;
-                if self.paired {
-                    self.waits.push(0);
-                }
-            }
-            if let Some((peer, dir, tensor)) = pair.filter(|_| self.paired) {
-                if !(self.eager && dir == Dir::Send) {
-                    if let Some(w) = self.waits.last_mut() {
-                        *w += 1;
-                    }
-                }
-                let key = (u64::from(unit) * microbatches as u64 + u64::from(ra.mb())) * 3 + tensor;
-                let (m, x) = (ops.members - 1, ops.ops - 1);
-                self.channels.add(r as u32, peer, dir, key, m, x);
+            ops.colls.push((r as u32, i as u32, ops.ops));
+            ops.ops += 1;
+            if self.paired {
+                self.waits.push(0);
             }
         }
         self.acts[r].push(ra);
         Ok(())
+    }
+
+    /// A transfer of rank `r` (the last rank started) whose numbers are checked:
+    /// its unit, micro-batch and peer in range.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn p2p(
+        &mut self,
+        r: usize,
+        dir: Dir,
+        tensor: Tensor,
+        unit: u32,
+        mb: u32,
+        peer: u32,
+        batch: Option<u64>,
+    ) {
+        let joins = joins_batch(self.prev, batch);
+        self.prev = batch;
+        // Fewer than 2^32 actions (checked when reading began), so these fit.
+        let ops = &mut self.ops;
+        ops.members += 1;
+        if !joins {
+            ops.ops += 1;
+            if self.paired {
+                self.waits.push(0);
+            }
+        }
+        if self.paired {
+            if !(self.eager && dir == Dir::Send) {
+                if let Some(w) = self.waits.last_mut() {
+                    *w += 1;
+                }
+            }
+            let key = (u64::from(unit) * self.microbatches as u64 + u64::from(mb)) * 3
+                + tensor_index(tensor);
+            let (m, x) = (ops.members - 1, ops.ops - 1);
+            self.channels.add(r as u32, peer, dir, key, m, x);
+        }
+        self.acts[r].push(RAct::p2p(dir, tensor, unit, mb, joins));
+    }
+
+    /// Step `i` of rank `r` of `l` (the last rank started; `units` the plan's): what
+    /// [`step_view`] then [`Resolver::push`] make of it, read straight from the step
+    /// where its numbers are in range (else, and for a collective, through them,
+    /// for their checks and errors).
+    #[inline(always)]
+    fn push_step(
+        &mut self,
+        units: &[Unit],
+        l: &Lowered,
+        r: usize,
+        i: usize,
+        step: &Step,
+    ) -> Result<(), SimError> {
+        let fits =
+            |unit: u32, mb: u32| (unit as usize) < units.len() && (mb as usize) < self.microbatches;
+        match *step {
+            Step::Compute { op, unit, mb } if fits(unit, mb) => {
+                self.prev = None;
+                self.acts[r].push(RAct::compute(op, unit, mb));
+                Ok(())
+            }
+            Step::P2p {
+                dir,
+                tensor,
+                unit,
+                mb,
+                peer,
+                batch,
+            } if fits(unit, mb) && (peer as usize) < self.nr => {
+                let batch = batch.map(|b| u64::from(b.get()));
+                self.p2p(r, dir, tensor, unit, mb, peer, batch);
+                Ok(())
+            }
+            _ => {
+                let (unit, view) = step_view(units, l, r, i, step)?;
+                self.push(r, i, unit, view, || describe(units, l, step))
+            }
+        }
     }
 
     fn finish<'p>(self, src: Src<'p>, units: &[Unit], opts: &SimOptions) -> Setup<'p> {
@@ -1591,7 +1684,10 @@ impl Resolver {
             mode: opts.mode,
             comm: opts.comm,
             cost,
-            bytes: units.iter().map(|u| u.bytes).collect(),
+            transfer: units
+                .iter()
+                .map(|u| opts.comm.map_or(0.0, |c| c.transfer_time(u.bytes)))
+                .collect(),
             params: units.iter().map(|u| u.params).collect(),
             act: units.iter().map(|u| u.act).collect(),
             actions: self.total,
@@ -1879,6 +1975,10 @@ impl<'s, 'p> Engine<'s, 'p> {
             let rank_slots = &mut slots[r];
             let (mut i, mut t) = (pc[r], now[r]);
             let (mut x, mut m) = (op_at[r] as usize, member_at[r] as usize);
+            // The rank's busy time and compute left, held here while it runs (the
+            // same sums in the same order).
+            let mut busy_r = busy[r];
+            let mut left_r = if bounded { left[r] } else { 0.0 };
             while i < acts.len() {
                 let a = acts[i];
                 if let Some(op) = a.compute_op() {
@@ -1890,9 +1990,9 @@ impl<'s, 'p> Engine<'s, 'p> {
                         };
                     }
                     t += d;
-                    busy[r] += d;
+                    busy_r += d;
                     if bounded {
-                        left[r] -= d;
+                        left_r -= d;
                     }
                     i += 1;
                     continue;
@@ -1940,9 +2040,19 @@ impl<'s, 'p> Engine<'s, 'p> {
                 m += hi - i;
                 i = hi;
                 x += 1;
-                if bounded && crate::ir::compare::less(cutoff, t + left[r]) {
+                // (Less by more than the tolerance is less, or a NaN: the plain
+                // comparison first, the tolerance's only where it can hold.)
+                let over = t + left_r;
+                if bounded
+                    && (cutoff < over || over.is_nan())
+                    && crate::ir::compare::less(cutoff, over)
+                {
                     return Ok(None);
                 }
+            }
+            busy[r] = busy_r;
+            if bounded {
+                left[r] = left_r;
             }
             pc[r] = i;
             now[r] = t;
@@ -1973,6 +2083,7 @@ impl<'s, 'p> Engine<'s, 'p> {
 
     /// Completion time of operation `x` of rank `r`, its actions `ops` and its
     /// first member `m`, all of whose dependencies are reached.
+    #[inline(always)]
     fn completion(
         &self,
         r: usize,
@@ -1988,19 +2099,18 @@ impl<'s, 'p> Engine<'s, 'p> {
         let acts = &s.acts[r][ops];
         let first = acts[0];
         if first.p2p_dir().is_some() {
-            for (k, a) in acts.iter().enumerate() {
-                let Some((dir, _)) = a.p2p_dir() else {
-                    continue;
-                };
-                let tr = s
-                    .comm
-                    .map_or(0.0, |c| c.transfer_time(s.bytes[a.unit() as usize]));
-                let y = self.s.partner_op[m + k];
+            // Every member of a batch is a transfer (a batch is a run of them).
+            let partners = &s.partner_op[m..m + acts.len()];
+            let eager = s.mode == Mode::Eager;
+            for (a, &y) in acts.iter().zip(partners) {
+                let tr = s.transfer[a.unit() as usize];
                 let rp = if y == NONE { rx } else { reach[y as usize] };
-                let end = match (s.mode, dir) {
-                    (Mode::Rendezvous, _) => rx.max(rp) + tr,
-                    (Mode::Eager, Dir::Send) => rx,
-                    (Mode::Eager, Dir::Recv) => rx.max(rp + tr),
+                let end = if !eager {
+                    rx.max(rp) + tr
+                } else if a.is_recv() {
+                    rx.max(rp + tr)
+                } else {
+                    rx
                 };
                 done = done.max(end);
             }

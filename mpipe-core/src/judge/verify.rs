@@ -18,8 +18,10 @@
 //! - **deterministic**: violations are sorted by rule, then rank, then action index
 //!   (entries without a rank or index first), ties in discovery order;
 //! - **fast**: linear in the number of actions apart from sorting inside one
-//!   channel's out-of-order transfers; all look-ups go through vectors indexed by
-//!   `(unit index, micro-batch)`.
+//!   channel's out-of-order transfers: rules 1-4 read the lists in one pass, each
+//!   action decoded once, nothing kept per action but each transfer's key on its
+//!   channel; all look-ups go through vectors indexed by `(unit index,
+//!   micro-batch)`.
 //!
 //! Rule 5 runs [`simulate`] (free communication) under the requested [`Mode`]
 //! ([`verify`] uses rendezvous, as the spec requires); each rank it leaves stuck is
@@ -39,9 +41,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::ir::program::{ActionRef, CollKind, Dir, Op, Program, Tensor, FORMAT};
+use crate::ir::program::{Action, ActionRef, CollKind, Dir, Op, Program, Tensor, FORMAT};
 use crate::judge::simulate::{
-    simulate, split_ops, tensor_index, unit_names, Mode, SimError, SimOptions,
+    joins_batch, simulate, tensor_index, unit_names, Mode, NameMap, SimError, SimOptions,
 };
 
 /// Where the validity rules are specified, as the project's messages cite it.
@@ -120,28 +122,19 @@ pub fn verify_static(p: &Program) -> Vec<Violation> {
 }
 
 fn check(p: &Program, termination: Option<Mode>) -> Vec<Violation> {
-    let bound = p.ranks.min(p.programs.len());
-    let mut out = if Small::fits(p.units.len(), p.microbatches, bound) {
-        check_as::<Small>(p, termination)
-    } else {
-        check_as::<Packed>(p, termination)
-    };
+    let mut c = Checker::new(p);
+    c.run(termination);
+    let mut out = c.out;
     out.sort_by_key(|v| (v.rule, v.rank, v.index));
     out
-}
-
-/// [`check`]'s violations, unsorted, its actions held as `P`.
-fn check_as<P: Pack>(p: &Program, termination: Option<Mode>) -> Vec<Violation> {
-    let mut c = Checker::<P>::new(p);
-    c.run(termination);
-    c.out
 }
 
 const NONE: u32 = u32::MAX;
 /// Marks a micro-batch or peer that is out of range (already reported).
 const BAD: usize = usize::MAX;
 
-/// A resolved action.
+/// An action as the rules read it, its unit an index: decoded once, as the one pass
+/// over the lists reaches it ([`Checker::scan`]), and read there by every rule.
 #[derive(Clone, Copy, Debug)]
 enum V {
     /// Unknown unit: reported, then ignored.
@@ -164,215 +157,14 @@ enum V {
     },
 }
 
-/// A [`V`] in 16 bytes: micro-batch and peer in 32 bits ([`BAD`] as `u32::MAX`;
-/// an action's numbers are 32-bit already, [`crate::ir::program::narrow`]).
-#[derive(Clone, Copy, Debug)]
-enum Packed {
-    Bad,
-    Compute {
-        op: Op,
-        unit: u32,
-        mb: u32,
-    },
-    P2p {
-        dir: Dir,
-        tensor: Tensor,
-        unit: u32,
-        mb: u32,
-        peer: u32,
-    },
-    Coll {
-        kind: CollKind,
-        unit: u32,
-    },
-}
+/// A transfer's channel `(from, to)`, its key (`(unit * microbatches + mb) * 3 +
+/// tensor`) and whether it is the `SEND`.
+type Ends = ((usize, usize), u32, bool);
 
-/// `n` in 32 bits, [`BAD`] (or anything over `u32::MAX`) as `u32::MAX`.
-fn narrow_bad(n: usize) -> u32 {
-    u32::try_from(n).unwrap_or(u32::MAX)
-}
+/// A collective's identity: kind, unit, root, sorted distinct group members.
+type Id = (CollKind, u32, usize, Vec<usize>);
 
-/// `n` back, `u32::MAX` as [`BAD`].
-fn widen_bad(n: u32) -> usize {
-    if n == u32::MAX {
-        BAD
-    } else {
-        n as usize
-    }
-}
-
-/// How the checker holds each resolved action: a [`V`] packed, read back whole.
-trait Pack: Copy {
-    fn of(v: V) -> Self;
-    fn wide(self) -> V;
-}
-
-/// A [`V`] in 8 bytes, for a program whose numbers fit (most: [`Small::fits`]): the
-/// unit in bits 0-21, the micro-batch in 22-39, the peer in 40-59 (each all ones
-/// for [`BAD`]) and what the action is in 60-63 ([`Small::tag`]). The verifier
-/// holds one per action beside the program; at 8 x 65536 that sets the
-/// derivation's peak for `1f1b` (16 bytes as [`Packed`]).
-#[derive(Clone, Copy, Debug)]
-struct Small(u64);
-
-impl Small {
-    const UNIT_BITS: u32 = 22;
-    const MB_BITS: u32 = 18;
-    const PEER_BITS: u32 = 20;
-    const OPS: [Op; 5] = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
-    const TENSORS: [Tensor; 3] = [Tensor::Act, Tensor::Grad, Tensor::Input];
-    const KINDS: [CollKind; 2] = [CollKind::Bcast, CollKind::Reduce];
-    /// Tags: 0 unknown unit, then the computes (by [`Small::OPS`]), the transfers
-    /// (by direction, then [`Small::TENSORS`]) and the collectives.
-    const COMPUTE: u64 = 1;
-    const P2P: u64 = Small::COMPUTE + 5;
-    const COLL: u64 = Small::P2P + 6;
-
-    /// Whether every action of a program with `units` units, `microbatches`
-    /// micro-batches and `ranks` ranks that exist packs: its unit, micro-batch and
-    /// peer, when in range, are below their field's all-ones value.
-    fn fits(units: usize, microbatches: usize, ranks: usize) -> bool {
-        let below = |n: usize, bits: u32| n < (1 << bits) - 1;
-        below(units, Small::UNIT_BITS)
-            && below(microbatches, Small::MB_BITS)
-            && below(ranks, Small::PEER_BITS)
-    }
-
-    fn new(tag: u64, unit: u32, mb: usize, peer: usize) -> Small {
-        // A number out of range is `BAD` here; in range it is below the all-ones
-        // value (`fits`), so either way the field's bits say which.
-        let field = |n: usize, bits: u32| (n as u64).min((1 << bits) - 1);
-        Small(
-            u64::from(unit)
-                | field(mb, Small::MB_BITS) << Small::UNIT_BITS
-                | field(peer, Small::PEER_BITS) << (Small::UNIT_BITS + Small::MB_BITS)
-                | tag << 60,
-        )
-    }
-
-    /// Field `bits` wide at `shift`, all ones read as [`BAD`].
-    fn field(self, shift: u32, bits: u32) -> usize {
-        let all = (1u64 << bits) - 1;
-        match (self.0 >> shift) & all {
-            n if n == all => BAD,
-            n => n as usize,
-        }
-    }
-}
-
-/// The place of `x` in `list` (0 if absent, which the lists rule out).
-fn index<T: PartialEq + Copy>(list: &[T], x: T) -> u64 {
-    list.iter().position(|&y| y == x).unwrap_or(0) as u64
-}
-
-impl Pack for Small {
-    fn of(v: V) -> Small {
-        match v {
-            V::Bad => Small(0),
-            V::Compute { op, unit, mb } => {
-                Small::new(Small::COMPUTE + index(&Small::OPS, op), unit, mb, 0)
-            }
-            V::P2p {
-                dir,
-                tensor,
-                unit,
-                mb,
-                peer,
-            } => {
-                let tag =
-                    Small::P2P + 3 * u64::from(dir == Dir::Recv) + index(&Small::TENSORS, tensor);
-                Small::new(tag, unit, mb, peer)
-            }
-            V::Coll { kind, unit } => {
-                let tag = Small::COLL + u64::from(kind == CollKind::Reduce);
-                Small::new(tag, unit, 0, 0)
-            }
-        }
-    }
-
-    fn wide(self) -> V {
-        let tag = self.0 >> 60;
-        let unit = (self.0 & ((1 << Small::UNIT_BITS) - 1)) as u32;
-        let mb = || self.field(Small::UNIT_BITS, Small::MB_BITS);
-        if tag == 0 {
-            V::Bad
-        } else if tag < Small::P2P {
-            V::Compute {
-                op: Small::OPS[(tag - Small::COMPUTE) as usize],
-                unit,
-                mb: mb(),
-            }
-        } else if tag < Small::COLL {
-            let k = tag - Small::P2P;
-            V::P2p {
-                dir: if k < 3 { Dir::Send } else { Dir::Recv },
-                tensor: Small::TENSORS[(k % 3) as usize],
-                unit,
-                mb: mb(),
-                peer: self.field(Small::UNIT_BITS + Small::MB_BITS, Small::PEER_BITS),
-            }
-        } else {
-            V::Coll {
-                kind: Small::KINDS[(tag - Small::COLL) as usize],
-                unit,
-            }
-        }
-    }
-}
-
-impl Pack for Packed {
-    fn of(v: V) -> Packed {
-        match v {
-            V::Bad => Packed::Bad,
-            V::Compute { op, unit, mb } => Packed::Compute {
-                op,
-                unit,
-                mb: narrow_bad(mb),
-            },
-            V::P2p {
-                dir,
-                tensor,
-                unit,
-                mb,
-                peer,
-            } => Packed::P2p {
-                dir,
-                tensor,
-                unit,
-                mb: narrow_bad(mb),
-                peer: narrow_bad(peer),
-            },
-            V::Coll { kind, unit } => Packed::Coll { kind, unit },
-        }
-    }
-
-    fn wide(self) -> V {
-        match self {
-            Packed::Bad => V::Bad,
-            Packed::Compute { op, unit, mb } => V::Compute {
-                op,
-                unit,
-                mb: widen_bad(mb),
-            },
-            Packed::P2p {
-                dir,
-                tensor,
-                unit,
-                mb,
-                peer,
-            } => V::P2p {
-                dir,
-                tensor,
-                unit,
-                mb: widen_bad(mb),
-                peer: widen_bad(peer),
-            },
-            Packed::Coll { kind, unit } => V::Coll { kind, unit },
-        }
-    }
-}
-
-struct Checker<'p, P> {
+struct Checker<'p> {
     p: &'p Program,
     out: Vec<Violation>,
     /// Number of action lists.
@@ -381,19 +173,16 @@ struct Checker<'p, P> {
     bound: usize,
     nu: usize,
     m: usize,
+    /// Unit names to indices (the first definition wins).
+    names: NameMap<'p>,
     inputs: Vec<Vec<u32>>,
     needs_bwd: Vec<bool>,
     /// Successors that need backward.
     succ_nb: Vec<Vec<u32>>,
-    /// Every action resolved, 8 bytes each ([`Small`]) where the program's numbers
-    /// fit, else 16 ([`Packed`]; [`V`] is 32).
-    acts: Vec<Vec<P>>,
-    /// `(unit, mb)` tables fit in memory.
-    dense: bool,
 }
 
-impl<'p, P: Pack> Checker<'p, P> {
-    fn new(p: &'p Program) -> Checker<'p, P> {
+impl<'p> Checker<'p> {
+    fn new(p: &'p Program) -> Checker<'p> {
         let nr = p.programs.len();
         Checker {
             p,
@@ -402,11 +191,10 @@ impl<'p, P: Pack> Checker<'p, P> {
             bound: p.ranks.min(nr),
             nu: p.units.len(),
             m: p.microbatches,
+            names: NameMap::default(),
             inputs: Vec::new(),
             needs_bwd: Vec::new(),
             succ_nb: Vec::new(),
-            acts: Vec::new(),
-            dense: false,
         }
     }
 
@@ -432,29 +220,7 @@ impl<'p, P: Pack> Checker<'p, P> {
     fn run(&mut self, termination: Option<Mode>) {
         self.header();
         self.units();
-        self.resolve();
-        let total: usize = self.p.programs.iter().map(Vec::len).sum();
-        let cells = self.nu.checked_mul(self.m);
-        self.dense = matches!(cells, Some(c) if c <= total.saturating_add(65_536));
-        if self.dense {
-            self.coverage();
-            self.local_data();
-            self.matching();
-        } else {
-            self.push(
-                Rule::Coverage,
-                None,
-                None,
-                format!(
-                    "the program declares {} units x {} micro-batches but holds only {total} \
-                     actions, so most (unit, micro-batch) pairs have no F: check `microbatches` \
-                     (rules 1-3 were not checked further)",
-                    self.nu, self.m
-                ),
-            );
-        }
-        self.batches();
-        self.parameters();
+        self.scan();
         if let Some(mode) = termination {
             self.termination(mode);
         }
@@ -587,195 +353,173 @@ impl<'p, P: Pack> Checker<'p, P> {
             .collect();
         self.inputs = inputs;
         self.needs_bwd = nb;
+        self.names = names;
     }
 
-    fn resolve(&mut self) {
+    /// Action `i` of rank `r`, its unit `unit` (`None`: no unit has its name), as the
+    /// rules read it; what is wrong with its numbers reported here (rules 1, 3 and 4).
+    fn resolve(
+        &mut self,
+        r: usize,
+        i: usize,
+        view: ActionRef<'_>,
+        name: &str,
+        unit: Option<u32>,
+    ) -> V {
         let p = self.p;
-        let (names, _) = unit_names(p);
-        let mut all = Vec::with_capacity(self.nr);
-        // The last name looked up, by address and length: actions share their unit's
-        // name, so a run of actions on one unit costs one look-up.
-        let mut last: (*const u8, usize, Option<u32>) = (std::ptr::null(), 0, None);
-        for (r, list) in p.programs.iter().enumerate() {
-            let mut out = Vec::with_capacity(list.len());
-            for (i, a) in list.iter().enumerate() {
-                let view = a.view();
-                let name = match view {
-                    ActionRef::Compute(c) => c.unit,
-                    ActionRef::P2p(t) => t.unit,
-                    ActionRef::Coll(c) => c.unit,
-                };
-                let unit = if (name.as_ptr(), name.len()) == (last.0, last.1) {
-                    last.2
-                } else {
-                    let unit = names.get(name).copied();
-                    last = (name.as_ptr(), name.len(), unit);
-                    unit
-                };
-                let v = match view {
-                    ActionRef::Compute(c) => match unit {
-                        None => {
-                            self.at(
-                                Rule::Coverage,
-                                r,
-                                i,
-                                format_args!(
-                                    "no unit is called `{name}`: use a name listed in `units`"
-                                ),
-                            );
-                            V::Bad
-                        }
-                        Some(unit) => {
-                            let mb = if c.mb < self.m {
-                                c.mb
-                            } else {
-                                self.mb_range(Rule::Coverage, r, i, c.mb);
-                                BAD
-                            };
-                            V::Compute { op: c.op, unit, mb }
-                        }
-                    },
-                    ActionRef::P2p(t) => {
-                        let mut peer = t.peer;
-                        if t.peer == r {
+        match view {
+            ActionRef::Compute(c) => match unit {
+                None => {
+                    self.at(
+                        Rule::Coverage,
+                        r,
+                        i,
+                        format_args!("no unit is called `{name}`: use a name listed in `units`"),
+                    );
+                    V::Bad
+                }
+                Some(unit) => {
+                    let mb = if c.mb < self.m {
+                        c.mb
+                    } else {
+                        self.mb_range(Rule::Coverage, r, i, c.mb);
+                        BAD
+                    };
+                    V::Compute { op: c.op, unit, mb }
+                }
+            },
+            ActionRef::P2p(t) => {
+                let mut peer = t.peer;
+                if t.peer == r {
+                    self.at(
+                        Rule::Matching,
+                        r,
+                        i,
+                        "the peer is this rank itself: name the other rank of the transfer",
+                    );
+                    peer = BAD;
+                } else if t.peer >= self.bound {
+                    self.at(
+                        Rule::Matching,
+                        r,
+                        i,
+                        format_args!(
+                            "rank {} does not exist (the program has {} ranks): \
+                             name an existing rank",
+                            t.peer, p.ranks
+                        ),
+                    );
+                    peer = BAD;
+                }
+                match unit {
+                    None => {
+                        self.at(
+                            Rule::Matching,
+                            r,
+                            i,
+                            format_args!(
+                                "no unit is called `{name}`: use a name listed in `units`"
+                            ),
+                        );
+                        V::Bad
+                    }
+                    Some(unit) => {
+                        if t.tensor == Tensor::Input && !p.units[unit as usize].inputs.is_empty() {
                             self.at(
                                 Rule::Matching,
                                 r,
                                 i,
-                                "the peer is this rank itself: name the other rank of the transfer",
-                            );
-                            peer = BAD;
-                        } else if t.peer >= self.bound {
-                            self.at(
-                                Rule::Matching,
-                                r,
-                                i,
                                 format_args!(
-                                    "rank {} does not exist (the program has {} ranks): \
-                                     name an existing rank",
-                                    t.peer, p.ranks
+                                    "an `input` transfer carries the raw micro-batch of \
+                                     a unit with no inputs, but `{name}` has inputs: \
+                                     transfer `act` of its inputs instead"
                                 ),
                             );
-                            peer = BAD;
                         }
-                        match unit {
-                            None => {
-                                self.at(
-                                    Rule::Matching,
-                                    r,
-                                    i,
-                                    format_args!(
-                                        "no unit is called `{name}`: use a name listed in `units`"
-                                    ),
-                                );
-                                V::Bad
-                            }
-                            Some(unit) => {
-                                if t.tensor == Tensor::Input
-                                    && !p.units[unit as usize].inputs.is_empty()
-                                {
-                                    self.at(
-                                        Rule::Matching,
-                                        r,
-                                        i,
-                                        format_args!(
-                                            "an `input` transfer carries the raw micro-batch of \
-                                             a unit with no inputs, but `{name}` has inputs: \
-                                             transfer `act` of its inputs instead"
-                                        ),
-                                    );
-                                }
-                                let mb = if t.mb < self.m {
-                                    t.mb
-                                } else {
-                                    self.mb_range(Rule::Matching, r, i, t.mb);
-                                    BAD
-                                };
-                                V::P2p {
-                                    dir: t.dir,
-                                    tensor: t.tensor,
-                                    unit,
-                                    mb,
-                                    peer,
-                                }
-                            }
+                        let mb = if t.mb < self.m {
+                            t.mb
+                        } else {
+                            self.mb_range(Rule::Matching, r, i, t.mb);
+                            BAD
+                        };
+                        V::P2p {
+                            dir: t.dir,
+                            tensor: t.tensor,
+                            unit,
+                            mb,
+                            peer,
                         }
                     }
-                    ActionRef::Coll(c) => {
-                        let ranks = p.ranks;
-                        if c.root >= self.bound {
-                            self.at(
-                                Rule::Parameters,
-                                r,
-                                i,
-                                format_args!(
-                                    "root {} does not exist (the program has {ranks} ranks): \
-                                     use the unit's home rank",
-                                    c.root
-                                ),
-                            );
-                        } else if !c.group.contains(&c.root) {
-                            self.at(
-                                Rule::Parameters,
-                                r,
-                                i,
-                                format_args!("root {} is not in the group: add it", c.root),
-                            );
-                        }
-                        if !c.group.contains(&r) {
-                            self.at(
-                                Rule::Parameters,
-                                r,
-                                i,
-                                format_args!(
-                                    "rank {r} lists this collective but is not in its group: \
-                                     add {r} to the group, or remove the action"
-                                ),
-                            );
-                        }
-                        for (k, &g) in c.group.iter().enumerate() {
-                            if g >= self.bound {
-                                self.at(
-                                    Rule::Parameters,
-                                    r,
-                                    i,
-                                    format_args!(
-                                        "group member {g} does not exist (the program has \
-                                         {ranks} ranks): remove it"
-                                    ),
-                                );
-                            } else if c.group[..k].contains(&g) {
-                                self.at(
-                                    Rule::Parameters,
-                                    r,
-                                    i,
-                                    format_args!(
-                                        "rank {g} appears twice in the group: list it once"
-                                    ),
-                                );
-                            }
-                        }
-                        match unit {
-                            None => {
-                                self.at(
-                                    Rule::Parameters,
-                                    r,
-                                    i,
-                                    format_args!(
-                                        "no unit is called `{name}`: use a name listed in `units`"
-                                    ),
-                                );
-                                V::Bad
-                            }
-                            Some(unit) => V::Coll { kind: c.kind, unit },
-                        }
-                    }
-                };
-                out.push(P::of(v));
+                }
             }
-            all.push(out);
+            ActionRef::Coll(c) => {
+                let ranks = p.ranks;
+                if c.root >= self.bound {
+                    self.at(
+                        Rule::Parameters,
+                        r,
+                        i,
+                        format_args!(
+                            "root {} does not exist (the program has {ranks} ranks): \
+                             use the unit's home rank",
+                            c.root
+                        ),
+                    );
+                } else if !c.group.contains(&c.root) {
+                    self.at(
+                        Rule::Parameters,
+                        r,
+                        i,
+                        format_args!("root {} is not in the group: add it", c.root),
+                    );
+                }
+                if !c.group.contains(&r) {
+                    self.at(
+                        Rule::Parameters,
+                        r,
+                        i,
+                        format_args!(
+                            "rank {r} lists this collective but is not in its group: \
+                             add {r} to the group, or remove the action"
+                        ),
+                    );
+                }
+                for (k, &g) in c.group.iter().enumerate() {
+                    if g >= self.bound {
+                        self.at(
+                            Rule::Parameters,
+                            r,
+                            i,
+                            format_args!(
+                                "group member {g} does not exist (the program has \
+                                 {ranks} ranks): remove it"
+                            ),
+                        );
+                    } else if c.group[..k].contains(&g) {
+                        self.at(
+                            Rule::Parameters,
+                            r,
+                            i,
+                            format_args!("rank {g} appears twice in the group: list it once"),
+                        );
+                    }
+                }
+                match unit {
+                    None => {
+                        self.at(
+                            Rule::Parameters,
+                            r,
+                            i,
+                            format_args!(
+                                "no unit is called `{name}`: use a name listed in `units`"
+                            ),
+                        );
+                        V::Bad
+                    }
+                    Some(unit) => V::Coll { kind: c.kind, unit },
+                }
+            }
         }
-        self.acts = all;
     }
 
     fn mb_range(&mut self, rule: Rule, r: usize, i: usize, mb: usize) {
@@ -791,69 +535,490 @@ impl<'p, P: Pack> Checker<'p, P> {
         );
     }
 
-    // -- rule 1 ------------------------------------------------------------
+    /// Rules 1-4 in one pass over the lists: each action is decoded once
+    /// ([`Checker::resolve`]) and read by every rule's part of the pass in turn
+    /// (rule 1's counts, rule 2's data on the rank, rule 3's channels and batches,
+    /// rule 4's parameters), each keeping what it finds apart; then each rule's
+    /// findings and what it concludes from the whole pass, in the rules' order
+    /// (violations tie only within one rule: the order each rule finds its own is
+    /// the order of a pass of its own).
+    fn scan(&mut self) {
+        let p = self.p;
+        let (nu, m, nr) = (self.nu, self.m, self.nr);
+        let total: usize = p.programs.iter().map(Vec::len).sum();
+        let cells = nu.checked_mul(m);
+        // `(unit, mb)` tables fit in memory.
+        let dense = matches!(cells, Some(c) if c <= total.saturating_add(65_536));
+        let cells = if dense { nu * m } else { 0 };
 
-    fn coverage(&mut self) {
-        let cells = self.nu * self.m;
-        // Per op kind (F, B, W, BW): how many (saturating) and where the first one is.
+        // Rule 1: per op kind (F, B, W, BW) of each (unit, mb), how many
+        // (saturating) and where the first one is.
         let mut count = vec![[0u8; 4]; cells];
         let mut first = vec![[(NONE, NONE); 4]; cells];
-        let mut found = Vec::new();
-        for (r, list) in self.acts.iter().enumerate() {
+        let mut cover: Vec<(usize, usize, String)> = Vec::new();
+
+        // Rule 2 (and rule 3's "send after the producer"): what each (unit, mb)
+        // has on the rank so far.
+        const FWD: u8 = 1;
+        const BWD: u8 = 2;
+        const BONLY: u8 = 4;
+        const RACT: u8 = 8;
+        const RGRAD: u8 = 16;
+        let (ahead_msgs, left, ahead) = if dense {
+            self.prefetched()
+        } else {
+            Default::default()
+        };
+        let mut seen = vec![0u8; cells];
+        let mut touched_cells: Vec<usize> = Vec::new();
+        let mut local: Vec<(Rule, usize, usize, String)> = Vec::new();
+
+        // Rule 3: channel (from, to) -> (its sends, its receives), each as its key
+        // (4 bytes a transfer), in list order.
+        type Side = Vec<u32>;
+        type Chan = ((usize, usize), (Side, Side));
+        let keys = cells * 3;
+        let matching = dense && u32::try_from(keys).is_ok();
+        let mut chans: Vec<Chan> = Vec::new();
+        // A channel's place in `chans`: in a table of ranks x ranks cells where that
+        // is no larger than the program (no tree walk per action), else in a map.
+        let mut table: Vec<u32> = if nr.checked_mul(nr).is_some_and(|c| c <= total) {
+            vec![NONE; nr * nr]
+        } else {
+            Vec::new()
+        };
+        let mut map: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+
+        // Rule 3's batches: at most one SEND to and one RECV from each peer per
+        // batch; `serial` numbers the batches of two or more.
+        let mut stamps = Stamps {
+            send: vec![0; nr],
+            recv: vec![0; nr],
+            first_send: vec![0; nr],
+            first_recv: vec![0; nr],
+        };
+        let mut serial = 0usize;
+        let mut batches: Vec<(usize, usize, String)> = Vec::new();
+
+        // Rule 4: per unit, on the current rank: first compute, last W/BW, first
+        // BCAST, last REDUCE.
+        let mut first_compute = vec![NONE; nu];
+        let mut last_wbw = vec![NONE; nu];
+        let mut first_bcast = vec![NONE; nu];
+        let mut last_reduce = vec![NONE; nu];
+        let mut touched_units: Vec<usize> = Vec::new();
+        let mut in_touched = vec![false; nu];
+        let mut params: Vec<(usize, usize, String)> = Vec::new();
+        // Collective identities: each with its first (rank, index); per (id, rank)
+        // how often; per (kind, unit, rank) the identities in list order.
+        let mut ids: BTreeMap<Id, usize> = BTreeMap::new();
+        let mut id_list: Vec<(Id, usize, usize)> = Vec::new();
+        let mut counts: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+        let mut seqs: BTreeMap<(CollKind, u32, usize), Vec<(usize, usize)>> = BTreeMap::new();
+
+        // The last two names looked up, by address and length: actions share their
+        // unit's name, so a run of actions on one unit (or alternating between two, a
+        // stage's and its neighbour's) costs one look-up.
+        let mut last = [(std::ptr::null::<u8>(), 0usize, None::<u32>); 2];
+        for (r, list) in p.programs.iter().enumerate() {
+            for &c in &touched_cells {
+                seen[c] = 0;
+            }
+            touched_cells.clear();
+            for &u in &touched_units {
+                in_touched[u] = false;
+                first_compute[u] = NONE;
+                last_wbw[u] = NONE;
+                first_bcast[u] = NONE;
+                last_reduce[u] = NONE;
+            }
+            touched_units.clear();
+            // The batch number of the action before, how many actions the operation
+            // holds so far and its first one, if a transfer the batch rule reads.
+            let mut prev_batch: Option<u64> = None;
+            let mut run = 0usize;
+            let mut run_first: Option<(usize, Dir, usize)> = None;
             for (i, a) in list.iter().enumerate() {
-                let V::Compute { op, unit, mb } = a.wide() else {
-                    continue;
+                let view = a.view();
+                let (name, batch) = match view {
+                    ActionRef::Compute(c) => (c.unit, None),
+                    ActionRef::P2p(t) => (t.unit, t.batch),
+                    ActionRef::Coll(c) => (c.unit, None),
                 };
-                if mb == BAD {
-                    continue;
-                }
-                let u = unit as usize;
-                let (trainable, nb) = (self.p.units[u].trainable, self.needs_bwd[u]);
-                match op {
-                    Op::RF => continue,
-                    Op::W if !trainable => found.push((
-                        r,
-                        i,
-                        "W of a frozen unit (`trainable: false`) is not allowed: remove it"
-                            .to_string(),
-                    )),
-                    Op::B | Op::BW if !nb => found.push((
-                        r,
-                        i,
-                        "this unit needs no backward (it is frozen and so are all its transitive \
-                         inputs), so no B or BW of it is allowed: remove it"
-                            .to_string(),
-                    )),
-                    _ => {}
-                }
-                let k = match op {
-                    Op::F => 0,
-                    Op::B => 1,
-                    Op::W => 2,
-                    _ => 3,
-                };
-                let cell = u * self.m + mb;
-                if count[cell][k] == 0 {
-                    first[cell][k] = (r as u32, i as u32);
+                let key = (name.as_ptr(), name.len());
+                let unit = if key == (last[0].0, last[0].1) {
+                    last[0].2
+                } else if key == (last[1].0, last[1].1) {
+                    last.swap(0, 1);
+                    last[0].2
                 } else {
-                    let (fr, fi) = first[cell][k];
-                    found.push((
+                    let unit = self.names.get(name).copied();
+                    last[1] = last[0];
+                    last[0] = (key.0, key.1, unit);
+                    unit
+                };
+                let v = self.resolve(r, i, view, name, unit);
+
+                // Rule 3's batches: operations split as `split_ops` splits them
+                // (only a transfer with a batch number joins the action before).
+                if joins_batch(prev_batch, batch) {
+                    let member = match v {
+                        V::P2p { dir, peer, .. } if peer != BAD => Some((i, dir, peer)),
+                        _ => None,
+                    };
+                    run += 1;
+                    if run == 2 {
+                        serial += 1;
+                        if let Some(f) = run_first {
+                            stamps.stamp(r, f, serial, &mut batches);
+                        }
+                    }
+                    if let Some(x) = member {
+                        stamps.stamp(r, x, serial, &mut batches);
+                    }
+                } else if batch.is_some() {
+                    run = 1;
+                    run_first = match v {
+                        V::P2p { dir, peer, .. } if peer != BAD => Some((i, dir, peer)),
+                        _ => None,
+                    };
+                }
+                prev_batch = batch;
+
+                match v {
+                    V::Bad => {}
+                    V::Compute { op, unit, mb } => {
+                        let u = unit as usize;
+                        if dense && mb != BAD {
+                            let cell = u * m + mb;
+                            // Rule 1.
+                            let (trainable, nb) = (p.units[u].trainable, self.needs_bwd[u]);
+                            match op {
+                                Op::W if !trainable => cover.push((
+                                    r,
+                                    i,
+                                    "W of a frozen unit (`trainable: false`) is not allowed: \
+                                     remove it"
+                                        .to_string(),
+                                )),
+                                Op::B | Op::BW if !nb => cover.push((
+                                    r,
+                                    i,
+                                    "this unit needs no backward (it is frozen and so are all \
+                                     its transitive inputs), so no B or BW of it is allowed: \
+                                     remove it"
+                                        .to_string(),
+                                )),
+                                _ => {}
+                            }
+                            if op != Op::RF {
+                                let k = match op {
+                                    Op::F => 0,
+                                    Op::B => 1,
+                                    Op::W => 2,
+                                    _ => 3,
+                                };
+                                let n = &mut count[cell][k];
+                                if *n == 0 {
+                                    first[cell][k] = (r as u32, i as u32);
+                                } else {
+                                    let (fr, fi) = first[cell][k];
+                                    cover.push((
+                                        r,
+                                        i,
+                                        format!(
+                                            "another {}({},{mb}) (the first is rank {fr}, \
+                                             action {fi}): exactly one is allowed; remove this one",
+                                            op.as_str(),
+                                            self.unit_name(unit)
+                                        ),
+                                    ));
+                                }
+                                *n = n.saturating_add(1);
+                            }
+                            // Rule 2.
+                            let name = self.unit_name(unit);
+                            let bit = match op {
+                                Op::F | Op::RF => {
+                                    // A forward for the next step reads its inputs'
+                                    // next-step copies, made in this step.
+                                    let reader_ahead = ahead.contains(&(unit, mb));
+                                    for &q in &self.inputs[u] {
+                                        if seen[q as usize * m + mb] & (FWD | RACT) == 0
+                                            && (reader_ahead || !left.contains(&(r, q, mb)))
+                                        {
+                                            let q = self.unit_name(q);
+                                            local.push((
+                                                Rule::LocalData,
+                                                r,
+                                                i,
+                                                format!(
+                                                    "reads act({q},{mb}), but no F({q},{mb}), \
+                                                     RF({q},{mb}) or RECV act({q},{mb}) comes \
+                                                     earlier on rank {r}: add one before it"
+                                                ),
+                                            ));
+                                        }
+                                    }
+                                    FWD
+                                }
+                                Op::B | Op::BW => {
+                                    if seen[cell] & FWD == 0 {
+                                        local.push((
+                                            Rule::LocalData,
+                                            r,
+                                            i,
+                                            format!(
+                                                "needs the activations of F({name},{mb}), but \
+                                                 no F({name},{mb}) or RF({name},{mb}) comes \
+                                                 earlier on rank {r}: add one before it (RF \
+                                                 recomputes it)"
+                                            ),
+                                        ));
+                                    }
+                                    for &s in &self.succ_nb[u] {
+                                        if seen[s as usize * m + mb] & (BWD | RGRAD) == 0 {
+                                            let s = self.unit_name(s);
+                                            local.push((
+                                                Rule::LocalData,
+                                                r,
+                                                i,
+                                                format!(
+                                                    "reads grad({s},{mb}), but no B({s},{mb}), \
+                                                     BW({s},{mb}) or RECV grad({s},{mb}) comes \
+                                                     earlier on rank {r}: add one before it"
+                                                ),
+                                            ));
+                                        }
+                                    }
+                                    if op == Op::B {
+                                        BWD | BONLY
+                                    } else {
+                                        BWD
+                                    }
+                                }
+                                Op::W => {
+                                    if seen[cell] & BONLY == 0 {
+                                        local.push((
+                                            Rule::LocalData,
+                                            r,
+                                            i,
+                                            format!(
+                                                "needs B({name},{mb}) earlier on rank {r}: \
+                                                 move it after that B"
+                                            ),
+                                        ));
+                                    }
+                                    0
+                                }
+                            };
+                            if bit != 0 {
+                                if seen[cell] == 0 {
+                                    touched_cells.push(cell);
+                                }
+                                seen[cell] |= bit;
+                            }
+                        }
+                        // Rule 4.
+                        if first_compute[u] == NONE {
+                            first_compute[u] = i as u32;
+                        }
+                        if matches!(op, Op::W | Op::BW) {
+                            last_wbw[u] = i as u32;
+                        }
+                        if !in_touched[u] {
+                            in_touched[u] = true;
+                            touched_units.push(u);
+                        }
+                    }
+                    V::P2p {
+                        dir,
+                        tensor,
+                        unit,
+                        mb,
+                        peer,
+                    } if dense && mb != BAD => {
+                        // Rule 2, and rule 3's "send after the producer".
+                        let cell = unit as usize * m + mb;
+                        let bit = match (dir, tensor) {
+                            (Dir::Recv, Tensor::Act) => RACT,
+                            (Dir::Recv, Tensor::Grad) => RGRAD,
+                            (Dir::Send, Tensor::Act) if seen[cell] & FWD == 0 => {
+                                let name = self.unit_name(unit);
+                                local.push((
+                                    Rule::Matching,
+                                    r,
+                                    i,
+                                    format!(
+                                        "sends act({name},{mb}) before rank {r} produces it: \
+                                         put it after F({name},{mb}) or RF({name},{mb})"
+                                    ),
+                                ));
+                                0
+                            }
+                            (Dir::Send, Tensor::Grad) if seen[cell] & BWD == 0 => {
+                                let name = self.unit_name(unit);
+                                local.push((
+                                    Rule::Matching,
+                                    r,
+                                    i,
+                                    format!(
+                                        "sends grad({name},{mb}) before rank {r} produces it: \
+                                         put it after B({name},{mb}) or BW({name},{mb})"
+                                    ),
+                                ));
+                                0
+                            }
+                            _ => 0,
+                        };
+                        if bit != 0 {
+                            if seen[cell] == 0 {
+                                touched_cells.push(cell);
+                            }
+                            seen[cell] |= bit;
+                        }
+                        // Rule 3: the transfer on its channel.
+                        if matching && peer != BAD {
+                            let key = (unit as usize * m + mb) * 3 + tensor_index(tensor) as usize;
+                            let ends = dir.ends(r, peer);
+                            let c = channel(&mut chans, &mut table, &mut map, nr, ends);
+                            let side = &mut chans[c].1;
+                            match dir {
+                                Dir::Send => side.0.push(key as u32),
+                                Dir::Recv => side.1.push(key as u32),
+                            }
+                        }
+                    }
+                    V::P2p { .. } => {}
+                    V::Coll { kind, unit } => {
+                        // Rule 4.
+                        let u = unit as usize;
+                        match kind {
+                            CollKind::Bcast if first_bcast[u] == NONE => first_bcast[u] = i as u32,
+                            CollKind::Reduce => last_reduce[u] = i as u32,
+                            _ => {}
+                        }
+                        if let ActionRef::Coll(c) = view {
+                            let mut group = c.group.to_vec();
+                            group.sort_unstable();
+                            group.dedup();
+                            let key: Id = (kind, unit, c.root, group);
+                            let id = match ids.get(&key) {
+                                Some(&id) => id,
+                                None => {
+                                    let id = id_list.len();
+                                    ids.insert(key.clone(), id);
+                                    id_list.push((key, r, i));
+                                    id
+                                }
+                            };
+                            *counts.entry((id, r)).or_insert(0) += 1;
+                            seqs.entry((kind, unit, r)).or_default().push((id, i));
+                        }
+                        if !in_touched[u] {
+                            in_touched[u] = true;
+                            touched_units.push(u);
+                        }
+                    }
+                }
+            }
+            // Rule 4, the rank's end: parameters fetched and gradients sent home.
+            for &u in &touched_units {
+                let unit = &p.units[u];
+                if unit.home == r {
+                    continue;
+                }
+                let name = &unit.name;
+                let home = unit.home;
+                let fc = first_compute[u];
+                if unit.trainable && fc != NONE && (first_bcast[u] == NONE || first_bcast[u] > fc) {
+                    params.push((
                         r,
-                        i,
+                        fc as usize,
                         format!(
-                            "another {}({},{mb}) (the first is rank {fr}, action {fi}): \
-                             exactly one is allowed; remove this one",
-                            op.as_str(),
-                            self.unit_name(unit)
+                            "rank {r} runs trainable unit `{name}`, whose parameters live on \
+                             rank {home}, but takes part in no BCAST({name}) before this: add \
+                             a BCAST({name}) from rank {home} to a group holding rank {r} \
+                             earlier in rank {r}'s list"
                         ),
                     ));
                 }
-                count[cell][k] = count[cell][k].saturating_add(1);
+                let lw = last_wbw[u];
+                if lw != NONE && (last_reduce[u] == NONE || last_reduce[u] < lw) {
+                    params.push((
+                        r,
+                        lw as usize,
+                        format!(
+                            "rank {r} computes weight gradients of `{name}`, whose home is \
+                             rank {home}, but takes part in no REDUCE({name}) after its last \
+                             W/BW (this one): add a REDUCE({name}) to rank {home} after it"
+                        ),
+                    ));
+                }
             }
         }
-        for (r, i, msg) in found {
-            self.at(Rule::Coverage, r, i, msg);
+        drop((seen, touched_cells, left, ahead, table, map));
+        drop((
+            first_compute,
+            last_wbw,
+            first_bcast,
+            last_reduce,
+            in_touched,
+        ));
+
+        if dense {
+            for (r, i, msg) in cover {
+                self.at(Rule::Coverage, r, i, msg);
+            }
+            self.coverage(&count, &first);
+            drop((count, first));
+            for message in ahead_msgs {
+                self.push(Rule::LocalData, None, None, message);
+            }
+            for (rule, r, i, msg) in local {
+                self.at(rule, r, i, msg);
+            }
+            if matching {
+                self.matching(chans);
+            } else {
+                self.push(
+                    Rule::Matching,
+                    None,
+                    None,
+                    format!(
+                        "{} units x {} micro-batches are too many to match transfers by key \
+                         (at most {} keys): lower `microbatches` or the number of units",
+                        self.nu,
+                        self.m,
+                        u32::MAX
+                    ),
+                );
+            }
+        } else {
+            self.push(
+                Rule::Coverage,
+                None,
+                None,
+                format!(
+                    "the program declares {} units x {} micro-batches but holds only {total} \
+                     actions, so most (unit, micro-batch) pairs have no F: check `microbatches` \
+                     (rules 1-3 were not checked further)",
+                    self.nu, self.m
+                ),
+            );
         }
+        for (r, i, msg) in batches {
+            self.at(Rule::Matching, r, i, msg);
+        }
+        for (r, i, msg) in params {
+            self.at(Rule::Parameters, r, i, msg);
+        }
+        self.collectives(&id_list, &counts, &seqs);
+    }
+
+    /// Rule 1's conclusions from the counts of the pass ([`Checker::scan`]): every
+    /// (unit, mb) computed, backward and weight gradients as its unit needs them.
+    fn coverage(&mut self, count: &[[u8; 4]], first: &[[(u32, u32); 4]]) {
         for u in 0..self.nu {
             let unit = &self.p.units[u];
             let name = &unit.name;
@@ -937,90 +1102,73 @@ impl<'p, P: Pack> Checker<'p, P> {
         }
     }
 
-    // -- rule 2, and rule 3's "send after the producer" ---------------------
+    // -- rule 2's entries left by the previous step ---------------------------
 
-    /// `(rank, unit, mb)` cells whose activation the previous step left on the rank:
-    /// the prefetched forwards' (see [`Program::prefetch`]), on every rank that
-    /// computes or receives them; and the `(unit, mb)` entries. Also checks the
-    /// entries themselves (rule 2), including that a prefetched unit's inputs are
-    /// prefetched for the same micro-batch.
+    /// What a step's prefetched forwards (see [`Program::prefetch`]) leave: the
+    /// entries' own problems (rule 2, each a message, including that a prefetched
+    /// unit's inputs are prefetched for the same micro-batch); the `(rank, unit,
+    /// mb)` cells whose activation the previous step left on the rank, on every rank
+    /// that computes or receives a prefetched forward; and the `(unit, mb)` entries.
     #[allow(clippy::type_complexity)]
     fn prefetched(
-        &mut self,
+        &self,
     ) -> (
+        Vec<String>,
         std::collections::BTreeSet<(usize, u32, usize)>,
         std::collections::BTreeSet<(u32, usize)>,
     ) {
+        let mut messages = Vec::new();
         let mut cells = std::collections::BTreeSet::new();
-        if self.p.prefetch.is_empty() {
-            return (cells, Default::default());
-        }
         let mut wanted = std::collections::BTreeSet::new();
+        if self.p.prefetch.is_empty() {
+            return (messages, cells, wanted);
+        }
         for e in &self.p.prefetch {
             let Some(u) = self.p.units.iter().position(|x| *x.name == *e.unit) else {
-                self.push(
-                    Rule::LocalData,
-                    None,
-                    None,
-                    format!("`prefetch` names unknown unit `{}`", e.unit),
-                );
+                messages.push(format!("`prefetch` names unknown unit `{}`", e.unit));
                 continue;
             };
             if e.mb >= self.m {
-                self.push(
-                    Rule::LocalData,
-                    None,
-                    None,
-                    format!(
-                        "`prefetch` names micro-batch {} of `{}`, beyond the step's {}",
-                        e.mb, e.unit, self.m
-                    ),
-                );
+                messages.push(format!(
+                    "`prefetch` names micro-batch {} of `{}`, beyond the step's {}",
+                    e.mb, e.unit, self.m
+                ));
                 continue;
             }
             if self.p.units[u].trainable || self.needs_bwd.get(u).copied().unwrap_or(false) {
-                self.push(
-                    Rule::LocalData,
-                    None,
-                    None,
-                    format!(
-                        "`prefetch` names `{}`, which has a backward: only a frozen unit's \
-                         forward can run a step ahead (the next step's would read parameters \
-                         this step updates)",
-                        e.unit
-                    ),
-                );
+                messages.push(format!(
+                    "`prefetch` names `{}`, which has a backward: only a frozen unit's \
+                     forward can run a step ahead (the next step's would read parameters \
+                     this step updates)",
+                    e.unit
+                ));
                 continue;
             }
             wanted.insert((u as u32, e.mb));
         }
-        for (r, list) in self.acts.iter().enumerate() {
+        // Every F and RECV act of a prefetched (unit, mb), by rank (a unit no unit
+        // is called, or a micro-batch out of range, is never one).
+        for (r, list) in self.p.programs.iter().enumerate() {
             for a in list {
-                let (unit, mb) = match a.wide() {
-                    V::Compute {
-                        op: Op::F,
-                        unit,
-                        mb,
-                    } => (unit, mb),
-                    V::P2p {
-                        dir: Dir::Recv,
-                        tensor: Tensor::Act,
-                        unit,
-                        mb,
-                        ..
-                    } => (unit, mb),
+                let (name, mb) = match a.view() {
+                    ActionRef::Compute(c) if c.op == Op::F => (c.unit, c.mb),
+                    ActionRef::P2p(t) if t.dir == Dir::Recv && t.tensor == Tensor::Act => {
+                        (t.unit, t.mb)
+                    }
                     _ => continue,
+                };
+                let Some(&unit) = self.names.get(name) else {
+                    continue;
                 };
                 if wanted.contains(&(unit, mb)) {
                     cells.insert((r, unit, mb));
                 }
             }
         }
-        let mut closed = Vec::new();
         for &(u, mb) in &wanted {
             for &q in self.inputs.get(u as usize).into_iter().flatten() {
                 if !wanted.contains(&(q, mb)) {
-                    closed.push(format!(
+                    messages.push(format!(
                         "`prefetch` names `{}` for micro-batch {mb} but not its input `{}`: a \
                          forward for the next step cannot read this step's activation; \
                          prefetch `{}` for micro-batch {mb} too, or neither",
@@ -1031,266 +1179,20 @@ impl<'p, P: Pack> Checker<'p, P> {
                 }
             }
         }
-        for message in closed {
-            self.push(Rule::LocalData, None, None, message);
-        }
-        (cells, wanted)
-    }
-
-    fn local_data(&mut self) {
-        let (left, ahead) = self.prefetched();
-        const FWD: u8 = 1;
-        const BWD: u8 = 2;
-        const BONLY: u8 = 4;
-        const RACT: u8 = 8;
-        const RGRAD: u8 = 16;
-        let m = self.m;
-        let mut seen = vec![0u8; self.nu * m];
-        let mut touched: Vec<usize> = Vec::new();
-        let mut found: Vec<(Rule, usize, usize, String)> = Vec::new();
-        for (r, list) in self.acts.iter().enumerate() {
-            for &c in &touched {
-                seen[c] = 0;
-            }
-            touched.clear();
-            for (i, a) in list.iter().enumerate() {
-                let (unit, mb, bit) = match a.wide() {
-                    V::Compute { op, unit, mb } if mb != BAD => {
-                        let cell = unit as usize * m + mb;
-                        let name = self.unit_name(unit);
-                        match op {
-                            Op::F | Op::RF => {
-                                // A forward for the next step reads its inputs'
-                                // next-step copies, made in this step.
-                                let reader_ahead = ahead.contains(&(unit, mb));
-                                for &q in &self.inputs[unit as usize] {
-                                    if seen[q as usize * m + mb] & (FWD | RACT) == 0
-                                        && (reader_ahead || !left.contains(&(r, q, mb)))
-                                    {
-                                        let q = self.unit_name(q);
-                                        found.push((
-                                            Rule::LocalData,
-                                            r,
-                                            i,
-                                            format!(
-                                                "reads act({q},{mb}), but no F({q},{mb}), \
-                                                 RF({q},{mb}) or RECV act({q},{mb}) comes \
-                                                 earlier on rank {r}: add one before it"
-                                            ),
-                                        ));
-                                    }
-                                }
-                                (unit, mb, FWD)
-                            }
-                            Op::B | Op::BW => {
-                                if seen[cell] & FWD == 0 {
-                                    found.push((
-                                        Rule::LocalData,
-                                        r,
-                                        i,
-                                        format!(
-                                            "needs the activations of F({name},{mb}), but no \
-                                             F({name},{mb}) or RF({name},{mb}) comes earlier on \
-                                             rank {r}: add one before it (RF recomputes it)"
-                                        ),
-                                    ));
-                                }
-                                for &s in &self.succ_nb[unit as usize] {
-                                    if seen[s as usize * m + mb] & (BWD | RGRAD) == 0 {
-                                        let s = self.unit_name(s);
-                                        found.push((
-                                            Rule::LocalData,
-                                            r,
-                                            i,
-                                            format!(
-                                                "reads grad({s},{mb}), but no B({s},{mb}), \
-                                                 BW({s},{mb}) or RECV grad({s},{mb}) comes \
-                                                 earlier on rank {r}: add one before it"
-                                            ),
-                                        ));
-                                    }
-                                }
-                                (unit, mb, if op == Op::B { BWD | BONLY } else { BWD })
-                            }
-                            Op::W => {
-                                if seen[cell] & BONLY == 0 {
-                                    found.push((
-                                        Rule::LocalData,
-                                        r,
-                                        i,
-                                        format!(
-                                            "needs B({name},{mb}) earlier on rank {r}: \
-                                             move it after that B"
-                                        ),
-                                    ));
-                                }
-                                continue;
-                            }
-                        }
-                    }
-                    V::P2p {
-                        dir,
-                        tensor,
-                        unit,
-                        mb,
-                        ..
-                    } if mb != BAD => {
-                        let cell = unit as usize * m + mb;
-                        let name = self.unit_name(unit);
-                        match (dir, tensor) {
-                            (Dir::Recv, Tensor::Act) => (unit, mb, RACT),
-                            (Dir::Recv, Tensor::Grad) => (unit, mb, RGRAD),
-                            (Dir::Send, Tensor::Act) if seen[cell] & FWD == 0 => {
-                                found.push((
-                                    Rule::Matching,
-                                    r,
-                                    i,
-                                    format!(
-                                        "sends act({name},{mb}) before rank {r} produces it: \
-                                         put it after F({name},{mb}) or RF({name},{mb})"
-                                    ),
-                                ));
-                                continue;
-                            }
-                            (Dir::Send, Tensor::Grad) if seen[cell] & BWD == 0 => {
-                                found.push((
-                                    Rule::Matching,
-                                    r,
-                                    i,
-                                    format!(
-                                        "sends grad({name},{mb}) before rank {r} produces it: \
-                                         put it after B({name},{mb}) or BW({name},{mb})"
-                                    ),
-                                ));
-                                continue;
-                            }
-                            _ => continue,
-                        }
-                    }
-                    _ => continue,
-                };
-                let cell = unit as usize * m + mb;
-                if seen[cell] == 0 {
-                    touched.push(cell);
-                }
-                seen[cell] |= bit;
-            }
-        }
-        for (rule, r, i, msg) in found {
-            self.at(rule, r, i, msg);
-        }
+        (messages, cells, wanted)
     }
 
     // -- rule 3 ------------------------------------------------------------
 
-    fn matching(&mut self) {
-        // Channel (from, to) -> (its sends, its receives), each as its key: 4 bytes
-        // a transfer, each action decoded twice (counted, then placed). Where they
-        // are in their ranks' lists is found again only for a channel with a
-        // violation to report ([`Checker::channel_indices`]).
-        type Side = Vec<u32>;
-        type Chan = ((usize, usize), (Side, Side));
-        let mut chans: Vec<Chan> = Vec::new();
-        // A channel's place in `chans`: in a table of ranks x ranks cells where that
-        // is no larger than the program (no tree walk per action), else in a map.
-        let nr = self.acts.len();
-        let total: usize = self.acts.iter().map(Vec::len).sum();
-        let mut table: Vec<u32> = if nr.checked_mul(nr).is_some_and(|c| c <= total) {
-            vec![NONE; nr * nr]
-        } else {
-            Vec::new()
-        };
-        let mut map: BTreeMap<(usize, usize), usize> = BTreeMap::new();
-        let mut chan = |chans: &mut Vec<Chan>, ends: (usize, usize)| {
-            let cell =
-                (ends.0 < nr && ends.1 < nr && !table.is_empty()).then(|| ends.0 * nr + ends.1);
-            match cell {
-                Some(c) if table[c] != NONE => table[c] as usize,
-                Some(c) => {
-                    table[c] = chans.len() as u32;
-                    chans.push((ends, Default::default()));
-                    chans.len() - 1
-                }
-                None => *map.entry(ends).or_insert_with(|| {
-                    chans.push((ends, Default::default()));
-                    chans.len() - 1
-                }),
-            }
-        };
+    /// Rule 3's conclusions from every channel's transfers, as the pass listed them
+    /// ([`Checker::scan`]): each sent once and received once, in one order.
+    fn matching(&mut self, mut chans: Vec<Chan>) {
         let m = self.m as u64;
         let keys = self.nu * self.m * 3;
-        if u32::try_from(keys).is_err() {
-            self.push(
-                Rule::Matching,
-                None,
-                None,
-                format!(
-                    "{} units x {} micro-batches are too many to match transfers by key \
-                     (at most {} keys): lower `microbatches` or the number of units",
-                    self.nu,
-                    self.m,
-                    u32::MAX
-                ),
-            );
-            return;
-        }
-        // Each transfer's channel and key, `None` for other actions and bad ones.
-        let ends = |r: usize, a: &P| match a.wide() {
-            V::P2p {
-                dir,
-                tensor,
-                unit,
-                mb,
-                peer,
-            } if mb != BAD && peer != BAD => {
-                // Below `keys`, which fits in 32 bits (checked above).
-                let key = (u64::from(unit) * m + mb as u64) * 3 + tensor_index(tensor);
-                Some((dir.ends(r, peer), key as u32, dir == Dir::Send))
-            }
-            _ => None,
-        };
-        // Two passes: the channels' sizes counted first, so that each side is
-        // allocated once at its size (grown by doubling, the sides held up to twice
-        // their 16 bytes a transfer at the verifier's peak).
-        let mut sizes: Vec<(usize, usize)> = Vec::new();
-        for (r, list) in self.acts.iter().enumerate() {
-            for a in list {
-                if let Some((ch, _, send)) = ends(r, a) {
-                    let c = chan(&mut chans, ch);
-                    if sizes.len() <= c {
-                        sizes.resize(c + 1, (0, 0));
-                    }
-                    if send {
-                        sizes[c].0 += 1;
-                    } else {
-                        sizes[c].1 += 1;
-                    }
-                }
-            }
-        }
-        for ((_, (sends, recvs)), &(ns, nr)) in chans.iter_mut().zip(&sizes) {
-            sends.reserve_exact(ns);
-            recvs.reserve_exact(nr);
-        }
-        drop(sizes);
-        for (r, list) in self.acts.iter().enumerate() {
-            for a in list {
-                if let Some((ch, key, send)) = ends(r, a) {
-                    let c = chan(&mut chans, ch);
-                    if send {
-                        chans[c].1 .0.push(key);
-                    } else {
-                        chans[c].1 .1.push(key);
-                    }
-                }
-            }
-        }
-        // How many sends and receives of each key the channel has, as 0, 1 or more
-        // (all that is asked of them): a byte each, beside the first positions.
         let mut cnt_s = vec![0u8; keys];
-        let mut cnt_r = vec![0u8; keys];
-        let mut first_s = vec![NONE; keys];
-        let mut first_r = vec![NONE; keys];
+        // The receives' counts and both sides' first positions, made for the first
+        // channel whose two sides differ (none in a valid program).
+        let mut apart: Option<(Vec<u8>, Vec<u32>, Vec<u32>)> = None;
         let mut found: Vec<(usize, usize, String)> = Vec::new();
         let describe = |key: u32| -> String {
             let (key, m) = (u64::from(key), m);
@@ -1305,11 +1207,10 @@ impl<'p, P: Pack> Checker<'p, P> {
         };
         // Where channel `ch`'s sends (`send`) or receives are in rank `r`'s list, in
         // order: found again only for a channel with a violation to report.
-        let acts = &self.acts;
         let indices = |r: usize, ch: (usize, usize), send: bool| -> Vec<u32> {
-            let on = |a: &P| matches!(ends(r, a), Some((c, _, s)) if c == ch && s == send);
-            (0..acts[r].len() as u32)
-                .filter(|&i| on(&acts[r][i as usize]))
+            let on = |a: &Action| matches!(self.transfer_of(r, a), Some((c, _, s)) if c == ch && s == send);
+            (0..self.p.programs[r].len() as u32)
+                .filter(|&i| on(&self.p.programs[r][i as usize]))
                 .collect()
         };
         // By channel, as a map by `(from, to)` would list them.
@@ -1339,6 +1240,8 @@ impl<'p, P: Pack> Checker<'p, P> {
                     continue;
                 }
             }
+            let (cnt_r, first_s, first_r) =
+                apart.get_or_insert_with(|| (vec![0u8; keys], vec![NONE; keys], vec![NONE; keys]));
             for (pos, &k) in sends.iter().enumerate() {
                 let k = k as usize;
                 if cnt_s[k] == 0 {
@@ -1444,172 +1347,32 @@ impl<'p, P: Pack> Checker<'p, P> {
         }
     }
 
-    /// Rule 3: at most one SEND to and one RECV from each peer per batch.
-    fn batches(&mut self) {
-        let mut send_stamp = vec![0usize; self.nr];
-        let mut recv_stamp = vec![0usize; self.nr];
-        let mut first = vec![0usize; self.nr];
-        let mut first_r = vec![0usize; self.nr];
-        let mut serial = 0usize;
-        let mut found: Vec<(usize, usize, String)> = Vec::new();
-        for (r, list) in self.p.programs.iter().enumerate() {
-            let acts = &self.acts[r];
-            split_ops(list, |lo, hi| {
-                if hi - lo < 2 {
-                    return;
-                }
-                serial += 1;
-                for (i, a) in acts.iter().enumerate().take(hi).skip(lo) {
-                    let V::P2p { dir, peer, .. } = a.wide() else {
-                        continue;
-                    };
-                    if peer == BAD {
-                        continue;
-                    }
-                    let (stamp, at) = match dir {
-                        Dir::Send => (&mut send_stamp, &mut first),
-                        Dir::Recv => (&mut recv_stamp, &mut first_r),
-                    };
-                    if stamp[peer] == serial {
-                        let (what, prep) = match dir {
-                            Dir::Send => ("SEND", "to"),
-                            Dir::Recv => ("RECV", "from"),
-                        };
-                        found.push((
-                            r,
-                            i,
-                            format!(
-                                "this batch already holds a {what} {prep} rank {peer} \
-                                 (action {}): a batch allows one buffer per direction per peer; \
-                                 move one into another batch",
-                                at[peer]
-                            ),
-                        ));
-                    } else {
-                        stamp[peer] = serial;
-                        at[peer] = i;
-                    }
-                }
-            });
-        }
-        for (r, i, msg) in found {
-            self.at(Rule::Matching, r, i, msg);
-        }
+    /// Transfer `a` of rank `r`'s channel, key and direction, as the pass reads it:
+    /// `None` for another action, or one whose unit, micro-batch or peer is wrong.
+    fn transfer_of(&self, r: usize, a: &Action) -> Option<Ends> {
+        let ActionRef::P2p(t) = a.view() else {
+            return None;
+        };
+        let unit = *self.names.get(t.unit)?;
+        let fits = t.mb < self.m && t.peer != r && t.peer < self.bound;
+        let key = (unit as usize * self.m + t.mb) * 3 + tensor_index(t.tensor) as usize;
+        fits.then(|| (t.dir.ends(r, t.peer), key as u32, t.dir == Dir::Send))
     }
 
     // -- rule 4 ------------------------------------------------------------
 
-    fn parameters(&mut self) {
+    /// Rule 4's conclusions on collectives from the pass ([`Checker::scan`]): each
+    /// identity with its first `(rank, index)` (`ids`), how often each rank lists it
+    /// (`counts`, by `(id, rank)`), and per `(kind, unit, rank)` the identities in
+    /// list order with their indices (`seqs`).
+    #[allow(clippy::type_complexity)]
+    fn collectives(
+        &mut self,
+        id_list: &[(Id, usize, usize)],
+        counts: &BTreeMap<(usize, usize), usize>,
+        seqs: &BTreeMap<(CollKind, u32, usize), Vec<(usize, usize)>>,
+    ) {
         let p = self.p;
-        let nu = self.nu;
-        // Per unit, on the current rank: first compute, last W/BW, first BCAST, last REDUCE.
-        let mut first_compute = vec![NONE; nu];
-        let mut last_wbw = vec![NONE; nu];
-        let mut first_bcast = vec![NONE; nu];
-        let mut last_reduce = vec![NONE; nu];
-        let mut touched: Vec<usize> = Vec::new();
-        let mut in_touched = vec![false; nu];
-        let mut found: Vec<(usize, usize, String)> = Vec::new();
-        // Collective identities.
-        type Id = (CollKind, u32, usize, Vec<usize>);
-        let mut ids: BTreeMap<Id, usize> = BTreeMap::new();
-        let mut id_list: Vec<(Id, usize, usize)> = Vec::new(); // identity, first (rank, index)
-        let mut counts: BTreeMap<(usize, usize), usize> = BTreeMap::new(); // (id, rank) -> n
-        let mut seqs: BTreeMap<(CollKind, u32, usize), Vec<(usize, usize)>> = BTreeMap::new();
-        for (r, list) in self.acts.iter().enumerate() {
-            for &u in &touched {
-                in_touched[u] = false;
-                first_compute[u] = NONE;
-                last_wbw[u] = NONE;
-                first_bcast[u] = NONE;
-                last_reduce[u] = NONE;
-            }
-            touched.clear();
-            for (i, a) in list.iter().enumerate() {
-                let i32 = i as u32;
-                let u = match a.wide() {
-                    V::Compute { op, unit, .. } => {
-                        let u = unit as usize;
-                        if first_compute[u] == NONE {
-                            first_compute[u] = i32;
-                        }
-                        if matches!(op, Op::W | Op::BW) {
-                            last_wbw[u] = i32;
-                        }
-                        u
-                    }
-                    V::Coll { kind, unit } => {
-                        let u = unit as usize;
-                        match kind {
-                            CollKind::Bcast if first_bcast[u] == NONE => first_bcast[u] = i32,
-                            CollKind::Reduce => last_reduce[u] = i32,
-                            _ => {}
-                        }
-                        let ActionRef::Coll(c) = p.programs[r][i].view() else {
-                            continue;
-                        };
-                        let mut group = c.group.to_vec();
-                        group.sort_unstable();
-                        group.dedup();
-                        let key: Id = (kind, unit, c.root, group);
-                        let id = match ids.get(&key) {
-                            Some(&id) => id,
-                            None => {
-                                let id = id_list.len();
-                                ids.insert(key.clone(), id);
-                                id_list.push((key, r, i));
-                                id
-                            }
-                        };
-                        *counts.entry((id, r)).or_insert(0) += 1;
-                        seqs.entry((kind, unit, r)).or_default().push((id, i));
-                        u
-                    }
-                    _ => continue,
-                };
-                if !in_touched[u] {
-                    in_touched[u] = true;
-                    touched.push(u);
-                }
-            }
-            for &u in &touched {
-                let unit = &p.units[u];
-                if unit.home == r {
-                    continue;
-                }
-                let name = &unit.name;
-                let home = unit.home;
-                let fc = first_compute[u];
-                if unit.trainable && fc != NONE && (first_bcast[u] == NONE || first_bcast[u] > fc) {
-                    found.push((
-                        r,
-                        fc as usize,
-                        format!(
-                            "rank {r} runs trainable unit `{name}`, whose parameters live on \
-                             rank {home}, but takes part in no BCAST({name}) before this: add \
-                             a BCAST({name}) from rank {home} to a group holding rank {r} \
-                             earlier in rank {r}'s list"
-                        ),
-                    ));
-                }
-                let lw = last_wbw[u];
-                if lw != NONE && (last_reduce[u] == NONE || last_reduce[u] < lw) {
-                    found.push((
-                        r,
-                        lw as usize,
-                        format!(
-                            "rank {r} computes weight gradients of `{name}`, whose home is \
-                             rank {home}, but takes part in no REDUCE({name}) after its last \
-                             W/BW (this one): add a REDUCE({name}) to rank {home} after it"
-                        ),
-                    ));
-                }
-            }
-        }
-        for (r, i, msg) in found {
-            self.at(Rule::Parameters, r, i, msg);
-        }
-
         // Every member lists every collective of its groups as often as anyone.
         for (id, ((_, _, _, group), fr, fi)) in id_list.iter().enumerate() {
             let (most_rank, most) = counts
@@ -1724,6 +1487,78 @@ impl<'p, P: Pack> Checker<'p, P> {
     }
 }
 
+/// Rule 3's batches on one rank: per peer, the serial number of the last batch
+/// holding a `SEND` to it (a `RECV` from it) and where that one is.
+struct Stamps {
+    send: Vec<usize>,
+    recv: Vec<usize>,
+    first_send: Vec<usize>,
+    first_recv: Vec<usize>,
+}
+
+impl Stamps {
+    /// Transfer `(i, dir, peer)` of rank `r` in batch `serial`: a second one in one
+    /// direction with one peer is a violation (into `found`).
+    fn stamp(
+        &mut self,
+        r: usize,
+        (i, dir, peer): (usize, Dir, usize),
+        serial: usize,
+        found: &mut Vec<(usize, usize, String)>,
+    ) {
+        let (stamp, at) = match dir {
+            Dir::Send => (&mut self.send, &mut self.first_send),
+            Dir::Recv => (&mut self.recv, &mut self.first_recv),
+        };
+        if stamp[peer] == serial {
+            let (what, prep) = match dir {
+                Dir::Send => ("SEND", "to"),
+                Dir::Recv => ("RECV", "from"),
+            };
+            found.push((
+                r,
+                i,
+                format!(
+                    "this batch already holds a {what} {prep} rank {peer} (action {}): a batch \
+                     allows one buffer per direction per peer; move one into another batch",
+                    at[peer]
+                ),
+            ));
+        } else {
+            stamp[peer] = serial;
+            at[peer] = i;
+        }
+    }
+}
+
+/// Rule 3's channels: `(from, to)` with its sends' and receives' keys.
+type Side = Vec<u32>;
+type Chan = ((usize, usize), (Side, Side));
+
+/// The place of channel `ends` in `chans`, added if new: found in `table` (ranks x
+/// ranks cells, `nr` a row) where it is not empty, else in `map`.
+fn channel(
+    chans: &mut Vec<Chan>,
+    table: &mut [u32],
+    map: &mut BTreeMap<(usize, usize), usize>,
+    nr: usize,
+    ends: (usize, usize),
+) -> usize {
+    let cell = (ends.0 < nr && ends.1 < nr && !table.is_empty()).then(|| ends.0 * nr + ends.1);
+    match cell {
+        Some(c) if table[c] != NONE => table[c] as usize,
+        Some(c) => {
+            table[c] = chans.len() as u32;
+            chans.push((ends, Default::default()));
+            chans.len() - 1
+        }
+        None => *map.entry(ends).or_insert_with(|| {
+            chans.push((ends, Default::default()));
+            chans.len() - 1
+        }),
+    }
+}
+
 /// Mark the members of one longest strictly increasing subsequence of `xs`
 /// (patience sorting, `O(n log n)`; among equal lengths, the one ending earliest).
 fn longest_increasing(xs: &[u32]) -> Vec<bool> {
@@ -1762,50 +1597,6 @@ mod tests {
     fn frozen(mut x: Unit) -> Unit {
         x.trainable = false;
         x
-    }
-
-    /// Every resolved action a program that [`Small::fits`] can hold reads back
-    /// from 8 bytes as it went in, at the edges of each field: out-of-range
-    /// numbers ([`BAD`]) included.
-    #[test]
-    fn small_packing_reads_back_every_action() {
-        let (units, mbs, ranks) = (
-            (1 << Small::UNIT_BITS) - 2,
-            (1 << Small::MB_BITS) - 2,
-            (1 << Small::PEER_BITS) - 2,
-        );
-        assert!(Small::fits(units, mbs, ranks));
-        assert!(!Small::fits(units + 1, mbs, ranks));
-        let mut vs = vec![V::Bad];
-        for unit in [0, 1, units as u32 - 1] {
-            for mb in [0, 7, mbs - 1, BAD] {
-                for op in Small::OPS {
-                    vs.push(V::Compute { op, unit, mb });
-                }
-                for peer in [0, 3, ranks - 1, BAD] {
-                    for dir in [Dir::Send, Dir::Recv] {
-                        for tensor in Small::TENSORS {
-                            vs.push(V::P2p {
-                                dir,
-                                tensor,
-                                unit,
-                                mb,
-                                peer,
-                            });
-                        }
-                    }
-                }
-            }
-            for kind in Small::KINDS {
-                vs.push(V::Coll { kind, unit });
-            }
-        }
-        assert_eq!(std::mem::size_of::<Small>(), 8);
-        for v in vs {
-            let back = Small::of(v).wide();
-            assert_eq!(format!("{back:?}"), format!("{v:?}"));
-            assert_eq!(format!("{:?}", Packed::of(v).wide()), format!("{v:?}"));
-        }
     }
 
     /// A valid two-rank GPipe program: `a` on rank 0 feeds `b` on rank 1.
