@@ -273,19 +273,28 @@ fn best_lowering(
     if let Some(t) = trials {
         t.keep(&(first.clone(), plain.clone()));
     }
-    // Without a limit, the search may use the memory of the plan's own lowering or
-    // of its refinement, whichever is more: refinement moves weight gradients
-    // earlier, which lowers the peak, and the search judges its moves on lowerings.
+    // What `refine(X)` and `X` give (as with no order search above): the periodic
+    // placement applied after the search can gain more on the search's start than
+    // on what it found, and `refine(X, order = N)` is never slower than
+    // `refine(X)`.
+    let start = first.clone();
+    let plain = periodic_if_no_slower(plain, &opts, policy);
+    let unordered = faster(
+        periodic_if_no_slower(first.clone(), &opts, policy),
+        plain.clone(),
+    );
+    // Without a limit, the search may use the memory of `X` or of `refine(X)`,
+    // whichever is more (refinement moves weight gradients earlier, which lowers the
+    // peak), not that of the refined lowering where `refine(X)` is the plain one:
+    // the order is searched for speed, not bought with memory the user did not
+    // spend.
     let cap = match limit {
         Some(l) => l,
-        None => peak_memory_with_params(&first.0, &first.1)
+        None => peak_memory_with_params(&unordered.0, &unordered.1)
             .max(peak_memory_with_params(&plain.0, &plain.1)),
     };
+    drop(plain);
     let fits = |p: &Program, r: &SimReport| at_most(peak_memory_with_params(p, r), cap);
-    // The search's start, kept: the periodic placement applied after it can gain
-    // more on the start than on what the search found, and `refine(X, order = N)`
-    // is never slower than `refine(X)`.
-    let start = first.clone();
     let mut best = first;
     let search = crate::search::reorder::Search {
         text: Some(text),
@@ -300,12 +309,16 @@ fn best_lowering(
             .ok()
             .filter(|(p, r)| span(r).beats(&span(best)) && fits(p, r))
     });
-    let searched = best.0 != start.0;
-    let mut refined = periodic_if_no_slower(best, &opts, policy);
-    if searched {
-        refined = faster(refined, periodic_if_no_slower(start, &opts, policy));
+    // What the search found fits (each plan kept was checked) and is kept where it
+    // is faster.
+    if best.0 == start.0 {
+        return Ok(unordered);
     }
-    Ok(faster(refined, periodic_if_no_slower(plain, &opts, policy)))
+    drop(start);
+    Ok(faster(
+        periodic_if_no_slower(best, &opts, policy),
+        unordered,
+    ))
 }
 
 /// `run`'s program recording `text` as its source expression.
