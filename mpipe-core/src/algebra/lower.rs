@@ -1167,10 +1167,11 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool 
 /// `items` sorted stably by their keys: by radix, a byte at a time from the lowest
 /// (skipping a byte all keys share), through the scratch `buffer`.
 fn radix_sort(items: &mut Vec<(u64, usize)>, buffer: &mut Vec<(u64, usize)>) {
-    let mut counts = [[0usize; 256]; 8];
+    let byte = |key: u64, b: usize| (key >> (u8::BITS as usize * b)) as usize & u8::MAX as usize;
+    let mut counts = [[0usize; 1 << u8::BITS]; (u64::BITS / u8::BITS) as usize];
     for &(key, _) in items.iter() {
         for (b, c) in counts.iter_mut().enumerate() {
-            c[(key >> (8 * b)) as usize & 0xff] += 1;
+            c[byte(key, b)] += 1;
         }
     }
     let n = items.len();
@@ -1188,13 +1189,16 @@ fn radix_sort(items: &mut Vec<(u64, usize)>, buffer: &mut Vec<(u64, usize)>) {
             buffer.resize(n, (0, 0));
         }
         for &x in items.iter() {
-            let k = &mut c[(x.0 >> (8 * b)) as usize & 0xff];
+            let k = &mut c[byte(x.0, b)];
             buffer[*k] = x;
             *k += 1;
         }
         std::mem::swap(items, buffer);
     }
 }
+
+/// The bits of a word of [`Settled`]'s marks.
+const W: usize = u64::BITS as usize;
 
 /// The meeting times of every pair of ranks, as [`join`] settles them: each pair's
 /// possible times (its transfers' first-pass times, distinct as [`Settled::key`]
@@ -1209,8 +1213,8 @@ fn radix_sort(items: &mut Vec<(u64, usize)>, buffer: &mut Vec<(u64, usize)>) {
 struct Settled {
     /// Each position's time (a zero as `+0.0`).
     times: Vec<f64>,
-    /// Per position: settled (bit 0), its first time `-0.0` (bit 1), its last (bit 2).
-    flags: Vec<u8>,
+    /// Per position: whether its first time settled is `-0.0`, and its last.
+    negative: Vec<(bool, bool)>,
     /// Settled positions, a bit each.
     bits: Vec<u64>,
     /// Words of `bits` with a bit set, a bit each.
@@ -1233,10 +1237,10 @@ impl Settled {
     fn push(&mut self, t: f64) {
         let k = self.times.len();
         self.times.push(t);
-        self.flags.push(0);
-        if k.is_multiple_of(64) {
+        self.negative.push((false, false));
+        if k.is_multiple_of(W) {
             self.bits.push(0);
-            if k.is_multiple_of(4096) {
+            if k.is_multiple_of(W * W) {
                 self.words.push(0);
             }
         }
@@ -1244,7 +1248,8 @@ impl Settled {
 
     /// The time settled at position `k`, first or last.
     fn time(&self, k: usize, last: bool) -> f64 {
-        let negative = self.flags[k] & if last { 4 } else { 2 } != 0;
+        let (first_negative, last_negative) = self.negative[k];
+        let negative = if last { last_negative } else { first_negative };
         if negative {
             -0.0
         } else {
@@ -1268,13 +1273,13 @@ impl Settled {
     fn insert(&mut self, k: usize, t: f64) {
         debug_assert_eq!(Settled::key(t), Settled::key(self.times[k]));
         let negative = t.to_bits() == (-0.0f64).to_bits();
-        let f = &mut self.flags[k];
-        if *f & 1 == 0 {
-            *f = 1 | if negative { 6 } else { 0 };
-            self.bits[k / 64] |= 1 << (k % 64);
-            self.words[k / 4096] |= 1 << (k / 64 % 64);
+        let word = &mut self.bits[k / W];
+        if *word & (1 << (k % W)) == 0 {
+            *word |= 1 << (k % W);
+            self.words[k / (W * W)] |= 1 << (k / W % W);
+            self.negative[k] = (negative, negative);
         } else {
-            *f = (*f & !4) | if negative { 4 } else { 0 };
+            self.negative[k].1 = negative;
         }
     }
 
@@ -1284,14 +1289,14 @@ impl Settled {
             return None;
         }
         // Within `lo`'s word.
-        let (w, b) = (lo / 64, lo % 64);
+        let (w, b) = (lo / W, lo % W);
         let here = self.bits[w] & (u64::MAX << b);
         let found = if here != 0 {
-            Some(w * 64 + here.trailing_zeros() as usize)
+            Some(w * W + here.trailing_zeros() as usize)
         } else {
             // The next word with a bit set, by the summary.
             let next = w + 1;
-            let (s, sb) = (next / 64, next % 64);
+            let (s, sb) = (next / W, next % W);
             let mut found = None;
             for (i, &summary) in self.words.iter().enumerate().skip(s) {
                 let m = if i == s {
@@ -1300,11 +1305,11 @@ impl Settled {
                     summary
                 };
                 if m != 0 {
-                    let word = i * 64 + m.trailing_zeros() as usize;
-                    found = Some(word * 64 + self.bits[word].trailing_zeros() as usize);
+                    let word = i * W + m.trailing_zeros() as usize;
+                    found = Some(word * W + self.bits[word].trailing_zeros() as usize);
                     break;
                 }
-                if (i + 1) * 4096 >= hi {
+                if (i + 1) * (W * W) >= hi {
                     break;
                 }
             }
@@ -1319,29 +1324,29 @@ impl Settled {
             return None;
         }
         let top = hi - 1;
-        let (w, b) = (top / 64, top % 64);
-        let here = self.bits[w] & (u64::MAX >> (63 - b));
+        let (w, b) = (top / W, top % W);
+        let here = self.bits[w] & (u64::MAX >> ((W - 1) - b));
         let found = if here != 0 {
-            Some(w * 64 + 63 - here.leading_zeros() as usize)
+            Some(w * W + (W - 1) - here.leading_zeros() as usize)
         } else if w == 0 {
             None
         } else {
             let prev = w - 1;
-            let (s, sb) = (prev / 64, prev % 64);
+            let (s, sb) = (prev / W, prev % W);
             let mut found = None;
             for i in (0..=s).rev() {
                 let summary = self.words[i];
                 let m = if i == s {
-                    summary & (u64::MAX >> (63 - sb))
+                    summary & (u64::MAX >> ((W - 1) - sb))
                 } else {
                     summary
                 };
                 if m != 0 {
-                    let word = i * 64 + 63 - m.leading_zeros() as usize;
-                    found = Some(word * 64 + 63 - self.bits[word].leading_zeros() as usize);
+                    let word = i * W + (W - 1) - m.leading_zeros() as usize;
+                    found = Some(word * W + (W - 1) - self.bits[word].leading_zeros() as usize);
                     break;
                 }
-                if i * 4096 <= lo {
+                if i * (W * W) <= lo {
                     break;
                 }
             }
