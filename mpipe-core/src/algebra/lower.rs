@@ -108,6 +108,11 @@ pub(crate) fn total_order(x: f64) -> i64 {
     bits ^ ((sign as u64) >> 1) as i64
 }
 
+/// `t` as an unsigned integer ordered as `f64::total_cmp` orders `t`.
+fn time_key(t: f64) -> u64 {
+    (total_order(t) as u64) ^ (1 << (u64::BITS - 1))
+}
+
 /// `ends.partition_point(|&e| e <= t)` for non-decreasing `ends` (a rank's end
 /// times), found by galloping outward from index `near`: a few steps when the answer
 /// is close to it.
@@ -1044,6 +1049,12 @@ pub enum Placement {
 /// the meeting time, within its window, of an already settled transfer between the
 /// same two ranks (the nearest to its own), if there is one. Returns whether a
 /// meeting time moved.
+///
+/// Every time settled is a first-pass time of a transfer of the same pair of ranks
+/// (its own, or one settled before it), so each pair's times are sorted once (by
+/// radix, linear in the transfers) into positions, and the settled ones are marked
+/// there ([`Settled`]): the last settled time below a transfer's own and the first
+/// at or above it are the marks nearest its own position.
 fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool {
     let window = |id: usize| {
         let ((_, _, _, to), (from, j, i)) = transfers[id].parts();
@@ -1054,102 +1065,294 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool 
             from.max(to),
         )
     };
-    // Narrowest first, ties by index: a total order, so an unstable sort is exact.
-    let mut by_width: Vec<(i64, usize)> = (0..transfers.len())
-        .map(|id| {
-            let (ready, need, ..) = window(id);
-            (total_order(need - ready), id)
-        })
-        .collect();
-    by_width.sort_unstable();
-    // Whether a meeting moved.
-    let mut moved = false;
-    // Settled meeting times per pair of ranks, ordered (each a [`Settled`]); a
-    // pair's found in a table of ranks x ranks cells where that is no larger than
-    // the transfers, else by a map.
+    let n = transfers.len();
+    // Each transfer's pair of ranks, numbered in order of first appearance; a pair's
+    // found in a table of ranks x ranks cells where that is no larger than the
+    // transfers, else by a map.
     let ranks = time.end.len();
-    let mut settled: Vec<Settled> = Vec::new();
     let mut table: Vec<u32> = if ranks
         .checked_mul(ranks)
-        .is_some_and(|c| c <= transfers.len() && c < u32::MAX as usize)
+        .is_some_and(|c| c <= n && c < u32::MAX as usize)
     {
         vec![u32::MAX; ranks * ranks]
     } else {
         Vec::new()
     };
-    let mut map: std::collections::BTreeMap<(usize, usize), usize> = Default::default();
-    for (_, id) in by_width {
-        let (ready, need, lo, hi) = window(id);
-        let at = if table.is_empty() {
-            *map.entry((lo, hi)).or_insert(settled.len())
-        } else {
-            let cell = &mut table[lo * ranks + hi];
+    let mut map: std::collections::BTreeMap<(usize, usize), u32> = Default::default();
+    let mut pairs = 0u32;
+    let pair: Vec<u32> = (0..n)
+        .map(|id| {
+            let (.., lo, hi) = window(id);
+            let cell = if table.is_empty() {
+                map.entry((lo, hi)).or_insert(u32::MAX)
+            } else {
+                &mut table[lo * ranks + hi]
+            };
             if *cell == u32::MAX {
-                *cell = settled.len() as u32;
+                *cell = pairs;
+                pairs += 1;
             }
-            *cell as usize
-        };
-        if at == settled.len() {
-            settled.push(Settled::default());
+            *cell
+        })
+        .collect();
+    drop((table, map));
+    // The transfers by pair, then by first-pass time (as `Settled::key` orders it).
+    let mut items: Vec<(u64, usize)> = (0..n).map(|id| (Settled::key(taus[id].0), id)).collect();
+    let mut buffer = Vec::with_capacity(n);
+    radix_sort(&mut items, &mut buffer);
+    counting_sort(
+        &mut items,
+        &mut buffer,
+        &mut Vec::new(),
+        pairs as usize,
+        |(_, id)| pair[id] as usize,
+    );
+    drop(buffer);
+    // Each pair's distinct times, in order, pair after pair: `pos[id]` is where the
+    // transfer's own time is, `bounds[k]..bounds[k + 1]` pair `k`'s positions.
+    let mut settled = Settled::default();
+    let mut pos = vec![0usize; n];
+    let mut bounds = vec![0usize; pairs as usize + 1];
+    let mut last: Option<(u32, u64)> = None;
+    for &(key, id) in &items {
+        let k = pair[id];
+        if last != Some((k, key)) {
+            if last.is_none_or(|(q, _)| q != k) {
+                bounds[k as usize] = settled.len();
+            }
+            settled.push(taus[id].0 + 0.0);
+            last = Some((k, key));
         }
-        let times = &mut settled[at];
+        pos[id] = settled.len() - 1;
+    }
+    bounds[pairs as usize] = settled.len();
+    // The runs come in the pairs' order: pair `k`'s positions end where pair
+    // `k + 1`'s begin.
+    debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]));
+    // Narrowest first, ties by index (a stable sort of the transfers in index order).
+    for (id, x) in items.iter_mut().enumerate() {
+        let (ready, need, ..) = window(id);
+        *x = (time_key(need - ready), id);
+    }
+    radix_sort(&mut items, &mut Vec::with_capacity(n));
+    // Whether a meeting moved.
+    let mut moved = false;
+    for &(_, id) in &items {
+        let (ready, need, ..) = window(id);
+        let own_at = pos[id];
+        let k = pair[id] as usize;
+        let range = bounds[k]..bounds[k + 1];
         let (own, cost) = taus[id];
+        let mut at = own_at;
         if cost > 0.0 {
-            let near = [times.below(own), times.from(own)]
-                .into_iter()
-                .flatten()
-                .filter(|&t| t >= ready && t <= need)
-                .min_by(|a, b| (a - own).abs().total_cmp(&(b - own).abs()));
-            if let Some(t) = near {
+            let near = [
+                settled.below(range.start, own_at),
+                settled.from(own_at, range.end),
+            ]
+            .into_iter()
+            .flatten()
+            .filter(|&(_, t)| t >= ready && t <= need)
+            .min_by(|a, b| (a.1 - own).abs().total_cmp(&(b.1 - own).abs()));
+            if let Some((k, t)) = near {
                 moved |= t != own;
                 taus[id] = (t, 0.0);
+                at = k;
             }
         }
-        times.insert(taus[id].0);
+        settled.insert(at, taus[id].0);
     }
     moved
 }
 
-/// The meeting times settled on one pair of ranks, as [`join`] reads them: a
-/// sorted list of every time inserted, each inserted before the equal ones already
-/// there, asked for the last time below a time and the first at or above it. Held
-/// by value (numbers equal as `f64`s share a key): of each, the time inserted
-/// first (the last of its equals in the list) and the one inserted last (the
-/// first of them), so each question gets the list's answer, bit for bit, in
-/// logarithmic time (the list took linear time an insertion).
+/// `items` sorted stably by their keys: by radix, a byte at a time from the lowest
+/// (skipping a byte all keys share), through the scratch `buffer`.
+fn radix_sort(items: &mut Vec<(u64, usize)>, buffer: &mut Vec<(u64, usize)>) {
+    let byte = |key: u64, b: usize| (key >> (u8::BITS as usize * b)) as usize & u8::MAX as usize;
+    let mut counts = [[0usize; 1 << u8::BITS]; (u64::BITS / u8::BITS) as usize];
+    for &(key, _) in items.iter() {
+        for (b, c) in counts.iter_mut().enumerate() {
+            c[byte(key, b)] += 1;
+        }
+    }
+    let n = items.len();
+    for (b, c) in counts.iter_mut().enumerate() {
+        if c.contains(&n) {
+            continue;
+        }
+        let mut at = 0;
+        for k in c.iter_mut() {
+            (*k, at) = (at, at + *k);
+        }
+        // (After a pass, the buffer holds the items before it: no need to clear it.)
+        if buffer.len() != n {
+            buffer.clear();
+            buffer.resize(n, (0, 0));
+        }
+        for &x in items.iter() {
+            let k = &mut c[byte(x.0, b)];
+            buffer[*k] = x;
+            *k += 1;
+        }
+        std::mem::swap(items, buffer);
+    }
+}
+
+/// The bits of a word of [`Settled`]'s marks.
+const W: usize = u64::BITS as usize;
+
+/// The meeting times of every pair of ranks, as [`join`] settles them: each pair's
+/// possible times (its transfers' first-pass times, distinct as [`Settled::key`]
+/// tells them apart) in order at positions of their own, and which are settled,
+/// in a bit a position and a bit a word of them (so the nearest settled one is
+/// found a word, or 64 words, at a time). Of each position settled, the time
+/// settled there first and the one settled last: they differ only in the sign of
+/// a zero, and [`Settled::below`] answers with the first, [`Settled::from`] with
+/// the last, as a sorted list of every time settled would (each inserted before
+/// its equals): bit for bit.
 #[derive(Default)]
-struct Settled(std::collections::BTreeMap<i64, (f64, f64)>);
+struct Settled {
+    /// Each position's time (a zero as `+0.0`).
+    times: Vec<f64>,
+    /// Per position: whether its first time settled is `-0.0`, and its last.
+    negative: Vec<(bool, bool)>,
+    /// Settled positions, a bit each.
+    bits: Vec<u64>,
+    /// Words of `bits` with a bit set, a bit each.
+    words: Vec<u64>,
+}
 
 impl Settled {
     /// Times ordered as `f64`'s `<` orders them (both zeros one key; a timing's
     /// times are never NaN).
-    fn key(t: f64) -> i64 {
+    fn key(t: f64) -> u64 {
         debug_assert!(!t.is_nan());
-        total_order(t + 0.0)
+        time_key(t + 0.0)
     }
 
-    /// The list's last time below `t`.
-    fn below(&self, t: f64) -> Option<f64> {
-        self.0
-            .range(..Self::key(t))
-            .next_back()
-            .map(|(_, &(first, _))| first)
+    fn len(&self) -> usize {
+        self.times.len()
     }
 
-    /// The list's first time at or above `t`.
-    fn from(&self, t: f64) -> Option<f64> {
-        self.0
-            .range(Self::key(t)..)
-            .next()
-            .map(|(_, &(_, last))| last)
+    /// A new position (after every other) of time `t`, not settled.
+    fn push(&mut self, t: f64) {
+        let k = self.times.len();
+        self.times.push(t);
+        self.negative.push((false, false));
+        if k.is_multiple_of(W) {
+            self.bits.push(0);
+            if k.is_multiple_of(W * W) {
+                self.words.push(0);
+            }
+        }
     }
 
-    /// Insert `t` before the equal times already there.
-    fn insert(&mut self, t: f64) {
-        self.0
-            .entry(Self::key(t))
-            .and_modify(|e| e.1 = t)
-            .or_insert((t, t));
+    /// The time settled at position `k`, first or last.
+    fn time(&self, k: usize, last: bool) -> f64 {
+        let (first_negative, last_negative) = self.negative[k];
+        let negative = if last { last_negative } else { first_negative };
+        if negative {
+            -0.0
+        } else {
+            self.times[k]
+        }
+    }
+
+    /// The last settled position in `lo..hi`, with the time first settled there.
+    fn below(&self, lo: usize, hi: usize) -> Option<(usize, f64)> {
+        let k = self.last_set(lo, hi)?;
+        Some((k, self.time(k, false)))
+    }
+
+    /// The first settled position in `lo..hi`, with the time last settled there.
+    fn from(&self, lo: usize, hi: usize) -> Option<(usize, f64)> {
+        let k = self.first_set(lo, hi)?;
+        Some((k, self.time(k, true)))
+    }
+
+    /// Settle `t` at position `k` (its time, but for a zero's sign).
+    fn insert(&mut self, k: usize, t: f64) {
+        debug_assert_eq!(Settled::key(t), Settled::key(self.times[k]));
+        let negative = t.to_bits() == (-0.0f64).to_bits();
+        let word = &mut self.bits[k / W];
+        if *word & (1 << (k % W)) == 0 {
+            *word |= 1 << (k % W);
+            self.words[k / (W * W)] |= 1 << (k / W % W);
+            self.negative[k] = (negative, negative);
+        } else {
+            self.negative[k].1 = negative;
+        }
+    }
+
+    /// The first set bit in `lo..hi` of `bits`.
+    fn first_set(&self, lo: usize, hi: usize) -> Option<usize> {
+        if lo >= hi {
+            return None;
+        }
+        // Within `lo`'s word.
+        let (w, b) = (lo / W, lo % W);
+        let here = self.bits[w] & (u64::MAX << b);
+        let found = if here != 0 {
+            Some(w * W + here.trailing_zeros() as usize)
+        } else {
+            // The next word with a bit set, by the summary.
+            let next = w + 1;
+            let (s, sb) = (next / W, next % W);
+            let mut found = None;
+            for (i, &summary) in self.words.iter().enumerate().skip(s) {
+                let m = if i == s {
+                    summary & u64::MAX.checked_shl(sb as u32).unwrap_or(0)
+                } else {
+                    summary
+                };
+                if m != 0 {
+                    let word = i * W + m.trailing_zeros() as usize;
+                    found = Some(word * W + self.bits[word].trailing_zeros() as usize);
+                    break;
+                }
+                if (i + 1) * (W * W) >= hi {
+                    break;
+                }
+            }
+            found
+        };
+        found.filter(|&k| k < hi)
+    }
+
+    /// The last set bit in `lo..hi` of `bits`.
+    fn last_set(&self, lo: usize, hi: usize) -> Option<usize> {
+        if lo >= hi {
+            return None;
+        }
+        let top = hi - 1;
+        let (w, b) = (top / W, top % W);
+        let here = self.bits[w] & (u64::MAX >> ((W - 1) - b));
+        let found = if here != 0 {
+            Some(w * W + (W - 1) - here.leading_zeros() as usize)
+        } else if w == 0 {
+            None
+        } else {
+            let prev = w - 1;
+            let (s, sb) = (prev / W, prev % W);
+            let mut found = None;
+            for i in (0..=s).rev() {
+                let summary = self.words[i];
+                let m = if i == s {
+                    summary & (u64::MAX >> ((W - 1) - sb))
+                } else {
+                    summary
+                };
+                if m != 0 {
+                    let word = i * W + (W - 1) - m.leading_zeros() as usize;
+                    found = Some(word * W + (W - 1) - self.bits[word].leading_zeros() as usize);
+                    break;
+                }
+                if i * (W * W) <= lo {
+                    break;
+                }
+            }
+            found
+        };
+        found.filter(|&k| k >= lo)
     }
 }
 
@@ -1799,7 +2002,121 @@ mod tests {
         );
     }
 
+    /// [`join`] as first written: each pair's settled times in a sorted list,
+    /// each inserted before its equals (linear time an insertion).
+    fn join_by_lists(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool {
+        let window = |id: usize| {
+            let ((_, _, _, to), (from, j, i)) = transfers[id].parts();
+            (
+                time.end[from][j],
+                time.start[to][i],
+                from.min(to),
+                from.max(to),
+            )
+        };
+        let mut by_width: Vec<(i64, usize)> = (0..transfers.len())
+            .map(|id| {
+                let (ready, need, ..) = window(id);
+                (total_order(need - ready), id)
+            })
+            .collect();
+        by_width.sort_unstable();
+        let mut lists: std::collections::BTreeMap<(usize, usize), Vec<f64>> = Default::default();
+        let mut moved = false;
+        for (_, id) in by_width {
+            let (ready, need, lo, hi) = window(id);
+            let list = lists.entry((lo, hi)).or_default();
+            let (own, cost) = taus[id];
+            if cost > 0.0 {
+                let k = list.partition_point(|&x| x < own);
+                let near = [k.checked_sub(1).map(|b| list[b]), list.get(k).copied()]
+                    .into_iter()
+                    .flatten()
+                    .filter(|&t| t >= ready && t <= need)
+                    .min_by(|a, b| (a - own).abs().total_cmp(&(b - own).abs()));
+                if let Some(t) = near {
+                    moved |= t != own;
+                    taus[id] = (t, 0.0);
+                }
+            }
+            let t = taus[id].0;
+            let k = list.partition_point(|&x| x < t);
+            list.insert(k, t);
+        }
+        moved
+    }
+
     proptest! {
+        /// `join` moves every meeting time as the sorted lists it replaced did, bit
+        /// for bit (zeros of both signs, ties, windows that exclude the nearest),
+        /// and says so alike.
+        #[test]
+        fn join_is_join_by_sorted_lists(
+            ranks in 2usize..5,
+            steps in proptest::collection::vec(0u8..3, 4 * 40),
+            ends in proptest::collection::vec((0usize..4, 0usize..40, 1usize..4, 0usize..40), 0..200),
+            picks in proptest::collection::vec((0usize..8, proptest::bool::ANY), 200),
+        ) {
+            // Rank `r`'s task `k` runs from `k` to `k + 1` steps of 0, 1 or 2 halves.
+            let n = 40;
+            let mut time = Timing { start: Vec::new(), end: Vec::new(), seq: Vec::new() };
+            for r in 0..ranks {
+                let mut t = 0.0;
+                let (mut s, mut e) = (Vec::new(), Vec::new());
+                for k in 0..n {
+                    s.push(t);
+                    t += f64::from(steps[r * n + k]) * 0.5;
+                    e.push(t);
+                }
+                time.start.push(s);
+                time.end.push(e);
+                time.seq.push(vec![0; n]);
+            }
+            let values = [-0.0, 0.0, 0.5, 1.0, 1.0, 2.5, 7.0, 12.0];
+            let mut transfers = Vec::new();
+            let mut taus = Vec::new();
+            for (k, &(from, j, step, i)) in ends.iter().enumerate() {
+                let from = from % ranks;
+                let to = (from + step) % ranks;
+                if to == from {
+                    continue;
+                }
+                let t = Transfer::new((Tensor::Act, k, 0, to), (from, j, i)).unwrap();
+                transfers.push(t);
+                let (v, costly) = picks[k];
+                taus.push((values[v], if costly { 1.0 } else { 0.0 }));
+            }
+            let mut want = taus.clone();
+            let moved_want = join_by_lists(&time, &transfers, &mut want);
+            let mut got = taus;
+            let moved_got = join(&time, &transfers, &mut got);
+            let bits = |v: &[(f64, f64)]| v.iter().map(|&(a, b)| (a.to_bits(), b.to_bits())).collect::<Vec<_>>();
+            prop_assert_eq!(bits(&got), bits(&want));
+            prop_assert_eq!(moved_got, moved_want);
+        }
+
+        /// `Settled`'s nearest settled positions, over a range wider than one
+        /// summary word (4096 positions), are a scan's.
+        #[test]
+        fn settled_finds_the_nearest_marks(
+            marks in proptest::collection::vec(0usize..20000, 0..40),
+            probes in proptest::collection::vec((0usize..20001, 0usize..20001), 1..40),
+        ) {
+            let mut settled = Settled::default();
+            for k in 0..20000 {
+                settled.push(k as f64);
+            }
+            for &k in &marks {
+                settled.insert(k, k as f64);
+            }
+            for &(a, b) in &probes {
+                let (lo, hi) = (a.min(b), a.max(b));
+                let set = |k: &usize| marks.contains(k);
+                prop_assert_eq!(settled.first_set(lo, hi), (lo..hi).find(set));
+                prop_assert_eq!(settled.last_set(lo, hi), (lo..hi).rev().find(set));
+            }
+        }
+
         /// Counting by a key orders a list as a stable sort by that key does.
         #[test]
         fn counting_sort_is_a_stable_sort(

@@ -396,24 +396,62 @@ fn simulated_timing(
         start.push(s);
         end.push(e);
     }
-    let mut all: Vec<(usize, usize)> = (0..plan.ranks)
-        .flat_map(|r| (0..plan.order[r].len()).map(move |i| (r, i)))
-        .collect();
-    // `seq` numbers the tasks, so the order is total (any sort gives it). A rank runs
-    // its tasks one after another, so each rank's run is in this order already: a
-    // stable sort finds the runs and merges them.
-    all.sort_by_key(|&(r, i)| {
+    let seq = settle_order(&start, &end, &ideal.seq)?;
+    Some(Timing { start, end, seq })
+}
+
+/// A rank's next task in [`settle_order`]'s merge: its key, the rank, its place
+/// in the rank's order.
+type Head = ((i64, i64, u32), usize, usize);
+
+/// Each task's place (from 0) in the order of all tasks by end, then start, then
+/// `ideal` seq (as `f64::total_cmp` orders the times; `ideal` numbers the tasks, so
+/// the order is total). A rank runs its tasks one after another, so each rank's
+/// tasks come in this order already: the ranks' lists are merged, in time
+/// `n log p` for `n` tasks on `p` ranks, each task's key read once. (A rank whose
+/// list is not in order, which no simulation gives, is sorted first.) `None` when
+/// the count is over 2^32.
+fn settle_order(start: &[Vec<f64>], end: &[Vec<f64>], ideal: &[Vec<u32>]) -> Option<Vec<Vec<u32>>> {
+    use std::cmp::Reverse;
+    let key = |r: usize, i: usize| {
         (
             total_order(end[r][i]),
             total_order(start[r][i]),
-            ideal.seq[r][i],
+            ideal[r][i],
         )
-    });
-    let mut seq: Vec<Vec<u32>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
-    for (k, (r, i)) in all.into_iter().enumerate() {
-        seq[r][i] = u32::try_from(k).ok()?;
+    };
+    // Per rank, its tasks in key order: in their own order, unless (never from a
+    // simulation) that is not the key order.
+    let lists: Vec<Option<Vec<u32>>> = (0..end.len())
+        .map(|r| {
+            let n = end[r].len();
+            if (1..n).all(|i| key(r, i - 1) < key(r, i)) {
+                return None;
+            }
+            let mut by: Vec<u32> = (0..n as u32).collect();
+            by.sort_by_key(|&i| key(r, i as usize));
+            Some(by)
+        })
+        .collect();
+    let task = |r: usize, k: usize| lists[r].as_ref().map_or(k, |l| l[k] as usize);
+    let mut seq: Vec<Vec<u32>> = end.iter().map(|l| vec![0; l.len()]).collect();
+    // The next task of every rank with one left, as (key, rank, its place there).
+    let mut heads: std::collections::BinaryHeap<Reverse<Head>> = (0..end.len())
+        .filter(|&r| !end[r].is_empty())
+        .map(|r| Reverse((key(r, task(r, 0)), r, 0)))
+        .collect();
+    let mut k: usize = 0;
+    while let Some(mut top) = heads.peek_mut() {
+        let Reverse((_, r, at)) = *top;
+        seq[r][task(r, at)] = u32::try_from(k).ok()?;
+        k += 1;
+        if at + 1 < end[r].len() {
+            *top = Reverse((key(r, task(r, at + 1)), r, at + 1));
+        } else {
+            std::collections::binary_heap::PeekMut::pop(top);
+        }
     }
-    Some(Timing { start, end, seq })
+    Some(seq)
 }
 
 /// The largest, over the ranks, of `report`'s peak activations plus `program`'s
