@@ -83,6 +83,7 @@ pub struct Deps {
 }
 
 impl Deps {
+    #[inline]
     pub fn of(&self, rank: usize, index: usize) -> &[Dep] {
         let o = &self.offsets[rank];
         &self.items[o[index]..o[index + 1]]
@@ -232,8 +233,8 @@ fn local(
 }
 
 /// The producer of `(unit, mb)` among `ops` for task `i` on rank `r`: a local earlier
-/// one if any, else one on another rank. `Err(true)`: only a later one on this rank;
-/// `Err(false)`: none at all.
+/// one if any (the first in `ops`' order), else the first on another rank. `Err(true)`:
+/// only a later one on this rank; `Err(false)`: none at all. Each op looked up once.
 fn find(
     index: &TaskIndex,
     r: usize,
@@ -242,18 +243,19 @@ fn find(
     unit: UnitId,
     mb: usize,
 ) -> Result<(usize, usize), bool> {
-    if let Some(p) = local(index, r, i, ops, unit, mb) {
-        return Ok(p);
-    }
+    let mut elsewhere = None;
     let mut later_here = false;
     for &op in ops {
         match index.get(op, unit, mb) {
-            Some((q, j)) if q != r => return Ok((q, j)),
+            Some((q, j)) if q == r && j < i => return Ok((q, j)),
+            Some((q, j)) if q != r => {
+                elsewhere = elsewhere.or(Some((q, j)));
+            }
             Some(_) => later_here = true,
             None => {}
         }
     }
-    Err(later_here)
+    elsewhere.ok_or(later_here)
 }
 
 /// Ideal timing of a plan: every task as early as possible, communication free.
@@ -346,10 +348,30 @@ fn settle(
         mut end,
         mut seq,
     } = time;
+    // The times and numbers held flat while settling (task `i` of rank `r` at
+    // `at[r] + i`; one index per read, not two), written back at the end.
+    let mut at = Vec::with_capacity(p + 1);
+    at.push(0);
+    for list in &plan.order {
+        at.push(at[at.len() - 1] + list.len());
+    }
+    fn flat<T: Copy>(v: &[Vec<T>], total: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(total);
+        for list in v {
+            out.extend_from_slice(list);
+        }
+        out
+    }
+    let total = at[p];
+    let (mut start_at, mut end_at) = (flat(&start, total), flat(&end, total));
+    let mut seq_at = flat(&seq, total);
     let mut clock: Vec<f64> = (0..p)
-        .map(|r| done[r].checked_sub(1).map_or(0.0, |i| end[r][i]))
+        .map(|r| done[r].checked_sub(1).map_or(0.0, |i| end_at[at[r] + i]))
         .collect();
     let mut waiters: Vec<Vec<usize>> = vec![Vec::new(); p];
+    // The waiters being woken (swapped with a rank's list, so that neither
+    // allocates again once grown).
+    let mut woken: Vec<usize> = Vec::new();
     let mut queue: Vec<usize> = (0..p).rev().collect();
     let mut queued = vec![true; p];
     // Each unit's cost of each op, read per task without touching the units.
@@ -370,30 +392,34 @@ fn settle(
         queued[r] = false;
         let list = &plan.order[r];
         let before = done[r];
+        let base = at[r];
+        let mut now = clock[r];
         'advance: while done[r] < list.len() {
             let i = done[r];
             let t = &list[i];
-            let mut ready = clock[r];
+            let mut ready = now;
             for d in deps.of(r, i) {
                 let (q, j) = d.producer();
                 if j >= done[q] {
                     waiters[q].push(r);
                     break 'advance;
                 }
-                ready = ready.max(end[q][j]);
+                ready = ready.max(end_at[at[q] + j]);
             }
             let c = costs[t.unit][slot(t.op)];
-            start[r][i] = ready;
-            end[r][i] = ready + c;
-            clock[r] = ready + c;
-            seq[r][i] = u32::try_from(counter).map_err(|_| PlanError::TooLarge)?;
+            start_at[base + i] = ready;
+            now = ready + c;
+            end_at[base + i] = now;
+            seq_at[base + i] = u32::try_from(counter).map_err(|_| PlanError::TooLarge)?;
             counter += 1;
             done[r] += 1;
         }
+        clock[r] = now;
         if done[r] == before {
             continue;
         }
-        for w in std::mem::take(&mut waiters[r]) {
+        std::mem::swap(&mut woken, &mut waiters[r]);
+        for w in woken.drain(..) {
             if !queued[w] {
                 queued[w] = true;
                 queue.push(w);
@@ -406,6 +432,12 @@ fn settle(
             .map(|r| format!("rank {r} at {}", describe(plan, &plan.order[r][done[r]])))
             .collect();
         return Err(PlanError::Cycle(stuck.join(", ")));
+    }
+    for r in 0..p {
+        let range = at[r]..at[r + 1];
+        start[r].copy_from_slice(&start_at[range.clone()]);
+        end[r].copy_from_slice(&end_at[range.clone()]);
+        seq[r].copy_from_slice(&seq_at[range]);
     }
     Ok(Timing { start, end, seq })
 }

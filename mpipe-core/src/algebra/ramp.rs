@@ -123,6 +123,32 @@ impl RampCosts {
     /// latest. The cool-down is left out: the `W`s deferred there fill it. This is a
     /// model, not a bound: `zb2p`'s list schedule with asynchronous sends comes within
     /// a few milliseconds of it on Qwen2-VL-7B (`profiles/qwen2vl-7b.toml`).
+    /// Rank `r`'s chunk layers, its first forward's time and its work per
+    /// micro-batch, under the split `llm` and chunks `chunks`.
+    fn rank(&self, llm: &[usize], chunks: &[u32], r: usize) -> (f64, f64, f64) {
+        let n = f64::from(chunks[r]);
+        let mut work = llm[r] as f64 * self.layer_work + n * self.enc_work;
+        let mut f = llm[r].div_ceil(self.v) as f64 * self.layer_f;
+        if r == 0 {
+            work += self.first_work;
+            f += self.first_f;
+        }
+        if r + 1 == self.ranks {
+            work += self.last_work;
+            if self.v == 1 {
+                f += self.last_f;
+            }
+        }
+        (n, f, work)
+    }
+
+    /// Rank `r`'s work over the step, `m * work_r`: [`RampCosts::floor_in`]
+    /// predicts rank `r` to end no earlier (its idle before the first forward is
+    /// never negative), so the floor is at least the largest of them.
+    fn busy(&self, llm: &[usize], chunks: &[u32], r: usize) -> f64 {
+        self.microbatches * self.rank(llm, chunks, r).2
+    }
+
     fn floor(&self, llm: &[usize], chunks: &[u32]) -> f64 {
         self.floor_in(llm, chunks, f64::INFINITY, &mut Vec::new())
     }
@@ -142,22 +168,7 @@ impl RampCosts {
             + chunks.iter().filter(|&&n| n > 0).count().saturating_sub(1) as f64 * self.enc_hop;
         // Each rank's ramp (`R_r`, summed from the first rank on), and its first
         // forward's time and its work.
-        let rank = |r: usize| {
-            let n = f64::from(chunks[r]);
-            let mut work = llm[r] as f64 * self.layer_work + n * self.enc_work;
-            let mut f = llm[r].div_ceil(self.v) as f64 * self.layer_f;
-            if r == 0 {
-                work += self.first_work;
-                f += self.first_f;
-            }
-            if r + 1 == p {
-                work += self.last_work;
-                if self.v == 1 {
-                    f += self.last_f;
-                }
-            }
-            (n, f, work)
-        };
+        let rank = |r: usize| self.rank(llm, chunks, r);
         ramps.clear();
         for r in 0..p {
             ramps.push(ramp);
@@ -227,6 +238,21 @@ pub fn ramp_split_by(
     microbatches: usize,
     v: usize,
     policy: &SearchPolicy,
+) -> Option<RampSplit> {
+    ramp_split_pruned(profile, units, ranks, microbatches, v, policy, true)
+}
+
+/// [`ramp_split_by`], dismissing the moves whose floor is provably too high
+/// without evaluating them where `prune` (the same split either way: a test
+/// compares the two).
+fn ramp_split_pruned(
+    profile: &Profile,
+    units: &[Unit],
+    ranks: usize,
+    microbatches: usize,
+    v: usize,
+    policy: &SearchPolicy,
+    prune: bool,
 ) -> Option<RampSplit> {
     let SearchPolicy {
         ramp_trade_slack,
@@ -304,11 +330,31 @@ pub fn ramp_split_by(
     // Each move is made in place, evaluated and undone (no copy of the split per
     // move); the best move of a round is remembered as what it changes.
     let mut after = Vec::new();
+    let mut busy = vec![0.0; ranks];
     loop {
         // (floor, from rank, to rank, LLM layers moved, encoder layers moved back).
         let mut step: Option<(f64, usize, usize, usize, u32)> = None;
+        // Each rank's work over the step, and the three busiest ranks: a move
+        // changes two ranks' work only, so the busiest of the others is among the
+        // three, and a move whose floor is provably not below the cutoff
+        // ([`RampCosts::busy`]) is dismissed without evaluating it (the same moves
+        // are taken: such a move could not be).
+        let mut top: [(f64, usize); 3] = [(f64::NEG_INFINITY, usize::MAX); 3];
+        for (r, b) in busy.iter_mut().enumerate() {
+            *b = costs.busy(&split, &chunks, r);
+            if let Some(at) = top.iter().position(|t| *b > t.0) {
+                top.copy_within(at..2, at + 1);
+                top[at] = (*b, r);
+            }
+        }
+        let busiest_but = |a: usize, b: usize| {
+            top.iter()
+                .find(|t| t.1 != a && t.1 != b)
+                .map_or(f64::NEG_INFINITY, |t| t.0)
+        };
         for a in 0..ranks {
             for b in (0..ranks).filter(|&b| b != a) {
+                let others = busiest_but(a, b);
                 let mut consider =
                     |split: &mut [usize], chunks: &mut [u32], layers: usize, k: u32| {
                         // One LLM layer from `a` to `b` with `k` encoder layers back,
@@ -321,7 +367,14 @@ pub fn ramp_split_by(
                         // Only a move below both figures can be taken.
                         let cutoff = step.as_ref().map_or(f64::INFINITY, |s| s.0);
                         let cutoff = cutoff.min(best * (1.0 - ramp_min_gain));
-                        let f = costs.floor_in(split, chunks, cutoff, &mut after);
+                        let at_least = others
+                            .max(costs.busy(split, chunks, a))
+                            .max(costs.busy(split, chunks, b));
+                        let f = if prune && at_least >= cutoff {
+                            at_least
+                        } else {
+                            costs.floor_in(split, chunks, cutoff, &mut after)
+                        };
                         split[a] += layers;
                         split[b] -= layers;
                         chunks[ka] += k;
@@ -357,4 +410,44 @@ pub fn ramp_split_by(
         floor: best,
         start,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algebra::units::build_units;
+    use crate::ir::plan::Layout;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(48))]
+        /// Dismissing the moves whose floor is provably too high chooses the same
+        /// split, bit for bit, as evaluating every move.
+        #[test]
+        fn pruned_search_chooses_the_same_split(
+            enc_layers in 1u32..48, heavy in 0.02f64..2.0, trainable: bool,
+            llm_layers in 8u32..80, ranks in 2usize..12, per_rank in 1usize..6,
+            v in 1usize..=2, extra in 0.0f64..3.0, link: bool,
+        ) {
+            let text = format!(
+                "[[encoder]]\nname = \"vision\"\nlayers = {enc_layers}\nforward = {heavy}\n\
+                 backward = {heavy}\nweight = {heavy}\nactivation = 0.2\nparams = 1.0\n\
+                 trainable = {trainable}\noutput = 0.01\n\n\
+                 [llm]\nlayers = {llm_layers}\nforward = 1.0\nbackward = 1.5\nweight = 0.5\n\
+                 activation = 1.0\nparams = 0.25\noutput = 0.02\n\
+                 first_stage_extra = {{ forward = {extra}, backward = {extra}, weight = 0.0 }}\n\
+                 last_stage_extra = {{ forward = {extra}, backward = {extra}, weight = {extra} }}\n{}",
+                if link { "\n[link]\nbandwidth = 50.0\nlatency = 0.01\n" } else { "" }
+            );
+            let profile = Profile::from_toml_str(&text).expect("profile parses");
+            let Ok(units) = build_units(&profile, ranks, 1, Layout::Looped) else {
+                return Ok(());
+            };
+            let m = ranks * per_rank;
+            let policy = SearchPolicy::DEFAULT;
+            let pruned = ramp_split_pruned(&profile, &units, ranks, m, v, &policy, true);
+            let full = ramp_split_pruned(&profile, &units, ranks, m, v, &policy, false);
+            prop_assert_eq!(pruned, full);
+        }
+    }
 }

@@ -236,8 +236,16 @@ const ABSENT: [u32; 2] = [u32::MAX; 2];
 
 const OPS: [Op; 5] = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
 
+/// `op`'s place in [`OPS`].
+#[inline]
 fn op_slot(op: Op) -> usize {
-    OPS.iter().position(|&o| o == op).unwrap_or(0)
+    match op {
+        Op::F => 0,
+        Op::B => 1,
+        Op::W => 2,
+        Op::BW => 3,
+        Op::RF => 4,
+    }
 }
 
 impl TaskIndex {
@@ -259,6 +267,7 @@ impl TaskIndex {
     }
 
     /// Where `(op, unit, mb)` runs, if it does (the last occurrence if several).
+    #[inline]
     pub fn get(&self, op: Op, unit: UnitId, mb: usize) -> Option<(usize, usize)> {
         let [r, i] = self.slots[(op_slot(op) * self.units + unit) * self.microbatches + mb];
         (r != u32::MAX).then_some((r as usize, i as usize))

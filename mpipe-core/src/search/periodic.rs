@@ -862,63 +862,78 @@ impl Shape {
     /// Each full period's class of `f`'s stretch: two periods share one where
     /// their gaps hold the same groups of the same transfers, micro-batches
     /// advanced by `d` per period; [`NO_CLASS`] for a period with a collective in
-    /// a gap (placed as no period, not even itself). Each period's contents are
-    /// hashed relative to its own advance, and compared in full with the first
-    /// period of their hash (a collision of hashes makes a class of its own).
+    /// a gap (placed as no period, not even itself). A class is named by its
+    /// first period.
+    ///
+    /// Each period is written once as words (per gap its group count, per group
+    /// its length, per transfer its direction, tensor and unit, its peer, and its
+    /// micro-batch less `q * d` for period `q`); the writing is prefix-free, so two
+    /// periods are placed alike exactly where their words are equal, and the
+    /// classes are the distinct words. Units are numbered as first seen, by the
+    /// name's address first (a unit's tasks most often share one string), so a
+    /// name is hashed once per address, not once per transfer.
     fn classes(&self, list: &[Action], f: &Found) -> Vec<u32> {
-        use std::hash::{Hash, Hasher};
-        let shifted = |q: usize| q as i64 * f.d;
-        // Period `q`'s contents, hashed with its micro-batches less `q * d`;
-        // `None` for one holding a collective.
-        let hash = |q: usize| {
-            let mut h = rustc_hash::FxHasher::default();
-            let by = shifted(q);
-            for k in 1..=f.period {
+        let mut names: HashMap<&str, u64> = HashMap::default();
+        let mut by_address: HashMap<(usize, usize), u64> = HashMap::default();
+        // Period `q`'s words (its end in `words`), or `None` for one holding a
+        // collective.
+        let mut words: Vec<u64> = Vec::new();
+        let mut ends: Vec<Option<usize>> = Vec::with_capacity(f.periods);
+        // The last unit name seen, with its number.
+        let mut last: Option<((usize, usize), u64)> = None;
+        for q in 0..f.periods {
+            let by = q as i64 * f.d;
+            let start = words.len();
+            let mut whole = true;
+            'period: for k in 1..=f.period {
                 let gap = self.gap(f.gap(q, k));
-                gap.len().hash(&mut h);
+                words.push(gap.len() as u64);
                 for g in gap {
-                    g.len().hash(&mut h);
+                    words.push(g.len() as u64);
                     for a in g.range() {
-                        let (dir, tensor, unit, mb, peer) = key(&list[a])?;
-                        (dir, tensor, unit, mb as i64 - by, peer).hash(&mut h);
+                        let Some((dir, tensor, unit, mb, peer)) = key(&list[a]) else {
+                            whole = false;
+                            break 'period;
+                        };
+                        let address = (unit.as_ptr() as usize, unit.len());
+                        let id = match last {
+                            Some((at, id)) if at == address => id,
+                            _ => {
+                                let id = *by_address.entry(address).or_insert_with(|| {
+                                    let next = names.len() as u64;
+                                    *names.entry(unit).or_insert(next)
+                                });
+                                last = Some((address, id));
+                                id
+                            }
+                        };
+                        let mb = (mb as i64 - by) as u64;
+                        words.extend([id, dir as u64, tensor as u64, peer as u64, mb]);
                     }
                 }
             }
-            Some(h.finish())
-        };
-        // Whether period `q` is placed as period `t` (neither with a collective).
-        let alike = |q: usize, t: usize| {
-            let by = shifted(q) - shifted(t);
-            (1..=f.period).all(|k| {
-                let (here, there) = (self.gap(f.gap(q, k)), self.gap(f.gap(t, k)));
-                here.len() == there.len()
-                    && here.iter().zip(there).all(|(a, b)| {
-                        a.len() == b.len()
-                            && a.range().zip(b.range()).all(|(i, j)| {
-                                match (key(&list[i]), key(&list[j])) {
-                                    (Some((d1, t1, u1, m1, p1)), Some((d2, t2, u2, m2, p2))) => {
-                                        (d1, t1, u1, p1) == (d2, t2, u2, p2)
-                                            && m1 as i64 == m2 as i64 + by
-                                    }
-                                    _ => false,
-                                }
-                            })
-                    })
-            })
-        };
-        // Per hash, its classes' first periods (more than one only on a collision).
-        let mut first: HashMap<u64, Vec<usize>> = HashMap::default();
-        let mut classes = vec![NO_CLASS; f.periods];
-        for q in 0..f.periods {
-            let Some(h) = hash(q) else { continue };
-            let firsts = first.entry(h).or_default();
-            match firsts.iter().find(|&&t| alike(q, t)) {
-                Some(&t) => classes[q] = classes[t],
-                None => {
-                    classes[q] = q as u32;
-                    firsts.push(q);
-                }
+            if whole {
+                ends.push(Some(words.len()));
+            } else {
+                words.truncate(start);
+                ends.push(None);
             }
+        }
+        // Most periods are placed as the one before: compared with it first, a
+        // period is looked up by its words only where it differs.
+        let mut first: HashMap<&[u64], u32> = HashMap::default();
+        let mut classes = vec![NO_CLASS; f.periods];
+        let mut start = 0;
+        let mut before: Option<(std::ops::Range<usize>, u32)> = None;
+        for (q, end) in ends.into_iter().enumerate() {
+            let Some(end) = end else { continue };
+            let here = &words[start..end];
+            classes[q] = match &before {
+                Some((range, class)) if &words[range.clone()] == here => *class,
+                _ => *first.entry(here).or_insert(q as u32),
+            };
+            before = Some((start..end, classes[q]));
+            start = end;
         }
         classes
     }
