@@ -570,6 +570,46 @@ impl Hasher for Fnv {
 /// A look-up-only map keyed by unit name.
 pub(crate) type NameMap<'a> = HashMap<&'a str, u32, BuildHasherDefault<Fnv>>;
 
+/// The last two unit names looked up and what each look-up gave, keyed by the
+/// name's address and length: a program's actions share their unit's name, so a
+/// run of actions on one unit (or alternating between two, a stage's and its
+/// neighbour's) costs one look-up. Equal address and length is the same text (the
+/// names are borrowed for as long as this is used); a name elsewhere is looked up.
+pub(crate) struct RecentNames {
+    last: [(*const u8, usize, Option<u32>); 2],
+}
+
+impl RecentNames {
+    /// Nothing looked up yet (no name's address is null).
+    pub(crate) fn new() -> RecentNames {
+        RecentNames {
+            last: [(std::ptr::null(), 0, None); 2],
+        }
+    }
+
+    /// What `lookup` gives for `name`, remembered for the next calls.
+    #[inline(always)]
+    pub(crate) fn get(
+        &mut self,
+        name: &str,
+        lookup: impl FnOnce(&str) -> Option<u32>,
+    ) -> Option<u32> {
+        let key = (name.as_ptr(), name.len());
+        let last = &mut self.last;
+        if key == (last[0].0, last[0].1) {
+            last[0].2
+        } else if key == (last[1].0, last[1].1) {
+            last.swap(0, 1);
+            last[0].2
+        } else {
+            let unit = lookup(name);
+            last[1] = last[0];
+            last[0] = (key.0, key.1, unit);
+            unit
+        }
+    }
+}
+
 /// Map every unit name to its index (the first definition wins) and list the
 /// duplicates as `(first index, duplicate index)`.
 pub(crate) fn unit_names(p: &Program) -> (NameMap<'_>, Vec<(usize, usize)>) {
@@ -989,10 +1029,7 @@ impl<'p> Setup<'p> {
         let total: usize = p.programs.iter().map(Vec::len).sum();
         let mut res = Resolver::new(&p.units, p.programs.len(), p.microbatches, total, opts.mode)?;
         res.paired = paired;
-        // The last two names looked up, by address and length: actions share their
-        // unit's name, so a run of actions on one unit (or alternating between two, a
-        // stage's and its neighbour's) costs one look-up.
-        let mut last = [(std::ptr::null::<u8>(), 0usize, 0u32); 2];
+        let mut recent = RecentNames::new();
         for (r, list) in p.programs.iter().enumerate() {
             res.rank(list.len());
             for (i, a) in list.iter().enumerate() {
@@ -1002,24 +1039,13 @@ impl<'p> Setup<'p> {
                     ActionRef::P2p(t) => t.unit,
                     ActionRef::Coll(c) => c.unit,
                 };
-                let key = (unit_name.as_ptr(), unit_name.len());
-                let unit = if key == (last[0].0, last[0].1) {
-                    last[0].2
-                } else if key == (last[1].0, last[1].1) {
-                    last.swap(0, 1);
-                    last[0].2
-                } else {
-                    let Some(&unit) = names.get(unit_name) else {
-                        return Err(SimError::UnknownUnit {
-                            rank: r,
-                            index: i,
-                            action: a.to_string(),
-                            unit: unit_name.to_string(),
-                        });
-                    };
-                    last[1] = last[0];
-                    last[0] = (key.0, key.1, unit);
-                    unit
+                let Some(unit) = recent.get(unit_name, |n| names.get(n).copied()) else {
+                    return Err(SimError::UnknownUnit {
+                        rank: r,
+                        index: i,
+                        action: a.to_string(),
+                        unit: unit_name.to_string(),
+                    });
                 };
                 match view {
                     ActionRef::Compute(c) if c.mb < res.microbatches => {
@@ -3081,5 +3107,31 @@ pub(crate) mod tests {
         }
         let r = simulate(&p, &eager());
         assert!(r.is_err() || r.is_ok());
+    }
+
+    #[test]
+    fn recent_names_look_up_once_per_run_and_answer_as_the_lookup() {
+        let (a, b, c) = ("stage0".to_string(), "stage1".to_string(), "x".to_string());
+        // Another string with `a`'s text, at another address: looked up again.
+        let a2 = a.clone();
+        let answer = |n: &str| match n {
+            "stage0" => Some(0),
+            "stage1" => Some(1),
+            _ => None,
+        };
+        let mut recent = RecentNames::new();
+        let mut calls = 0;
+        let seq = [&a, &a, &b, &a, &b, &b, &c, &c, &a2, &a, &b, &c];
+        let mut got = Vec::new();
+        for name in seq {
+            got.push(recent.get(name, |n| {
+                calls += 1;
+                answer(n)
+            }));
+        }
+        let want: Vec<Option<u32>> = seq.iter().map(|n| answer(n)).collect();
+        assert_eq!(got, want);
+        // a, b, c (remembered unknown), a2, a (pushed out by a2 and c), b, c.
+        assert_eq!(calls, 7);
     }
 }
