@@ -570,20 +570,25 @@ impl Hasher for Fnv {
 /// A look-up-only map keyed by unit name.
 pub(crate) type NameMap<'a> = HashMap<&'a str, u32, BuildHasherDefault<Fnv>>;
 
-/// The last two unit names looked up and what each look-up gave, keyed by the
-/// name's address and length: a program's actions share their unit's name, so a
-/// run of actions on one unit (or alternating between two, a stage's and its
-/// neighbour's) costs one look-up. Equal address and length is the same text (the
-/// names are borrowed for as long as this is used); a name elsewhere is looked up.
+/// The last unit names looked up ([`RecentNames::N`] of them, the most recent
+/// first) and what each look-up gave, keyed by the name's address and length: a
+/// program's actions share their unit's name, and a rank's actions name few units
+/// (its stages' and their neighbours'), so a run of actions over them costs one
+/// look-up each. Equal address and length is the same text (the names are
+/// borrowed for as long as this is used); a name elsewhere is looked up.
 pub(crate) struct RecentNames {
-    last: [(*const u8, usize, Option<u32>); 2],
+    last: [(*const u8, usize, Option<u32>); RecentNames::N],
 }
 
 impl RecentNames {
+    /// How many names are remembered: a rank of a V-shaped schedule names six
+    /// units (two stages and their four neighbours), with room to spare.
+    const N: usize = 8;
+
     /// Nothing looked up yet (no name's address is null).
     pub(crate) fn new() -> RecentNames {
         RecentNames {
-            last: [(std::ptr::null(), 0, None); 2],
+            last: [(std::ptr::null(), 0, None); RecentNames::N],
         }
     }
 
@@ -597,16 +602,17 @@ impl RecentNames {
         let key = (name.as_ptr(), name.len());
         let last = &mut self.last;
         if key == (last[0].0, last[0].1) {
-            last[0].2
-        } else if key == (last[1].0, last[1].1) {
-            last.swap(0, 1);
-            last[0].2
-        } else {
-            let unit = lookup(name);
-            last[1] = last[0];
-            last[0] = (key.0, key.1, unit);
-            unit
+            return last[0].2;
         }
+        // Moved to the front when found, the least recent dropped when not.
+        let hit = (1..RecentNames::N).find(|&k| key == (last[k].0, last[k].1));
+        let (k, entry) = match hit {
+            Some(k) => (k, last[k]),
+            None => (RecentNames::N - 1, (key.0, key.1, lookup(name))),
+        };
+        last.copy_within(0..k, 1);
+        last[0] = entry;
+        entry.2
     }
 }
 
@@ -1137,11 +1143,37 @@ impl<'p> Setup<'p> {
             // The batch of the step before (if a transfer), and the canonical
             // batches counted.
             let (mut prev, mut n) = (None, 0u64);
+            // The rank's resolved actions, held here while its steps are read
+            // (what `Resolver::push_step` does, each step matched once).
+            let mut acts = std::mem::take(&mut res.acts[r]);
+            let (nr, microbatches) = (res.nr, res.microbatches);
+            let fits =
+                |unit: u32, mb: u32| (unit as usize) < units.len() && (mb as usize) < microbatches;
             for (i, step) in list.iter().enumerate() {
-                res.push_step(units, &taken.shell, r, i, step)?;
                 match *step {
-                    Step::Compute { .. } => prev = None,
-                    Step::P2p { peer, batch, .. } => {
+                    Step::Compute { op, unit, mb } => {
+                        if fits(unit, mb) {
+                            res.prev = None;
+                            acts.push(RAct::compute(op, unit, mb));
+                        } else {
+                            res.through(&mut acts, units, &taken.shell, r, i, step)?;
+                        }
+                        prev = None;
+                    }
+                    Step::P2p {
+                        dir,
+                        tensor,
+                        unit,
+                        mb,
+                        peer,
+                        batch,
+                    } => {
+                        if fits(unit, mb) && (peer as usize) < nr {
+                            let b = batch.map(|b| u64::from(b.get()));
+                            acts.push(res.p2p_act(r, dir, tensor, unit, mb, peer, b));
+                        } else {
+                            res.through(&mut acts, units, &taken.shell, r, i, step)?;
+                        }
                         peers.push(peer);
                         // The canonical batch, as `steps_of` reads it from the
                         // resolved actions: one that is not is kept (none for a
@@ -1162,12 +1194,14 @@ impl<'p> Setup<'p> {
                         prev = batch;
                     }
                     Step::Coll(k) => {
+                        res.through(&mut acts, units, &taken.shell, r, i, step)?;
                         peers.push(NONE);
                         colls.push(k);
                         prev = None;
                     }
                 }
             }
+            res.acts[r] = acts;
             taken.peers.push(peers);
             taken.colls.push(colls);
             taken.batches.push(odd);
@@ -1610,6 +1644,24 @@ impl Resolver {
         peer: u32,
         batch: Option<u64>,
     ) {
+        let a = self.p2p_act(r, dir, tensor, unit, mb, peer, batch);
+        self.acts[r].push(a);
+    }
+
+    /// [`Resolver::p2p`] but for the resolved action, which the caller appends to
+    /// rank `r`'s list.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn p2p_act(
+        &mut self,
+        r: usize,
+        dir: Dir,
+        tensor: Tensor,
+        unit: u32,
+        mb: u32,
+        peer: u32,
+        batch: Option<u64>,
+    ) -> RAct {
         let joins = joins_batch(self.prev, batch);
         self.prev = batch;
         // Fewer than 2^32 actions (checked when reading began), so these fit.
@@ -1632,7 +1684,24 @@ impl Resolver {
             let (m, x) = (ops.members - 1, ops.ops - 1);
             self.channels.add(r as u32, peer, dir, key, m, x);
         }
-        self.acts[r].push(RAct::p2p(dir, tensor, unit, mb, joins));
+        RAct::p2p(dir, tensor, unit, mb, joins)
+    }
+
+    /// [`Resolver::push_step`] of a step of rank `r` while the rank's resolved
+    /// actions so far are held in `acts` (by [`Setup::taken`]).
+    fn through(
+        &mut self,
+        acts: &mut Vec<RAct>,
+        units: &[Unit],
+        l: &Lowered,
+        r: usize,
+        i: usize,
+        step: &Step,
+    ) -> Result<(), SimError> {
+        self.acts[r] = std::mem::take(acts);
+        let done = self.push_step(units, l, r, i, step);
+        *acts = std::mem::take(&mut self.acts[r]);
+        done
     }
 
     /// Step `i` of rank `r` of `l` (the last rank started; `units` the plan's): what
@@ -3110,20 +3179,31 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn recent_names_look_up_once_per_run_and_answer_as_the_lookup() {
-        let (a, b, c) = ("stage0".to_string(), "stage1".to_string(), "x".to_string());
-        // Another string with `a`'s text, at another address: looked up again.
-        let a2 = a.clone();
-        let answer = |n: &str| match n {
-            "stage0" => Some(0),
-            "stage1" => Some(1),
-            _ => None,
+    fn recent_names_look_up_once_per_name_remembered_and_answer_as_the_lookup() {
+        let names: Vec<String> = (0..12).map(|k| format!("stage{k}")).collect();
+        let answer = |n: &str| {
+            n.strip_prefix("stage")
+                .and_then(|k| k.parse::<u32>().ok())
+                .filter(|&k| k < 10)
         };
+        // Another string with `names[0]`'s text, at another address: looked up
+        // again.
+        let again = names[0].clone();
         let mut recent = RecentNames::new();
         let mut calls = 0;
-        let seq = [&a, &a, &b, &a, &b, &b, &c, &c, &a2, &a, &b, &c];
+        let mut seq: Vec<&String> = Vec::new();
+        // Six names in turn, twice: each looked up once.
+        for _ in 0..2 {
+            seq.extend(&names[..6]);
+        }
+        // Unknown names are remembered too.
+        seq.extend([&names[11], &names[11], &again]);
+        // Ten other names since `names[1]` was last asked for: dropped, so looked
+        // up again; six since `names[11]` was: kept.
+        seq.extend(&names[6..10]);
+        seq.extend([&names[1], &names[11]]);
         let mut got = Vec::new();
-        for name in seq {
+        for name in &seq {
             got.push(recent.get(name, |n| {
                 calls += 1;
                 answer(n)
@@ -3131,7 +3211,6 @@ pub(crate) mod tests {
         }
         let want: Vec<Option<u32>> = seq.iter().map(|n| answer(n)).collect();
         assert_eq!(got, want);
-        // a, b, c (remembered unknown), a2, a (pushed out by a2 and c), b, c.
-        assert_eq!(calls, 7);
+        assert_eq!(calls, 6 + 2 + 4 + 1);
     }
 }
