@@ -1134,12 +1134,9 @@ impl<'p> Setup<'p> {
             let first = taken.first_member.last().copied().unwrap_or(0)
                 + taken.peers.last().map_or(0, Vec::len);
             taken.first_member.push(first);
-            let members = list
-                .iter()
-                .filter(|s| !matches!(s, Step::Compute { .. }))
-                .count();
+            // Room for every step (no counting pass), cut to the members after.
             let (mut peers, mut colls, mut odd) =
-                (Vec::with_capacity(members), Vec::new(), Vec::new());
+                (Vec::with_capacity(list.len()), Vec::new(), Vec::new());
             // The batch of the step before (if a transfer), and the canonical
             // batches counted.
             let (mut prev, mut n) = (None, 0u64);
@@ -1202,6 +1199,7 @@ impl<'p> Setup<'p> {
                 }
             }
             res.acts[r] = acts;
+            peers.shrink_to_fit();
             taken.peers.push(peers);
             taken.colls.push(colls);
             taken.batches.push(odd);
@@ -1669,15 +1667,14 @@ impl Resolver {
         ops.members += 1;
         if !joins {
             ops.ops += 1;
-            if self.paired {
-                self.waits.push(0);
-            }
         }
         if self.paired {
-            if !(self.eager && dir == Dir::Send) {
-                if let Some(w) = self.waits.last_mut() {
-                    *w += 1;
-                }
+            // A new operation's count of waiting transfers starts with this one's.
+            let waits = u32::from(!(self.eager && dir == Dir::Send));
+            if !joins {
+                self.waits.push(waits);
+            } else if let Some(w) = self.waits.last_mut() {
+                *w += waits;
             }
             let key = (u64::from(unit) * self.microbatches as u64 + u64::from(mb)) * 3
                 + tensor_index(tensor);
