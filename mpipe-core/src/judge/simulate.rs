@@ -570,6 +570,52 @@ impl Hasher for Fnv {
 /// A look-up-only map keyed by unit name.
 pub(crate) type NameMap<'a> = HashMap<&'a str, u32, BuildHasherDefault<Fnv>>;
 
+/// The last unit names looked up ([`RecentNames::N`] of them, the most recent
+/// first) and what each look-up gave, keyed by the name's address and length: a
+/// program's actions share their unit's name, and a rank's actions name few units
+/// (its stages' and their neighbours'), so a run of actions over them costs one
+/// look-up each. Equal address and length is the same text (the names are
+/// borrowed for as long as this is used); a name elsewhere is looked up.
+pub(crate) struct RecentNames {
+    last: [(*const u8, usize, Option<u32>); RecentNames::N],
+}
+
+impl RecentNames {
+    /// How many names are remembered: a rank of a V-shaped schedule names six
+    /// units (two stages and their four neighbours), with room to spare.
+    const N: usize = 8;
+
+    /// Nothing looked up yet (no name's address is null).
+    pub(crate) fn new() -> RecentNames {
+        RecentNames {
+            last: [(std::ptr::null(), 0, None); RecentNames::N],
+        }
+    }
+
+    /// What `lookup` gives for `name`, remembered for the next calls.
+    #[inline(always)]
+    pub(crate) fn get(
+        &mut self,
+        name: &str,
+        lookup: impl FnOnce(&str) -> Option<u32>,
+    ) -> Option<u32> {
+        let key = (name.as_ptr(), name.len());
+        let last = &mut self.last;
+        if key == (last[0].0, last[0].1) {
+            return last[0].2;
+        }
+        // Moved to the front when found, the least recent dropped when not.
+        let hit = (1..RecentNames::N).find(|&k| key == (last[k].0, last[k].1));
+        let (k, entry) = match hit {
+            Some(k) => (k, last[k]),
+            None => (RecentNames::N - 1, (key.0, key.1, lookup(name))),
+        };
+        last.copy_within(0..k, 1);
+        last[0] = entry;
+        entry.2
+    }
+}
+
 /// Map every unit name to its index (the first definition wins) and list the
 /// duplicates as `(first index, duplicate index)`.
 pub(crate) fn unit_names(p: &Program) -> (NameMap<'_>, Vec<(usize, usize)>) {
@@ -989,10 +1035,7 @@ impl<'p> Setup<'p> {
         let total: usize = p.programs.iter().map(Vec::len).sum();
         let mut res = Resolver::new(&p.units, p.programs.len(), p.microbatches, total, opts.mode)?;
         res.paired = paired;
-        // The last two names looked up, by address and length: actions share their
-        // unit's name, so a run of actions on one unit (or alternating between two, a
-        // stage's and its neighbour's) costs one look-up.
-        let mut last = [(std::ptr::null::<u8>(), 0usize, 0u32); 2];
+        let mut recent = RecentNames::new();
         for (r, list) in p.programs.iter().enumerate() {
             res.rank(list.len());
             for (i, a) in list.iter().enumerate() {
@@ -1002,24 +1045,13 @@ impl<'p> Setup<'p> {
                     ActionRef::P2p(t) => t.unit,
                     ActionRef::Coll(c) => c.unit,
                 };
-                let key = (unit_name.as_ptr(), unit_name.len());
-                let unit = if key == (last[0].0, last[0].1) {
-                    last[0].2
-                } else if key == (last[1].0, last[1].1) {
-                    last.swap(0, 1);
-                    last[0].2
-                } else {
-                    let Some(&unit) = names.get(unit_name) else {
-                        return Err(SimError::UnknownUnit {
-                            rank: r,
-                            index: i,
-                            action: a.to_string(),
-                            unit: unit_name.to_string(),
-                        });
-                    };
-                    last[1] = last[0];
-                    last[0] = (key.0, key.1, unit);
-                    unit
+                let Some(unit) = recent.get(unit_name, |n| names.get(n).copied()) else {
+                    return Err(SimError::UnknownUnit {
+                        rank: r,
+                        index: i,
+                        action: a.to_string(),
+                        unit: unit_name.to_string(),
+                    });
                 };
                 match view {
                     ActionRef::Compute(c) if c.mb < res.microbatches => {
@@ -1102,20 +1134,43 @@ impl<'p> Setup<'p> {
             let first = taken.first_member.last().copied().unwrap_or(0)
                 + taken.peers.last().map_or(0, Vec::len);
             taken.first_member.push(first);
-            let members = list
-                .iter()
-                .filter(|s| !matches!(s, Step::Compute { .. }))
-                .count();
+            // Room for every step (no counting pass), cut to the members after.
             let (mut peers, mut colls, mut odd) =
-                (Vec::with_capacity(members), Vec::new(), Vec::new());
+                (Vec::with_capacity(list.len()), Vec::new(), Vec::new());
             // The batch of the step before (if a transfer), and the canonical
             // batches counted.
             let (mut prev, mut n) = (None, 0u64);
+            // The rank's resolved actions, held here while its steps are read
+            // (what `Resolver::push_step` does, each step matched once).
+            let mut acts = std::mem::take(&mut res.acts[r]);
+            let (nr, microbatches) = (res.nr, res.microbatches);
+            let fits =
+                |unit: u32, mb: u32| (unit as usize) < units.len() && (mb as usize) < microbatches;
             for (i, step) in list.iter().enumerate() {
-                res.push_step(units, &taken.shell, r, i, step)?;
                 match *step {
-                    Step::Compute { .. } => prev = None,
-                    Step::P2p { peer, batch, .. } => {
+                    Step::Compute { op, unit, mb } => {
+                        if fits(unit, mb) {
+                            res.prev = None;
+                            acts.push(RAct::compute(op, unit, mb));
+                        } else {
+                            res.through(&mut acts, units, &taken.shell, r, i, step)?;
+                        }
+                        prev = None;
+                    }
+                    Step::P2p {
+                        dir,
+                        tensor,
+                        unit,
+                        mb,
+                        peer,
+                        batch,
+                    } => {
+                        if fits(unit, mb) && (peer as usize) < nr {
+                            let b = batch.map(|b| u64::from(b.get()));
+                            acts.push(res.p2p_act(r, dir, tensor, unit, mb, peer, b));
+                        } else {
+                            res.through(&mut acts, units, &taken.shell, r, i, step)?;
+                        }
                         peers.push(peer);
                         // The canonical batch, as `steps_of` reads it from the
                         // resolved actions: one that is not is kept (none for a
@@ -1136,12 +1191,15 @@ impl<'p> Setup<'p> {
                         prev = batch;
                     }
                     Step::Coll(k) => {
+                        res.through(&mut acts, units, &taken.shell, r, i, step)?;
                         peers.push(NONE);
                         colls.push(k);
                         prev = None;
                     }
                 }
             }
+            res.acts[r] = acts;
+            peers.shrink_to_fit();
             taken.peers.push(peers);
             taken.colls.push(colls);
             taken.batches.push(odd);
@@ -1584,6 +1642,24 @@ impl Resolver {
         peer: u32,
         batch: Option<u64>,
     ) {
+        let a = self.p2p_act(r, dir, tensor, unit, mb, peer, batch);
+        self.acts[r].push(a);
+    }
+
+    /// [`Resolver::p2p`] but for the resolved action, which the caller appends to
+    /// rank `r`'s list.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn p2p_act(
+        &mut self,
+        r: usize,
+        dir: Dir,
+        tensor: Tensor,
+        unit: u32,
+        mb: u32,
+        peer: u32,
+        batch: Option<u64>,
+    ) -> RAct {
         let joins = joins_batch(self.prev, batch);
         self.prev = batch;
         // Fewer than 2^32 actions (checked when reading began), so these fit.
@@ -1591,22 +1667,38 @@ impl Resolver {
         ops.members += 1;
         if !joins {
             ops.ops += 1;
-            if self.paired {
-                self.waits.push(0);
-            }
         }
         if self.paired {
-            if !(self.eager && dir == Dir::Send) {
-                if let Some(w) = self.waits.last_mut() {
-                    *w += 1;
-                }
+            // A new operation's count of waiting transfers starts with this one's.
+            let waits = u32::from(!(self.eager && dir == Dir::Send));
+            if !joins {
+                self.waits.push(waits);
+            } else if let Some(w) = self.waits.last_mut() {
+                *w += waits;
             }
             let key = (u64::from(unit) * self.microbatches as u64 + u64::from(mb)) * 3
                 + tensor_index(tensor);
             let (m, x) = (ops.members - 1, ops.ops - 1);
             self.channels.add(r as u32, peer, dir, key, m, x);
         }
-        self.acts[r].push(RAct::p2p(dir, tensor, unit, mb, joins));
+        RAct::p2p(dir, tensor, unit, mb, joins)
+    }
+
+    /// [`Resolver::push_step`] of a step of rank `r` while the rank's resolved
+    /// actions so far are held in `acts` (by [`Setup::taken`]).
+    fn through(
+        &mut self,
+        acts: &mut Vec<RAct>,
+        units: &[Unit],
+        l: &Lowered,
+        r: usize,
+        i: usize,
+        step: &Step,
+    ) -> Result<(), SimError> {
+        self.acts[r] = std::mem::take(acts);
+        let done = self.push_step(units, l, r, i, step);
+        *acts = std::mem::take(&mut self.acts[r]);
+        done
     }
 
     /// Step `i` of rank `r` of `l` (the last rank started; `units` the plan's): what
@@ -3081,5 +3173,41 @@ pub(crate) mod tests {
         }
         let r = simulate(&p, &eager());
         assert!(r.is_err() || r.is_ok());
+    }
+
+    #[test]
+    fn recent_names_look_up_once_per_name_remembered_and_answer_as_the_lookup() {
+        let names: Vec<String> = (0..12).map(|k| format!("stage{k}")).collect();
+        let answer = |n: &str| {
+            n.strip_prefix("stage")
+                .and_then(|k| k.parse::<u32>().ok())
+                .filter(|&k| k < 10)
+        };
+        // Another string with `names[0]`'s text, at another address: looked up
+        // again.
+        let again = names[0].clone();
+        let mut recent = RecentNames::new();
+        let mut calls = 0;
+        let mut seq: Vec<&String> = Vec::new();
+        // Six names in turn, twice: each looked up once.
+        for _ in 0..2 {
+            seq.extend(&names[..6]);
+        }
+        // Unknown names are remembered too.
+        seq.extend([&names[11], &names[11], &again]);
+        // Ten other names since `names[1]` was last asked for: dropped, so looked
+        // up again; six since `names[11]` was: kept.
+        seq.extend(&names[6..10]);
+        seq.extend([&names[1], &names[11]]);
+        let mut got = Vec::new();
+        for name in &seq {
+            got.push(recent.get(name, |n| {
+                calls += 1;
+                answer(n)
+            }));
+        }
+        let want: Vec<Option<u32>> = seq.iter().map(|n| answer(n)).collect();
+        assert_eq!(got, want);
+        assert_eq!(calls, 6 + 2 + 4 + 1);
     }
 }

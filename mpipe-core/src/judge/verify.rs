@@ -43,7 +43,8 @@ use std::fmt;
 
 use crate::ir::program::{Action, ActionRef, CollKind, Dir, Op, Program, Tensor, FORMAT};
 use crate::judge::simulate::{
-    joins_batch, simulate, tensor_index, unit_names, Mode, NameMap, SimError, SimOptions,
+    joins_batch, simulate, tensor_index, unit_names, Mode, NameMap, RecentNames, SimError,
+    SimOptions,
 };
 
 /// Where the validity rules are specified, as the project's messages cite it.
@@ -616,10 +617,7 @@ impl<'p> Checker<'p> {
         let mut counts: BTreeMap<(usize, usize), usize> = BTreeMap::new();
         let mut seqs: BTreeMap<(CollKind, u32, usize), Vec<(usize, usize)>> = BTreeMap::new();
 
-        // The last two names looked up, by address and length: actions share their
-        // unit's name, so a run of actions on one unit (or alternating between two, a
-        // stage's and its neighbour's) costs one look-up.
-        let mut last = [(std::ptr::null::<u8>(), 0usize, None::<u32>); 2];
+        let mut recent = RecentNames::new();
         for (r, list) in p.programs.iter().enumerate() {
             for &c in &touched_cells {
                 seen[c] = 0;
@@ -645,18 +643,7 @@ impl<'p> Checker<'p> {
                     ActionRef::P2p(t) => (t.unit, t.batch),
                     ActionRef::Coll(c) => (c.unit, None),
                 };
-                let key = (name.as_ptr(), name.len());
-                let unit = if key == (last[0].0, last[0].1) {
-                    last[0].2
-                } else if key == (last[1].0, last[1].1) {
-                    last.swap(0, 1);
-                    last[0].2
-                } else {
-                    let unit = self.names.get(name).copied();
-                    last[1] = last[0];
-                    last[0] = (key.0, key.1, unit);
-                    unit
-                };
+                let unit = recent.get(name, |n| self.names.get(n).copied());
                 let v = self.resolve(r, i, view, name, unit);
 
                 // Rule 3's batches: operations split as `split_ops` splits them
