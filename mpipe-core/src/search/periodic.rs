@@ -39,7 +39,7 @@
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{Action, ActionRef, Dir, Program, Tensor};
 use crate::ir::rolled::{canonical, rank_code_size, RollOptions};
-use crate::judge::simulate::{simulate, Mode, SimOptions, SimReport};
+use crate::judge::simulate::{simulate, Mode, RecentNames, SimOptions, SimReport};
 use crate::judge::verify::verify_mode;
 use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 
@@ -692,13 +692,11 @@ impl Shape {
             classes: Default::default(),
         };
         // `x` interned by unit name id: a task's unit name is most often one shared
-        // string per unit, so it is found by the string's address (integer keys), and
-        // the name itself hashed once per address, not once per task. Runs of tasks
-        // on one unit (most) take the last task's id without a look-up.
+        // string per unit, and a rank's tasks name few units, so the last names
+        // looked up ([`RecentNames`]) find most without hashing the name.
         let mut names: HashMap<&str, u32> = HashMap::default();
-        let mut by_address: HashMap<(usize, usize), u32> = HashMap::default();
+        let mut recent = RecentNames::new();
         let mut ids: HashMap<(u8, u32, i64), u32> = HashMap::default();
-        let mut last_name: Option<((usize, usize), u32)> = None;
         let mut j = 0;
         while j < list.len() {
             match list[j].view() {
@@ -708,18 +706,10 @@ impl Shape {
                         .mbs
                         .last()
                         .map_or(0, |&m| i64::from(mb) - i64::from(m));
-                    let address = (c.unit.as_ptr() as usize, c.unit.len());
-                    let name = match last_name {
-                        Some((a, id)) if a == address => id,
-                        _ => {
-                            let id = *by_address.entry(address).or_insert_with(|| {
-                                let next = names.len() as u32;
-                                *names.entry(c.unit).or_insert(next)
-                            });
-                            last_name = Some((address, id));
-                            id
-                        }
-                    };
+                    let name = recent.get(c.unit, |_| {
+                        let next = names.len() as u32;
+                        Some(*names.entry(c.unit).or_insert(next))
+                    })?;
                     let next = ids.len() as u32;
                     shape
                         .x
@@ -869,18 +859,14 @@ impl Shape {
     /// its length, per transfer its direction, tensor and unit, its peer, and its
     /// micro-batch less `q * d` for period `q`); the writing is prefix-free, so two
     /// periods are placed alike exactly where their words are equal, and the
-    /// classes are the distinct words. Units are numbered as first seen, by the
-    /// name's address first (a unit's tasks most often share one string), so a
-    /// name is hashed once per address, not once per transfer.
+    /// classes are the distinct words. Units are numbered as first seen, through
+    /// the last names looked up ([`RecentNames`]), so a name is hashed rarely,
+    /// not once per transfer.
     fn classes(&self, list: &[Action], f: &Found) -> Vec<u32> {
-        let mut names: HashMap<&str, u64> = HashMap::default();
-        let mut by_address: HashMap<(usize, usize), u64> = HashMap::default();
-        // Period `q`'s words (its end in `words`), or `None` for one holding a
-        // collective.
+        let mut names: HashMap<&str, u32> = HashMap::default();
+        let mut recent = RecentNames::new();
         let mut words: Vec<u64> = Vec::new();
         let mut ends: Vec<Option<usize>> = Vec::with_capacity(f.periods);
-        // The last unit name seen, with its number.
-        let mut last: Option<((usize, usize), u64)> = None;
         for q in 0..f.periods {
             let by = q as i64 * f.d;
             let start = words.len();
@@ -895,18 +881,11 @@ impl Shape {
                             whole = false;
                             break 'period;
                         };
-                        let address = (unit.as_ptr() as usize, unit.len());
-                        let id = match last {
-                            Some((at, id)) if at == address => id,
-                            _ => {
-                                let id = *by_address.entry(address).or_insert_with(|| {
-                                    let next = names.len() as u64;
-                                    *names.entry(unit).or_insert(next)
-                                });
-                                last = Some((address, id));
-                                id
-                            }
-                        };
+                        let id = recent.get(unit, |_| {
+                            let next = names.len() as u32;
+                            Some(*names.entry(unit).or_insert(next))
+                        });
+                        let id = u64::from(id.unwrap_or(u32::MAX));
                         let mb = (mb as i64 - by) as u64;
                         words.extend([id, dir as u64, tensor as u64, peer as u64, mb]);
                     }
