@@ -278,13 +278,10 @@ impl Timing {
 
 /// Compute the ideal timing (list scheduling in rank order, O(tasks + deps)).
 pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
-    let start: Vec<Vec<f64>> = plan.order.iter().map(|l| vec![0.0; l.len()]).collect();
-    let end = start.clone();
-    let seq: Vec<Vec<u32>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
     settle(
         plan,
         deps,
-        Timing { start, end, seq },
+        Flat::extending(plan, None, &[]),
         vec![0; plan.ranks],
         0,
     )
@@ -309,27 +306,71 @@ pub fn timing_extended(plan: &Plan, base: &Timing) -> Result<Timing, PlanError> 
         .collect();
     let deps = resolve(plan, &plan.unit_names(), false, &from)?;
     let counter = from.iter().sum();
-    let mut time = Timing {
-        start: Vec::with_capacity(plan.ranks),
-        end: Vec::with_capacity(plan.ranks),
-        seq: Vec::with_capacity(plan.ranks),
-    };
-    for (r, list) in plan.order.iter().enumerate() {
-        let n = from[r];
-        let extend = |have: Option<&Vec<f64>>| {
-            let mut v = Vec::with_capacity(list.len());
-            v.extend_from_slice(have.map_or(&[][..], |h| &h[..n.min(h.len())]));
-            v.resize(list.len(), 0.0);
-            v
-        };
-        time.start.push(extend(base.start.get(r)));
-        time.end.push(extend(base.end.get(r)));
-        let mut seq = Vec::with_capacity(list.len());
-        seq.extend_from_slice(base.seq.get(r).map_or(&[][..], |h| &h[..n.min(h.len())]));
-        seq.resize(list.len(), 0);
-        time.seq.push(seq);
-    }
+    let time = Flat::extending(plan, Some(base), &from);
     settle(plan, &deps, time, from, counter)
+}
+
+/// A timing held flat while it is settled: task `i` of rank `r` at `at[r] + i` (one
+/// index per read, not two).
+struct Flat {
+    at: Vec<usize>,
+    start: Vec<f64>,
+    end: Vec<f64>,
+    seq: Vec<u32>,
+}
+
+impl Flat {
+    /// `plan`'s tasks, the first `from[r]` of rank `r` (none where `from` is
+    /// shorter) with `base`'s times and numbers, the others zero.
+    fn extending(plan: &Plan, base: Option<&Timing>, from: &[usize]) -> Flat {
+        let mut at = Vec::with_capacity(plan.ranks + 1);
+        at.push(0);
+        for list in &plan.order {
+            at.push(at[at.len() - 1] + list.len());
+        }
+        let total = at[plan.ranks];
+        let mut flat = Flat {
+            at,
+            start: Vec::with_capacity(total),
+            end: Vec::with_capacity(total),
+            seq: Vec::with_capacity(total),
+        };
+        for (r, list) in plan.order.iter().enumerate() {
+            let n = from.get(r).copied().unwrap_or(0);
+            fn extend<T: Copy + Default>(
+                out: &mut Vec<T>,
+                have: Option<&Vec<T>>,
+                n: usize,
+                len: usize,
+            ) {
+                let have = have.map_or(&[][..], |h| &h[..n.min(h.len())]);
+                out.extend_from_slice(have);
+                out.resize(out.len() + len - have.len(), T::default());
+            }
+            let len = list.len();
+            extend(&mut flat.start, base.and_then(|b| b.start.get(r)), n, len);
+            extend(&mut flat.end, base.and_then(|b| b.end.get(r)), n, len);
+            extend(&mut flat.seq, base.and_then(|b| b.seq.get(r)), n, len);
+        }
+        flat
+    }
+
+    /// The timing, per rank.
+    fn split(&self) -> Timing {
+        let ranks = self.at.len() - 1;
+        let per_rank = |v: &[f64]| -> Vec<Vec<f64>> {
+            (0..ranks)
+                .map(|r| v[self.at[r]..self.at[r + 1]].to_vec())
+                .collect()
+        };
+        Timing {
+            start: per_rank(&self.start),
+            end: per_rank(&self.end),
+            seq: (0..ranks)
+                .map(|r| self.seq[self.at[r]..self.at[r + 1]].to_vec())
+                .collect(),
+        }
+    }
 }
 
 /// List scheduling in rank order from `done[r]` tasks settled on each rank `r` (their
@@ -338,33 +379,17 @@ pub fn timing_extended(plan: &Plan, base: &Timing) -> Result<Timing, PlanError> 
 fn settle(
     plan: &Plan,
     deps: &Deps,
-    time: Timing,
+    time: Flat,
     mut done: Vec<usize>,
     mut counter: usize,
 ) -> Result<Timing, PlanError> {
     let p = plan.ranks;
-    let Timing {
-        mut start,
-        mut end,
-        mut seq,
+    let Flat {
+        at,
+        start: mut start_at,
+        end: mut end_at,
+        seq: mut seq_at,
     } = time;
-    // The times and numbers held flat while settling (task `i` of rank `r` at
-    // `at[r] + i`; one index per read, not two), written back at the end.
-    let mut at = Vec::with_capacity(p + 1);
-    at.push(0);
-    for list in &plan.order {
-        at.push(at[at.len() - 1] + list.len());
-    }
-    fn flat<T: Copy>(v: &[Vec<T>], total: usize) -> Vec<T> {
-        let mut out = Vec::with_capacity(total);
-        for list in v {
-            out.extend_from_slice(list);
-        }
-        out
-    }
-    let total = at[p];
-    let (mut start_at, mut end_at) = (flat(&start, total), flat(&end, total));
-    let mut seq_at = flat(&seq, total);
     let mut clock: Vec<f64> = (0..p)
         .map(|r| done[r].checked_sub(1).map_or(0.0, |i| end_at[at[r] + i]))
         .collect();
@@ -433,13 +458,13 @@ fn settle(
             .collect();
         return Err(PlanError::Cycle(stuck.join(", ")));
     }
-    for r in 0..p {
-        let range = at[r]..at[r + 1];
-        start[r].copy_from_slice(&start_at[range.clone()]);
-        end[r].copy_from_slice(&end_at[range.clone()]);
-        seq[r].copy_from_slice(&seq_at[range]);
+    Ok(Flat {
+        at,
+        start: start_at,
+        end: end_at,
+        seq: seq_at,
     }
-    Ok(Timing { start, end, seq })
+    .split())
 }
 
 /// Peak activation memory of each rank of a plan (docs/spec/program-format.md's rule: a
