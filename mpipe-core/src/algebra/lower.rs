@@ -62,7 +62,7 @@ pub enum LowerError {
 /// and a search holds several placements: its numbers are 32-bit (32 bytes an end;
 /// 48 with the slots and the id as `usize`), and a placement whose numbers do not
 /// fit is refused ([`LowerError::TooLarge`]).
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub(crate) struct Placed {
     pub slot: u32,
     pub min: u32,
@@ -889,6 +889,29 @@ impl Form for Indexed {
         }
     }
     fn member_cmp(&self, a: &Step, b: &Step) -> Ordering {
+        // Two transfers: by direction and peer first (the unit's place looked up
+        // only on a tie), as the key below orders them.
+        if let (
+            Step::P2p {
+                dir: da,
+                peer: pa,
+                tensor: ta,
+                unit: ua,
+                ..
+            },
+            Step::P2p {
+                dir: db,
+                peer: pb,
+                tensor: tb,
+                unit: ub,
+                ..
+            },
+        ) = (*a, *b)
+        {
+            return (da, pa)
+                .cmp(&(db, pb))
+                .then_with(|| (ta, self.rank[ua as usize]).cmp(&(tb, self.rank[ub as usize])));
+        }
         // As `member_order`, with the unit's place among the names for its name
         // (the empty name, first of all, for an action that is not a transfer).
         let key = |s: &Step| match *s {
@@ -944,9 +967,8 @@ fn assemble_in<F: Form, P, L: AsRef<[P]>>(
     act: impl Fn(&P) -> F::Act,
 ) -> Vec<Vec<F::Act>> {
     let mut programs = Vec::with_capacity(plan.ranks);
-    // Scratch kept across slots and ranks: a slot's transfers, and the ends of the
-    // batch being formed.
-    let (mut group, mut seen) = (Vec::new(), Vec::new());
+    // Scratch kept across slots and ranks: the ends of the batch being formed.
+    let mut seen = Vec::new();
     // A rank's ends, if owned, go at the end of its turn.
     for (r, ends) in at.into_iter().enumerate() {
         let at = ends.as_ref();
@@ -960,11 +982,13 @@ fn assemble_in<F: Form, P, L: AsRef<[P]>>(
         let mut batch = 0u64;
         let mut comm = at.iter().peekable();
         for k in 0..=n {
-            while let Some(x) = comm.next_if(|x| slot(x) == k) {
-                group.push(act(x));
-            }
-            if !group.is_empty() {
-                push_batched(form, &mut list, &mut group, &mut batch, &mut seen);
+            if comm.peek().is_some_and(|x| slot(x) == k) {
+                // The slot's transfers, written in place, then batched there.
+                let from = list.len();
+                while let Some(x) = comm.next_if(|x| slot(x) == k) {
+                    list.push(act(x));
+                }
+                batch_members(form, &mut list[from..], &mut batch, &mut seen);
             }
             if let Some(t) = plan.order[r].get(k) {
                 list.push(form.compute(t.op, t.unit, t.mb));
@@ -1466,9 +1490,11 @@ fn first_pass(
     // Slot of rank r at time t, searched outward from slot `near` (where the
     // answer usually is, or close by).
     let slot_near = |r: usize, t: f64, near: usize| partition_near(&time.end[r], t, near);
-    let gap = |r: usize, k: usize| {
-        let e = if k == 0 { 0.0 } else { time.end[r][k - 1] };
-        let g = time.start[r].get(k).copied().unwrap_or(f64::INFINITY);
+    // The gap before slot `k` of a rank whose tasks start at `start` and end at
+    // `end`: (when it opens, when it closes).
+    let gap = |start: &[f64], end: &[f64], k: usize| {
+        let e = if k == 0 { 0.0 } else { end[k - 1] };
+        let g = start.get(k).copied().unwrap_or(f64::INFINITY);
         (e, g)
     };
     // How much each rank's lost time costs (Critical), else 1.
@@ -1518,13 +1544,15 @@ fn first_pass(
                 let r1 = r1.min(i);
                 // The candidate points on each side (ends, non-decreasing): the
                 // slot at time `t` is the window's first plus how many end by `t`.
-                let (ends_s, ends_r) = (&time.end[from][s0..s1], &time.end[to][r0..r1]);
+                let (end_s, end_r) = (&time.end[from][..], &time.end[to][..]);
+                let (start_s, start_r) = (&time.start[from][..], &time.start[to][..]);
+                let (ends_s, ends_r) = (&end_s[s0..s1], &end_r[r0..r1]);
                 let (wf, wt) = (weight[from], weight[to]);
                 // What meeting costs at the slots `s0 + ks` and `r0 + kr`,
                 // under this rule's weights and (for `Critical`) under `Meet`'s.
                 let cost = |ks: usize, kr: usize| {
-                    let (es, gs) = gap(from, s0 + ks);
-                    let (er, gr) = gap(to, r0 + kr);
+                    let (es, gs) = gap(start_s, end_s, s0 + ks);
+                    let (er, gr) = gap(start_r, end_r, r0 + kr);
                     let meet = es.max(er);
                     let (lost_s, lost_r) = ((meet - gs).max(0.0), (meet - gr).max(0.0));
                     (wf * lost_s + wt * lost_r, lost_s + lost_r)
@@ -1722,25 +1750,10 @@ fn place_at_times(
         time.seq[from][j] as usize
     };
     let key_of = |id: usize| (total_order(taus[id].0) as u64) ^ (1 << (u64::BITS - 1));
-    let mut keys: Vec<Vec<u128>> = Vec::new();
+    // A rank's keys (packed), made when its turn comes, in one buffer for all.
+    let mut keys: Vec<u128> = Vec::new();
     let mut wide: Vec<Vec<(u64, usize, usize)>> = Vec::new();
-    if packed {
-        // In the prepared order of each rank's ends, about the order sought.
-        keys = prepared
-            .ends
-            .iter()
-            .map(|list| {
-                list.iter()
-                    .map(|&id| {
-                        let id = id as usize;
-                        (u128::from(key_of(id)) << u64::BITS)
-                            | ((seq_of(id) as u128) << u32::BITS)
-                            | id as u128
-                    })
-                    .collect()
-            })
-            .collect();
-    } else {
+    if !packed {
         wide = vec![Vec::new(); p];
         for (id, t) in transfers.iter().enumerate() {
             let ((_, _, _, to), (from, _, _)) = t.parts();
@@ -1756,40 +1769,49 @@ fn place_at_times(
         // Keys are unique per rank (one end of each transfer), so unstable is exact.
         order.clear();
         if packed {
+            // In the prepared order of the rank's ends, about the order sought.
             // Unique keys: a stable sort gives the same order, and finds the runs the
             // prepared order leaves.
-            let mut k = std::mem::take(&mut keys[r]);
-            k.sort();
-            order.extend(k.iter().map(|&x| (x as u64 & u64::from(u32::MAX)) as usize));
+            keys.clear();
+            keys.extend(prepared.ends[r].iter().map(|&id| {
+                let id = id as usize;
+                (u128::from(key_of(id)) << u64::BITS)
+                    | ((seq_of(id) as u128) << u32::BITS)
+                    | id as u128
+            }));
+            keys.sort();
+            order.extend(
+                keys.iter()
+                    .map(|&x| (x as u64 & u64::from(u32::MAX)) as usize),
+            );
         } else {
-            let mut k = std::mem::take(&mut wide[r]);
+            let mut k = wide.get_mut(r).map(std::mem::take).unwrap_or_default();
             k.sort_unstable();
             order.extend(k.iter().map(|x| x.2));
         }
-        // The end of transfer `id` on rank `r`: (dir, peer, lo, hi, min); `lo..=hi` is
-        // the rule's choice within the slots the dependencies allow (`min..=hi`: a
-        // SEND after its producer, a RECV before its consumer).
-        let end = |id: usize| {
-            let ((_, _, _, to), (from, j, i)) = transfers[id].parts();
+        // The end of transfer `t` (index `id`) on rank `r`: (dir, peer, lo, hi,
+        // min); `lo..=hi` is the rule's choice within the slots the dependencies
+        // allow (`min..=hi`: a SEND after its producer, a RECV before its consumer).
+        let n = plan.order[r].len();
+        let end = |t: &Transfer, id: usize| {
             let tau = taus[id].0;
-            if from == r {
-                let n = plan.order[from].len();
+            if t.from as usize == r {
+                let j = t.j as usize;
                 (
                     Dir::Send,
-                    to,
-                    slot_near(from, tau, j + 1).max(j + 1),
+                    t.to,
+                    slot_near(r, tau, j + 1).max(j + 1),
                     n,
                     j + 1,
                 )
             } else {
+                let i = t.i as usize;
                 let lo = match strategy {
-                    Placement::Ready => time.start[to].partition_point(|&s| s < tau),
-                    Placement::Meet | Placement::Critical | Placement::Join => {
-                        slot_near(to, tau, i)
-                    }
+                    Placement::Ready => time.start[r].partition_point(|&s| s < tau),
+                    Placement::Meet | Placement::Critical | Placement::Join => slot_near(r, tau, i),
                     Placement::Late => i,
                 };
-                (Dir::Recv, from, lo.min(i), i, 0)
+                (Dir::Recv, t.from, lo.min(i), i, 0)
             }
         };
         // Under the ready-time rule, the latest slot each item may take without
@@ -1798,29 +1820,33 @@ fn place_at_times(
         // tasks that ends with them, past the consumer of a later RECV of this rank.
         // The keys guarantee only `min` (a SEND right after its producer) fits, so
         // the preference gives way there. Where no preference overshoots (every
-        // positive-cost plan) this changes nothing.
+        // positive-cost plan) this changes nothing. (No cap under the other rules.)
         cap.clear();
-        cap.resize(order.len(), usize::MAX);
         if strategy == Placement::Ready {
+            cap.resize(order.len(), usize::MAX);
             let mut c = usize::MAX;
             for (k, &id) in order.iter().enumerate().rev() {
                 let ((_, _, _, to), (from, _, i)) = transfers[id].parts();
-                let hi = if from == r { plan.order[from].len() } else { i };
+                let hi = if from == r { n } else { i };
                 debug_assert!(from == r || to == r);
                 c = c.min(hi);
                 cap[k] = c;
             }
         }
+        // The slots and the id fit 32 bits when the rank's tasks and the transfers
+        // do (the end's other numbers are the transfer's, 32-bit already).
+        let fits = u32::try_from(n).is_ok() && u32::try_from(transfers.len()).is_ok();
         let mut at: Vec<Placed> = Vec::with_capacity(order.len());
         let mut slot = 0;
-        for (&id, &cap) in order.iter().zip(&cap) {
-            let ((tensor, unit, mb, _), _) = transfers[id].parts();
-            let (dir, peer, lo, hi, min) = end(id);
+        for (k, &id) in order.iter().enumerate() {
+            let t = &transfers[id];
+            let (dir, peer, lo, hi, min) = end(t, id);
+            let cap = cap.get(k).copied().unwrap_or(usize::MAX);
             slot = slot.max(lo.min(cap)).max(min);
             // Named only for an error (not for every lowering).
             let text = || {
-                let name = Name::from(plan.units[unit].name.as_str());
-                Action::p2p(dir, tensor, name, mb, peer, None).to_string()
+                let name = Name::from(plan.units[t.unit as usize].name.as_str());
+                Action::p2p(dir, t.tensor, name, t.mb as usize, peer as usize, None).to_string()
             };
             if slot > hi {
                 return Err(LowerError::Placement {
@@ -1830,23 +1856,146 @@ fn place_at_times(
                     limit: hi,
                 });
             }
-            let small =
-                |x: usize| u32::try_from(x).map_err(|_| LowerError::TooLarge { action: text() });
+            let (slot, min, max, id) = if fits {
+                (slot as u32, min as u32, hi as u32, id as u32)
+            } else {
+                let small = |x: usize| {
+                    u32::try_from(x).map_err(|_| LowerError::TooLarge { action: text() })
+                };
+                (small(slot)?, small(min)?, small(hi)?, small(id)?)
+            };
             at.push(Placed {
-                slot: small(slot)?,
-                min: small(min)?,
-                max: small(hi)?,
-                id: small(id)?,
+                slot,
+                min,
+                max,
+                id,
                 dir,
-                tensor,
-                unit: small(unit)?,
-                mb: small(mb)?,
-                peer: small(peer)?,
+                tensor: t.tensor,
+                unit: t.unit,
+                mb: t.mb,
+                peer,
             });
         }
         out.push(at);
     }
     Ok(out)
+}
+
+/// A placement ([`placement_at`]'s, of some plan) in a few bytes an end: per rank
+/// its number of ends, then for each end one variable-length number (7 bits a byte,
+/// the lowest first, the top bit set on all but the last) of its transfer index as
+/// the zigzagged difference from the last end's, shifted left by [`STEP_BITS`], plus
+/// its slot's difference from the last end's slot (the slots being non-decreasing)
+/// where that is below [`STEP_OVER`]; else [`STEP_OVER`], and that difference as a
+/// number of its own. The rest of a placed end follows from its transfer and rank
+/// ([`Compact::placement`]), so a search can hold the placement it may lower again
+/// (a few bytes an end, where [`Placed`] is 32) instead of placing it again;
+/// equal placements have equal bytes, and unequal ones unequal bytes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Compact {
+    /// Each rank's number of ends.
+    counts: Vec<u32>,
+    /// The ends' numbers, rank after rank.
+    bytes: Vec<u8>,
+}
+
+/// The bits of a number a byte of [`Compact`] holds (the top bit says more follow).
+const BYTE_BITS: u32 = u8::BITS - 1;
+/// The top bit of a byte of [`Compact`]: more bytes of the number follow.
+const MORE: u8 = 1 << BYTE_BITS;
+/// The bits of an end's number of [`Compact`] that hold its slot's step (a larger
+/// step takes a number of its own).
+const STEP_BITS: u32 = 2;
+/// The step of [`Compact`] written as a number of its own (and those above).
+const STEP_OVER: u64 = (1 << STEP_BITS) - 1;
+
+impl Compact {
+    /// `at` (per rank in key order, slots non-decreasing, as [`placement_at`] gives
+    /// it) in a few bytes an end.
+    pub(crate) fn of(at: &[Vec<Placed>]) -> Compact {
+        fn push(bytes: &mut Vec<u8>, mut x: u64) {
+            while x >= u64::from(MORE) {
+                bytes.push((x as u8) | MORE);
+                x >>= BYTE_BITS;
+            }
+            bytes.push(x as u8);
+        }
+        let ends: usize = at.iter().map(Vec::len).sum();
+        let mut bytes = Vec::with_capacity(2 * ends);
+        let mut counts = Vec::with_capacity(at.len());
+        for list in at {
+            counts.push(u32::try_from(list.len()).unwrap_or(u32::MAX));
+            let (mut slot, mut id) = (0u32, 0u32);
+            for x in list {
+                let step = u64::from(x.slot.wrapping_sub(slot));
+                let d = x.id.wrapping_sub(id) as i32;
+                let z = u64::from(((d << 1) ^ (d >> (i32::BITS - 1))) as u32);
+                if step < STEP_OVER {
+                    push(&mut bytes, z << STEP_BITS | step);
+                } else {
+                    push(&mut bytes, z << STEP_BITS | STEP_OVER);
+                    push(&mut bytes, step);
+                }
+                (slot, id) = (x.slot, x.id);
+            }
+        }
+        bytes.shrink_to_fit();
+        Compact { counts, bytes }
+    }
+
+    /// The placement again, as [`placement_at`] gave it for `plan` and `prepared`.
+    pub(crate) fn placement(&self, plan: &Plan, prepared: &Prepared) -> Vec<Vec<Placed>> {
+        let mut at = self.bytes.iter();
+        let mut next = || {
+            let (mut x, mut shift) = (0u64, 0);
+            for &b in at.by_ref() {
+                x |= u64::from(b & !MORE) << shift;
+                if b < MORE {
+                    break;
+                }
+                shift += BYTE_BITS;
+            }
+            x
+        };
+        let transfers = &prepared.transfers;
+        self.counts
+            .iter()
+            .enumerate()
+            .map(|(r, &count)| {
+                let n = plan.order[r].len() as u32;
+                let (mut slot, mut id) = (0u32, 0u32);
+                (0..count)
+                    .map(|_| {
+                        let v = next();
+                        let step = match v & STEP_OVER {
+                            STEP_OVER => next(),
+                            step => step,
+                        };
+                        slot = slot.wrapping_add(step as u32);
+                        let z = (v >> STEP_BITS) as u32;
+                        id = id.wrapping_add(((z >> 1) as i32 ^ -((z & 1) as i32)) as u32);
+                        let t = &transfers[id as usize];
+                        let (dir, peer, min, max) = if t.from as usize == r {
+                            (Dir::Send, t.to, t.j + 1, n)
+                        } else {
+                            (Dir::Recv, t.from, 0, t.i)
+                        };
+                        Placed {
+                            slot,
+                            min,
+                            max,
+                            id,
+                            dir,
+                            tensor: t.tensor,
+                            unit: t.unit,
+                            mb: t.mb,
+                            peer,
+                        }
+                    })
+                    .collect()
+            })
+            .collect()
+    }
 }
 
 /// Broadcasts and reductions of every trainable unit computed away from its home.
@@ -1907,48 +2056,120 @@ fn member_order(a: &Action) -> (Dir, usize, Tensor, &str) {
     }
 }
 
-/// Append `group` (actions placed between the same two compute tasks) as batches:
-/// a new batch starts when one would hold two sends to, or two receives from, one peer.
-fn push_batched<F: Form>(
+/// Batch `members` (actions placed between the same two compute tasks, in place
+/// at the end of a rank's list): a new batch starts where one would hold two sends
+/// to, or two receives from, one peer. `seen` is the caller's scratch.
+fn batch_members<F: Form>(
     form: &F,
-    list: &mut Vec<F::Act>,
-    group: &mut Vec<F::Act>,
+    members: &mut [F::Act],
     batch: &mut u64,
     seen: &mut Vec<(bool, usize)>,
 ) {
     // (is send, peer) of the current run's members; runs are short, a scan is enough.
-    // `seen` is the caller's scratch, kept across groups (empty between them).
     seen.clear();
-    let mut run_start = list.len();
-    let close = |list: &mut Vec<F::Act>, from: usize, batch: &mut u64| {
-        if list.len() - from > 1 {
-            // Members of one batch are posted together, so their order carries no
-            // meaning: write them in one canonical order (sends first, then by peer,
-            // tensor, unit), which keeps repeated steps identical for loop re-rolling.
-            list[from..].sort_by(|a, b| form.member_cmp(a, b));
-            for a in &mut list[from..] {
-                form.set_batch(a, *batch);
-            }
-            *batch += 1;
-        }
-    };
-    for a in group.drain(..) {
-        let k = form.end(&a);
+    let mut run = 0;
+    for i in 0..members.len() {
+        let k = form.end(&members[i]);
         if seen.contains(&k) {
-            close(list, run_start, batch);
-            run_start = list.len();
+            close_batch(form, &mut members[run..i], batch);
+            run = i;
             seen.clear();
         }
         seen.push(k);
-        list.push(a);
     }
-    close(list, run_start, batch);
+    close_batch(form, &mut members[run..], batch);
+}
+
+/// Make `run` one batch (numbered `batch`, then counted) if it holds more than one
+/// action. Members of one batch are posted together, so their order carries no
+/// meaning: they are written in one canonical order (sends first, then by peer,
+/// tensor, unit), which keeps repeated steps identical for loop re-rolling. Sorted
+/// by insertion, stable (runs are short: at most two ends a peer).
+fn close_batch<F: Form>(form: &F, run: &mut [F::Act], batch: &mut u64) {
+    if run.len() < 2 {
+        return;
+    }
+    for i in 1..run.len() {
+        let mut k = i;
+        while k > 0 && form.member_cmp(&run[k - 1], &run[k]) == Ordering::Greater {
+            run.swap(k - 1, k);
+            k -= 1;
+        }
+    }
+    for a in run.iter_mut() {
+        form.set_batch(a, *batch);
+    }
+    *batch += 1;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A placement's [`Compact`] gives it back, end for end, for every rule against
+    /// the ideal timing and a skewed one, on the shipped profiles' schedules; and two
+    /// placements have equal bytes exactly when they are equal.
+    #[test]
+    fn a_compact_placement_is_the_placement() {
+        use crate::algebra::eval::{eval, Request};
+        use crate::algebra::expr::parse_str;
+        use crate::algebra::profile::Profile;
+        let profiles = [
+            include_str!("../../../profiles/encoder-heavy.toml"),
+            include_str!("../../../profiles/qwen2vl-7b.toml"),
+        ];
+        let policy = SearchPolicy::DEFAULT;
+        let rules = [
+            Placement::Meet,
+            Placement::Ready,
+            Placement::Critical,
+            Placement::Late,
+            Placement::Join,
+        ];
+        let (mut checked, mut differ) = (0, 0);
+        for text in profiles {
+            let profile = Profile::from_toml_str(text).expect("shipped profile parses");
+            for e in [
+                "1f1b",
+                "zbv",
+                "transpose(vision, zbv)",
+                "interleaved(v = 2)",
+            ] {
+                for (ranks, mbs) in [(4, 8), (8, 24)] {
+                    let req = Request::new(&profile, ranks, mbs);
+                    let Some(plan) = eval(&req, &parse_str(e).unwrap(), &mut Vec::new()) else {
+                        continue;
+                    };
+                    let prepared = prepare(&plan).expect("prepares");
+                    let mut skewed = prepared.time.clone();
+                    for (r, (s, e)) in skewed.start.iter_mut().zip(&mut skewed.end).enumerate() {
+                        let by = (r % 3) as f64 * 0.3;
+                        s.iter_mut().chain(e.iter_mut()).for_each(|t| *t += by);
+                    }
+                    for time in [&prepared.time, &skewed] {
+                        let mut all: Vec<(Vec<Vec<Placed>>, Compact)> = Vec::new();
+                        for rule in rules {
+                            let at = placement_at(&plan, &prepared, time, rule, &policy)
+                                .expect("places");
+                            let compact = Compact::of(&at);
+                            assert_eq!(compact.placement(&plan, &prepared), at, "{e} {rule:?}");
+                            checked += 1;
+                            for (other, bytes) in &all {
+                                assert_eq!(other == &at, bytes == &compact, "{e} {rule:?}");
+                                differ += usize::from(other != &at);
+                            }
+                            all.push((at, compact));
+                        }
+                    }
+                }
+            }
+        }
+        assert!(
+            checked > 50 && differ > 0,
+            "{checked} placements, {differ} pairs differ"
+        );
+    }
 
     /// `Meet`'s pass that tells of `Critical` gives `Meet`'s own meeting times, and
     /// says of `Critical` what its own pass says, against the

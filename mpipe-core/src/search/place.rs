@@ -6,7 +6,7 @@
 use crate::algebra::analysis::Timing;
 use crate::algebra::lower::{
     assemble_lowered, meet_times_and_critical, meeting_times, placement_at, placement_at_times,
-    prepare, total_order, Lowered, Placed, Placement, Prepared, Step,
+    prepare, total_order, Compact, Lowered, Placed, Placement, Prepared, Step,
 };
 use crate::ir::compare::{at_most, Score};
 use crate::ir::plan::Plan;
@@ -122,8 +122,14 @@ pub(crate) fn best_lowering_with(
     // The report of the best's full run in the last re-placement round, while the
     // best is the program it ran: the winner's report at the end, if no later
     // candidate beats it (its lowering is not held: 20 bytes a step beside the
-    // placements; it is placed and assembled again).
-    let mut ran: Option<SimReport> = None;
+    // placements; it is assembled again), with its placement as that run judged it
+    // (in a few bytes an end, [`Compact`]: placing it again from its rule and
+    // timing, its meeting times' passes and the sort of its ends, costs about as
+    // much as assembling and simulating it). Only the best of a round's start is
+    // held so (beside the report, a few bytes an end more): the candidates'
+    // placements are not, as two of them beside a candidate's run raise the
+    // derivation's peak (`zbv` at 8 x 4096, from 55 bytes an action to 58).
+    let mut ran: Option<(SimReport, Compact)> = None;
     for _ in 0..replace_rounds {
         let Some(b) = &best else {
             break;
@@ -131,8 +137,8 @@ pub(crate) fn best_lowering_with(
         if reached.is_some() {
             break;
         }
-        let (time, report) = b.simulated_timing(plan, &prepared, opts, policy)?;
-        ran = Some(report);
+        let (time, report, at) = b.simulated_timing(plan, &prepared, opts, policy)?;
+        ran = Some((report, at));
         let Some(time) = time.map(Rc::new) else {
             break;
         };
@@ -187,17 +193,21 @@ pub(crate) fn best_lowering_with(
     // simulator's working set are never alive together.
     // (A best whose full run is held is not simulated again: the same lowering runs
     // the same way; nor one whose run kept what its report needs.)
+    let (ran, ran_at) = ran.unzip();
     let winner = match reached {
         Some(kept) => Err(kept),
         None => {
-            let at = best.placement(plan, &prepared, policy)?;
+            let at = match &ran_at {
+                Some(at) => at.placement(plan, &prepared),
+                None => best.placement(plan, &prepared, policy)?,
+            };
             let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
             Ok((lowered, ran))
         }
     };
     // Without refinement nothing places the winner again: the timings it was placed
     // against go before it is simulated (at 8 x 65536, ~100 MB off the peak).
-    let again = refine_too.then_some((prepared, best));
+    let again = refine_too.then_some((prepared, best, ran_at));
     // Simulated taken apart (its steps freed as they are read, written again after
     // the run).
     let (lowered, report) = match winner {
@@ -217,8 +227,11 @@ pub(crate) fn best_lowering_with(
     // Refinement works on the lowering by unit index; only its result is named.
     let moved = match again {
         // Refinement moves the placement's ends: placed again (the same placement).
-        Some((prepared, best)) => {
-            let at = best.placement(plan, &prepared, policy)?;
+        Some((prepared, best, ran_at)) => {
+            let at = match ran_at {
+                Some(at) => at.placement(plan, &prepared),
+                None => best.placement(plan, &prepared, policy)?,
+            };
             drop((prepared, best));
             refine(plan, at, (lowered, report), opts, budget)
         }
@@ -274,15 +287,16 @@ impl Best {
 
     /// The compute tasks' times in a simulation of this best, lowered by unit index
     /// again ([`simulated_timing`]; `None` when they cannot serve as a timing), with
-    /// the simulation's report.
+    /// the simulation's report and the placement simulated.
     fn simulated_timing(
         &self,
         plan: &Plan,
         prepared: &Prepared,
         opts: &SimOptions,
         policy: &SearchPolicy,
-    ) -> Result<(Option<Timing>, SimReport), String> {
+    ) -> Result<(Option<Timing>, SimReport, Compact), String> {
         let at = self.placement(plan, prepared, policy)?;
+        let compact = Compact::of(&at);
         let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
         let (lowered, report) = simulate_taken(&plan.units, lowered, opts)
             .map_err(|e| format!("derived program does not run: {e}"))?;
@@ -292,7 +306,7 @@ impl Best {
             &report.timeline.ranks,
             &prepared.time,
         );
-        Ok((time, report))
+        Ok((time, report, compact))
     }
 }
 
