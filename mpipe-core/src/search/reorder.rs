@@ -439,14 +439,15 @@ pub(crate) type Derive<'a> = dyn Fn(&Plan, &SimReport) -> Option<(Program, SimRe
 /// only when it is to be kept: faster than `best` and within the limits) moves
 /// weight gradients and transfers, and the waits it leaves differ from those the
 /// search saw. Rounds go on while one improves `best` and simulations of `budget`
-/// are left.
+/// are left. Whether any round replaced `best` (else it is as given).
 pub(crate) fn reorder_rounds(
     plan: &Plan,
     search: &Search,
     budget: usize,
     best: &mut (Program, SimReport),
     derive: &Derive,
-) {
+) -> bool {
+    let mut kept = false;
     let mut left = budget;
     let mut plan = plan.clone();
     let mut replay = Replay::start(search.trials);
@@ -463,6 +464,7 @@ pub(crate) fn reorder_rounds(
         if !improved {
             break;
         }
+        kept = true;
         // The next round starts from the kept program's compute order.
         match crate::search::replan::plan_of_program(&best.0) {
             Ok(p) if p.units == plan.units => plan.order = p.order,
@@ -470,6 +472,7 @@ pub(crate) fn reorder_rounds(
         }
     }
     replay.finish(search.trials);
+    kept
 }
 
 /// The kinds of move, tried in this order; a kind is tried only once no move of
