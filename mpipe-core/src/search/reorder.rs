@@ -62,8 +62,8 @@
 
 use crate::algebra::analysis::dependencies;
 use crate::algebra::lower::{
-    lower_indexed_by, lower_indexed_from, lower_prepared_by, prepare, prepare_named, Lowered,
-    Meetings, Placement,
+    lower_indexed_by, lower_indexed_from, lower_prepared_by, prepare, prepare_named, prepare_timed,
+    Lowered, Meetings, Placement,
 };
 use crate::ir::compare::{less, Score};
 use crate::ir::plan::{Plan, Task, TaskIndex, UnitNames};
@@ -75,6 +75,7 @@ use crate::judge::resume::Resumable;
 use crate::judge::simulate::{
     finish_times_within, simulate, simulate_lowered, SimOptions, SimReport,
 };
+use crate::search::ideal::{timed_from, Log, View};
 use crate::search::place::PLACEMENTS;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -178,6 +179,7 @@ fn search_on(
             meetings: prepare_named(&plan, pool.names)
                 .ok()
                 .and_then(|p| Meetings::new(&p, rule, policy)),
+            ideal: Log::new(&plan, &deps),
         });
         let (times, index) = (&base.times, &base.index);
         let mut waits: Vec<(f64, usize, usize)> = Vec::new();
@@ -872,6 +874,9 @@ struct Base {
     /// The first pass of the order's meeting times under the search's rule, which
     /// trials take where it holds for them ([`Meetings`]).
     meetings: Option<Meetings>,
+    /// The order's ideal timing, which trials that keep every task on its rank
+    /// resume ([`crate::search::ideal`]).
+    ideal: Option<Log>,
 }
 
 impl Base {
@@ -909,7 +914,15 @@ impl Base {
         if !self.apply(t, &mut scratch.order) {
             return (None, Outcome::Fails);
         }
-        lower_one(
+        // A move within a rank keeps every task on its rank: its ideal timing
+        // resumes the base's.
+        let ideal = match t {
+            Try::Within(..) | Try::Fill(..) => {
+                (self.ideal.as_ref()).map(|l| (&self.order[..], &self.index, l))
+            }
+            Try::Migrate(_) => None,
+        };
+        lower_one_from(
             scratch,
             names,
             opts,
@@ -917,6 +930,7 @@ impl Base {
             policy,
             cutoff,
             (self.run.as_ref(), self.meetings.as_ref()),
+            ideal,
         )
     }
 }
@@ -1079,9 +1093,44 @@ fn lower_one(
     rule: Placement,
     policy: &SearchPolicy,
     cutoff: f64,
-    (run, kept): (Option<&Resumable>, Option<&Meetings>),
+    kept: (Option<&Resumable>, Option<&Meetings>),
 ) -> Trial {
-    let Ok(prepared) = prepare_named(plan, names) else {
+    lower_one_from(plan, names, opts, rule, policy, cutoff, kept, None)
+}
+
+/// [`lower_one`], with `ideal` the order of a base whose tasks `plan` keeps on
+/// their ranks, where its tasks are, and the record of its dependencies and
+/// ideal timing ([`crate::search::ideal`]), which the trial's patches and resumes:
+/// the same trial.
+#[allow(clippy::too_many_arguments)]
+fn lower_one_from(
+    plan: &Plan,
+    names: &UnitNames,
+    opts: &SimOptions,
+    rule: Placement,
+    policy: &SearchPolicy,
+    cutoff: f64,
+    (run, kept): (Option<&Resumable>, Option<&Meetings>),
+    ideal: Option<(&[Vec<Task>], &TaskIndex, &Log)>,
+) -> Trial {
+    let links = ideal.and_then(|(base, index, log)| {
+        Some((View::of_trial(plan, names, base, index, log)?, base, log))
+    });
+    let prepared = match links {
+        Some((Ok(links), base, log)) => timed_from(plan, &links, base, log).ok().and_then(|time| {
+            let of = |r: usize, i: usize| {
+                links.of(r, i).map(|l| {
+                    let producer = (l.rank as usize, l.index as usize);
+                    (l.tensor, l.unit as usize, producer)
+                })
+            };
+            prepare_timed(plan, of, time).ok()
+        }),
+        // The plan does not resolve.
+        Some((Err(()), ..)) => None,
+        None => prepare_named(plan, names).ok(),
+    };
+    let Some(prepared) = prepared else {
         return (None, Outcome::Fails);
     };
     // The plan's ideal timing is a floor of every program of the plan (each of its
