@@ -159,6 +159,8 @@ fn search_on(
         .and_then(|p| lower_indexed_by(&plan, &p, rule, policy).ok());
     // Moves change where tasks run, never the units: their families are fixed.
     let family = Arc::new(families(&plan));
+    // Which base the trials are moves of (the scratch plans know which they hold).
+    let mut rounds = 0;
     'search: while spent < budget {
         // The plan lowered, so its dependencies resolve; were they not to, stop
         // with what was found.
@@ -168,7 +170,9 @@ fn search_on(
         let (program, report) = &best;
         // What the trials of this round are moves of (their plans are built where
         // they are lowered, from this order).
+        rounds += 1;
         let base = Arc::new(Base {
+            round: rounds,
             order: plan.order.clone(),
             times: compute_times(program, report),
             index: plan.locate(),
@@ -864,6 +868,8 @@ fn migrate(order: &mut [Vec<Task>], family: &[usize], times: &[Vec<Timed>], m: M
 /// families. Shared by the workers, which build each trial's plan from it
 /// ([`Base::apply`]): the caller sends a move, not a plan.
 struct Base {
+    /// Which of the search's bases this is.
+    round: usize,
     order: Vec<Vec<Task>>,
     times: Vec<Vec<Timed>>,
     index: TaskIndex,
@@ -903,14 +909,29 @@ impl Base {
     fn trial(
         &self,
         t: Try,
-        scratch: &mut Plan,
+        scratch: &mut Scratch,
         names: &UnitNames,
         opts: &SimOptions,
         rule: Placement,
         policy: &SearchPolicy,
         cutoff: f64,
     ) -> Trial {
-        scratch.order.clone_from(&self.order);
+        // The scratch plan made this base's order again: only the ranks the last
+        // trial changed where it holds this base's.
+        if scratch.round == Some(self.round) {
+            for &q in &scratch.dirty {
+                scratch.plan.order[q].clone_from(&self.order[q]);
+            }
+        } else {
+            scratch.plan.order.clone_from(&self.order);
+            scratch.round = Some(self.round);
+        }
+        scratch.dirty.clear();
+        match t {
+            Try::Within((q, ..), ..) | Try::Fill((q, ..), ..) => scratch.dirty.push(q),
+            Try::Migrate(m) => scratch.dirty.extend([m.from, m.to]),
+        }
+        let scratch = &mut scratch.plan;
         if !self.apply(t, &mut scratch.order) {
             return (None, Outcome::Fails);
         }
@@ -932,6 +953,25 @@ impl Base {
             (self.run.as_ref(), self.meetings.as_ref()),
             ideal,
         )
+    }
+}
+
+/// A plan trials are built in ([`Base::trial`]): which base's order it holds but
+/// for the ranks of `dirty` (which the last trial changed), if any.
+struct Scratch {
+    plan: Plan,
+    round: Option<usize>,
+    dirty: Vec<usize>,
+}
+
+impl Scratch {
+    /// A plan of `plan`'s units, its order not yet any base's.
+    fn new(plan: &Plan) -> Scratch {
+        Scratch {
+            plan: plan.clone(),
+            round: None,
+            dirty: Vec::new(),
+        }
     }
 }
 
@@ -985,7 +1025,7 @@ struct Pool<'a> {
     jobs: Vec<std::sync::mpsc::Sender<Job>>,
     done: std::sync::mpsc::Receiver<Done>,
     /// The calling thread's plan to build trials in.
-    scratch: std::cell::RefCell<Plan>,
+    scratch: std::cell::RefCell<Scratch>,
 }
 
 impl<'a> Pool<'a> {
@@ -1006,7 +1046,7 @@ impl<'a> Pool<'a> {
             .map(|_| {
                 let (send, take) = std::sync::mpsc::channel::<Job>();
                 let answer = answer.clone();
-                let mut scratch = plan.clone();
+                let mut scratch = Scratch::new(plan);
                 scope.spawn(move || {
                     for (k, base, t, rule, cutoff) in take {
                         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1026,7 +1066,7 @@ impl<'a> Pool<'a> {
             policy,
             jobs,
             done,
-            scratch: std::cell::RefCell::new(plan.clone()),
+            scratch: std::cell::RefCell::new(Scratch::new(plan)),
         }
     }
 
