@@ -1,9 +1,12 @@
-//! The ideal timing of an order search's trials, resumed from their base's.
+//! The dependencies and ideal timing of an order search's trials, patched and
+//! resumed from their base's.
 //!
 //! A trial of the compute-order search ([`crate::search::reorder`]) is its base's plan
 //! with a few tasks moved, within their ranks; its preparation for the lowering
-//! times it ideally ([`crate::algebra::analysis::timing`]: list scheduling in rank
-//! order). That list scheduler is a sequence of steps: take the next rank from a
+//! resolves every task's inputs and times it ideally
+//! ([`crate::algebra::analysis::timing`]: list scheduling in rank order). The
+//! inputs are the base's but where the orders differ ([`View::of_trial`]). The list
+//! scheduler is a sequence of steps: take the next rank from a
 //! stack, settle as many of its tasks as their inputs allow, wake the ranks that
 //! waited on it. [`Log`] records the base's run: every few steps the scheduler's
 //! whole state (which tasks are settled, each rank's clock, the stack, who waits on
