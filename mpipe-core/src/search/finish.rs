@@ -277,7 +277,6 @@ fn best_lowering(
     // placement applied after the search can gain more on the search's start than
     // on what it found, and `refine(X, order = N)` is never slower than
     // `refine(X)`.
-    let start = first.clone();
     let plain = periodic_if_no_slower(plain, &opts, policy);
     let unordered = faster(
         periodic_if_no_slower(first.clone(), &opts, policy),
@@ -304,17 +303,17 @@ fn best_lowering(
         policy,
         trials,
     };
-    crate::search::reorder::reorder_rounds(plan, &search, budget, &mut best, &|order, best| {
-        best_lowering_with(order, Some(text), &opts, limit, true, policy)
-            .ok()
-            .filter(|(p, r)| span(r).beats(&span(best)) && fits(p, r))
-    });
+    let found =
+        crate::search::reorder::reorder_rounds(plan, &search, budget, &mut best, &|order, best| {
+            best_lowering_with(order, Some(text), &opts, limit, true, policy)
+                .ok()
+                .filter(|(p, r)| span(r).beats(&span(best)) && fits(p, r))
+        });
     // What the search found fits (each plan kept was checked) and is kept where it
-    // is faster.
-    if best.0 == start.0 {
+    // is faster; a search that kept nothing leaves `best` the start.
+    if !found {
         return Ok(unordered);
     }
-    drop(start);
     Ok(faster(
         periodic_if_no_slower(best, &opts, policy),
         unordered,

@@ -1,7 +1,8 @@
 //! Floor 3, the derivation and the search: everything that tries programs and keeps
 //! one. Lowest first: transfer retiming ([`refine`]); the best lowering of a plan
 //! (`place`); a program's plan read back (`replan`); the compute-order search
-//! ([`reorder`]); re-derivation of a given program ([`relower`]); a plan to a
+//! ([`reorder`]) and its trials' ideal timing resumed from their base's (`ideal`);
+//! re-derivation of a given program ([`relower`]); a plan to a
 //! checked, simulated program (`finish`); a derivation by name, an expression and
 //! the alternatives it chooses among (`named`); `auto` ([`auto`]); the entry every
 //! caller uses ([`mod@derive`]), which resolves `auto` and `refine(...)` above the
@@ -13,6 +14,7 @@ pub mod auto;
 pub mod derive;
 pub mod evaluation;
 pub(crate) mod finish;
+pub(crate) mod ideal;
 pub(crate) mod named;
 pub(crate) mod periodic;
 pub(crate) mod place;

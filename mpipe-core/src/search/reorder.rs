@@ -62,8 +62,8 @@
 
 use crate::algebra::analysis::dependencies;
 use crate::algebra::lower::{
-    lower_indexed_by, lower_indexed_from, lower_prepared_by, prepare, prepare_named, Lowered,
-    Meetings, Placement,
+    lower_indexed_by, lower_indexed_from, lower_prepared_by, prepare, prepare_named, prepare_timed,
+    Lowered, Meetings, Placement,
 };
 use crate::ir::compare::{less, Score};
 use crate::ir::plan::{Plan, Task, TaskIndex, UnitNames};
@@ -75,6 +75,7 @@ use crate::judge::resume::Resumable;
 use crate::judge::simulate::{
     finish_times_within, simulate, simulate_lowered, SimOptions, SimReport,
 };
+use crate::search::ideal::{timed_from, Log, View};
 use crate::search::place::PLACEMENTS;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -158,6 +159,8 @@ fn search_on(
         .and_then(|p| lower_indexed_by(&plan, &p, rule, policy).ok());
     // Moves change where tasks run, never the units: their families are fixed.
     let family = Arc::new(families(&plan));
+    // Which base the trials are moves of (the scratch plans know which they hold).
+    let mut rounds = 0;
     'search: while spent < budget {
         // The plan lowered, so its dependencies resolve; were they not to, stop
         // with what was found.
@@ -167,7 +170,9 @@ fn search_on(
         let (program, report) = &best;
         // What the trials of this round are moves of (their plans are built where
         // they are lowered, from this order).
+        rounds += 1;
         let base = Arc::new(Base {
+            round: rounds,
             order: plan.order.clone(),
             times: compute_times(program, report),
             index: plan.locate(),
@@ -178,6 +183,7 @@ fn search_on(
             meetings: prepare_named(&plan, pool.names)
                 .ok()
                 .and_then(|p| Meetings::new(&p, rule, policy)),
+            ideal: Log::new(&plan, &deps),
         });
         let (times, index) = (&base.times, &base.index);
         let mut waits: Vec<(f64, usize, usize)> = Vec::new();
@@ -439,14 +445,15 @@ pub(crate) type Derive<'a> = dyn Fn(&Plan, &SimReport) -> Option<(Program, SimRe
 /// only when it is to be kept: faster than `best` and within the limits) moves
 /// weight gradients and transfers, and the waits it leaves differ from those the
 /// search saw. Rounds go on while one improves `best` and simulations of `budget`
-/// are left.
+/// are left. Whether any round replaced `best` (else it is as given).
 pub(crate) fn reorder_rounds(
     plan: &Plan,
     search: &Search,
     budget: usize,
     best: &mut (Program, SimReport),
     derive: &Derive,
-) {
+) -> bool {
+    let mut kept = false;
     let mut left = budget;
     let mut plan = plan.clone();
     let mut replay = Replay::start(search.trials);
@@ -463,6 +470,7 @@ pub(crate) fn reorder_rounds(
         if !improved {
             break;
         }
+        kept = true;
         // The next round starts from the kept program's compute order.
         match crate::search::replan::plan_of_program(&best.0) {
             Ok(p) if p.units == plan.units => plan.order = p.order,
@@ -470,6 +478,7 @@ pub(crate) fn reorder_rounds(
         }
     }
     replay.finish(search.trials);
+    kept
 }
 
 /// The kinds of move, tried in this order; a kind is tried only once no move of
@@ -859,6 +868,8 @@ fn migrate(order: &mut [Vec<Task>], family: &[usize], times: &[Vec<Timed>], m: M
 /// families. Shared by the workers, which build each trial's plan from it
 /// ([`Base::apply`]): the caller sends a move, not a plan.
 struct Base {
+    /// Which of the search's bases this is.
+    round: usize,
     order: Vec<Vec<Task>>,
     times: Vec<Vec<Timed>>,
     index: TaskIndex,
@@ -869,6 +880,9 @@ struct Base {
     /// The first pass of the order's meeting times under the search's rule, which
     /// trials take where it holds for them ([`Meetings`]).
     meetings: Option<Meetings>,
+    /// The order's ideal timing, which trials that keep every task on its rank
+    /// resume ([`crate::search::ideal`]).
+    ideal: Option<Log>,
 }
 
 impl Base {
@@ -895,18 +909,41 @@ impl Base {
     fn trial(
         &self,
         t: Try,
-        scratch: &mut Plan,
+        scratch: &mut Scratch,
         names: &UnitNames,
         opts: &SimOptions,
         rule: Placement,
         policy: &SearchPolicy,
         cutoff: f64,
     ) -> Trial {
-        scratch.order.clone_from(&self.order);
+        // The scratch plan made this base's order again: only the ranks the last
+        // trial changed where it holds this base's.
+        if scratch.round == Some(self.round) {
+            for &q in &scratch.dirty {
+                scratch.plan.order[q].clone_from(&self.order[q]);
+            }
+        } else {
+            scratch.plan.order.clone_from(&self.order);
+            scratch.round = Some(self.round);
+        }
+        scratch.dirty.clear();
+        match t {
+            Try::Within((q, ..), ..) | Try::Fill((q, ..), ..) => scratch.dirty.push(q),
+            Try::Migrate(m) => scratch.dirty.extend([m.from, m.to]),
+        }
+        let scratch = &mut scratch.plan;
         if !self.apply(t, &mut scratch.order) {
             return (None, Outcome::Fails);
         }
-        lower_one(
+        // A move within a rank keeps every task on its rank: its ideal timing
+        // resumes the base's.
+        let ideal = match t {
+            Try::Within(..) | Try::Fill(..) => {
+                (self.ideal.as_ref()).map(|l| (&self.order[..], &self.index, l))
+            }
+            Try::Migrate(_) => None,
+        };
+        lower_one_from(
             scratch,
             names,
             opts,
@@ -914,7 +951,27 @@ impl Base {
             policy,
             cutoff,
             (self.run.as_ref(), self.meetings.as_ref()),
+            ideal,
         )
+    }
+}
+
+/// A plan trials are built in ([`Base::trial`]): which base's order it holds but
+/// for the ranks of `dirty` (which the last trial changed), if any.
+struct Scratch {
+    plan: Plan,
+    round: Option<usize>,
+    dirty: Vec<usize>,
+}
+
+impl Scratch {
+    /// A plan of `plan`'s units, its order not yet any base's.
+    fn new(plan: &Plan) -> Scratch {
+        Scratch {
+            plan: plan.clone(),
+            round: None,
+            dirty: Vec::new(),
+        }
     }
 }
 
@@ -968,7 +1025,7 @@ struct Pool<'a> {
     jobs: Vec<std::sync::mpsc::Sender<Job>>,
     done: std::sync::mpsc::Receiver<Done>,
     /// The calling thread's plan to build trials in.
-    scratch: std::cell::RefCell<Plan>,
+    scratch: std::cell::RefCell<Scratch>,
 }
 
 impl<'a> Pool<'a> {
@@ -989,7 +1046,7 @@ impl<'a> Pool<'a> {
             .map(|_| {
                 let (send, take) = std::sync::mpsc::channel::<Job>();
                 let answer = answer.clone();
-                let mut scratch = plan.clone();
+                let mut scratch = Scratch::new(plan);
                 scope.spawn(move || {
                     for (k, base, t, rule, cutoff) in take {
                         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -1009,7 +1066,7 @@ impl<'a> Pool<'a> {
             policy,
             jobs,
             done,
-            scratch: std::cell::RefCell::new(plan.clone()),
+            scratch: std::cell::RefCell::new(Scratch::new(plan)),
         }
     }
 
@@ -1076,9 +1133,44 @@ fn lower_one(
     rule: Placement,
     policy: &SearchPolicy,
     cutoff: f64,
-    (run, kept): (Option<&Resumable>, Option<&Meetings>),
+    kept: (Option<&Resumable>, Option<&Meetings>),
 ) -> Trial {
-    let Ok(prepared) = prepare_named(plan, names) else {
+    lower_one_from(plan, names, opts, rule, policy, cutoff, kept, None)
+}
+
+/// [`lower_one`], with `ideal` the order of a base whose tasks `plan` keeps on
+/// their ranks, where its tasks are, and the record of its dependencies and
+/// ideal timing ([`crate::search::ideal`]), which the trial's patches and resumes:
+/// the same trial.
+#[allow(clippy::too_many_arguments)]
+fn lower_one_from(
+    plan: &Plan,
+    names: &UnitNames,
+    opts: &SimOptions,
+    rule: Placement,
+    policy: &SearchPolicy,
+    cutoff: f64,
+    (run, kept): (Option<&Resumable>, Option<&Meetings>),
+    ideal: Option<(&[Vec<Task>], &TaskIndex, &Log)>,
+) -> Trial {
+    let links = ideal.and_then(|(base, index, log)| {
+        Some((View::of_trial(plan, names, base, index, log)?, base, log))
+    });
+    let prepared = match links {
+        Some((Ok(links), base, log)) => timed_from(plan, &links, base, log).ok().and_then(|time| {
+            let of = |r: usize, i: usize| {
+                links.of(r, i).map(|l| {
+                    let producer = (l.rank as usize, l.index as usize);
+                    (l.tensor, l.unit as usize, producer)
+                })
+            };
+            prepare_timed(plan, of, time).ok()
+        }),
+        // The plan does not resolve.
+        Some((Err(()), ..)) => None,
+        None => prepare_named(plan, names).ok(),
+    };
+    let Some(prepared) = prepared else {
         return (None, Outcome::Fails);
     };
     // The plan's ideal timing is a floor of every program of the plan (each of its

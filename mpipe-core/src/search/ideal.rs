@@ -1,0 +1,660 @@
+//! The dependencies and ideal timing of an order search's trials, patched and
+//! resumed from their base's.
+//!
+//! A trial of the compute-order search ([`crate::search::reorder`]) is its base's plan
+//! with a few tasks moved, within their ranks; its preparation for the lowering
+//! resolves every task's inputs and times it ideally
+//! ([`crate::algebra::analysis::timing`]: list scheduling in rank order). The
+//! inputs are the base's but where the orders differ ([`View::of_trial`]). The list
+//! scheduler is a sequence of steps: take the next rank from a
+//! stack, settle as many of its tasks as their inputs allow, wake the ranks that
+//! waited on it. [`Log`] records the base's run: every few steps the scheduler's
+//! whole state (which tasks are settled, each rank's clock, the stack, who waits on
+//! whom, the tasks counted), and for each task the step that first looked at it.
+//!
+//! When a trial's tasks all stay on their ranks and rank `q`'s list first differs
+//! from the base's at index `lo`, every step before the one that first looked at
+//! the base's task `lo` of `q` is the same step in the trial's run: those steps
+//! look only at tasks before `lo` on `q` (the same tasks with the same inputs) and
+//! at other ranks' tasks, whose inputs are the same tasks (a producer on `q` past
+//! `lo` has another index, but it is unsettled in both runs, so both wait for it
+//! on `q`). So [`timed_from`] starts from the last state recorded before that step
+//! (of the earliest such step over the changed ranks), with the base's start, end
+//! and settle number for the tasks settled by then, and runs the scheduler on from
+//! there with the trial's plan and dependencies: the same timing as a full run, bit
+//! for bit (its test compares them).
+//!
+//! Pure and deterministic; the scheduler's steps are [`crate::algebra::analysis`]'s,
+//! one for one.
+
+use crate::algebra::analysis::{describe, Deps, PlanError, Timing};
+use crate::ir::plan::{Plan, Task, TaskIndex, UnitId, UnitNames};
+use crate::ir::program::{Op, Tensor};
+
+/// One input of a task, as [`crate::algebra::analysis::Dep`] has it: the tensor,
+/// its unit, and the producing task's rank and index.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Link {
+    pub tensor: Tensor,
+    pub unit: u32,
+    pub rank: u32,
+    pub index: u32,
+}
+
+/// Every task's inputs, `of(r, i)`: a plan's [`Deps`], which the trials of a base
+/// patch ([`View::of_trial`]) instead of resolving every task again.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Links {
+    offsets: Vec<Vec<u32>>,
+    items: Vec<Link>,
+}
+
+impl Links {
+    /// `deps` of `plan`; `None` past 32-bit counts.
+    fn new(plan: &Plan, deps: &Deps) -> Option<Links> {
+        let mut out = Links {
+            offsets: Vec::with_capacity(plan.ranks),
+            items: Vec::new(),
+        };
+        for (r, list) in plan.order.iter().enumerate() {
+            let mut off = Vec::with_capacity(list.len() + 1);
+            for i in 0..list.len() {
+                off.push(u32::try_from(out.items.len()).ok()?);
+                for d in deps.of(r, i) {
+                    let (q, j) = d.producer();
+                    out.items.push(Link {
+                        tensor: d.tensor,
+                        unit: u32::try_from(d.unit()).ok()?,
+                        rank: u32::try_from(q).ok()?,
+                        index: u32::try_from(j).ok()?,
+                    });
+                }
+            }
+            off.push(u32::try_from(out.items.len()).ok()?);
+            out.offsets.push(off);
+        }
+        Some(out)
+    }
+
+    /// The inputs of task `i` of rank `r`.
+    fn of(&self, r: usize, i: usize) -> &[Link] {
+        let o = &self.offsets[r];
+        &self.items[o[i] as usize..o[i + 1] as usize]
+    }
+}
+
+/// The tasks of one rank where a trial's order differs from its base's: the
+/// indices `lo..=hi`, the trial's index of each base task there, and those tasks'
+/// inputs resolved again (`offsets` from `lo`).
+#[derive(Clone, Debug)]
+struct Window {
+    lo: usize,
+    hi: usize,
+    new_of: Vec<u32>,
+    offsets: Vec<u32>,
+    items: Vec<Link>,
+}
+
+/// A plan's dependencies read as a base's [`Links`] with windows patched in: the
+/// base's own ([`View::whole`]), or a trial's ([`View::of_trial`]), nothing copied
+/// but the windows.
+pub(crate) struct View<'a> {
+    base: &'a Links,
+    /// Per rank, where the plan differs from the base (`None`: nowhere).
+    window: Vec<Option<Window>>,
+}
+
+/// The inputs of one task ([`View::of`]).
+pub(crate) struct Inputs<'a> {
+    items: std::slice::Iter<'a, Link>,
+    /// The windows to move producers' indices by (none for inputs resolved in a
+    /// window, which have the trial's indices).
+    moved: Option<&'a [Option<Window>]>,
+}
+
+impl Iterator for Inputs<'_> {
+    type Item = Link;
+
+    fn next(&mut self) -> Option<Link> {
+        let mut l = *self.items.next()?;
+        if let Some(window) = self.moved {
+            l.index = moved(window, l.rank as usize, l.index as usize) as u32;
+        }
+        Some(l)
+    }
+}
+
+/// Where task `j` of rank `q` of the base is in a plan of these windows.
+fn moved(window: &[Option<Window>], q: usize, j: usize) -> usize {
+    match &window[q] {
+        Some(w) if (w.lo..=w.hi).contains(&j) => w.new_of[j - w.lo] as usize,
+        _ => j,
+    }
+}
+
+impl<'a> View<'a> {
+    /// The base's own dependencies.
+    fn whole(base: &'a Links) -> View<'a> {
+        View {
+            base,
+            window: vec![None; base.offsets.len()],
+        }
+    }
+
+    /// The inputs of task `i` of rank `r`.
+    pub(crate) fn of(&self, r: usize, i: usize) -> Inputs<'_> {
+        match &self.window[r] {
+            Some(w) if (w.lo..=w.hi).contains(&i) => {
+                let k = i - w.lo;
+                Inputs {
+                    items: w.items[w.offsets[k] as usize..w.offsets[k + 1] as usize].iter(),
+                    moved: None,
+                }
+            }
+            _ => Inputs {
+                items: self.base.of(r, i).iter(),
+                moved: Some(&self.window),
+            },
+        }
+    }
+
+    /// The dependencies of `plan`, a trial of the base of order `base` (its tasks
+    /// located by `index`, its links in `log`) that keeps every task on its rank:
+    /// [`crate::algebra::analysis::dependencies`] of `plan`. Where the two orders
+    /// differ, from the first to the last differing index of a rank, each task's
+    /// inputs are resolved again as `dependencies` resolves them (a local producer
+    /// earlier on the rank, else the one elsewhere); every other task reads what it
+    /// read in the base (its inputs are the same tasks, on ranks where they kept
+    /// their order relative to it), at the producers' new indices. `Some(Err(()))`
+    /// where `dependencies` fails; `None` where `plan` is not such a trial.
+    pub(crate) fn of_trial(
+        plan: &Plan,
+        names: &UnitNames,
+        base: &[Vec<Task>],
+        index: &TaskIndex,
+        log: &'a Log,
+    ) -> Option<Result<View<'a>, ()>> {
+        let links = log.links.as_ref()?;
+        if plan.order.len() != base.len() {
+            return None;
+        }
+        let mut window: Vec<Option<Window>> = Vec::with_capacity(base.len());
+        for (r, (a, b)) in plan.order.iter().zip(base).enumerate() {
+            if a.len() != b.len() {
+                return None;
+            }
+            let Some(lo) = a.iter().zip(b).position(|(x, y)| x != y) else {
+                window.push(None);
+                continue;
+            };
+            let hi = a.iter().zip(b).rposition(|(x, y)| x != y).unwrap_or(lo);
+            let mut new_of = vec![u32::MAX; hi + 1 - lo];
+            for (i, t) in a.iter().enumerate().take(hi + 1).skip(lo) {
+                match index.get(t.op, t.unit, t.mb) {
+                    Some((q, j)) if q == r && (lo..=hi).contains(&j) => {
+                        new_of[j - lo] = u32::try_from(i).ok()?;
+                    }
+                    _ => return None,
+                }
+            }
+            if new_of.contains(&u32::MAX) {
+                return None;
+            }
+            window.push(Some(Window {
+                lo,
+                hi,
+                new_of,
+                offsets: Vec::with_capacity(hi + 2 - lo),
+                items: Vec::new(),
+            }));
+        }
+        let need = names.needs_backward();
+        let link = |tensor: Tensor, unit: UnitId, (q, j): (usize, usize)| Link {
+            tensor,
+            unit: unit as u32,
+            rank: q as u32,
+            index: j as u32,
+        };
+        for r in 0..window.len() {
+            let Some((lo, hi)) = window[r].as_ref().map(|w| (w.lo, w.hi)) else {
+                continue;
+            };
+            let mut offsets = Vec::with_capacity(hi + 2 - lo);
+            let mut items = Vec::new();
+            {
+                let locate = |op: Op, unit: UnitId, mb: usize| {
+                    index
+                        .get(op, unit, mb)
+                        .map(|(q, j)| (q, moved(&window, q, j)))
+                };
+                for (i, t) in plan.order[r].iter().enumerate().take(hi + 1).skip(lo) {
+                    offsets.push(u32::try_from(items.len()).ok()?);
+                    match t.op {
+                        Op::F | Op::RF => {
+                            let ahead = |u: UnitId| {
+                                !plan.prefetch.is_empty()
+                                    && plan.prefetch.binary_search(&(u, t.mb)).is_ok()
+                            };
+                            let reader_ahead = ahead(t.unit);
+                            for &p in names.inputs(t.unit) {
+                                if ahead(p) && !reader_ahead {
+                                    continue;
+                                }
+                                let Some(dep) = find(&locate, r, i, &[Op::F, Op::RF], p, t.mb)
+                                else {
+                                    return Some(Err(()));
+                                };
+                                items.push(link(Tensor::Act, p, dep));
+                            }
+                        }
+                        Op::B | Op::BW => {
+                            if local(&locate, r, i, &[Op::F, Op::RF], t.unit, t.mb).is_none() {
+                                return Some(Err(()));
+                            }
+                            for &s in names.successors(t.unit) {
+                                if !need[s] {
+                                    continue;
+                                }
+                                let Some(dep) = find(&locate, r, i, &[Op::B, Op::BW], s, t.mb)
+                                else {
+                                    return Some(Err(()));
+                                };
+                                items.push(link(Tensor::Grad, s, dep));
+                            }
+                        }
+                        Op::W => {
+                            if local(&locate, r, i, &[Op::B], t.unit, t.mb).is_none() {
+                                return Some(Err(()));
+                            }
+                        }
+                    }
+                }
+                offsets.push(u32::try_from(items.len()).ok()?);
+            }
+            if let Some(w) = window[r].as_mut() {
+                w.offsets = offsets;
+                w.items = items;
+            }
+        }
+        Some(Ok(View {
+            base: links,
+            window,
+        }))
+    }
+}
+
+/// An earlier task on rank `r` (before index `i`) among `ops` on `(unit, mb)`, the
+/// tasks located by `locate` (as `dependencies` finds a local producer).
+fn local(
+    locate: &impl Fn(Op, UnitId, usize) -> Option<(usize, usize)>,
+    r: usize,
+    i: usize,
+    ops: &[Op],
+    unit: UnitId,
+    mb: usize,
+) -> Option<(usize, usize)> {
+    ops.iter()
+        .filter_map(|&op| locate(op, unit, mb))
+        .find(|&(q, j)| q == r && j < i)
+}
+
+/// The producer of `(unit, mb)` among `ops` for task `i` on rank `r`: a local
+/// earlier one if any, else one on another rank (as `dependencies` finds it).
+fn find(
+    locate: &impl Fn(Op, UnitId, usize) -> Option<(usize, usize)>,
+    r: usize,
+    i: usize,
+    ops: &[Op],
+    unit: UnitId,
+    mb: usize,
+) -> Option<(usize, usize)> {
+    if let Some(p) = local(locate, r, i, ops, unit, mb) {
+        return Some(p);
+    }
+    ops.iter()
+        .filter_map(|&op| locate(op, unit, mb))
+        .find(|&(q, _)| q != r)
+}
+
+/// The list scheduler's state before a step.
+#[derive(Clone)]
+struct State {
+    /// Tasks settled on each rank (a prefix of its list).
+    done: Vec<usize>,
+    /// Each rank's clock: the end of its last settled task.
+    clock: Vec<f64>,
+    /// Per rank, the ranks that stopped on one of its unsettled tasks.
+    waiters: Vec<Vec<usize>>,
+    /// The ranks to visit, the next last.
+    queue: Vec<usize>,
+    queued: Vec<bool>,
+    /// Tasks settled so far (the next task's settle number).
+    counter: usize,
+}
+
+impl State {
+    /// Before the first step: nothing settled, every rank queued, rank 0 next.
+    fn start(ranks: usize) -> State {
+        State {
+            done: vec![0; ranks],
+            clock: vec![0.0; ranks],
+            waiters: vec![Vec::new(); ranks],
+            queue: (0..ranks).rev().collect(),
+            queued: vec![true; ranks],
+            counter: 0,
+        }
+    }
+}
+
+/// A base plan's ideal timing with what its trials resume from (see the module
+/// documentation).
+pub(crate) struct Log {
+    time: Timing,
+    /// The base's dependencies, which its trials patch.
+    links: Option<Links>,
+    /// Per rank, per task: the step that first looked at it.
+    reach: Vec<Vec<u32>>,
+    /// The state before every `every`-th step (step `k * every` at `k`).
+    states: Vec<State>,
+    every: usize,
+}
+
+/// No step looked at the task (only in a plan that does not time).
+const UNSEEN: u32 = u32::MAX;
+
+impl Log {
+    /// The ideal timing of `plan`, whose dependencies are `deps`, recorded for its
+    /// trials; `None` where the plan does not time.
+    pub(crate) fn new(plan: &Plan, deps: &Deps) -> Option<Log> {
+        let links = Links::new(plan, deps)?;
+        let mut log = Log {
+            time: empty(plan),
+            links: None,
+            reach: plan.order.iter().map(|l| vec![UNSEEN; l.len()]).collect(),
+            states: Vec::new(),
+            // A state is a few numbers per rank: one every round of the ranks
+            // keeps a trial's replay short and the log small.
+            every: plan.ranks.max(1),
+        };
+        let start = State::start(plan.ranks);
+        let time = run(
+            plan,
+            &View::whole(&links),
+            empty(plan),
+            start,
+            0,
+            Some(&mut log),
+        )
+        .ok()?;
+        log.time = time;
+        log.links = Some(links);
+        Some(log)
+    }
+
+    /// The base's ideal timing.
+    #[cfg(test)]
+    fn time(&self) -> &Timing {
+        &self.time
+    }
+}
+
+/// Start, end and settle number 0 for every task of `plan`.
+fn empty(plan: &Plan) -> Timing {
+    let start: Vec<Vec<f64>> = plan.order.iter().map(|l| vec![0.0; l.len()]).collect();
+    Timing {
+        end: start.clone(),
+        start,
+        seq: plan.order.iter().map(|l| vec![0; l.len()]).collect(),
+    }
+}
+
+/// The ideal timing of `plan` (dependencies `deps`), a trial of the plan of order
+/// `base` whose run `log` recorded, each task on the rank it has in `base`:
+/// [`crate::algebra::analysis::timing`] of `plan`, resumed where the two first
+/// differ (see the module documentation).
+pub(crate) fn timed_from(
+    plan: &Plan,
+    deps: &View,
+    base: &[Vec<Task>],
+    log: &Log,
+) -> Result<Timing, PlanError> {
+    // The first step that looked at a task of the base that the trial changed.
+    let mut first = u32::MAX;
+    for (r, (a, b)) in plan.order.iter().zip(base).enumerate() {
+        if let Some(lo) = a.iter().zip(b).position(|(x, y)| x != y) {
+            first = first.min(log.reach[r].get(lo).copied().unwrap_or(0));
+        } else if a.len() != b.len() {
+            first = 0;
+        }
+    }
+    if plan.order.len() != base.len() || log.states.is_empty() {
+        first = 0;
+    }
+    if first == u32::MAX {
+        // The same order: the same timing.
+        return Ok(log.time.clone());
+    }
+    let k = (first as usize / log.every).min(log.states.len() - 1);
+    let state = log.states[k].clone();
+    // The base's times of the tasks settled by then are the trial's; every other
+    // task is settled again below.
+    run(plan, deps, log.time.clone(), state, k * log.every, None)
+}
+
+/// The list scheduler of [`crate::algebra::analysis::timing`] from `state` (before
+/// step `step`), `time` holding the times of the tasks settled so far; with `log`,
+/// recording the run.
+fn run(
+    plan: &Plan,
+    deps: &View,
+    time: Timing,
+    state: State,
+    mut step: usize,
+    mut log: Option<&mut Log>,
+) -> Result<Timing, PlanError> {
+    let p = plan.ranks;
+    let Timing {
+        mut start,
+        mut end,
+        mut seq,
+    } = time;
+    let State {
+        mut done,
+        mut clock,
+        mut waiters,
+        mut queue,
+        mut queued,
+        mut counter,
+    } = state;
+    // Each unit's cost of each op, read per task without touching the units.
+    let ops = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
+    let costs: Vec<[f64; 5]> = plan
+        .units
+        .iter()
+        .map(|u| ops.map(|op| op.cost(&u.cost)))
+        .collect();
+    let slot = |op: Op| match op {
+        Op::F => 0,
+        Op::B => 1,
+        Op::W => 2,
+        Op::BW => 3,
+        Op::RF => 4,
+    };
+    loop {
+        if let Some(log) = log.as_deref_mut() {
+            if step.is_multiple_of(log.every) {
+                log.states.push(State {
+                    done: done.clone(),
+                    clock: clock.clone(),
+                    waiters: waiters.clone(),
+                    queue: queue.clone(),
+                    queued: queued.clone(),
+                    counter,
+                });
+            }
+        }
+        let Some(r) = queue.pop() else { break };
+        let seen = u32::try_from(step).unwrap_or(UNSEEN);
+        step += 1;
+        queued[r] = false;
+        let list = &plan.order[r];
+        let before = done[r];
+        'advance: while done[r] < list.len() {
+            let i = done[r];
+            if let Some(log) = log.as_deref_mut() {
+                let at = &mut log.reach[r][i];
+                if *at == UNSEEN {
+                    *at = seen;
+                }
+            }
+            let t = &list[i];
+            let mut ready = clock[r];
+            for d in deps.of(r, i) {
+                let (q, j) = (d.rank as usize, d.index as usize);
+                if j >= done[q] {
+                    waiters[q].push(r);
+                    break 'advance;
+                }
+                ready = ready.max(end[q][j]);
+            }
+            let c = costs[t.unit][slot(t.op)];
+            start[r][i] = ready;
+            end[r][i] = ready + c;
+            clock[r] = ready + c;
+            seq[r][i] = u32::try_from(counter).map_err(|_| PlanError::TooLarge)?;
+            counter += 1;
+            done[r] += 1;
+        }
+        if done[r] == before {
+            continue;
+        }
+        for w in std::mem::take(&mut waiters[r]) {
+            if !queued[w] {
+                queued[w] = true;
+                queue.push(w);
+            }
+        }
+    }
+    if (0..p).any(|r| done[r] < plan.order[r].len()) {
+        let stuck: Vec<String> = (0..p)
+            .filter(|&r| done[r] < plan.order[r].len())
+            .map(|r| format!("rank {r} at {}", describe(plan, &plan.order[r][done[r]])))
+            .collect();
+        return Err(PlanError::Cycle(stuck.join(", ")));
+    }
+    Ok(Timing { start, end, seq })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algebra::analysis::{dependencies, timing};
+    use crate::algebra::profile::Profile;
+    use crate::search::derive::{derive_str, Request};
+
+    fn plan_of(profile: &str, (ranks, mbs): (usize, usize), expr: &str) -> Plan {
+        let profile = Profile::from_toml_str(profile).unwrap();
+        let req = Request::new(&profile, ranks, mbs);
+        let derived = derive_str(&req, expr).unwrap();
+        crate::search::replan::plan_of_program(&derived.program).unwrap()
+    }
+
+    /// A timing's start and end times as bits, and its settle numbers.
+    type Bits = (Vec<Vec<u64>>, Vec<Vec<u64>>, Vec<Vec<u32>>);
+
+    fn bits(t: &Timing) -> Bits {
+        let b = |v: &Vec<Vec<f64>>| {
+            v.iter()
+                .map(|l| l.iter().map(|x| x.to_bits()).collect())
+                .collect()
+        };
+        (b(&t.start), b(&t.end), t.seq.clone())
+    }
+
+    fn plans() -> &'static [Plan] {
+        static PLANS: std::sync::OnceLock<Vec<Plan>> = std::sync::OnceLock::new();
+        PLANS.get_or_init(|| {
+            let qwen = include_str!("../../../profiles/qwen2vl-7b.toml");
+            let heavy = include_str!("../../../profiles/encoder-heavy.toml");
+            let ramp = "refine(layers(zb2p(encoders = ramp, costs = unit)))";
+            vec![
+                plan_of(qwen, (4, 8), ramp),
+                plan_of(qwen, (3, 6), "zbv"),
+                plan_of(heavy, (4, 6), "1f1b"),
+                plan_of(heavy, (4, 6), "zbv"),
+            ]
+        })
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(256))]
+        /// A trial's dependencies patched from its base's are the full resolution's
+        /// (or fail where it fails), and its timing resumed from its base's log is
+        /// the full timing, bit for bit (settle numbers too), or fails where the
+        /// full one fails: random moves within ranks (one to three tasks, most a
+        /// few places, some anywhere) of several bases; the base's own timing is
+        /// the full one as well.
+        #[test]
+        fn a_resumed_timing_is_the_full_timing(
+            case in 0usize..4,
+            moves in proptest::collection::vec(
+                (proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>()),
+                1..4,
+            ),
+            near in 0usize..4,
+        ) {
+            let base = &plans()[case];
+            let deps = dependencies(base).unwrap();
+            let log = Log::new(base, &deps).unwrap();
+            proptest::prop_assert_eq!(bits(log.time()), bits(&timing(base, &deps).unwrap()));
+            let mut next = base.clone();
+            for &(q, from, to) in &moves {
+                let q = q as usize % next.ranks;
+                let n = next.order[q].len();
+                if n < 2 {
+                    continue;
+                }
+                let from = from as usize % n;
+                let to = if near > 0 {
+                    (from + to as usize % 7).saturating_sub(3).min(n - 1)
+                } else {
+                    to as usize % n
+                };
+                let t = next.order[q].remove(from);
+                next.order[q].insert(to, t);
+            }
+            let names = next.unit_names();
+            let patched = View::of_trial(&next, &names, &base.order, &base.locate(), &log);
+            let Some(patched) = patched else {
+                return Err(proptest::test_runner::TestCaseError::fail("not patched"));
+            };
+            let deps = match (dependencies(&next), patched) {
+                (Ok(deps), Ok(view)) => {
+                    let full = Links::new(&next, &deps).unwrap();
+                    for (r, list) in next.order.iter().enumerate() {
+                        for i in 0..list.len() {
+                            let patched: Vec<Link> = view.of(r, i).collect();
+                            proptest::prop_assert_eq!(full.of(r, i), &patched[..], "{} {}", r, i);
+                        }
+                    }
+                    view
+                }
+                (Err(_), Err(())) => return Ok(()),
+                (full, patched) => {
+                    return Err(proptest::test_runner::TestCaseError::fail(format!(
+                        "{:?} {:?}",
+                        full.is_ok(),
+                        patched.is_ok()
+                    )))
+                }
+            };
+            let full = timing(&next, &dependencies(&next).unwrap());
+            let resumed = timed_from(&next, &deps, &base.order, &log);
+            match (&full, &resumed) {
+                (Ok(a), Ok(b)) => proptest::prop_assert_eq!(bits(a), bits(b)),
+                (Err(a), Err(b)) => proptest::prop_assert_eq!(a, b),
+                _ => proptest::prop_assert!(false, "{:?} {:?}", full.is_ok(), resumed.is_ok()),
+            }
+        }
+    }
+}
