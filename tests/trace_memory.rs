@@ -20,8 +20,9 @@
 //!   the named program is 24 bytes an action, its timeline 16, the writer's tables
 //!   the rest: 52 to 53 (54 to 55 before the eleventh session, when the program was
 //!   simulated again here; 62 to 63 before the tenth, 87 to 91 before the sixth).
-//! - The derivation ([`WHOLE_BYTES_PER_ACTION`], the whole command's peak): 57 for
-//!   `1f1b`, 55 for `zbv` and 78 for `transpose(vision, 1f1b)`. For `zbv` (and
+//! - The derivation ([`WHOLE_BYTES_PER_ACTION`], the whole command's peak): 55 for
+//!   `1f1b` (57 before the fourteenth session), 55 for `zbv` and 78 for
+//!   `transpose(vision, 1f1b)`. For `zbv` (and
 //!   `1f1b`) the peak is now after the placement search, the named program beside
 //!   its report and the periodic placement's reading of the ranks, or the verifier
 //!   (which counts each transfer key's sends and receives in a byte each since the

@@ -278,10 +278,13 @@ impl Timing {
 
 /// Compute the ideal timing (list scheduling in rank order, O(tasks + deps)).
 pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
+    let start: Vec<Vec<f64>> = plan.order.iter().map(|l| vec![0.0; l.len()]).collect();
+    let end = start.clone();
+    let seq: Vec<Vec<u32>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
     settle(
         plan,
         deps,
-        Flat::extending(plan, None, &[]),
+        Timing { start, end, seq },
         vec![0; plan.ranks],
         0,
     )
@@ -306,71 +309,27 @@ pub fn timing_extended(plan: &Plan, base: &Timing) -> Result<Timing, PlanError> 
         .collect();
     let deps = resolve(plan, &plan.unit_names(), false, &from)?;
     let counter = from.iter().sum();
-    let time = Flat::extending(plan, Some(base), &from);
+    let mut time = Timing {
+        start: Vec::with_capacity(plan.ranks),
+        end: Vec::with_capacity(plan.ranks),
+        seq: Vec::with_capacity(plan.ranks),
+    };
+    for (r, list) in plan.order.iter().enumerate() {
+        let n = from[r];
+        let extend = |have: Option<&Vec<f64>>| {
+            let mut v = Vec::with_capacity(list.len());
+            v.extend_from_slice(have.map_or(&[][..], |h| &h[..n.min(h.len())]));
+            v.resize(list.len(), 0.0);
+            v
+        };
+        time.start.push(extend(base.start.get(r)));
+        time.end.push(extend(base.end.get(r)));
+        let mut seq = Vec::with_capacity(list.len());
+        seq.extend_from_slice(base.seq.get(r).map_or(&[][..], |h| &h[..n.min(h.len())]));
+        seq.resize(list.len(), 0);
+        time.seq.push(seq);
+    }
     settle(plan, &deps, time, from, counter)
-}
-
-/// A timing held flat while it is settled: task `i` of rank `r` at `at[r] + i` (one
-/// index per read, not two).
-struct Flat {
-    at: Vec<usize>,
-    start: Vec<f64>,
-    end: Vec<f64>,
-    seq: Vec<u32>,
-}
-
-impl Flat {
-    /// `plan`'s tasks, the first `from[r]` of rank `r` (none where `from` is
-    /// shorter) with `base`'s times and numbers, the others zero.
-    fn extending(plan: &Plan, base: Option<&Timing>, from: &[usize]) -> Flat {
-        let mut at = Vec::with_capacity(plan.ranks + 1);
-        at.push(0);
-        for list in &plan.order {
-            at.push(at[at.len() - 1] + list.len());
-        }
-        let total = at[plan.ranks];
-        let mut flat = Flat {
-            at,
-            start: Vec::with_capacity(total),
-            end: Vec::with_capacity(total),
-            seq: Vec::with_capacity(total),
-        };
-        for (r, list) in plan.order.iter().enumerate() {
-            let n = from.get(r).copied().unwrap_or(0);
-            fn extend<T: Copy + Default>(
-                out: &mut Vec<T>,
-                have: Option<&Vec<T>>,
-                n: usize,
-                len: usize,
-            ) {
-                let have = have.map_or(&[][..], |h| &h[..n.min(h.len())]);
-                out.extend_from_slice(have);
-                out.resize(out.len() + len - have.len(), T::default());
-            }
-            let len = list.len();
-            extend(&mut flat.start, base.and_then(|b| b.start.get(r)), n, len);
-            extend(&mut flat.end, base.and_then(|b| b.end.get(r)), n, len);
-            extend(&mut flat.seq, base.and_then(|b| b.seq.get(r)), n, len);
-        }
-        flat
-    }
-
-    /// The timing, per rank.
-    fn split(&self) -> Timing {
-        let ranks = self.at.len() - 1;
-        let per_rank = |v: &[f64]| -> Vec<Vec<f64>> {
-            (0..ranks)
-                .map(|r| v[self.at[r]..self.at[r + 1]].to_vec())
-                .collect()
-        };
-        Timing {
-            start: per_rank(&self.start),
-            end: per_rank(&self.end),
-            seq: (0..ranks)
-                .map(|r| self.seq[self.at[r]..self.at[r + 1]].to_vec())
-                .collect(),
-        }
-    }
 }
 
 /// List scheduling in rank order from `done[r]` tasks settled on each rank `r` (their
@@ -379,19 +338,18 @@ impl Flat {
 fn settle(
     plan: &Plan,
     deps: &Deps,
-    time: Flat,
+    time: Timing,
     mut done: Vec<usize>,
     mut counter: usize,
 ) -> Result<Timing, PlanError> {
     let p = plan.ranks;
-    let Flat {
-        at,
-        start: mut start_at,
-        end: mut end_at,
-        seq: mut seq_at,
+    let Timing {
+        mut start,
+        mut end,
+        mut seq,
     } = time;
     let mut clock: Vec<f64> = (0..p)
-        .map(|r| done[r].checked_sub(1).map_or(0.0, |i| end_at[at[r] + i]))
+        .map(|r| done[r].checked_sub(1).map_or(0.0, |i| end[r][i]))
         .collect();
     let mut waiters: Vec<Vec<usize>> = vec![Vec::new(); p];
     // The waiters being woken (swapped with a rank's list, so that neither
@@ -417,7 +375,6 @@ fn settle(
         queued[r] = false;
         let list = &plan.order[r];
         let before = done[r];
-        let base = at[r];
         let mut now = clock[r];
         'advance: while done[r] < list.len() {
             let i = done[r];
@@ -429,13 +386,13 @@ fn settle(
                     waiters[q].push(r);
                     break 'advance;
                 }
-                ready = ready.max(end_at[at[q] + j]);
+                ready = ready.max(end[q][j]);
             }
             let c = costs[t.unit][slot(t.op)];
-            start_at[base + i] = ready;
+            start[r][i] = ready;
             now = ready + c;
-            end_at[base + i] = now;
-            seq_at[base + i] = u32::try_from(counter).map_err(|_| PlanError::TooLarge)?;
+            end[r][i] = now;
+            seq[r][i] = u32::try_from(counter).map_err(|_| PlanError::TooLarge)?;
             counter += 1;
             done[r] += 1;
         }
@@ -458,13 +415,7 @@ fn settle(
             .collect();
         return Err(PlanError::Cycle(stuck.join(", ")));
     }
-    Ok(Flat {
-        at,
-        start: start_at,
-        end: end_at,
-        seq: seq_at,
-    }
-    .split())
+    Ok(Timing { start, end, seq })
 }
 
 /// Peak activation memory of each rank of a plan (docs/spec/program-format.md's rule: a

@@ -326,6 +326,27 @@ pub fn prepare(plan: &Plan) -> Result<Prepared, LowerError> {
 pub(crate) fn prepare_named(plan: &Plan, names: &UnitNames) -> Result<Prepared, LowerError> {
     let deps = dependencies_named(plan, names)?;
     let time = timing(plan, &deps)?;
+    prepare_timed(
+        plan,
+        |r, i| {
+            deps.of(r, i)
+                .iter()
+                .map(|d| (d.tensor, d.unit(), d.producer()))
+        },
+        time,
+    )
+}
+
+/// [`prepare_named`] of a plan whose dependencies and ideal timing `time` the
+/// caller has (the order search patches its trials' from their base's,
+/// `crate::search::ideal`): `deps(r, i)` lists task `i` of rank `r`'s inputs as
+/// `(tensor, unit, (rank, index) of the producer)`, in the order
+/// [`crate::algebra::analysis::Deps::of`] does.
+pub(crate) fn prepare_timed<I: Iterator<Item = (Tensor, usize, (usize, usize))>>(
+    plan: &Plan,
+    deps: impl Fn(usize, usize) -> I,
+    time: Timing,
+) -> Result<Prepared, LowerError> {
     // Every cross-rank read, then one transfer per (tensor, unit, mb, destination):
     // the first consumer on the destination decides where the RECV must be.
     let mut reads: Vec<Transfer> = Vec::new();
@@ -341,12 +362,10 @@ pub(crate) fn prepare_named(plan: &Plan, names: &UnitNames) -> Result<Prepared, 
     };
     for (r, list) in plan.order.iter().enumerate() {
         for (i, task) in list.iter().enumerate() {
-            // A task reads tensors of its own micro-batch.
             let mb = task.mb;
-            for d in deps.of(r, i) {
-                let (q, j) = d.producer();
+            for (tensor, unit, (q, j)) in deps(r, i) {
                 if q != r {
-                    read((d.tensor, d.unit(), mb, r), (q, j, i))?;
+                    read((tensor, unit, mb, r), (q, j, i))?;
                 }
             }
         }
@@ -2100,67 +2119,6 @@ fn close_batch<F: Form>(form: &F, run: &mut [F::Act], batch: &mut u64) {
         form.set_batch(a, *batch);
     }
     *batch += 1;
-}
-
-/// [`prepare_named`] of a plan whose dependencies and ideal timing `time` the
-/// caller has (the order search patches its trials' from their base's,
-/// `crate::search::ideal`): `deps(r, i)` lists task `i` of rank `r`'s inputs as
-/// `(tensor, unit, (rank, index) of the producer)`, in the order
-/// [`crate::algebra::analysis::Deps::of`] does. The same preparation.
-pub(crate) fn prepare_timed<I: Iterator<Item = (Tensor, usize, (usize, usize))>>(
-    plan: &Plan,
-    deps: impl Fn(usize, usize) -> I,
-    time: Timing,
-) -> Result<Prepared, LowerError> {
-    // As `prepare_named` from its timing on: every cross-rank read, then one
-    // transfer per (tensor, unit, mb, destination).
-    let mut reads: Vec<Transfer> = Vec::new();
-    let mut read = |id: TransferId, ends: Ends| {
-        let t = Transfer::new(id, ends).ok_or_else(|| {
-            let (tensor, unit, mb, to) = id;
-            LowerError::TooLarge {
-                action: format!("the transfer of {tensor:?}(unit #{unit}, mb {mb}) to rank {to}"),
-            }
-        })?;
-        reads.push(t);
-        Ok::<(), LowerError>(())
-    };
-    for (r, list) in plan.order.iter().enumerate() {
-        for (i, task) in list.iter().enumerate() {
-            let mb = task.mb;
-            for (tensor, unit, (q, j)) in deps(r, i) {
-                if q != r {
-                    read((tensor, unit, mb, r), (q, j, i))?;
-                }
-            }
-        }
-    }
-    let index = if plan.input_ships.is_empty() {
-        None
-    } else {
-        Some(plan.locate())
-    };
-    for s in &plan.input_ships {
-        let Some(index) = &index else { break };
-        let (Some((q, j)), Some((r, i))) = (
-            index.get(Op::F, s.unit, s.mb),
-            index.get(Op::RF, s.unit, s.mb),
-        ) else {
-            continue;
-        };
-        if q == s.from && r == s.to && q != r {
-            read((Tensor::Input, s.unit, s.mb, r), (q, j, i))?;
-        }
-    }
-    sort_reads(&mut reads);
-    reads.dedup_by_key(|t| t.parts().0);
-    reads.shrink_to_fit();
-    let ends = ends_by_place(plan, &reads);
-    Ok(Prepared {
-        time,
-        transfers: reads,
-        ends,
-    })
 }
 
 #[cfg(test)]

@@ -863,23 +863,21 @@ impl Shape {
     /// the last names looked up ([`RecentNames`]), so a name is hashed rarely,
     /// not once per transfer.
     fn classes(&self, list: &[Action], f: &Found) -> Vec<u32> {
+        use std::hash::{Hash, Hasher};
         let mut names: HashMap<&str, u32> = HashMap::default();
         let mut recent = RecentNames::new();
-        let mut words: Vec<u64> = Vec::new();
-        let mut ends: Vec<Option<usize>> = Vec::with_capacity(f.periods);
-        for q in 0..f.periods {
+        // Period `q`'s words into `out`; `false` for one holding a collective.
+        let mut write = |q: usize, out: &mut Vec<u64>| {
+            out.clear();
             let by = q as i64 * f.d;
-            let start = words.len();
-            let mut whole = true;
-            'period: for k in 1..=f.period {
+            for k in 1..=f.period {
                 let gap = self.gap(f.gap(q, k));
-                words.push(gap.len() as u64);
+                out.push(gap.len() as u64);
                 for g in gap {
-                    words.push(g.len() as u64);
+                    out.push(g.len() as u64);
                     for a in g.range() {
                         let Some((dir, tensor, unit, mb, peer)) = key(&list[a]) else {
-                            whole = false;
-                            break 'period;
+                            return false;
                         };
                         let id = recent.get(unit, |_| {
                             let next = names.len() as u32;
@@ -887,32 +885,47 @@ impl Shape {
                         });
                         let id = u64::from(id.unwrap_or(u32::MAX));
                         let mb = (mb as i64 - by) as u64;
-                        words.extend([id, dir as u64, tensor as u64, peer as u64, mb]);
+                        out.extend([id, dir as u64, tensor as u64, peer as u64, mb]);
                     }
                 }
             }
-            if whole {
-                ends.push(Some(words.len()));
-            } else {
-                words.truncate(start);
-                ends.push(None);
-            }
-        }
-        // Most periods are placed as the one before: compared with it first, a
-        // period is looked up by its words only where it differs.
-        let mut first: HashMap<&[u64], u32> = HashMap::default();
+            true
+        };
+        // Only a period's words and the one's before are held (the periods of a
+        // stretch can be most of a rank's list): a period placed as the one before
+        // takes its class; another is looked up by its words' hash among the
+        // classes' first periods, whose words are written again to compare (a
+        // collision of hashes makes a class of its own).
+        let (mut here, mut before, mut other) = (Vec::new(), Vec::new(), Vec::new());
+        let mut before_class: Option<u32> = None;
+        let mut first: HashMap<u64, Vec<usize>> = HashMap::default();
         let mut classes = vec![NO_CLASS; f.periods];
-        let mut start = 0;
-        let mut before: Option<(std::ops::Range<usize>, u32)> = None;
-        for (q, end) in ends.into_iter().enumerate() {
-            let Some(end) = end else { continue };
-            let here = &words[start..end];
-            classes[q] = match &before {
-                Some((range, class)) if &words[range.clone()] == here => *class,
-                _ => *first.entry(here).or_insert(q as u32),
+        for q in 0..f.periods {
+            if !write(q, &mut here) {
+                continue;
+            }
+            let class = match before_class {
+                Some(class) if here == before => class,
+                _ => {
+                    let mut h = rustc_hash::FxHasher::default();
+                    here.hash(&mut h);
+                    let firsts = first.entry(h.finish()).or_default();
+                    let mut found = None;
+                    for &t in firsts.iter() {
+                        if write(t, &mut other) && other == here {
+                            found = Some(classes[t]);
+                            break;
+                        }
+                    }
+                    found.unwrap_or_else(|| {
+                        firsts.push(q);
+                        q as u32
+                    })
+                }
             };
-            before = Some((start..end, classes[q]));
-            start = end;
+            classes[q] = class;
+            before_class = Some(class);
+            std::mem::swap(&mut here, &mut before);
         }
         classes
     }
