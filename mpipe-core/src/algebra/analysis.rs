@@ -3,7 +3,7 @@
 //! free). The lowering orders transfers by these times; operators that place work
 //! into idle time read them.
 
-use crate::ir::plan::{Plan, Task, TaskIndex, UnitId, UnitNames};
+use crate::ir::plan::{Plan, Task, UnitId, UnitNames};
 use crate::ir::program::{Op, Tensor};
 
 /// A plan that cannot be executed: a generator or operator broke the plan invariant.
@@ -165,7 +165,14 @@ fn resolve(
                         if ahead(p) && !reader_ahead {
                             continue;
                         }
-                        let dep = match find(&index, r, i, &[Op::F, Op::RF], p, t.mb) {
+                        let dep = match find(
+                            &|op, u, mb| index.get(op, u, mb),
+                            r,
+                            i,
+                            &[Op::F, Op::RF],
+                            p,
+                            t.mb,
+                        ) {
                             Ok(dep) => dep,
                             Err(false) if lenient => continue,
                             Err(b) => {
@@ -176,7 +183,15 @@ fn resolve(
                     }
                 }
                 Op::B | Op::BW => {
-                    local(&index, r, i, &[Op::F, Op::RF], t.unit, t.mb).ok_or_else(|| {
+                    local(
+                        &|op, u, mb| index.get(op, u, mb),
+                        r,
+                        i,
+                        &[Op::F, Op::RF],
+                        t.unit,
+                        t.mb,
+                    )
+                    .ok_or_else(|| {
                         err(
                             format!(
                                 "its own forward F/RF({},{}) on this rank",
@@ -189,7 +204,14 @@ fn resolve(
                         if !need[s] {
                             continue;
                         }
-                        let dep = match find(&index, r, i, &[Op::B, Op::BW], s, t.mb) {
+                        let dep = match find(
+                            &|op, u, mb| index.get(op, u, mb),
+                            r,
+                            i,
+                            &[Op::B, Op::BW],
+                            s,
+                            t.mb,
+                        ) {
                             Ok(dep) => dep,
                             Err(false) if lenient => continue,
                             Err(b) => {
@@ -203,7 +225,15 @@ fn resolve(
                     }
                 }
                 Op::W => {
-                    local(&index, r, i, &[Op::B], t.unit, t.mb).ok_or_else(|| {
+                    local(
+                        &|op, u, mb| index.get(op, u, mb),
+                        r,
+                        i,
+                        &[Op::B],
+                        t.unit,
+                        t.mb,
+                    )
+                    .ok_or_else(|| {
                         err(
                             format!("B({},{}) on this rank", plan.units[t.unit].name, t.mb),
                             false,
@@ -218,9 +248,10 @@ fn resolve(
     Ok(Deps { offsets, items })
 }
 
-/// An earlier task on rank `r` (before index `i`) among `ops` on `(unit, mb)`.
-fn local(
-    index: &TaskIndex,
+/// An earlier task on rank `r` (before index `i`) among `ops` on `(unit, mb)`, the
+/// tasks located by `locate` (a plan's [`crate::ir::plan::TaskIndex`], or a view of one).
+pub(crate) fn local(
+    locate: &impl Fn(Op, UnitId, usize) -> Option<(usize, usize)>,
     r: usize,
     i: usize,
     ops: &[Op],
@@ -228,15 +259,16 @@ fn local(
     mb: usize,
 ) -> Option<(usize, usize)> {
     ops.iter()
-        .filter_map(|&op| index.get(op, unit, mb))
+        .filter_map(|&op| locate(op, unit, mb))
         .find(|&(q, j)| q == r && j < i)
 }
 
 /// The producer of `(unit, mb)` among `ops` for task `i` on rank `r`: a local earlier
-/// one if any (the first in `ops`' order), else the first on another rank. `Err(true)`:
-/// only a later one on this rank; `Err(false)`: none at all. Each op looked up once.
-fn find(
-    index: &TaskIndex,
+/// one if any (the first in `ops`' order), else the first on another rank, the tasks
+/// located by `locate` (as in [`local`]). `Err(true)`: only a later one on this rank;
+/// `Err(false)`: none at all. Each op looked up once.
+pub(crate) fn find(
+    locate: &impl Fn(Op, UnitId, usize) -> Option<(usize, usize)>,
     r: usize,
     i: usize,
     ops: &[Op],
@@ -246,7 +278,7 @@ fn find(
     let mut elsewhere = None;
     let mut later_here = false;
     for &op in ops {
-        match index.get(op, unit, mb) {
+        match locate(op, unit, mb) {
             Some((q, j)) if q == r && j < i => return Ok((q, j)),
             Some((q, j)) if q != r => {
                 elsewhere = elsewhere.or(Some((q, j)));

@@ -27,7 +27,7 @@
 //! Pure and deterministic; the scheduler's steps are [`crate::algebra::analysis`]'s,
 //! one for one.
 
-use crate::algebra::analysis::{describe, Deps, PlanError, Timing};
+use crate::algebra::analysis::{describe, find, local, Deps, PlanError, Timing};
 use crate::ir::plan::{Plan, Task, TaskIndex, UnitId, UnitNames};
 use crate::ir::program::{Op, Tensor};
 
@@ -240,8 +240,7 @@ impl<'a> View<'a> {
                                 if ahead(p) && !reader_ahead {
                                     continue;
                                 }
-                                let Some(dep) = find(&locate, r, i, &[Op::F, Op::RF], p, t.mb)
-                                else {
+                                let Ok(dep) = find(&locate, r, i, &[Op::F, Op::RF], p, t.mb) else {
                                     return Some(Err(()));
                                 };
                                 items.push(link(Tensor::Act, p, dep));
@@ -255,8 +254,7 @@ impl<'a> View<'a> {
                                 if !need[s] {
                                     continue;
                                 }
-                                let Some(dep) = find(&locate, r, i, &[Op::B, Op::BW], s, t.mb)
-                                else {
+                                let Ok(dep) = find(&locate, r, i, &[Op::B, Op::BW], s, t.mb) else {
                                     return Some(Err(()));
                                 };
                                 items.push(link(Tensor::Grad, s, dep));
@@ -281,39 +279,6 @@ impl<'a> View<'a> {
             window,
         }))
     }
-}
-
-/// An earlier task on rank `r` (before index `i`) among `ops` on `(unit, mb)`, the
-/// tasks located by `locate` (as `dependencies` finds a local producer).
-fn local(
-    locate: &impl Fn(Op, UnitId, usize) -> Option<(usize, usize)>,
-    r: usize,
-    i: usize,
-    ops: &[Op],
-    unit: UnitId,
-    mb: usize,
-) -> Option<(usize, usize)> {
-    ops.iter()
-        .filter_map(|&op| locate(op, unit, mb))
-        .find(|&(q, j)| q == r && j < i)
-}
-
-/// The producer of `(unit, mb)` among `ops` for task `i` on rank `r`: a local
-/// earlier one if any, else one on another rank (as `dependencies` finds it).
-fn find(
-    locate: &impl Fn(Op, UnitId, usize) -> Option<(usize, usize)>,
-    r: usize,
-    i: usize,
-    ops: &[Op],
-    unit: UnitId,
-    mb: usize,
-) -> Option<(usize, usize)> {
-    if let Some(p) = local(locate, r, i, ops, unit, mb) {
-        return Some(p);
-    }
-    ops.iter()
-        .filter_map(|&op| locate(op, unit, mb))
-        .find(|&(q, _)| q != r)
 }
 
 /// The list scheduler's state before a step.
