@@ -315,10 +315,11 @@ pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
     let seq: Vec<Vec<u32>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
     settle(
         plan,
-        deps,
+        |r, i| deps.of(r, i).iter().map(Dep::producer),
         Timing { start, end, seq },
-        vec![0; plan.ranks],
+        Settling::start(plan.ranks),
         0,
+        &mut (),
     )
 }
 
@@ -361,18 +362,78 @@ pub fn timing_extended(plan: &Plan, base: &Timing) -> Result<Timing, PlanError> 
         seq.resize(list.len(), 0);
         time.seq.push(seq);
     }
-    settle(plan, &deps, time, from, counter)
+    let state = Settling::resumed(from, &time.end, counter);
+    let inputs = |r, i| deps.of(r, i).iter().map(Dep::producer);
+    settle(plan, inputs, time, state, 0, &mut ())
 }
 
-/// List scheduling in rank order from `done[r]` tasks settled on each rank `r` (their
-/// times in `time`, numbered below `counter`): every other task as early as its rank
-/// order and its dependencies allow.
-fn settle(
+/// The list scheduler's state between two steps ([`settle`]): a step takes the next
+/// rank from the queue, settles as many of its tasks as their inputs allow, and
+/// wakes the ranks that waited on it.
+#[derive(Clone, Debug)]
+pub(crate) struct Settling {
+    /// Tasks settled on each rank (a prefix of its list).
+    pub done: Vec<usize>,
+    /// Each rank's clock: the end of its last settled task.
+    pub clock: Vec<f64>,
+    /// Per rank, the ranks that stopped on one of its unsettled tasks.
+    pub waiters: Vec<Vec<usize>>,
+    /// The ranks to visit, the next last.
+    pub queue: Vec<usize>,
+    pub queued: Vec<bool>,
+    /// Tasks settled so far (the next task's settle number).
+    pub counter: usize,
+}
+
+impl Settling {
+    /// Before the first step: nothing settled, every rank queued, rank 0 next.
+    pub(crate) fn start(ranks: usize) -> Settling {
+        Settling::resumed(vec![0; ranks], &vec![Vec::new(); ranks], 0)
+    }
+
+    /// `done[r]` tasks settled on each rank `r`, ending at `end[r]`, numbered below
+    /// `counter`; every rank queued, rank 0 next.
+    fn resumed(done: Vec<usize>, end: &[Vec<f64>], counter: usize) -> Settling {
+        let ranks = done.len();
+        Settling {
+            clock: (0..ranks)
+                .map(|r| done[r].checked_sub(1).map_or(0.0, |i| end[r][i]))
+                .collect(),
+            done,
+            waiters: vec![Vec::new(); ranks],
+            queue: (0..ranks).rev().collect(),
+            queued: vec![true; ranks],
+            counter,
+        }
+    }
+}
+
+/// What watches the list scheduler ([`settle`]) step by step; `()` watches nothing
+/// (and costs nothing). The order search's resumed timings record a base's run so
+/// ([`crate::search::ideal`]).
+pub(crate) trait Watch {
+    /// Before step `step`, in state `state` (also once after the last step).
+    #[inline]
+    fn before(&mut self, _step: usize, _state: &Settling) {}
+
+    /// Step `step` looks at task `i` of rank `r` (its next unsettled task).
+    #[inline]
+    fn looks(&mut self, _r: usize, _i: usize, _step: usize) {}
+}
+
+impl Watch for () {}
+
+/// List scheduling in rank order from `state` (before step `step`; the times of the
+/// tasks it has settled in `time`): every other task as early as its rank order and
+/// its inputs allow, `inputs(r, i)` giving the producers (rank, index) of task `i`
+/// of rank `r`. `watch` sees every step.
+pub(crate) fn settle<I: Iterator<Item = (usize, usize)>>(
     plan: &Plan,
-    deps: &Deps,
+    inputs: impl Fn(usize, usize) -> I,
     time: Timing,
-    mut done: Vec<usize>,
-    mut counter: usize,
+    state: Settling,
+    mut step: usize,
+    watch: &mut impl Watch,
 ) -> Result<Timing, PlanError> {
     let p = plan.ranks;
     let Timing {
@@ -380,15 +441,10 @@ fn settle(
         mut end,
         mut seq,
     } = time;
-    let mut clock: Vec<f64> = (0..p)
-        .map(|r| done[r].checked_sub(1).map_or(0.0, |i| end[r][i]))
-        .collect();
-    let mut waiters: Vec<Vec<usize>> = vec![Vec::new(); p];
+    let mut s = state;
     // The waiters being woken (swapped with a rank's list, so that neither
     // allocates again once grown).
     let mut woken: Vec<usize> = Vec::new();
-    let mut queue: Vec<usize> = (0..p).rev().collect();
-    let mut queued = vec![true; p];
     // Each unit's cost of each op, read per task without touching the units.
     let ops = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
     let costs: Vec<[f64; 5]> = plan
@@ -403,19 +459,21 @@ fn settle(
         Op::BW => 3,
         Op::RF => 4,
     };
-    while let Some(r) = queue.pop() {
-        queued[r] = false;
+    loop {
+        watch.before(step, &s);
+        let Some(r) = s.queue.pop() else { break };
+        s.queued[r] = false;
         let list = &plan.order[r];
-        let before = done[r];
-        let mut now = clock[r];
-        'advance: while done[r] < list.len() {
-            let i = done[r];
+        let before = s.done[r];
+        let mut now = s.clock[r];
+        'advance: while s.done[r] < list.len() {
+            let i = s.done[r];
+            watch.looks(r, i, step);
             let t = &list[i];
             let mut ready = now;
-            for d in deps.of(r, i) {
-                let (q, j) = d.producer();
-                if j >= done[q] {
-                    waiters[q].push(r);
+            for (q, j) in inputs(r, i) {
+                if j >= s.done[q] {
+                    s.waiters[q].push(r);
                     break 'advance;
                 }
                 ready = ready.max(end[q][j]);
@@ -424,22 +482,24 @@ fn settle(
             start[r][i] = ready;
             now = ready + c;
             end[r][i] = now;
-            seq[r][i] = u32::try_from(counter).map_err(|_| PlanError::TooLarge)?;
-            counter += 1;
-            done[r] += 1;
+            seq[r][i] = u32::try_from(s.counter).map_err(|_| PlanError::TooLarge)?;
+            s.counter += 1;
+            s.done[r] += 1;
         }
-        clock[r] = now;
-        if done[r] == before {
+        step += 1;
+        s.clock[r] = now;
+        if s.done[r] == before {
             continue;
         }
-        std::mem::swap(&mut woken, &mut waiters[r]);
+        std::mem::swap(&mut woken, &mut s.waiters[r]);
         for w in woken.drain(..) {
-            if !queued[w] {
-                queued[w] = true;
-                queue.push(w);
+            if !s.queued[w] {
+                s.queued[w] = true;
+                s.queue.push(w);
             }
         }
     }
+    let done = &s.done;
     if (0..p).any(|r| done[r] < plan.order[r].len()) {
         let stuck: Vec<String> = (0..p)
             .filter(|&r| done[r] < plan.order[r].len())

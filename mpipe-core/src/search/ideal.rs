@@ -24,10 +24,11 @@
 //! there with the trial's plan and dependencies: the same timing as a full run, bit
 //! for bit (its test compares them).
 //!
-//! Pure and deterministic; the scheduler's steps are [`crate::algebra::analysis`]'s,
-//! one for one.
+//! Pure and deterministic. The scheduler is [`crate::algebra::analysis`]'s own
+//! ([`settle`]): [`Log`] watches the base's run, and a trial's resumes from a
+//! state it recorded.
 
-use crate::algebra::analysis::{describe, find, local, Deps, PlanError, Timing};
+use crate::algebra::analysis::{find, local, settle, Deps, PlanError, Settling, Timing, Watch};
 use crate::ir::plan::{Plan, Task, TaskIndex, UnitId, UnitNames};
 use crate::ir::program::{Op, Tensor};
 
@@ -281,36 +282,6 @@ impl<'a> View<'a> {
     }
 }
 
-/// The list scheduler's state before a step.
-#[derive(Clone)]
-struct State {
-    /// Tasks settled on each rank (a prefix of its list).
-    done: Vec<usize>,
-    /// Each rank's clock: the end of its last settled task.
-    clock: Vec<f64>,
-    /// Per rank, the ranks that stopped on one of its unsettled tasks.
-    waiters: Vec<Vec<usize>>,
-    /// The ranks to visit, the next last.
-    queue: Vec<usize>,
-    queued: Vec<bool>,
-    /// Tasks settled so far (the next task's settle number).
-    counter: usize,
-}
-
-impl State {
-    /// Before the first step: nothing settled, every rank queued, rank 0 next.
-    fn start(ranks: usize) -> State {
-        State {
-            done: vec![0; ranks],
-            clock: vec![0.0; ranks],
-            waiters: vec![Vec::new(); ranks],
-            queue: (0..ranks).rev().collect(),
-            queued: vec![true; ranks],
-            counter: 0,
-        }
-    }
-}
-
 /// A base plan's ideal timing with what its trials resume from (see the module
 /// documentation).
 pub(crate) struct Log {
@@ -320,7 +291,7 @@ pub(crate) struct Log {
     /// Per rank, per task: the step that first looked at it.
     reach: Vec<Vec<u32>>,
     /// The state before every `every`-th step (step `k * every` at `k`).
-    states: Vec<State>,
+    states: Vec<Settling>,
     every: usize,
 }
 
@@ -341,14 +312,14 @@ impl Log {
             // keeps a trial's replay short and the log small.
             every: plan.ranks.max(1),
         };
-        let start = State::start(plan.ranks);
-        let time = run(
+        let whole = View::whole(&links);
+        let time = timed(
             plan,
-            &View::whole(&links),
+            &whole,
             empty(plan),
-            start,
+            Settling::start(plan.ranks),
             0,
-            Some(&mut log),
+            &mut log,
         )
         .ok()?;
         log.time = time;
@@ -403,111 +374,39 @@ pub(crate) fn timed_from(
     let state = log.states[k].clone();
     // The base's times of the tasks settled by then are the trial's; every other
     // task is settled again below.
-    run(plan, deps, log.time.clone(), state, k * log.every, None)
+    timed(plan, deps, log.time.clone(), state, k * log.every, &mut ())
 }
 
-/// The list scheduler of [`crate::algebra::analysis::timing`] from `state` (before
-/// step `step`), `time` holding the times of the tasks settled so far; with `log`,
-/// recording the run.
-fn run(
+/// The list scheduler of [`crate::algebra::analysis::timing`] ([`settle`]) from
+/// `state` (before step `step`) over the inputs `deps`, `time` holding the times of
+/// the tasks settled so far, `watch` seeing every step.
+fn timed(
     plan: &Plan,
     deps: &View,
     time: Timing,
-    state: State,
-    mut step: usize,
-    mut log: Option<&mut Log>,
+    state: Settling,
+    step: usize,
+    watch: &mut impl Watch,
 ) -> Result<Timing, PlanError> {
-    let p = plan.ranks;
-    let Timing {
-        mut start,
-        mut end,
-        mut seq,
-    } = time;
-    let State {
-        mut done,
-        mut clock,
-        mut waiters,
-        mut queue,
-        mut queued,
-        mut counter,
-    } = state;
-    // Each unit's cost of each op, read per task without touching the units.
-    let ops = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
-    let costs: Vec<[f64; 5]> = plan
-        .units
-        .iter()
-        .map(|u| ops.map(|op| op.cost(&u.cost)))
-        .collect();
-    let slot = |op: Op| match op {
-        Op::F => 0,
-        Op::B => 1,
-        Op::W => 2,
-        Op::BW => 3,
-        Op::RF => 4,
-    };
-    loop {
-        if let Some(log) = log.as_deref_mut() {
-            if step.is_multiple_of(log.every) {
-                log.states.push(State {
-                    done: done.clone(),
-                    clock: clock.clone(),
-                    waiters: waiters.clone(),
-                    queue: queue.clone(),
-                    queued: queued.clone(),
-                    counter,
-                });
-            }
-        }
-        let Some(r) = queue.pop() else { break };
-        let seen = u32::try_from(step).unwrap_or(UNSEEN);
-        step += 1;
-        queued[r] = false;
-        let list = &plan.order[r];
-        let before = done[r];
-        'advance: while done[r] < list.len() {
-            let i = done[r];
-            if let Some(log) = log.as_deref_mut() {
-                let at = &mut log.reach[r][i];
-                if *at == UNSEEN {
-                    *at = seen;
-                }
-            }
-            let t = &list[i];
-            let mut ready = clock[r];
-            for d in deps.of(r, i) {
-                let (q, j) = (d.rank as usize, d.index as usize);
-                if j >= done[q] {
-                    waiters[q].push(r);
-                    break 'advance;
-                }
-                ready = ready.max(end[q][j]);
-            }
-            let c = costs[t.unit][slot(t.op)];
-            start[r][i] = ready;
-            end[r][i] = ready + c;
-            clock[r] = ready + c;
-            seq[r][i] = u32::try_from(counter).map_err(|_| PlanError::TooLarge)?;
-            counter += 1;
-            done[r] += 1;
-        }
-        if done[r] == before {
-            continue;
-        }
-        for w in std::mem::take(&mut waiters[r]) {
-            if !queued[w] {
-                queued[w] = true;
-                queue.push(w);
-            }
+    let inputs = |r, i| deps.of(r, i).map(|l| (l.rank as usize, l.index as usize));
+    settle(plan, inputs, time, state, step, watch)
+}
+
+/// A base's run recorded: the state before every `every`-th step, and the step that
+/// first looked at each task.
+impl Watch for Log {
+    fn before(&mut self, step: usize, state: &Settling) {
+        if step.is_multiple_of(self.every) {
+            self.states.push(state.clone());
         }
     }
-    if (0..p).any(|r| done[r] < plan.order[r].len()) {
-        let stuck: Vec<String> = (0..p)
-            .filter(|&r| done[r] < plan.order[r].len())
-            .map(|r| format!("rank {r} at {}", describe(plan, &plan.order[r][done[r]])))
-            .collect();
-        return Err(PlanError::Cycle(stuck.join(", ")));
+
+    fn looks(&mut self, r: usize, i: usize, step: usize) {
+        let at = &mut self.reach[r][i];
+        if *at == UNSEEN {
+            *at = u32::try_from(step).unwrap_or(UNSEEN);
+        }
     }
-    Ok(Timing { start, end, seq })
 }
 
 #[cfg(test)]
