@@ -13,7 +13,7 @@ use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{ActionRef, Program};
 use crate::judge::simulate::{
-    finish_times_taken_or_run, simulate_taken, Kept, SimOptions, SimReport,
+    finish_times_taken_or_run, simulate_taken, Kept, Mode, SimOptions, SimReport,
 };
 use crate::judge::timeline::Slot;
 use crate::search::refine::{refine, settle_w};
@@ -74,21 +74,65 @@ pub(crate) fn best_lowering_with(
         let makespan = makespan_of(finish);
         best.as_ref().is_none_or(|b| b.beaten_by(makespan)) && at_most(makespan, target)
     };
-    // What `Meet`'s pass against the timing placed against told of `Critical`
-    // ([`meetings`]).
-    let mut critical = None;
+    // `Critical`'s times against the ideal timing, and whether they are `Meet`'s
+    // (then so is its placement, which places both alike by their times alone: its
+    // times serve at `Meet`'s turn, and `Critical` is skipped at its own).
+    let rule = Placement::Critical;
+    let (times, alike) = meeting_times(&prepared.time, &prepared, rule, policy);
+    let mut critical = Some(alike);
+    let mut meet = None;
+    // `Critical` is lowered and run first where its times are not `Meet`'s
+    // ([`probe_critical`]): where ranks differ in slack (an encoder's, a loss
+    // layer's), it is the rule that most often reaches the ideal makespan, and then
+    // no rule can beat it, so it is kept and nothing else is lowered. (A rule before
+    // it in [`PLACEMENTS`] that reaches the ideal too would have won that tie: the
+    // same makespan, another program.) Where it does not reach the ideal, the rules
+    // run in order as ever, and at its turn its placement's signature and makespan
+    // answer for it (the same placement runs the same). Under eager semantics
+    // `Ready` runs exactly as the ideal timing, so the rules before `Critical`
+    // settle the search in at most two runs: no probe there.
+    let mut probed = None;
+    if alike || opts.mode == Mode::Eager {
+        meet = alike.then_some(times);
+    } else {
+        match probe_critical(plan, &prepared, opts, policy, times, target) {
+            Some(Probe::Reached(sig, makespan, run)) => {
+                seen.first(sig);
+                best = Some(Best {
+                    time: None,
+                    placement: Placement::Critical,
+                    makespan,
+                });
+                reached = Some(run);
+            }
+            Some(Probe::Ran(sig, makespan)) => probed = Some((sig, makespan)),
+            None => {}
+        }
+    }
     for placement in PLACEMENTS {
         if done(&best) {
             break;
         }
-        let Some(taus) = meetings(&prepared, &prepared.time, placement, policy, &mut critical)
+        if let (Placement::Critical, Some((sig, makespan))) = (placement, probed) {
+            if seen.first(sig) && best.as_ref().is_none_or(|b| b.beaten_by(makespan)) {
+                best = Some(Best {
+                    time: None,
+                    placement,
+                    makespan,
+                });
+            }
+            continue;
+        }
+        let held = meet.take().filter(|_| placement == Placement::Meet);
+        let Some(taus) =
+            held.or_else(|| meetings(&prepared, &prepared.time, placement, policy, &mut critical))
         else {
             continue;
         };
         let at = placement_at_times(plan, &prepared, &prepared.time, placement, &taus, policy)
             .map_err(|e| e.to_string())?;
         drop(taus);
-        if !seen.first_sight(&at) {
+        if !seen.first(Seen::sign(&at)) {
             continue;
         }
         let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
@@ -153,7 +197,7 @@ pub(crate) fn best_lowering_with(
                 continue;
             };
             drop(taus);
-            if !seen.first_sight(&at) {
+            if !seen.first(Seen::sign(&at)) {
                 continue;
             }
             let Ok(lowered) = assemble_lowered(plan, at) else {
@@ -356,8 +400,8 @@ fn makespan_of(finish: &[f64]) -> f64 {
 struct Seen(Vec<u64>);
 
 impl Seen {
-    /// Record `at` and say whether it is new.
-    fn first_sight(&mut self, at: &[Vec<Placed>]) -> bool {
+    /// The signature of placement `at`.
+    fn sign(at: &[Vec<Placed>]) -> u64 {
         use std::hash::Hasher;
         let mut h = std::collections::hash_map::DefaultHasher::new();
         for list in at {
@@ -366,13 +410,51 @@ impl Seen {
                 h.write_u64(u64::from(x.slot) << u32::BITS | u64::from(x.id));
             }
         }
-        let sig = h.finish();
+        h.finish()
+    }
+
+    /// Record the placement of signature `sig` and say whether it is new.
+    fn first(&mut self, sig: u64) -> bool {
         if self.0.contains(&sig) {
             return false;
         }
         self.0.push(sig);
         true
     }
+}
+
+/// What [`probe_critical`] found: `Critical`'s placement (its signature) reached
+/// the ideal makespan, and its run is kept; or it ran to this makespan.
+enum Probe<'p> {
+    Reached(u64, f64, Kept<'p>),
+    Ran(u64, f64),
+}
+
+/// `Critical`'s placement against the prepared (ideal) timing (its meeting times
+/// `taus`), lowered and run to the end: whether it reaches the ideal makespan
+/// `target`, with its signature ([`Seen::sign`]) and makespan. `None` where it fails to place, assemble or run:
+/// its turn in [`PLACEMENTS`] then fails as it always did, in order.
+fn probe_critical<'p>(
+    plan: &'p Plan,
+    prepared: &Prepared,
+    opts: &SimOptions,
+    policy: &SearchPolicy,
+    taus: Vec<(f64, f64)>,
+    target: f64,
+) -> Option<Probe<'p>> {
+    let rule = Placement::Critical;
+    let at = placement_at_times(plan, prepared, &prepared.time, rule, &taus, policy).ok()?;
+    drop(taus);
+    let sig = Seen::sign(&at);
+    let lowered = assemble_lowered(plan, at).ok()?;
+    let reaches = |finish: &[f64]| at_most(makespan_of(finish), target);
+    let (finish, run) =
+        finish_times_taken_or_run(&plan.units, lowered, opts, f64::INFINITY, reaches).ok()??;
+    let makespan = makespan_of(&finish);
+    Some(match run {
+        Some(run) => Probe::Reached(sig, makespan, run),
+        None => Probe::Ran(sig, makespan),
+    })
 }
 
 /// The placement rules tried, in order.
@@ -548,4 +630,82 @@ pub fn resident_params(program: &Program) -> Vec<f64> {
                 .sum()
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algebra::lower::lower_with;
+    use crate::algebra::profile::Profile;
+    use crate::ir::model::CommModel;
+    use crate::judge::simulate::simulate;
+    use crate::search::derive::{derive_str, Request};
+
+    fn plan_of(profile: &str, (ranks, mbs): (usize, usize), expr: &str) -> Plan {
+        let profile = Profile::from_toml_str(profile).unwrap();
+        let req = Request::new(&profile, ranks, mbs);
+        let derived = derive_str(&req, expr).unwrap();
+        crate::search::replan::plan_of_program(&derived.program).unwrap()
+    }
+
+    /// The placement search keeps the fastest lowering it tries, whichever rule it
+    /// runs first: never slower than any of its rules' own lowering of the plan
+    /// against the plan's ideal timing (so at the ideal makespan wherever one of
+    /// them is), under rendezvous and eager semantics, with and without a link
+    /// model; plans with unbalanced stages (encoders, trainable and frozen) and
+    /// balanced ones.
+    #[test]
+    fn the_search_is_never_slower_than_one_of_its_rules() {
+        let qwen = include_str!("../../../profiles/qwen2vl-7b.toml");
+        let heavy = include_str!("../../../profiles/encoder-heavy.toml");
+        let small = include_str!("../../../docs/guide/examples/small-mllm.toml");
+        let frozen = include_str!("../../../docs/guide/examples/frozen-mllm.toml");
+        let llm = include_str!("../../../docs/guide/examples/llm-only.toml");
+        let plans = [
+            plan_of(qwen, (4, 8), "zbv"),
+            plan_of(qwen, (4, 8), "1f1b"),
+            plan_of(heavy, (4, 6), "zb2p(v = 2)"),
+            plan_of(heavy, (3, 6), "interleaved(v = 2)"),
+            plan_of(small, (4, 8), "zb2p(v = 2)"),
+            plan_of(small, (4, 8), "transpose(vision, 1f1b)"),
+            plan_of(frozen, (4, 8), "transpose(vision, zbv)"),
+            plan_of(llm, (4, 8), "zbh1"),
+        ];
+        let options = [
+            SimOptions::default(),
+            SimOptions {
+                mode: Mode::Eager,
+                ..SimOptions::default()
+            },
+            SimOptions {
+                comm: Some(CommModel {
+                    latency: 0.5,
+                    bandwidth: 4.0,
+                }),
+                ..SimOptions::default()
+            },
+        ];
+        let policy = SearchPolicy::DEFAULT;
+        for (k, plan) in plans.iter().enumerate() {
+            for opts in &options {
+                let (_, found) =
+                    best_lowering_with(plan, None, opts, None, false, &policy).unwrap();
+                for rule in PLACEMENTS {
+                    let Ok(own) = lower_with(plan, None, rule) else {
+                        continue;
+                    };
+                    let Ok(ran) = simulate(&own, opts) else {
+                        continue;
+                    };
+                    assert!(
+                        at_most(found.makespan, ran.makespan),
+                        "plan {k}, {:?}: the search's {} against {rule:?}'s {}",
+                        opts.mode,
+                        found.makespan,
+                        ran.makespan
+                    );
+                }
+            }
+        }
+    }
 }
