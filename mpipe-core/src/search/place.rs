@@ -103,7 +103,7 @@ pub(crate) fn best_lowering_with(
                     placement: Placement::Critical,
                     makespan,
                 });
-                reached = Some(run);
+                reached = Some(*run);
             }
             Some(Probe::Ran(sig, makespan)) => probed = Some((sig, makespan)),
             None => {}
@@ -426,7 +426,7 @@ impl Seen {
 /// What [`probe_critical`] found: `Critical`'s placement (its signature) reached
 /// the ideal makespan, and its run is kept; or it ran to this makespan.
 enum Probe<'p> {
-    Reached(u64, f64, Kept<'p>),
+    Reached(u64, f64, Box<Kept<'p>>),
     Ran(u64, f64),
 }
 
@@ -452,7 +452,7 @@ fn probe_critical<'p>(
         finish_times_taken_or_run(&plan.units, lowered, opts, f64::INFINITY, reaches).ok()??;
     let makespan = makespan_of(&finish);
     Some(match run {
-        Some(run) => Probe::Reached(sig, makespan, run),
+        Some(run) => Probe::Reached(sig, makespan, Box::new(run)),
         None => Probe::Ran(sig, makespan),
     })
 }
