@@ -310,6 +310,19 @@ impl Timing {
 
 /// Compute the ideal timing (list scheduling in rank order, O(tasks + deps)).
 pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
+    timing_within(plan, deps, f64::INFINITY)
+        .map(|t| t.unwrap_or_else(|| unreachable!("no task ends past an infinite limit")))
+}
+
+/// [`timing`], given up (`None`) at the first task it finds ending past `limit`:
+/// the plan's makespan is then above `limit`. The tasks settled until then have
+/// their times as in [`timing`]; the rest are not settled, so a cycle in the plan,
+/// or too many tasks, is reported only if no task ends past `limit` first.
+pub(crate) fn timing_within(
+    plan: &Plan,
+    deps: &Deps,
+    limit: f64,
+) -> Result<Option<Timing>, PlanError> {
     let start: Vec<Vec<f64>> = plan.order.iter().map(|l| vec![0.0; l.len()]).collect();
     let end = start.clone();
     let seq: Vec<Vec<u32>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
@@ -319,6 +332,7 @@ pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
         Timing { start, end, seq },
         vec![0; plan.ranks],
         0,
+        limit,
     )
 }
 
@@ -361,19 +375,21 @@ pub fn timing_extended(plan: &Plan, base: &Timing) -> Result<Timing, PlanError> 
         seq.resize(list.len(), 0);
         time.seq.push(seq);
     }
-    settle(plan, &deps, time, from, counter)
+    settle(plan, &deps, time, from, counter, f64::INFINITY)
+        .map(|t| t.unwrap_or_else(|| unreachable!("no task ends past an infinite limit")))
 }
 
 /// List scheduling in rank order from `done[r]` tasks settled on each rank `r` (their
 /// times in `time`, numbered below `counter`): every other task as early as its rank
-/// order and its dependencies allow.
+/// order and its dependencies allow; `None` as soon as a task ends past `limit`.
 fn settle(
     plan: &Plan,
     deps: &Deps,
     time: Timing,
     mut done: Vec<usize>,
     mut counter: usize,
-) -> Result<Timing, PlanError> {
+    limit: f64,
+) -> Result<Option<Timing>, PlanError> {
     let p = plan.ranks;
     let Timing {
         mut start,
@@ -423,6 +439,9 @@ fn settle(
             let c = costs[t.unit][slot(t.op)];
             start[r][i] = ready;
             now = ready + c;
+            if now > limit {
+                return Ok(None);
+            }
             end[r][i] = now;
             seq[r][i] = u32::try_from(counter).map_err(|_| PlanError::TooLarge)?;
             counter += 1;
@@ -447,7 +466,7 @@ fn settle(
             .collect();
         return Err(PlanError::Cycle(stuck.join(", ")));
     }
-    Ok(Timing { start, end, seq })
+    Ok(Some(Timing { start, end, seq }))
 }
 
 /// Peak activation memory of each rank of a plan (docs/spec/program-format.md's rule: a
