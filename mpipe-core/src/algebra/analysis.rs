@@ -310,6 +310,23 @@ impl Timing {
 
 /// Compute the ideal timing (list scheduling in rank order, O(tasks + deps)).
 pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
+    timed(plan, deps, &mut ()).map(|t| t.expect("nothing watched gives up"))
+}
+
+/// [`timing`], given up (`None`) at the first task it finds ending past `limit`:
+/// the plan's makespan is then above `limit`. The tasks settled until then have
+/// their times as in [`timing`]; the rest are not settled, so a cycle in the plan,
+/// or too many tasks, is reported only if no task ends past `limit` first.
+pub(crate) fn timing_within(
+    plan: &Plan,
+    deps: &Deps,
+    limit: f64,
+) -> Result<Option<Timing>, PlanError> {
+    timed(plan, deps, &mut Within(limit))
+}
+
+/// The ideal timing of `plan` from nothing settled, `watch` seeing every step.
+fn timed(plan: &Plan, deps: &Deps, watch: &mut impl Watch) -> Result<Option<Timing>, PlanError> {
     let start: Vec<Vec<f64>> = plan.order.iter().map(|l| vec![0.0; l.len()]).collect();
     let end = start.clone();
     let seq: Vec<Vec<u32>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
@@ -319,8 +336,18 @@ pub fn timing(plan: &Plan, deps: &Deps) -> Result<Timing, PlanError> {
         Timing { start, end, seq },
         Settling::start(plan.ranks),
         0,
-        &mut (),
+        watch,
     )
+}
+
+/// Gives the list scheduler up at the first task ending past its limit.
+struct Within(f64);
+
+impl Watch for Within {
+    #[inline]
+    fn gives_up(&self, end: f64) -> bool {
+        end > self.0
+    }
 }
 
 /// The ideal timing of `plan` from `base`, the ideal timing of a plan whose rank
@@ -364,7 +391,7 @@ pub fn timing_extended(plan: &Plan, base: &Timing) -> Result<Timing, PlanError> 
     }
     let state = Settling::resumed(from, &time.end, counter);
     let inputs = |r, i| deps.of(r, i).iter().map(Dep::producer);
-    settle(plan, inputs, time, state, 0, &mut ())
+    settle(plan, inputs, time, state, 0, &mut ()).map(|t| t.expect("nothing watched gives up"))
 }
 
 /// The list scheduler's state between two steps ([`settle`]): a step takes the next
@@ -419,6 +446,12 @@ pub(crate) trait Watch {
     /// Step `step` looks at task `i` of rank `r` (its next unsettled task).
     #[inline]
     fn looks(&mut self, _r: usize, _i: usize, _step: usize) {}
+
+    /// Whether to give the run up (`None`) as a task ends at `end`.
+    #[inline]
+    fn gives_up(&self, _end: f64) -> bool {
+        false
+    }
 }
 
 impl Watch for () {}
@@ -426,7 +459,7 @@ impl Watch for () {}
 /// List scheduling in rank order from `state` (before step `step`; the times of the
 /// tasks it has settled in `time`): every other task as early as its rank order and
 /// its inputs allow, `inputs(r, i)` giving the producers (rank, index) of task `i`
-/// of rank `r`. `watch` sees every step.
+/// of rank `r`. `watch` sees every step; `None` as soon as it gives up.
 pub(crate) fn settle<I: Iterator<Item = (usize, usize)>>(
     plan: &Plan,
     inputs: impl Fn(usize, usize) -> I,
@@ -434,7 +467,7 @@ pub(crate) fn settle<I: Iterator<Item = (usize, usize)>>(
     state: Settling,
     mut step: usize,
     watch: &mut impl Watch,
-) -> Result<Timing, PlanError> {
+) -> Result<Option<Timing>, PlanError> {
     let p = plan.ranks;
     let Timing {
         mut start,
@@ -481,6 +514,9 @@ pub(crate) fn settle<I: Iterator<Item = (usize, usize)>>(
             let c = costs[t.unit][slot(t.op)];
             start[r][i] = ready;
             now = ready + c;
+            if watch.gives_up(now) {
+                return Ok(None);
+            }
             end[r][i] = now;
             seq[r][i] = u32::try_from(s.counter).map_err(|_| PlanError::TooLarge)?;
             s.counter += 1;
@@ -507,7 +543,7 @@ pub(crate) fn settle<I: Iterator<Item = (usize, usize)>>(
             .collect();
         return Err(PlanError::Cycle(stuck.join(", ")));
     }
-    Ok(Timing { start, end, seq })
+    Ok(Some(Timing { start, end, seq }))
 }
 
 /// Peak activation memory of each rank of a plan (docs/spec/program-format.md's rule: a

@@ -20,7 +20,8 @@
 
 use super::insert_all;
 use crate::algebra::analysis::{
-    dependencies, dependencies_lenient, peak_memory, timing, timing_extended, PlanError, Timing,
+    dependencies, dependencies_lenient, peak_memory, timing, timing_extended, timing_within,
+    PlanError, Timing,
 };
 use crate::ir::compare::{at_most, less};
 use crate::ir::plan::{InputShip, Plan, Task, UnitId};
@@ -156,12 +157,36 @@ impl PlaceRecord {
 /// [`transpose_with`], recording what it learns of the placements it compares in
 /// `record` (see [`PlaceRecord`]) when it chooses its placement.
 pub fn transpose_recorded(
+    plan: Plan,
+    enc: UnitId,
+    owners: Owners,
+    backward: Backward,
+    place: Place,
+    record: Option<&PlaceRecord>,
+) -> Result<Plan, PlanError> {
+    compare_placements(plan, enc, owners, backward, place, record, Cut::Short)
+}
+
+/// How [`compare_placements`] compares its candidates: the result is the same.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    /// Each candidate timed only as far as it could still be chosen, peaks read only
+    /// under a memory limit.
+    Short,
+    /// Each candidate timed in full, in order (what the tests hold `Short` to).
+    #[cfg_attr(not(test), allow(dead_code))]
+    Never,
+}
+
+/// [`transpose_recorded`], comparing its candidates as `cut` says.
+fn compare_placements(
     mut plan: Plan,
     enc: UnitId,
     owners: Owners,
     backward: Backward,
     place: Place,
     record: Option<&PlaceRecord>,
+    cut: Cut,
 ) -> Result<Plan, PlanError> {
     let p = plan.ranks;
     let first = plan.stages[0];
@@ -215,13 +240,20 @@ pub fn transpose_recorded(
     // Nothing reads the encoder's gradient when it has no inputs: its backwards,
     // appended at the ends of the lists, change no other task's ideal time.
     let no_readers = plan.units[enc].inputs.is_empty();
-    // Each candidate, with its ideal makespan where it is known already, and its
-    // placement (an index into `places`).
-    let mut candidates: Vec<(Option<Plan>, Option<f64>, usize)> = Vec::new();
+    // Every cost finite and not negative: each task ends no earlier than it starts.
+    let sound = plan.units.iter().all(|u| {
+        [Op::F, Op::B, Op::W, Op::BW, Op::RF]
+            .iter()
+            .all(|op| op.cost(&u.cost).is_finite() && op.cost(&u.cost) >= 0.0)
+    });
+    // Each candidate, with its ideal makespan where it is known already, its
+    // placement (an index into `places`), and whether its timing may be cut short
+    // (see below).
+    let mut candidates: Vec<Candidate> = Vec::new();
     for (k, &pl) in places.iter().enumerate() {
         let (placed, owner) = place_forwards(&plan, enc, &ring, owners, pl)?;
         if !trainable {
-            candidates.push((Some(placed), None, k));
+            candidates.push((Some(placed), None, k, false));
             continue;
         }
         // The backward: two placements. Eager: each encoder backward as soon as its
@@ -234,24 +266,14 @@ pub fn transpose_recorded(
         // it.
         let placed_time = timing(&placed, &dependencies_lenient(&placed)?)?;
         let owner = |mb: usize| owner[mb];
-        candidates.push((
-            Some(place_backward(
-                &placed,
-                enc,
-                &owner,
-                backward,
-                None,
-                &placed_time,
-            )?),
-            None,
-            k,
-        ));
-        let deferred = place_backward(&placed, enc, &owner, backward, Some(()), &placed_time)?;
-        drop(placed);
+        let (eager, ordered) =
+            place_backward(placed.clone(), enc, &owner, backward, None, &placed_time)?;
+        candidates.push((Some(eager), None, k, ordered && no_readers && sound));
+        let (deferred, _) = place_backward(placed, enc, &owner, backward, Some(()), &placed_time)?;
         let span = no_readers
             .then(|| Ok::<_, PlanError>(timing_extended(&deferred, &placed_time)?.makespan()))
             .transpose()?;
-        candidates.push((Some(deferred), span, k));
+        candidates.push((Some(deferred), span, k, false));
     }
     // The fastest candidate among those within the profile's memory limit (so
     // without a limit a trainable encoder may hold all its activations to the end of
@@ -259,48 +281,96 @@ pub fn transpose_recorded(
     // is still checked as the others are (its dependencies resolved in full), after
     // them: the eager one of its placement holds every task it holds, so it was
     // checked first.
+    //
+    // Compared in any order, the earlier candidate winning a tie, the fastest is
+    // the same: those whose makespan is known go first, so that the others can be
+    // timed only as far as they could still win (an eager candidate's timing, when
+    // it is `ordered`, stops at the first task ending past the makespan it must
+    // beat). Those others are resolved and timed in their order, as before, so a
+    // failure is the same failure.
     let fits = |peak: f64| plan.memory_limit.is_none_or(|limit| at_most(peak, limit));
+    // The peak is read only through `fits`: without a limit it is not computed.
+    let peak_of = |c: &Plan| match (plan.memory_limit, cut) {
+        (None, Cut::Short) => 0.0,
+        _ => peak_memory(c).into_iter().fold(0.0, f64::max),
+    };
     // (span, peak, candidate index) of the fastest so far.
     type Fastest = Option<(f64, f64, usize)>;
-    let better = |span: f64, peak: f64, than: &Fastest| match than {
+    let ahead = |(span, peak, i): (f64, f64, usize), than: &Fastest| match than {
         None => true,
-        Some((b_span, b_peak, _)) => match (fits(peak), fits(*b_peak)) {
+        Some((b_span, b_peak, j)) => match (fits(peak), fits(*b_peak)) {
             (true, false) => true,
             (false, true) => false,
-            _ => span < *b_span,
+            // (Makespans are never NaN: each is a maximum from 0.)
+            _ => span < *b_span || (span == *b_span && i < *j),
+        },
+    };
+    // The makespan a candidate of this peak must not pass to still be ahead of
+    // `than` (ahead at any makespan: infinite; at none: minus infinity).
+    let cap = |peak: f64, than: &Fastest| match than {
+        None => f64::INFINITY,
+        Some((b_span, b_peak, _)) => match (fits(peak), fits(*b_peak)) {
+            (true, false) => f64::INFINITY,
+            (false, true) => f64::NEG_INFINITY,
+            _ => *b_span,
         },
     };
     let mut best: Fastest = None;
-    // The fastest of each placement's own candidates (kept only when recorded).
+    // The fastest of each recorded placement's own candidates (kept only when
+    // recorded: `Prefix` and `Late`, the first and last of `places`).
     let mut own: [Fastest; 3] = [None; 3];
+    let tracked = |k: usize| record.is_some() && (k == 0 || k + 1 == places.len());
     let single = candidates.len() == 1;
-    for i in 0..candidates.len() {
+    let known = |c: &Candidate| c.1.is_some();
+    let order: Vec<usize> = match cut {
+        Cut::Short => (0..candidates.len())
+            .filter(|&i| known(&candidates[i]))
+            .chain((0..candidates.len()).filter(|&i| !known(&candidates[i])))
+            .collect(),
+        Cut::Never => (0..candidates.len()).collect(),
+    };
+    let mut compared = vec![false; candidates.len()];
+    for i in order {
         if single {
             best = Some((0.0, 0.0, i));
             break;
         }
-        let (Some(candidate), known, k) = &candidates[i] else {
+        let (Some(candidate), known, k, ordered) = &candidates[i] else {
             continue;
         };
+        let k = *k;
+        let peak = peak_of(candidate);
         let span = match known {
-            Some(span) => *span,
-            None => timing(candidate, &dependencies(candidate)?)?.makespan(),
+            Some(span) => Some(*span),
+            None => {
+                let deps = dependencies(candidate)?;
+                let mut limit = f64::INFINITY;
+                if cut == Cut::Short && *ordered && within_u32(candidate) {
+                    limit = cap(peak, &best);
+                    if tracked(k) {
+                        limit = limit.max(cap(peak, &own[k]));
+                    }
+                }
+                timing_within(candidate, &deps, limit)?.map(|t| t.makespan())
+            }
         };
-        let peak = peak_memory(candidate).into_iter().fold(0.0, f64::max);
-        if better(span, peak, &best) {
-            best = Some((span, peak, i));
+        compared[i] = true;
+        if let Some(span) = span {
+            if ahead((span, peak, i), &best) {
+                best = Some((span, peak, i));
+            }
+            if tracked(k) && ahead((span, peak, i), &own[k]) {
+                own[k] = Some((span, peak, i));
+            }
         }
-        if record.is_some() && better(span, peak, &own[*k]) {
-            own[*k] = Some((span, peak, i));
-        }
-        // Candidates no longer needed go now (as each one was compared, before).
+        // Candidates no longer needed go now (each one once compared).
         let kept = |j: usize| {
             [best, own[0], own[2]]
                 .iter()
                 .any(|f| f.is_some_and(|(_, _, x)| x == j))
         };
-        for (j, c) in candidates.iter_mut().enumerate().take(i + 1) {
-            if !kept(j) {
+        for (j, c) in candidates.iter_mut().enumerate() {
+            if compared[j] && !kept(j) {
                 c.0 = None;
             }
         }
@@ -482,16 +552,27 @@ fn idle_owners(plan: &Plan, ring: &[usize], c_f: f64) -> Result<Vec<usize>, Plan
 /// Place encoder `enc`'s backward (see [`transpose`]) in `plan`, whose ideal timing
 /// (dependencies resolved leniently) is `timed`; `deferred` (`Some`) appends each
 /// rank's share at the end of its order instead of as early as its gradient allows.
+///
+/// Returns the plan, and whether it is `ordered`: the backward is eager and local,
+/// and each backward placed comes, in `timed`'s order (by start time, then by
+/// settle order `seq`), after every task holding what it reads (its own forward,
+/// its successors' backwards) and before the task it was placed before. Where every
+/// cost is finite and not negative, that order is a topological order of `plan`
+/// (a task starts no earlier than its inputs end, and ends no earlier than it
+/// starts; at equal starts the settle order decides). Then, if no task of `plan`
+/// reads the encoder's gradient and the new plan's dependencies resolve in full (so
+/// every other task's are as `timed` had them), that order with each backward set
+/// just before the task it precedes is a topological order of the new plan: its
+/// timing cannot fail on a cycle.
 fn place_backward(
-    plan: &Plan,
+    mut plan: Plan,
     enc: UnitId,
     owner: &dyn Fn(usize) -> usize,
     backward: Backward,
     deferred: Option<()>,
     timed: &Timing,
-) -> Result<Plan, PlanError> {
+) -> Result<(Plan, bool), PlanError> {
     let deferred = deferred.is_some();
-    let mut plan = plan.clone();
     let (p, m) = (plan.ranks, plan.microbatches);
     let first = plan.stages[0];
     let r0 = plan.units[first].home;
@@ -506,11 +587,35 @@ fn place_backward(
             }
         }
     }
+    let index = (!deferred).then(|| plan.locate());
+    let mut ordered = !deferred && backward == Backward::Local;
+    let successors = plan.unit_names().successors(enc).to_vec();
+    // Whether encoder backward `mb`, placed before task `pos` of rank `k`, keeps
+    // `timed`'s order (see above).
+    let keeps_order = |index: &crate::ir::plan::TaskIndex, k: usize, pos: usize, mb: usize| {
+        let Some(&next) = timed.seq[k].get(pos) else {
+            return true;
+        };
+        let read = [(Op::F, enc), (Op::RF, enc)]
+            .into_iter()
+            .chain(successors.iter().flat_map(|&s| [(Op::B, s), (Op::BW, s)]));
+        let at = timed.start[k][pos];
+        read.filter_map(|(op, u)| index.get(op, u, mb))
+            .all(|(q, j)| {
+                let s = timed.start[q][j];
+                s < at || (s == at && timed.seq[q][j] < next)
+            })
+    };
     let mut at_r0 = Vec::new();
     let mut remote: Vec<(usize, usize)> = Vec::new();
     for (mb, &pos) in first_backward.iter().enumerate() {
         let k = owner(mb);
         if k == r0 {
+            if ordered {
+                ordered = index
+                    .as_ref()
+                    .is_some_and(|index| keeps_order(index, r0, pos, mb));
+            }
             at_r0.push((pos, Task::new(Op::BW, enc, mb)));
         } else if backward == Backward::Central {
             at_r0.push((pos, Task::new(Op::RF, enc, mb)));
@@ -525,27 +630,112 @@ fn place_backward(
             remote.push((mb, k));
         }
     }
-    if !remote.is_empty() {
-        let index = (!deferred).then(|| plan.locate());
-        let mut inserts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
-        for (mb, k) in remote {
-            let pos = match &index {
-                None => plan.order[k].len(),
-                Some(index) => {
-                    let ready = index
-                        .get(Op::B, first, mb)
-                        .or_else(|| index.get(Op::BW, first, mb))
-                        .map_or(0.0, |(q, j)| timed.end[q][j]);
-                    let own_f = index.get(Op::F, enc, mb).map_or(0, |(_, j)| j + 1);
-                    timed.start[k].partition_point(|&s| s < ready).max(own_f)
-                }
-            };
-            inserts[k].push((pos, Task::new(Op::BW, enc, mb)));
+    match &index {
+        // Deferred: every rank's share appended at its end, in micro-batch order
+        // (each list grown to just its new length, as a copy of it would be).
+        None => {
+            let mut appends: Vec<Vec<Task>> = vec![Vec::new(); p];
+            for (mb, k) in remote {
+                appends[k].push(Task::new(Op::BW, enc, mb));
+            }
+            appends[r0].extend(at_r0.into_iter().map(|(_, t)| t));
+            for (list, items) in plan.order.iter_mut().zip(appends) {
+                list.reserve_exact(items.len());
+                list.extend(items);
+            }
         }
-        for (k, items) in inserts.into_iter().enumerate() {
-            insert_all(&mut plan.order[k], items);
+        Some(index) => {
+            let mut inserts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
+            for (mb, k) in remote {
+                let ready = index
+                    .get(Op::B, first, mb)
+                    .or_else(|| index.get(Op::BW, first, mb))
+                    .map_or(0.0, |(q, j)| timed.end[q][j]);
+                let own_f = index.get(Op::F, enc, mb).map_or(0, |(_, j)| j + 1);
+                let pos = timed.start[k].partition_point(|&s| s < ready).max(own_f);
+                if ordered {
+                    ordered = keeps_order(index, k, pos, mb);
+                }
+                inserts[k].push((pos, Task::new(Op::BW, enc, mb)));
+            }
+            for (k, items) in inserts.into_iter().enumerate() {
+                insert_all(&mut plan.order[k], items);
+            }
+            insert_all(&mut plan.order[r0], at_r0);
         }
     }
-    insert_all(&mut plan.order[r0], at_r0);
-    Ok(plan)
+    Ok((plan, ordered))
+}
+
+/// Whether a timing can number all of `plan`'s tasks (32-bit, see
+/// [`PlanError::TooLarge`]): a timing cut short then misses no such failure.
+fn within_u32(plan: &Plan) -> bool {
+    let tasks: usize = plan.order.iter().map(Vec::len).sum();
+    u32::try_from(tasks.saturating_sub(1)).is_ok()
+}
+
+/// A candidate plan of [`transpose_recorded`] (taken once no longer needed), its
+/// ideal makespan where known already, its placement (an index into the placements
+/// compared), and whether it is [`place_backward`]'s `ordered` with no task reading
+/// the encoder's gradient and every cost finite and not negative.
+type Candidate = (Option<Plan>, Option<f64>, usize, bool);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algebra::generators::{generate, BodyKind};
+    use crate::algebra::profile::Profile;
+    use proptest::prelude::*;
+
+    /// The figure the records below judge plans by: the ideal makespan.
+    fn ideal(plan: &Plan) -> Option<f64> {
+        let deps = dependencies(plan).ok()?;
+        timing(plan, &deps).ok().map(|t| t.makespan())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(160))]
+
+        /// Comparing the candidates with cuts (timings given up past the makespan
+        /// to beat, peaks unread without a memory limit, the candidates of known
+        /// makespan first) chooses the very plan the full comparison chooses, and
+        /// records the same verdicts, or fails the same way: frozen and trainable
+        /// encoders, every owner rule, backward and placement, with and without
+        /// a memory limit.
+        #[test]
+        fn cut_comparison_chooses_as_the_full_one(
+            enc_layers in 1u32..12, ef in 0.05f64..2.0, eb in 0.0f64..2.0, ew in 0.0f64..1.0,
+            trainable: bool, lf in 0.2f64..2.0, lb in 0.2f64..2.0, lw in 0.0f64..1.5,
+            act in 0.0f64..1.0,
+            zbv: bool, p in 1usize..9, m in 1usize..40,
+            owners in prop::sample::select(vec![Owners::RoundRobin, Owners::Min, Owners::Spare]),
+            central: bool,
+            place in prop::sample::select(vec![Place::Best, Place::Late, Place::Prefix, Place::Idle]),
+            limit in prop::option::of(0.0f64..12.0),
+        ) {
+            let prof = Profile::from_toml_str(&format!(
+                "[[encoder]]\nname = \"vision\"\nlayers = {enc_layers}\nforward = {ef}\n\
+                 backward = {eb}\nweight = {ew}\nactivation = {act}\ntrainable = {trainable}\n\n\
+                 [llm]\nlayers = 16\nforward = {lf}\nbackward = {lb}\nweight = {lw}\n\
+                 activation = 1.0\n"
+            ))
+            .unwrap();
+            let kind = if zbv { BodyKind::ZbV } else { BodyKind::OneFOneB };
+            let Ok(mut base) = generate(kind, &prof, p, m) else {
+                return Err(TestCaseError::reject("no such body"));
+            };
+            base.memory_limit = limit;
+            let backward = if central { Backward::Central } else { Backward::Local };
+            let run = |cut: Cut| {
+                let record = PlaceRecord::new(ideal);
+                let plan = compare_placements(
+                    base.clone(), 0, owners, backward, place, Some(&record), cut,
+                );
+                let verdicts = [record.verdict(Place::Prefix), record.verdict(Place::Late)];
+                (plan, verdicts)
+            };
+            let (short, never) = (run(Cut::Short), run(Cut::Never));
+            prop_assert_eq!(short, never);
+        }
+    }
 }
