@@ -999,17 +999,21 @@ fn assemble_in<F: Form, P, L: AsRef<[P]>>(
             }
         }
         let mut batch = 0u64;
-        let mut comm = at.iter().peekable();
-        for k in 0..=n {
-            if comm.peek().is_some_and(|x| slot(x) == k) {
-                // The slot's transfers, written in place, then batched there.
+        // The ends not written yet (slots non-decreasing).
+        let mut rest = at;
+        for (k, t) in plan.order[r].iter().map(Some).chain([None]).enumerate() {
+            let here = rest.iter().take_while(|x| slot(x) == k).count();
+            if here > 0 {
+                // The slot's transfers, written in place, then batched there (one
+                // alone is no batch).
                 let from = list.len();
-                while let Some(x) = comm.next_if(|x| slot(x) == k) {
-                    list.push(act(x));
+                list.extend(rest[..here].iter().map(&act));
+                rest = &rest[here..];
+                if here > 1 {
+                    batch_members(form, &mut list[from..], &mut batch, &mut seen);
                 }
-                batch_members(form, &mut list[from..], &mut batch, &mut seen);
             }
-            if let Some(t) = plan.order[r].get(k) {
+            if let Some(t) = t {
                 list.push(form.compute(t.op, t.unit, t.mb));
             }
         }
