@@ -999,17 +999,21 @@ fn assemble_in<F: Form, P, L: AsRef<[P]>>(
             }
         }
         let mut batch = 0u64;
-        let mut comm = at.iter().peekable();
-        for k in 0..=n {
-            if comm.peek().is_some_and(|x| slot(x) == k) {
-                // The slot's transfers, written in place, then batched there.
+        // The ends not written yet (slots non-decreasing).
+        let mut rest = at;
+        for (k, t) in plan.order[r].iter().map(Some).chain([None]).enumerate() {
+            let here = rest.iter().take_while(|x| slot(x) == k).count();
+            if here > 0 {
+                // The slot's transfers, written in place, then batched there (one
+                // alone is no batch).
                 let from = list.len();
-                while let Some(x) = comm.next_if(|x| slot(x) == k) {
-                    list.push(act(x));
+                list.extend(rest[..here].iter().map(&act));
+                rest = &rest[here..];
+                if here > 1 {
+                    batch_members(form, &mut list[from..], &mut batch, &mut seen);
                 }
-                batch_members(form, &mut list[from..], &mut batch, &mut seen);
             }
-            if let Some(t) = plan.order[r].get(k) {
+            if let Some(t) = t {
                 list.push(form.compute(t.op, t.unit, t.mb));
             }
         }
@@ -1094,8 +1098,10 @@ pub enum Placement {
 /// meeting time moved.
 ///
 /// Every time settled is a first-pass time of a transfer of the same pair of ranks
-/// (its own, or one settled before it), so each pair's times are sorted once (by
-/// radix, linear in the transfers) into positions, and the settled ones are marked
+/// (its own, or one settled before it), so each pair's times are sorted once into
+/// positions (the transfers counted into their pairs, then each pair's sorted by
+/// time: a merge of the few long runs the transfers' order leaves, as a pair's
+/// times mostly rise with the micro-batch), and the settled ones are marked
 /// there ([`Settled`]): the last settled time below a transfer's own and the first
 /// at or above it are the marks nearest its own position.
 fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool {
@@ -1139,10 +1145,10 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool 
         })
         .collect();
     drop((table, map));
-    // The transfers by pair, then by first-pass time (as `Settled::key` orders it).
+    // The transfers by pair, then by first-pass time (as `Settled::key` orders it),
+    // then by index (both sorts stable).
     let mut items: Vec<(u64, usize)> = (0..n).map(|id| (Settled::key(taus[id].0), id)).collect();
     let mut buffer = Vec::with_capacity(n);
-    radix_sort(&mut items, &mut buffer);
     counting_sort(
         &mut items,
         &mut buffer,
@@ -1151,6 +1157,9 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool 
         |(_, id)| pair[id] as usize,
     );
     drop(buffer);
+    for run in items.chunk_by_mut(|a, b| pair[a.1] == pair[b.1]) {
+        run.sort_by_key(|x| x.0);
+    }
     // Each pair's distinct times, in order, pair after pair: `pos[id]` is where the
     // transfer's own time is, `bounds[k]..bounds[k + 1]` pair `k`'s positions.
     let mut settled = Settled::default();
@@ -1172,12 +1181,13 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool 
     // The runs come in the pairs' order: pair `k`'s positions end where pair
     // `k + 1`'s begin.
     debug_assert!(bounds.windows(2).all(|w| w[0] < w[1]));
-    // Narrowest first, ties by index (a stable sort of the transfers in index order).
+    // Narrowest first, ties by index (a stable sort of the transfers in index order,
+    // which finds the runs of windows alike that steady micro-batches give).
     for (id, x) in items.iter_mut().enumerate() {
         let (ready, need, ..) = window(id);
         *x = (time_key(need - ready), id);
     }
-    radix_sort(&mut items, &mut Vec::with_capacity(n));
+    items.sort_by_key(|x| x.0);
     // Whether a meeting moved.
     let mut moved = false;
     for &(_, id) in &items {
@@ -1205,39 +1215,6 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool 
         settled.insert(at, taus[id].0);
     }
     moved
-}
-
-/// `items` sorted stably by their keys: by radix, a byte at a time from the lowest
-/// (skipping a byte all keys share), through the scratch `buffer`.
-fn radix_sort(items: &mut Vec<(u64, usize)>, buffer: &mut Vec<(u64, usize)>) {
-    let byte = |key: u64, b: usize| (key >> (u8::BITS as usize * b)) as usize & u8::MAX as usize;
-    let mut counts = [[0usize; 1 << u8::BITS]; (u64::BITS / u8::BITS) as usize];
-    for &(key, _) in items.iter() {
-        for (b, c) in counts.iter_mut().enumerate() {
-            c[byte(key, b)] += 1;
-        }
-    }
-    let n = items.len();
-    for (b, c) in counts.iter_mut().enumerate() {
-        if c.contains(&n) {
-            continue;
-        }
-        let mut at = 0;
-        for k in c.iter_mut() {
-            (*k, at) = (at, at + *k);
-        }
-        // (After a pass, the buffer holds the items before it: no need to clear it.)
-        if buffer.len() != n {
-            buffer.clear();
-            buffer.resize(n, (0, 0));
-        }
-        for &x in items.iter() {
-            let k = &mut c[byte(x.0, b)];
-            buffer[*k] = x;
-            *k += 1;
-        }
-        std::mem::swap(items, buffer);
-    }
 }
 
 /// The bits of a word of [`Settled`]'s marks.
@@ -1812,22 +1789,42 @@ fn place_at_times(
         // min); `lo..=hi` is the rule's choice within the slots the dependencies
         // allow (`min..=hi`: a SEND after its producer, a RECV before its consumer).
         let n = plan.order[r].len();
-        let end = |t: &Transfer, id: usize| {
+        // The ends come in key order, so their times rise (but for NaNs, first or
+        // last): where the rank's end (start) times rise too, the slot after every
+        // task that ends by a time (before every task that starts from it) is found
+        // by walking them on from the last end's, linear in the ends and the tasks,
+        // instead of searched anew. The walks' places so far:
+        let (ends, starts) = (&time.end[r][..], &time.start[r][..]);
+        let rising = |v: &[f64]| v.windows(2).all(|w| w[0] <= w[1]);
+        let (walk_ends, walk_starts) =
+            (rising(ends), strategy == Placement::Ready && rising(starts));
+        let (mut by_end, mut by_start) = (0, 0);
+        let mut end = |t: &Transfer, id: usize| {
             let tau = taus[id].0;
+            let mut slot_at = |near: usize| {
+                if walk_ends && !tau.is_nan() {
+                    while by_end < ends.len() && ends[by_end] <= tau {
+                        by_end += 1;
+                    }
+                    by_end
+                } else {
+                    slot_near(r, tau, near)
+                }
+            };
             if t.from as usize == r {
                 let j = t.j as usize;
-                (
-                    Dir::Send,
-                    t.to,
-                    slot_near(r, tau, j + 1).max(j + 1),
-                    n,
-                    j + 1,
-                )
+                (Dir::Send, t.to, slot_at(j + 1).max(j + 1), n, j + 1)
             } else {
                 let i = t.i as usize;
                 let lo = match strategy {
-                    Placement::Ready => time.start[r].partition_point(|&s| s < tau),
-                    Placement::Meet | Placement::Critical | Placement::Join => slot_near(r, tau, i),
+                    Placement::Ready if walk_starts && !tau.is_nan() => {
+                        while by_start < starts.len() && starts[by_start] < tau {
+                            by_start += 1;
+                        }
+                        by_start
+                    }
+                    Placement::Ready => starts.partition_point(|&s| s < tau),
+                    Placement::Meet | Placement::Critical | Placement::Join => slot_at(i),
                     Placement::Late => i,
                 };
                 (Dir::Recv, t.from, lo.min(i), i, 0)
