@@ -1868,6 +1868,47 @@ fn op_end(acts: &[RAct], lo: usize) -> usize {
     hi
 }
 
+/// Completion time of a transfer operation reached at `rx`, its actions `acts`
+/// and their partners' operations `partners`, all of whose dependencies are
+/// reached (at `reach`); `transfer` per unit and `eager` as in [`Setup`]. Every
+/// member of a batch is a transfer (a batch is a run of them).
+#[inline(always)]
+fn p2p_completion(
+    acts: &[RAct],
+    partners: &[u32],
+    transfer: &[f64],
+    eager: bool,
+    rx: f64,
+    reach: &[f64],
+) -> f64 {
+    let mut done = rx;
+    for (a, &y) in acts.iter().zip(partners) {
+        let tr = transfer[a.unit() as usize];
+        let rp = if y == NONE { rx } else { reach[y as usize] };
+        let end = if !eager {
+            later(rx, rp) + tr
+        } else if a.is_recv() {
+            later(rx, rp + tr)
+        } else {
+            rx
+        };
+        done = later(done, end);
+    }
+    done
+}
+
+/// The later of two times of a run: [`f64::max`] of them, without its care for a
+/// NaN (a run's times are sums of finite costs and transfers, none negative, from
+/// 0: never a NaN, nor `-0.0`, so the plain comparison gives the same bits).
+#[inline(always)]
+fn later(a: f64, b: f64) -> f64 {
+    if b > a {
+        b
+    } else {
+        a
+    }
+}
+
 /// Where every rank stopped in a deadlocked run, for [`Engine::explain`].
 struct BlockedAt<'a> {
     pc: &'a [usize],
@@ -2060,6 +2101,15 @@ impl<'s, 'p> Engine<'s, 'p> {
         let mut reach = vec![0.0f64; nops];
         let mut pending = std::mem::take(&mut self.pending);
         let mut stack: Vec<u32> = (0..nr as u32).rev().collect();
+        // Every rank's members' peers and each rank's first member, where the source
+        // keeps them (a lowering taken apart): a partner's rank is read there, not
+        // searched for.
+        let peers = match &s.src {
+            Src::Taken(t, _) => Some((&t.peers, &t.first_member)),
+            _ => None,
+        };
+        // The tables read per action, as slices held here.
+        let (cost, partner_op, transfer) = (&s.cost[..], &s.partner_op[..], &s.transfer[..]);
 
         while let Some(r) = stack.pop() {
             let r = r as usize;
@@ -2074,7 +2124,7 @@ impl<'s, 'p> Engine<'s, 'p> {
             while i < acts.len() {
                 let a = acts[i];
                 if let Some(op) = a.compute_op() {
-                    let d = s.cost[a.unit() as usize][op];
+                    let d = cost[a.unit() as usize][op];
                     if RECORD {
                         rank_slots[i] = Slot {
                             start: t,
@@ -2090,30 +2140,36 @@ impl<'s, 'p> Engine<'s, 'p> {
                     continue;
                 }
                 let hi = op_end(acts, i);
+                let partners = &partner_op[m..m + (hi - i)];
                 if !reached[x] {
                     reached[x] = true;
                     reach[x] = t;
                     // Those waiting for `x` to be reached: the partners' operations
                     // (under eager semantics, its `SEND`s'), or the collectives.
-                    let mut release = |y: u32, stack: &mut Vec<u32>| {
+                    // (`rank` gives the rank of `y`, asked only when it resumes.)
+                    let mut release = |y: u32, rank: &dyn Fn() -> u32, stack: &mut Vec<u32>| {
                         let y = y as usize;
                         pending[y] -= 1;
                         if pending[y] == 0 && reached[y] && y != x {
-                            stack.push(self.rank_of(y as u32) as u32);
+                            stack.push(rank());
                         }
                     };
                     if a.is_coll() {
                         if let Some(waiters) = self.coll_waiters.get(&(x as u32)) {
                             for &y in waiters {
-                                release(y, &mut stack);
+                                release(y, &|| self.rank_of(y) as u32, &mut stack);
                             }
                         }
                     } else {
-                        for (k, b) in acts[i..hi].iter().enumerate() {
-                            let y = self.s.partner_op[m + k];
+                        for (k, (b, &y)) in acts[i..hi].iter().zip(partners).enumerate() {
                             let recv = b.is_recv();
                             if y != NONE && y as usize != x && !(eager && recv) {
-                                release(y, &mut stack);
+                                // A partner's operation is on the transfer's peer.
+                                let peer = || match peers {
+                                    Some((peers, first)) => peers[r][m + k - first[r]],
+                                    None => self.rank_of(y) as u32,
+                                };
+                                release(y, &peer, &mut stack);
                             }
                         }
                     }
@@ -2121,7 +2177,11 @@ impl<'s, 'p> Engine<'s, 'p> {
                 if pending[x] > 0 {
                     break;
                 }
-                let done = self.completion(r, x, i..hi, m, &reach);
+                let done = if a.is_coll() {
+                    self.completion(r, x, i..hi, m, &reach)
+                } else {
+                    p2p_completion(&acts[i..hi], partners, transfer, eager, reach[x], &reach)
+                };
                 if RECORD {
                     rank_slots[i..hi].fill(Slot {
                         start: reach[x],
@@ -2191,21 +2251,9 @@ impl<'s, 'p> Engine<'s, 'p> {
         let acts = &s.acts[r][ops];
         let first = acts[0];
         if first.p2p_dir().is_some() {
-            // Every member of a batch is a transfer (a batch is a run of them).
             let partners = &s.partner_op[m..m + acts.len()];
             let eager = s.mode == Mode::Eager;
-            for (a, &y) in acts.iter().zip(partners) {
-                let tr = s.transfer[a.unit() as usize];
-                let rp = if y == NONE { rx } else { reach[y as usize] };
-                let end = if !eager {
-                    rx.max(rp) + tr
-                } else if a.is_recv() {
-                    rx.max(rp + tr)
-                } else {
-                    rx
-                };
-                done = done.max(end);
-            }
+            done = p2p_completion(acts, partners, &s.transfer, eager, rx, reach);
         } else if first.is_coll() {
             for &y in self.coll_deps.get(&(x as u32)).into_iter().flatten() {
                 done = done.max(reach[y as usize]);
@@ -2607,6 +2655,19 @@ pub(crate) mod tests {
         SimOptions {
             mode: Mode::Eager,
             comm: None,
+        }
+    }
+
+    proptest::proptest! {
+        /// `later` is `f64::max` bit for bit on a run's times (finite or infinite
+        /// sums of non-negative figures, zero included).
+        #[test]
+        fn later_is_max_on_times(
+            a in proptest::prop_oneof![0.0f64..1e12, proptest::strategy::Just(0.0), proptest::strategy::Just(f64::INFINITY)],
+            b in proptest::prop_oneof![0.0f64..1e12, proptest::strategy::Just(0.0), proptest::strategy::Just(f64::INFINITY)],
+        ) {
+            proptest::prop_assert_eq!(later(a, b).to_bits(), a.max(b).to_bits());
+            proptest::prop_assert_eq!(later(b, a).to_bits(), b.max(a).to_bits());
         }
     }
 
