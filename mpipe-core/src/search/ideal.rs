@@ -413,15 +413,7 @@ impl Watch for Log {
 mod tests {
     use super::*;
     use crate::algebra::analysis::{dependencies, timing};
-    use crate::algebra::profile::Profile;
-    use crate::search::derive::{derive_str, Request};
-
-    fn plan_of(profile: &str, (ranks, mbs): (usize, usize), expr: &str) -> Plan {
-        let profile = Profile::from_toml_str(profile).unwrap();
-        let req = Request::new(&profile, ranks, mbs);
-        let derived = derive_str(&req, expr).unwrap();
-        crate::search::replan::plan_of_program(&derived.program).unwrap()
-    }
+    use crate::search::replan::derived_plan as plan_of;
 
     /// A timing's start and end times as bits, and its settle numbers.
     type Bits = (Vec<Vec<u64>>, Vec<Vec<u64>>, Vec<Vec<u32>>);

@@ -636,17 +636,9 @@ pub fn resident_params(program: &Program) -> Vec<f64> {
 mod tests {
     use super::*;
     use crate::algebra::lower::lower_with;
-    use crate::algebra::profile::Profile;
     use crate::ir::model::CommModel;
     use crate::judge::simulate::simulate;
-    use crate::search::derive::{derive_str, Request};
-
-    fn plan_of(profile: &str, (ranks, mbs): (usize, usize), expr: &str) -> Plan {
-        let profile = Profile::from_toml_str(profile).unwrap();
-        let req = Request::new(&profile, ranks, mbs);
-        let derived = derive_str(&req, expr).unwrap();
-        crate::search::replan::plan_of_program(&derived.program).unwrap()
-    }
+    use crate::search::replan::derived_plan as plan_of;
 
     /// The placement search keeps the fastest lowering it tries, whichever rule it
     /// runs first: never slower than any of its rules' own lowering of the plan

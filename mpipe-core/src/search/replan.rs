@@ -151,3 +151,13 @@ pub fn plan_of_program(program: &Program) -> Result<Plan, RelowerError> {
         memory_limit: None,
     })
 }
+
+/// The plan read back from the program `expr` derives on the profile `profile`
+/// (TOML) at `ranks` x `mbs`: a derived plan for tests.
+#[cfg(test)]
+pub(crate) fn derived_plan(profile: &str, (ranks, mbs): (usize, usize), expr: &str) -> Plan {
+    let profile = crate::algebra::profile::Profile::from_toml_str(profile).unwrap();
+    let req = crate::search::derive::Request::new(&profile, ranks, mbs);
+    let derived = crate::search::derive::derive_str(&req, expr).unwrap();
+    plan_of_program(&derived.program).unwrap()
+}
