@@ -463,22 +463,7 @@ mod tests {
             let deps = dependencies(base).unwrap();
             let log = Log::new(base, &deps).unwrap();
             proptest::prop_assert_eq!(bits(log.time()), bits(&timing(base, &deps).unwrap()));
-            let mut next = base.clone();
-            for &(q, from, to) in &moves {
-                let q = q as usize % next.ranks;
-                let n = next.order[q].len();
-                if n < 2 {
-                    continue;
-                }
-                let from = from as usize % n;
-                let to = if near > 0 {
-                    (from + to as usize % 7).saturating_sub(3).min(n - 1)
-                } else {
-                    to as usize % n
-                };
-                let t = next.order[q].remove(from);
-                next.order[q].insert(to, t);
-            }
+            let next = crate::search::reorder::moved(base, &moves, near, false);
             let names = next.unit_names();
             let patched = View::of_trial(&next, &names, &base.order, &base.locate(), &log);
             let Some(patched) = patched else {

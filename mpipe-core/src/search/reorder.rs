@@ -1246,6 +1246,38 @@ fn compute_times(program: &Program, report: &SimReport) -> Vec<Vec<Timed>> {
         .collect()
 }
 
+/// `plan` with a property test's random moves made (this module's tests and
+/// [`crate::search::ideal`]'s): each `(q, from, to)` takes a task of rank `q`
+/// (modulo the ranks; none from a rank of fewer than two) and puts it back within
+/// a few places when `near > 0` (near moves lower far more often), else anywhere;
+/// with `across` (and not `near`), into the next rank instead (other task counts).
+#[cfg(test)]
+pub(crate) fn moved(plan: &Plan, moves: &[(u32, u32, u32)], near: usize, across: bool) -> Plan {
+    let mut next = plan.clone();
+    for &(q, from, to) in moves {
+        let q = q as usize % next.ranks;
+        let n = next.order[q].len();
+        if n < 2 {
+            continue;
+        }
+        let from = from as usize % n;
+        let to = if near > 0 {
+            (from + to as usize % 7).saturating_sub(3).min(n - 1)
+        } else {
+            to as usize % n
+        };
+        let t = next.order[q].remove(from);
+        let q2 = if across && near == 0 {
+            (q + 1) % next.ranks
+        } else {
+            q
+        };
+        let to = to.min(next.order[q2].len());
+        next.order[q2].insert(to, t);
+    }
+    next
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1343,37 +1375,6 @@ mod tests {
         fn run_lowered(&self) -> &Lowered {
             self.run.lowered()
         }
-    }
-
-    /// `plan` with the proptests' random moves made: each `(q, from, to)` takes a
-    /// task of rank `q` (modulo the ranks; none from a rank of fewer than two) and
-    /// puts it back within a few places when `near > 0` (near moves lower far
-    /// more often), else anywhere; with `across` (and not `near`), into the next
-    /// rank instead (other task counts).
-    fn moved(plan: &Plan, moves: &[(u32, u32, u32)], near: usize, across: bool) -> Plan {
-        let mut next = plan.clone();
-        for &(q, from, to) in moves {
-            let q = q as usize % next.ranks;
-            let n = next.order[q].len();
-            if n < 2 {
-                continue;
-            }
-            let from = from as usize % n;
-            let to = if near > 0 {
-                (from + to as usize % 7).saturating_sub(3).min(n - 1)
-            } else {
-                to as usize % n
-            };
-            let t = next.order[q].remove(from);
-            let q2 = if across && near == 0 {
-                (q + 1) % next.ranks
-            } else {
-                q
-            };
-            let to = to.min(next.order[q2].len());
-            next.order[q2].insert(to, t);
-        }
-        next
     }
 
     proptest::proptest! {
