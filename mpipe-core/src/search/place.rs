@@ -74,14 +74,10 @@ pub(crate) fn best_lowering_with(
         let makespan = makespan_of(finish);
         best.as_ref().is_none_or(|b| b.beaten_by(makespan)) && at_most(makespan, target)
     };
-    // `Critical`'s times against the ideal timing, and whether they are `Meet`'s
-    // (then so is its placement, which places both alike by their times alone: its
-    // times serve at `Meet`'s turn, and `Critical` is skipped at its own).
-    let rule = Placement::Critical;
-    let (times, alike) = meeting_times(&prepared.time, &prepared, rule, policy);
-    let mut critical = Some(alike);
-    let mut meet = None;
-    // `Critical` is lowered and run first where its times are not `Meet`'s
+    // Under rendezvous, `Critical`'s times against the ideal timing come first, with
+    // whether they are `Meet`'s (then so is its placement, which places both alike
+    // by their times alone: its times serve at `Meet`'s turn, and `Critical` is
+    // skipped at its own). Where they are not, `Critical` is lowered and run first
     // ([`probe_critical`]): where ranks differ in slack (an encoder's, a loss
     // layer's), it is the rule that most often reaches the ideal makespan, and then
     // no rule can beat it, so it is kept and nothing else is lowered. (A rule before
@@ -90,23 +86,32 @@ pub(crate) fn best_lowering_with(
     // run in order as ever, and at its turn its placement's signature and makespan
     // answer for it (the same placement runs the same). Under eager semantics
     // `Ready` runs exactly as the ideal timing, so the rules before `Critical`
-    // settle the search in at most two runs: no probe there.
+    // settle the search in at most two runs: no probe, and each rule's pass comes
+    // at its turn (`Meet`'s telling of `Critical`'s, [`meetings`]).
+    let mut critical = None;
+    let mut meet = None;
     let mut probed = None;
-    if alike || opts.mode == Mode::Eager {
-        meet = alike.then_some(times);
-    } else {
-        match probe_critical(plan, &prepared, opts, policy, times, target) {
-            Some(Probe::Reached(sig, makespan, run)) => {
-                seen.first(sig);
-                best = Some(Best {
-                    time: None,
-                    placement: Placement::Critical,
-                    makespan,
-                });
-                reached = Some(*run);
+    let rule = Placement::Critical;
+    let first =
+        (opts.mode != Mode::Eager).then(|| meeting_times(&prepared.time, &prepared, rule, policy));
+    if let Some((times, alike)) = first {
+        critical = Some(alike);
+        if alike {
+            meet = Some(times);
+        } else {
+            match probe_critical(plan, &prepared, opts, policy, times, target) {
+                Some(Probe::Reached(sig, makespan, run)) => {
+                    seen.first(sig);
+                    best = Some(Best {
+                        time: None,
+                        placement: Placement::Critical,
+                        makespan,
+                    });
+                    reached = Some(*run);
+                }
+                Some(Probe::Ran(sig, makespan)) => probed = Some((sig, makespan)),
+                None => {}
             }
-            Some(Probe::Ran(sig, makespan)) => probed = Some((sig, makespan)),
-            None => {}
         }
     }
     for placement in PLACEMENTS {
