@@ -463,7 +463,7 @@ mod tests {
             let deps = dependencies(base).unwrap();
             let log = Log::new(base, &deps).unwrap();
             proptest::prop_assert_eq!(bits(log.time()), bits(&timing(base, &deps).unwrap()));
-            let next = crate::search::reorder::moved(base, &moves, near, false);
+            let next = crate::search::reorder::moved(base, &moves, near.min(1) * 3, false);
             let names = next.unit_names();
             let patched = View::of_trial(&next, &names, &base.order, &base.locate(), &log);
             let Some(patched) = patched else {

@@ -1249,8 +1249,8 @@ fn compute_times(program: &Program, report: &SimReport) -> Vec<Vec<Timed>> {
 /// `plan` with a property test's random moves made (this module's tests and
 /// [`crate::search::ideal`]'s): each `(q, from, to)` takes a task of rank `q`
 /// (modulo the ranks; none from a rank of fewer than two) and puts it back within
-/// a few places when `near > 0` (near moves lower far more often), else anywhere;
-/// with `across` (and not `near`), into the next rank instead (other task counts).
+/// `near` places (near moves lower far more often), else (`near` 0) anywhere; with
+/// `across` (and not `near`), into the next rank instead (other task counts).
 #[cfg(test)]
 pub(crate) fn moved(plan: &Plan, moves: &[(u32, u32, u32)], near: usize, across: bool) -> Plan {
     let mut next = plan.clone();
@@ -1262,7 +1262,9 @@ pub(crate) fn moved(plan: &Plan, moves: &[(u32, u32, u32)], near: usize, across:
         }
         let from = from as usize % n;
         let to = if near > 0 {
-            (from + to as usize % 7).saturating_sub(3).min(n - 1)
+            (from + to as usize % (2 * near + 1))
+                .saturating_sub(near)
+                .min(n - 1)
         } else {
             to as usize % n
         };
@@ -1281,6 +1283,16 @@ pub(crate) fn moved(plan: &Plan, moves: &[(u32, u32, u32)], near: usize, across:
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The proptests' `near` (0..4) as [`moved`]'s window: a near move (`near > 0`,
+    /// three draws in four) goes back within three places.
+    fn window(near: usize) -> usize {
+        if near > 0 {
+            3
+        } else {
+            0
+        }
+    }
     use crate::algebra::profile::Profile;
     use crate::judge::verify::verify_static;
     use crate::search::derive::{derive_str, Request};
@@ -1396,7 +1408,7 @@ mod tests {
             cut in 0usize..3,
         ) {
             let b = &bases()[case];
-            let next = moved(&b.plan, &moves, near, false);
+            let next = moved(&b.plan, &moves, window(near), false);
             let cutoff = [f64::INFINITY, b.makespan, b.makespan * 0.995][cut];
             let policy = &SearchPolicy::DEFAULT;
             let full = lower_one(&next, &next.unit_names(), &b.opts, b.rule, policy, cutoff, (None, None)).1;
@@ -1439,7 +1451,7 @@ mod tests {
             across in proptest::prelude::any::<bool>(),
         ) {
             let b = &bases()[case];
-            let next = moved(&b.plan, &moves, near, across);
+            let next = moved(&b.plan, &moves, window(near), across);
             let policy = &SearchPolicy::DEFAULT;
             let (Ok(base), Ok(prepared)) = (prepare(&b.plan), prepare(&next)) else {
                 return Ok(());
