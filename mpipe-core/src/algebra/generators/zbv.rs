@@ -15,24 +15,19 @@ use super::Ctx;
 use crate::ir::compare::at_most;
 use crate::ir::plan::Task;
 use crate::ir::program::Op;
-use std::cmp::Ordering;
+use std::cmp::Reverse;
+use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, VecDeque};
 
-/// Rank `.2` free at time `.0`; min-heap on time, then on push order `.1`. An entry
-/// whose push number is not the rank's latest is stale and skipped.
-#[derive(PartialEq)]
-struct Free(f64, u64, usize);
+/// Rank `.2` free at time `.0` (the bits of a non-negative time, which order as the
+/// times do), pushed `.1`-th; the heap's earliest first, then the first pushed. An
+/// entry whose push number is not the rank's latest is stale and skipped.
+type Free = Reverse<(u64, u64, usize)>;
 
-impl Eq for Free {}
-impl PartialOrd for Free {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Free {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.0.total_cmp(&self.0).then(other.1.cmp(&self.1))
-    }
+/// `t` (a sum of non-negative costs from zero: never negative, never NaN) as bits
+/// that order as the times do (`-0.0` made `+0.0` first).
+fn key(t: f64) -> u64 {
+    (t + 0.0).to_bits()
 }
 
 pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
@@ -55,7 +50,7 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
     // An F fits if the budget allows it, or if nothing at all is in flight.
     let fits = |held: f64, k: usize, r: usize| held == 0.0 || at_most(held + act(k), budget[r]);
     let mut order: Vec<Vec<Task>> = (0..p).map(|_| Vec::with_capacity(6 * m)).collect();
-    let mut heap: BinaryHeap<Free> = (0..p).map(|r| Free(0.0, r as u64, r)).collect();
+    let mut heap: BinaryHeap<Free> = (0..p).map(|r| Reverse((key(0.0), r as u64, r))).collect();
     let mut pushes = p as u64;
     let mut latest: Vec<u64> = (0..p as u64).collect();
     // Idle ranks, with the time of the next event they know of (INFINITY: none).
@@ -64,7 +59,7 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
     let mut last = 0.0f64;
     let mut remaining = 6 * m * p;
     loop {
-        let Some(Free(t, n, r)) = heap.pop() else {
+        if heap.is_empty() {
             // Everyone waits on work nobody can start: the budget is too tight for
             // this profile. Relax it rather than stall (the memory check still applies).
             if parked.is_empty() || parked.iter().all(|&(r, _)| relaxed[r]) {
@@ -73,14 +68,22 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
             for (r, _) in parked.drain(..) {
                 relaxed[r] = true;
                 latest[r] = pushes;
-                heap.push(Free(last, pushes, r));
+                heap.push(Reverse((key(last), pushes, r)));
                 pushes += 1;
             }
             continue;
+        }
+        // The earliest entry is replaced where it is (one sift down) when its rank
+        // is free again, taken out when the rank waits for nothing known.
+        let Some(mut top) = heap.peek_mut() else {
+            continue;
         };
+        let Reverse((t, n, r)) = *top;
         if n != latest[r] {
+            PeekMut::pop(top);
             continue;
         }
+        let t = f64::from_bits(t);
         parked.retain(|&(q, _)| q != r);
         // Ready time of the next F / B of chunk c on rank r (INFINITY: not yet known).
         let f_ready = |c: usize, fend: &Vec<Vec<f64>>, nf: &[usize; 2]| {
@@ -144,7 +147,9 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
             }
             latest[r] = pushes;
             if next.is_finite() {
-                heap.push(Free(next, pushes, r));
+                *top = Reverse((key(next), pushes, r));
+            } else {
+                PeekMut::pop(top);
             }
             pushes += 1;
             parked.push((r, next));
@@ -184,7 +189,8 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
         }
         last = last.max(end);
         latest[r] = pushes;
-        heap.push(Free(end, pushes, r));
+        *top = Reverse((key(end), pushes, r));
+        drop(top);
         pushes += 1;
         // Only the rank of the next stage (after an F) or of the previous stage
         // (after a B) can have been waiting for this task.
@@ -197,7 +203,7 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
             if let Some(pos) = parked.iter().position(|&(x, _)| x == q) {
                 let (_, next) = parked.swap_remove(pos);
                 latest[q] = pushes;
-                heap.push(Free(end.min(next), pushes, q));
+                heap.push(Reverse((key(end.min(next)), pushes, q)));
                 pushes += 1;
             }
         }
