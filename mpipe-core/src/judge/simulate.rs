@@ -1937,6 +1937,41 @@ fn p2p_completion(
     done
 }
 
+/// The transfer operation that starts at action `lo` of `acts` (a member), under
+/// eager semantics where `EAGER`: its end ([`op_end`]) and its completion
+/// ([`p2p_completion`], reached at `rx`), found in one walk of its members;
+/// `partners` are the partners' operations of the members from `lo`'s on.
+#[inline(always)]
+fn p2p_op<const EAGER: bool>(
+    acts: &[RAct],
+    lo: usize,
+    partners: &[u32],
+    transfer: &[f64],
+    rx: f64,
+    reach: &[f64],
+) -> (usize, f64) {
+    let mut done = rx;
+    let mut k = lo;
+    loop {
+        let (a, y) = (acts[k], partners[k - lo]);
+        let tr = transfer[a.unit() as usize];
+        let rp = if y == NONE { rx } else { reach[y as usize] };
+        let end = if !EAGER {
+            later(rx, rp) + tr
+        } else if a.is_recv() {
+            later(rx, rp + tr)
+        } else {
+            rx
+        };
+        done = later(done, end);
+        k += 1;
+        if !acts.get(k).is_some_and(|b| b.joins()) {
+            break;
+        }
+    }
+    (k, done)
+}
+
 /// The later of two times of a run: [`f64::max`] of them, without its care for a
 /// NaN (a run's times are sums of finite costs and transfers, none negative, from
 /// 0: never a NaN, nor `-0.0`, so the plain comparison gives the same bits).
@@ -2035,20 +2070,32 @@ impl<'s, 'p> Engine<'s, 'p> {
     /// operation from its time reached to its completion, which depends on the
     /// times reached alone).
     fn replay(&self, reach: &[f64]) -> Vec<Vec<Slot>> {
+        if self.s.mode == Mode::Eager {
+            self.replay_in::<true>(reach)
+        } else {
+            self.replay_in::<false>(reach)
+        }
+    }
+
+    /// [`Engine::replay`] under eager semantics where `EAGER` (a constant: the
+    /// transfers' loop has no test of it).
+    fn replay_in<const EAGER: bool>(&self, reach: &[f64]) -> Vec<Vec<Slot>> {
         let s = self.s;
-        let eager = s.mode == Mode::Eager;
-        let (cost, partner_op, transfer) = (&s.cost[..], &s.partner_op[..], &s.transfer[..]);
+        let (cost, transfer) = (&s.cost[..], &s.transfer[..]);
         let mut slots = Vec::with_capacity(s.acts.len());
         for (r, acts) in s.acts.iter().enumerate() {
             // Written in list order, each action's interval pushed once.
             let mut rank_slots = Vec::with_capacity(acts.len());
             let mut t = 0.0f64;
-            let (mut x, mut m) = (self.rank_ops[r] as usize, self.rank_members[r] as usize);
+            let (first, last) = (self.rank_members[r], self.rank_members[r + 1]);
+            // The partners' operations of the rank's members.
+            let partners = &s.partner_op[first as usize..last as usize];
+            let (mut x, mut m) = (self.rank_ops[r] as usize, 0);
             let mut i = 0;
-            while i < acts.len() {
-                let a = acts[i];
-                if let Some(op) = a.compute_op() {
-                    let d = cost[a.unit() as usize][op];
+            while let Some(&a) = acts.get(i) {
+                let tag = a.tag();
+                if tag < RAct::COLL {
+                    let d = cost[a.unit() as usize][tag as usize];
                     rank_slots.push(Slot {
                         start: t,
                         end: t + d,
@@ -2057,19 +2104,21 @@ impl<'s, 'p> Engine<'s, 'p> {
                     i += 1;
                     continue;
                 }
-                let hi = op_end(acts, i);
+                let rx = reach[x];
                 // As `Engine::execute` completes it.
-                let done = if a.is_coll() {
-                    self.completion(r, x, i..hi, m, reach)
+                let (hi, done) = if tag == RAct::COLL {
+                    let hi = op_end(acts, i);
+                    (hi, self.completion(r, x, i..hi, first as usize + m, reach))
                 } else {
-                    let partners = &partner_op[m..m + (hi - i)];
-                    p2p_completion(&acts[i..hi], partners, transfer, eager, reach[x], reach)
+                    p2p_op::<EAGER>(acts, i, &partners[m..], transfer, rx, reach)
                 };
                 let slot = Slot {
-                    start: reach[x],
+                    start: rx,
                     end: done,
                 };
-                rank_slots.extend(std::iter::repeat_n(slot, hi - i));
+                for _ in i..hi {
+                    rank_slots.push(slot);
+                }
                 t = done;
                 m += hi - i;
                 i = hi;
