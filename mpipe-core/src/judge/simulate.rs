@@ -1366,9 +1366,9 @@ impl<'p> Setup<'p> {
     /// far, its consumer so far (the last `W`, else the last `B`/`BW`) and the last
     /// forward before that consumer (its holder); the second, in list order, emits
     /// `+act` at the holder's start and `-act` at the consumer's end, and empties
-    /// the entry at its consumer (at its last forward, for one with no consumer):
-    /// every entry touched is emptied again, as every one of its actions comes
-    /// before that.
+    /// the entry at its consumer (at its last forward, for one with no consumer),
+    /// so every entry touched is empty again after it (an action of that (unit, mb)
+    /// listed later finds it empty and changes nothing).
     fn changes_by_table(
         &self,
         acts: &[RAct],
