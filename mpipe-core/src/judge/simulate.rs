@@ -858,44 +858,51 @@ fn steps_of(
     colls: &[u32],
     odd: &[(u32, Option<Batch>)],
 ) -> Vec<Step> {
-    let mut steps: Vec<Step> = Vec::with_capacity(acts.len());
-    let mut odd = odd.iter().peekable();
-    // Members and collectives so far, batches counted.
-    let (mut m, mut k, mut n) = (0, 0, 0u64);
-    for (i, a) in acts.iter().enumerate() {
-        let (unit, mb) = (a.unit(), a.mb());
-        steps.push(match a.kind() {
-            Kind::Compute(op) => Step::Compute { op, unit, mb },
-            Kind::P2p { dir, tensor, joins } => {
-                let joined = acts.get(i + 1).is_some_and(|b| b.joins());
-                let mut batch = if joins || joined {
-                    let b = Batch::new(n);
-                    n += u64::from(!joined);
-                    b
-                } else {
-                    None
-                };
-                if let Some(&(_, b)) = odd.next_if(|x| x.0 as usize == i) {
-                    batch = b;
-                }
-                m += 1;
-                Step::P2p {
-                    dir,
-                    tensor,
+    // The members' peers and the collectives' indices left to read, the batches
+    // counted, and the next transfer whose batch is not canonical.
+    let (mut peers, mut colls) = (peers.iter(), colls.iter());
+    let mut n = 0u64;
+    let mut odd = odd.iter();
+    let mut next_odd = odd.next();
+    // One step per action, in order (an exact-size iterator: no growth checks).
+    acts.iter()
+        .enumerate()
+        .map(|(i, &a)| {
+            let (tag, unit, mb) = (a.tag(), a.unit(), a.mb());
+            if tag < RAct::COLL {
+                return Step::Compute {
+                    op: RAct::OPS[tag as usize],
                     unit,
                     mb,
-                    peer: peers[m - 1],
-                    batch,
-                }
+                };
             }
-            Kind::Coll => {
-                m += 1;
-                k += 1;
-                Step::Coll(colls[k - 1])
+            let peer = peers.next().copied().unwrap_or(NONE);
+            if tag == RAct::COLL {
+                return Step::Coll(colls.next().copied().unwrap_or(NONE));
             }
-        });
-    }
-    steps
+            let joins = a.joins();
+            let joined = acts.get(i + 1).is_some_and(|b| b.joins());
+            let mut batch = if joins || joined {
+                let b = Batch::new(n);
+                n += u64::from(!joined);
+                b
+            } else {
+                None
+            };
+            if let Some(&(_, b)) = next_odd.filter(|x| x.0 as usize == i) {
+                batch = b;
+                next_odd = odd.next();
+            }
+            Step::P2p {
+                dir: if tag & 4 == 0 { Dir::Send } else { Dir::Recv },
+                tensor: RAct::TENSORS[(tag & 3) as usize],
+                unit,
+                mb,
+                peer,
+                batch,
+            }
+        })
+        .collect()
 }
 
 /// Step `i` of rank `r` of `l` as [`Resolver::push`] reads it, with its unit's
@@ -1300,37 +1307,24 @@ impl<'p> Setup<'p> {
         slots: &[Slot],
         table: &mut Vec<[u32; 3]>,
         scratch: &mut Scratch,
-        mut change: impl FnMut(f64, f64),
+        change: impl FnMut(f64, f64),
     ) {
         let s = self;
         let acts = &s.acts[r];
+        // With a table of every (unit, mb) no larger than the program, two passes in
+        // list order find what each holds; otherwise a sort groups them.
+        let keys = (s.units as u64).saturating_mul(s.microbatches as u64);
+        if keys <= s.actions as u64 {
+            s.changes_by_table(acts, slots, table, change);
+            return;
+        }
         let Scratch { delta, at_start } = scratch;
         delta.clear();
         delta.resize(acts.len(), 0.0);
         at_start.clear();
         at_start.resize(acts.len(), false);
-        // With a table of every (unit, mb) no larger than the program, passes in list
-        // order find what each holds; otherwise a sort groups them.
-        let keys = (s.units as u64).saturating_mul(s.microbatches as u64);
-        if keys <= s.actions as u64 {
-            s.hold_by_table(acts, table, delta, at_start);
-        } else {
-            s.hold_by_sort(acts, delta, at_start);
-        }
-        // A rank's actions are sequential, so these times only grow in list order.
-        let mut cur = 0.0f64;
-        for (i, &d) in delta.iter().enumerate() {
-            if d == 0.0 {
-                continue;
-            }
-            let t = if at_start[i] {
-                slots[i].start
-            } else {
-                slots[i].end
-            };
-            cur += d;
-            change(t, cur);
-        }
+        s.hold_by_sort(acts, delta, at_start);
+        changes_in_order(delta, at_start, slots, change);
     }
 
     /// The activation each (unit, mb) of `acts` holds, as `+act` at its holding
@@ -1366,64 +1360,110 @@ impl<'p> Setup<'p> {
         }
     }
 
-    /// [`Setup::hold_by_sort`]'s answer from a table indexed by [`Setup::key`], in
-    /// three passes over `acts`: per (unit, mb) its last `W`, its last `B`/`BW`, then
-    /// its holding forward. Each action is one (unit, mb)'s, so every `delta` entry is
-    /// written at most once, as there. Every entry touched is emptied again.
-    fn hold_by_table(
+    /// [`Setup::memory_changes`] of `acts` (timeline `slots`) from a table indexed by
+    /// [`Setup::key`], what [`Setup::hold_by_sort`] and [`changes_in_order`] give, in
+    /// two passes over `acts`. The first keeps per (unit, mb) its last `F`/`RF` so
+    /// far, its consumer so far (the last `W`, else the last `B`/`BW`) and the last
+    /// forward before that consumer (its holder); the second, in list order, emits
+    /// `+act` at the holder's start and `-act` at the consumer's end, and empties
+    /// the entry at its consumer (at its last forward, for one with no consumer),
+    /// so every entry touched is empty again after it (an action of that (unit, mb)
+    /// listed later finds it empty and changes nothing).
+    fn changes_by_table(
         &self,
         acts: &[RAct],
+        slots: &[Slot],
         table: &mut Vec<[u32; 3]>,
-        delta: &mut [f64],
-        at_start: &mut [bool],
+        mut change: impl FnMut(f64, f64),
     ) {
         let keys = self.units * self.microbatches;
         if table.len() < keys {
             table.resize(keys, [NONE; 3]);
         }
-        let consumer = |e: &[u32; 3]| if e[0] != NONE { e[0] } else { e[1] };
         const W: usize = op_index(Op::W);
         const B: usize = op_index(Op::B);
         const BW: usize = op_index(Op::BW);
         const F: usize = op_index(Op::F);
         const RF: usize = op_index(Op::RF);
+        // Entry: [last forward, consumer, holder].
         for (i, a) in acts.iter().enumerate() {
-            if let Some(op) = a.compute_op() {
-                let e = &mut table[self.key(a.unit(), a.mb()) as usize];
-                match op {
-                    W => e[0] = i as u32,
-                    B | BW => e[1] = i as u32,
-                    _ => {}
+            let Some(op) = a.compute_op() else { continue };
+            let e = &mut table[self.key(a.unit(), a.mb()) as usize];
+            let i = i as u32;
+            match op {
+                F | RF => e[0] = i,
+                W => [e[1], e[2]] = [i, e[0]],
+                B | BW => {
+                    let c = e[1];
+                    if c == NONE || acts[c as usize].compute_op() != Some(W) {
+                        [e[1], e[2]] = [i, e[0]];
+                    }
                 }
+                _ => {}
             }
         }
+        // The sums and their order as `changes_in_order` takes them from `delta`.
+        let mut cur = 0.0f64;
         for (i, a) in acts.iter().enumerate() {
-            if let Some(F | RF) = a.compute_op() {
-                let e = &mut table[self.key(a.unit(), a.mb()) as usize];
-                let c = consumer(e);
-                if c != NONE && (i as u32) < c {
-                    e[2] = i as u32;
-                }
+            if !a.is_compute() {
+                continue;
             }
-        }
-        for a in acts {
-            if a.is_compute() {
-                let unit = a.unit();
-                let e = std::mem::replace(&mut table[self.key(unit, a.mb()) as usize], [NONE; 3]);
-                let (c, h) = (consumer(&e), e[2]);
-                if c == NONE || h == NONE {
+            let unit = a.unit();
+            let cell = &mut table[self.key(unit, a.mb()) as usize];
+            let e = *cell;
+            let i = i as u32;
+            if e[1] == NONE {
+                if e[0] == i {
+                    *cell = [NONE; 3];
+                }
+                continue;
+            }
+            let (held, at) = if e[2] == i {
+                (0.0 + self.act[unit as usize], slots[i as usize].start)
+            } else if e[1] == i {
+                *cell = [NONE; 3];
+                if e[2] == NONE {
                     continue;
                 }
-                let a = self.act[unit as usize];
-                delta[h as usize] += a;
-                at_start[h as usize] = true;
-                delta[c as usize] -= a;
+                (0.0 - self.act[unit as usize], slots[i as usize].end)
+            } else {
+                continue;
+            };
+            if held == 0.0 {
+                continue;
             }
+            cur += held;
+            change(at, cur);
         }
     }
 
     fn key(&self, unit: u32, mb: u32) -> u64 {
         u64::from(unit) * self.microbatches as u64 + u64::from(mb)
+    }
+}
+
+/// Every change of a rank's activation memory in list order (its actions are
+/// sequential, so in time order), as `(time, level after it)`: `delta` per action
+/// (nothing where 0), at the action's start where `at_start`, else at its end, on
+/// the timeline `slots`.
+fn changes_in_order(
+    delta: &[f64],
+    at_start: &[bool],
+    slots: &[Slot],
+    mut change: impl FnMut(f64, f64),
+) {
+    let mut cur = 0.0f64;
+    for (i, &d) in delta.iter().enumerate() {
+        if d == 0.0 {
+            continue;
+        }
+        let t = if at_start[i] {
+            slots[i].start
+        } else {
+            slots[i].end
+        };
+        cur += d;
+        change(t, cur);
     }
 }
 
@@ -1897,6 +1937,41 @@ fn p2p_completion(
     done
 }
 
+/// The transfer operation that starts at action `lo` of `acts` (a member), under
+/// eager semantics where `EAGER`: its end ([`op_end`]) and its completion
+/// ([`p2p_completion`], reached at `rx`), found in one walk of its members;
+/// `partners` are the partners' operations of the members from `lo`'s on.
+#[inline(always)]
+fn p2p_op<const EAGER: bool>(
+    acts: &[RAct],
+    lo: usize,
+    partners: &[u32],
+    transfer: &[f64],
+    rx: f64,
+    reach: &[f64],
+) -> (usize, f64) {
+    let mut done = rx;
+    let mut k = lo;
+    loop {
+        let (a, y) = (acts[k], partners[k - lo]);
+        let tr = transfer[a.unit() as usize];
+        let rp = if y == NONE { rx } else { reach[y as usize] };
+        let end = if !EAGER {
+            later(rx, rp) + tr
+        } else if a.is_recv() {
+            later(rx, rp + tr)
+        } else {
+            rx
+        };
+        done = later(done, end);
+        k += 1;
+        if !acts.get(k).is_some_and(|b| b.joins()) {
+            break;
+        }
+    }
+    (k, done)
+}
+
 /// The later of two times of a run: [`f64::max`] of them, without its care for a
 /// NaN (a run's times are sums of finite costs and transfers, none negative, from
 /// 0: never a NaN, nor `-0.0`, so the plain comparison gives the same bits).
@@ -1995,31 +2070,55 @@ impl<'s, 'p> Engine<'s, 'p> {
     /// operation from its time reached to its completion, which depends on the
     /// times reached alone).
     fn replay(&self, reach: &[f64]) -> Vec<Vec<Slot>> {
+        if self.s.mode == Mode::Eager {
+            self.replay_in::<true>(reach)
+        } else {
+            self.replay_in::<false>(reach)
+        }
+    }
+
+    /// [`Engine::replay`] under eager semantics where `EAGER` (a constant: the
+    /// transfers' loop has no test of it).
+    fn replay_in<const EAGER: bool>(&self, reach: &[f64]) -> Vec<Vec<Slot>> {
         let s = self.s;
+        let (cost, transfer) = (&s.cost[..], &s.transfer[..]);
         let mut slots = Vec::with_capacity(s.acts.len());
         for (r, acts) in s.acts.iter().enumerate() {
-            let mut rank_slots = vec![Slot::default(); acts.len()];
+            // Written in list order, each action's interval pushed once.
+            let mut rank_slots = Vec::with_capacity(acts.len());
             let mut t = 0.0f64;
-            let (mut x, mut m) = (self.rank_ops[r] as usize, self.rank_members[r] as usize);
+            let (first, last) = (self.rank_members[r], self.rank_members[r + 1]);
+            // The partners' operations of the rank's members.
+            let partners = &s.partner_op[first as usize..last as usize];
+            let (mut x, mut m) = (self.rank_ops[r] as usize, 0);
             let mut i = 0;
-            while i < acts.len() {
-                let a = acts[i];
-                if let Some(op) = a.compute_op() {
-                    let d = s.cost[a.unit() as usize][op];
-                    rank_slots[i] = Slot {
+            while let Some(&a) = acts.get(i) {
+                let tag = a.tag();
+                if tag < RAct::COLL {
+                    let d = cost[a.unit() as usize][tag as usize];
+                    rank_slots.push(Slot {
                         start: t,
                         end: t + d,
-                    };
+                    });
                     t += d;
                     i += 1;
                     continue;
                 }
-                let hi = op_end(acts, i);
-                let done = self.completion(r, x, i..hi, m, reach);
-                rank_slots[i..hi].fill(Slot {
-                    start: reach[x],
+                let rx = reach[x];
+                // As `Engine::execute` completes it.
+                let (hi, done) = if tag == RAct::COLL {
+                    let hi = op_end(acts, i);
+                    (hi, self.completion(r, x, i..hi, first as usize + m, reach))
+                } else {
+                    p2p_op::<EAGER>(acts, i, &partners[m..], transfer, rx, reach)
+                };
+                let slot = Slot {
+                    start: rx,
                     end: done,
-                });
+                };
+                for _ in i..hi {
+                    rank_slots.push(slot);
+                }
                 t = done;
                 m += hi - i;
                 i = hi;
@@ -3067,6 +3166,69 @@ pub(crate) mod tests {
         let q = prog(1, two_units(), &["SEND act a 0 0; RECV act a 0 0", ""]);
         assert!(simulate(&q, &rdv()).is_err());
         simulate(&q, &eager()).unwrap();
+    }
+
+    proptest::proptest! {
+        /// The table's two passes give every rank's memory changes exactly as the
+        /// full path (the sort by (unit, mb), then the walk of the deltas), bit for
+        /// bit, rank after rank with one table (emptied again between them).
+        #[test]
+        fn memory_changes_by_table_are_the_sorted_ones(
+            lists in proptest::collection::vec(
+                proptest::collection::vec((0usize..6, 0usize..3, 0usize..3, 0u8..3, 0u8..3), 0..40),
+                1..4,
+            ),
+            acts in proptest::collection::vec(
+                proptest::prop_oneof![proptest::strategy::Just(0.0f64), 0.5f64..4.0], 3,
+            ),
+        ) {
+            const OPS: [&str; 5] = ["F", "B", "W", "BW", "RF"];
+            let names = ["a", "b", "c"];
+            let units: Vec<Unit> = names
+                .iter()
+                .zip(&acts)
+                .map(|(n, &act)| unit(n, &[], 0, 1.0, 1.0, 1.0, act))
+                .collect();
+            let texts: Vec<String> = lists
+                .iter()
+                .map(|list| {
+                    let each = list.iter().map(|&(op, u, mb, ..)| match OPS.get(op) {
+                        Some(op) => format!("{op} {} {mb}", names[u]),
+                        None => format!("SEND act {} {mb} 0", names[u]),
+                    });
+                    each.collect::<Vec<_>>().join("; ")
+                })
+                .collect();
+            let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+            let p = prog(3, units, &texts);
+            let setup = Setup::new(&p, &SimOptions::default(), false).unwrap();
+            let mut table = Vec::new();
+            for (r, list) in lists.iter().enumerate() {
+                // Times that only grow, with ties and empty intervals.
+                let mut t = 0.0;
+                let slots: Vec<Slot> = list
+                    .iter()
+                    .map(|&(.., gap, len)| {
+                        let start = t + f64::from(gap);
+                        t = start + f64::from(len);
+                        Slot { start, end: t }
+                    })
+                    .collect();
+                let acts = &setup.acts[r];
+                let mut by_table = Vec::new();
+                setup.changes_by_table(acts, &slots, &mut table, |t, l| {
+                    by_table.push((t.to_bits(), l.to_bits()))
+                });
+                let (mut delta, mut at_start) = (vec![0.0; acts.len()], vec![false; acts.len()]);
+                setup.hold_by_sort(acts, &mut delta, &mut at_start);
+                let mut sorted = Vec::new();
+                changes_in_order(&delta, &at_start, &slots, |t, l| {
+                    sorted.push((t.to_bits(), l.to_bits()))
+                });
+                proptest::prop_assert_eq!(by_table, sorted);
+            }
+            proptest::prop_assert!(table.iter().all(|e| *e == [NONE; 3]));
+        }
     }
 
     #[test]
