@@ -43,7 +43,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::ir::program::{Action, ActionRef, Batch, CollKind, Dir, Op, Program, Tensor, FORMAT};
+use crate::ir::program::{
+    Action, ActionRef, Batch, CollKind, Dir, Name, Op, Program, Tensor, FORMAT,
+};
 use crate::judge::simulate::{
     joins_batch, simulate, tensor_index, unit_names, Mode, NameMap, SimError, SimOptions,
 };
@@ -131,6 +133,9 @@ fn check(p: &Program, termination: Option<Mode>) -> Vec<Violation> {
 fn check_as(p: &Program, termination: Option<Mode>, full: bool) -> Vec<Violation> {
     let mut c = Checker::new(p);
     c.full = full;
+    if full {
+        c.straight_m = 0;
+    }
     c.run(termination);
     let mut out = c.out;
     out.sort_by_key(|v| (v.rule, v.rank, v.index));
@@ -193,6 +198,9 @@ struct Checker<'p> {
     /// channel's two sides read again ([`Checker::reread`]). The same findings,
     /// slower; for tests that say so.
     full: bool,
+    /// The micro-batches an action may have to be read straight from the list: all
+    /// (`microbatches`), or none if [`Checker::full`].
+    straight_m: usize,
 }
 
 /// What the pass ([`Checker::scan`]) reads of a unit.
@@ -221,6 +229,7 @@ impl<'p> Checker<'p> {
             succ_nb: Vec::new(),
             info: Vec::new(),
             full: false,
+            straight_m: p.microbatches,
         }
     }
 
@@ -437,7 +446,7 @@ impl<'p> Checker<'p> {
         };
         let found = recent.get(name, &self.names);
         let v = match found {
-            Some(unit) if (mb as usize) < self.m && !self.full => V::Compute {
+            Some(unit) if (mb as usize) < self.straight_m => V::Compute {
                 op,
                 unit,
                 mb: mb as usize,
@@ -456,7 +465,7 @@ impl<'p> Checker<'p> {
         i: usize,
         a: &Action,
         (dir, tensor): (Dir, Tensor),
-        name: &str,
+        name: &Name,
         mb: u32,
         peer: u32,
         recent: &mut NameCache,
@@ -465,8 +474,7 @@ impl<'p> Checker<'p> {
         let (mb, peer) = (mb as usize, peer as usize);
         match found {
             Some(unit)
-                if mb < self.m
-                    && !self.full
+                if mb < self.straight_m
                     && peer != r
                     && peer < self.bound
                     && (tensor != Tensor::Input || !self.info[unit as usize].has_inputs) =>
@@ -1638,14 +1646,15 @@ impl<'p> Checker<'p> {
     }
 }
 
-/// Unit names as the pass looks them up, by where their text lives: a program's
-/// actions share their unit's name, so a look-up is mostly one comparison. A
-/// direct-mapped table indexed by the text's address: heap blocks are 16-byte
-/// aligned, so the bits above the lowest four tell names apart. Equal address and
-/// length is the same text (the names are borrowed while this is used); a name
-/// elsewhere, or pushed out, is looked up again.
+/// Unit names as the pass looks them up, by the address of their shared text
+/// ([`Name::addr`]): a program's actions share their unit's name, so a look-up is
+/// mostly one comparison. A direct-mapped table indexed by that address: heap
+/// blocks are 16-byte aligned, so the bits above the lowest four tell names apart.
+/// Equal address is the same text (the names are borrowed while this is used); a
+/// name elsewhere, or pushed out, is looked up again.
 struct NameCache {
-    slots: [(*const u8, usize, Option<u32>); NameCache::SLOTS],
+    /// Address (0: none) and the unit it names.
+    slots: [(usize, Option<u32>); NameCache::SLOTS],
 }
 
 impl NameCache {
@@ -1658,21 +1667,20 @@ impl NameCache {
     /// Nothing looked up yet (no name's address is null).
     fn new() -> NameCache {
         NameCache {
-            slots: [(std::ptr::null(), 0, None); NameCache::SLOTS],
+            slots: [(0, None); NameCache::SLOTS],
         }
     }
 
     /// The unit called `name` in `names`, remembered for the next calls.
     #[inline(always)]
-    fn get(&mut self, name: &str, names: &NameMap<'_>) -> Option<u32> {
-        let (ptr, len) = (name.as_ptr(), name.len());
-        let slot =
-            &mut self.slots[(ptr as usize >> NameCache::ALIGN_BITS) & (NameCache::SLOTS - 1)];
-        if slot.0 == ptr && slot.1 == len {
-            return slot.2;
+    fn get(&mut self, name: &Name, names: &NameMap<'_>) -> Option<u32> {
+        let addr = name.addr();
+        let slot = &mut self.slots[(addr >> NameCache::ALIGN_BITS) & (NameCache::SLOTS - 1)];
+        if slot.0 == addr {
+            return slot.1;
         }
-        *slot = (ptr, len, names.get(name).copied());
-        slot.2
+        *slot = (addr, names.get(&**name).copied());
+        slot.1
     }
 }
 
