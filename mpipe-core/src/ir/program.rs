@@ -18,6 +18,15 @@ use std::sync::Arc;
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Name(Arc<Box<str>>);
 
+impl Name {
+    /// The address of the shared text: equal for a name and its clones, so a cache
+    /// of look-ups can key by it while the names it has seen are alive (names
+    /// built apart from equal text have different addresses).
+    pub fn addr(&self) -> usize {
+        Arc::as_ptr(&self.0) as usize
+    }
+}
+
 impl std::ops::Deref for Name {
     type Target = str;
     fn deref(&self) -> &str {

@@ -19,9 +19,11 @@
 //!   (entries without a rank or index first), ties in discovery order;
 //! - **fast**: linear in the number of actions apart from sorting inside one
 //!   channel's out-of-order transfers: rules 1-4 read the lists in one pass, each
-//!   action decoded once, nothing kept per action but each transfer's key on its
-//!   channel; all look-ups go through vectors indexed by `(unit index,
-//!   micro-batch)`.
+//!   action decoded once (straight from the action unless something about it is
+//!   wrong), nothing kept per action but the key of each transfer on its channel's
+//!   first side (the other side is compared with it as it is read; a channel whose
+//!   sides differ is read again after the pass); all look-ups go through vectors
+//!   indexed by `(unit index, micro-batch)`.
 //!
 //! Rule 5 runs [`simulate`] (free communication) under the requested [`Mode`]
 //! ([`verify`] uses rendezvous, as the spec requires); each rank it leaves stuck is
@@ -41,10 +43,11 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use crate::ir::program::{Action, ActionRef, CollKind, Dir, Op, Program, Tensor, FORMAT};
+use crate::ir::program::{
+    Action, ActionRef, Batch, CollKind, Dir, Name, Op, Program, Tensor, FORMAT,
+};
 use crate::judge::simulate::{
-    joins_batch, simulate, tensor_index, unit_names, Mode, NameMap, RecentNames, SimError,
-    SimOptions,
+    joins_batch, simulate, tensor_index, unit_names, Mode, NameMap, SimError, SimOptions,
 };
 
 /// Where the validity rules are specified, as the project's messages cite it.
@@ -123,7 +126,16 @@ pub fn verify_static(p: &Program) -> Vec<Violation> {
 }
 
 fn check(p: &Program, termination: Option<Mode>) -> Vec<Violation> {
+    check_as(p, termination, false)
+}
+
+/// [`check`], taking no shortcut if `full` (see [`Checker::full`]).
+fn check_as(p: &Program, termination: Option<Mode>, full: bool) -> Vec<Violation> {
     let mut c = Checker::new(p);
+    c.full = full;
+    if full {
+        c.straight_m = 0;
+    }
     c.run(termination);
     let mut out = c.out;
     out.sort_by_key(|v| (v.rule, v.rank, v.index));
@@ -180,6 +192,25 @@ struct Checker<'p> {
     needs_bwd: Vec<bool>,
     /// Successors that need backward.
     succ_nb: Vec<Vec<u32>>,
+    /// What the pass reads of each unit, side by side.
+    info: Vec<UnitInfo>,
+    /// Take no shortcut: every action through [`Checker::resolve`], every
+    /// channel's two sides read again ([`Checker::reread`]). The same findings,
+    /// slower; for tests that say so.
+    full: bool,
+    /// The micro-batches an action may have to be read straight from the list: all
+    /// (`microbatches`), or none if [`Checker::full`].
+    straight_m: usize,
+}
+
+/// What the pass ([`Checker::scan`]) reads of a unit.
+#[derive(Clone, Copy)]
+struct UnitInfo {
+    home: usize,
+    trainable: bool,
+    needs_bwd: bool,
+    /// It lists `inputs` (known units or not).
+    has_inputs: bool,
 }
 
 impl<'p> Checker<'p> {
@@ -196,6 +227,9 @@ impl<'p> Checker<'p> {
             inputs: Vec::new(),
             needs_bwd: Vec::new(),
             succ_nb: Vec::new(),
+            info: Vec::new(),
+            full: false,
+            straight_m: p.microbatches,
         }
     }
 
@@ -353,8 +387,116 @@ impl<'p> Checker<'p> {
             .map(|l| l.iter().copied().filter(|&s| nb[s as usize]).collect())
             .collect();
         self.inputs = inputs;
+        self.info = p
+            .units
+            .iter()
+            .zip(&nb)
+            .map(|(u, &needs_bwd)| UnitInfo {
+                home: u.home,
+                trainable: u.trainable,
+                needs_bwd,
+                has_inputs: !u.inputs.is_empty(),
+            })
+            .collect();
         self.needs_bwd = nb;
         self.names = names;
+    }
+
+    /// Action `i` of rank `r` as the rules read it, with its batch number: what
+    /// [`Checker::resolve`] gives, read straight from the action where nothing about
+    /// it is wrong (the common case), else from `resolve`, which reports it.
+    #[inline(always)]
+    fn decode(
+        &mut self,
+        r: usize,
+        i: usize,
+        a: &Action,
+        recent: &mut NameCache,
+    ) -> (V, Option<Batch>) {
+        let (op, name, mb) = match a {
+            Action::F { unit, mb } => (Op::F, unit, *mb),
+            Action::B { unit, mb } => (Op::B, unit, *mb),
+            Action::W { unit, mb } => (Op::W, unit, *mb),
+            Action::BW { unit, mb } => (Op::BW, unit, *mb),
+            Action::RF { unit, mb } => (Op::RF, unit, *mb),
+            Action::SEND {
+                tensor,
+                unit,
+                mb,
+                peer,
+                batch,
+            } => {
+                let v = self.transfer(r, i, a, (Dir::Send, *tensor), unit, *mb, *peer, recent);
+                return (v, *batch);
+            }
+            Action::RECV {
+                tensor,
+                unit,
+                mb,
+                peer,
+                batch,
+            } => {
+                let v = self.transfer(r, i, a, (Dir::Recv, *tensor), unit, *mb, *peer, recent);
+                return (v, *batch);
+            }
+            Action::BCAST { unit, .. } | Action::REDUCE { unit, .. } => {
+                let found = recent.get(unit, &self.names);
+                return (self.resolve_at(r, i, a, found), None);
+            }
+        };
+        let found = recent.get(name, &self.names);
+        let v = match found {
+            Some(unit) if (mb as usize) < self.straight_m => V::Compute {
+                op,
+                unit,
+                mb: mb as usize,
+            },
+            _ => self.resolve_at(r, i, a, found),
+        };
+        (v, None)
+    }
+
+    /// [`Checker::decode`] of a transfer.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    fn transfer(
+        &mut self,
+        r: usize,
+        i: usize,
+        a: &Action,
+        (dir, tensor): (Dir, Tensor),
+        name: &Name,
+        mb: u32,
+        peer: u32,
+        recent: &mut NameCache,
+    ) -> V {
+        let found = recent.get(name, &self.names);
+        let (mb, peer) = (mb as usize, peer as usize);
+        match found {
+            Some(unit)
+                if mb < self.straight_m
+                    && peer != r
+                    && peer < self.bound
+                    && (tensor != Tensor::Input || !self.info[unit as usize].has_inputs) =>
+            {
+                V::P2p {
+                    dir,
+                    tensor,
+                    unit,
+                    mb,
+                    peer,
+                }
+            }
+            _ => self.resolve_at(r, i, a, found),
+        }
+    }
+
+    /// [`Checker::resolve`] of action `a`, `i` of rank `r`: a collective, or an
+    /// action with something to report.
+    #[cold]
+    #[inline(never)]
+    fn resolve_at(&mut self, r: usize, i: usize, a: &Action, unit: Option<u32>) -> V {
+        self.resolve(r, i, a.view(), a.unit(), unit)
     }
 
     /// Action `i` of rank `r`, its unit `unit` (`None`: no unit has its name), as the
@@ -554,8 +696,7 @@ impl<'p> Checker<'p> {
 
         // Rule 1: per op kind (F, B, W, BW) of each (unit, mb), how many
         // (saturating) and where the first one is.
-        let mut count = vec![[0u8; 4]; cells];
-        let mut first = vec![[(NONE, NONE); 4]; cells];
+        let mut tally = vec![Tally::EMPTY; cells];
         let mut cover: Vec<(usize, usize, String)> = Vec::new();
 
         // Rule 2 (and rule 3's "send after the producer"): what each (unit, mb)
@@ -574,10 +715,8 @@ impl<'p> Checker<'p> {
         let mut touched_cells: Vec<usize> = Vec::new();
         let mut local: Vec<(Rule, usize, usize, String)> = Vec::new();
 
-        // Rule 3: channel (from, to) -> (its sends, its receives), each as its key
-        // (4 bytes a transfer), in list order.
-        type Side = Vec<u32>;
-        type Chan = ((usize, usize), (Side, Side));
+        // Rule 3: the channels (from, to), each with the keys of the side the pass
+        // reaches first (4 bytes a transfer), in list order ([`Chan`]).
         let keys = cells * 3;
         let matching = dense && u32::try_from(keys).is_ok();
         let mut chans: Vec<Chan> = Vec::new();
@@ -593,10 +732,7 @@ impl<'p> Checker<'p> {
         // Rule 3's batches: at most one SEND to and one RECV from each peer per
         // batch; `serial` numbers the batches of two or more.
         let mut stamps = Stamps {
-            send: vec![0; nr],
-            recv: vec![0; nr],
-            first_send: vec![0; nr],
-            first_recv: vec![0; nr],
+            last: vec![(0, 0); nr * 2],
         };
         let mut serial = 0usize;
         let mut batches: Vec<(usize, usize, String)> = Vec::new();
@@ -617,7 +753,7 @@ impl<'p> Checker<'p> {
         let mut counts: BTreeMap<(usize, usize), usize> = BTreeMap::new();
         let mut seqs: BTreeMap<(CollKind, u32, usize), Vec<(usize, usize)>> = BTreeMap::new();
 
-        let mut recent = RecentNames::new();
+        let mut recent = NameCache::new();
         for (r, list) in p.programs.iter().enumerate() {
             for &c in &touched_cells {
                 seen[c] = 0;
@@ -633,18 +769,11 @@ impl<'p> Checker<'p> {
             touched_units.clear();
             // The batch number of the action before, how many actions the operation
             // holds so far and its first one, if a transfer the batch rule reads.
-            let mut prev_batch: Option<u64> = None;
+            let mut prev_batch: Option<Batch> = None;
             let mut run = 0usize;
             let mut run_first: Option<(usize, Dir, usize)> = None;
             for (i, a) in list.iter().enumerate() {
-                let view = a.view();
-                let (name, batch) = match view {
-                    ActionRef::Compute(c) => (c.unit, None),
-                    ActionRef::P2p(t) => (t.unit, t.batch),
-                    ActionRef::Coll(c) => (c.unit, None),
-                };
-                let unit = recent.get(name, |n| self.names.get(n).copied());
-                let v = self.resolve(r, i, view, name, unit);
+                let (v, batch) = self.decode(r, i, a, &mut recent);
 
                 // Rule 3's batches: operations split as `split_ops` splits them
                 // (only a transfer with a batch number joins the action before).
@@ -679,7 +808,11 @@ impl<'p> Checker<'p> {
                         if dense && mb != BAD {
                             let cell = u * m + mb;
                             // Rule 1.
-                            let (trainable, nb) = (p.units[u].trainable, self.needs_bwd[u]);
+                            let UnitInfo {
+                                trainable,
+                                needs_bwd: nb,
+                                ..
+                            } = self.info[u];
                             match op {
                                 Op::W if !trainable => cover.push((
                                     r,
@@ -705,11 +838,12 @@ impl<'p> Checker<'p> {
                                     Op::W => 2,
                                     _ => 3,
                                 };
-                                let n = &mut count[cell][k];
+                                let t = &mut tally[cell];
+                                let n = &mut t.count[k];
                                 if *n == 0 {
-                                    first[cell][k] = (r as u32, i as u32);
+                                    t.first[k] = (r as u32, i as u32);
                                 } else {
-                                    let (fr, fi) = first[cell][k];
+                                    let (fr, fi) = t.first[k];
                                     cover.push((
                                         r,
                                         i,
@@ -806,16 +940,18 @@ impl<'p> Checker<'p> {
                                 seen[cell] |= bit;
                             }
                         }
-                        // Rule 4.
-                        if first_compute[u] == NONE {
-                            first_compute[u] = i as u32;
-                        }
-                        if matches!(op, Op::W | Op::BW) {
-                            last_wbw[u] = i as u32;
-                        }
-                        if !in_touched[u] {
-                            in_touched[u] = true;
-                            touched_units.push(u);
+                        // Rule 4 (which asks nothing of a unit on its home rank).
+                        if self.info[u].home != r {
+                            if first_compute[u] == NONE {
+                                first_compute[u] = i as u32;
+                            }
+                            if matches!(op, Op::W | Op::BW) {
+                                last_wbw[u] = i as u32;
+                            }
+                            if !in_touched[u] {
+                                in_touched[u] = true;
+                                touched_units.push(u);
+                            }
                         }
                     }
                     V::P2p {
@@ -864,16 +1000,13 @@ impl<'p> Checker<'p> {
                             }
                             seen[cell] |= bit;
                         }
-                        // Rule 3: the transfer on its channel.
+                        // Rule 3: the transfer on its channel: kept if this rank lists
+                        // the channel's first side, else compared with it.
                         if matching && peer != BAD {
                             let key = (unit as usize * m + mb) * 3 + tensor_index(tensor) as usize;
-                            let ends = dir.ends(r, peer);
-                            let c = channel(&mut chans, &mut table, &mut map, nr, ends);
-                            let side = &mut chans[c].1;
-                            match dir {
-                                Dir::Send => side.0.push(key as u32),
-                                Dir::Recv => side.1.push(key as u32),
-                            }
+                            let c =
+                                channel(&mut chans, &mut table, &mut map, nr, dir.ends(r, peer));
+                            chans[c].read(r < peer, key as u32);
                         }
                     }
                     V::P2p { .. } => {}
@@ -885,7 +1018,7 @@ impl<'p> Checker<'p> {
                             CollKind::Reduce => last_reduce[u] = i as u32,
                             _ => {}
                         }
-                        if let ActionRef::Coll(c) = view {
+                        if let ActionRef::Coll(c) = a.view() {
                             let mut group = c.group.to_vec();
                             group.sort_unstable();
                             group.dedup();
@@ -945,6 +1078,9 @@ impl<'p> Checker<'p> {
             }
         }
         drop((seen, touched_cells, left, ahead, table, map));
+        if matching {
+            self.reread(&mut chans);
+        }
         drop((
             first_compute,
             last_wbw,
@@ -957,8 +1093,8 @@ impl<'p> Checker<'p> {
             for (r, i, msg) in cover {
                 self.at(Rule::Coverage, r, i, msg);
             }
-            self.coverage(&count, &first);
-            drop((count, first));
+            self.coverage(&tally);
+            drop(tally);
             for message in ahead_msgs {
                 self.push(Rule::LocalData, None, None, message);
             }
@@ -1005,13 +1141,14 @@ impl<'p> Checker<'p> {
 
     /// Rule 1's conclusions from the counts of the pass ([`Checker::scan`]): every
     /// (unit, mb) computed, backward and weight gradients as its unit needs them.
-    fn coverage(&mut self, count: &[[u8; 4]], first: &[[(u32, u32); 4]]) {
+    fn coverage(&mut self, tally: &[Tally]) {
         for u in 0..self.nu {
             let unit = &self.p.units[u];
             let name = &unit.name;
             for mb in 0..self.m {
                 let cell = u * self.m + mb;
-                let [nf, nbk, nw, nbw] = count[cell];
+                let Tally { count, first } = &tally[cell];
+                let [nf, nbk, nw, nbw] = *count;
                 if nf == 0 {
                     self.push(
                         Rule::Coverage,
@@ -1032,8 +1169,8 @@ impl<'p> Checker<'p> {
                             ),
                         );
                     } else if nbk > 0 && nbw > 0 {
-                        let (r, i) = first[cell][3];
-                        let (br, bi) = first[cell][1];
+                        let (r, i) = first[3];
+                        let (br, bi) = first[1];
                         self.at(
                             Rule::Coverage,
                             r as usize,
@@ -1046,7 +1183,7 @@ impl<'p> Checker<'p> {
                     }
                 }
                 if unit.trainable && nbk > 0 {
-                    let (br, bi) = first[cell][1];
+                    let (br, bi) = first[1];
                     if nw == 0 {
                         self.at(
                             Rule::Coverage,
@@ -1059,7 +1196,7 @@ impl<'p> Checker<'p> {
                             ),
                         );
                     } else {
-                        let (wr, wi) = first[cell][2];
+                        let (wr, wi) = first[2];
                         if wr != br {
                             self.at(
                                 Rule::Coverage,
@@ -1073,7 +1210,7 @@ impl<'p> Checker<'p> {
                         }
                     }
                 } else if unit.trainable && nw > 0 {
-                    let (wr, wi) = first[cell][2];
+                    let (wr, wi) = first[2];
                     self.at(
                         Rule::Coverage,
                         wr as usize,
@@ -1201,8 +1338,10 @@ impl<'p> Checker<'p> {
                 .collect()
         };
         // By channel, as a map by `(from, to)` would list them.
-        chans.sort_unstable_by_key(|c| c.0);
-        for &((a, b), (ref sends, ref recvs)) in &chans {
+        chans.sort_unstable_by_key(|c| c.ends);
+        for ch in &chans {
+            let (a, b) = ch.ends;
+            let (sends, recvs) = ch.sides();
             // The index of the send (receive) at `pos` in the channel.
             let mut send_at = None::<Vec<u32>>;
             let mut recv_at = None::<Vec<u32>>;
@@ -1213,7 +1352,7 @@ impl<'p> Checker<'p> {
             // The common case: both sides list the same transfers in the same order.
             // Then the only violation there can be is a transfer listed twice (each
             // side lists it twice: two duplicates), found by one pass.
-            if sends == recvs {
+            if ch.sides.is_none() || sends == recvs {
                 let mut repeats = false;
                 for &k in sends {
                     let k = k as usize;
@@ -1331,6 +1470,39 @@ impl<'p> Checker<'p> {
         }
         for (r, i, msg) in found {
             self.at(Rule::Matching, r, i, msg);
+        }
+    }
+
+    /// Both sides of every channel whose sides the pass found apart, read again
+    /// from the lists (one more pass, only when there is one).
+    fn reread(&self, chans: &mut [Chan]) {
+        let mut apart: BTreeMap<(usize, usize), usize> = BTreeMap::new();
+        for (c, ch) in chans.iter_mut().enumerate() {
+            ch.apart |= self.full || ch.next != ch.keys.len();
+            if ch.apart {
+                apart.insert(ch.ends, c);
+                ch.sides = Some(Default::default());
+            }
+        }
+        if apart.is_empty() {
+            return;
+        }
+        for (r, list) in self.p.programs.iter().enumerate() {
+            for a in list {
+                let Some((ends, key, send)) = self.transfer_of(r, a) else {
+                    continue;
+                };
+                let Some(&c) = apart.get(&ends) else {
+                    continue;
+                };
+                if let Some((sends, recvs)) = &mut chans[c].sides {
+                    if send {
+                        sends.push(key);
+                    } else {
+                        recvs.push(key);
+                    }
+                }
+            }
         }
     }
 
@@ -1474,18 +1646,70 @@ impl<'p> Checker<'p> {
     }
 }
 
-/// Rule 3's batches on one rank: per peer, the serial number of the last batch
-/// holding a `SEND` to it (a `RECV` from it) and where that one is.
+/// Unit names as the pass looks them up, by the address of their shared text
+/// ([`Name::addr`]): a program's actions share their unit's name, so a look-up is
+/// mostly one comparison. A direct-mapped table indexed by that address: heap
+/// blocks are 16-byte aligned, so the bits above the lowest four tell names apart.
+/// Equal address is the same text (the names are borrowed while this is used); a
+/// name elsewhere, or pushed out, is looked up again.
+struct NameCache {
+    /// Address (0: none) and the unit it names.
+    slots: [(usize, Option<u32>); NameCache::SLOTS],
+}
+
+impl NameCache {
+    /// How many names are remembered (a power of two): a rank names a few units
+    /// (its stages' and their neighbours').
+    const SLOTS: usize = 16;
+    /// The address bits below a heap block's alignment.
+    const ALIGN_BITS: u32 = 4;
+
+    /// Nothing looked up yet (no name's address is null).
+    fn new() -> NameCache {
+        NameCache {
+            slots: [(0, None); NameCache::SLOTS],
+        }
+    }
+
+    /// The unit called `name` in `names`, remembered for the next calls.
+    #[inline(always)]
+    fn get(&mut self, name: &Name, names: &NameMap<'_>) -> Option<u32> {
+        let addr = name.addr();
+        let slot = &mut self.slots[(addr >> NameCache::ALIGN_BITS) & (NameCache::SLOTS - 1)];
+        if slot.0 == addr {
+            return slot.1;
+        }
+        *slot = (addr, names.get(&**name).copied());
+        slot.1
+    }
+}
+
+/// Rule 1's count of one `(unit, mb)`: per op kind (F, B, W, BW), how many
+/// (saturating) and where the first one is (rank, index).
+#[derive(Clone, Copy)]
+struct Tally {
+    count: [u8; 4],
+    first: [(u32, u32); 4],
+}
+
+impl Tally {
+    const EMPTY: Tally = Tally {
+        count: [0; 4],
+        first: [(NONE, NONE); 4],
+    };
+}
+
+/// Rule 3's batches on one rank: per peer and direction (`peer * 2 + [SEND, RECV]`),
+/// the serial number of the last batch holding a `SEND` to it (a `RECV` from it)
+/// and where that one is.
 struct Stamps {
-    send: Vec<usize>,
-    recv: Vec<usize>,
-    first_send: Vec<usize>,
-    first_recv: Vec<usize>,
+    last: Vec<(usize, usize)>,
 }
 
 impl Stamps {
     /// Transfer `(i, dir, peer)` of rank `r` in batch `serial`: a second one in one
     /// direction with one peer is a violation (into `found`).
+    #[inline(always)]
     fn stamp(
         &mut self,
         r: usize,
@@ -1493,11 +1717,8 @@ impl Stamps {
         serial: usize,
         found: &mut Vec<(usize, usize, String)>,
     ) {
-        let (stamp, at) = match dir {
-            Dir::Send => (&mut self.send, &mut self.first_send),
-            Dir::Recv => (&mut self.recv, &mut self.first_recv),
-        };
-        if stamp[peer] == serial {
+        let last = &mut self.last[peer * 2 + usize::from(dir == Dir::Recv)];
+        if last.0 == serial {
             let (what, prep) = match dir {
                 Dir::Send => ("SEND", "to"),
                 Dir::Recv => ("RECV", "from"),
@@ -1508,19 +1729,65 @@ impl Stamps {
                 format!(
                     "this batch already holds a {what} {prep} rank {peer} (action {}): a batch \
                      allows one buffer per direction per peer; move one into another batch",
-                    at[peer]
+                    last.1
                 ),
             ));
         } else {
-            stamp[peer] = serial;
-            at[peer] = i;
+            *last = (serial, i);
         }
     }
 }
 
 /// Rule 3's channels: `(from, to)` with its sends' and receives' keys.
-type Side = Vec<u32>;
-type Chan = ((usize, usize), (Side, Side));
+///
+/// The pass keeps the keys of the side listed by the rank it reaches first
+/// (`min(from, to)`), in list order, and compares the other side's with them key by
+/// key as it reads them. A channel whose two sides differ (none in a valid program)
+/// is marked `apart` and has both sides read again after the pass
+/// ([`Checker::reread`]).
+struct Chan {
+    ends: (usize, usize),
+    /// The first side's keys.
+    keys: Vec<u32>,
+    /// How many of them the other side has listed so far, in the same order.
+    next: usize,
+    apart: bool,
+    /// Both sides (sends, receives), read again: only for a channel `apart`.
+    sides: Option<(Vec<u32>, Vec<u32>)>,
+}
+
+impl Chan {
+    fn new(ends: (usize, usize)) -> Chan {
+        Chan {
+            ends,
+            keys: Vec::new(),
+            next: 0,
+            apart: false,
+            sides: None,
+        }
+    }
+
+    /// The transfer of `key` as the pass reads it, on the side the pass reaches
+    /// first (`first`) or on the other one.
+    #[inline(always)]
+    fn read(&mut self, first: bool, key: u32) {
+        if first {
+            self.keys.push(key);
+        } else if self.keys.get(self.next) == Some(&key) {
+            self.next += 1;
+        } else {
+            self.apart = true;
+        }
+    }
+
+    /// Both sides, sends first: the kept keys twice where they agree.
+    fn sides(&self) -> (&[u32], &[u32]) {
+        match &self.sides {
+            Some((s, r)) => (s, r),
+            None => (&self.keys, &self.keys),
+        }
+    }
+}
 
 /// The place of channel `ends` in `chans`, added if new: found in `table` (ranks x
 /// ranks cells, `nr` a row) where it is not empty, else in `map`.
@@ -1531,16 +1798,17 @@ fn channel(
     nr: usize,
     ends: (usize, usize),
 ) -> usize {
-    let cell = (ends.0 < nr && ends.1 < nr && !table.is_empty()).then(|| ends.0 * nr + ends.1);
+    // Both ends are below `nr`: the pass keeps a transfer only when its peer exists.
+    let cell = (!table.is_empty()).then(|| ends.0 * nr + ends.1);
     match cell {
         Some(c) if table[c] != NONE => table[c] as usize,
         Some(c) => {
             table[c] = chans.len() as u32;
-            chans.push((ends, Default::default()));
+            chans.push(Chan::new(ends));
             chans.len() - 1
         }
         None => *map.entry(ends).or_insert_with(|| {
-            chans.push((ends, Default::default()));
+            chans.push(Chan::new(ends));
             chans.len() - 1
         }),
     }
@@ -2228,6 +2496,97 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A trainable and a frozen encoder and an LLM, for derived programs.
+    const PROFILE: &str = r#"
+[[encoder]]
+name = "vision"
+layers = 2
+forward = 1.0
+backward = 1.0
+weight = 0.5
+activation = 0.2
+params = 1.0
+trainable = true
+
+[[encoder]]
+name = "audio"
+layers = 2
+forward = 0.5
+backward = 0.5
+activation = 0.1
+trainable = false
+
+[llm]
+layers = 12
+forward = 1.0
+backward = 1.0
+weight = 1.0
+activation = 1.0
+params = 0.5
+"#;
+
+    /// Every mutant of `p` with one action dropped, duplicated, swapped with the
+    /// next one, or (a transfer) given the next peer.
+    fn mutants(p: &Program) -> Vec<Program> {
+        let mut out = Vec::new();
+        for r in 0..p.programs.len() {
+            for i in 0..p.programs[r].len() {
+                let mut q = p.clone();
+                q.programs[r].remove(i);
+                out.push(q);
+                let mut q = p.clone();
+                let a = q.programs[r][i].clone();
+                q.programs[r].insert(i, a);
+                out.push(q);
+                if i + 1 < p.programs[r].len() {
+                    let mut q = p.clone();
+                    q.programs[r].swap(i, i + 1);
+                    out.push(q);
+                }
+                if let ActionRef::P2p(t) = p.programs[r][i].view() {
+                    let mut q = p.clone();
+                    let peer = (t.peer + 1) % p.ranks;
+                    q.programs[r][i] = Action::p2p(t.dir, t.tensor, t.unit, t.mb, peer, t.batch);
+                    out.push(q);
+                }
+            }
+        }
+        out
+    }
+
+    /// The pass's shortcuts (actions read straight from the list, each channel's
+    /// second side compared with its first as it is read) report exactly what the
+    /// full reading does: the same violations in the same order, on valid derived
+    /// programs and on every mutant of them with one action dropped, duplicated,
+    /// swapped or re-peered.
+    #[test]
+    fn shortcuts_report_what_the_full_reading_does() {
+        use crate::algebra::profile::Profile;
+        use crate::search::derive::{derive_str, Request};
+        let profile = Profile::from_toml_str(PROFILE).unwrap();
+        let req = Request::new(&profile, 3, 6);
+        let mut invalid = 0;
+        for expr in [
+            "1f1b",
+            "zbv",
+            "transpose(vision, zbv)",
+            "transpose(vision, 1f1b, backward = central)",
+        ] {
+            let p = derive_str(&req, expr).unwrap().program;
+            assert!(
+                check(&p, None).is_empty(),
+                "{expr}: derived programs are valid"
+            );
+            assert!(check_as(&p, None, true).is_empty(), "{expr}");
+            for q in mutants(&p) {
+                let fast = check(&q, None);
+                assert_eq!(fast, check_as(&q, None, true), "{expr}");
+                invalid += usize::from(!fast.is_empty());
+            }
+        }
+        assert!(invalid > 0, "the mutants break rules");
     }
 
     #[test]
