@@ -55,9 +55,10 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 /// loops of a size independent of the micro-batch count where the plan's compute
 /// order is periodic. At most `3 + periodic_settle_periods.len()` verifications
 /// and simulations, and one more simulation (of `best` again, for its timeline,
-/// not held while ranks are rewritten) where a rank was rewritten and no
-/// candidate wins; none where no rank changes (a regular program costs only one
-/// linear scan per stretch, [`Shape::breaks`]).
+/// not held while ranks are rewritten) where a rank's rewriting changed its list
+/// and no candidate wins; none where no rank changes (a regular program costs
+/// only one linear scan per stretch, [`Shape::breaks`]; a rank whose rewriting
+/// gives its list back costs that rewriting).
 /// Rendezvous only. Applied once to a derivation's final program
 /// (`search::finish`), not inside the searches, so that it changes no search's
 /// course.
@@ -87,8 +88,10 @@ pub(crate) fn periodic_if_no_slower(
     // program's timeline is not held (at 8 x 65536 it is 16 bytes an action beside
     // the rewriting's tables or the candidate's simulation): its makespan and peaks
     // decide, and it is simulated again only if it was dropped and no candidate
-    // wins (deterministic: the same report). A regular program, where nothing is
-    // rewritten, keeps it.
+    // wins (deterministic: the same report). It is dropped once a rank's
+    // rewriting first changes its list ([`periodic`]'s `release`): a program
+    // where nothing is rewritten, or every rewriting gives the list back
+    // (`transpose(vision, zbv)` at 64 x 1024), keeps it.
     let mut dropped = false;
     let settled = policy
         .periodic_settle_periods
@@ -424,8 +427,9 @@ fn swap_ranks(p: &mut Program, ranks: &mut [(usize, Vec<Action>)]) {
 /// rank), where this leaves the rank's rolled code no larger ([`rank_code_size`]);
 /// `None` if no rank has such a stretch or nothing moved.
 ///
-/// `release` is called before the first rank is rewritten (the caller frees what it
-/// does not need from there on).
+/// `release` is called once a rank's rewriting first changes its list, before its
+/// code is rolled to weigh it (the caller frees what it does not need from there
+/// on; only one rank's rewriting tables were built beside it, and freed).
 fn periodic(
     p: &Program,
     shapes: &[Shape],
@@ -468,13 +472,18 @@ fn periodic(
             if shape.breaks(now, &found, needed) < needed {
                 continue;
             }
-            release();
             let Some(new) = shape.rewrite(now, &found) else {
                 continue;
             };
             if new == now {
                 continue;
             }
+            // The first placement that changes: from here on the caller's
+            // candidate is built (a rank whose rewriting moves nothing, as where
+            // its periods differ only in transfers the template cannot move,
+            // keeps the caller's timeline: it is not simulated again for
+            // nothing).
+            release();
             // A rank is rewritten only where its code, rolled as code generation
             // rolls it, is no larger: moving the transfers at a stretch's ends can
             // cost a step more than the drift it removes.
