@@ -288,36 +288,61 @@ fn strays(
     if found.is_empty() {
         return None;
     }
-    // Per rank and kind (direction, tensor, unit, peer): the micro-batches posted
-    // and where, in micro-batch order.
-    type Kind<'a> = (Dir, Tensor, &'a str, usize);
-    // Only the ranks a stray's ends are on.
-    let mut involved: Vec<bool> = vec![false; p.programs.len()];
-    for &(r, _, x) in &found {
-        involved[r] = true;
-        if let Some(b) = involved.get_mut(x.4) {
-            *b = true;
+    // Per rank and kind (direction, tensor, unit, peer) of a stray's end: the
+    // micro-batches posted and where, in micro-batch order (only the ranks a
+    // stray's ends are on, only the strays' kinds). Units are numbered per rank,
+    // the strays' first, the others as first seen through the last names looked
+    // up ([`RecentNames`]): a transfer of another unit is passed over without
+    // hashing or comparing its name.
+    type Kind = (Dir, Tensor, u32, usize);
+    let mut wanted: Vec<Vec<(Dir, Tensor, &str, usize)>> = vec![Vec::new(); p.programs.len()];
+    for &(r, _, (dir, tensor, unit, _, peer)) in &found {
+        wanted[r].push((dir, tensor, unit, peer));
+        if let Some(w) = wanted.get_mut(peer) {
+            let other = match dir {
+                Dir::Send => Dir::Recv,
+                Dir::Recv => Dir::Send,
+            };
+            w.push((other, tensor, unit, r));
         }
     }
-    let kinds: Vec<HashMap<Kind, Vec<(usize, usize)>>> = p
+    type Kinds<'a> = (HashMap<&'a str, u32>, HashMap<Kind, Vec<(usize, usize)>>);
+    let kinds: Vec<Kinds> = p
         .programs
         .iter()
-        .zip(&involved)
-        .map(|(list, &inv)| {
+        .zip(&wanted)
+        .map(|(list, wanted)| {
+            let mut names: HashMap<&str, u32> = HashMap::default();
             let mut m: HashMap<Kind, Vec<(usize, usize)>> = HashMap::default();
-            if inv {
+            for &(dir, tensor, unit, peer) in wanted {
+                let next = names.len() as u32;
+                let u = *names.entry(unit).or_insert(next);
+                m.entry((dir, tensor, u, peer)).or_default();
+            }
+            let strays = names.len() as u32;
+            if strays > 0 {
+                let mut recent = RecentNames::new();
                 for (i, a) in list.iter().enumerate() {
-                    if let Some((dir, tensor, unit, mb, peer)) = key(a) {
-                        m.entry((dir, tensor, unit, peer))
-                            .or_default()
-                            .push((mb, i));
+                    let Some((dir, tensor, unit, mb, peer, _)) = transfer_of(a) else {
+                        continue;
+                    };
+                    let unit: &str = unit;
+                    let next = names.len() as u32;
+                    let u = recent
+                        .get(unit, |_| Some(*names.entry(unit).or_insert(next)))
+                        .unwrap_or(next);
+                    if u >= strays {
+                        continue;
+                    }
+                    if let Some(v) = m.get_mut(&(dir, tensor, u, peer as usize)) {
+                        v.push((mb as usize, i));
                     }
                 }
                 for v in m.values_mut() {
                     v.sort_unstable();
                 }
             }
-            m
+            (names, m)
         })
         .collect();
     let stray_set: HashSet<(usize, Key)> = found.iter().map(|&(r, _, x)| (r, x)).collect();
@@ -336,7 +361,8 @@ fn strays(
                 break;
             }
             let list = &p.programs[rank];
-            let Some(v) = kinds[rank].get(&(d, tensor, unit, to)) else {
+            let (names, m) = &kinds[rank];
+            let Some(v) = names.get(unit).and_then(|&u| m.get(&(d, tensor, u, to))) else {
                 break;
             };
             let k = v.partition_point(|&(m, _)| m <= mb);
