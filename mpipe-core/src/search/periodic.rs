@@ -20,10 +20,10 @@
 //! a stretch where `x` has period `P` is one where task `k + P` is task `k` with its
 //! micro-batch advanced by one constant `D`, and conversely. A stretch is found
 //! through evenly spaced tasks of the rank ([`SearchPolicy::periodic_probes`]; a
-//! schedule's forward and backward phases are two stretches): the Z-function of `x`
-//! from there (linear time) gives the smallest period that holds
-//! [`SearchPolicy::periodic_min_periods`] times forward, and the stretch is
-//! extended backward with the same period. The transfers posted between the tasks of
+//! schedule's forward and backward phases are two stretches): the prefix function
+//! of `x` from there (linear time, read only as far as the answer) gives the
+//! smallest period that holds [`SearchPolicy::periodic_min_periods`] times
+//! forward, and the stretch is extended forward and backward with the same period. The transfers posted between the tasks of
 //! one full period (the [`Reference`]) form the template; in every full period of
 //! the stretch, each transfer the template names (micro-batch advanced by `D` per
 //! period) that is posted within the stretch's full periods is moved there, batched
@@ -37,7 +37,7 @@
 //! order two ranks meet in.
 
 use crate::ir::policy::SearchPolicy;
-use crate::ir::program::{Action, ActionRef, Dir, Program, Tensor};
+use crate::ir::program::{Action, ActionRef, Batch, Dir, Name, Op, Program, Tensor};
 use crate::ir::rolled::{canonical, rank_code_size, RollOptions};
 use crate::judge::simulate::{simulate, Mode, RecentNames, SimOptions, SimReport};
 use crate::judge::verify::verify_mode;
@@ -55,9 +55,10 @@ use rustc_hash::{FxHashMap as HashMap, FxHashSet as HashSet};
 /// loops of a size independent of the micro-batch count where the plan's compute
 /// order is periodic. At most `3 + periodic_settle_periods.len()` verifications
 /// and simulations, and one more simulation (of `best` again, for its timeline,
-/// not held while ranks are rewritten) where a rank was rewritten and no
-/// candidate wins; none where no rank changes (a regular program costs only one
-/// linear scan per stretch, [`Shape::breaks`]).
+/// not held while ranks are rewritten) where a rank's rewriting changed its list
+/// and no candidate wins; none where no rank changes (a regular program costs
+/// only one linear scan per stretch, [`Shape::breaks`]; a rank whose rewriting
+/// gives its list back costs that rewriting).
 /// Rendezvous only. Applied once to a derivation's final program
 /// (`search::finish`), not inside the searches, so that it changes no search's
 /// course.
@@ -87,8 +88,10 @@ pub(crate) fn periodic_if_no_slower(
     // program's timeline is not held (at 8 x 65536 it is 16 bytes an action beside
     // the rewriting's tables or the candidate's simulation): its makespan and peaks
     // decide, and it is simulated again only if it was dropped and no candidate
-    // wins (deterministic: the same report). A regular program, where nothing is
-    // rewritten, keeps it.
+    // wins (deterministic: the same report). It is dropped once a rank's
+    // rewriting first changes its list ([`periodic`]'s `release`): a program
+    // where nothing is rewritten, or every rewriting gives the list back
+    // (`transpose(vision, zbv)` at 64 x 1024), keeps it.
     let mut dropped = false;
     let settled = policy
         .periodic_settle_periods
@@ -238,7 +241,7 @@ fn strays(
                 min_periods,
                 microbatches: p.microbatches,
             };
-            let Some(f) = shape.find(&at, &done, Reference::Middle) else {
+            let Some(f) = shape.find(list, &at, &done, Reference::Middle) else {
                 continue;
             };
             done.push((f.start, f.end));
@@ -259,14 +262,14 @@ fn strays(
             // the reference period.
             let mut named: HashSet<(usize, Key)> = HashSet::default();
             for k in 1..=f.period {
-                for g in shape.gap(f.gap(f.reference, k)) {
+                for g in shape.gap(list, f.gap(f.reference, k)) {
                     named.extend(g.range().filter_map(|a| key(&list[a]).map(|x| (k, x))));
                 }
             }
             for q in differ {
                 let by = (q as i64 - f.reference as i64) * f.d;
                 for k in 1..=f.period {
-                    for g in shape.gap(f.gap(q, k)) {
+                    for g in shape.gap(list, f.gap(q, k)) {
                         for a in g.range() {
                             let Some(x) = key(&list[a]) else { continue };
                             let Ok(mb) = usize::try_from(x.3 as i64 - by) else {
@@ -285,36 +288,61 @@ fn strays(
     if found.is_empty() {
         return None;
     }
-    // Per rank and kind (direction, tensor, unit, peer): the micro-batches posted
-    // and where, in micro-batch order.
-    type Kind<'a> = (Dir, Tensor, &'a str, usize);
-    // Only the ranks a stray's ends are on.
-    let mut involved: Vec<bool> = vec![false; p.programs.len()];
-    for &(r, _, x) in &found {
-        involved[r] = true;
-        if let Some(b) = involved.get_mut(x.4) {
-            *b = true;
+    // Per rank and kind (direction, tensor, unit, peer) of a stray's end: the
+    // micro-batches posted and where, in micro-batch order (only the ranks a
+    // stray's ends are on, only the strays' kinds). Units are numbered per rank,
+    // the strays' first, the others as first seen through the last names looked
+    // up ([`RecentNames`]): a transfer of another unit is passed over without
+    // hashing or comparing its name.
+    type Kind = (Dir, Tensor, u32, usize);
+    let mut wanted: Vec<Vec<(Dir, Tensor, &str, usize)>> = vec![Vec::new(); p.programs.len()];
+    for &(r, _, (dir, tensor, unit, _, peer)) in &found {
+        wanted[r].push((dir, tensor, unit, peer));
+        if let Some(w) = wanted.get_mut(peer) {
+            let other = match dir {
+                Dir::Send => Dir::Recv,
+                Dir::Recv => Dir::Send,
+            };
+            w.push((other, tensor, unit, r));
         }
     }
-    let kinds: Vec<HashMap<Kind, Vec<(usize, usize)>>> = p
+    type Kinds<'a> = (HashMap<&'a str, u32>, HashMap<Kind, Vec<(usize, usize)>>);
+    let kinds: Vec<Kinds> = p
         .programs
         .iter()
-        .zip(&involved)
-        .map(|(list, &inv)| {
+        .zip(&wanted)
+        .map(|(list, wanted)| {
+            let mut names: HashMap<&str, u32> = HashMap::default();
             let mut m: HashMap<Kind, Vec<(usize, usize)>> = HashMap::default();
-            if inv {
+            for &(dir, tensor, unit, peer) in wanted {
+                let next = names.len() as u32;
+                let u = *names.entry(unit).or_insert(next);
+                m.entry((dir, tensor, u, peer)).or_default();
+            }
+            let strays = names.len() as u32;
+            if strays > 0 {
+                let mut recent = RecentNames::new();
                 for (i, a) in list.iter().enumerate() {
-                    if let Some((dir, tensor, unit, mb, peer)) = key(a) {
-                        m.entry((dir, tensor, unit, peer))
-                            .or_default()
-                            .push((mb, i));
+                    let Some((dir, tensor, unit, mb, peer, _)) = transfer_of(a) else {
+                        continue;
+                    };
+                    let unit: &str = unit;
+                    let next = names.len() as u32;
+                    let u = recent
+                        .get(unit, |_| Some(*names.entry(unit).or_insert(next)))
+                        .unwrap_or(next);
+                    if u >= strays {
+                        continue;
+                    }
+                    if let Some(v) = m.get_mut(&(dir, tensor, u, peer as usize)) {
+                        v.push((mb as usize, i));
                     }
                 }
                 for v in m.values_mut() {
                     v.sort_unstable();
                 }
             }
-            m
+            (names, m)
         })
         .collect();
     let stray_set: HashSet<(usize, Key)> = found.iter().map(|&(r, _, x)| (r, x)).collect();
@@ -333,7 +361,8 @@ fn strays(
                 break;
             }
             let list = &p.programs[rank];
-            let Some(v) = kinds[rank].get(&(d, tensor, unit, to)) else {
+            let (names, m) = &kinds[rank];
+            let Some(v) = names.get(unit).and_then(|&u| m.get(&(d, tensor, u, to))) else {
                 break;
             };
             let k = v.partition_point(|&(m, _)| m <= mb);
@@ -424,8 +453,9 @@ fn swap_ranks(p: &mut Program, ranks: &mut [(usize, Vec<Action>)]) {
 /// rank), where this leaves the rank's rolled code no larger ([`rank_code_size`]);
 /// `None` if no rank has such a stretch or nothing moved.
 ///
-/// `release` is called before the first rank is rewritten (the caller frees what it
-/// does not need from there on).
+/// `release` is called once a rank's rewriting first changes its list, before its
+/// code is rolled to weigh it (the caller frees what it does not need from there
+/// on; only one rank's rewriting tables were built beside it, and freed).
 fn periodic(
     p: &Program,
     shapes: &[Shape],
@@ -455,7 +485,7 @@ fn periodic(
             };
             let now: &[Action] = list.as_deref().unwrap_or(original);
             let shape = own.as_ref().unwrap_or(&shapes[r]);
-            let Some(found) = shape.find(&at, &done, reference) else {
+            let Some(found) = shape.find(now, &at, &done, reference) else {
                 continue;
             };
             done.push((found.start, found.end));
@@ -468,13 +498,18 @@ fn periodic(
             if shape.breaks(now, &found, needed) < needed {
                 continue;
             }
-            release();
             let Some(new) = shape.rewrite(now, &found) else {
                 continue;
             };
             if new == now {
                 continue;
             }
+            // The first placement that changes: from here on the caller's
+            // candidate is built (a rank whose rewriting moves nothing, as where
+            // its periods differ only in transfers the template cannot move,
+            // keeps the caller's timeline: it is not simulated again for
+            // nothing).
+            release();
             // A rank is rewritten only where its code, rolled as code generation
             // rolls it, is no larger: moving the transfers at a stretch's ends can
             // cost a step more than the drift it removes.
@@ -602,21 +637,18 @@ fn key(a: &Action) -> Option<Key<'_>> {
 }
 
 /// One rank's list read as compute tasks and the gaps between them, its indices
-/// 32-bit (16 bytes a task, 8 a group: the templates read every rank's, held
-/// beside the program while a rank is rewritten; a list longer than that has none).
+/// 32-bit (8 bytes a task; 8 a group and 4 a gap once the gaps are read, see
+/// [`Layout`]: the templates read every rank's, held beside the program while a
+/// rank is rewritten; a list longer than that has none).
 struct Shape {
     /// Index in the list of each compute task.
     tasks: Vec<u32>,
     /// `x[k] = (op, unit, mb[k] - mb[k-1])` of task `k`, interned (`x[0]`'s step is 0).
     x: Vec<u32>,
-    /// Each task's micro-batch.
-    mbs: Vec<u32>,
-    /// The groups (a batch, a lone transfer or a collective) as ranges of the list,
-    /// in order.
-    groups: Vec<Group>,
-    /// Gap `g` (what is posted before task `g`; gap `n` after the last) holds
-    /// `groups[gap_start[g]..gap_start[g + 1]]`.
-    gap_start: Vec<u32>,
+    /// The gaps' groups, read from the list when first asked ([`Shape::layout`]):
+    /// a regular rank's periods are compared on the list itself
+    /// ([`Shape::placed_alike`]), and its gaps never read.
+    layout: std::cell::OnceCell<Layout>,
     /// [`stretch`]'s answer through each task asked so far (the templates ask
     /// the same; it depends on the compute order only, which no rewrite changes).
     stretches: std::cell::RefCell<HashMap<usize, Option<Span>>>,
@@ -625,6 +657,16 @@ struct Shape {
     /// periods are compared once, not once per template. Told of the list the
     /// shape was read from.
     classes: std::cell::RefCell<Vec<(Span, Vec<u32>)>>,
+}
+
+/// A rank's gaps as groups of its list ([`Shape::layout`]).
+struct Layout {
+    /// The groups (a batch, a lone transfer or a collective) as ranges of the list,
+    /// in order.
+    groups: Vec<Group>,
+    /// Gap `g` (what is posted before task `g`; gap `n` after the last) holds
+    /// `groups[gap_start[g]..gap_start[g + 1]]`.
+    gap_start: Vec<u32>,
 }
 
 /// The class of a period holding a collective ([`Shape::classes`]).
@@ -677,86 +719,133 @@ impl Found {
 impl Shape {
     fn of(list: &[Action]) -> Option<Shape> {
         u32::try_from(list.len()).ok()?;
-        // Allocated at their sizes (every rank's shape is held beside the program):
-        // a task a compute action, a group at most every other action.
-        let n = list.iter().filter(|a| is_compute(a)).count();
-        let mut gap_start = Vec::with_capacity(n + 2);
-        gap_start.push(0);
+        // Allocated at their sizes (every rank's shape is held beside the program).
+        let n = list.iter().filter(|a| compute_of(a).is_some()).count();
         let mut shape = Shape {
             tasks: Vec::with_capacity(n),
             x: Vec::with_capacity(n),
-            mbs: Vec::with_capacity(n),
-            groups: Vec::with_capacity(list.len() - n),
-            gap_start,
+            layout: Default::default(),
             stretches: Default::default(),
             classes: Default::default(),
         };
         // `x` interned by unit name id: a task's unit name is most often one shared
         // string per unit, and a rank's tasks name few units, so the last names
-        // looked up ([`RecentNames`]) find most without hashing the name.
+        // looked up ([`RecentNames`]) find most without hashing the name. In a
+        // rank's steady state each `x` is most often followed by the one that
+        // followed it last: that one is tried first, compared by op, step and the
+        // unit name's address (the same address is the same name), so most tasks
+        // are interned without looking anything up.
         let mut names: HashMap<&str, u32> = HashMap::default();
         let mut recent = RecentNames::new();
         let mut ids: HashMap<(u8, u32, i64), u32> = HashMap::default();
-        let mut j = 0;
-        while j < list.len() {
-            match list[j].view() {
-                ActionRef::Compute(c) => {
-                    let mb = u32::try_from(c.mb).ok()?;
-                    let d = shape
-                        .mbs
-                        .last()
-                        .map_or(0, |&m| i64::from(mb) - i64::from(m));
-                    let name = recent.get(c.unit, |_| {
+        // Per id: the op, unit name (address and length) and step it was last
+        // given for, and the id that followed it last.
+        let mut given: Vec<(u8, *const u8, usize, i64)> = Vec::new();
+        let mut next_of: Vec<Option<u32>> = Vec::new();
+        let mut before: Option<(u32, u32)> = None;
+        for (j, a) in list.iter().enumerate() {
+            let Some((op, unit, mb)) = compute_of(a) else {
+                continue;
+            };
+            let d = before.map_or(0, |(m, _)| i64::from(mb) - i64::from(m));
+            let here = (op as u8, unit.as_ptr(), unit.len(), d);
+            let guess = before
+                .and_then(|(_, id)| next_of[id as usize])
+                .filter(|&g| given[g as usize] == here);
+            let id = match guess {
+                Some(id) => id,
+                None => {
+                    let name = recent.get(unit, |_| {
                         let next = names.len() as u32;
-                        Some(*names.entry(c.unit).or_insert(next))
+                        Some(*names.entry(unit).or_insert(next))
                     })?;
                     let next = ids.len() as u32;
-                    shape
-                        .x
-                        .push(*ids.entry((c.op as u8, name, d)).or_insert(next));
-                    shape.mbs.push(mb);
-                    shape.tasks.push(j as u32);
-                    shape.gap_start.push(shape.groups.len() as u32);
-                    j += 1;
-                }
-                ActionRef::Coll(_) => {
-                    shape.groups.push(Group {
-                        start: j as u32,
-                        end: j as u32 + 1,
-                    });
-                    j += 1;
-                }
-                ActionRef::P2p(t) => {
-                    let mut end = j + 1;
-                    if t.batch.is_some() {
-                        while end < list.len()
-                            && matches!(list[end].view(), ActionRef::P2p(u) if u.batch == t.batch)
-                        {
-                            end += 1;
-                        }
+                    let id = *ids.entry((op as u8, name, d)).or_insert(next);
+                    if id == next {
+                        given.push(here);
+                        next_of.push(None);
                     }
-                    shape.groups.push(Group {
-                        start: j as u32,
-                        end: end as u32,
-                    });
-                    j = end;
+                    given[id as usize] = here;
+                    if let Some((_, b)) = before {
+                        next_of[b as usize] = Some(id);
+                    }
+                    id
                 }
-            }
+            };
+            before = Some((mb, id));
+            shape.x.push(id);
+            shape.tasks.push(j as u32);
         }
-        shape.gap_start.push(shape.groups.len() as u32);
-        // Batches make fewer groups than actions.
-        shape.groups.shrink_to_fit();
         Some(shape)
     }
 
-    /// The groups of gap `g`.
-    fn gap(&self, g: usize) -> &[Group] {
-        &self.groups[self.gap_start[g] as usize..self.gap_start[g + 1] as usize]
+    /// The gaps' groups of `list` (the list this shape was read from), read once.
+    fn layout(&self, list: &[Action]) -> &Layout {
+        self.layout.get_or_init(|| {
+            // Allocated at their sizes: a group at most every other transfer.
+            let n = self.tasks.len();
+            let mut gap_start = Vec::with_capacity(n + 2);
+            gap_start.push(0);
+            let mut groups = Vec::with_capacity(list.len() - n);
+            let mut j = 0;
+            while j < list.len() {
+                match list[j].view() {
+                    ActionRef::Compute(_) => {
+                        gap_start.push(groups.len() as u32);
+                        j += 1;
+                    }
+                    ActionRef::Coll(_) => {
+                        groups.push(Group {
+                            start: j as u32,
+                            end: j as u32 + 1,
+                        });
+                        j += 1;
+                    }
+                    ActionRef::P2p(t) => {
+                        let mut end = j + 1;
+                        if t.batch.is_some() {
+                            while end < list.len()
+                                && matches!(list[end].view(), ActionRef::P2p(u) if u.batch == t.batch)
+                            {
+                                end += 1;
+                            }
+                        }
+                        groups.push(Group {
+                            start: j as u32,
+                            end: end as u32,
+                        });
+                        j = end;
+                    }
+                }
+            }
+            gap_start.push(groups.len() as u32);
+            // Batches make fewer groups than actions.
+            groups.shrink_to_fit();
+            Layout { groups, gap_start }
+        })
     }
 
-    /// The periodic stretch through the [`Probe`]'s task, with its template period;
-    /// `None` if there is none or it lies in `done`.
-    fn find(&self, probe: &Probe, done: &[(usize, usize)], reference: Reference) -> Option<Found> {
+    /// The groups of gap `g` of `list` (the list this shape was read from).
+    fn gap(&self, list: &[Action], g: usize) -> &[Group] {
+        let l = self.layout(list);
+        &l.groups[l.gap_start[g] as usize..l.gap_start[g + 1] as usize]
+    }
+
+    /// The micro-batch of task `k` of `list` (the list this shape was read from).
+    fn mb(&self, list: &[Action], k: usize) -> i64 {
+        compute_of(&list[self.tasks[k] as usize]).map_or(0, |(_, _, mb)| i64::from(mb))
+    }
+
+    /// The periodic stretch through the [`Probe`]'s task of `list` (the list this
+    /// shape was read from), with its template period; `None` if there is none or
+    /// it lies in `done`.
+    fn find(
+        &self,
+        list: &[Action],
+        probe: &Probe,
+        done: &[(usize, usize)],
+        reference: Reference,
+    ) -> Option<Found> {
         let min_periods = probe.min_periods;
         let n = self.tasks.len();
         if n < min_periods + 1 {
@@ -778,7 +867,8 @@ impl Shape {
         }?;
         // Tasks start .. end repeat with period `period`: task k + P is task k
         // advanced by D for k in start .. end - P.
-        let d = i64::from(self.mbs[start + period]) - i64::from(self.mbs[start]);
+        let first = self.mb(list, start);
+        let d = self.mb(list, start + period) - first;
         if d <= 0 {
             return None;
         }
@@ -801,12 +891,19 @@ impl Shape {
             }
             Reference::First => 0,
             Reference::Last => periods - 1,
-            Reference::Middle => (0..periods)
-                .min_by(|&a, &b| {
-                    let far = |q: usize| (self.mbs[start + q * period] as f64 - target).abs();
-                    far(a).total_cmp(&far(b))
-                })
-                .unwrap_or(periods / 2),
+            Reference::Middle => {
+                // Period `q` starts at micro-batch `first + q * d` (the tasks
+                // repeat, advanced by `d`): the distance is convex in `q` and falls
+                // strictly up to the last period starting at or below the target,
+                // so the first nearest is found by walking on from there.
+                let far = |q: usize| ((first + q as i64 * d) as f64 - target).abs();
+                let below = (probe.microbatches as i64 - 2 * first).div_euclid(2 * d);
+                let mut q = usize::try_from(below).unwrap_or(0).min(periods - 1);
+                while q + 1 < periods && far(q + 1) < far(q) {
+                    q += 1;
+                }
+                q
+            }
         };
         Some(Found {
             period,
@@ -855,13 +952,16 @@ impl Shape {
     /// a gap (placed as no period, not even itself). A class is named by its
     /// first period.
     ///
-    /// Each period is written once as words (per gap its group count, per group
-    /// its length, per transfer its direction, tensor and unit, its peer, and its
-    /// micro-batch less `q * d` for period `q`); the writing is prefix-free, so two
-    /// periods are placed alike exactly where their words are equal, and the
-    /// classes are the distinct words. Units are numbered as first seen, through
-    /// the last names looked up ([`RecentNames`]), so a name is hashed rarely,
-    /// not once per transfer.
+    /// A period differing from the one before is written as words (per gap its
+    /// group count, per group its length, per transfer its direction, tensor and
+    /// unit, its peer, and its micro-batch less `q * d` for period `q`); the
+    /// writing is prefix-free, so two periods are placed alike exactly where their
+    /// words are equal, and the classes are the distinct words. Units are numbered
+    /// as first seen, through the last names looked up ([`RecentNames`]), so a
+    /// name is hashed rarely, not once per transfer. A period placed as the one
+    /// before is found so on the list ([`Shape::placed_alike`]) and not written:
+    /// a regular stretch's periods are read once, in step, and its gaps
+    /// ([`Shape::layout`]) not at all.
     fn classes(&self, list: &[Action], f: &Found) -> Vec<u32> {
         use std::hash::{Hash, Hasher};
         let mut names: HashMap<&str, u32> = HashMap::default();
@@ -871,7 +971,7 @@ impl Shape {
             out.clear();
             let by = q as i64 * f.d;
             for k in 1..=f.period {
-                let gap = self.gap(f.gap(q, k));
+                let gap = self.gap(list, f.gap(q, k));
                 out.push(gap.len() as u64);
                 for g in gap {
                     out.push(g.len() as u64);
@@ -891,25 +991,44 @@ impl Shape {
             }
             true
         };
-        // Only a period's words and the one's before are held (the periods of a
-        // stretch can be most of a rank's list): a period placed as the one before
-        // takes its class; another is looked up by its words' hash among the
-        // classes' first periods, whose words are written again to compare (a
-        // collision of hashes makes a class of its own).
-        let (mut here, mut before, mut other) = (Vec::new(), Vec::new(), Vec::new());
-        let mut before_class: Option<u32> = None;
+        // No period's words are held but the one's being looked up (the periods
+        // of a stretch can be most of a rank's list): a period placed as the one
+        // before (the last without a collective) takes its class, compared on the
+        // list itself ([`Shape::placed_alike`], the common case: nothing is
+        // written); another is looked up by its words' hash among the classes'
+        // first periods, whose words are written again to compare (a collision of
+        // hashes makes a class of its own). A class's first period is hashed only
+        // once another is looked up (a regular stretch, one class, hashes none).
+        let (mut here, mut other) = (Vec::new(), Vec::new());
+        let mut before: Option<(usize, u32)> = None;
         let mut first: HashMap<u64, Vec<usize>> = HashMap::default();
+        // The first class's first period, until another period is looked up.
+        let mut unhashed: Option<usize> = None;
         let mut classes = vec![NO_CLASS; f.periods];
+        let hash = |words: &[u64]| {
+            let mut h = rustc_hash::FxHasher::default();
+            words.hash(&mut h);
+            h.finish()
+        };
         for q in 0..f.periods {
-            if !write(q, &mut here) {
-                continue;
-            }
-            let class = match before_class {
-                Some(class) if here == before => class,
+            let alike = before.map(|(p, class)| (self.placed_alike(list, f, p, q), class));
+            let class = match alike {
+                Some((Some(true), class)) => class,
+                Some((None, _)) => continue,
+                None if !has_collective(list, self.period_span(f, q)) => {
+                    unhashed = Some(q);
+                    q as u32
+                }
                 _ => {
-                    let mut h = rustc_hash::FxHasher::default();
-                    here.hash(&mut h);
-                    let firsts = first.entry(h.finish()).or_default();
+                    if !write(q, &mut here) {
+                        continue;
+                    }
+                    if let Some(t) = unhashed.take() {
+                        // It holds no collective: its words are written.
+                        write(t, &mut other);
+                        first.entry(hash(&other)).or_default().push(t);
+                    }
+                    let firsts = first.entry(hash(&here)).or_default();
                     let mut found = None;
                     for &t in firsts.iter() {
                         if write(t, &mut other) && other == here {
@@ -924,10 +1043,66 @@ impl Shape {
                 }
             };
             classes[q] = class;
-            before_class = Some(class);
-            std::mem::swap(&mut here, &mut before);
+            before = Some((q, class));
         }
         classes
+    }
+
+    /// The list's range of full period `q` of `f`: from after its first task to
+    /// before the next period's first (its gaps and the tasks between them).
+    fn period_span(&self, f: &Found, q: usize) -> std::ops::Range<usize> {
+        let t = f.start + q * f.period;
+        self.tasks[t] as usize + 1..self.tasks[t + f.period] as usize
+    }
+
+    /// Whether full periods `p` and `q` of `f` are placed alike (their words in
+    /// [`Shape::classes`] are equal: the same groups of the same transfers,
+    /// micro-batches advanced by `d` per period), read in step on the list (the
+    /// one this shape was read from) without writing either; `None` where `q`
+    /// holds a collective met before any difference (`p` holds none).
+    ///
+    /// A period is the list from after its first task to before the next
+    /// period's: its gaps and the tasks between them, which are alike in both
+    /// (the stretch's tasks repeat). So two periods are placed alike exactly
+    /// where they are as long, hold a transfer at the same places, the same
+    /// transfers (micro-batch advanced by `(q - p) * d`) and the same groups (a
+    /// transfer starts one where it has no batch or not the one before's).
+    fn placed_alike(&self, list: &[Action], f: &Found, p: usize, q: usize) -> Option<bool> {
+        let (a, b) = (&list[self.period_span(f, p)], &list[self.period_span(f, q)]);
+        if a.len() != b.len() {
+            return Some(false);
+        }
+        let by = (q as i64 - p as i64) * f.d;
+        // The batch of the action before, if a transfer.
+        let (mut batch_a, mut batch_b) = (None, None);
+        for (x, y) in a.iter().zip(b) {
+            match (transfer_of(x), transfer_of(y)) {
+                (Some(s), Some(t)) => {
+                    let same = s.0 == t.0
+                        && s.1 == t.1
+                        && s.4 == t.4
+                        && i64::from(t.3) - i64::from(s.3) == by
+                        && s.2 == t.2;
+                    let starts = |batch: Option<Batch>, before: Option<Batch>| {
+                        batch.is_none() || batch != before
+                    };
+                    if !same || starts(s.5, batch_a) != starts(t.5, batch_b) {
+                        return Some(false);
+                    }
+                    (batch_a, batch_b) = (s.5, t.5);
+                }
+                (None, None) => {
+                    // Not a transfer nor a task: a collective.
+                    compute_of(y)?;
+                    if compute_of(x).is_none() {
+                        return Some(false);
+                    }
+                    (batch_a, batch_b) = (None, None);
+                }
+                _ => return Some(false),
+            }
+        }
+        Some(true)
     }
 
     /// `list` (the list this shape was read from) with the transfers of `f`'s full
@@ -938,7 +1113,7 @@ impl Shape {
         let mut template: Vec<Vec<Vec<(usize, Key)>>> = Vec::with_capacity(f.period);
         for k in 1..=f.period {
             let mut groups = Vec::new();
-            for g in self.gap(f.gap(f.reference, k)) {
+            for g in self.gap(list, f.gap(f.reference, k)) {
                 let mut members = Vec::new();
                 for a in g.range() {
                     // A collective in the middle of the steady state: leave the rank be.
@@ -1024,8 +1199,8 @@ impl Shape {
             }
         };
         let mut generated = generated.into_iter().peekable();
-        for g in 0..self.gap_start.len() - 1 {
-            for members in self.gap(g) {
+        for g in 0..self.layout(list).gap_start.len() - 1 {
+            for members in self.gap(list, g) {
                 let from = out.len();
                 for a in members.range() {
                     let stays = key(&list[a])
@@ -1101,12 +1276,29 @@ impl<'a> UnitIds<'a> {
 
 /// The periodic stretch of `x` through position `mid`: `(period, start, end)` with
 /// `x[k] == x[k - period]` for every `k` in `start + period..end`, for the smallest
-/// period that holds `periods` times forward from `mid`; `None` if none does.
+/// period that holds `periods` (at least 2) times forward from `mid`; `None` if
+/// none does.
+///
+/// Period `l` holds `periods` times from `mid` where `s = x[mid..]` begins with
+/// `periods * l` elements of period `l`: where the smallest period of that
+/// prefix ([`prefix_function`]) divides `l` (a multiple of a period is one, and
+/// conversely by Fine and Wilf's theorem, two periods of a string at least their
+/// sum long having their gcd as a period). So only the prefix up to the answer is
+/// read, and then the stretch, once, forward and backward.
 fn stretch(x: &[u32], mid: usize, periods: usize) -> Option<(usize, usize, usize)> {
     let s = &x[mid..];
-    let z = z_function(s);
-    let period = (1..s.len()).find(|&l| z[l] >= (periods - 1) * l)?;
-    let end = mid + period + z[period];
+    let period = prefix_function(s).enumerate().find_map(|(i, p)| {
+        let len = i + 1;
+        let l = len / periods;
+        (len.is_multiple_of(periods) && l.is_multiple_of(len - p)).then_some(l)
+    })?;
+    let end = mid
+        + period
+        + s[period..]
+            .iter()
+            .zip(s)
+            .take_while(|(a, b)| a == b)
+            .count();
     let mut start = mid;
     while start > 0 && x[start - 1] == x[start - 1 + period] {
         start -= 1;
@@ -1114,39 +1306,67 @@ fn stretch(x: &[u32], mid: usize, periods: usize) -> Option<(usize, usize, usize
     Some((period, start, end))
 }
 
-/// `z[i]`: the length of the longest common prefix of `s` and `s[i..]` (`z[0] = len`).
-fn z_function(s: &[u32]) -> Vec<usize> {
-    let n = s.len();
-    let mut z = vec![0; n];
-    if n == 0 {
-        return z;
-    }
-    z[0] = n;
-    let (mut l, mut r) = (0, 0);
-    for i in 1..n {
-        if i < r {
-            z[i] = z[i - l].min(r - i);
+/// The prefix function of `s`, prefix by prefix: for each `i`, the length of the
+/// longest proper prefix of `s[..=i]` that is also its suffix (`i + 1` less it is
+/// the smallest period of `s[..=i]`); each value in amortized constant time.
+fn prefix_function(s: &[u32]) -> impl Iterator<Item = usize> + '_ {
+    let mut pi: Vec<usize> = Vec::new();
+    s.iter().enumerate().map(move |(i, &c)| {
+        let mut k = if i == 0 { 0 } else { pi[i - 1] };
+        while k > 0 && s[k] != c {
+            k = pi[k - 1];
         }
-        while i + z[i] < n && s[z[i]] == s[i + z[i]] {
-            z[i] += 1;
+        if i > 0 && s[k] == c {
+            k += 1;
         }
-        if i + z[i] > r {
-            (l, r) = (i, i + z[i]);
-        }
-    }
-    z
+        pi.push(k);
+        k
+    })
 }
 
-/// Whether `a` is a compute task.
-fn is_compute(a: &Action) -> bool {
-    matches!(
-        a,
-        Action::F { .. }
-            | Action::B { .. }
-            | Action::W { .. }
-            | Action::BW { .. }
-            | Action::RF { .. }
-    )
+/// `a`'s op, unit and micro-batch if it is a compute task (read without
+/// [`Action::view`]: every action of every rank is read).
+fn compute_of(a: &Action) -> Option<(Op, &str, u32)> {
+    match a {
+        Action::F { unit, mb } => Some((Op::F, &**unit, *mb)),
+        Action::B { unit, mb } => Some((Op::B, &**unit, *mb)),
+        Action::W { unit, mb } => Some((Op::W, &**unit, *mb)),
+        Action::BW { unit, mb } => Some((Op::BW, &**unit, *mb)),
+        Action::RF { unit, mb } => Some((Op::RF, &**unit, *mb)),
+        _ => None,
+    }
+}
+
+/// Whether `list[span]` holds a collective.
+fn has_collective(list: &[Action], span: std::ops::Range<usize>) -> bool {
+    list[span]
+        .iter()
+        .any(|a| matches!(a, Action::BCAST { .. } | Action::REDUCE { .. }))
+}
+
+/// A transfer's direction, tensor, unit, micro-batch, peer and batch.
+type Transfer<'a> = (Dir, Tensor, &'a Name, u32, u32, Option<Batch>);
+
+/// `a` as a [`Transfer`] if it is one (read without [`Action::view`], as
+/// [`compute_of`]).
+fn transfer_of(a: &Action) -> Option<Transfer<'_>> {
+    match a {
+        Action::SEND {
+            tensor,
+            unit,
+            mb,
+            peer,
+            batch,
+        } => Some((Dir::Send, *tensor, unit, *mb, *peer, *batch)),
+        Action::RECV {
+            tensor,
+            unit,
+            mb,
+            peer,
+            batch,
+        } => Some((Dir::Recv, *tensor, unit, *mb, *peer, *batch)),
+        _ => None,
+    }
 }
 
 fn set_mb(a: &mut Action, to: usize) {
@@ -1160,10 +1380,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn z_function_and_stretch() {
+    fn prefix_function_and_stretch() {
         assert_eq!(
-            z_function(&[1, 1, 2, 1, 1, 2, 1]),
-            vec![7, 1, 0, 4, 1, 0, 1]
+            prefix_function(&[1, 1, 2, 1, 1, 2, 1]).collect::<Vec<_>>(),
+            vec![0, 1, 0, 1, 2, 3, 4]
         );
         // 9 8 | 1 2 1 2 1 2 1 2 | 7
         let x = [9, 8, 1, 2, 1, 2, 1, 2, 1, 2, 7];
