@@ -27,6 +27,48 @@ impl Name {
     }
 }
 
+/// Unit names as a pass looks them up, by the address of their shared text
+/// ([`Name::addr`]): a program's actions share their unit's name, so a look-up is
+/// mostly one comparison. A direct-mapped table indexed by that address: heap
+/// blocks are 16-byte aligned, so the bits above the lowest four tell names apart.
+/// Equal address is the same text (the names are borrowed while this is used); a
+/// name elsewhere, or pushed out, is looked up again.
+pub(crate) struct NameCache {
+    /// Address (0: none) and the unit it names.
+    slots: [(usize, Option<u32>); NameCache::SLOTS],
+}
+
+impl NameCache {
+    /// How many names are remembered (a power of two): a rank names a few units
+    /// (its stages' and their neighbours').
+    const SLOTS: usize = 16;
+    /// The address bits below a heap block's alignment.
+    const ALIGN_BITS: u32 = 4;
+
+    /// Nothing looked up yet (no name's address is null).
+    pub(crate) fn new() -> NameCache {
+        NameCache {
+            slots: [(0, None); NameCache::SLOTS],
+        }
+    }
+
+    /// The unit `look` finds for `name`'s text, remembered for the next calls.
+    #[inline(always)]
+    pub(crate) fn get(
+        &mut self,
+        name: &Name,
+        look: impl FnOnce(&str) -> Option<u32>,
+    ) -> Option<u32> {
+        let addr = name.addr();
+        let slot = &mut self.slots[(addr >> NameCache::ALIGN_BITS) & (NameCache::SLOTS - 1)];
+        if slot.0 == addr {
+            return slot.1;
+        }
+        *slot = (addr, look(name));
+        slot.1
+    }
+}
+
 impl std::ops::Deref for Name {
     type Target = str;
     fn deref(&self) -> &str {
@@ -543,6 +585,20 @@ pub struct P2pRef<'a> {
     pub batch: Option<u64>,
 }
 
+/// A point-to-point action's fields as the action holds them (the unit's shared
+/// [`Name`], the numbers in their 32 bits), for passes that read every action of a
+/// large program and compare or copy these fields as they are: [`P2pRef`] widens
+/// the numbers and borrows the text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct P2pFields<'a> {
+    pub dir: Dir,
+    pub tensor: Tensor,
+    pub unit: &'a Name,
+    pub mb: u32,
+    pub peer: u32,
+    pub batch: Option<Batch>,
+}
+
 /// Kind of a collective action.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CollKind {
@@ -704,6 +760,36 @@ impl Action {
                 group,
             }),
         }
+    }
+
+    /// This action's fields if it is a `SEND` or a `RECV` ([`P2pFields`]).
+    #[inline]
+    pub fn p2p_fields(&self) -> Option<P2pFields<'_>> {
+        let (dir, tensor, unit, mb, peer, batch) = match self {
+            Action::SEND {
+                tensor,
+                unit,
+                mb,
+                peer,
+                batch,
+            } => (Dir::Send, tensor, unit, mb, peer, batch),
+            Action::RECV {
+                tensor,
+                unit,
+                mb,
+                peer,
+                batch,
+            } => (Dir::Recv, tensor, unit, mb, peer, batch),
+            _ => return None,
+        };
+        Some(P2pFields {
+            dir,
+            tensor: *tensor,
+            unit,
+            mb: *mb,
+            peer: *peer,
+            batch: *batch,
+        })
     }
 
     /// The unit this action is about.

@@ -37,7 +37,7 @@
 //! order two ranks meet in.
 
 use crate::ir::policy::SearchPolicy;
-use crate::ir::program::{Action, ActionRef, Batch, Dir, Name, Op, Program, Tensor};
+use crate::ir::program::{Action, ActionRef, Batch, Dir, Op, P2pFields, Program, Tensor};
 use crate::ir::rolled::{canonical, rank_code_size, RollOptions};
 use crate::judge::simulate::{simulate, Mode, RecentNames, SimOptions, SimReport};
 use crate::judge::verify::verify_mode;
@@ -323,7 +323,15 @@ fn strays(
             if strays > 0 {
                 let mut recent = RecentNames::new();
                 for (i, a) in list.iter().enumerate() {
-                    let Some((dir, tensor, unit, mb, peer, _)) = transfer_of(a) else {
+                    let Some(P2pFields {
+                        dir,
+                        tensor,
+                        unit,
+                        mb,
+                        peer,
+                        ..
+                    }) = a.p2p_fields()
+                    else {
                         continue;
                     };
                     let unit: &str = unit;
@@ -1076,23 +1084,25 @@ impl Shape {
         // The batch of the action before, if a transfer.
         let (mut batch_a, mut batch_b) = (None, None);
         for (x, y) in a.iter().zip(b) {
-            match (transfer_of(x), transfer_of(y)) {
+            match (x.p2p_fields(), y.p2p_fields()) {
                 (Some(s), Some(t)) => {
-                    let same = s.0 == t.0
-                        && s.1 == t.1
-                        && s.4 == t.4
-                        && i64::from(t.3) - i64::from(s.3) == by
-                        && s.2 == t.2;
+                    let same = s.dir == t.dir
+                        && s.tensor == t.tensor
+                        && s.peer == t.peer
+                        && i64::from(t.mb) - i64::from(s.mb) == by
+                        && s.unit == t.unit;
                     let starts = |batch: Option<Batch>, before: Option<Batch>| {
                         batch.is_none() || batch != before
                     };
-                    if !same || starts(s.5, batch_a) != starts(t.5, batch_b) {
+                    if !same || starts(s.batch, batch_a) != starts(t.batch, batch_b) {
                         return Some(false);
                     }
-                    (batch_a, batch_b) = (s.5, t.5);
+                    (batch_a, batch_b) = (s.batch, t.batch);
                 }
                 (None, None) => {
-                    // Not a transfer nor a task: a collective.
+                    // Neither a transfer: alike only if both are compute tasks (a
+                    // collective in `q`'s period is "cannot tell", `None`; one in
+                    // `p`'s only, where `q`'s is a task, differs).
                     compute_of(y)?;
                     if compute_of(x).is_none() {
                         return Some(false);
@@ -1342,31 +1352,6 @@ fn has_collective(list: &[Action], span: std::ops::Range<usize>) -> bool {
     list[span]
         .iter()
         .any(|a| matches!(a, Action::BCAST { .. } | Action::REDUCE { .. }))
-}
-
-/// A transfer's direction, tensor, unit, micro-batch, peer and batch.
-type Transfer<'a> = (Dir, Tensor, &'a Name, u32, u32, Option<Batch>);
-
-/// `a` as a [`Transfer`] if it is one (read without [`Action::view`], as
-/// [`compute_of`]).
-fn transfer_of(a: &Action) -> Option<Transfer<'_>> {
-    match a {
-        Action::SEND {
-            tensor,
-            unit,
-            mb,
-            peer,
-            batch,
-        } => Some((Dir::Send, *tensor, unit, *mb, *peer, *batch)),
-        Action::RECV {
-            tensor,
-            unit,
-            mb,
-            peer,
-            batch,
-        } => Some((Dir::Recv, *tensor, unit, *mb, *peer, *batch)),
-        _ => None,
-    }
 }
 
 fn set_mb(a: &mut Action, to: usize) {

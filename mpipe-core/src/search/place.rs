@@ -11,12 +11,13 @@ use crate::algebra::lower::{
 use crate::ir::compare::{at_most, Score};
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
-use crate::ir::program::{ActionRef, Program};
+use crate::ir::program::{narrow, Action, NameCache, Program};
 use crate::judge::simulate::{
     finish_times_taken_or_run, simulate_taken, Kept, Mode, SimOptions, SimReport,
 };
 use crate::judge::timeline::Slot;
 use crate::search::refine::{refine, settle_w};
+use rustc_hash::FxHashMap;
 use std::rc::Rc;
 
 /// [`best_lowering`] without a profile: simulate under `opts`, and let weight
@@ -590,45 +591,49 @@ fn resident_params_lowered(units: &[crate::ir::program::Unit], lowered: &Lowered
 }
 
 /// Parameter memory resident on each rank: every unit's parameters on its home, and
-/// on every rank that computes it elsewhere (broadcast or replicated).
+/// on every rank that computes it elsewhere (broadcast or replicated). One pass
+/// over each rank's compute actions, their units found by name once per name
+/// ([`NameCache`]) and marked in a flat rank-by-unit table.
 pub fn resident_params(program: &Program) -> Vec<f64> {
-    let index: std::collections::BTreeMap<&str, usize> = program
+    let (ranks, n) = (program.ranks, program.units.len());
+    // Equal names: the last unit of that name, as a map collected from the list.
+    let index: FxHashMap<&str, u32> = program
         .units
         .iter()
         .enumerate()
-        .map(|(i, u)| (u.name.as_str(), i))
+        .map(|(i, u)| (u.name.as_str(), narrow(i)))
         .collect();
-    // An action's unit name is most often one shared string per unit: looked up by
-    // its address (integer comparisons), and by name once per address.
-    let mut by_address: std::collections::BTreeMap<(usize, usize), Option<usize>> =
-        Default::default();
-    let mut held = vec![vec![false; program.units.len()]; program.ranks];
+    let mut held = vec![false; ranks * n];
     for (u, unit) in program.units.iter().enumerate() {
-        if unit.home < program.ranks {
-            held[unit.home][u] = true;
+        if unit.home < ranks {
+            held[unit.home * n + u] = true;
         }
     }
-    for (r, list) in program.programs.iter().enumerate().take(program.ranks) {
-        let mut last: Option<&str> = None;
+    for (list, row) in program
+        .programs
+        .iter()
+        .take(ranks)
+        .zip(held.chunks_mut(n.max(1)))
+    {
+        let mut recent = NameCache::new();
         for a in list {
-            if let ActionRef::Compute(c) = a.view() {
-                // Runs of actions on one unit are common: skip the lookup for them.
-                if last.is_some_and(|l| std::ptr::eq(l, c.unit)) {
-                    continue;
-                }
-                last = Some(c.unit);
-                let u = *by_address
-                    .entry((c.unit.as_ptr() as usize, c.unit.len()))
-                    .or_insert_with(|| index.get(c.unit).copied());
-                if let Some(u) = u {
-                    held[r][u] = true;
-                }
+            let (Action::F { unit, .. }
+            | Action::B { unit, .. }
+            | Action::W { unit, .. }
+            | Action::BW { unit, .. }
+            | Action::RF { unit, .. }) = a
+            else {
+                continue;
+            };
+            if let Some(u) = recent.get(unit, |name| index.get(name).copied()) {
+                row[u as usize] = true;
             }
         }
     }
-    held.iter()
-        .map(|set| {
-            set.iter()
+    (0..ranks)
+        .map(|r| {
+            held[r * n..(r + 1) * n]
+                .iter()
                 .zip(&program.units)
                 .filter(|(&h, _)| h)
                 .map(|(_, u)| u.params)
@@ -700,6 +705,80 @@ mod tests {
                         opts.mode,
                         found.makespan,
                         ran.makespan
+                    );
+                }
+            }
+        }
+    }
+
+    /// The resident parameters by definition: per rank, the set of units homed
+    /// there or computed there (found by name, the last unit of a name), summed in
+    /// unit order.
+    fn resident_by_definition(program: &Program) -> Vec<f64> {
+        let last = |name: &str| program.units.iter().rposition(|u| u.name.as_str() == name);
+        (0..program.ranks)
+            .map(|r| {
+                let mut held = std::collections::BTreeSet::new();
+                held.extend((0..program.units.len()).filter(|&u| program.units[u].home == r));
+                for a in program.programs.get(r).into_iter().flatten() {
+                    if let crate::ir::program::ActionRef::Compute(c) = a.view() {
+                        held.extend(last(c.unit));
+                    }
+                }
+                held.iter().map(|&u| program.units[u].params).sum()
+            })
+            .collect()
+    }
+
+    /// The one-pass reading of resident parameters (names found through a cache
+    /// keyed by address) gives the definition's figures bit for bit: on derived
+    /// programs (shared names), on the same programs read back from JSON (every
+    /// name its own allocation), and with a compute action renamed to a unit the
+    /// program does not have (ignored) or to another rank's unit (held there too).
+    #[test]
+    fn resident_parameters_are_those_of_the_definition() {
+        let qwen = include_str!("../../../profiles/qwen2vl-7b.toml");
+        let heavy = include_str!("../../../profiles/encoder-heavy.toml");
+        let small = include_str!("../../../docs/guide/examples/small-mllm.toml");
+        let cases = [
+            (qwen, "zbv"),
+            (heavy, "transpose(vision, 1f1b)"),
+            (small, "zb2p(v = 2)"),
+            (small, "gpipe"),
+        ];
+        for (text, expr) in cases {
+            let profile = crate::algebra::profile::Profile::from_toml_str(text).unwrap();
+            let req = crate::search::derive::Request::new(&profile, 4, 8);
+            let program = crate::search::derive::derive_str(&req, expr)
+                .unwrap()
+                .program;
+            let json = serde_json::to_string(&program).unwrap();
+            let read: Program = serde_json::from_str(&json).unwrap();
+            let mut renamed = read.clone();
+            let units: Vec<String> = renamed.units.iter().map(|u| u.name.to_string()).collect();
+            for (r, list) in renamed.programs.iter_mut().enumerate() {
+                let mut k = 0;
+                for a in list.iter_mut() {
+                    if let Action::F { unit, .. } = a {
+                        let to = if k % 2 == 0 {
+                            "no such unit".to_string()
+                        } else {
+                            units[(r + k) % units.len()].clone()
+                        };
+                        *unit = serde_json::from_value(serde_json::Value::String(to)).unwrap();
+                        k += 1;
+                    }
+                }
+            }
+            for p in [&program, &read, &renamed] {
+                let fast = resident_params(p);
+                let slow = resident_by_definition(p);
+                assert_eq!(fast.len(), slow.len(), "{expr}");
+                for (f, s) in fast.iter().zip(&slow) {
+                    assert_eq!(
+                        f.to_bits(),
+                        s.to_bits(),
+                        "{expr}: {fast:?} against {slow:?}"
                     );
                 }
             }
