@@ -1478,6 +1478,10 @@ fn first_pass(
     kept: Option<&Meetings>,
 ) -> (Vec<(f64, f64)>, bool, usize) {
     let plain_answer = answer == Placement::Meet && strategy == Placement::Critical;
+    // Whether ranks' lost times weigh other than 1 (`Critical`): else a meeting's
+    // cost under the rule is its cost under `Meet`, bit for bit (a product by 1 is
+    // exact), and one choice serves both.
+    let weighed = strategy == Placement::Critical;
     let transfers = &prepared.transfers;
     // At most this many candidate meeting points per rank and transfer.
     let (candidates, idle_parts) = (policy.meet_candidates, policy.meet_idle_parts);
@@ -1544,23 +1548,27 @@ fn first_pass(
                 let (start_s, start_r) = (&time.start[from][..], &time.start[to][..]);
                 let (ends_s, ends_r) = (&end_s[s0..s1], &end_r[r0..r1]);
                 let (wf, wt) = (weight[from], weight[to]);
-                // What meeting costs at the slots `s0 + ks` and `r0 + kr`,
-                // under this rule's weights and (for `Critical`) under `Meet`'s.
-                let cost = |ks: usize, kr: usize| {
-                    let (es, gs) = gap(start_s, end_s, s0 + ks);
-                    let (er, gr) = gap(start_r, end_r, r0 + kr);
+                // What meeting costs at the gaps `s` (on the source) and `r`, under
+                // this rule's weights and (for `Critical`) under `Meet`'s.
+                let cost = |(es, gs): (f64, f64), (er, gr): (f64, f64)| {
                     let meet = es.max(er);
                     let (lost_s, lost_r) = ((meet - gs).max(0.0), (meet - gr).max(0.0));
                     (wf * lost_s + wt * lost_r, lost_s + lost_r)
                 };
+                // Each side's count of ends by the time considered, and the gap
+                // before the slot it gives (the window's first plus the count),
+                // found again only when the count moves.
                 let by = |ends: &[f64], t: f64| ends.iter().take_while(|&&e| e <= t).count();
-                let first = cost(by(ends_s, ready), by(ends_r, ready));
+                let (mut ks, mut kr) = (by(ends_s, ready), by(ends_r, ready));
+                let (mut gap_s, mut gap_r) =
+                    (gap(start_s, end_s, s0 + ks), gap(start_r, end_r, r0 + kr));
+                let first = cost(gap_s, gap_r);
                 let (mut best, mut plain) = ((first.0, ready), (first.1, ready));
                 // The candidates in time order (the choice is the least cost, then
-                // the earliest time: the same in any order), each side's count of
-                // ends by then carried along.
+                // the earliest time: the same in any order). Candidates before
+                // `ready` (none where the rank's end times rise) are skipped, so
+                // counting from `ready`'s counts counts as from nothing.
                 let (mut a, mut b) = (0, 0);
-                let (mut ks, mut kr) = (0, 0);
                 while a < ends_s.len() || b < ends_r.len() {
                     let t = match (ends_s.get(a), ends_r.get(b)) {
                         (Some(&x), Some(&y)) if y < x => {
@@ -1580,21 +1588,31 @@ fn first_pass(
                     if t < ready || t > need {
                         continue;
                     }
-                    while ks < ends_s.len() && ends_s[ks] <= t {
-                        ks += 1;
+                    if ks < ends_s.len() && ends_s[ks] <= t {
+                        while ks < ends_s.len() && ends_s[ks] <= t {
+                            ks += 1;
+                        }
+                        gap_s = gap(start_s, end_s, s0 + ks);
                     }
-                    while kr < ends_r.len() && ends_r[kr] <= t {
-                        kr += 1;
+                    if kr < ends_r.len() && ends_r[kr] <= t {
+                        while kr < ends_r.len() && ends_r[kr] <= t {
+                            kr += 1;
+                        }
+                        gap_r = gap(start_r, end_r, r0 + kr);
                     }
-                    let (c, u) = cost(ks, kr);
+                    let (c, u) = cost(gap_s, gap_r);
                     if c < best.0 || (c == best.0 && t < best.1) {
                         best = (c, t);
                     }
-                    if u < plain.0 || (u == plain.0 && t < plain.1) {
+                    if weighed && (u < plain.0 || (u == plain.0 && t < plain.1)) {
                         plain = (u, t);
                     }
                 }
-                // (Under `Meet` and `Join` the weights are 1: the same choice.)
+                // (Under `Meet` and `Join` the weights are 1: the same choice, and
+                // `plain` is not followed.)
+                if !weighed {
+                    plain = best;
+                }
                 as_meet &= best.1 == plain.1;
                 if plain_answer {
                     (plain.1, plain.0)
