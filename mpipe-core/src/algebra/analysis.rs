@@ -3,7 +3,7 @@
 //! free). The lowering orders transfers by these times; operators that place work
 //! into idle time read them.
 
-use crate::ir::plan::{Plan, Task, UnitId, UnitNames};
+use crate::ir::plan::{Plan, Task, TaskIndex, UnitId, UnitNames};
 use crate::ir::program::{Op, Tensor};
 
 /// A plan that cannot be executed: a generator or operator broke the plan invariant.
@@ -99,36 +99,52 @@ pub(crate) fn describe(plan: &Plan, t: &Task) -> String {
 /// weight-gradient its own `B`. Local producers earlier on the rank win; otherwise
 /// the unique producer elsewhere.
 pub fn dependencies(plan: &Plan) -> Result<Deps, PlanError> {
-    resolve(plan, &plan.unit_names(), false, &[])
+    resolve(plan, &plan.locate(), &plan.unit_names(), false, &[])
 }
 
 /// [`dependencies`] with the plan's units found by name in `names`
 /// ([`Plan::unit_names`] of this plan, or of another of the same units): a search
 /// resolving many plans of the same units builds the index once.
 pub(crate) fn dependencies_named(plan: &Plan, names: &UnitNames) -> Result<Deps, PlanError> {
-    resolve(plan, names, false, &[])
+    resolve(plan, &plan.locate(), names, false, &[])
 }
 
 /// Like [`dependencies`], but a tensor nobody produces is taken as available from the
 /// start instead of an error: operators use it to time a plan whose work they are
 /// about to re-place.
 pub fn dependencies_lenient(plan: &Plan) -> Result<Deps, PlanError> {
-    resolve(plan, &plan.unit_names(), true, &[])
+    resolve(plan, &plan.locate(), &plan.unit_names(), true, &[])
 }
 
-/// The dependencies of `plan`'s tasks, resolved only from index `from[r]` on on rank
-/// `r` (every task where `from` is empty or shorter than the ranks): the tasks
-/// before it are given none.
+/// [`dependencies_lenient`] with the tasks located by `index`, [`Plan::locate`] of
+/// this very plan: an operator that reads the index too builds it once.
+pub(crate) fn dependencies_lenient_located(
+    plan: &Plan,
+    index: &TaskIndex,
+) -> Result<Deps, PlanError> {
+    resolve(plan, index, &plan.unit_names(), true, &[])
+}
+
+/// The dependencies of `plan`'s tasks (located by `index`, [`Plan::locate`] of
+/// `plan`), resolved only from index `from[r]` on on rank `r` (every task where
+/// `from` is empty or shorter than the ranks): the tasks before it are given none.
 fn resolve(
     plan: &Plan,
+    index: &TaskIndex,
     names: &UnitNames,
     lenient: bool,
     from: &[usize],
 ) -> Result<Deps, PlanError> {
-    let index = plan.locate();
     let need = names.needs_backward();
     let mut offsets = Vec::with_capacity(plan.ranks);
-    let mut items = Vec::new();
+    // About one input a task: room for that many at once, not grown by doubling.
+    let tasks: usize = plan
+        .order
+        .iter()
+        .zip(0..)
+        .map(|(l, r)| l.len() - from.get(r).copied().unwrap_or(0).min(l.len()))
+        .sum();
+    let mut items = Vec::with_capacity(tasks);
     for (r, list) in plan.order.iter().enumerate() {
         let mut off = Vec::with_capacity(list.len() + 1);
         let skip = from.get(r).copied().unwrap_or(0).min(list.len());
@@ -327,9 +343,14 @@ pub(crate) fn timing_within(
 
 /// The ideal timing of `plan` from nothing settled, `watch` seeing every step.
 fn timed(plan: &Plan, deps: &Deps, watch: &mut impl Watch) -> Result<Option<Timing>, PlanError> {
-    let start: Vec<Vec<f64>> = plan.order.iter().map(|l| vec![0.0; l.len()]).collect();
-    let end = start.clone();
-    let seq: Vec<Vec<u32>> = plan.order.iter().map(|l| vec![0; l.len()]).collect();
+    // Room for every task, nothing written: `settle` appends each time it settles.
+    fn room<T>(plan: &Plan) -> Vec<Vec<T>> {
+        plan.order
+            .iter()
+            .map(|l| Vec::with_capacity(l.len()))
+            .collect()
+    }
+    let (start, end, seq) = (room(plan), room(plan), room(plan));
     settle(
         plan,
         |r, i| deps.of(r, i).iter().map(Dep::producer),
@@ -367,7 +388,7 @@ pub fn timing_extended(plan: &Plan, base: &Timing) -> Result<Timing, PlanError> 
             have.min(plan.order[r].len())
         })
         .collect();
-    let deps = resolve(plan, &plan.unit_names(), false, &from)?;
+    let deps = resolve(plan, &plan.locate(), &plan.unit_names(), false, &from)?;
     let counter = from.iter().sum();
     let mut time = Timing {
         start: Vec::with_capacity(plan.ranks),
@@ -376,18 +397,16 @@ pub fn timing_extended(plan: &Plan, base: &Timing) -> Result<Timing, PlanError> 
     };
     for (r, list) in plan.order.iter().enumerate() {
         let n = from[r];
-        let extend = |have: Option<&Vec<f64>>| {
-            let mut v = Vec::with_capacity(list.len());
+        // The base's times of the first `n` tasks, room for the rest (`settle`
+        // appends them).
+        fn prefix<T: Copy>(have: Option<&Vec<T>>, n: usize, len: usize) -> Vec<T> {
+            let mut v = Vec::with_capacity(len);
             v.extend_from_slice(have.map_or(&[][..], |h| &h[..n.min(h.len())]));
-            v.resize(list.len(), 0.0);
             v
-        };
-        time.start.push(extend(base.start.get(r)));
-        time.end.push(extend(base.end.get(r)));
-        let mut seq = Vec::with_capacity(list.len());
-        seq.extend_from_slice(base.seq.get(r).map_or(&[][..], |h| &h[..n.min(h.len())]));
-        seq.resize(list.len(), 0);
-        time.seq.push(seq);
+        }
+        time.start.push(prefix(base.start.get(r), n, list.len()));
+        time.end.push(prefix(base.end.get(r), n, list.len()));
+        time.seq.push(prefix(base.seq.get(r), n, list.len()));
     }
     let state = Settling::resumed(from, &time.end, counter);
     let inputs = |r, i| deps.of(r, i).iter().map(Dep::producer);
@@ -460,6 +479,11 @@ impl Watch for () {}
 /// tasks it has settled in `time`): every other task as early as its rank order and
 /// its inputs allow, `inputs(r, i)` giving the producers (rank, index) of task `i`
 /// of rank `r`. `watch` sees every step; `None` as soon as it gives up.
+///
+/// `time`'s lists hold at least the settled tasks (`state.done[r]` on rank `r`): a
+/// task's times overwrite what a longer list holds at its index, or are appended,
+/// so a caller timing from scratch passes empty lists (with room) and nothing is
+/// written twice.
 pub(crate) fn settle<I: Iterator<Item = (usize, usize)>>(
     plan: &Plan,
     inputs: impl Fn(usize, usize) -> I,
@@ -492,6 +516,15 @@ pub(crate) fn settle<I: Iterator<Item = (usize, usize)>>(
         Op::BW => 3,
         Op::RF => 4,
     };
+    // Task `i`'s value into `v`, which holds at least the `i` before it.
+    #[inline]
+    fn put<T>(v: &mut Vec<T>, i: usize, x: T) {
+        if let Some(slot) = v.get_mut(i) {
+            *slot = x;
+        } else {
+            v.push(x);
+        }
+    }
     loop {
         watch.before(step, &s);
         let Some(r) = s.queue.pop() else { break };
@@ -499,32 +532,36 @@ pub(crate) fn settle<I: Iterator<Item = (usize, usize)>>(
         let list = &plan.order[r];
         let before = s.done[r];
         let mut now = s.clock[r];
-        'advance: while s.done[r] < list.len() {
-            let i = s.done[r];
+        let mut i = before;
+        'advance: while i < list.len() {
             watch.looks(r, i, step);
             let t = &list[i];
             let mut ready = now;
             for (q, j) in inputs(r, i) {
-                if j >= s.done[q] {
+                // A task of this rank's is settled when it is before `i`.
+                let settled = if q == r { i } else { s.done[q] };
+                if j >= settled {
                     s.waiters[q].push(r);
                     break 'advance;
                 }
                 ready = ready.max(end[q][j]);
             }
             let c = costs[t.unit][slot(t.op)];
-            start[r][i] = ready;
             now = ready + c;
             if watch.gives_up(now) {
                 return Ok(None);
             }
-            end[r][i] = now;
-            seq[r][i] = u32::try_from(s.counter).map_err(|_| PlanError::TooLarge)?;
+            let number = u32::try_from(s.counter).map_err(|_| PlanError::TooLarge)?;
+            put(&mut start[r], i, ready);
+            put(&mut end[r], i, now);
+            put(&mut seq[r], i, number);
             s.counter += 1;
-            s.done[r] += 1;
+            i += 1;
         }
+        s.done[r] = i;
         step += 1;
         s.clock[r] = now;
-        if s.done[r] == before {
+        if i == before {
             continue;
         }
         std::mem::swap(&mut woken, &mut s.waiters[r]);

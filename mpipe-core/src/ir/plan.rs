@@ -225,14 +225,13 @@ impl<'a> UnitNames<'a> {
 pub struct TaskIndex {
     microbatches: usize,
     units: usize,
-    /// `(rank, index)` packed in 32 bits each ([`ABSENT`] where no task is): a
+    /// `(rank + 1, index)` packed in 32 bits each (rank `0` where no task is): a
     /// third of the memory of `Option<(usize, usize)>`, and the table is rebuilt
-    /// for every plan the order search tries.
+    /// for every plan the order search tries. Absence is all zero bits, so the
+    /// table starts as zeroed memory (pages the allocator hands out zeroed, never
+    /// written where no task is) instead of being filled.
     slots: Vec<[u32; 2]>,
 }
-
-/// A [`TaskIndex`] slot with no task.
-const ABSENT: [u32; 2] = [u32::MAX; 2];
 
 const OPS: [Op; 5] = [Op::F, Op::B, Op::W, Op::BW, Op::RF];
 
@@ -251,12 +250,13 @@ fn op_slot(op: Op) -> usize {
 impl TaskIndex {
     fn new(plan: &Plan) -> TaskIndex {
         let (m, n) = (plan.microbatches, plan.units.len());
-        let mut slots = vec![ABSENT; OPS.len() * n * m];
+        let mut slots = vec![[0u32; 2]; OPS.len() * n * m];
         for (r, list) in plan.order.iter().enumerate() {
+            // Plans are far below 2^32 - 1 ranks and 2^32 tasks per rank (the
+            // program limits), so both fit.
+            let rank = r as u32 + 1;
             for (i, t) in list.iter().enumerate() {
-                // Plans are far below 2^32 ranks and tasks per rank (the program
-                // limits), so both fit.
-                slots[(op_slot(t.op) * n + t.unit) * m + t.mb] = [r as u32, i as u32];
+                slots[(op_slot(t.op) * n + t.unit) * m + t.mb] = [rank, i as u32];
             }
         }
         TaskIndex {
@@ -270,7 +270,7 @@ impl TaskIndex {
     #[inline]
     pub fn get(&self, op: Op, unit: UnitId, mb: usize) -> Option<(usize, usize)> {
         let [r, i] = self.slots[(op_slot(op) * self.units + unit) * self.microbatches + mb];
-        (r != u32::MAX).then_some((r as usize, i as usize))
+        (r != 0).then(|| (r as usize - 1, i as usize))
     }
 }
 

@@ -18,13 +18,13 @@
 //!   shipped input and run on the first stage's rank right after that stage's
 //!   backward ([`Backward::Central`]). A frozen encoder has no backward.
 
-use super::insert_all;
+use super::{insert_all, inserted};
 use crate::algebra::analysis::{
-    dependencies, dependencies_lenient, peak_memory, timing, timing_extended, timing_within,
-    PlanError, Timing,
+    dependencies, dependencies_lenient_located, peak_memory, timing, timing_extended,
+    timing_within, PlanError, Timing,
 };
 use crate::ir::compare::{at_most, less};
-use crate::ir::plan::{InputShip, Plan, Task, UnitId};
+use crate::ir::plan::{InputShip, Plan, Task, TaskIndex, UnitId};
 use crate::ir::program::Op;
 
 /// Which ranks own which micro-batches' encoder work.
@@ -264,12 +264,15 @@ fn compare_placements(
         // the eager placement reads its gradients' ready times from it, and the
         // deferred one (the same lists, each extended at its end) is timed only past
         // it.
-        let placed_time = timing(&placed, &dependencies_lenient(&placed)?)?;
+        let index = placed.locate();
+        let placed_time = timing(&placed, &dependencies_lenient_located(&placed, &index)?)?;
         let owner = |mb: usize| owner[mb];
         let (eager, ordered) =
-            place_backward(placed.clone(), enc, &owner, backward, None, &placed_time)?;
+            place_backward(&placed, enc, &owner, backward, Some(&index), &placed_time)?;
+        drop(index);
         candidates.push((Some(eager), None, k, ordered && no_readers && sound));
-        let (deferred, _) = place_backward(placed, enc, &owner, backward, Some(()), &placed_time)?;
+        let (deferred, _) = place_backward(&placed, enc, &owner, backward, None, &placed_time)?;
+        drop(placed);
         let span = no_readers
             .then(|| Ok::<_, PlanError>(timing_extended(&deferred, &placed_time)?.makespan()))
             .transpose()?;
@@ -406,7 +409,6 @@ fn place_forwards(
     owners: Owners,
     place: Place,
 ) -> Result<(Plan, Vec<usize>), PlanError> {
-    let mut plan = plan.clone();
     let (p, m) = (plan.ranks, plan.microbatches);
     let first = plan.stages[0];
     let r0 = plan.units[first].home;
@@ -423,34 +425,33 @@ fn place_forwards(
     // Idle and prefix: every owner's forwards open its list, in micro-batch order.
     if place == Place::Idle || (place == Place::Prefix && owners != Owners::Min) {
         if place == Place::Idle {
-            owner = idle_owners(&plan, ring, c_f)?;
+            owner = idle_owners(plan, ring, c_f)?;
         }
         let mut fronts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
         for (mb, &k) in owner.iter().enumerate() {
             fronts[k].push((0, Task::new(Op::F, enc, mb)));
         }
-        for (k, items) in fronts.into_iter().enumerate() {
-            insert_all(&mut plan.order[k], items);
-        }
-        return Ok((plan, owner));
+        return Ok((with_inserted(plan, fronts), owner));
     }
 
-    // 1. The warm-up prefix, and (owners = min) the inline rest.
+    // 1. The warm-up prefix (at most one forward a rank: the first `n` micro-batches
+    // go to distinct ranks), and (owners = min) the inline rest, each just before
+    // the first stage's forward it feeds.
+    let mut items: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
     for (mb, &k) in owner.iter().enumerate().take(n) {
-        plan.order[k].insert(0, Task::new(Op::F, enc, mb));
+        items[k].push((0, Task::new(Op::F, enc, mb)));
     }
-    let mut inline = Vec::new();
     for (i, t) in plan.order[r0].iter().enumerate() {
         if t.unit == first && t.op == Op::F && t.mb >= n && owner[t.mb] == r0 {
-            inline.push((i, Task::new(Op::F, enc, t.mb)));
+            items[r0].push((i, Task::new(Op::F, enc, t.mb)));
         }
     }
-    insert_all(&mut plan.order[r0], inline);
+    let mut plan = with_inserted(plan, items);
 
     // 2. Round robin: later forwards as late as still meets the first stage's need.
     if owners != Owners::Min && m > n {
-        let timed = timing(&plan, &dependencies_lenient(&plan)?)?;
         let index = plan.locate();
+        let timed = timing(&plan, &dependencies_lenient_located(&plan, &index)?)?;
         let mut inserts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
         for (mb, &k) in owner.iter().enumerate().skip(n) {
             if k == r0 {
@@ -494,13 +495,13 @@ fn place_forwards(
 fn idle_owners(plan: &Plan, ring: &[usize], c_f: f64) -> Result<Vec<usize>, PlanError> {
     let m = plan.microbatches;
     let first = plan.stages[0];
-    let timed = timing(plan, &dependencies_lenient(plan)?)?;
+    let index = plan.locate();
+    let timed = timing(plan, &dependencies_lenient_located(plan, &index)?)?;
     let end = timed.makespan();
     let start: Vec<f64> = ring
         .iter()
         .map(|&r| timed.start[r].first().copied().unwrap_or(end))
         .collect();
-    let index = plan.locate();
     let mut by_deadline: Vec<(f64, usize)> = (0..m)
         .map(|mb| {
             let need = index
@@ -510,27 +511,7 @@ fn idle_owners(plan: &Plan, ring: &[usize], c_f: f64) -> Result<Vec<usize>, Plan
         })
         .collect();
     by_deadline.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
-    let assign = |delay: f64| -> Option<Vec<usize>> {
-        let mut used = vec![0usize; ring.len()];
-        let mut owner = vec![0usize; m];
-        for &(need, mb) in &by_deadline {
-            // The earliest free slot among the ranks whose window still holds one.
-            let mut pick: Option<(usize, f64)> = None;
-            for (i, &s) in start.iter().enumerate() {
-                let finish = (used[i] + 1) as f64 * c_f;
-                if at_most(finish, s + delay) && pick.is_none_or(|(_, f)| finish < f) {
-                    pick = Some((i, finish));
-                }
-            }
-            let (i, finish) = pick?;
-            if !at_most(finish, need + delay) {
-                return None;
-            }
-            used[i] += 1;
-            owner[mb] = ring[i];
-        }
-        Some(owner)
-    };
+    let assign = |delay: f64| fit(&by_deadline, &start, ring, c_f, delay);
     if c_f <= 0.0 {
         return Ok(assign(0.0).unwrap_or_else(|| (0..m).map(|mb| ring[mb % ring.len()]).collect()));
     }
@@ -549,9 +530,96 @@ fn idle_owners(plan: &Plan, ring: &[usize], c_f: f64) -> Result<Vec<usize>, Plan
     Ok(best.unwrap_or_else(|| (0..m).map(|mb| ring[mb % ring.len()]).collect()))
 }
 
+/// [`idle_owners`]' assignment at delay `delay`: the micro-batches of `by_deadline`
+/// (`(deadline, micro-batch)`, earliest first) each in the earliest free slot (the
+/// first rank on a tie) among the ranks `ring[i]` whose window `[0, start[i] +
+/// delay)` still holds a slot of `c_f`; `None` where one misses its deadline (plus
+/// `delay`) or finds no slot. Each micro-batch's owner.
+fn fit(
+    by_deadline: &[(f64, usize)],
+    start: &[f64],
+    ring: &[usize],
+    c_f: f64,
+    delay: f64,
+) -> Option<Vec<usize>> {
+    let m = by_deadline.len();
+    // Where the `k`-th slot ends strictly later than the one before (a normal,
+    // positive cost, no slot end overflowing), the earliest free slot is the least
+    // used rank's, from a heap; else a scan of the ranks.
+    if c_f > 0.0 && c_f.is_normal() && ((m + 1) as f64 * c_f).is_finite() {
+        fit_by_heap(by_deadline, start, ring, c_f, delay)
+    } else {
+        fit_by_scan(by_deadline, start, ring, c_f, delay)
+    }
+}
+
+/// [`fit`], every rank looked at for every micro-batch.
+fn fit_by_scan(
+    by_deadline: &[(f64, usize)],
+    start: &[f64],
+    ring: &[usize],
+    c_f: f64,
+    delay: f64,
+) -> Option<Vec<usize>> {
+    let mut used = vec![0usize; ring.len()];
+    let mut owner = vec![0usize; by_deadline.len()];
+    for &(need, mb) in by_deadline {
+        // The earliest free slot among the ranks whose window still holds one.
+        let mut pick: Option<(usize, f64)> = None;
+        for (i, &s) in start.iter().enumerate() {
+            let finish = (used[i] + 1) as f64 * c_f;
+            if at_most(finish, s + delay) && pick.is_none_or(|(_, f)| finish < f) {
+                pick = Some((i, finish));
+            }
+        }
+        let (i, finish) = pick?;
+        if !at_most(finish, need + delay) {
+            return None;
+        }
+        used[i] += 1;
+        owner[mb] = ring[i];
+    }
+    Some(owner)
+}
+
+/// [`fit`] where a rank's next slot ends strictly later the more slots it has used
+/// (`c_f` positive and normal, `(m + 1) c_f` finite): the earliest free slot is
+/// then the least used rank's (the first on a tie) among those whose window holds
+/// its next slot, and a rank whose window does not hold it never will again (its
+/// next slot only ends later). So the ranks wait in a heap by (slots used, rank),
+/// and one found full leaves it: what [`fit_by_scan`] picks, in logarithmic time.
+fn fit_by_heap(
+    by_deadline: &[(f64, usize)],
+    start: &[f64],
+    ring: &[usize],
+    c_f: f64,
+    delay: f64,
+) -> Option<Vec<usize>> {
+    use std::cmp::Reverse;
+    let mut open: std::collections::BinaryHeap<Reverse<(usize, usize)>> =
+        (0..start.len()).map(|i| Reverse((0, i))).collect();
+    let mut owner = vec![0usize; by_deadline.len()];
+    for &(need, mb) in by_deadline {
+        let (used, i, finish) = loop {
+            let Reverse((used, i)) = open.pop()?;
+            let finish = (used + 1) as f64 * c_f;
+            if at_most(finish, start[i] + delay) {
+                break (used, i, finish);
+            }
+        };
+        if !at_most(finish, need + delay) {
+            return None;
+        }
+        open.push(Reverse((used + 1, i)));
+        owner[mb] = ring[i];
+    }
+    Some(owner)
+}
+
 /// Place encoder `enc`'s backward (see [`transpose`]) in `plan`, whose ideal timing
-/// (dependencies resolved leniently) is `timed`; `deferred` (`Some`) appends each
-/// rank's share at the end of its order instead of as early as its gradient allows.
+/// (dependencies resolved leniently) is `timed`: given `eager` (`plan`'s
+/// [`Plan::locate`]), each as early as its gradient allows; else (deferred) each
+/// rank's share appended at the end of its order.
 ///
 /// Returns the plan, and whether it is `ordered`: the backward is eager and local,
 /// and each backward placed comes, in `timed`'s order (by start time, then by
@@ -565,14 +633,14 @@ fn idle_owners(plan: &Plan, ring: &[usize], c_f: f64) -> Result<Vec<usize>, Plan
 /// just before the task it precedes is a topological order of the new plan: its
 /// timing cannot fail on a cycle.
 fn place_backward(
-    mut plan: Plan,
+    plan: &Plan,
     enc: UnitId,
     owner: &dyn Fn(usize) -> usize,
     backward: Backward,
-    deferred: Option<()>,
+    eager: Option<&TaskIndex>,
     timed: &Timing,
 ) -> Result<(Plan, bool), PlanError> {
-    let deferred = deferred.is_some();
+    let deferred = eager.is_none();
     let (p, m) = (plan.ranks, plan.microbatches);
     let first = plan.stages[0];
     let r0 = plan.units[first].home;
@@ -587,7 +655,7 @@ fn place_backward(
             }
         }
     }
-    let index = (!deferred).then(|| plan.locate());
+    let index = eager;
     let mut ordered = !deferred && backward == Backward::Local;
     let successors = plan.unit_names().successors(enc).to_vec();
     // Whether encoder backward `mb`, placed before task `pos` of rank `k`, keeps
@@ -608,6 +676,7 @@ fn place_backward(
     };
     let mut at_r0 = Vec::new();
     let mut remote: Vec<(usize, usize)> = Vec::new();
+    let mut input_ships = plan.input_ships.clone();
     for (mb, &pos) in first_backward.iter().enumerate() {
         let k = owner(mb);
         if k == r0 {
@@ -620,7 +689,7 @@ fn place_backward(
         } else if backward == Backward::Central {
             at_r0.push((pos, Task::new(Op::RF, enc, mb)));
             at_r0.push((pos, Task::new(Op::BW, enc, mb)));
-            plan.input_ships.push(InputShip {
+            input_ships.push(InputShip {
                 unit: enc,
                 mb,
                 from: k,
@@ -630,19 +699,27 @@ fn place_backward(
             remote.push((mb, k));
         }
     }
-    match &index {
+    let mut placed = match &index {
         // Deferred: every rank's share appended at its end, in micro-batch order
-        // (each list grown to just its new length, as a copy of it would be).
+        // (each list of just its new length).
         None => {
             let mut appends: Vec<Vec<Task>> = vec![Vec::new(); p];
             for (mb, k) in remote {
                 appends[k].push(Task::new(Op::BW, enc, mb));
             }
             appends[r0].extend(at_r0.into_iter().map(|(_, t)| t));
-            for (list, items) in plan.order.iter_mut().zip(appends) {
-                list.reserve_exact(items.len());
-                list.extend(items);
-            }
+            let order = plan
+                .order
+                .iter()
+                .zip(appends)
+                .map(|(list, items)| {
+                    let mut out = Vec::with_capacity(list.len() + items.len());
+                    out.extend_from_slice(list);
+                    out.extend(items);
+                    out
+                })
+                .collect();
+            with_order(plan, order)
         }
         Some(index) => {
             let mut inserts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
@@ -658,13 +735,40 @@ fn place_backward(
                 }
                 inserts[k].push((pos, Task::new(Op::BW, enc, mb)));
             }
-            for (k, items) in inserts.into_iter().enumerate() {
-                insert_all(&mut plan.order[k], items);
-            }
-            insert_all(&mut plan.order[r0], at_r0);
+            // No remote backward is `r0`'s.
+            inserts[r0] = at_r0;
+            with_inserted(plan, inserts)
         }
+    };
+    placed.input_ships = input_ships;
+    Ok((placed, ordered))
+}
+
+/// `plan` with `order` for its rank lists.
+fn with_order(plan: &Plan, order: Vec<Vec<Task>>) -> Plan {
+    Plan {
+        ranks: plan.ranks,
+        microbatches: plan.microbatches,
+        units: plan.units.clone(),
+        stages: plan.stages.clone(),
+        encoders: plan.encoders.clone(),
+        order,
+        input_ships: plan.input_ships.clone(),
+        prefetch: plan.prefetch.clone(),
+        memory_limit: plan.memory_limit,
     }
-    Ok((plan, ordered))
+}
+
+/// `plan` with `items[r]` inserted into rank `r`'s list as [`insert_all`] inserts
+/// them, each list built once (not copied, then rebuilt).
+fn with_inserted(plan: &Plan, items: Vec<Vec<(usize, Task)>>) -> Plan {
+    let order = plan
+        .order
+        .iter()
+        .zip(items)
+        .map(|(list, items)| inserted(list, items))
+        .collect();
+    with_order(plan, order)
 }
 
 /// Whether a timing can number all of `plan`'s tasks (32-bit, see
@@ -691,6 +795,33 @@ mod tests {
     fn ideal(plan: &Plan) -> Option<f64> {
         let deps = dependencies(plan).ok()?;
         timing(plan, &deps).ok().map(|t| t.makespan())
+    }
+
+    proptest! {
+        /// [`fit_by_heap`] assigns every micro-batch as [`fit_by_scan`] does (or
+        /// fails as it does), where it applies: ties in windows and deadlines
+        /// included (values on a coarse grid).
+        #[test]
+        fn heap_fit_assigns_as_the_scan(
+            starts in prop::collection::vec(0u32..12, 1..9),
+            needs in prop::collection::vec(0u32..40, 0..40),
+            c_f in 0.25f64..3.0,
+            delay in 0u32..20,
+        ) {
+            let start: Vec<f64> = starts.iter().map(|&s| f64::from(s) * 0.5).collect();
+            let ring: Vec<usize> = (0..start.len()).map(|i| (i * 5 + 3) % 11).collect();
+            let mut by_deadline: Vec<(f64, usize)> = needs
+                .iter()
+                .enumerate()
+                .map(|(mb, &n)| (f64::from(n) * 0.5, mb))
+                .collect();
+            by_deadline.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+            let delay = f64::from(delay) * c_f;
+            prop_assert_eq!(
+                fit_by_heap(&by_deadline, &start, &ring, c_f, delay),
+                fit_by_scan(&by_deadline, &start, &ring, c_f, delay)
+            );
+        }
     }
 
     proptest! {
