@@ -34,11 +34,14 @@
 //! partner, a run that does not end (deadlock) or a time that is not finite, so
 //! every error is the engine's own.
 
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
 use crate::algebra::lower::{Lowered, Step};
 use crate::ir::compare::less;
 use crate::ir::model::{Mode, SimOptions};
 use crate::ir::program::{Dir, Op, Tensor, Unit};
-use crate::judge::simulate::{finish_times_within, joins_batch, SimError};
+use crate::judge::simulate::{finish_times_within, joins_batch, tensor_index, Fnv, SimError};
 use crate::judge::timeline::Timeline;
 
 /// No partner (in a per-action table).
@@ -89,51 +92,109 @@ fn joins(list: &[Step], i: usize) -> bool {
     i > 0 && i < list.len() && joins_batch(batch(&list[i - 1]), batch(&list[i]))
 }
 
+/// A transfer end past the prefixes, on one side of its channel: its key (unit,
+/// micro-batch, tensor) and its index on its rank.
+type End = ((u32, u32, u8), u32);
+
+/// One channel's ends past the prefixes, each side in list order: its `SEND`s (on
+/// its source rank) and its `RECV`s (on its destination).
+#[derive(Default)]
+struct Ends {
+    ends: (u32, u32),
+    sends: Vec<End>,
+    recvs: Vec<End>,
+}
+
 /// Pair the transfers at or past `from[r]` of each rank `r` of `lists`: the
 /// `k`-th `SEND` of a channel and key with its `k`-th `RECV`. Per rank, per step
 /// past `from[r]`, the partner's index on its rank ([`NONE`] for a compute step);
 /// `None` when a transfer has no partner, or a step names a rank that does not
 /// exist.
 ///
-/// The ends are sorted by channel and key, then direction, rank and index: all
-/// `SEND`s of a channel and key are on its source rank and all its `RECV`s on its
-/// destination, so each direction's ends of a key come out in list order, and the
-/// `k`-th of one pairs with the `k`-th of the other (no hashing, one allocation).
+/// The ends are gathered by channel (source, destination), each side in list
+/// order; the sides are paired in order while their keys agree (linear: the valid
+/// case), and what follows is sorted by key, then index, on each side, so the
+/// `k`-th of a key on one pairs with the `k`-th on the other (a side with an end
+/// the other does not match leaves a transfer with no partner).
 fn pair(lists: &[Vec<Step>], from: &[usize]) -> Option<Vec<Vec<u32>>> {
     let ranks = lists.len();
-    let mut ends: Vec<(Chan, Dir, u32, u32)> = Vec::new();
+    let mut chans: Vec<Ends> = Vec::new();
+    let mut chan_of: HashMap<(u32, u32), u32, BuildHasherDefault<Fnv>> = HashMap::default();
     for (r, list) in lists.iter().enumerate() {
+        // The channel of the end before, on this rank.
+        let mut last: Option<((u32, u32), usize)> = None;
         for (i, step) in list.iter().enumerate().skip(from[r]) {
-            let Some((key, dir, peer)) = chan(r, step) else {
+            let Step::P2p {
+                dir,
+                tensor,
+                unit,
+                mb,
+                peer,
+                ..
+            } = *step
+            else {
                 continue;
             };
             if peer as usize >= ranks {
                 return None;
             }
-            ends.push((key, dir, r as u32, i as u32));
+            let ends = dir.ends(r as u32, peer);
+            let c = match last {
+                Some((e, c)) if e == ends => c,
+                _ => {
+                    let c = *chan_of.entry(ends).or_insert_with(|| {
+                        chans.push(Ends {
+                            ends,
+                            ..Ends::default()
+                        });
+                        chans.len() as u32 - 1
+                    }) as usize;
+                    last = Some((ends, c));
+                    c
+                }
+            };
+            let end = ((unit, mb, tensor_index(tensor) as u8), i as u32);
+            match dir {
+                Dir::Send => chans[c].sends.push(end),
+                Dir::Recv => chans[c].recvs.push(end),
+            }
         }
     }
-    ends.sort_unstable();
     let mut partner: Vec<Vec<u32>> = lists
         .iter()
         .zip(from)
         .map(|(l, &f)| vec![NONE; l.len().saturating_sub(f)])
         .collect();
-    let mut lo = 0;
-    while lo < ends.len() {
-        let key = ends[lo].0;
-        let hi = lo + ends[lo..].iter().take_while(|e| e.0 == key).count();
-        let group = &ends[lo..hi];
-        // `Dir::Send` sorts first.
-        let sends = group.iter().take_while(|e| e.1 == Dir::Send).count();
-        if 2 * sends != group.len() {
+    for chan in &mut chans {
+        let (a, b) = (chan.ends.0 as usize, chan.ends.1 as usize);
+        let (fa, fb) = (from[a], from[b]);
+        let mut set = |i: u32, j: u32| {
+            partner[a][i as usize - fa] = j;
+            partner[b][j as usize - fb] = i;
+        };
+        let (sends, recvs) = (&mut chan.sends, &mut chan.recvs);
+        let n = sends.len().min(recvs.len());
+        let mut k = 0;
+        while k < n && sends[k].0 == recvs[k].0 {
+            set(sends[k].1, recvs[k].1);
+            k += 1;
+        }
+        if sends.len() != recvs.len() {
             return None;
         }
-        for (&(_, _, a, i), &(_, _, b, j)) in group[..sends].iter().zip(&group[sends..]) {
-            partner[a as usize][i as usize - from[a as usize]] = j;
-            partner[b as usize][j as usize - from[b as usize]] = i;
+        if k < n {
+            // The ends paired so far hold each key equally often on both sides,
+            // so the rest still pair `k`-th with `k`-th.
+            let (sends, recvs) = (&mut sends[k..], &mut recvs[k..]);
+            sends.sort_unstable();
+            recvs.sort_unstable();
+            for (s, r) in sends.iter().zip(recvs.iter()) {
+                if s.0 != r.0 {
+                    return None;
+                }
+                set(s.1, r.1);
+            }
         }
-        lo = hi;
     }
     Some(partner)
 }

@@ -2162,10 +2162,29 @@ impl<'s, 'p> Engine<'s, 'p> {
     /// tolerance ([`finish_times_within`]). `RECORD` is a constant, so the searches'
     /// runs, which record nothing, have a loop of their own without its tests.
     fn execute<const RECORD: bool>(&mut self, cutoff: f64) -> Result<Option<Run>, SimError> {
+        if self.s.mode == Mode::Eager {
+            self.execute_in::<RECORD, true>(cutoff)
+        } else {
+            self.execute_in::<RECORD, false>(cutoff)
+        }
+    }
+
+    /// [`Engine::execute`] under eager semantics where `EAGER` (a constant, as
+    /// `RECORD`: the transfers' loops have no test of it).
+    ///
+    /// A transfer operation is walked once where it is reached with nothing left
+    /// to wait for (its own count is final then: only other operations' members
+    /// lower it): that walk finds its end, releases those waiting for it and
+    /// completes it ([`p2p_completion`]'s expressions, in its order). One that
+    /// waits is walked to find its end and release, then again when its rank
+    /// resumes ([`p2p_op`]).
+    fn execute_in<const RECORD: bool, const EAGER: bool>(
+        &mut self,
+        cutoff: f64,
+    ) -> Result<Option<Run>, SimError> {
         let s = self.s;
         let nr = s.acts.len();
         let nops = self.pending.len();
-        let eager = s.mode == Mode::Eager;
         // Each rank's compute not yet run, kept only against a finite cutoff: the
         // rank finishes no earlier than its time plus this.
         let bounded = cutoff.is_finite();
@@ -2212,18 +2231,20 @@ impl<'s, 'p> Engine<'s, 'p> {
 
         while let Some(r) = stack.pop() {
             let r = r as usize;
-            let acts = &s.acts[r];
+            let acts = &s.acts[r][..];
             let rank_slots = &mut slots[r];
+            // The rank's members' peers, from its first member on (where kept).
+            let rank_peers = peers.map(|(p, first)| (&p[r][..], first[r]));
             let (mut i, mut t) = (pc[r], now[r]);
             let (mut x, mut m) = (op_at[r] as usize, member_at[r] as usize);
             // The rank's busy time and compute left, held here while it runs (the
             // same sums in the same order).
             let mut busy_r = busy[r];
             let mut left_r = if bounded { left[r] } else { 0.0 };
-            while i < acts.len() {
-                let a = acts[i];
-                if let Some(op) = a.compute_op() {
-                    let d = cost[a.unit() as usize][op];
+            while let Some(&a) = acts.get(i) {
+                let tag = a.tag();
+                if tag < RAct::COLL {
+                    let d = cost[a.unit() as usize][tag as usize];
                     if RECORD {
                         rank_slots[i] = Slot {
                             start: t,
@@ -2238,48 +2259,76 @@ impl<'s, 'p> Engine<'s, 'p> {
                     i += 1;
                     continue;
                 }
-                let hi = op_end(acts, i);
-                let partners = &partner_op[m..m + (hi - i)];
-                if !reached[x] {
-                    reached[x] = true;
-                    reach[x] = t;
-                    // Those waiting for `x` to be reached: the partners' operations
-                    // (under eager semantics, its `SEND`s'), or the collectives.
-                    // (`rank` gives the rank of `y`, asked only when it resumes.)
-                    let mut release = |y: u32, rank: &dyn Fn() -> u32, stack: &mut Vec<u32>| {
-                        let y = y as usize;
-                        pending[y] -= 1;
-                        if pending[y] == 0 && reached[y] && y != x {
-                            stack.push(rank());
-                        }
-                    };
-                    if a.is_coll() {
+                let (hi, done) = if tag == RAct::COLL {
+                    let hi = op_end(acts, i);
+                    if !reached[x] {
+                        reached[x] = true;
+                        reach[x] = t;
+                        // Those waiting for `x` to be reached: the collectives.
                         if let Some(waiters) = self.coll_waiters.get(&(x as u32)) {
                             for &y in waiters {
-                                release(y, &|| self.rank_of(y) as u32, &mut stack);
-                            }
-                        }
-                    } else {
-                        for (k, (b, &y)) in acts[i..hi].iter().zip(partners).enumerate() {
-                            let recv = b.is_recv();
-                            if y != NONE && y as usize != x && !(eager && recv) {
-                                // A partner's operation is on the transfer's peer.
-                                let peer = || match peers {
-                                    Some((peers, first)) => peers[r][m + k - first[r]],
-                                    None => self.rank_of(y) as u32,
-                                };
-                                release(y, &peer, &mut stack);
+                                let y = y as usize;
+                                pending[y] -= 1;
+                                if pending[y] == 0 && reached[y] && y != x {
+                                    stack.push(self.rank_of(y as u32) as u32);
+                                }
                             }
                         }
                     }
-                }
-                if pending[x] > 0 {
-                    break;
-                }
-                let done = if a.is_coll() {
-                    self.completion(r, x, i..hi, m, &reach)
+                    if pending[x] > 0 {
+                        break;
+                    }
+                    (hi, self.completion(r, x, i..hi, m, &reach))
+                } else if !reached[x] {
+                    reached[x] = true;
+                    reach[x] = t;
+                    // Those waiting for `x` to be reached: the partners' operations
+                    // (under eager semantics, its `SEND`s'), pushed in list order;
+                    // where `x` waits for none, completed in the same walk.
+                    let ready = pending[x] == 0;
+                    let rx = t;
+                    let mut done = rx;
+                    let mut k = i;
+                    loop {
+                        let (b, y) = (acts[k], partner_op[m + (k - i)]);
+                        let recv = b.is_recv();
+                        if y != NONE && y as usize != x && !(EAGER && recv) {
+                            let yu = y as usize;
+                            pending[yu] -= 1;
+                            if pending[yu] == 0 && reached[yu] {
+                                // A partner's operation is on the transfer's peer.
+                                stack.push(match rank_peers {
+                                    Some((p, first)) => p[m + (k - i) - first],
+                                    None => self.rank_of(y) as u32,
+                                });
+                            }
+                        }
+                        if ready {
+                            let tr = transfer[b.unit() as usize];
+                            let rp = if y == NONE { rx } else { reach[y as usize] };
+                            let end = if !EAGER {
+                                later(rx, rp) + tr
+                            } else if recv {
+                                later(rx, rp + tr)
+                            } else {
+                                rx
+                            };
+                            done = later(done, end);
+                        }
+                        k += 1;
+                        if !acts.get(k).is_some_and(|b| b.joins()) {
+                            break;
+                        }
+                    }
+                    if !ready {
+                        break;
+                    }
+                    (k, done)
                 } else {
-                    p2p_completion(&acts[i..hi], partners, transfer, eager, reach[x], &reach)
+                    if pending[x] > 0 {
+                        break;
+                    }
+                    p2p_op::<EAGER>(acts, i, &partner_op[m..], transfer, reach[x], &reach)
                 };
                 if RECORD {
                     rank_slots[i..hi].fill(Slot {
