@@ -152,54 +152,38 @@ fn search_on(
     }
     let mut improved = false;
     let mut tried: BTreeSet<Move> = BTreeSet::new();
+    // The best's lowering, which the trials are resumed from (the first lowered
+    // again by unit index, the same placement).
+    let mut lowered: Option<Lowered> = prepare(&plan)
+        .ok()
+        .and_then(|p| lower_indexed_by(&plan, &p, rule, policy).ok());
     // Moves change where tasks run, never the units: their families are fixed.
     let family = Arc::new(families(&plan));
-    let side_by_side = width > 1;
-    // What the first round's trials are moves of, but its order: the best's
-    // lowering (the first lowered again by unit index, the same placement), which
-    // the trials are resumed from. Each kept move builds the next round's.
-    let mut ready = {
-        let low = prepare(&plan)
-            .ok()
-            .and_then(|p| lower_indexed_by(&plan, &p, rule, policy).ok());
-        std::thread::scope(|s| {
-            let parts =
-                side_by_side.then(|| s.spawn(|| Parts::of(&plan, pool.names, rule, policy, true)));
-            let of_run = OfRun::of(&plan, &best, low);
-            let parts =
-                parts.map_or_else(|| Parts::of(&plan, pool.names, rule, policy, false), joined);
-            (of_run, parts)
-        })
-    };
     // Which base the trials are moves of (the scratch plans know which they hold).
     let mut rounds = 0;
     'search: while spent < budget {
-        let (
-            of_run,
-            Parts {
-                deps,
-                meetings,
-                ideal,
-            },
-        ) = ready;
         // The plan lowered, so its dependencies resolve; were they not to, stop
         // with what was found.
-        let Some(deps) = deps else {
+        let Ok(deps) = dependencies(&plan) else {
             break;
         };
-        let report = &best.1;
+        let (program, report) = &best;
         // What the trials of this round are moves of (their plans are built where
         // they are lowered, from this order).
         rounds += 1;
         let base = Arc::new(Base {
             round: rounds,
             order: plan.order.clone(),
-            times: of_run.times,
-            index: of_run.index,
+            times: compute_times(program, report),
+            index: plan.locate(),
             family: Arc::clone(&family),
-            run: of_run.run,
-            meetings,
-            ideal,
+            run: lowered
+                .take()
+                .and_then(|l| Resumable::new(l, &report.timeline)),
+            meetings: prepare_named(&plan, pool.names)
+                .ok()
+                .and_then(|p| Meetings::new(&p, rule, policy)),
+            ideal: Log::new(&plan, &deps),
         });
         let (times, index) = (&base.times, &base.index);
         let mut waits: Vec<(f64, usize, usize)> = Vec::new();
@@ -213,7 +197,7 @@ fn search_on(
         waits.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
         // The first move kept: the plan, its lowering, and whether it moved work
         // between ranks.
-        let mut kept: Option<(Plan, (Program, SimReport), bool, Ready)> = None;
+        let mut kept: Option<(Plan, (Program, SimReport), bool, Lowered)> = None;
         // The round's tries, kind after kind (a kind only once no move of the kinds
         // before it helps), generated as they are issued: the first kept ends them.
         let (on, deps, family, run, waits) = (&plan, &deps, &*family, &best, &waits);
@@ -340,29 +324,13 @@ fn search_on(
                 continue;
             };
             // Only a move that helps is measured in full and named (for `fits`,
-            // and to keep); what the next round needs of its plan alone is built
-            // beside it, of its run after it.
-            let (run, parts) = std::thread::scope(|s| {
-                let parts = side_by_side
-                    .then(|| s.spawn(|| Parts::of(&next, pool.names, rule, policy, true)));
-                let run = simulate_lowered(&next.units, &low, opts)
-                    .ok()
-                    .map(|rep| (low.program(&next.units, text), rep))
-                    .filter(|(p, rep)| better(rep, &best.1) && fits(p, rep))
-                    .map(|run| {
-                        let of_run = OfRun::of(&next, &run, Some(low));
-                        (run, of_run)
-                    });
-                let parts = match parts {
-                    Some(h) => Some(joined(h)),
-                    None => run
-                        .is_some()
-                        .then(|| Parts::of(&next, pool.names, rule, policy, false)),
-                };
-                (run, parts)
-            });
-            if let (Some((run, of_run)), Some(parts)) = (run, parts) {
-                kept = Some((next, run, matches!(t, Try::Migrate(_)), (of_run, parts)));
+            // and to keep).
+            let Ok(rep) = simulate_lowered(&next.units, &low, opts) else {
+                continue;
+            };
+            let p = low.program(&next.units, text);
+            if better(&rep, &best.1) && fits(&p, &rep) {
+                kept = Some((next, (p, rep), matches!(t, Try::Migrate(_)), low));
                 break;
             }
         }
@@ -373,7 +341,7 @@ fn search_on(
             // Every kind was tried (the last had nothing to try).
             exhausted = Some(plan.clone());
         }
-        let Some((next, kept_run, between, next_ready)) = kept else {
+        let Some((next, kept_run, between, kept_low)) = kept else {
             break;
         };
         if between && improved && within.is_none() {
@@ -381,7 +349,7 @@ fn search_on(
         }
         plan = next;
         best = kept_run;
-        ready = next_ready;
+        lowered = Some(kept_low);
         improved = true;
     }
     let mut found: Vec<Plan> = within.into_iter().chain(exhausted).collect();
@@ -932,81 +900,6 @@ fn migrate(order: &mut [Vec<Task>], family: &[usize], times: &[Vec<Timed>], m: M
         order[m.to].insert(at[i], task);
     }
     true
-}
-
-/// What a round's [`Base`] is built from but its order: [`OfRun`] and [`Parts`].
-type Ready = (OfRun, Parts);
-
-/// What a round's [`Base`] needs of its plan alone: the dependencies, the ideal
-/// timing's record and the first pass of the meeting times under the search's
-/// rule. Built beside [`OfRun`] (on another thread, where the search has more
-/// than one).
-struct Parts {
-    deps: Option<crate::algebra::analysis::Deps>,
-    meetings: Option<Meetings>,
-    ideal: Option<Log>,
-}
-
-impl Parts {
-    /// The parts of `plan` (its units found by name in `names`), the meeting
-    /// times on another thread when `side_by_side`.
-    fn of(
-        plan: &Plan,
-        names: &UnitNames,
-        rule: Placement,
-        policy: &SearchPolicy,
-        side_by_side: bool,
-    ) -> Parts {
-        let meetings = || {
-            prepare_named(plan, names)
-                .ok()
-                .and_then(|p| Meetings::new(&p, rule, policy))
-        };
-        let timed = || {
-            let deps = dependencies(plan).ok();
-            let ideal = deps.as_ref().and_then(|d| Log::new(plan, d));
-            (deps, ideal)
-        };
-        let (meetings, (deps, ideal)) = if side_by_side {
-            std::thread::scope(|s| {
-                let meetings = s.spawn(meetings);
-                let timed = timed();
-                (joined(meetings), timed)
-            })
-        } else {
-            (meetings(), timed())
-        };
-        Parts {
-            deps,
-            meetings,
-            ideal,
-        }
-    }
-}
-
-/// What a round's [`Base`] needs of its plan's best run: the compute times, where
-/// the tasks are, and the run to resume trials from (of `low`, its lowering by
-/// unit index).
-struct OfRun {
-    times: Vec<Vec<Timed>>,
-    index: TaskIndex,
-    run: Option<Resumable>,
-}
-
-impl OfRun {
-    /// Of `plan`'s run `(program, report)`, whose lowering by unit index is `low`.
-    fn of(plan: &Plan, (program, report): &(Program, SimReport), low: Option<Lowered>) -> OfRun {
-        OfRun {
-            times: compute_times(program, report),
-            index: plan.locate(),
-            run: low.and_then(|l| Resumable::new(l, &report.timeline)),
-        }
-    }
-}
-
-/// A scoped thread's result, its panic the caller's.
-fn joined<T>(h: std::thread::ScopedJoinHandle<'_, T>) -> T {
-    h.join().unwrap_or_else(|p| std::panic::resume_unwind(p))
 }
 
 /// What the trials of one round of the search are moves of: the plan's compute
