@@ -186,6 +186,14 @@ pub struct SearchPolicy {
     /// Plans with at least this many tasks are lowered and simulated on several
     /// threads (smaller ones take less time than starting a thread).
     pub parallel_tasks: usize,
+    /// Trials the order search keeps issued per lowering thread, ahead of the one it
+    /// takes next: a thread that finishes one takes the next at once instead of
+    /// waiting for the slowest of a batch. More keeps the threads busier when trial
+    /// times vary (many are cut short); each holds a queued move, and its lowering
+    /// only when it beats the best. Trials issued past a move that is kept are
+    /// discarded (those already running are wasted work). The answer is the same
+    /// for any value.
+    pub order_window: usize,
     /// Busiest ranks encoder work may move away from, per round.
     pub migrate_sources: usize,
     /// Least busy ranks encoder work may move to, per round.
@@ -261,6 +269,7 @@ impl SearchPolicy {
         lookahead: 20,
         min_wait: 1e-6,
         parallel_tasks: 1500,
+        order_window: 2,
         migrate_sources: 3,
         migrate_targets: 3,
         ramp_trade_slack: 2,

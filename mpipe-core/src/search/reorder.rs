@@ -198,111 +198,148 @@ fn search_on(
         // The first move kept: the plan, its lowering, and whether it moved work
         // between ranks.
         let mut kept: Option<(Plan, (Program, SimReport), bool, Lowered)> = None;
-        'kinds: for kind in [Kind::Advance, Kind::Migrate, Kind::Shift] {
-            if kind == Kind::Shift && improved && exhausted.is_none() {
-                exhausted = Some(plan.clone());
-            }
-            // Generated as they are tried: the first kept ends the list.
-            let mut tries: Box<dyn Iterator<Item = Try>> = match kind {
+        // The round's tries, kind after kind (a kind only once no move of the kinds
+        // before it helps), generated as they are issued: the first kept ends them.
+        let (on, deps, family, run, waits) = (&plan, &deps, &*family, &best, &waits);
+        let mut stream = KINDS.into_iter().flat_map(move |kind| {
+            let tries: Box<dyn Iterator<Item = Try>> = match kind {
                 Kind::Migrate if moves == Moves::AcrossRanks => Box::new(
-                    migrations(&plan, &family, &best.0, &best.1, (sources, targets))
+                    migrations(on, family, &run.0, &run.1, (sources, targets))
                         .into_iter()
                         .map(Try::Migrate),
                 ),
                 Kind::Migrate => Box::new(std::iter::empty()),
-                _ => Box::new(waits.iter().flat_map(|&(wait, r, j)| {
+                _ => Box::new(waits.iter().flat_map(move |&(wait, r, j)| {
                     // A wait is first filled with weight gradients, then single
                     // tasks move into it.
                     let fill = (kind == Kind::Advance)
-                        .then(|| fill_with_w(&plan, index, r, j, wait))
+                        .then(|| fill_with_w(on, index, r, j, wait))
                         .flatten();
                     fill.into_iter().chain(
-                        candidates(&plan, &deps, times, (r, j), wait, kind, lookahead)
+                        candidates(on, deps, times, (r, j), wait, kind, lookahead)
                             .into_iter()
                             .map(|(q, from, to)| {
-                                let list = &plan.order[q];
+                                let list = &on.order[q];
                                 let anchor = if to < from { list[to] } else { list[to + 1] };
                                 Try::Within((q, list[from], anchor), from, to)
                             }),
                     )
                 })),
             };
-            loop {
-                // The next fresh tries (a move may come up for several waits: it
-                // is tried once), as many as there are workers and simulations
-                // left, lowered side by side; they are then taken in order as one
-                // at a time would, so the search does not depend on the workers.
-                let room = budget.saturating_sub(spent).clamp(1, width);
-                let mut batch: Vec<Try> = Vec::with_capacity(room);
-                while batch.len() < room {
-                    let Some(t) = tries.next() else { break };
-                    let key = t.key();
-                    if !tried.contains(&key) && batch.iter().all(|b| b.key() != key) {
-                        batch.push(t);
-                    }
-                }
-                if batch.is_empty() {
+            tries.map(move |t| (kind, t))
+        });
+        // A trial only has to tell whether it beats the best: one that provably
+        // ends later is cut short ([`Outcome::Slower`]).
+        let against = Against {
+            rule,
+            cutoff: best.1.makespan,
+            best: timed(&best.1),
+        };
+        // The tries issued and not yet taken, in order: lowered side by side as
+        // the threads come free, then taken in order as one at a time would (each
+        // counted and remembered as it is taken), so the search does not depend on
+        // the threads.
+        let mut ahead: std::collections::VecDeque<Ahead> = std::collections::VecDeque::new();
+        let depth = (width * policy.order_window).max(1);
+        let mut shifting = false;
+        loop {
+            // Fresh tries (a move may come up for several waits: it is tried
+            // once), while the window and the simulations left allow.
+            let room = budget.saturating_sub(spent).clamp(1, depth);
+            while ahead.len() < room {
+                let Some((kind, t)) = stream.next() else {
                     break;
+                };
+                let key = t.key();
+                if tried.contains(&key) || ahead.iter().any(|a| a.key == key) {
+                    continue;
                 }
-                if spent >= budget {
-                    break 'search;
-                }
-                // Trials an earlier search of the same plan took in this very
-                // order are not lowered again: their finishing times are read back.
-                let recorded = replay.ahead(&batch);
-                // A trial only has to tell whether it beats the best: one that
-                // provably ends later is cut short ([`Outcome::Slower`]).
-                let cutoff = best.1.makespan;
-                let lowered = pool.lower_all(&base, &batch, recorded.len(), rule, cutoff);
-                let mut recorded = recorded.into_iter();
-                for (t, lowered) in batch.into_iter().zip(lowered) {
-                    tried.insert(t.key());
-                    if spent >= budget {
-                        break 'search;
-                    }
-                    spent += 1;
-                    stage.step();
-                    let (low, outcome) = match recorded.next() {
-                        Some(outcome) => {
-                            replay.at += 1;
-                            replay.replayed += 1;
-                            (None, outcome)
-                        }
-                        None => {
-                            let (low, outcome) = lowered;
-                            replay.record(t.key(), outcome.clone());
-                            (low, outcome)
-                        }
-                    };
-                    let Outcome::Ran(finish) = outcome else {
-                        continue;
-                    };
-                    if !timed_finish(&finish).beats(&timed(&best.1)) {
-                        continue;
-                    }
-                    // The plan of a move that helps is built here too.
-                    let mut next = plan.clone();
-                    if !base.apply(t, &mut next.order) {
-                        continue;
-                    }
-                    // A trial read back is lowered again only when it helps.
-                    let Some(low) = low.or_else(|| {
-                        lower_one(&next, pool.names, opts, rule, policy, cutoff, (None, None)).0
-                    }) else {
-                        continue;
-                    };
-                    // Only a move that helps is measured in full and named (for
-                    // `fits`, and to keep).
-                    let Ok(rep) = simulate_lowered(&next.units, &low, opts) else {
-                        continue;
-                    };
-                    let p = low.program(&next.units, text);
-                    if better(&rep, &best.1) && fits(&p, &rep) {
-                        kept = Some((next, (p, rep), matches!(t, Try::Migrate(_)), low));
-                        break 'kinds;
-                    }
+                // A trial an earlier search of the same plan took at this very
+                // point is not lowered again: its finishing times are read back.
+                let recorded = ahead
+                    .iter()
+                    .all(|a| a.recorded.is_some())
+                    .then(|| replay.recorded(ahead.len(), key))
+                    .flatten();
+                let issued = match recorded {
+                    Some(_) => None,
+                    None => Some(pool.issue(&base, t, against)),
+                };
+                ahead.push_back(Ahead {
+                    kind,
+                    t,
+                    key,
+                    recorded,
+                    issued,
+                });
+            }
+            let Some(next) = ahead.pop_front() else {
+                break;
+            };
+            if next.kind == Kind::Shift && !shifting {
+                shifting = true;
+                if improved && exhausted.is_none() {
+                    exhausted = Some(plan.clone());
                 }
             }
+            tried.insert(next.key);
+            if spent >= budget {
+                pool.discard();
+                break 'search;
+            }
+            spent += 1;
+            stage.step();
+            let t = next.t;
+            let (low, outcome) = match (next.recorded, next.issued) {
+                (Some(outcome), _) => {
+                    replay.at += 1;
+                    replay.replayed += 1;
+                    (None, outcome)
+                }
+                (None, issued) => {
+                    let (low, outcome) = match issued {
+                        Some(n) => pool.take(n),
+                        None => (None, Outcome::Fails),
+                    };
+                    replay.record(next.key, outcome.clone());
+                    (low, outcome)
+                }
+            };
+            let Outcome::Ran(finish) = outcome else {
+                continue;
+            };
+            if !timed_finish(&finish).beats(&against.best) {
+                continue;
+            }
+            // The plan of a move that helps is built here too.
+            let mut next = plan.clone();
+            if !base.apply(t, &mut next.order) {
+                continue;
+            }
+            // A trial read back is lowered again only when it helps.
+            let cutoff = against.cutoff;
+            let Some(low) = low.or_else(|| {
+                lower_one(&next, pool.names, opts, rule, policy, cutoff, (None, None)).0
+            }) else {
+                continue;
+            };
+            // Only a move that helps is measured in full and named (for `fits`,
+            // and to keep).
+            let Ok(rep) = simulate_lowered(&next.units, &low, opts) else {
+                continue;
+            };
+            let p = low.program(&next.units, text);
+            if better(&rep, &best.1) && fits(&p, &rep) {
+                kept = Some((next, (p, rep), matches!(t, Try::Migrate(_)), low));
+                break;
+            }
+        }
+        // What is still issued is moves of this round's base: dropped.
+        pool.discard();
+        drop(stream);
+        if kept.is_none() && !shifting && improved && exhausted.is_none() {
+            // Every kind was tried (the last had nothing to try).
+            exhausted = Some(plan.clone());
         }
         let Some((next, kept_run, between, kept_low)) = kept else {
             break;
@@ -413,15 +450,14 @@ impl Replay {
         }
     }
 
-    /// The recorded times of the first trials of `batch`, as far as they are the
-    /// next moves recorded in order (each is read back only if taken).
-    fn ahead(&self, batch: &[Try]) -> Vec<Outcome> {
-        batch
-            .iter()
-            .zip(self.log.get(self.at..).unwrap_or_default())
-            .take_while(|(t, (m, _))| t.key() == *m)
-            .map(|(_, (_, finish))| finish.clone())
-            .collect()
+    /// The recorded outcome of the trial `k` places past the next to take, if the
+    /// record has move `key` there (the caller asks only while every trial before
+    /// it is read back too: a trial lowered here ends the record).
+    fn recorded(&self, k: usize, key: Move) -> Option<Outcome> {
+        self.log
+            .get(self.at + k)
+            .filter(|(m, _)| *m == key)
+            .map(|(_, outcome)| outcome.clone())
     }
 
     /// A trial taken and lowered here: the record goes on with it (what was
@@ -480,6 +516,9 @@ pub(crate) fn reorder_rounds(
     replay.finish(search.trials);
     kept
 }
+
+/// The kinds of move in the order they are tried.
+const KINDS: [Kind; 3] = [Kind::Advance, Kind::Migrate, Kind::Shift];
 
 /// The kinds of move, tried in this order; a kind is tried only once no move of
 /// the kinds before it helps.
@@ -954,6 +993,31 @@ impl Base {
             ideal,
         )
     }
+
+    /// [`Base::trial`] with `against`'s rule and cutoff, its lowering kept only
+    /// when its finishing times beat `against`'s best (the search needs no other:
+    /// it lowers and names only the moves that help).
+    fn judge(
+        &self,
+        t: Try,
+        scratch: &mut Scratch,
+        names: &UnitNames,
+        opts: &SimOptions,
+        policy: &SearchPolicy,
+        against: Against,
+    ) -> Trial {
+        let (low, outcome) = self.trial(
+            t,
+            scratch,
+            names,
+            opts,
+            against.rule,
+            policy,
+            against.cutoff,
+        );
+        let helps = matches!(&outcome, Outcome::Ran(f) if timed_finish(f).beats(&against.best));
+        (low.filter(|_| helps), outcome)
+    }
 }
 
 /// A plan trials are built in ([`Base::trial`]): which base's order it holds but
@@ -1000,32 +1064,112 @@ fn first_lowering(
     best
 }
 
-/// A trial for a worker of a [`Pool`]: its place in the batch, what it is a move
-/// of, the move, the rule, the makespan to beat.
-type Job = (usize, Arc<Base>, Try, Placement, f64);
-/// A trial's lowering (if it has one) and what it gave.
+/// What every trial of a round is judged against: the rule it is lowered with,
+/// the makespan beyond which its simulation is cut short, and the best's score,
+/// which it must beat for its lowering to be worth keeping.
+#[derive(Clone, Copy)]
+struct Against {
+    rule: Placement,
+    cutoff: f64,
+    best: Score,
+}
+
+/// A try issued and not yet taken: its kind, the move, what makes it that move,
+/// and either the outcome an earlier search recorded for it (read back, not
+/// lowered) or its number in the [`Pool`].
+struct Ahead {
+    kind: Kind,
+    t: Try,
+    key: Move,
+    recorded: Option<Outcome>,
+    issued: Option<usize>,
+}
+
+/// A trial for the [`Pool`]: its number, what it is a move of, the move, and what
+/// it is judged against.
+type Job = (usize, Arc<Base>, Try, Against);
+/// A trial's lowering (if it has one and it beats the best) and what it gave.
 type Trial = (Option<Lowered>, Outcome);
-/// A worker's answer: the place and [`Base::trial`] of the job (or the panic it
-/// raised).
+/// A trial's number and its [`Base::judge`] (or the panic it raised).
 type Done = (usize, std::thread::Result<Trial>);
+
+/// The jobs issued and not yet started, in order, and whether the pool is closing.
+#[derive(Default)]
+struct Queue {
+    jobs: std::sync::Mutex<(std::collections::VecDeque<Job>, bool)>,
+    more: std::sync::Condvar,
+}
+
+impl Queue {
+    fn push(&self, job: Job) {
+        self.lock().0.push_back(job);
+        self.more.notify_one();
+    }
+
+    /// The first job not yet started, if any.
+    fn pop(&self) -> Option<Job> {
+        self.lock().0.pop_front()
+    }
+
+    /// The first job not yet started, waiting for one; `None` once the pool closes.
+    fn wait(&self) -> Option<Job> {
+        let mut q = self.lock();
+        loop {
+            if q.1 {
+                return None;
+            }
+            if let Some(job) = q.0.pop_front() {
+                return Some(job);
+            }
+            q = self.more.wait(q).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+
+    fn clear(&self) {
+        self.lock().0.clear();
+    }
+
+    fn close(&self) {
+        let mut q = self.lock();
+        q.0.clear();
+        q.1 = true;
+        drop(q);
+        self.more.notify_all();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, (std::collections::VecDeque<Job>, bool)> {
+        // A worker's panic is caught around its trial, never while it holds the
+        // lock; a poisoned lock still holds a consistent queue.
+        self.jobs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// Threads that lower and simulate a search's trials beside the calling thread,
 /// started once for the whole search (thread starts per batch of two trials cost
-/// about a second of system time over a 12000-simulation search). Each worker
-/// takes its jobs in the order sent; answers are put back in batch order, so the
-/// search does not depend on the workers. A job is a move: the worker builds its
-/// plan in a plan of its own, kept for the whole search (a plan copied per
-/// trial, its units with it, was work on the calling thread, which the other
-/// threads waited for).
+/// about a second of system time over a 12000-simulation search). The search
+/// issues trials in order into one queue ([`Pool::issue`]); each worker takes the
+/// next as soon as it is free, and the calling thread, while the trial it takes
+/// next ([`Pool::take`]) is not done, runs the next queued one itself. Answers
+/// are taken by number, so the search does not depend on the workers; what a
+/// kept move leaves issued is dropped ([`Pool::discard`]). A job is a move: the
+/// thread builds its plan in a plan of its own, kept for the whole search (a plan
+/// copied per trial, its units with it, was work on the calling thread, which the
+/// other threads waited for).
 struct Pool<'a> {
     /// The units of every trial's plan, by name.
     names: &'a UnitNames<'a>,
     opts: &'a SimOptions,
     policy: &'a SearchPolicy,
-    jobs: Vec<std::sync::mpsc::Sender<Job>>,
+    queue: Arc<Queue>,
     done: std::sync::mpsc::Receiver<Done>,
     /// The calling thread's plan to build trials in.
     scratch: std::cell::RefCell<Scratch>,
+    /// The next trial's number.
+    next: std::cell::Cell<usize>,
+    /// Trials numbered below this were discarded: their answers are dropped.
+    live: std::cell::Cell<usize>,
+    /// Answers come back and not yet taken, by number.
+    answers: std::cell::RefCell<BTreeMap<usize, std::thread::Result<Trial>>>,
 }
 
 impl<'a> Pool<'a> {
@@ -1042,80 +1186,98 @@ impl<'a> Pool<'a> {
         'a: 'scope,
     {
         let (answer, done) = std::sync::mpsc::channel::<Done>();
-        let jobs = (0..workers)
-            .map(|_| {
-                let (send, take) = std::sync::mpsc::channel::<Job>();
-                let answer = answer.clone();
-                let mut scratch = Scratch::new(plan);
-                scope.spawn(move || {
-                    for (k, base, t, rule, cutoff) in take {
-                        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                            base.trial(t, &mut scratch, names, opts, rule, policy, cutoff)
-                        }));
-                        if answer.send((k, r)).is_err() {
-                            break;
-                        }
+        let queue = Arc::new(Queue::default());
+        for _ in 0..workers {
+            let answer = answer.clone();
+            let queue = Arc::clone(&queue);
+            let mut scratch = Scratch::new(plan);
+            scope.spawn(move || {
+                while let Some((n, base, t, against)) = queue.wait() {
+                    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        base.judge(t, &mut scratch, names, opts, policy, against)
+                    }));
+                    if answer.send((n, r)).is_err() {
+                        break;
                     }
-                });
-                send
-            })
-            .collect();
+                }
+            });
+        }
         Pool {
             names,
             opts,
             policy,
-            jobs,
+            queue,
             done,
             scratch: std::cell::RefCell::new(Scratch::new(plan)),
+            next: std::cell::Cell::new(0),
+            live: std::cell::Cell::new(0),
+            answers: std::cell::RefCell::new(BTreeMap::new()),
         }
     }
 
-    /// [`Base::trial`] of each move of `batch` with `rule` against `cutoff`, side
-    /// by side, but for the first `skip` (read back instead): the answers in
-    /// order. A panic in one is the caller's, as on one thread.
-    fn lower_all(
-        &self,
-        base: &Arc<Base>,
-        batch: &[Try],
-        skip: usize,
-        rule: Placement,
-        cutoff: f64,
-    ) -> Vec<Trial> {
-        let mut out: Vec<Trial> = batch.iter().map(|_| (None, Outcome::Fails)).collect();
-        // The first on this thread, the others on the workers in turn (and on this
-        // thread, those of a worker that stopped).
-        let mut mine: Vec<usize> = (skip..batch.len()).take(1).collect();
-        let mut sent = 0;
-        for (w, k) in (skip + 1..batch.len()).enumerate() {
-            let job = (k, Arc::clone(base), batch[k], rule, cutoff);
-            match self.jobs.get(w % self.jobs.len().max(1)) {
-                Some(worker) if worker.send(job).is_ok() => sent += 1,
-                _ => mine.push(k),
+    /// Trial `t` of `base` issued: its number, to take it by.
+    fn issue(&self, base: &Arc<Base>, t: Try, against: Against) -> usize {
+        let n = self.next.get();
+        self.next.set(n + 1);
+        self.queue.push((n, Arc::clone(base), t, against));
+        n
+    }
+
+    /// The answer of trial `n` (issued, not discarded, not yet taken), run here if
+    /// no worker has started it; while it is running elsewhere, this thread runs
+    /// the next queued trials. A panic in it is the caller's, as on one thread (a
+    /// panic in a trial that is discarded, which one thread would not have run,
+    /// is dropped with it).
+    fn take(&self, n: usize) -> Trial {
+        let answer = loop {
+            // Answers already back first.
+            while let Ok((k, r)) = self.done.try_recv() {
+                self.answer(k, r);
             }
-        }
-        let mut scratch = self.scratch.borrow_mut();
-        for &k in &mine {
-            out[k] = base.trial(
-                batch[k],
-                &mut scratch,
-                self.names,
-                self.opts,
-                rule,
-                self.policy,
-                cutoff,
-            );
-        }
-        for _ in 0..sent {
-            // Every job sent is answered: the workers live as long as the pool.
-            let Ok((k, r)) = self.done.recv() else {
-                break;
-            };
-            match r {
-                Ok(r) => out[k] = r,
-                Err(panic) => std::panic::resume_unwind(panic),
+            if let Some(r) = self.answers.borrow_mut().remove(&n) {
+                break r;
             }
+            if let Some((k, base, t, against)) = self.queue.pop() {
+                let mut scratch = self.scratch.borrow_mut();
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    base.judge(t, &mut scratch, self.names, self.opts, self.policy, against)
+                }));
+                if k == n {
+                    break r;
+                }
+                self.answer(k, r);
+                continue;
+            }
+            // Trial `n` runs on a worker, which answers it: the workers live as
+            // long as the pool.
+            match self.done.recv() {
+                Ok((k, r)) => self.answer(k, r),
+                Err(_) => unreachable!("the workers answer every trial they start"),
+            }
+        };
+        answer.unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+    }
+
+    /// Keep the answer of trial `k`, unless it was discarded.
+    fn answer(&self, k: usize, r: std::thread::Result<Trial>) {
+        if k >= self.live.get() {
+            self.answers.borrow_mut().insert(k, r);
         }
-        out
+    }
+
+    /// Every trial issued and not yet taken dropped: those not started are not
+    /// run, the answers of those running are dropped when they come.
+    fn discard(&self) {
+        self.queue.clear();
+        self.live.set(self.next.get());
+        self.answers.borrow_mut().clear();
+    }
+}
+
+impl Drop for Pool<'_> {
+    fn drop(&mut self) {
+        // The workers stop at their next job.
+        self.queue.close();
     }
 }
 
