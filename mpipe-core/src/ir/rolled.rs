@@ -132,7 +132,7 @@
 use crate::ir::program::{
     Action, ActionRef, CollKind, Dir, Name, Op as ComputeOp, Program, Tensor,
 };
-use std::collections::HashMap;
+use rustc_hash::FxHashMap as HashMap;
 use std::fmt;
 
 /// Deepest loop nesting a rolled program has (and `mpipe-runtime`'s batch tables hold):
@@ -395,7 +395,8 @@ pub fn roll_with(p: &Program, opts: &RollOptions) -> Result<Rolled, RollError> {
     if u32::try_from(p.units.len()).is_err() {
         return Err(RollError::TooManyUnits(p.units.len()));
     }
-    let mut index: HashMap<&str, u32> = HashMap::with_capacity(p.units.len());
+    let mut index: HashMap<&str, u32> =
+        HashMap::with_capacity_and_hasher(p.units.len(), Default::default());
     for (u, unit) in p.units.iter().enumerate() {
         index.entry(unit.name.as_str()).or_insert(u as u32);
     }
@@ -423,7 +424,8 @@ pub fn rank_code_size(
     if u32::try_from(p.units.len()).is_err() {
         return Err(RollError::TooManyUnits(p.units.len()));
     }
-    let mut index: HashMap<&str, u32> = HashMap::with_capacity(p.units.len());
+    let mut index: HashMap<&str, u32> =
+        HashMap::with_capacity_and_hasher(p.units.len(), Default::default());
     for (u, unit) in p.units.iter().enumerate() {
         index.entry(unit.name.as_str()).or_insert(u as u32);
     }
@@ -750,7 +752,7 @@ impl Seq {
     /// The items' shapes and bases. An item with `room` or more levels of loops
     /// cannot go into one more loop: it gets a shape of its own, equal to no other.
     fn build(items: &[Block], room: usize) -> Seq {
-        let mut ids: HashMap<Block, u32> = HashMap::new();
+        let mut ids: HashMap<Block, u32> = HashMap::default();
         let mut fresh = 0u32;
         let mut seq = Seq {
             shape: Vec::with_capacity(items.len()),

@@ -15,14 +15,55 @@ use super::Ctx;
 use crate::ir::compare::at_most;
 use crate::ir::plan::Task;
 use crate::ir::program::Op;
-use std::cmp::Reverse;
+use std::cmp::Ordering;
 use std::collections::binary_heap::PeekMut;
 use std::collections::{BinaryHeap, VecDeque};
 
-/// Rank `.2` free at time `.0` (the bits of a non-negative time, which order as the
-/// times do), pushed `.1`-th; the heap's earliest first, then the first pushed. An
-/// entry whose push number is not the rank's latest is stale and skipped.
-type Free = Reverse<(u64, u64, usize)>;
+/// Rank `r` free at time `t` (the bits of a non-negative time, which order as the
+/// times do), pushed `n`-th: the heap's earliest first, then the first pushed (push
+/// numbers are unique, so the rank is never compared). An entry whose push number
+/// is not the rank's latest is stale and skipped.
+#[derive(Clone, Copy)]
+struct Free {
+    /// `t << 64 | n`: one comparison orders by time, then by push.
+    at: u128,
+    r: usize,
+}
+
+impl Free {
+    fn new(t: u64, n: u64, r: usize) -> Free {
+        Free {
+            at: u128::from(t) << u64::BITS | u128::from(n),
+            r,
+        }
+    }
+
+    /// The time's bits, the push number and the rank.
+    fn parts(self) -> (u64, u64, usize) {
+        ((self.at >> u64::BITS) as u64, self.at as u64, self.r)
+    }
+}
+
+impl PartialEq for Free {
+    fn eq(&self, other: &Free) -> bool {
+        self.at == other.at
+    }
+}
+
+impl Eq for Free {}
+
+impl PartialOrd for Free {
+    fn partial_cmp(&self, other: &Free) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for Free {
+    /// Reversed, so that the max-heap gives the earliest first.
+    fn cmp(&self, other: &Free) -> Ordering {
+        other.at.cmp(&self.at)
+    }
+}
 
 /// `t` (a sum of non-negative costs from zero: never negative, never NaN) as bits
 /// that order as the times do (`-0.0` made `+0.0` first).
@@ -36,9 +77,9 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
     let cost = |k: usize| ctx.units[ctx.stages[k]].cost;
     let stage = |r: usize, c: usize| if c == 0 { r } else { s - 1 - r };
     let rank_of = |k: usize| if k < p { k } else { s - 1 - k };
-    // End times, INFINITY while unscheduled.
-    let mut fend = vec![vec![f64::INFINITY; m]; s];
-    let mut bend = vec![vec![f64::INFINITY; m]; s];
+    // End times by stage and micro-batch (`k * m + mb`), INFINITY while unscheduled.
+    let mut fend = vec![f64::INFINITY; s * m];
+    let mut bend = vec![f64::INFINITY; s * m];
     let mut next_f = vec![[0usize; 2]; p];
     let mut next_b = vec![[0usize; 2]; p];
     let mut wq: Vec<VecDeque<(usize, usize)>> = vec![VecDeque::new(); p];
@@ -50,11 +91,13 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
     // An F fits if the budget allows it, or if nothing at all is in flight.
     let fits = |held: f64, k: usize, r: usize| held == 0.0 || at_most(held + act(k), budget[r]);
     let mut order: Vec<Vec<Task>> = (0..p).map(|_| Vec::with_capacity(6 * m)).collect();
-    let mut heap: BinaryHeap<Free> = (0..p).map(|r| Reverse((key(0.0), r as u64, r))).collect();
+    let mut heap: BinaryHeap<Free> = (0..p).map(|r| Free::new(key(0.0), r as u64, r)).collect();
     let mut pushes = p as u64;
     let mut latest: Vec<u64> = (0..p as u64).collect();
     // Idle ranks, with the time of the next event they know of (INFINITY: none).
     let mut parked: Vec<(usize, f64)> = Vec::new();
+    // Whether a rank is in `parked` (at most once).
+    let mut is_parked = vec![false; p];
     let mut relaxed = vec![false; p];
     let mut last = 0.0f64;
     let mut remaining = 6 * m * p;
@@ -66,9 +109,10 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
                 break;
             }
             for (r, _) in parked.drain(..) {
+                is_parked[r] = false;
                 relaxed[r] = true;
                 latest[r] = pushes;
-                heap.push(Reverse((key(last), pushes, r)));
+                heap.push(Free::new(key(last), pushes, r));
                 pushes += 1;
             }
             continue;
@@ -78,31 +122,38 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
         let Some(mut top) = heap.peek_mut() else {
             continue;
         };
-        let Reverse((t, n, r)) = *top;
+        let (t, n, r) = top.parts();
         if n != latest[r] {
             PeekMut::pop(top);
             continue;
         }
         let t = f64::from_bits(t);
-        parked.retain(|&(q, _)| q != r);
+        if is_parked[r] {
+            parked.retain(|&(q, _)| q != r);
+            is_parked[r] = false;
+        }
         // Ready time of the next F / B of chunk c on rank r (INFINITY: not yet known).
-        let f_ready = |c: usize, fend: &Vec<Vec<f64>>, nf: &[usize; 2]| {
+        let f_ready = |c: usize, fend: &[f64], nf: &[usize; 2]| {
             let (k, mb) = (stage(r, c), nf[c]);
             if mb >= m {
                 None
             } else if k == 0 {
                 Some(0.0)
             } else {
-                Some(fend[k - 1][mb])
+                Some(fend[(k - 1) * m + mb])
             }
         };
-        let b_ready = |c: usize, fend: &Vec<Vec<f64>>, bend: &Vec<Vec<f64>>, nb: &[usize; 2]| {
+        let b_ready = |c: usize, fend: &[f64], bend: &[f64], nb: &[usize; 2]| {
             let (k, mb) = (stage(r, c), nb[c]);
             if mb >= m {
                 return None;
             }
-            let own = fend[k][mb];
-            let down = if k + 1 < s { bend[k + 1][mb] } else { 0.0 };
+            let own = fend[k * m + mb];
+            let down = if k + 1 < s {
+                bend[(k + 1) * m + mb]
+            } else {
+                0.0
+            };
             Some(own.max(down))
         };
         let mut choice: Option<(Op, usize)> = None;
@@ -147,12 +198,13 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
             }
             latest[r] = pushes;
             if next.is_finite() {
-                *top = Reverse((key(next), pushes, r));
+                *top = Free::new(key(next), pushes, r);
             } else {
                 PeekMut::pop(top);
             }
             pushes += 1;
             parked.push((r, next));
+            is_parked[r] = true;
             continue;
         };
         let (k, mb, dur) = match op {
@@ -178,8 +230,8 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
         };
         let end = t + dur;
         match op {
-            Op::F => fend[k][mb] = end,
-            Op::B => bend[k][mb] = end,
+            Op::F => fend[k * m + mb] = end,
+            Op::B => bend[k * m + mb] = end,
             _ => {}
         }
         order[r].push(ctx.task(op, k, mb));
@@ -189,7 +241,7 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
         }
         last = last.max(end);
         latest[r] = pushes;
-        *top = Reverse((key(end), pushes, r));
+        *top = Free::new(key(end), pushes, r);
         drop(top);
         pushes += 1;
         // Only the rank of the next stage (after an F) or of the previous stage
@@ -202,8 +254,9 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
         if let Some(q) = woken {
             if let Some(pos) = parked.iter().position(|&(x, _)| x == q) {
                 let (_, next) = parked.swap_remove(pos);
+                is_parked[q] = false;
                 latest[q] = pushes;
-                heap.push(Reverse((key(end.min(next)), pushes, q)));
+                heap.push(Free::new(key(end.min(next)), pushes, q));
                 pushes += 1;
             }
         }
