@@ -69,6 +69,9 @@ pub(crate) fn best_lowering_with(
     // the run): its report is measured from it at the end, when the placements are
     // gone, without running it again, and its steps written again.
     let mut reached: Option<Kept<'_>> = None;
+    // The winner's lowering and report where the first candidate, run in full
+    // ([`FirstRun`]), reaches the ideal makespan: then nothing else is lowered.
+    let mut whole: Option<(Lowered, SimReport)> = None;
     // Whether a run whose ranks finish at `finish` would be kept and reach the
     // ideal: then it is kept.
     let wanted = |best: &Option<Best>, finish: &[f64]| {
@@ -107,6 +110,7 @@ pub(crate) fn best_lowering_with(
                         time: None,
                         placement: Placement::Critical,
                         makespan,
+                        ran: None,
                     });
                     reached = Some(*run);
                 }
@@ -125,6 +129,7 @@ pub(crate) fn best_lowering_with(
                     time: None,
                     placement,
                     makespan,
+                    ran: None,
                 });
             }
             continue;
@@ -139,6 +144,41 @@ pub(crate) fn best_lowering_with(
             .map_err(|e| e.to_string())?;
         drop(taus);
         if !seen.first(Seen::sign(&at)) {
+            continue;
+        }
+        if best.is_none() && replace_rounds > 0 {
+            // The first candidate run is the best when it ends: run in full (the
+            // same makespan as its finishing times give), it reaches the ideal
+            // (then it is the winner, lowered and reported) or serves the first
+            // re-placement round as it is ([`FirstRun`]).
+            let compact = Compact::of(&at);
+            let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
+            let (lowered, report) = simulate_taken(&plan.units, lowered, opts)
+                .map_err(|e| format!("derived program does not run: {e}"))?;
+            let makespan = report.makespan;
+            if at_most(makespan, target) {
+                best = Some(Best {
+                    time: None,
+                    placement,
+                    makespan,
+                    ran: None,
+                });
+                whole = Some((lowered, report));
+                break;
+            }
+            let time = simulated_timing(
+                plan,
+                &lowered.programs,
+                &report.timeline.ranks,
+                &prepared.time,
+            );
+            drop(lowered);
+            best = Some(Best {
+                time: None,
+                placement,
+                makespan,
+                ran: Some((time, report, compact)),
+            });
             continue;
         }
         let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
@@ -158,6 +198,7 @@ pub(crate) fn best_lowering_with(
                 time: None,
                 placement,
                 makespan,
+                ran: None,
             });
             if let Some(run) = run.filter(|_| done(&best)) {
                 // Nothing is lowered after it: the winner's lowering is kept,
@@ -181,13 +222,16 @@ pub(crate) fn best_lowering_with(
     // derivation's peak (`zbv` at 8 x 4096, from 55 bytes an action to 58).
     let mut ran: Option<(SimReport, Compact)> = None;
     for _ in 0..replace_rounds {
-        let Some(b) = &best else {
+        let Some(b) = &mut best else {
             break;
         };
-        if reached.is_some() {
+        if reached.is_some() || whole.is_some() {
             break;
         }
-        let (time, report, at) = b.simulated_timing(plan, &prepared, opts, policy)?;
+        let (time, report, at) = match b.ran.take() {
+            Some(first) => first,
+            None => b.simulated_timing(plan, &prepared, opts, policy)?,
+        };
         ran = Some((report, at));
         let Some(time) = time.map(Rc::new) else {
             break;
@@ -222,6 +266,7 @@ pub(crate) fn best_lowering_with(
                     time: Some(Rc::clone(&time)),
                     placement,
                     makespan,
+                    ran: None,
                 });
                 ran = None;
                 improved = true;
@@ -244,9 +289,10 @@ pub(crate) fn best_lowering_with(
     // (A best whose full run is held is not simulated again: the same lowering runs
     // the same way; nor one whose run kept what its report needs.)
     let (ran, ran_at) = ran.unzip();
-    let winner = match reached {
-        Some(kept) => Err(kept),
-        None => {
+    let winner = match (reached, whole) {
+        (Some(kept), _) => Err(kept),
+        (None, Some((lowered, report))) => Ok((lowered, Some(report))),
+        (None, None) => {
             let at = match &ran_at {
                 Some(at) => at.placement(plan, &prepared),
                 None => best.placement(plan, &prepared, policy)?,
@@ -316,7 +362,17 @@ struct Best {
     time: Option<Rc<Timing>>,
     placement: Placement,
     makespan: f64,
+    /// This best's full run, where it was the first candidate run ([`FirstRun`]).
+    ran: Option<FirstRun>,
 }
+
+/// The first candidate run of a plan (while no best is kept), run in full rather
+/// than judged by its finishing times: its simulated timing, its report and its
+/// placement ([`Compact`]), what the first re-placement round would otherwise place,
+/// assemble and simulate again for it. Held as long as it is the best: beside the
+/// later candidates' runs, the same as the round holds beside its own (the report,
+/// the placement and the timing re-placed against).
+type FirstRun = (Option<Timing>, SimReport, Compact);
 
 impl Best {
     /// Whether a candidate of this makespan is faster (ties keep the first).
