@@ -463,14 +463,23 @@ struct Seen(Vec<u64>);
 
 impl Seen {
     /// The signature of placement `at`.
+    ///
+    /// A hasher's writes are one stream of bytes, so a rank's numbers (its count,
+    /// then each end's, as `write_usize` and `write_u64` give them) are written at
+    /// once: the same hash, the hasher's bookkeeping of a write paid once a rank,
+    /// not once an end (a rank's bytes held meanwhile, 8 an end).
     fn sign(at: &[Vec<Placed>]) -> u64 {
         use std::hash::Hasher;
         let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut bytes = Vec::new();
         for list in at {
-            h.write_usize(list.len());
+            bytes.clear();
+            bytes.extend_from_slice(&list.len().to_ne_bytes());
             for x in list {
-                h.write_u64(u64::from(x.slot) << u32::BITS | u64::from(x.id));
+                let word = u64::from(x.slot) << u32::BITS | u64::from(x.id);
+                bytes.extend_from_slice(&word.to_ne_bytes());
             }
+            h.write(&bytes);
         }
         h.finish()
     }
@@ -764,6 +773,39 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A placement's signature is the hash of its numbers written one by one (each
+    /// rank's count, then each end's slot and transfer): the same value, on every
+    /// rule's placement of a few plans.
+    #[test]
+    fn a_signature_is_the_hash_of_the_numbers_one_by_one() {
+        use std::hash::Hasher;
+        let one_by_one = |at: &[Vec<Placed>]| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for list in at {
+                h.write_usize(list.len());
+                for x in list {
+                    h.write_u64(u64::from(x.slot) << u32::BITS | u64::from(x.id));
+                }
+            }
+            h.finish()
+        };
+        let small = include_str!("../../../docs/guide/examples/small-mllm.toml");
+        let heavy = include_str!("../../../profiles/encoder-heavy.toml");
+        let plans = [
+            plan_of(small, (4, 8), "transpose(vision, 1f1b)"),
+            plan_of(heavy, (4, 6), "zb2p(v = 2)"),
+        ];
+        let policy = SearchPolicy::DEFAULT;
+        for plan in &plans {
+            let prepared = prepare(plan).unwrap();
+            for rule in PLACEMENTS {
+                let at = placement_at(plan, &prepared, &prepared.time, rule, &policy).unwrap();
+                assert_eq!(Seen::sign(&at), one_by_one(&at), "{rule:?}");
+            }
+            assert_eq!(Seen::sign(&[]), one_by_one(&[]));
         }
     }
 
