@@ -69,6 +69,9 @@ pub(crate) fn best_lowering_with(
     // the run): its report is measured from it at the end, when the placements are
     // gone, without running it again, and its steps written again.
     let mut reached: Option<Kept<'_>> = None;
+    // The winner's lowering and report where the first candidate, run in full
+    // ([`FirstRun`]), reaches the ideal makespan: then nothing else is lowered.
+    let mut whole: Option<(Lowered, SimReport)> = None;
     // Whether a run whose ranks finish at `finish` would be kept and reach the
     // ideal: then it is kept.
     let wanted = |best: &Option<Best>, finish: &[f64]| {
@@ -107,6 +110,7 @@ pub(crate) fn best_lowering_with(
                         time: None,
                         placement: Placement::Critical,
                         makespan,
+                        ran: None,
                     });
                     reached = Some(*run);
                 }
@@ -125,6 +129,7 @@ pub(crate) fn best_lowering_with(
                     time: None,
                     placement,
                     makespan,
+                    ran: None,
                 });
             }
             continue;
@@ -139,6 +144,41 @@ pub(crate) fn best_lowering_with(
             .map_err(|e| e.to_string())?;
         drop(taus);
         if !seen.first(Seen::sign(&at)) {
+            continue;
+        }
+        if best.is_none() && replace_rounds > 0 {
+            // The first candidate run is the best when it ends: run in full (the
+            // same makespan as its finishing times give), it reaches the ideal
+            // (then it is the winner, lowered and reported) or serves the first
+            // re-placement round as it is ([`FirstRun`]).
+            let compact = Compact::of(&at);
+            let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
+            let (lowered, report) = simulate_taken(&plan.units, lowered, opts)
+                .map_err(|e| format!("derived program does not run: {e}"))?;
+            let makespan = report.makespan;
+            if at_most(makespan, target) {
+                best = Some(Best {
+                    time: None,
+                    placement,
+                    makespan,
+                    ran: None,
+                });
+                whole = Some((lowered, report));
+                break;
+            }
+            let time = simulated_timing(
+                plan,
+                &lowered.programs,
+                &report.timeline.ranks,
+                &prepared.time,
+            );
+            drop(lowered);
+            best = Some(Best {
+                time: None,
+                placement,
+                makespan,
+                ran: Some((time, report, compact)),
+            });
             continue;
         }
         let lowered = assemble_lowered(plan, at).map_err(|e| e.to_string())?;
@@ -158,6 +198,7 @@ pub(crate) fn best_lowering_with(
                 time: None,
                 placement,
                 makespan,
+                ran: None,
             });
             if let Some(run) = run.filter(|_| done(&best)) {
                 // Nothing is lowered after it: the winner's lowering is kept,
@@ -181,13 +222,16 @@ pub(crate) fn best_lowering_with(
     // derivation's peak (`zbv` at 8 x 4096, from 55 bytes an action to 58).
     let mut ran: Option<(SimReport, Compact)> = None;
     for _ in 0..replace_rounds {
-        let Some(b) = &best else {
+        let Some(b) = &mut best else {
             break;
         };
-        if reached.is_some() {
+        if reached.is_some() || whole.is_some() {
             break;
         }
-        let (time, report, at) = b.simulated_timing(plan, &prepared, opts, policy)?;
+        let (time, report, at) = match b.ran.take() {
+            Some(first) => first,
+            None => b.simulated_timing(plan, &prepared, opts, policy)?,
+        };
         ran = Some((report, at));
         let Some(time) = time.map(Rc::new) else {
             break;
@@ -222,6 +266,7 @@ pub(crate) fn best_lowering_with(
                     time: Some(Rc::clone(&time)),
                     placement,
                     makespan,
+                    ran: None,
                 });
                 ran = None;
                 improved = true;
@@ -244,9 +289,10 @@ pub(crate) fn best_lowering_with(
     // (A best whose full run is held is not simulated again: the same lowering runs
     // the same way; nor one whose run kept what its report needs.)
     let (ran, ran_at) = ran.unzip();
-    let winner = match reached {
-        Some(kept) => Err(kept),
-        None => {
+    let winner = match (reached, whole) {
+        (Some(kept), _) => Err(kept),
+        (None, Some((lowered, report))) => Ok((lowered, Some(report))),
+        (None, None) => {
             let at = match &ran_at {
                 Some(at) => at.placement(plan, &prepared),
                 None => best.placement(plan, &prepared, policy)?,
@@ -316,7 +362,17 @@ struct Best {
     time: Option<Rc<Timing>>,
     placement: Placement,
     makespan: f64,
+    /// This best's full run, where it was the first candidate run ([`FirstRun`]).
+    ran: Option<FirstRun>,
 }
+
+/// The first candidate run of a plan (while no best is kept), run in full rather
+/// than judged by its finishing times: its simulated timing, its report and its
+/// placement ([`Compact`]), what the first re-placement round would otherwise place,
+/// assemble and simulate again for it. Held as long as it is the best: beside the
+/// later candidates' runs, the same as the round holds beside its own (the report,
+/// the placement and the timing re-placed against).
+type FirstRun = (Option<Timing>, SimReport, Compact);
 
 impl Best {
     /// Whether a candidate of this makespan is faster (ties keep the first).
@@ -407,14 +463,23 @@ struct Seen(Vec<u64>);
 
 impl Seen {
     /// The signature of placement `at`.
+    ///
+    /// A hasher's writes are one stream of bytes, so a rank's numbers (its count,
+    /// then each end's, as `write_usize` and `write_u64` give them) are written at
+    /// once: the same hash, the hasher's bookkeeping of a write paid once a rank,
+    /// not once an end (a rank's bytes held meanwhile, 8 an end).
     fn sign(at: &[Vec<Placed>]) -> u64 {
         use std::hash::Hasher;
         let mut h = std::collections::hash_map::DefaultHasher::new();
+        let mut bytes = Vec::new();
         for list in at {
-            h.write_usize(list.len());
+            bytes.clear();
+            bytes.extend_from_slice(&list.len().to_ne_bytes());
             for x in list {
-                h.write_u64(u64::from(x.slot) << u32::BITS | u64::from(x.id));
+                let word = u64::from(x.slot) << u32::BITS | u64::from(x.id);
+                bytes.extend_from_slice(&word.to_ne_bytes());
             }
+            h.write(&bytes);
         }
         h.finish()
     }
@@ -708,6 +773,39 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    /// A placement's signature is the hash of its numbers written one by one (each
+    /// rank's count, then each end's slot and transfer): the same value, on every
+    /// rule's placement of a few plans.
+    #[test]
+    fn a_signature_is_the_hash_of_the_numbers_one_by_one() {
+        use std::hash::Hasher;
+        let one_by_one = |at: &[Vec<Placed>]| {
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            for list in at {
+                h.write_usize(list.len());
+                for x in list {
+                    h.write_u64(u64::from(x.slot) << u32::BITS | u64::from(x.id));
+                }
+            }
+            h.finish()
+        };
+        let small = include_str!("../../../docs/guide/examples/small-mllm.toml");
+        let heavy = include_str!("../../../profiles/encoder-heavy.toml");
+        let plans = [
+            plan_of(small, (4, 8), "transpose(vision, 1f1b)"),
+            plan_of(heavy, (4, 6), "zb2p(v = 2)"),
+        ];
+        let policy = SearchPolicy::DEFAULT;
+        for plan in &plans {
+            let prepared = prepare(plan).unwrap();
+            for rule in PLACEMENTS {
+                let at = placement_at(plan, &prepared, &prepared.time, rule, &policy).unwrap();
+                assert_eq!(Seen::sign(&at), one_by_one(&at), "{rule:?}");
+            }
+            assert_eq!(Seen::sign(&[]), one_by_one(&[]));
         }
     }
 
