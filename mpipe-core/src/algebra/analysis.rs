@@ -76,7 +76,7 @@ impl Dep {
 }
 
 /// Dependencies of every task, `deps(r, i)`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Deps {
     offsets: Vec<Vec<usize>>,
     items: Vec<Dep>,
@@ -711,4 +711,67 @@ pub fn peak_memory(plan: &Plan) -> Vec<f64> {
             peak
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algebra::generators::{generate, BodyKind};
+    use crate::algebra::profile::Profile;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// [`dependencies_inserted`] is [`dependencies`] of the plan with the tasks
+        /// inserted (the same inputs, or the same failure): a generated plan, some
+        /// of its tasks taken out for the base (its encoders' `BW`s, which it
+        /// derives from the base's dependencies, or any, which it resolves in
+        /// full), the encoder trainable or frozen.
+        #[test]
+        fn inserted_dependencies_are_the_plans(
+            zbv: bool, p in 1usize..6, m in 1usize..12, trainable: bool,
+            backwards_only: bool, pick in prop::collection::vec(any::<bool>(), 64),
+        ) {
+            let prof = Profile::from_toml_str(&format!(
+                "[[encoder]]\nname = \"vision\"\nlayers = 2\nforward = 0.5\nbackward = 0.7\n\
+                 weight = 0.1\nactivation = 0.2\ntrainable = {trainable}\n\n\
+                 [llm]\nlayers = 8\nforward = 1.0\nbackward = 1.0\nweight = 0.5\n\
+                 activation = 1.0\n"
+            ))
+            .unwrap();
+            let kind = if zbv { BodyKind::ZbV } else { BodyKind::OneFOneB };
+            let Ok(plan) = generate(kind, &prof, p, m) else {
+                return Err(TestCaseError::reject("no such body"));
+            };
+            let encoders = plan.encoders.clone();
+            let mut base = plan.clone();
+            let mut at: Vec<Vec<usize>> = vec![Vec::new(); plan.ranks];
+            let mut picks = pick.iter().cycle();
+            for (r, list) in plan.order.iter().enumerate() {
+                let mut kept = Vec::new();
+                for t in list {
+                    let out = if backwards_only {
+                        t.op == Op::BW && encoders.contains(&t.unit) && *picks.next().unwrap()
+                    } else {
+                        *picks.next().unwrap() && *picks.next().unwrap()
+                    };
+                    if out {
+                        at[r].push(kept.len());
+                    } else {
+                        kept.push(*t);
+                    }
+                }
+                base.order[r] = kept;
+            }
+            let index = base.locate();
+            let Ok(deps) = dependencies_lenient_located(&base, &index) else {
+                return Err(TestCaseError::reject("the base does not resolve"));
+            };
+            prop_assert_eq!(
+                dependencies_inserted(&plan, &index, &deps, &at),
+                dependencies(&plan)
+            );
+        }
+    }
 }
