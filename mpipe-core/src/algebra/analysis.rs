@@ -477,13 +477,23 @@ impl Watch for Within {
 /// topological order, not necessarily [`timing`]'s). An operator that appends work
 /// to a timed plan times only what it appended.
 pub fn timing_extended(plan: &Plan, base: &Timing) -> Result<Timing, PlanError> {
+    timing_extended_located(plan, base, &plan.locate())
+}
+
+/// [`timing_extended`] with `plan`'s tasks located by `index` ([`Plan::locate`] of
+/// `plan`): an operator that indexed the shorter plan extends its index.
+pub(crate) fn timing_extended_located(
+    plan: &Plan,
+    base: &Timing,
+    index: &TaskIndex,
+) -> Result<Timing, PlanError> {
     let from: Vec<usize> = (0..plan.ranks)
         .map(|r| {
             let have = base.start.get(r).map_or(0, Vec::len);
             have.min(plan.order[r].len())
         })
         .collect();
-    let deps = resolve(plan, &plan.locate(), &plan.unit_names(), false, &from)?;
+    let deps = resolve(plan, index, &plan.unit_names(), false, &from)?;
     let counter = from.iter().sum();
     let mut time = Timing {
         start: Vec::with_capacity(plan.ranks),

@@ -21,7 +21,7 @@
 use super::{insert_all, inserted};
 use crate::algebra::analysis::{
     dependencies, dependencies_inserted, dependencies_lenient_located, peak_memory, timing,
-    timing_extended, timing_within, Deps, PlanError, Timing,
+    timing_extended_located, timing_within, Deps, PlanError, Timing,
 };
 use crate::ir::compare::{at_most, less};
 use crate::ir::plan::{InputShip, Plan, Task, TaskIndex, UnitId};
@@ -286,20 +286,26 @@ fn compare_placements(
         // the eager placement reads its gradients' ready times from it, and the
         // deferred one (the same lists, each extended at its end) is timed only past
         // it. The eager one's dependencies are the placed plan's, moved past the
-        // backwards inserted, and the backwards' own.
-        let index = placed.locate();
+        // backwards inserted, and the backwards' own. The placed plan's index then
+        // becomes the deferred one's (its lists extended).
+        let mut index = placed.locate();
         let placed_deps = dependencies_lenient_located(&placed, &index)?;
         let placed_time = timing(&placed, &placed_deps)?;
         let owner = |mb: usize| owner[mb];
         let eager = place_backward(&placed, enc, &owner, backward, Some(&index), &placed_time)?;
         let deferred = place_backward(&placed, enc, &owner, backward, None, &placed_time)?;
+        let lengths: Vec<usize> = placed.order.iter().map(Vec::len).collect();
         drop(placed);
-        let span = no_readers
-            .then(|| Ok::<_, PlanError>(timing_extended(&deferred.plan, &placed_time)?.makespan()))
-            .transpose()?;
-        drop(placed_time);
         let eager_deps = dependencies_inserted(&eager.plan, &index, &placed_deps, &eager.at)?;
-        drop((index, placed_deps));
+        drop(placed_deps);
+        let span = no_readers
+            .then(|| {
+                index.extend(&deferred.plan, &lengths);
+                let time = timing_extended_located(&deferred.plan, &placed_time, &index)?;
+                Ok::<_, PlanError>(time.makespan())
+            })
+            .transpose()?;
+        drop((placed_time, index));
         let ordered = eager.ordered && no_readers && sound;
         let (i, j) = (2 * k, 2 * k + 1);
         if span.is_some() && cut == Cut::Short {
