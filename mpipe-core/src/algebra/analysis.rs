@@ -76,10 +76,13 @@ impl Dep {
 }
 
 /// Dependencies of every task, `deps(r, i)`.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Deps {
     offsets: Vec<Vec<usize>>,
     items: Vec<Dep>,
+    /// Whether every tensor read has its producer (lenient resolution left none
+    /// out).
+    complete: bool,
 }
 
 impl Deps {
@@ -136,6 +139,7 @@ fn resolve(
     from: &[usize],
 ) -> Result<Deps, PlanError> {
     let need = names.needs_backward();
+    let locate = |op, u, mb| index.get(op, u, mb);
     let mut offsets = Vec::with_capacity(plan.ranks);
     // About one input a task: room for that many at once, not grown by doubling.
     let tasks: usize = plan
@@ -145,123 +149,214 @@ fn resolve(
         .map(|(l, r)| l.len() - from.get(r).copied().unwrap_or(0).min(l.len()))
         .sum();
     let mut items = Vec::with_capacity(tasks);
+    let mut complete = true;
     for (r, list) in plan.order.iter().enumerate() {
         let mut off = Vec::with_capacity(list.len() + 1);
         let skip = from.get(r).copied().unwrap_or(0).min(list.len());
         off.resize(skip, items.len());
         for (i, t) in list.iter().enumerate().skip(skip) {
             off.push(items.len());
-            let err = |what: String, backwards: bool| {
-                let (rank, index, task) = (r, i, describe(plan, t));
-                if backwards {
-                    PlanError::Backwards {
-                        rank,
-                        index,
-                        task,
-                        what,
-                    }
-                } else {
-                    PlanError::Missing {
-                        rank,
-                        index,
-                        task,
-                        what,
-                    }
-                }
-            };
-            match t.op {
-                Op::F | Op::RF => {
-                    let ahead = |u: UnitId| {
-                        !plan.prefetch.is_empty() && plan.prefetch.binary_search(&(u, t.mb)).is_ok()
-                    };
-                    let reader_ahead = ahead(t.unit);
-                    for &p in names.inputs(t.unit) {
-                        // Left by the previous step (see `Plan::prefetch`), unless
-                        // the reader runs a step ahead too.
-                        if ahead(p) && !reader_ahead {
-                            continue;
-                        }
-                        let dep = match find(
-                            &|op, u, mb| index.get(op, u, mb),
-                            r,
-                            i,
-                            &[Op::F, Op::RF],
-                            p,
-                            t.mb,
-                        ) {
-                            Ok(dep) => dep,
-                            Err(false) if lenient => continue,
-                            Err(b) => {
-                                return Err(err(format!("act({},{})", plan.units[p].name, t.mb), b))
-                            }
-                        };
-                        items.push(Dep::new(Tensor::Act, p, dep));
-                    }
-                }
-                Op::B | Op::BW => {
-                    local(
-                        &|op, u, mb| index.get(op, u, mb),
-                        r,
-                        i,
-                        &[Op::F, Op::RF],
-                        t.unit,
-                        t.mb,
-                    )
-                    .ok_or_else(|| {
-                        err(
-                            format!(
-                                "its own forward F/RF({},{}) on this rank",
-                                plan.units[t.unit].name, t.mb
-                            ),
-                            false,
-                        )
-                    })?;
-                    for &s in names.successors(t.unit) {
-                        if !need[s] {
-                            continue;
-                        }
-                        let dep = match find(
-                            &|op, u, mb| index.get(op, u, mb),
-                            r,
-                            i,
-                            &[Op::B, Op::BW],
-                            s,
-                            t.mb,
-                        ) {
-                            Ok(dep) => dep,
-                            Err(false) if lenient => continue,
-                            Err(b) => {
-                                return Err(err(
-                                    format!("grad({},{})", plan.units[s].name, t.mb),
-                                    b,
-                                ))
-                            }
-                        };
-                        items.push(Dep::new(Tensor::Grad, s, dep));
-                    }
-                }
-                Op::W => {
-                    local(
-                        &|op, u, mb| index.get(op, u, mb),
-                        r,
-                        i,
-                        &[Op::B],
-                        t.unit,
-                        t.mb,
-                    )
-                    .ok_or_else(|| {
-                        err(
-                            format!("B({},{}) on this rank", plan.units[t.unit].name, t.mb),
-                            false,
-                        )
-                    })?;
-                }
-            }
+            complete &= resolve_task(plan, names, need, lenient, &locate, (r, i, t), &mut items)?;
         }
         off.push(items.len());
         offsets.push(off);
     }
-    Ok(Deps { offsets, items })
+    Ok(Deps {
+        offsets,
+        items,
+        complete,
+    })
+}
+
+/// The inputs of task `t`, task `i` of rank `r` of `plan` (`at = (r, i, t)`), appended to
+/// `items`, its producers located by `locate` (a plan's [`TaskIndex`], or a view of
+/// one, as in [`local`]); `need`: [`UnitNames::needs_backward`] of `names`.
+/// Lenient, a tensor nobody produces is left out (then `Ok(false)`); else it is an
+/// error, as a producer only later on the rank always is.
+#[inline(always)]
+fn resolve_task(
+    plan: &Plan,
+    names: &UnitNames,
+    need: &[bool],
+    lenient: bool,
+    locate: &impl Fn(Op, UnitId, usize) -> Option<(usize, usize)>,
+    (r, i, t): (usize, usize, &Task),
+    items: &mut Vec<Dep>,
+) -> Result<bool, PlanError> {
+    let mut complete = true;
+    let err = |what: String, backwards: bool| {
+        let (rank, index, task) = (r, i, describe(plan, t));
+        if backwards {
+            PlanError::Backwards {
+                rank,
+                index,
+                task,
+                what,
+            }
+        } else {
+            PlanError::Missing {
+                rank,
+                index,
+                task,
+                what,
+            }
+        }
+    };
+    match t.op {
+        Op::F | Op::RF => {
+            let ahead = |u: UnitId| {
+                !plan.prefetch.is_empty() && plan.prefetch.binary_search(&(u, t.mb)).is_ok()
+            };
+            let reader_ahead = ahead(t.unit);
+            for &p in names.inputs(t.unit) {
+                // Left by the previous step (see `Plan::prefetch`), unless the
+                // reader runs a step ahead too.
+                if ahead(p) && !reader_ahead {
+                    continue;
+                }
+                let dep = match find(locate, r, i, &[Op::F, Op::RF], p, t.mb) {
+                    Ok(dep) => dep,
+                    Err(false) if lenient => {
+                        complete = false;
+                        continue;
+                    }
+                    Err(b) => return Err(err(format!("act({},{})", plan.units[p].name, t.mb), b)),
+                };
+                items.push(Dep::new(Tensor::Act, p, dep));
+            }
+        }
+        Op::B | Op::BW => {
+            local(locate, r, i, &[Op::F, Op::RF], t.unit, t.mb).ok_or_else(|| {
+                err(
+                    format!(
+                        "its own forward F/RF({},{}) on this rank",
+                        plan.units[t.unit].name, t.mb
+                    ),
+                    false,
+                )
+            })?;
+            for &s in names.successors(t.unit) {
+                if !need[s] {
+                    continue;
+                }
+                let dep = match find(locate, r, i, &[Op::B, Op::BW], s, t.mb) {
+                    Ok(dep) => dep,
+                    Err(false) if lenient => {
+                        complete = false;
+                        continue;
+                    }
+                    Err(b) => return Err(err(format!("grad({},{})", plan.units[s].name, t.mb), b)),
+                };
+                items.push(Dep::new(Tensor::Grad, s, dep));
+            }
+        }
+        Op::W => {
+            local(locate, r, i, &[Op::B], t.unit, t.mb).ok_or_else(|| {
+                err(
+                    format!("B({},{}) on this rank", plan.units[t.unit].name, t.mb),
+                    false,
+                )
+            })?;
+        }
+    }
+    Ok(complete)
+}
+
+/// [`dependencies`] of `plan`: a plan `base` (located by `index`, its dependencies
+/// `deps`, resolved leniently or not) with tasks inserted into its rank lists,
+/// `at[r]` the positions in `base`'s list of rank `r` before which they went,
+/// ascending, one a task (where [`crate::algebra::operators::inserted`] put them:
+/// each at most the list's length).
+///
+/// Where `deps` left no tensor out and every task inserted is a `BW` of a unit
+/// without inputs, no task reads what a task inserted produces (a unit's gradient
+/// is read by the backwards of its inputs), and a task inserted reads only tasks of
+/// `base`: `base`'s tasks then read what they read in `base`, each producer at its
+/// new place, and only the tasks inserted are resolved. Else every task is.
+pub(crate) fn dependencies_inserted(
+    plan: &Plan,
+    index: &TaskIndex,
+    deps: &Deps,
+    at: &[Vec<usize>],
+) -> Result<Deps, PlanError> {
+    let names = plan.unit_names();
+    // Task `k` inserted on rank `r` is task `at[r][k] + k` of its new list.
+    let inserted = |r: usize| at[r].iter().enumerate().map(move |(k, &pos)| (pos + k, k));
+    let derivable = deps.complete
+        && at.len() == plan.ranks
+        && (0..plan.ranks).all(|r| {
+            let list = &plan.order[r];
+            deps.offsets[r].len() - 1 + at[r].len() == list.len()
+                && inserted(r).all(|(i, _)| {
+                    let t = &list[i];
+                    t.op == Op::BW && names.inputs(t.unit).is_empty()
+                })
+        });
+    if !derivable {
+        return resolve(plan, &plan.locate(), &names, false, &[]);
+    }
+    let need = names.needs_backward();
+    // Where task `j` of rank `q` of `base` is in `plan`: `moved[q][j]` (32-bit, as
+    // a dependency's producer is).
+    let moved: Vec<Vec<u32>> = (0..plan.ranks)
+        .map(|q| {
+            let mut shift = 0;
+            (0..deps.offsets[q].len() - 1)
+                .map(|j| {
+                    while at[q].get(shift).is_some_and(|&pos| pos <= j) {
+                        shift += 1;
+                    }
+                    (j + shift) as u32
+                })
+                .collect()
+        })
+        .collect();
+    let locate = |op, u, mb| index.get(op, u, mb).map(|(q, j)| (q, moved[q][j] as usize));
+    let added: usize = at.iter().map(Vec::len).sum();
+    let mut items = Vec::with_capacity(deps.items.len() + added);
+    let mut offsets = Vec::with_capacity(plan.ranks);
+    for (r, list) in plan.order.iter().enumerate() {
+        let mut off = Vec::with_capacity(list.len() + 1);
+        let from = &deps.offsets[r];
+        // `base`'s tasks `run` (from one inserted to the next): their inputs at
+        // once, each producer moved.
+        let copy = |run: std::ops::Range<usize>, off: &mut Vec<usize>, items: &mut Vec<Dep>| {
+            let (start, end) = (from[run.start], from[run.end]);
+            let shift = items.len() - start;
+            off.extend(from[run].iter().map(|&o| o + shift));
+            items.extend(deps.items[start..end].iter().map(|d| Dep {
+                producer: (
+                    d.producer.0,
+                    moved[d.producer.0 as usize][d.producer.1 as usize],
+                ),
+                ..*d
+            }));
+        };
+        let mut j = 0;
+        for (k, &pos) in at[r].iter().enumerate() {
+            copy(j..pos, &mut off, &mut items);
+            j = pos;
+            off.push(items.len());
+            let i = pos + k;
+            resolve_task(
+                plan,
+                &names,
+                need,
+                false,
+                &locate,
+                (r, i, &list[i]),
+                &mut items,
+            )?;
+        }
+        copy(j..from.len() - 1, &mut off, &mut items);
+        off.push(items.len());
+        offsets.push(off);
+    }
+    Ok(Deps {
+        offsets,
+        items,
+        complete: true,
+    })
 }
 
 /// An earlier task on rank `r` (before index `i`) among `ops` on `(unit, mb)`, the
@@ -382,13 +477,23 @@ impl Watch for Within {
 /// topological order, not necessarily [`timing`]'s). An operator that appends work
 /// to a timed plan times only what it appended.
 pub fn timing_extended(plan: &Plan, base: &Timing) -> Result<Timing, PlanError> {
+    timing_extended_located(plan, base, &plan.locate())
+}
+
+/// [`timing_extended`] with `plan`'s tasks located by `index` ([`Plan::locate`] of
+/// `plan`): an operator that indexed the shorter plan extends its index.
+pub(crate) fn timing_extended_located(
+    plan: &Plan,
+    base: &Timing,
+    index: &TaskIndex,
+) -> Result<Timing, PlanError> {
     let from: Vec<usize> = (0..plan.ranks)
         .map(|r| {
             let have = base.start.get(r).map_or(0, Vec::len);
             have.min(plan.order[r].len())
         })
         .collect();
-    let deps = resolve(plan, &plan.locate(), &plan.unit_names(), false, &from)?;
+    let deps = resolve(plan, index, &plan.unit_names(), false, &from)?;
     let counter = from.iter().sum();
     let mut time = Timing {
         start: Vec::with_capacity(plan.ranks),
@@ -616,4 +721,67 @@ pub fn peak_memory(plan: &Plan) -> Vec<f64> {
             peak
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algebra::generators::{generate, BodyKind};
+    use crate::algebra::profile::Profile;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+
+        /// [`dependencies_inserted`] is [`dependencies`] of the plan with the tasks
+        /// inserted (the same inputs, or the same failure): a generated plan, some
+        /// of its tasks taken out for the base (its encoders' `BW`s, which it
+        /// derives from the base's dependencies, or any, which it resolves in
+        /// full), the encoder trainable or frozen.
+        #[test]
+        fn inserted_dependencies_are_the_plans(
+            zbv: bool, p in 1usize..6, m in 1usize..12, trainable: bool,
+            backwards_only: bool, pick in prop::collection::vec(any::<bool>(), 64),
+        ) {
+            let prof = Profile::from_toml_str(&format!(
+                "[[encoder]]\nname = \"vision\"\nlayers = 2\nforward = 0.5\nbackward = 0.7\n\
+                 weight = 0.1\nactivation = 0.2\ntrainable = {trainable}\n\n\
+                 [llm]\nlayers = 8\nforward = 1.0\nbackward = 1.0\nweight = 0.5\n\
+                 activation = 1.0\n"
+            ))
+            .unwrap();
+            let kind = if zbv { BodyKind::ZbV } else { BodyKind::OneFOneB };
+            let Ok(plan) = generate(kind, &prof, p, m) else {
+                return Err(TestCaseError::reject("no such body"));
+            };
+            let encoders = plan.encoders.clone();
+            let mut base = plan.clone();
+            let mut at: Vec<Vec<usize>> = vec![Vec::new(); plan.ranks];
+            let mut picks = pick.iter().cycle();
+            for (r, list) in plan.order.iter().enumerate() {
+                let mut kept = Vec::new();
+                for t in list {
+                    let out = if backwards_only {
+                        t.op == Op::BW && encoders.contains(&t.unit) && *picks.next().unwrap()
+                    } else {
+                        *picks.next().unwrap() && *picks.next().unwrap()
+                    };
+                    if out {
+                        at[r].push(kept.len());
+                    } else {
+                        kept.push(*t);
+                    }
+                }
+                base.order[r] = kept;
+            }
+            let index = base.locate();
+            let Ok(deps) = dependencies_lenient_located(&base, &index) else {
+                return Err(TestCaseError::reject("the base does not resolve"));
+            };
+            prop_assert_eq!(
+                dependencies_inserted(&plan, &index, &deps, &at),
+                dependencies(&plan)
+            );
+        }
+    }
 }

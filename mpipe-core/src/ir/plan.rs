@@ -266,6 +266,22 @@ impl TaskIndex {
         }
     }
 
+    /// Make this the index of `plan`, whose rank lists extend at their ends those
+    /// of the plan indexed (the same units and micro-batches): the first `from[r]`
+    /// tasks of rank `r` are that plan's. Only the tasks past those are entered,
+    /// each where [`Plan::locate`] puts it (the last occurrence wins).
+    pub(crate) fn extend(&mut self, plan: &Plan, from: &[usize]) {
+        let (m, n) = (self.microbatches, self.units);
+        for (r, list) in plan.order.iter().enumerate() {
+            let rank = r as u32 + 1;
+            for (i, t) in list.iter().enumerate().skip(from[r]) {
+                let slot = &mut self.slots[(op_slot(t.op) * n + t.unit) * m + t.mb];
+                // Rank-major order, as `new` enters them: the later place wins.
+                *slot = (*slot).max([rank, i as u32]);
+            }
+        }
+    }
+
     /// Where `(op, unit, mb)` runs, if it does (the last occurrence if several).
     #[inline]
     pub fn get(&self, op: Op, unit: UnitId, mb: usize) -> Option<(usize, usize)> {

@@ -20,8 +20,8 @@
 
 use super::{insert_all, inserted};
 use crate::algebra::analysis::{
-    dependencies, dependencies_lenient_located, peak_memory, timing, timing_extended,
-    timing_within, PlanError, Timing,
+    dependencies, dependencies_inserted, dependencies_lenient_located, peak_memory, timing,
+    timing_extended_located, timing_within, Deps, PlanError, Timing,
 };
 use crate::ir::compare::{at_most, less};
 use crate::ir::plan::{InputShip, Plan, Task, TaskIndex, UnitId};
@@ -246,14 +246,36 @@ fn compare_placements(
             .iter()
             .all(|op| op.cost(&u.cost).is_finite() && op.cost(&u.cost) >= 0.0)
     });
-    // Each candidate, with its ideal makespan where it is known already, its
-    // placement (an index into `places`), and whether its timing may be cut short
-    // (see below).
-    let mut candidates: Vec<Candidate> = Vec::new();
+    // The candidates: for a trainable encoder two a placement, the backward eager
+    // (candidate `2k` of placement `k`) and deferred (`2k + 1`); one a placement
+    // (`k`) for a frozen encoder.
+    //
+    // The fastest candidate among those within the profile's memory limit (so
+    // without a limit a trainable encoder may hold all its activations to the end of
+    // the step); on a tie the earlier candidate. Compared in any order, the earlier
+    // candidate winning a tie, the fastest is the same: each candidate is compared
+    // as soon as it is built, and kept only while it is the fastest so far (or, when
+    // recorded, its placement's). A deferred candidate whose makespan is known goes
+    // before its placement's eager one, so that the eager one can be timed only as
+    // far as it could still win (its timing, when it is `ordered`, stops at the
+    // first task ending past the makespan it must beat). The others are resolved
+    // and timed as built, in the same order whatever the cut, so a failure is the
+    // same failure.
+    let mut contest = Contest {
+        memory_limit: plan.memory_limit,
+        cut,
+        tracked: std::array::from_fn(|k| {
+            record.is_some() && k < places.len() && (k == 0 || k + 1 == places.len())
+        }),
+        single: places.len() == 1 && !trainable,
+        best: None,
+        own: [None; 3],
+        kept: Vec::new(),
+    };
     for (k, &pl) in places.iter().enumerate() {
         let (placed, owner) = place_forwards(&plan, enc, &ring, owners, pl)?;
         if !trainable {
-            candidates.push((Some(placed), None, k, false));
+            contest.compare(k, k, placed, None, None, false)?;
             continue;
         }
         // The backward: two placements. Eager: each encoder backward as soon as its
@@ -263,141 +285,174 @@ fn compare_placements(
         // Both read the ideal timing of the plan with the forwards placed: timed once,
         // the eager placement reads its gradients' ready times from it, and the
         // deferred one (the same lists, each extended at its end) is timed only past
-        // it.
-        let index = placed.locate();
-        let placed_time = timing(&placed, &dependencies_lenient_located(&placed, &index)?)?;
+        // it. The eager one's dependencies are the placed plan's, moved past the
+        // backwards inserted, and the backwards' own. The placed plan's index then
+        // becomes the deferred one's (its lists extended).
+        let mut index = placed.locate();
+        let placed_deps = dependencies_lenient_located(&placed, &index)?;
+        let placed_time = timing(&placed, &placed_deps)?;
         let owner = |mb: usize| owner[mb];
-        let (eager, ordered) =
-            place_backward(&placed, enc, &owner, backward, Some(&index), &placed_time)?;
-        drop(index);
-        candidates.push((Some(eager), None, k, ordered && no_readers && sound));
-        let (deferred, _) = place_backward(&placed, enc, &owner, backward, None, &placed_time)?;
+        let eager = place_backward(&placed, enc, &owner, backward, Some(&index), &placed_time)?;
+        let deferred = place_backward(&placed, enc, &owner, backward, None, &placed_time)?;
+        let lengths: Vec<usize> = placed.order.iter().map(Vec::len).collect();
         drop(placed);
+        let eager_deps = dependencies_inserted(&eager.plan, &index, &placed_deps, &eager.at)?;
+        drop(placed_deps);
         let span = no_readers
-            .then(|| Ok::<_, PlanError>(timing_extended(&deferred, &placed_time)?.makespan()))
+            .then(|| {
+                index.extend(&deferred.plan, &lengths);
+                let time = timing_extended_located(&deferred.plan, &placed_time, &index)?;
+                Ok::<_, PlanError>(time.makespan())
+            })
             .transpose()?;
-        candidates.push((Some(deferred), span, k, false));
-    }
-    // The fastest candidate among those within the profile's memory limit (so
-    // without a limit a trainable encoder may hold all its activations to the end of
-    // the step); on a tie the earlier candidate. A candidate whose makespan is known
-    // is still checked as the others are (its dependencies resolved in full), after
-    // them: the eager one of its placement holds every task it holds, so it was
-    // checked first.
-    //
-    // Compared in any order, the earlier candidate winning a tie, the fastest is
-    // the same: those whose makespan is known go first, so that the others can be
-    // timed only as far as they could still win (an eager candidate's timing, when
-    // it is `ordered`, stops at the first task ending past the makespan it must
-    // beat). Those others are resolved and timed in their order, as before, so a
-    // failure is the same failure.
-    let fits = |peak: f64| plan.memory_limit.is_none_or(|limit| at_most(peak, limit));
-    // The peak is read only through `fits`: without a limit it is not computed.
-    let peak_of = |c: &Plan| match (plan.memory_limit, cut) {
-        (None, Cut::Short) => 0.0,
-        _ => peak_memory(c).into_iter().fold(0.0, f64::max),
-    };
-    // (span, peak, candidate index) of the fastest so far.
-    type Fastest = Option<(f64, f64, usize)>;
-    let ahead = |(span, peak, i): (f64, f64, usize), than: &Fastest| match than {
-        None => true,
-        Some((b_span, b_peak, j)) => match (fits(peak), fits(*b_peak)) {
-            (true, false) => true,
-            (false, true) => false,
-            // (Makespans are never NaN: each is a maximum from 0.)
-            _ => span < *b_span || (span == *b_span && i < *j),
-        },
-    };
-    // The makespan a candidate of this peak must not pass to still be ahead of
-    // `than` (ahead at any makespan: infinite; at none: minus infinity).
-    let cap = |peak: f64, than: &Fastest| match than {
-        None => f64::INFINITY,
-        Some((b_span, b_peak, _)) => match (fits(peak), fits(*b_peak)) {
-            (true, false) => f64::INFINITY,
-            (false, true) => f64::NEG_INFINITY,
-            _ => *b_span,
-        },
-    };
-    let mut best: Fastest = None;
-    // The fastest of each recorded placement's own candidates (kept only when
-    // recorded: `Prefix` and `Late`, the first and last of `places`).
-    let mut own: [Fastest; 3] = [None; 3];
-    let tracked = |k: usize| record.is_some() && (k == 0 || k + 1 == places.len());
-    let single = candidates.len() == 1;
-    let known = |c: &Candidate| c.1.is_some();
-    let order: Vec<usize> = match cut {
-        Cut::Short => (0..candidates.len())
-            .filter(|&i| known(&candidates[i]))
-            .chain((0..candidates.len()).filter(|&i| !known(&candidates[i])))
-            .collect(),
-        Cut::Never => (0..candidates.len()).collect(),
-    };
-    let mut compared = vec![false; candidates.len()];
-    for i in order {
-        if single {
-            best = Some((0.0, 0.0, i));
-            break;
-        }
-        let (Some(candidate), known, k, ordered) = &candidates[i] else {
-            continue;
-        };
-        let k = *k;
-        let peak = peak_of(candidate);
-        let span = match known {
-            Some(span) => Some(*span),
-            None => {
-                let deps = dependencies(candidate)?;
-                let mut limit = f64::INFINITY;
-                if cut == Cut::Short && *ordered && within_u32(candidate) {
-                    limit = cap(peak, &best);
-                    if tracked(k) {
-                        limit = limit.max(cap(peak, &own[k]));
-                    }
-                }
-                timing_within(candidate, &deps, limit)?.map(|t| t.makespan())
-            }
-        };
-        compared[i] = true;
-        if let Some(span) = span {
-            if ahead((span, peak, i), &best) {
-                best = Some((span, peak, i));
-            }
-            if tracked(k) && ahead((span, peak, i), &own[k]) {
-                own[k] = Some((span, peak, i));
-            }
-        }
-        // Candidates no longer needed go now (each one once compared).
-        let kept = |j: usize| {
-            [best, own[0], own[2]]
-                .iter()
-                .any(|f| f.is_some_and(|(_, _, x)| x == j))
-        };
-        for (j, c) in candidates.iter_mut().enumerate() {
-            if compared[j] && !kept(j) {
-                c.0 = None;
-            }
+        drop((placed_time, index));
+        let ordered = eager.ordered && no_readers && sound;
+        let (i, j) = (2 * k, 2 * k + 1);
+        if span.is_some() && cut == Cut::Short {
+            contest.compare(j, k, deferred.plan, span, None, false)?;
+            contest.compare(i, k, eager.plan, None, Some(eager_deps), ordered)?;
+        } else {
+            contest.compare(i, k, eager.plan, None, Some(eager_deps), ordered)?;
+            contest.compare(j, k, deferred.plan, span, None, false)?;
         }
     }
-    let Some(mut plan) = best.and_then(|(_, _, i)| candidates[i].0.take()) else {
+    let Some(mut chosen) = contest.take(contest.best) else {
         return Ok(plan);
     };
-    plan.input_ships.sort();
+    chosen.input_ships.sort();
     if let Some(record) = record {
         let mut verdict = |k: usize| {
-            let Some(mut other) = own[k].and_then(|(_, _, i)| candidates[i].0.take()) else {
+            let Some(mut other) = contest.take(contest.own[k]) else {
                 return Verdict::Chosen;
             };
             other.input_ships.sort();
-            if other == plan {
+            if other == chosen {
                 Verdict::Chosen
             } else {
                 Verdict::Other((record.judge)(&other))
             }
         };
-        let verdicts = [verdict(0), verdict(2)];
+        let verdicts = [verdict(0), verdict(places.len() - 1)];
         record.record(verdicts);
     }
-    Ok(plan)
+    Ok(chosen)
+}
+
+/// `(makespan, peak, candidate)` of the fastest candidate of [`compare_placements`]
+/// so far (of those it compared), if any.
+type Fastest = Option<(f64, f64, usize)>;
+
+/// [`compare_placements`]' comparison of its candidates, each as it is built.
+struct Contest {
+    memory_limit: Option<f64>,
+    cut: Cut,
+    /// Whether the fastest of placement `k`'s own candidates is kept as well.
+    tracked: [bool; 3],
+    /// Only one candidate: it is chosen, neither timed nor its peak read.
+    single: bool,
+    /// The fastest so far, and the fastest of each tracked placement's own.
+    best: Fastest,
+    own: [Fastest; 3],
+    /// The plans of those (candidate, plan), each once.
+    kept: Vec<(usize, Plan)>,
+}
+
+impl Contest {
+    /// Whether a peak is within the memory limit.
+    fn fits(&self, peak: f64) -> bool {
+        self.memory_limit.is_none_or(|limit| at_most(peak, limit))
+    }
+
+    /// Whether `(span, peak, i)` is ahead of `than`.
+    fn ahead(&self, (span, peak, i): (f64, f64, usize), than: &Fastest) -> bool {
+        match than {
+            None => true,
+            Some((b_span, b_peak, j)) => match (self.fits(peak), self.fits(*b_peak)) {
+                (true, false) => true,
+                (false, true) => false,
+                // (Makespans are never NaN: each is a maximum from 0.)
+                _ => span < *b_span || (span == *b_span && i < *j),
+            },
+        }
+    }
+
+    /// The makespan a candidate of this peak must not pass to still be ahead of
+    /// `than` (ahead at any makespan: infinite; at none: minus infinity).
+    fn cap(&self, peak: f64, than: &Fastest) -> f64 {
+        match than {
+            None => f64::INFINITY,
+            Some((b_span, b_peak, _)) => match (self.fits(peak), self.fits(*b_peak)) {
+                (true, false) => f64::INFINITY,
+                (false, true) => f64::NEG_INFINITY,
+                _ => *b_span,
+            },
+        }
+    }
+
+    /// Compare candidate `i` of placement `k`, `plan`, whose makespan is `known`, or
+    /// else found from its dependencies `deps` (resolved here if `None`), timed
+    /// only as far as it can still be ahead where `ordered` (see
+    /// [`place_backward`]) and the cut allows. Its peak is read only through
+    /// `fits`: without a memory limit, not at all (cut short).
+    fn compare(
+        &mut self,
+        i: usize,
+        k: usize,
+        plan: Plan,
+        known: Option<f64>,
+        deps: Option<Deps>,
+        ordered: bool,
+    ) -> Result<(), PlanError> {
+        if self.single {
+            self.best = Some((0.0, 0.0, i));
+            self.kept.push((i, plan));
+            return Ok(());
+        }
+        let peak = match (self.memory_limit, self.cut) {
+            (None, Cut::Short) => 0.0,
+            _ => peak_memory(&plan).into_iter().fold(0.0, f64::max),
+        };
+        let span = match known {
+            Some(span) => Some(span),
+            None => {
+                let deps = match deps {
+                    Some(deps) => deps,
+                    None => dependencies(&plan)?,
+                };
+                let mut limit = f64::INFINITY;
+                if self.cut == Cut::Short && ordered && within_u32(&plan) {
+                    limit = self.cap(peak, &self.best);
+                    if self.tracked[k] {
+                        limit = limit.max(self.cap(peak, &self.own[k]));
+                    }
+                }
+                timing_within(&plan, &deps, limit)?.map(|t| t.makespan())
+            }
+        };
+        if let Some(span) = span {
+            if self.ahead((span, peak, i), &self.best) {
+                self.best = Some((span, peak, i));
+            }
+            if self.tracked[k] && self.ahead((span, peak, i), &self.own[k]) {
+                self.own[k] = Some((span, peak, i));
+            }
+        }
+        // Candidates no longer needed go now.
+        let fastest = [self.best, self.own[0], self.own[1], self.own[2]];
+        let held = |j: usize| fastest.iter().any(|f| f.is_some_and(|(_, _, x)| x == j));
+        self.kept.retain(|(j, _)| held(*j));
+        if held(i) {
+            self.kept.push((i, plan));
+        }
+        Ok(())
+    }
+
+    /// The plan of `fastest`, taken (`None` once taken).
+    fn take(&mut self, fastest: Fastest) -> Option<Plan> {
+        let i = fastest?.2;
+        let at = self.kept.iter().position(|(j, _)| *j == i)?;
+        Some(self.kept.swap_remove(at).1)
+    }
 }
 
 /// Place encoder `enc`'s forwards in `plan` (which holds none of its tasks) by
@@ -431,7 +486,8 @@ fn place_forwards(
         for (mb, &k) in owner.iter().enumerate() {
             fronts[k].push((0, Task::new(Op::F, enc, mb)));
         }
-        return Ok((with_inserted(plan, fronts), owner));
+        let ships = plan.input_ships.clone();
+        return Ok((with_inserted(plan, fronts, ships), owner));
     }
 
     // 1. The warm-up prefix (at most one forward a rank: the first `n` micro-batches
@@ -446,7 +502,7 @@ fn place_forwards(
             items[r0].push((i, Task::new(Op::F, enc, t.mb)));
         }
     }
-    let mut plan = with_inserted(plan, items);
+    let mut plan = with_inserted(plan, items, plan.input_ships.clone());
 
     // 2. Round robin: later forwards as late as still meets the first stage's need.
     if owners != Owners::Min && m > n {
@@ -621,7 +677,8 @@ fn fit_by_heap(
 /// [`Plan::locate`]), each as early as its gradient allows; else (deferred) each
 /// rank's share appended at the end of its order.
 ///
-/// Returns the plan, and whether it is `ordered`: the backward is eager and local,
+/// Returns the plan, the positions in `plan`'s lists before which it inserted
+/// tasks, and whether it is `ordered`: the backward is eager and local,
 /// and each backward placed comes, in `timed`'s order (by start time, then by
 /// settle order `seq`), after every task holding what it reads (its own forward,
 /// its successors' backwards) and before the task it was placed before. Where every
@@ -639,7 +696,7 @@ fn place_backward(
     backward: Backward,
     eager: Option<&TaskIndex>,
     timed: &Timing,
-) -> Result<(Plan, bool), PlanError> {
+) -> Result<WithBackward, PlanError> {
     let deferred = eager.is_none();
     let (p, m) = (plan.ranks, plan.microbatches);
     let first = plan.stages[0];
@@ -699,7 +756,8 @@ fn place_backward(
             remote.push((mb, k));
         }
     }
-    let mut placed = match &index {
+    let mut at: Vec<Vec<usize>> = vec![Vec::new(); p];
+    let placed = match &index {
         // Deferred: every rank's share appended at its end, in micro-batch order
         // (each list of just its new length).
         None => {
@@ -708,6 +766,9 @@ fn place_backward(
                 appends[k].push(Task::new(Op::BW, enc, mb));
             }
             appends[r0].extend(at_r0.into_iter().map(|(_, t)| t));
+            for (r, items) in appends.iter().enumerate() {
+                at[r] = vec![plan.order[r].len(); items.len()];
+            }
             let order = plan
                 .order
                 .iter()
@@ -719,7 +780,7 @@ fn place_backward(
                     out
                 })
                 .collect();
-            with_order(plan, order)
+            with_order(plan, order, input_ships)
         }
         Some(index) => {
             let mut inserts: Vec<Vec<(usize, Task)>> = vec![Vec::new(); p];
@@ -737,15 +798,32 @@ fn place_backward(
             }
             // No remote backward is `r0`'s.
             inserts[r0] = at_r0;
-            with_inserted(plan, inserts)
+            for (r, items) in inserts.iter().enumerate() {
+                let len = plan.order[r].len();
+                at[r] = items.iter().map(|&(pos, _)| pos.min(len)).collect();
+                at[r].sort_unstable();
+            }
+            with_inserted(plan, inserts, input_ships)
         }
     };
-    placed.input_ships = input_ships;
-    Ok((placed, ordered))
+    Ok(WithBackward {
+        plan: placed,
+        at,
+        ordered,
+    })
 }
 
-/// `plan` with `order` for its rank lists.
-fn with_order(plan: &Plan, order: Vec<Vec<Task>>) -> Plan {
+/// [`place_backward`]'s plan, the positions in the lists of the plan it was given
+/// before which it put tasks (one a task, ascending; a list's length: at its
+/// end), and whether it is `ordered`.
+struct WithBackward {
+    plan: Plan,
+    at: Vec<Vec<usize>>,
+    ordered: bool,
+}
+
+/// `plan` with `order` for its rank lists and `input_ships` for its input ships.
+fn with_order(plan: &Plan, order: Vec<Vec<Task>>, input_ships: Vec<InputShip>) -> Plan {
     Plan {
         ranks: plan.ranks,
         microbatches: plan.microbatches,
@@ -753,22 +831,23 @@ fn with_order(plan: &Plan, order: Vec<Vec<Task>>) -> Plan {
         stages: plan.stages.clone(),
         encoders: plan.encoders.clone(),
         order,
-        input_ships: plan.input_ships.clone(),
+        input_ships,
         prefetch: plan.prefetch.clone(),
         memory_limit: plan.memory_limit,
     }
 }
 
 /// `plan` with `items[r]` inserted into rank `r`'s list as [`insert_all`] inserts
-/// them, each list built once (not copied, then rebuilt).
-fn with_inserted(plan: &Plan, items: Vec<Vec<(usize, Task)>>) -> Plan {
+/// them, each list built once (not copied, then rebuilt), and `input_ships` for
+/// its input ships.
+fn with_inserted(plan: &Plan, items: Vec<Vec<(usize, Task)>>, input_ships: Vec<InputShip>) -> Plan {
     let order = plan
         .order
         .iter()
         .zip(items)
         .map(|(list, items)| inserted(list, items))
         .collect();
-    with_order(plan, order)
+    with_order(plan, order, input_ships)
 }
 
 /// Whether a timing can number all of `plan`'s tasks (32-bit, see
@@ -777,12 +856,6 @@ fn within_u32(plan: &Plan) -> bool {
     let tasks: usize = plan.order.iter().map(Vec::len).sum();
     u32::try_from(tasks.saturating_sub(1)).is_ok()
 }
-
-/// A candidate plan of [`transpose_recorded`] (taken once no longer needed), its
-/// ideal makespan where known already, its placement (an index into the placements
-/// compared), and whether it is [`place_backward`]'s `ordered` with no task reading
-/// the encoder's gradient and every cost finite and not negative.
-type Candidate = (Option<Plan>, Option<f64>, usize, bool);
 
 #[cfg(test)]
 mod tests {
