@@ -216,75 +216,51 @@ pub struct Prepared {
     /// The plan's ideal (communication-free) timing.
     pub time: Timing,
     transfers: Vec<Transfer>,
-    /// Per rank, the transfers with an end there, grouped by the other end,
-    /// direction, tensor and unit, each group by where the dependencies put its ends
-    /// (a `SEND` just after its producer, a `RECV` just before its consumer): each
-    /// group about in the order every placement gives it, so sorting their keys is
-    /// quick (a merge of long runs). Empty when a transfer's index is over 32 bits.
+    /// Per rank, the transfers with an end there, grouped by the other end and
+    /// direction, each group in the transfers' order ([`ends_by_peer`]): each group
+    /// of one tensor and unit about in the order every placement gives it, so
+    /// sorting their keys is quick (a merge of long runs). Empty when a transfer's
+    /// index is over 32 bits.
     ends: Vec<Vec<u32>>,
 }
 
 /// [`Prepared::ends`] of these transfers of `plan`: per rank grouped by the other
-/// end, direction, tensor and unit, and within a group by place, then by transfer
-/// index.
-fn ends_by_place(plan: &Plan, transfers: &[Transfer]) -> Vec<Vec<u32>> {
+/// end and direction, and within a group in the transfers' order (by tensor, unit,
+/// micro-batch, then the rest of [`Transfer::order`]).
+///
+/// Within a group (one peer, one direction), the ends of one tensor of one unit
+/// follow one another by micro-batch, and their meeting times mostly rise with it:
+/// the keys come in long sorted runs, which the placements' sort finds and merges.
+/// The transfers counted per rank, written out in their order, then each rank's
+/// sorted stably by peer and direction by counting: linear in the ends and the
+/// ranks (every end read where it is written, not looked up again by place).
+fn ends_by_peer(plan: &Plan, transfers: &[Transfer]) -> Vec<Vec<u32>> {
     if u32::try_from(transfers.len()).is_err() {
         return Vec::new();
     }
-    // A SEND after task j is at place 2j + 1, a RECV before task i at 2i: each rank's
-    // places, counted, then the first free position of each.
-    let mut first: Vec<Vec<usize>> = plan
-        .order
-        .iter()
-        .map(|l| vec![0; 2 * l.len() + 2])
-        .collect();
+    let p = plan.ranks;
+    let mut sizes = vec![0usize; p];
     for t in transfers {
-        let ((_, _, _, to), (from, j, i)) = t.parts();
-        first[from][2 * j + 1] += 1;
-        first[to][2 * i] += 1;
+        sizes[t.from as usize] += 1;
+        sizes[t.to as usize] += 1;
     }
-    let mut out: Vec<Vec<u32>> = Vec::with_capacity(plan.ranks);
-    for counts in &mut first {
-        let mut at = 0;
-        for c in counts.iter_mut() {
-            (*c, at) = (at, at + *c);
-        }
-        out.push(vec![0; at]);
-    }
+    let mut out: Vec<Vec<u32>> = sizes.iter().map(|&n| Vec::with_capacity(n)).collect();
     for (id, t) in transfers.iter().enumerate() {
-        let ((_, _, _, to), (from, j, i)) = t.parts();
-        for (r, place) in [(from, 2 * j + 1), (to, 2 * i)] {
-            let k = &mut first[r][place];
-            out[r][*k] = id as u32;
-            *k += 1;
-        }
+        out[t.from as usize].push(id as u32);
+        out[t.to as usize].push(id as u32);
     }
-    // Then grouped by the other end, direction, tensor and unit (stably, so by
-    // place within a group): a group's meeting times mostly rise with its place,
-    // so its keys come in long sorted runs, which the placements' sort finds and
-    // merges; by place alone, the groups interleave and the runs are short. Two
-    // stable counting passes (by unit, then by other end, direction and tensor)
-    // give the order a stable sort by `(peer, send, tensor, unit)` gives, in time
-    // linear in the ends, the units and the ranks.
-    let tensors = Tensor::Input as usize + 1;
+    // Per rank, by (peer, send): a sort by that key alone, stable, so in the
+    // transfers' order within a group.
     let (mut buffer, mut count) = (Vec::new(), Vec::new());
     for (r, list) in out.iter_mut().enumerate() {
-        let t = |id: u32| transfers[id as usize];
-        counting_sort(list, &mut buffer, &mut count, plan.units.len(), |id| {
-            t(id).unit as usize
+        counting_sort(list, &mut buffer, &mut count, 2 * p, |id| {
+            let t = transfers[id as usize];
+            if t.from as usize == r {
+                2 * t.to as usize + 1
+            } else {
+                2 * t.from as usize
+            }
         });
-        counting_sort(
-            list,
-            &mut buffer,
-            &mut count,
-            2 * tensors * plan.ranks,
-            |id| {
-                let t = t(id);
-                let send = t.from as usize == r;
-                let peer = if send { t.to } else { t.from };
-                (2 * peer as usize + usize::from(send)) * tensors + t.tensor as usize
-            },
-        );
     }
     out
 }
@@ -392,7 +368,7 @@ pub(crate) fn prepare_timed<I: Iterator<Item = (Tensor, usize, (usize, usize))>>
     reads.dedup_by_key(|t| t.parts().0);
     // Every lowering of the plan holds these: not the reads' capacity beside them.
     reads.shrink_to_fit();
-    let ends = ends_by_place(plan, &reads);
+    let ends = ends_by_peer(plan, &reads);
     Ok(Prepared {
         time,
         transfers: reads,
