@@ -231,9 +231,9 @@ pub struct Prepared {
 /// Within a group (one peer, one direction), the ends of one tensor of one unit
 /// follow one another by micro-batch, and their meeting times mostly rise with it:
 /// the keys come in long sorted runs, which the placements' sort finds and merges.
-/// The transfers counted per rank, written out in their order, then each rank's
-/// sorted stably by peer and direction by counting: linear in the ends and the
-/// ranks (every end read where it is written, not looked up again by place).
+/// Each rank's ends are listed in the transfers' order with their group, then
+/// counted into their groups (a stable counting sort): linear in the ends and the
+/// ranks, each transfer read once.
 fn ends_by_peer(plan: &Plan, transfers: &[Transfer]) -> Vec<Vec<u32>> {
     if u32::try_from(transfers.len()).is_err() {
         return Vec::new();
@@ -244,25 +244,33 @@ fn ends_by_peer(plan: &Plan, transfers: &[Transfer]) -> Vec<Vec<u32>> {
         sizes[t.from as usize] += 1;
         sizes[t.to as usize] += 1;
     }
-    let mut out: Vec<Vec<u32>> = sizes.iter().map(|&n| Vec::with_capacity(n)).collect();
+    // Each end's group (`2 peer + 1` for a SEND, `2 peer` for a RECV) and transfer.
+    let mut grouped: Vec<Vec<(usize, u32)>> =
+        sizes.iter().map(|&n| Vec::with_capacity(n)).collect();
     for (id, t) in transfers.iter().enumerate() {
-        out[t.from as usize].push(id as u32);
-        out[t.to as usize].push(id as u32);
+        let (from, to) = (t.from as usize, t.to as usize);
+        grouped[from].push((2 * to + 1, id as u32));
+        grouped[to].push((2 * from, id as u32));
     }
-    // Per rank, by (peer, send): a sort by that key alone, stable, so in the
-    // transfers' order within a group.
-    let (mut buffer, mut count) = (Vec::new(), Vec::new());
-    for (r, list) in out.iter_mut().enumerate() {
-        counting_sort(list, &mut buffer, &mut count, 2 * p, |id| {
-            let t = transfers[id as usize];
-            if t.from as usize == r {
-                2 * t.to as usize + 1
-            } else {
-                2 * t.from as usize
+    let mut count = vec![0usize; 2 * p + 1];
+    grouped
+        .into_iter()
+        .map(|ends| {
+            count.fill(0);
+            for &(g, _) in &ends {
+                count[g + 1] += 1;
             }
-        });
-    }
-    out
+            for g in 1..count.len() {
+                count[g] += count[g - 1];
+            }
+            let mut list = vec![0u32; ends.len()];
+            for (g, id) in ends {
+                list[count[g]] = id;
+                count[g] += 1;
+            }
+            list
+        })
+        .collect()
 }
 
 /// `list` sorted stably by `key` (each below `buckets`) by counting, through the
@@ -379,8 +387,10 @@ pub(crate) fn prepare_timed<I: Iterator<Item = (Tensor, usize, (usize, usize))>>
 /// `reads` sorted by [`Transfer::order`]: `reads` being a plan's reads of
 /// activations and gradients in order of destination, then consumer (rank by
 /// rank, task by task), then its reads of raw inputs. Those are sorted by
-/// destination and consumer, then three stable counting passes (by micro-batch,
-/// unit, tensor) give the order: linear in the reads, micro-batches and units.
+/// destination and consumer, then stable counting passes give the order: by unit
+/// and micro-batch in one pass where their pairs are no more than the reads (else
+/// by micro-batch, then by unit), then by tensor; linear in the reads,
+/// micro-batches and units.
 /// Reads equal in that order are equal in every field (one consumer reads one
 /// producer's tensor), so the order is the one any sort by it gives.
 fn sort_reads(reads: &mut Vec<Transfer>) {
@@ -394,8 +404,15 @@ fn sort_reads(reads: &mut Vec<Transfer>) {
     let units = reads.iter().map(|t| t.unit as usize + 1).max().unwrap_or(0);
     let tensors = Tensor::Input as usize + 1;
     let (mut buffer, mut count) = (Vec::with_capacity(reads.len()), Vec::new());
-    counting_sort(reads, &mut buffer, &mut count, mbs, |t| t.mb as usize);
-    counting_sort(reads, &mut buffer, &mut count, units, |t| t.unit as usize);
+    match units.checked_mul(mbs).filter(|&pairs| pairs <= reads.len()) {
+        Some(pairs) => counting_sort(reads, &mut buffer, &mut count, pairs, |t| {
+            t.unit as usize * mbs + t.mb as usize
+        }),
+        None => {
+            counting_sort(reads, &mut buffer, &mut count, mbs, |t| t.mb as usize);
+            counting_sort(reads, &mut buffer, &mut count, units, |t| t.unit as usize);
+        }
+    }
     counting_sort(reads, &mut buffer, &mut count, tensors, |t| {
         t.tensor as usize
     });
@@ -2346,6 +2363,35 @@ mod tests {
                 prop_assert_eq!(settled.first_set(lo, hi), (lo..hi).find(set));
                 prop_assert_eq!(settled.last_set(lo, hi), (lo..hi).rev().find(set));
             }
+        }
+
+        /// `sort_reads` orders reads (in order of destination and consumer, raw
+        /// inputs last) as a sort by [`Transfer::order`] does, whether its units and
+        /// micro-batches take one counting pass (few pairs) or two (many).
+        #[test]
+        fn sort_reads_sorts_by_order(
+            raw in proptest::collection::vec(
+                (0usize..3, 0usize..40, 0usize..6, 0u8..3, 0usize..5, 0usize..8),
+                0..120,
+            ),
+        ) {
+            let tensors = [Tensor::Act, Tensor::Grad, Tensor::Input];
+            let mut reads: Vec<Transfer> = raw
+                .iter()
+                .map(|&(to, i, unit, tensor, from, mb)| {
+                    let id = (tensors[tensor as usize], unit, mb, to);
+                    Transfer::new(id, (from, unit + mb, i)).unwrap()
+                })
+                .collect();
+            // One consumer reads one producer's tensor: reads equal in order are equal
+            // (up to 48 pairs of unit and micro-batch: long lists take one pass, short two).
+            reads.sort_by_key(|t| t.order());
+            reads.dedup_by_key(|t| t.order());
+            let mut want = reads.clone();
+            want.sort_by_key(|t| t.order());
+            reads.sort_by_key(|t| (t.tensor == Tensor::Input, t.to, t.i));
+            sort_reads(&mut reads);
+            prop_assert_eq!(reads, want);
         }
 
         /// Counting by a key orders a list as a stable sort by that key does.
