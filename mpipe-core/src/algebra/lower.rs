@@ -216,77 +216,61 @@ pub struct Prepared {
     /// The plan's ideal (communication-free) timing.
     pub time: Timing,
     transfers: Vec<Transfer>,
-    /// Per rank, the transfers with an end there, grouped by the other end,
-    /// direction, tensor and unit, each group by where the dependencies put its ends
-    /// (a `SEND` just after its producer, a `RECV` just before its consumer): each
-    /// group about in the order every placement gives it, so sorting their keys is
-    /// quick (a merge of long runs). Empty when a transfer's index is over 32 bits.
+    /// Per rank, the transfers with an end there, grouped by the other end and
+    /// direction, each group in the transfers' order ([`ends_by_peer`]): each group
+    /// of one tensor and unit about in the order every placement gives it, so
+    /// sorting their keys is quick (a merge of long runs). Empty when a transfer's
+    /// index is over 32 bits.
     ends: Vec<Vec<u32>>,
 }
 
 /// [`Prepared::ends`] of these transfers of `plan`: per rank grouped by the other
-/// end, direction, tensor and unit, and within a group by place, then by transfer
-/// index.
-fn ends_by_place(plan: &Plan, transfers: &[Transfer]) -> Vec<Vec<u32>> {
+/// end and direction, and within a group in the transfers' order (by tensor, unit,
+/// micro-batch, then the rest of [`Transfer::order`]).
+///
+/// Within a group (one peer, one direction), the ends of one tensor of one unit
+/// follow one another by micro-batch, and their meeting times mostly rise with it:
+/// the keys come in long sorted runs, which the placements' sort finds and merges.
+/// Each rank's ends are listed in the transfers' order with their group, then
+/// counted into their groups (a stable counting sort): linear in the ends and the
+/// ranks, each transfer read once.
+fn ends_by_peer(plan: &Plan, transfers: &[Transfer]) -> Vec<Vec<u32>> {
     if u32::try_from(transfers.len()).is_err() {
         return Vec::new();
     }
-    // A SEND after task j is at place 2j + 1, a RECV before task i at 2i: each rank's
-    // places, counted, then the first free position of each.
-    let mut first: Vec<Vec<usize>> = plan
-        .order
-        .iter()
-        .map(|l| vec![0; 2 * l.len() + 2])
-        .collect();
+    let p = plan.ranks;
+    let mut sizes = vec![0usize; p];
     for t in transfers {
-        let ((_, _, _, to), (from, j, i)) = t.parts();
-        first[from][2 * j + 1] += 1;
-        first[to][2 * i] += 1;
+        sizes[t.from as usize] += 1;
+        sizes[t.to as usize] += 1;
     }
-    let mut out: Vec<Vec<u32>> = Vec::with_capacity(plan.ranks);
-    for counts in &mut first {
-        let mut at = 0;
-        for c in counts.iter_mut() {
-            (*c, at) = (at, at + *c);
-        }
-        out.push(vec![0; at]);
-    }
+    // Each end's group (`2 peer + 1` for a SEND, `2 peer` for a RECV) and transfer.
+    let mut grouped: Vec<Vec<(usize, u32)>> =
+        sizes.iter().map(|&n| Vec::with_capacity(n)).collect();
     for (id, t) in transfers.iter().enumerate() {
-        let ((_, _, _, to), (from, j, i)) = t.parts();
-        for (r, place) in [(from, 2 * j + 1), (to, 2 * i)] {
-            let k = &mut first[r][place];
-            out[r][*k] = id as u32;
-            *k += 1;
-        }
+        let (from, to) = (t.from as usize, t.to as usize);
+        grouped[from].push((2 * to + 1, id as u32));
+        grouped[to].push((2 * from, id as u32));
     }
-    // Then grouped by the other end, direction, tensor and unit (stably, so by
-    // place within a group): a group's meeting times mostly rise with its place,
-    // so its keys come in long sorted runs, which the placements' sort finds and
-    // merges; by place alone, the groups interleave and the runs are short. Two
-    // stable counting passes (by unit, then by other end, direction and tensor)
-    // give the order a stable sort by `(peer, send, tensor, unit)` gives, in time
-    // linear in the ends, the units and the ranks.
-    let tensors = Tensor::Input as usize + 1;
-    let (mut buffer, mut count) = (Vec::new(), Vec::new());
-    for (r, list) in out.iter_mut().enumerate() {
-        let t = |id: u32| transfers[id as usize];
-        counting_sort(list, &mut buffer, &mut count, plan.units.len(), |id| {
-            t(id).unit as usize
-        });
-        counting_sort(
-            list,
-            &mut buffer,
-            &mut count,
-            2 * tensors * plan.ranks,
-            |id| {
-                let t = t(id);
-                let send = t.from as usize == r;
-                let peer = if send { t.to } else { t.from };
-                (2 * peer as usize + usize::from(send)) * tensors + t.tensor as usize
-            },
-        );
-    }
-    out
+    let mut count = vec![0usize; 2 * p + 1];
+    grouped
+        .into_iter()
+        .map(|ends| {
+            count.fill(0);
+            for &(g, _) in &ends {
+                count[g + 1] += 1;
+            }
+            for g in 1..count.len() {
+                count[g] += count[g - 1];
+            }
+            let mut list = vec![0u32; ends.len()];
+            for (g, id) in ends {
+                list[count[g]] = id;
+                count[g] += 1;
+            }
+            list
+        })
+        .collect()
 }
 
 /// `list` sorted stably by `key` (each below `buckets`) by counting, through the
@@ -392,7 +376,7 @@ pub(crate) fn prepare_timed<I: Iterator<Item = (Tensor, usize, (usize, usize))>>
     reads.dedup_by_key(|t| t.parts().0);
     // Every lowering of the plan holds these: not the reads' capacity beside them.
     reads.shrink_to_fit();
-    let ends = ends_by_place(plan, &reads);
+    let ends = ends_by_peer(plan, &reads);
     Ok(Prepared {
         time,
         transfers: reads,
@@ -403,8 +387,10 @@ pub(crate) fn prepare_timed<I: Iterator<Item = (Tensor, usize, (usize, usize))>>
 /// `reads` sorted by [`Transfer::order`]: `reads` being a plan's reads of
 /// activations and gradients in order of destination, then consumer (rank by
 /// rank, task by task), then its reads of raw inputs. Those are sorted by
-/// destination and consumer, then three stable counting passes (by micro-batch,
-/// unit, tensor) give the order: linear in the reads, micro-batches and units.
+/// destination and consumer, then stable counting passes give the order: by unit
+/// and micro-batch in one pass where their pairs are no more than the reads (else
+/// by micro-batch, then by unit), then by tensor; linear in the reads,
+/// micro-batches and units.
 /// Reads equal in that order are equal in every field (one consumer reads one
 /// producer's tensor), so the order is the one any sort by it gives.
 fn sort_reads(reads: &mut Vec<Transfer>) {
@@ -418,8 +404,15 @@ fn sort_reads(reads: &mut Vec<Transfer>) {
     let units = reads.iter().map(|t| t.unit as usize + 1).max().unwrap_or(0);
     let tensors = Tensor::Input as usize + 1;
     let (mut buffer, mut count) = (Vec::with_capacity(reads.len()), Vec::new());
-    counting_sort(reads, &mut buffer, &mut count, mbs, |t| t.mb as usize);
-    counting_sort(reads, &mut buffer, &mut count, units, |t| t.unit as usize);
+    match units.checked_mul(mbs).filter(|&pairs| pairs <= reads.len()) {
+        Some(pairs) => counting_sort(reads, &mut buffer, &mut count, pairs, |t| {
+            t.unit as usize * mbs + t.mb as usize
+        }),
+        None => {
+            counting_sort(reads, &mut buffer, &mut count, mbs, |t| t.mb as usize);
+            counting_sort(reads, &mut buffer, &mut count, units, |t| t.unit as usize);
+        }
+    }
     counting_sort(reads, &mut buffer, &mut count, tensors, |t| {
         t.tensor as usize
     });
@@ -2370,6 +2363,35 @@ mod tests {
                 prop_assert_eq!(settled.first_set(lo, hi), (lo..hi).find(set));
                 prop_assert_eq!(settled.last_set(lo, hi), (lo..hi).rev().find(set));
             }
+        }
+
+        /// `sort_reads` orders reads (in order of destination and consumer, raw
+        /// inputs last) as a sort by [`Transfer::order`] does, whether its units and
+        /// micro-batches take one counting pass (few pairs) or two (many).
+        #[test]
+        fn sort_reads_sorts_by_order(
+            raw in proptest::collection::vec(
+                (0usize..3, 0usize..40, 0usize..6, 0u8..3, 0usize..5, 0usize..8),
+                0..120,
+            ),
+        ) {
+            let tensors = [Tensor::Act, Tensor::Grad, Tensor::Input];
+            let mut reads: Vec<Transfer> = raw
+                .iter()
+                .map(|&(to, i, unit, tensor, from, mb)| {
+                    let id = (tensors[tensor as usize], unit, mb, to);
+                    Transfer::new(id, (from, unit + mb, i)).unwrap()
+                })
+                .collect();
+            // One consumer reads one producer's tensor: reads equal in order are equal
+            // (up to 48 pairs of unit and micro-batch: long lists take one pass, short two).
+            reads.sort_by_key(|t| t.order());
+            reads.dedup_by_key(|t| t.order());
+            let mut want = reads.clone();
+            want.sort_by_key(|t| t.order());
+            reads.sort_by_key(|t| (t.tensor == Tensor::Input, t.to, t.i));
+            sort_reads(&mut reads);
+            prop_assert_eq!(reads, want);
         }
 
         /// Counting by a key orders a list as a stable sort by that key does.
