@@ -41,7 +41,10 @@ use crate::algebra::lower::{Lowered, Step};
 use crate::ir::compare::less;
 use crate::ir::model::{Mode, SimOptions};
 use crate::ir::program::{Dir, Op, Tensor, Unit};
-use crate::judge::simulate::{finish_times_within, joins_batch, tensor_index, Fnv, SimError};
+use crate::judge::simulate::{
+    finish_times_within, joins_batch, op_index, tensor_index, transfer_times, unit_costs, Fnv,
+    SimError,
+};
 use crate::judge::timeline::Timeline;
 
 /// No partner (in a per-action table).
@@ -154,10 +157,17 @@ fn pair(lists: &[Vec<Step>], from: &[usize]) -> Option<Vec<Vec<u32>>> {
                 }
             };
             let end = ((unit, mb, tensor_index(tensor) as u8), i as u32);
-            match dir {
-                Dir::Send => chans[c].sends.push(end),
-                Dir::Recv => chans[c].recvs.push(end),
+            let side = match dir {
+                Dir::Send => &mut chans[c].sends,
+                Dir::Recv => &mut chans[c].recvs,
+            };
+            // Only this rank adds to this side (its source's sends, its
+            // destination's receives), at most once a step left: room for them
+            // all at its first end, so that it never grows.
+            if side.capacity() == 0 {
+                side.reserve_exact(list.len() - i);
             }
+            side.push(end);
         }
     }
     let mut partner: Vec<Vec<u32>> = lists
@@ -363,7 +373,9 @@ impl Resumable {
             return None;
         }
         let partner = pair(lists, &v)?;
-        let cost = |unit: u32, op: Op| op.cost(&units[unit as usize].cost);
+        // The engine's tables: per unit, each op's cost and a transfer's time.
+        let (costs, transfer) = (unit_costs(units), transfer_times(units, opts));
+        let cost = |unit: u32, op: Op| costs[unit as usize][op_index(op)];
         let eager = opts.mode == Mode::Eager;
         let bounded = cutoff.is_finite();
         // Each rank's position, time and compute left (against a finite cutoff).
@@ -421,7 +433,7 @@ impl Resumable {
                     reach[r][i - v[r]] = t;
                     // Whoever waits for this operation may go on.
                     for step in &list[i..hi] {
-                        if let Some((_, _, peer)) = chan(r, step) {
+                        if let Step::P2p { peer, .. } = *step {
                             stack.push(peer as usize);
                         }
                     }
@@ -430,7 +442,12 @@ impl Resumable {
                 let mut done = rx;
                 let mut ready = true;
                 for k in i..hi {
-                    let (_, dir, peer) = chan(r, &list[k])?;
+                    let Step::P2p {
+                        dir, unit, peer, ..
+                    } = list[k]
+                    else {
+                        return None;
+                    };
                     let (q, j) = (peer as usize, partner[r][k - v[r]] as usize);
                     let own = q == r && op_start(list, j) == i;
                     let rp = if own { rx } else { reached(&reach, q, j) };
@@ -442,12 +459,7 @@ impl Resumable {
                         // An eager SEND completes on its own.
                         continue;
                     }
-                    let Step::P2p { unit, .. } = list[k] else {
-                        return None;
-                    };
-                    let tr = opts
-                        .comm
-                        .map_or(0.0, |c| c.transfer_time(units[unit as usize].bytes));
+                    let tr = transfer[unit as usize];
                     let end = match (opts.mode, dir) {
                         (Mode::Rendezvous, _) => rx.max(rp) + tr,
                         (Mode::Eager, Dir::Send) => rx,
@@ -460,7 +472,10 @@ impl Resumable {
                 }
                 t = done;
                 i = hi;
-                if bounded && less(cutoff, t + left[r]) {
+                // (Less by more than the tolerance is less, or a NaN: the plain
+                // comparison first, the tolerance's only where it can hold.)
+                let over = t + left[r];
+                if bounded && (cutoff < over || over.is_nan()) && less(cutoff, over) {
                     return Some(None);
                 }
             }

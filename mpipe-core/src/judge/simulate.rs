@@ -675,6 +675,30 @@ pub(crate) const fn op_index(op: Op) -> usize {
     }
 }
 
+/// Per unit, the cost of each op, indexed by [`op_index`]: what a run reads per
+/// compute action.
+pub(crate) fn unit_costs(units: &[Unit]) -> Vec<[f64; 5]> {
+    units
+        .iter()
+        .map(|u| {
+            let mut c = [0.0; 5];
+            for op in RAct::OPS {
+                c[op_index(op)] = op.cost(&u.cost);
+            }
+            c
+        })
+        .collect()
+}
+
+/// Per unit, the time a transfer of its activation or gradient takes under
+/// `opts` (0 without a comm model): what a run reads per transfer.
+pub(crate) fn transfer_times(units: &[Unit], opts: &SimOptions) -> Vec<f64> {
+    units
+        .iter()
+        .map(|u| opts.comm.map_or(0.0, |c| c.transfer_time(u.bytes)))
+        .collect()
+}
+
 pub(crate) fn tensor_index(t: Tensor) -> u64 {
     match t {
         Tensor::Act => 0,
@@ -1782,14 +1806,7 @@ impl Resolver {
     }
 
     fn finish<'p>(self, src: Src<'p>, units: &[Unit], opts: &SimOptions) -> Setup<'p> {
-        let mut cost = Vec::with_capacity(units.len());
-        for u in units {
-            let mut c = [0.0; 5];
-            for op in [Op::F, Op::B, Op::W, Op::BW, Op::RF] {
-                c[op_index(op)] = op.cost(&u.cost);
-            }
-            cost.push(c);
-        }
+        let cost = unit_costs(units);
         // Every transfer paired with its partner; a pair within one operation (a
         // batch sending to itself) waits for neither end.
         let mut partner_op = vec![
@@ -1816,10 +1833,7 @@ impl Resolver {
             mode: opts.mode,
             comm: opts.comm,
             cost,
-            transfer: units
-                .iter()
-                .map(|u| opts.comm.map_or(0.0, |c| c.transfer_time(u.bytes)))
-                .collect(),
+            transfer: transfer_times(units, opts),
             params: units.iter().map(|u| u.params).collect(),
             act: units.iter().map(|u| u.act).collect(),
             actions: self.total,
