@@ -157,15 +157,18 @@ fn pair(lists: &[Vec<Step>], from: &[usize]) -> Option<Vec<Vec<u32>>> {
                 }
             };
             let end = ((unit, mb, tensor_index(tensor) as u8), i as u32);
-            let side = match dir {
-                Dir::Send => &mut chans[c].sends,
-                Dir::Recv => &mut chans[c].recvs,
+            let Ends { sends, recvs, .. } = &mut chans[c];
+            let (side, other) = match dir {
+                Dir::Send => (sends, recvs),
+                Dir::Recv => (recvs, sends),
             };
             // Only this rank adds to this side (its source's sends, its
-            // destination's receives), at most once a step left: room for them
-            // all at its first end, so that it never grows.
+            // destination's receives). Where the other side's rank came first, that
+            // side is complete, and a valid program has as many ends on both: room
+            // for them at this side's first end, so that it does not grow (and no
+            // more than the other side holds, whatever the program).
             if side.capacity() == 0 {
-                side.reserve_exact(list.len() - i);
+                side.reserve_exact(other.len());
             }
             side.push(end);
         }
