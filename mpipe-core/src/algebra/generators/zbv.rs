@@ -15,170 +15,234 @@ use super::Ctx;
 use crate::ir::compare::at_most;
 use crate::ir::plan::Task;
 use crate::ir::program::Op;
-use std::cmp::Ordering;
-use std::collections::binary_heap::PeekMut;
-use std::collections::{BinaryHeap, VecDeque};
 
-/// Rank `r` free at time `t` (the bits of a non-negative time, which order as the
-/// times do), pushed `n`-th: the heap's earliest first, then the first pushed (push
-/// numbers are unique, so the rank is never compared). An entry whose push number
-/// is not the rank's latest is stale and skipped.
-#[derive(Clone, Copy)]
-struct Free {
-    /// `t << 64 | n`: one comparison orders by time, then by push.
-    at: u128,
-    r: usize,
+/// The ranks' next free times: a loser tree over the ranks (each inner node holds
+/// the rank that lost the comparison there, the root's slot the overall winner), so
+/// the earliest is read in one step and the winner's new time replays one path, one
+/// comparison a level. A key is `t << 64 | n`: the bits of a non-negative time `t`,
+/// which order as the times do, then the number `n` of the update that set it, so
+/// that equal times go first come, first served (update numbers are unique, so two
+/// ranks' keys never tie).
+struct Clock {
+    /// Each rank's key (ranks past `p` stay at [`Clock::NONE`]).
+    keys: Vec<u128>,
+    /// `node[i]` for inner node `i` (node `i`'s children are `2i` and `2i + 1`,
+    /// leaf `leaves + r` is rank `r`): the key and rank that lost there; `node[0]`:
+    /// the winner's.
+    node: Vec<(u128, usize)>,
+    /// Scratch for [`Clock::rebuild`]: each node's winner.
+    win: Vec<usize>,
+    leaves: usize,
+    /// The next update's number.
+    updates: u64,
 }
 
-impl Free {
-    fn new(t: u64, n: u64, r: usize) -> Free {
-        Free {
-            at: u128::from(t) << u64::BITS | u128::from(n),
-            r,
+impl Clock {
+    /// No time known: the rank waits for an event.
+    const NONE: u128 = u128::MAX;
+
+    /// Every rank free at time zero, in rank order.
+    fn new(p: usize) -> Clock {
+        let leaves = p.next_power_of_two();
+        let mut clock = Clock {
+            keys: vec![Clock::NONE; leaves],
+            node: vec![(Clock::NONE, 0); leaves],
+            win: vec![0; 2 * leaves],
+            leaves,
+            updates: 0,
+        };
+        for r in 0..p {
+            clock.keys[r] = clock.key(Some(0.0));
         }
+        clock.rebuild();
+        clock
     }
 
-    /// The time's bits, the push number and the rank.
-    fn parts(self) -> (u64, u64, usize) {
-        ((self.at >> u64::BITS) as u64, self.at as u64, self.r)
+    /// The rank with the earliest time, and the time; `None` when every rank waits.
+    fn first(&self) -> Option<(usize, f64)> {
+        let (key, r) = self.node[0];
+        (key != Clock::NONE).then(|| (r, f64::from_bits((key >> u64::BITS) as u64)))
+    }
+
+    /// The key of time `t` (`None`: no time known) as the next update sets it.
+    fn key(&mut self, t: Option<f64>) -> u128 {
+        let n = self.updates;
+        self.updates += 1;
+        // `t` is a sum of non-negative costs from zero: never negative, never NaN
+        // (`-0.0` made `+0.0` first).
+        t.map_or(Clock::NONE, |t| {
+            u128::from((t + 0.0).to_bits()) << u64::BITS | u128::from(n)
+        })
+    }
+
+    /// The winner (the rank [`Clock::first`] gave) is next free at `t` (`None`: at
+    /// no known time): it meets, on its path up, only the ranks it beat there.
+    fn set_first(&mut self, t: Option<f64>) {
+        let (_, r) = self.node[0];
+        let key = self.key(t);
+        self.keys[r] = key;
+        let mut cand = (key, r);
+        let mut i = (self.leaves + r) >> 1;
+        while i > 0 {
+            let lost = self.node[i];
+            if lost.0 < cand.0 {
+                self.node[i] = cand;
+                cand = lost;
+            }
+            i >>= 1;
+        }
+        self.node[0] = cand;
+    }
+
+    /// Rank `r`, any rank, is next free at `t` (`None`: at no known time). Rare
+    /// (a waiting rank woken, the budget relaxed): the tree is built again.
+    fn set(&mut self, r: usize, t: Option<f64>) {
+        self.keys[r] = self.key(t);
+        self.rebuild();
+    }
+
+    /// Every node's loser and the winner, from the keys.
+    fn rebuild(&mut self) {
+        let leaves = self.leaves;
+        for r in 0..leaves {
+            self.win[leaves + r] = r;
+        }
+        for i in (1..leaves).rev() {
+            let (a, b) = (self.win[2 * i], self.win[2 * i + 1]);
+            let (w, l) = if self.keys[b] < self.keys[a] {
+                (b, a)
+            } else {
+                (a, b)
+            };
+            self.win[i] = w;
+            self.node[i] = (self.keys[l], l);
+        }
+        let w = self.win[1];
+        self.node[0] = (self.keys[w], w);
     }
 }
 
-impl PartialEq for Free {
-    fn eq(&self, other: &Free) -> bool {
-        self.at == other.at
-    }
-}
-
-impl Eq for Free {}
-
-impl PartialOrd for Free {
-    fn partial_cmp(&self, other: &Free) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-
-impl Ord for Free {
-    /// Reversed, so that the max-heap gives the earliest first.
-    fn cmp(&self, other: &Free) -> Ordering {
-        other.at.cmp(&self.at)
-    }
-}
-
-/// `t` (a sum of non-negative costs from zero: never negative, never NaN) as bits
-/// that order as the times do (`-0.0` made `+0.0` first).
-fn key(t: f64) -> u64 {
-    (t + 0.0).to_bits()
+/// One rank's two chunks (`0`: stage `r`, `1`: stage `2p - 1 - r`) and where it is
+/// in each.
+struct Lane {
+    stage: [usize; 2],
+    f: [f64; 2],
+    b: [f64; 2],
+    act: [f64; 2],
+    budget: f64,
+    next_f: [usize; 2],
+    next_b: [usize; 2],
+    /// Activations held (`F` run, its `W` not yet).
+    inflight: f64,
+    /// `(chunk, micro-batch)` of every `B` run, in order: the `W`s pending are those
+    /// from `w_next` on.
+    done_b: Vec<(usize, usize)>,
+    w_next: usize,
+    relaxed: bool,
+    parked: bool,
 }
 
 pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
     let (p, m) = (ctx.ranks, ctx.microbatches);
     let s = 2 * p;
-    let cost = |k: usize| ctx.units[ctx.stages[k]].cost;
-    let stage = |r: usize, c: usize| if c == 0 { r } else { s - 1 - r };
+    let unit = |k: usize| &ctx.units[ctx.stages[k]];
     let rank_of = |k: usize| if k < p { k } else { s - 1 - k };
     // End times by stage and micro-batch (`k * m + mb`), INFINITY while unscheduled.
     let mut fend = vec![f64::INFINITY; s * m];
     let mut bend = vec![f64::INFINITY; s * m];
-    let mut next_f = vec![[0usize; 2]; p];
-    let mut next_b = vec![[0usize; 2]; p];
-    let mut wq: Vec<VecDeque<(usize, usize)>> = vec![VecDeque::new(); p];
-    let act = |k: usize| ctx.units[ctx.stages[k]].act;
-    let mut inflight = vec![0.0f64; p];
-    let budget: Vec<f64> = (0..p)
-        .map(|r| p as f64 * (act(stage(r, 0)) + act(stage(r, 1))))
+    let mut lanes: Vec<Lane> = (0..p)
+        .map(|r| {
+            let stage = [r, s - 1 - r];
+            let [u0, u1] = stage.map(unit);
+            Lane {
+                stage,
+                f: [u0.cost.f, u1.cost.f],
+                b: [u0.cost.b, u1.cost.b],
+                act: [u0.act, u1.act],
+                budget: p as f64 * (u0.act + u1.act),
+                next_f: [0; 2],
+                next_b: [0; 2],
+                inflight: 0.0,
+                done_b: Vec::with_capacity(2 * m),
+                w_next: 0,
+                relaxed: false,
+                parked: false,
+            }
+        })
         .collect();
-    // An F fits if the budget allows it, or if nothing at all is in flight.
-    let fits = |held: f64, k: usize, r: usize| held == 0.0 || at_most(held + act(k), budget[r]);
+    // Ready time of the next F / B of chunk `c` (INFINITY: not yet known; `None`:
+    // every micro-batch's is scheduled).
+    let f_ready = |lane: &Lane, c: usize, fend: &[f64]| {
+        let (k, mb) = (lane.stage[c], lane.next_f[c]);
+        if mb >= m {
+            None
+        } else if k == 0 {
+            Some(0.0)
+        } else {
+            Some(fend[(k - 1) * m + mb])
+        }
+    };
+    let b_ready = |lane: &Lane, c: usize, fend: &[f64], bend: &[f64]| {
+        let (k, mb) = (lane.stage[c], lane.next_b[c]);
+        if mb >= m {
+            return None;
+        }
+        let own = fend[k * m + mb];
+        let down = if k + 1 < s {
+            bend[(k + 1) * m + mb]
+        } else {
+            0.0
+        };
+        // Times here are never NaN: the larger, without `max`'s NaN handling.
+        Some(if own < down { down } else { own })
+    };
     let mut order: Vec<Vec<Task>> = (0..p).map(|_| Vec::with_capacity(6 * m)).collect();
-    let mut heap: BinaryHeap<Free> = (0..p).map(|r| Free::new(key(0.0), r as u64, r)).collect();
-    let mut pushes = p as u64;
-    let mut latest: Vec<u64> = (0..p as u64).collect();
+    let mut clock = Clock::new(p);
     // Idle ranks, with the time of the next event they know of (INFINITY: none).
     let mut parked: Vec<(usize, f64)> = Vec::new();
-    // Whether a rank is in `parked` (at most once).
-    let mut is_parked = vec![false; p];
-    let mut relaxed = vec![false; p];
     let mut last = 0.0f64;
     let mut remaining = 6 * m * p;
     loop {
-        if heap.is_empty() {
+        let Some((r, t)) = clock.first() else {
             // Everyone waits on work nobody can start: the budget is too tight for
             // this profile. Relax it rather than stall (the memory check still applies).
-            if parked.is_empty() || parked.iter().all(|&(r, _)| relaxed[r]) {
+            if parked.is_empty() || parked.iter().all(|&(r, _)| lanes[r].relaxed) {
                 break;
             }
             for (r, _) in parked.drain(..) {
-                is_parked[r] = false;
-                relaxed[r] = true;
-                latest[r] = pushes;
-                heap.push(Free::new(key(last), pushes, r));
-                pushes += 1;
+                lanes[r].parked = false;
+                lanes[r].relaxed = true;
+                clock.set(r, Some(last));
             }
             continue;
-        }
-        // The earliest entry is replaced where it is (one sift down) when its rank
-        // is free again, taken out when the rank waits for nothing known.
-        let Some(mut top) = heap.peek_mut() else {
-            continue;
         };
-        let (t, n, r) = top.parts();
-        if n != latest[r] {
-            PeekMut::pop(top);
-            continue;
-        }
-        let t = f64::from_bits(t);
-        if is_parked[r] {
+        let lane = &mut lanes[r];
+        if lane.parked {
             parked.retain(|&(q, _)| q != r);
-            is_parked[r] = false;
+            lane.parked = false;
         }
-        // Ready time of the next F / B of chunk c on rank r (INFINITY: not yet known).
-        let f_ready = |c: usize, fend: &[f64], nf: &[usize; 2]| {
-            let (k, mb) = (stage(r, c), nf[c]);
-            if mb >= m {
-                None
-            } else if k == 0 {
-                Some(0.0)
-            } else {
-                Some(fend[(k - 1) * m + mb])
-            }
-        };
-        let b_ready = |c: usize, fend: &[f64], bend: &[f64], nb: &[usize; 2]| {
-            let (k, mb) = (stage(r, c), nb[c]);
-            if mb >= m {
-                return None;
-            }
-            let own = fend[k * m + mb];
-            let down = if k + 1 < s {
-                bend[(k + 1) * m + mb]
-            } else {
-                0.0
-            };
-            Some(own.max(down))
-        };
-        let mut choice: Option<(Op, usize)> = None;
         // B first, oldest micro-batch, deeper chunk on ties.
-        let mut best: Option<(usize, usize)> = None;
+        let mut choice: Option<(Op, usize)> = None;
         for c in [1, 0] {
-            if let Some(ready) = b_ready(c, &fend, &bend, &next_b[r]) {
-                if ready <= t && best.is_none_or(|(_, mb)| next_b[r][c] < mb) {
-                    best = Some((c, next_b[r][c]));
-                }
+            if b_ready(lane, c, &fend, &bend).is_some_and(|ready| ready <= t)
+                && choice.is_none_or(|(_, d)| lane.next_b[c] < lane.next_b[d])
+            {
+                choice = Some((Op::B, c));
             }
-        }
-        if let Some((c, _)) = best {
-            choice = Some((Op::B, c));
         }
         if choice.is_none() {
             for c in [1, 0] {
-                let room = relaxed[r] || fits(inflight[r], stage(r, c), r);
-                if room && f_ready(c, &fend, &next_f[r]).is_some_and(|ready| ready <= t) {
+                // An F fits if the budget allows it, or if nothing at all is in flight.
+                let room = lane.relaxed
+                    || lane.inflight == 0.0
+                    || at_most(lane.inflight + lane.act[c], lane.budget);
+                if room && f_ready(lane, c, &fend).is_some_and(|ready| ready <= t) {
                     choice = Some((Op::F, c));
                     break;
                 }
             }
         }
-        if choice.is_none() && !wq[r].is_empty() {
+        if choice.is_none() && lane.w_next < lane.done_b.len() {
             choice = Some((Op::W, 0));
         }
         let Some((op, c)) = choice else {
@@ -186,46 +250,38 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
             // or, if none is known yet, until some rank schedules a task.
             let mut next = f64::INFINITY;
             for c in [0, 1] {
-                let heads = [
-                    f_ready(c, &fend, &next_f[r]),
-                    b_ready(c, &fend, &bend, &next_b[r]),
-                ];
+                let heads = [f_ready(lane, c, &fend), b_ready(lane, c, &fend, &bend)];
                 for ready in heads.into_iter().flatten() {
                     if ready > t {
                         next = next.min(ready);
                     }
                 }
             }
-            latest[r] = pushes;
-            if next.is_finite() {
-                *top = Free::new(key(next), pushes, r);
-            } else {
-                PeekMut::pop(top);
-            }
-            pushes += 1;
+            clock.set_first(next.is_finite().then_some(next));
             parked.push((r, next));
-            is_parked[r] = true;
+            lane.parked = true;
             continue;
         };
         let (k, mb, dur) = match op {
             Op::B => {
-                let k = stage(r, c);
-                let mb = next_b[r][c];
-                next_b[r][c] += 1;
-                wq[r].push_back((k, mb));
-                (k, mb, cost(k).b)
+                let mb = lane.next_b[c];
+                lane.next_b[c] += 1;
+                lane.done_b.push((c, mb));
+                (lane.stage[c], mb, lane.b[c])
             }
             Op::F => {
-                let k = stage(r, c);
-                let mb = next_f[r][c];
-                next_f[r][c] += 1;
-                inflight[r] += act(k);
-                (k, mb, cost(k).f)
+                let mb = lane.next_f[c];
+                lane.next_f[c] += 1;
+                lane.inflight += lane.act[c];
+                (lane.stage[c], mb, lane.f[c])
             }
             _ => {
-                let (k, mb) = wq[r].pop_front().unwrap_or((0, 0));
-                inflight[r] = (inflight[r] - act(k)).max(0.0);
-                (k, mb, cost(k).w)
+                let (c, mb) = lane.done_b[lane.w_next];
+                lane.w_next += 1;
+                let held = lane.inflight - lane.act[c];
+                lane.inflight = if held < 0.0 { 0.0 } else { held };
+                let k = lane.stage[c];
+                (k, mb, unit(k).cost.w)
             }
         };
         let end = t + dur;
@@ -239,11 +295,10 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
         if remaining == 0 {
             break;
         }
-        last = last.max(end);
-        latest[r] = pushes;
-        *top = Free::new(key(end), pushes, r);
-        drop(top);
-        pushes += 1;
+        if end > last {
+            last = end;
+        }
+        clock.set_first(Some(end));
         // Only the rank of the next stage (after an F) or of the previous stage
         // (after a B) can have been waiting for this task.
         let woken = match op {
@@ -251,15 +306,54 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
             Op::B if k > 0 => Some(rank_of(k - 1)),
             _ => None,
         };
-        if let Some(q) = woken {
+        if let Some(q) = woken.filter(|&q| lanes[q].parked) {
             if let Some(pos) = parked.iter().position(|&(x, _)| x == q) {
                 let (_, next) = parked.swap_remove(pos);
-                is_parked[q] = false;
-                latest[q] = pushes;
-                heap.push(Free::new(key(end.min(next)), pushes, q));
-                pushes += 1;
+                lanes[q].parked = false;
+                clock.set(q, Some(end.min(next)));
             }
         }
     }
     order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Clock;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// After any sequence of updates (the winner's, or any rank's), the clock's
+        /// first is the rank of the least key, its time that key's: a scan of every
+        /// rank's key, by time, then by update (first come, first served).
+        #[test]
+        fn the_first_is_the_earliest_then_the_first_set(
+            p in 1usize..20,
+            updates in prop::collection::vec((any::<bool>(), 0usize..20, prop::option::weighted(0.9, 0u32..8)), 0..200),
+        ) {
+            let mut clock = Clock::new(p);
+            // Per rank: (time, update number), `None` while the rank waits.
+            let mut want: Vec<Option<(f64, u64)>> = (0..p as u64).map(|r| Some((0.0, r))).collect();
+            let mut n = p as u64;
+            for (winner, r, t) in updates {
+                let t = t.map(f64::from);
+                match clock.first() {
+                    Some((q, _)) if winner => {
+                        clock.set_first(t);
+                        want[q] = t.map(|t| (t, n));
+                    }
+                    _ => {
+                        let r = r % p;
+                        clock.set(r, t);
+                        want[r] = t.map(|t| (t, n));
+                    }
+                }
+                n += 1;
+                let least = (0..p)
+                    .filter_map(|r| want[r].map(|(t, n)| (t, n, r)))
+                    .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
+                prop_assert_eq!(clock.first(), least.map(|(t, _, r)| (r, t)));
+            }
+        }
+    }
 }
