@@ -393,10 +393,25 @@ pub(crate) fn lowering_floor(plan: &Plan) -> Option<f64> {
                 .sum::<f64>()
         })
         .fold(0.0, f64::max);
-    let mut without_w = plan.clone();
-    for list in &mut without_w.order {
-        list.retain(|t| t.op != Op::W);
-    }
+    // The plan's other parts cloned, its lists copied without their `W`s (not
+    // copied whole first).
+    let without_w = Plan {
+        order: plan
+            .order
+            .iter()
+            .map(|list| {
+                let mut kept = Vec::with_capacity(list.len());
+                kept.extend(list.iter().filter(|t| t.op != Op::W));
+                kept
+            })
+            .collect(),
+        units: plan.units.clone(),
+        stages: plan.stages.clone(),
+        encoders: plan.encoders.clone(),
+        input_ships: plan.input_ships.clone(),
+        prefetch: plan.prefetch.clone(),
+        ..*plan
+    };
     let deps = dependencies(&without_w).ok()?;
     let ideal = timing(&without_w, &deps).ok()?.makespan();
     Some(busy.max(ideal))

@@ -467,19 +467,28 @@ impl Seen {
     /// A hasher's writes are one stream of bytes, so a rank's numbers (its count,
     /// then each end's, as `write_usize` and `write_u64` give them) are written at
     /// once: the same hash, the hasher's bookkeeping of a write paid once a rank,
-    /// not once an end (a rank's bytes held meanwhile, 8 an end).
+    /// not once an end (a rank's bytes held meanwhile, 8 an end, in one buffer for
+    /// all ranks, filled in place: no room checked an end).
     fn sign(at: &[Vec<Placed>]) -> u64 {
         use std::hash::Hasher;
+        const COUNT: usize = std::mem::size_of::<usize>();
+        const END: usize = std::mem::size_of::<u64>();
         let mut h = std::collections::hash_map::DefaultHasher::new();
         let mut bytes = Vec::new();
         for list in at {
-            bytes.clear();
-            bytes.extend_from_slice(&list.len().to_ne_bytes());
-            for x in list {
-                let word = u64::from(x.slot) << u32::BITS | u64::from(x.id);
-                bytes.extend_from_slice(&word.to_ne_bytes());
+            // Grown (zeroed) only past the longest rank so far: every byte of a
+            // rank's part is written before it is read.
+            let size = COUNT + END * list.len();
+            if bytes.len() < size {
+                bytes.resize(size, 0);
             }
-            h.write(&bytes);
+            let (count, ends) = bytes[..size].split_at_mut(COUNT);
+            count.copy_from_slice(&list.len().to_ne_bytes());
+            for (out, x) in ends.chunks_exact_mut(END).zip(list) {
+                let word = u64::from(x.slot) << u32::BITS | u64::from(x.id);
+                out.copy_from_slice(&word.to_ne_bytes());
+            }
+            h.write(&bytes[..size]);
         }
         h.finish()
     }
@@ -550,7 +559,9 @@ fn simulated_timing(
     let mut end: Vec<Vec<f64>> = Vec::with_capacity(plan.ranks);
     for (r, list) in programs.iter().enumerate() {
         let slots = slots.get(r)?;
-        let (mut s, mut e) = (Vec::new(), Vec::new());
+        // As long as the rank's order: its compute steps, if the lowering is whole.
+        let n = plan.order.get(r).map_or(0, Vec::len);
+        let (mut s, mut e) = (Vec::with_capacity(n), Vec::with_capacity(n));
         for (a, slot) in list.iter().zip(slots) {
             if matches!(a, Step::Compute { .. }) {
                 s.push(slot.start);
@@ -806,6 +817,65 @@ mod tests {
                 assert_eq!(Seen::sign(&at), one_by_one(&at), "{rule:?}");
             }
             assert_eq!(Seen::sign(&[]), one_by_one(&[]));
+        }
+    }
+
+    /// The merge gives each task its place in the order of all tasks by end, then
+    /// start, then ideal seq (`f64::total_cmp`), as sorting them all gives it: on
+    /// rank counts around powers of two, ranks without tasks, equal and signed
+    /// times, NaNs, and ranks whose tasks are not in that order.
+    #[test]
+    fn the_settle_order_is_the_sorted_order() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        let times = [0.0, -0.0, 1.0, 1.5, 2.0, -1.0, f64::NAN, f64::INFINITY];
+        for ranks in [0, 1, 2, 3, 4, 5, 7, 8, 9, 16, 17] {
+            for round in 0..4 {
+                let mut start: Vec<Vec<f64>> = Vec::new();
+                let mut end: Vec<Vec<f64>> = Vec::new();
+                let mut ideal: Vec<Vec<u32>> = Vec::new();
+                let mut number = 0u32;
+                for r in 0..ranks {
+                    let n = if (r + round) % 4 == 0 {
+                        0
+                    } else {
+                        (next() % 9) as usize
+                    };
+                    let pick = |x: u64| times[(x % times.len() as u64) as usize];
+                    let mut s: Vec<f64> = (0..n).map(|_| pick(next())).collect();
+                    let mut e: Vec<f64> = (0..n).map(|_| pick(next())).collect();
+                    if round % 2 == 0 {
+                        // As a simulation gives them: in key order.
+                        let mut both: Vec<(f64, f64)> = e.iter().copied().zip(s).collect();
+                        both.sort_by(|a, b| a.0.total_cmp(&b.0).then(a.1.total_cmp(&b.1)));
+                        (e, s) = both.into_iter().unzip();
+                    }
+                    start.push(s);
+                    end.push(e);
+                    ideal.push((0..n as u32).map(|k| number + k).collect());
+                    number += n as u32;
+                }
+                let mut all: Vec<(usize, usize)> = (0..ranks)
+                    .flat_map(|r| (0..end[r].len()).map(move |i| (r, i)))
+                    .collect();
+                all.sort_by(|&(r, i), &(q, j)| {
+                    end[r][i]
+                        .total_cmp(&end[q][j])
+                        .then(start[r][i].total_cmp(&start[q][j]))
+                        .then(ideal[r][i].cmp(&ideal[q][j]))
+                });
+                let mut want: Vec<Vec<u32>> = end.iter().map(|l| vec![0; l.len()]).collect();
+                for (k, &(r, i)) in all.iter().enumerate() {
+                    want[r][i] = k as u32;
+                }
+                let got = settle_order(&start, &end, &ideal).unwrap();
+                assert_eq!(got, want, "{ranks} ranks, round {round}");
+            }
         }
     }
 
