@@ -224,21 +224,60 @@ pub struct Prepared {
     ends: Vec<Vec<u32>>,
 }
 
-/// [`Prepared::ends`] of these transfers of `plan`: per rank grouped by the other
+/// [`Prepared::ends`] of these transfers of a plan of `p` ranks: per rank grouped by the other
 /// end and direction, and within a group in the transfers' order (by tensor, unit,
 /// micro-batch, then the rest of [`Transfer::order`]).
 ///
 /// Within a group (one peer, one direction), the ends of one tensor of one unit
 /// follow one another by micro-batch, and their meeting times mostly rise with it:
 /// the keys come in long sorted runs, which the placements' sort finds and merges.
-/// Each rank's ends are listed in the transfers' order with their group, then
-/// counted into their groups (a stable counting sort): linear in the ends and the
-/// ranks, each transfer read once.
-fn ends_by_peer(plan: &Plan, transfers: &[Transfer]) -> Vec<Vec<u32>> {
+/// The ends are counted into their groups (a stable counting sort, each end a
+/// group of its rank: `2 peer + 1` for a SEND, `2 peer` for a RECV), linear in the
+/// ends and the groups: where every rank's groups (`2 ranks^2`) are no more than
+/// the ends, the transfers are read twice (counted, then written to their places);
+/// else each rank's ends are listed first and counted rank by rank
+/// ([`ends_by_peer_listed`]), so that the counts stay linear in the ranks.
+fn ends_by_peer(p: usize, transfers: &[Transfer]) -> Vec<Vec<u32>> {
     if u32::try_from(transfers.len()).is_err() {
         return Vec::new();
     }
-    let p = plan.ranks;
+    let groups = 2 * p;
+    let ends = 2 * transfers.len();
+    if p.checked_mul(groups).is_none_or(|cells| cells > ends) {
+        return ends_by_peer_listed(p, transfers);
+    }
+    // The group of each end: its rank's groups are `rank * groups..(rank + 1) * groups`.
+    let send = |t: &Transfer| t.from as usize * groups + 2 * t.to as usize + 1;
+    let recv = |t: &Transfer| t.to as usize * groups + 2 * t.from as usize;
+    let mut at = vec![0usize; p * groups];
+    for t in transfers {
+        at[send(t)] += 1;
+        at[recv(t)] += 1;
+    }
+    // Each group's first place in its rank's list (counts to offsets, rank by rank).
+    let mut lists = Vec::with_capacity(p);
+    for rank in at.chunks_mut(groups) {
+        let mut next = 0;
+        for c in rank {
+            let n = *c;
+            *c = next;
+            next += n;
+        }
+        lists.push(vec![0u32; next]);
+    }
+    for (id, t) in transfers.iter().enumerate() {
+        for (rank, g) in [(t.from as usize, send(t)), (t.to as usize, recv(t))] {
+            lists[rank][at[g]] = id as u32;
+            at[g] += 1;
+        }
+    }
+    lists
+}
+
+/// [`ends_by_peer`] through each rank's list of its ends (in the transfers' order,
+/// with their groups), counted into the groups rank by rank: linear in the ends and
+/// the ranks, for many ranks with few transfers.
+fn ends_by_peer_listed(p: usize, transfers: &[Transfer]) -> Vec<Vec<u32>> {
     let mut sizes = vec![0usize; p];
     for t in transfers {
         sizes[t.from as usize] += 1;
@@ -376,7 +415,7 @@ pub(crate) fn prepare_timed<I: Iterator<Item = (Tensor, usize, (usize, usize))>>
     reads.dedup_by_key(|t| t.parts().0);
     // Every lowering of the plan holds these: not the reads' capacity beside them.
     reads.shrink_to_fit();
-    let ends = ends_by_peer(plan, &reads);
+    let ends = ends_by_peer(plan.ranks, &reads);
     Ok(Prepared {
         time,
         transfers: reads,
@@ -387,10 +426,11 @@ pub(crate) fn prepare_timed<I: Iterator<Item = (Tensor, usize, (usize, usize))>>
 /// `reads` sorted by [`Transfer::order`]: `reads` being a plan's reads of
 /// activations and gradients in order of destination, then consumer (rank by
 /// rank, task by task), then its reads of raw inputs. Those are sorted by
-/// destination and consumer, then stable counting passes give the order: by unit
-/// and micro-batch in one pass where their pairs are no more than the reads (else
-/// by micro-batch, then by unit), then by tensor; linear in the reads,
-/// micro-batches and units.
+/// destination and consumer, then stable counting passes give the order: by
+/// tensor, unit and micro-batch in one pass where their triples are no more than
+/// the reads; else by unit and micro-batch in one pass where their pairs are no
+/// more than the reads (else by micro-batch, then by unit), then by tensor; linear
+/// in the reads, micro-batches and units.
 /// Reads equal in that order are equal in every field (one consumer reads one
 /// producer's tensor), so the order is the one any sort by it gives.
 fn sort_reads(reads: &mut Vec<Transfer>) {
@@ -404,8 +444,18 @@ fn sort_reads(reads: &mut Vec<Transfer>) {
     let units = reads.iter().map(|t| t.unit as usize + 1).max().unwrap_or(0);
     let tensors = Tensor::Input as usize + 1;
     let (mut buffer, mut count) = (Vec::with_capacity(reads.len()), Vec::new());
-    match units.checked_mul(mbs).filter(|&pairs| pairs <= reads.len()) {
-        Some(pairs) => counting_sort(reads, &mut buffer, &mut count, pairs, |t| {
+    let pairs = units.checked_mul(mbs).filter(|&pairs| pairs <= reads.len());
+    match pairs.map(|pairs| (pairs, pairs.checked_mul(tensors))) {
+        // One pass by tensor, unit and micro-batch where their triples are no
+        // more than the reads (the order of the passes below, in one).
+        Some((pairs, Some(triples))) if triples <= reads.len() => {
+            counting_sort(reads, &mut buffer, &mut count, triples, |t| {
+                t.tensor as usize * pairs + t.unit as usize * mbs + t.mb as usize
+            });
+            debug_assert!(reads.windows(2).all(|w| w[0].order() <= w[1].order()));
+            return;
+        }
+        Some((pairs, _)) => counting_sort(reads, &mut buffer, &mut count, pairs, |t| {
             t.unit as usize * mbs + t.mb as usize
         }),
         None => {
@@ -2366,25 +2416,29 @@ mod tests {
         }
 
         /// `sort_reads` orders reads (in order of destination and consumer, raw
-        /// inputs last) as a sort by [`Transfer::order`] does, whether its units and
-        /// micro-batches take one counting pass (few pairs) or two (many).
+        /// inputs last) as a sort by [`Transfer::order`] does, whether its tensors,
+        /// units and micro-batches take one counting pass (few triples), two (few
+        /// pairs) or three (many).
         #[test]
         fn sort_reads_sorts_by_order(
             raw in proptest::collection::vec(
                 (0usize..3, 0usize..40, 0usize..6, 0u8..3, 0usize..5, 0usize..8),
                 0..120,
             ),
+            (units, mbs) in (1usize..7, 1usize..9),
         ) {
             let tensors = [Tensor::Act, Tensor::Grad, Tensor::Input];
             let mut reads: Vec<Transfer> = raw
                 .iter()
                 .map(|&(to, i, unit, tensor, from, mb)| {
+                    let (unit, mb) = (unit % units, mb % mbs);
                     let id = (tensors[tensor as usize], unit, mb, to);
                     Transfer::new(id, (from, unit + mb, i)).unwrap()
                 })
                 .collect();
             // One consumer reads one producer's tensor: reads equal in order are equal
-            // (up to 48 pairs of unit and micro-batch: long lists take one pass, short two).
+            // (up to 48 pairs of unit and micro-batch, 144 triples with the tensor:
+            // long lists of few units and micro-batches take one pass, others more).
             reads.sort_by_key(|t| t.order());
             reads.dedup_by_key(|t| t.order());
             let mut want = reads.clone();
@@ -2392,6 +2446,49 @@ mod tests {
             reads.sort_by_key(|t| (t.tensor == Tensor::Input, t.to, t.i));
             sort_reads(&mut reads);
             prop_assert_eq!(reads, want);
+        }
+
+        /// Each rank's ends, by either way of counting them into their groups (few
+        /// ranks or many for the transfers), are a stable sort of the rank's ends in
+        /// the transfers' order by group (`2 peer + 1` for a SEND, `2 peer` for a
+        /// RECV).
+        #[test]
+        fn ends_by_peer_is_a_stable_sort_by_group(
+            raw in proptest::collection::vec((0usize..9, 0usize..9), 0..150),
+            p in 1usize..10,
+        ) {
+            let transfers: Vec<Transfer> = raw
+                .iter()
+                .map(|&(from, to)| (from % p, to % p))
+                .filter(|(from, to)| from != to)
+                .enumerate()
+                .map(|(k, (from, to))| {
+                    Transfer::new((Tensor::Act, k % 3, k, to), (from, k, k + 1)).unwrap()
+                })
+                .collect();
+            let want: Vec<Vec<u32>> = (0..p)
+                .map(|r| {
+                    let mut ends: Vec<(usize, u32)> = transfers
+                        .iter()
+                        .enumerate()
+                        .filter_map(|(id, t)| {
+                            let (from, to) = (t.from as usize, t.to as usize);
+                            let g = if from == r {
+                                2 * to + 1
+                            } else if to == r {
+                                2 * from
+                            } else {
+                                return None;
+                            };
+                            Some((g, id as u32))
+                        })
+                        .collect();
+                    ends.sort_by_key(|e| e.0);
+                    ends.into_iter().map(|e| e.1).collect()
+                })
+                .collect();
+            prop_assert_eq!(ends_by_peer(p, &transfers), want.clone());
+            prop_assert_eq!(ends_by_peer_listed(p, &transfers), want);
         }
 
         /// Counting by a key orders a list as a stable sort by that key does.
