@@ -24,11 +24,16 @@
 //! there with the trial's plan and dependencies: the same timing as a full run, bit
 //! for bit (its test compares them).
 //!
+//! The base's own preparation for the lowering (its transfers, for the meeting
+//! times its trials take) reads the same record ([`Log::prepared`]) instead of
+//! resolving and timing the plan again.
+//!
 //! Pure and deterministic. The scheduler is [`crate::algebra::analysis`]'s own
 //! ([`settle`]): [`Log`] watches the base's run, and a trial's resumes from a
 //! state it recorded.
 
 use crate::algebra::analysis::{find, local, settle, Deps, PlanError, Settling, Timing, Watch};
+use crate::algebra::lower::{prepare_timed, LowerError, Prepared};
 use crate::ir::plan::{Plan, Task, TaskIndex, UnitId, UnitNames};
 use crate::ir::program::{Op, Tensor};
 
@@ -327,6 +332,23 @@ impl Log {
         Some(log)
     }
 
+    /// [`crate::algebra::lower::prepare_named`] of the base `plan` this log
+    /// recorded, from the dependencies and timing it holds (the same: its
+    /// dependencies are the plan's, its timing the full one).
+    pub(crate) fn prepared(&self, plan: &Plan) -> Result<Prepared, LowerError> {
+        let whole = View::whole(self.links.as_ref().expect("a log holds its links"));
+        let of = |r: usize, i: usize| {
+            whole.of(r, i).map(|l| {
+                (
+                    l.tensor,
+                    l.unit as usize,
+                    (l.rank as usize, l.index as usize),
+                )
+            })
+        };
+        prepare_timed(plan, of, self.time.clone())
+    }
+
     /// The base's ideal timing.
     #[cfg(test)]
     fn time(&self) -> &Timing {
@@ -440,6 +462,26 @@ mod tests {
                 plan_of(heavy, (4, 6), "zbv"),
             ]
         })
+    }
+
+    /// A base's preparation from its log is its full preparation: the same
+    /// timing, bit for bit, and the same program under every placement rule.
+    #[test]
+    fn a_log_prepares_its_plan_as_the_full_preparation() {
+        use crate::algebra::lower::{lower_prepared_by, prepare};
+        use crate::ir::policy::SearchPolicy;
+        for base in plans() {
+            let log = Log::new(base, &dependencies(base).unwrap()).unwrap();
+            let (ours, full) = (log.prepared(base).unwrap(), prepare(base).unwrap());
+            assert_eq!(bits(&ours.time), bits(&full.time));
+            for rule in crate::search::place::PLACEMENTS {
+                let policy = &SearchPolicy::DEFAULT;
+                assert_eq!(
+                    lower_prepared_by(base, &ours, None, rule, policy).unwrap(),
+                    lower_prepared_by(base, &full, None, rule, policy).unwrap(),
+                );
+            }
+        }
     }
 
     proptest::proptest! {

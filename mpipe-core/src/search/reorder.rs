@@ -171,6 +171,14 @@ fn search_on(
         // What the trials of this round are moves of (their plans are built where
         // they are lowered, from this order).
         rounds += 1;
+        let ideal = Log::new(&plan, &deps);
+        // The meetings' preparation is the log's dependencies and timing with
+        // the transfers (the plan's own, resolved and timed again, where it has
+        // no log).
+        let prepared = match &ideal {
+            Some(log) => log.prepared(&plan),
+            None => prepare_named(&plan, pool.names),
+        };
         let base = Arc::new(Base {
             round: rounds,
             order: plan.order.clone(),
@@ -180,10 +188,8 @@ fn search_on(
             run: lowered
                 .take()
                 .and_then(|l| Resumable::new(l, &report.timeline)),
-            meetings: prepare_named(&plan, pool.names)
-                .ok()
-                .and_then(|p| Meetings::new(&p, rule, policy)),
-            ideal: Log::new(&plan, &deps),
+            meetings: prepared.ok().and_then(|p| Meetings::new(&p, rule, policy)),
+            ideal,
         });
         let (times, index) = (&base.times, &base.index);
         let mut waits: Vec<(f64, usize, usize)> = Vec::new();
