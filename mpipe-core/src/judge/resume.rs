@@ -8,9 +8,7 @@
 //! nothing they wait for differs, so the trial is simulated from there:
 //!
 //! 1. on each rank `r`, the common prefix `p[r]`: the steps before the first that
-//!    differs from the base's (cut back to the start of a batch it ends inside;
-//!    a collective step counts as different where the trial's collective of that
-//!    index, [`Lowered::colls`], is not the base's);
+//!    differs from the base's (cut back to the start of a batch it ends inside);
 //! 2. the valid prefix `v[r] <= p[r]`: cut back further, to the start of the
 //!    first operation that waits (in the base's run) for a step at or past
 //!    `v[q]` on some rank `q`: a transfer's partner, or a collective's occurrence
@@ -37,9 +35,11 @@
 //! when that runs to the end, and `None` only for a program that provably
 //! finishes later than the cutoff (a rank's time plus its compute left, checked
 //! after every operation past the prefix). Whatever this does not handle is
-//! handed to [`finish_times_within`] whole: a collective on a unit or rank that
-//! does not exist, a different number of ranks, a step naming no unit, rank or
-//! collective, a
+//! handed to [`finish_times_within`] whole: a trial whose collectives
+//! ([`Lowered::colls`]) are not its base's (resumed, with a collective step that
+//! differs cutting the common prefix, such trials of `auto` took longer than the
+//! engine's runs of them), a collective on a unit or rank that does not exist, a
+//! different number of ranks, a step naming no unit, rank or collective, a
 //! transfer with no partner, a run that does not end (deadlock) or a time that
 //! is not finite, so every error is the engine's own.
 
@@ -83,8 +83,7 @@ struct Colls {
     id: Vec<u32>,
     /// Per identity: its unit and its distinct members, ascending.
     ids: Vec<(usize, Vec<u32>)>,
-    /// Per identity, per rank: the indices of its occurrences in the lists they
-    /// were found in (the base's, or a trial's).
+    /// Per identity, per rank: the indices of its occurrences in the base's lists.
     occ: Vec<Vec<Vec<u32>>>,
 }
 
@@ -343,8 +342,7 @@ impl Resumable {
     #[cfg(test)]
     pub(crate) fn kept_share(&self, trial: &Lowered) -> f64 {
         let total: usize = trial.programs.iter().map(Vec::len).sum();
-        let equal = trial.colls == self.lowered.colls;
-        self.valid_prefix(trial, equal).iter().sum::<usize>() as f64 / total.max(1) as f64
+        self.valid_prefix(trial).iter().sum::<usize>() as f64 / total.max(1) as f64
     }
 
     /// [`finish_times_within`] of `trial` (`units` the plan's): see the module
@@ -362,30 +360,14 @@ impl Resumable {
         }
     }
 
-    /// Each rank's valid prefix for `trial` (step 2 of the module documentation);
-    /// `equal` when its collectives are the base's (else a collective step whose
-    /// entry of [`Lowered::colls`] differs is not common).
-    fn valid_prefix(&self, trial: &Lowered, equal: bool) -> Vec<usize> {
+    /// Each rank's valid prefix for `trial` (step 2 of the module documentation).
+    fn valid_prefix(&self, trial: &Lowered) -> Vec<usize> {
         let base = &self.lowered.programs;
-        let same: Vec<bool> = if equal {
-            Vec::new()
-        } else {
-            let colls = self.lowered.colls.iter().zip(&trial.colls);
-            colls.map(|(a, b)| a == b).collect()
-        };
-        let common = |x: &Step, y: &Step| {
-            x == y
-                && (equal
-                    || match *x {
-                        Step::Coll(k) => same.get(k as usize) == Some(&true),
-                        _ => true,
-                    })
-        };
         let mut v: Vec<usize> = base
             .iter()
             .zip(&trial.programs)
             .map(|(b, t)| {
-                let p = b.iter().zip(t).take_while(|(x, y)| common(x, y)).count();
+                let p = b.iter().zip(t).take_while(|(x, y)| x == y).count();
                 // A batch that the common steps end inside (in either list) is not
                 // common: back to its first member.
                 if joins(b, p) || joins(t, p) {
@@ -430,25 +412,17 @@ impl Resumable {
         if nr != self.lowered.programs.len() || !same_shape {
             return None;
         }
-        // The trial's collectives: the base's where they are the same (their
-        // occurrences read there only within the prefixes, which agree), else
-        // found in the trial; on units and ranks there are.
-        let equal = trial.colls == self.lowered.colls;
-        let found;
-        let colls = if equal {
-            &self.colls
-        } else {
-            found = Colls::new(&trial.colls, lists)?;
-            &found
-        };
+        // The base's collectives (so that a step names the same one in both), on
+        // units and ranks there are.
+        let colls = &self.colls;
         let known = colls
             .ids
             .iter()
             .all(|(unit, group)| *unit < units.len() && group.iter().all(|&g| (g as usize) < nr));
-        if !known {
+        if trial.colls != self.lowered.colls || !known {
             return None;
         }
-        let v = self.valid_prefix(trial, equal);
+        let v = self.valid_prefix(trial);
         // Every step past the prefixes names a unit and a micro-batch (the
         // prefixes are the base's, which ran).
         let named = lists.iter().zip(&v).all(|(l, &from)| {
@@ -756,8 +730,9 @@ mod tests {
         /// collectives (groups of any members, identities listed twice, ranks
         /// outside a group listing it), transfers and batches, under both
         /// semantics, with and without a link model; trials with the base's
-        /// collectives or others. A trial the engine runs to the end is resumed,
-        /// never handed to it.
+        /// collectives or others (handed to the engine). A trial with the base's
+        /// collectives that the engine runs to the end is resumed, never handed
+        /// to it.
         #[test]
         fn a_resumed_trial_with_collectives_is_the_full_trial(
             nr in 2usize..5,
@@ -818,7 +793,7 @@ mod tests {
             let cutoff = [f64::INFINITY, report.makespan, report.makespan * 0.9][cut];
             let full = finish_times_within(&units, &trial, &opts, cutoff);
             let resumed = run.finish_times(&units, &trial, &opts, cutoff);
-            if matches!(full, Ok(Some(_))) {
+            if trial.colls == run.lowered().colls && matches!(full, Ok(Some(_))) {
                 proptest::prop_assert!(run.resume(&units, &trial, &opts, cutoff).is_some());
             }
             let over = |f: &[f64]| less(cutoff, f.iter().copied().fold(0.0, f64::max));
