@@ -10,37 +10,46 @@
 //! 1. on each rank `r`, the common prefix `p[r]`: the steps before the first that
 //!    differs from the base's (cut back to the start of a batch it ends inside);
 //! 2. the valid prefix `v[r] <= p[r]`: cut back further, to the start of the
-//!    first transfer whose partner (in the base's run) lies at or past `v[q]` on
-//!    its rank `q`, until no cut moves (a fixed point). A transfer of a valid
-//!    prefix has the same partner in the trial (the `k`-th `SEND` of a channel
-//!    and key pairs with the `k`-th `RECV`, and both ranks' lists agree up to
-//!    both), and by induction over the base's run every operation of the valid
-//!    prefixes reaches and completes at the base's times;
+//!    first operation that waits (in the base's run) for a step at or past
+//!    `v[q]` on some rank `q`: a transfer's partner, or a collective's occurrence
+//!    on another member of its group; until no cut moves (a fixed point). An
+//!    operation of a valid prefix waits for the same steps in the trial (the
+//!    `k`-th `SEND` of a channel and key pairs with the `k`-th `RECV`, the
+//!    `k`-th occurrence of a collective on a rank with the `k`-th on every other
+//!    member, and the ranks' lists agree up to all of them), and by induction
+//!    over the base's run every operation of the valid prefixes reaches and
+//!    completes at the base's times;
 //! 3. the transfers past the valid prefixes pair among themselves only (the
 //!    pairing is one to one, and the prefixes' transfers are paired with each
 //!    other), the `k`-th of a channel and key past the prefix with the `k`-th
-//!    past the peer's; from each rank's time at the end of its valid prefix, the
-//!    rest runs as [`crate::judge::simulate`]'s engine runs it: compute back to
-//!    back, a transfer (or batch) reached when its rank gets there and complete
-//!    once its partners are reached (under eager semantics a `SEND` does not
-//!    wait), at the same expressions of the same numbers.
+//!    past the peer's; a collective past the prefix waits for its occurrences on
+//!    the other members, past their prefixes or in them (reached there at the
+//!    base's times, the end of the step before); from each rank's time at the
+//!    end of its valid prefix, the rest runs as [`crate::judge::simulate`]'s
+//!    engine runs it: compute back to back, a transfer (or batch, or collective)
+//!    reached when its rank gets there and complete once its partners are
+//!    reached (under eager semantics a `SEND` does not wait), at the same
+//!    expressions of the same numbers.
 //!
 //! The answer is [`finish_times_within`]'s: the same finishing times, bit for bit,
 //! when that runs to the end, and `None` only for a program that provably
 //! finishes later than the cutoff (a rank's time plus its compute left, checked
-//! after every transfer past the prefix). Whatever this does not handle is
-//! handed to [`finish_times_within`] whole: collectives (in either program), a
-//! different number of ranks, a step naming no unit or rank, a transfer with no
-//! partner, a run that does not end (deadlock) or a time that is not finite, so
-//! every error is the engine's own.
+//! after every operation past the prefix). Whatever this does not handle is
+//! handed to [`finish_times_within`] whole: a trial whose collectives
+//! ([`Lowered::colls`]) are not its base's (resumed, with a collective step that
+//! differs cutting the common prefix, such trials of `auto` took longer than the
+//! engine's runs of them), a collective on a unit or rank that does not exist, a
+//! different number of ranks, a step naming no unit, rank or collective, a
+//! transfer with no partner, a run that does not end (deadlock) or a time that
+//! is not finite, so every error is the engine's own.
 
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
-use crate::algebra::lower::{Lowered, Step};
+use crate::algebra::lower::{Collective, Lowered, Step};
 use crate::ir::compare::less;
 use crate::ir::model::{Mode, SimOptions};
-use crate::ir::program::{Dir, Op, Tensor, Unit};
+use crate::ir::program::{CollKind, Dir, Op, Unit};
 use crate::judge::simulate::{
     finish_times_within, joins_batch, op_index, tensor_index, transfer_times, unit_costs, Fnv,
     SimError,
@@ -56,32 +65,61 @@ pub(crate) struct Resumable {
     lowered: Lowered,
     /// Per rank, per step: when it ended, as the engine's timeline has it.
     end: Vec<Vec<f64>>,
-    /// Per rank `r`, per peer `q` it has transfers with: at `i`, one more than the
-    /// largest index on `q` of a partner of one of `r`'s first `i` steps (0 for
-    /// none): the first transfer of `r` whose partner is past some point of `q` is
+    /// Per rank `r`, per peer `q` it has transfers or collectives with: at `i`, one
+    /// more than the largest index on `q` of a step one of `r`'s first `i` steps
+    /// waits for (a transfer's partner, a collective's occurrence; 0 for none):
+    /// the first operation of `r` that waits for a step past some point of `q` is
     /// found by a binary search.
     reach: Vec<Vec<(usize, Vec<u32>)>>,
+    /// The collectives' identities and the base's occurrences of each.
+    colls: Colls,
 }
 
-/// The channel and key a transfer pairs on: `(source, destination, unit, mb,
-/// tensor)`.
-type Chan = (u32, u32, u32, u32, Tensor);
+/// The collectives of a lowering as the engine matches them: by identity (kind,
+/// unit, root, distinct members), the `k`-th occurrence of one on a rank with the
+/// `k`-th on every other member of its group.
+struct Colls {
+    /// Per entry of [`Lowered::colls`], its identity's index.
+    id: Vec<u32>,
+    /// Per identity: its unit and its distinct members, ascending.
+    ids: Vec<(usize, Vec<u32>)>,
+    /// Per identity, per rank: the indices of its occurrences in the base's lists.
+    occ: Vec<Vec<Vec<u32>>>,
+}
 
-/// The channel of `step` on rank `r`, if it is a transfer.
-fn chan(r: usize, step: &Step) -> Option<(Chan, Dir, u32)> {
-    match *step {
-        Step::P2p {
-            dir,
-            tensor,
-            unit,
-            mb,
-            peer,
-            ..
-        } => {
-            let (src, dst) = dir.ends(r as u32, peer);
-            Some(((src, dst, unit, mb, tensor), dir, peer))
+impl Colls {
+    /// The identities of `colls` and their occurrences in `lists`; `None` for a
+    /// collective step naming no entry of `colls`, or a member that is no rank.
+    fn new(colls: &[Collective], lists: &[Vec<Step>]) -> Option<Colls> {
+        // Each identity, as the engine keys it.
+        let mut keys: Vec<(CollKind, usize, usize)> = Vec::new();
+        let mut ids: Vec<(usize, Vec<u32>)> = Vec::new();
+        let mut id = Vec::with_capacity(colls.len());
+        for c in colls {
+            let group = c.group.iter().map(|&g| u32::try_from(g).ok());
+            let mut group: Vec<u32> = group.collect::<Option<_>>()?;
+            group.sort_unstable();
+            group.dedup();
+            let key = (c.kind, c.unit, c.root);
+            let at = (ids.iter().zip(&keys)).position(|((_, g), k)| *k == key && *g == group);
+            id.push(match at {
+                Some(at) => at as u32,
+                None => {
+                    keys.push(key);
+                    ids.push((c.unit, group));
+                    ids.len() as u32 - 1
+                }
+            });
         }
-        _ => None,
+        let mut occ = vec![vec![Vec::new(); lists.len()]; ids.len()];
+        for (r, list) in lists.iter().enumerate() {
+            for (i, step) in list.iter().enumerate() {
+                if let Step::Coll(k) = *step {
+                    occ[*id.get(k as usize)? as usize][r].push(i as u32);
+                }
+            }
+        }
+        Some(Colls { id, ids, occ })
     }
 }
 
@@ -224,11 +262,11 @@ fn op_start(list: &[Step], mut i: usize) -> usize {
 impl Resumable {
     /// `lowered` and its run's `timeline` (its report's, from
     /// [`crate::judge::simulate::simulate_lowered`]); `None` when they do not
-    /// fit each other or the run cannot be resumed from (collectives, a transfer
-    /// with no partner): trials are then simulated whole.
+    /// fit each other or the run cannot be resumed from (a transfer with no
+    /// partner, a collective with no occurrence to meet): trials are then
+    /// simulated whole.
     pub(crate) fn new(lowered: Lowered, timeline: &Timeline) -> Option<Resumable> {
-        let fits = lowered.colls.is_empty()
-            && timeline.ranks.len() == lowered.programs.len()
+        let fits = timeline.ranks.len() == lowered.programs.len()
             && timeline
                 .ranks
                 .iter()
@@ -238,36 +276,48 @@ impl Resumable {
             return None;
         }
         let partner = pair(&lowered.programs, &vec![0; lowered.programs.len()])?;
-        let reach = lowered
-            .programs
-            .iter()
-            .zip(&partner)
-            .enumerate()
-            .map(|(r, (list, partner))| {
-                let mut peers: Vec<(usize, Vec<u32>)> = Vec::new();
-                for (i, step) in list.iter().enumerate() {
-                    let Some((_, _, q)) = chan(r, step) else {
-                        continue;
-                    };
-                    let at = match peers.iter().position(|p| p.0 == q as usize) {
+        let colls = Colls::new(&lowered.colls, &lowered.programs)?;
+        let mut reach = Vec::with_capacity(lowered.programs.len());
+        for (r, (list, partner)) in lowered.programs.iter().zip(&partner).enumerate() {
+            let mut peers: Vec<(usize, Vec<u32>)> = Vec::new();
+            // Per identity, the rank's occurrences so far.
+            let mut seen = vec![0usize; colls.ids.len()];
+            for (i, step) in list.iter().enumerate() {
+                let mut depend = |q: usize, j: u32| {
+                    let at = match peers.iter().position(|p| p.0 == q) {
                         Some(at) => at,
                         None => {
-                            peers.push((q as usize, vec![0; list.len() + 1]));
+                            peers.push((q, vec![0; list.len() + 1]));
                             peers.len() - 1
                         }
                     };
                     let prefix = &mut peers[at].1;
-                    prefix[i + 1] = partner[i] + 1;
-                }
-                // Running maxima.
-                for (_, prefix) in &mut peers {
-                    for i in 1..prefix.len() {
-                        prefix[i] = prefix[i].max(prefix[i - 1]);
+                    prefix[i + 1] = prefix[i + 1].max(j + 1);
+                };
+                match *step {
+                    Step::P2p { peer, .. } => depend(peer as usize, partner[i]),
+                    Step::Coll(k) => {
+                        // The same occurrence on every other member.
+                        let id = colls.id[k as usize] as usize;
+                        let n = seen[id];
+                        seen[id] += 1;
+                        for &g in &colls.ids[id].1 {
+                            if g as usize != r {
+                                depend(g as usize, *colls.occ[id].get(g as usize)?.get(n)?);
+                            }
+                        }
                     }
+                    Step::Compute { .. } => {}
                 }
-                peers
-            })
-            .collect();
+            }
+            // Running maxima.
+            for (_, prefix) in &mut peers {
+                for i in 1..prefix.len() {
+                    prefix[i] = prefix[i].max(prefix[i - 1]);
+                }
+            }
+            reach.push(peers);
+        }
         let end = timeline
             .ranks
             .iter()
@@ -277,6 +327,7 @@ impl Resumable {
             lowered,
             end,
             reach,
+            colls,
         })
     }
 
@@ -330,7 +381,7 @@ impl Resumable {
             let mut moved = false;
             for r in 0..v.len() {
                 for (q, reach) in &self.reach[r] {
-                    // The first transfer before `v[r]` whose partner is at or past
+                    // The first operation before `v[r]` waiting for a step at or past
                     // `v[q]`, if any (`reach` is non-decreasing).
                     if reach[v[r]] > v[*q] as u32 {
                         let i = reach.partition_point(|&m| m <= v[*q] as u32) - 1;
@@ -358,7 +409,17 @@ impl Resumable {
         let same_shape = trial.ranks == self.lowered.ranks
             && trial.microbatches == self.lowered.microbatches
             && trial.prefetch == self.lowered.prefetch;
-        if !trial.colls.is_empty() || nr != self.lowered.programs.len() || !same_shape {
+        if nr != self.lowered.programs.len() || !same_shape {
+            return None;
+        }
+        // The base's collectives (so that a step names the same one in both), on
+        // units and ranks there are.
+        let colls = &self.colls;
+        let known = colls
+            .ids
+            .iter()
+            .all(|(unit, group)| *unit < units.len() && group.iter().all(|&g| (g as usize) < nr));
+        if trial.colls != self.lowered.colls || !known {
             return None;
         }
         let v = self.valid_prefix(trial);
@@ -369,12 +430,33 @@ impl Resumable {
                 Step::Compute { unit, mb, .. } | Step::P2p { unit, mb, .. } => {
                     (unit as usize) < units.len() && (mb as usize) < trial.microbatches
                 }
-                Step::Coll(_) => false,
+                Step::Coll(k) => (k as usize) < colls.id.len(),
             })
         });
         if !named {
             return None;
         }
+        // Per identity and rank (at `id * nr + r`): the indices of its occurrences
+        // past the prefix, and how many the prefix holds (the base's there).
+        let mut past: Vec<Vec<u32>> = Vec::new();
+        let mut before: Vec<usize> = Vec::new();
+        if !colls.ids.is_empty() {
+            past = vec![Vec::new(); colls.ids.len() * nr];
+            for (r, list) in lists.iter().enumerate() {
+                for (i, step) in list.iter().enumerate().skip(v[r]) {
+                    if let Step::Coll(k) = *step {
+                        past[colls.id[k as usize] as usize * nr + r].push(i as u32);
+                    }
+                }
+            }
+            before = (colls.occ.iter().flatten().enumerate())
+                .map(|(at, occ)| occ.partition_point(|&j| (j as usize) < v[at % nr]))
+                .collect();
+        }
+        // The time a collective's members take together, per identity.
+        let together: Vec<Option<f64>> = (colls.ids.iter())
+            .map(|(unit, _)| opts.comm.map(|c| c.transfer_time(units[*unit].params)))
+            .collect();
         let partner = pair(lists, &v)?;
         // The engine's tables: per unit, each op's cost and a transfer's time.
         let (costs, transfer) = (unit_costs(units), transfer_times(units, opts));
@@ -426,6 +508,57 @@ impl Resumable {
                         left[r] -= d;
                     }
                     i += 1;
+                    continue;
+                }
+                if let Step::Coll(k) = list[i] {
+                    let id = colls.id[k as usize] as usize;
+                    let at = |g: usize| id * nr + g;
+                    if reach[r][i - v[r]].is_nan() {
+                        reach[r][i - v[r]] = t;
+                        // Whoever lists it past the prefix may go on.
+                        for g in (0..nr).filter(|&g| g != r && !past[at(g)].is_empty()) {
+                            stack.push(g);
+                        }
+                    }
+                    let rx = reach[r][i - v[r]];
+                    // Its occurrence on this rank, and the same on every other
+                    // member, reached (the prefix's at the base's times).
+                    let n = before[at(r)] + past[at(r)].partition_point(|&j| (j as usize) < i);
+                    let mut done = rx;
+                    let mut ready = true;
+                    for &g in &colls.ids[id].1 {
+                        let g = g as usize;
+                        if g == r {
+                            continue;
+                        }
+                        let rg = match n.checked_sub(before[at(g)]) {
+                            None => {
+                                let j = colls.occ[id][g][n] as usize;
+                                j.checked_sub(1).map_or(0.0, |j| self.end[g][j])
+                            }
+                            Some(m) => match past[at(g)].get(m) {
+                                Some(&j) => reach[g][j as usize - v[g]],
+                                None => f64::NAN,
+                            },
+                        };
+                        if rg.is_nan() {
+                            ready = false;
+                            break;
+                        }
+                        done = done.max(rg);
+                    }
+                    if !ready {
+                        break;
+                    }
+                    if let Some(d) = together[id] {
+                        done += d;
+                    }
+                    t = done;
+                    i += 1;
+                    let over = t + left[r];
+                    if bounded && (cutoff < over || over.is_nan()) && less(cutoff, over) {
+                        return Some(None);
+                    }
                     continue;
                 }
                 let mut hi = i + 1;
@@ -493,5 +626,187 @@ impl Resumable {
             return None;
         }
         Some(Some(now))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::algebra::lower::Batch;
+    use crate::ir::compare::less;
+    use crate::ir::model::CommModel;
+    use crate::ir::program::{Cost, Role, Tensor};
+    use crate::judge::simulate::simulate_lowered;
+
+    /// Three units with costs from `costs`, activations and parameters to move.
+    fn units(costs: &[(u8, u8, u8)]) -> Vec<Unit> {
+        (costs.iter().enumerate())
+            .map(|(u, &(f, b, w))| Unit {
+                role: Role::of_name(&format!("u{u}")),
+                name: format!("u{u}"),
+                inputs: Vec::new(),
+                home: 0,
+                trainable: true,
+                cost: Cost {
+                    f: f64::from(f),
+                    b: f64::from(b) * 0.5,
+                    w: f64::from(w) * 0.25,
+                },
+                act: 1.0,
+                bytes: 1.0 + u as f64,
+                params: 3.0 * (u + 1) as f64,
+            })
+            .collect()
+    }
+
+    /// One event of a run in global order, projected on the ranks it touches.
+    type Event = (u8, u8, u8, u8, u8);
+
+    /// The lowering of `events` in this order on `nr` ranks with collectives
+    /// `colls`: each rank lists its share of every event in turn, so the base
+    /// runs (a transfer's ends and a collective's members meet in the same turn).
+    /// An event is a compute step, a transfer, a crossing pair of transfers in
+    /// one batch on both ranks, or a collective on its members (and, for some,
+    /// one more rank that is not one: it waits for them, they not for it).
+    fn lowering(nr: usize, colls: Vec<Collective>, events: &[Event]) -> Lowered {
+        let mut programs: Vec<Vec<Step>> = vec![Vec::new(); nr];
+        let mut batch = 0u64;
+        for &(kind, a, b, unit, mb) in events {
+            let (a, b) = (a as usize % nr, b as usize % nr);
+            let (unit, mb) = (u32::from(unit % 3), u32::from(mb % 2));
+            let p2p = |dir, peer: usize, batch| Step::P2p {
+                dir,
+                tensor: Tensor::Act,
+                unit,
+                mb,
+                peer: peer as u32,
+                batch,
+            };
+            match kind % 6 {
+                2 | 3 if a != b => {
+                    if kind % 6 == 3 {
+                        batch += 1;
+                        for (x, y) in [(a, b), (b, a)] {
+                            let n = Batch::new(batch);
+                            programs[x].push(p2p(Dir::Send, y, n));
+                            programs[x].push(p2p(Dir::Recv, y, n));
+                        }
+                    } else {
+                        programs[a].push(p2p(Dir::Send, b, None));
+                        programs[b].push(p2p(Dir::Recv, a, None));
+                    }
+                }
+                4 | 5 if !colls.is_empty() => {
+                    let k = unit as usize % colls.len();
+                    let mut on = colls[k].group.clone();
+                    if kind % 6 == 5 && !on.contains(&a) {
+                        on.push(a);
+                    }
+                    for g in on {
+                        programs[g].push(Step::Coll(k as u32));
+                    }
+                }
+                _ => {
+                    let op = [Op::F, Op::B, Op::W][kind as usize % 3];
+                    programs[a].push(Step::Compute { op, unit, mb });
+                }
+            }
+        }
+        Lowered {
+            ranks: nr,
+            microbatches: 2,
+            programs,
+            colls,
+            prefetch: Vec::new(),
+        }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::test_runner::Config::with_cases(512))]
+        /// A trial (some steps of a base moved on their ranks) resumed from the
+        /// base's run gives [`finish_times_within`]'s answer: the same finishing
+        /// times bit for bit, the same error, and where one is cut short against
+        /// the cutoff, the other is too or provably ends later. Bases with
+        /// collectives (groups of any members, identities listed twice, ranks
+        /// outside a group listing it), transfers and batches, under both
+        /// semantics, with and without a link model; trials with the base's
+        /// collectives or others (handed to the engine). A trial with the base's
+        /// collectives that the engine runs to the end is resumed, never handed
+        /// to it.
+        #[test]
+        fn a_resumed_trial_with_collectives_is_the_full_trial(
+            nr in 2usize..5,
+            colls in proptest::collection::vec((0u8..2, 0usize..3, 0usize..4, 1u8..16), 0..4),
+            events in proptest::collection::vec((0u8..6, 0u8..4, 0u8..4, 0u8..3, 0u8..2), 1..40),
+            costs in proptest::collection::vec((0u8..3, 0u8..3, 0u8..3), 3),
+            moves in proptest::collection::vec((0u8..4, 0u16..64, 0u16..64), 1..3),
+            (eager, comm, cut, recoll) in (0u8..2, 0u8..2, 0usize..3, 0u8..3),
+        ) {
+            let colls: Vec<Collective> = colls
+                .iter()
+                .map(|&(kind, unit, root, set)| Collective {
+                    kind: [CollKind::Bcast, CollKind::Reduce][kind as usize],
+                    unit,
+                    root: root % nr,
+                    // At least one member; the set in a scrambled order.
+                    group: (0..nr).rev().filter(|g| set >> g & 1 == 1 || *g == root % nr).collect(),
+                })
+                .collect();
+            let units = units(&costs);
+            let opts = SimOptions {
+                mode: [Mode::Rendezvous, Mode::Eager][eager as usize],
+                comm: (comm == 1).then_some(CommModel { latency: 0.5, bandwidth: 2.0 }),
+            };
+            let base = lowering(nr, colls, &events);
+            let report = simulate_lowered(&units, &base, &opts).unwrap();
+            let run = Resumable::new(base.clone(), &report.timeline).unwrap();
+            let mut trial = base;
+            for &(r, from, to) in &moves {
+                let list = &mut trial.programs[r as usize % nr];
+                if !list.is_empty() {
+                    let n = list.len();
+                    let step = list.remove(from as usize % n);
+                    list.insert(to as usize % n, step);
+                }
+            }
+            // Collectives that are not the base's: one more (on the first and last
+            // ranks, at the start and the end of their lists, as a lowering places a
+            // unit's broadcast and reduction), or the first's group changed.
+            if recoll == 1 {
+                let k = trial.colls.len() as u32;
+                let group = vec![nr - 1, 0];
+                for &g in &group {
+                    trial.programs[g].insert(0, Step::Coll(k));
+                    trial.programs[g].push(Step::Coll(k));
+                }
+                trial.colls.push(Collective { kind: CollKind::Reduce, unit: 1, root: 0, group });
+            } else if recoll == 2 {
+                if let Some(c) = trial.colls.first_mut() {
+                    match c.group.iter().position(|&g| g == 1) {
+                        Some(at) => {
+                            c.group.remove(at);
+                        }
+                        None => c.group.push(1),
+                    }
+                }
+            }
+            let cutoff = [f64::INFINITY, report.makespan, report.makespan * 0.9][cut];
+            let full = finish_times_within(&units, &trial, &opts, cutoff);
+            let resumed = run.finish_times(&units, &trial, &opts, cutoff);
+            if trial.colls == run.lowered().colls && matches!(full, Ok(Some(_))) {
+                proptest::prop_assert!(run.resume(&units, &trial, &opts, cutoff).is_some());
+            }
+            let over = |f: &[f64]| less(cutoff, f.iter().copied().fold(0.0, f64::max));
+            let bits = |v: &[f64]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            match (&full, &resumed) {
+                (Ok(Some(x)), Ok(Some(y))) => proptest::prop_assert_eq!(bits(x), bits(y)),
+                (Ok(Some(x)), _) | (_, Ok(Some(x))) => {
+                    proptest::prop_assert!(over(x), "{:?} {:?}", full, resumed)
+                }
+                (Ok(None), Ok(None)) => {}
+                (Err(a), Err(b)) => proptest::prop_assert_eq!(a, b),
+                _ => proptest::prop_assert!(cutoff.is_finite(), "{:?} {:?}", full, resumed),
+            }
+        }
     }
 }
