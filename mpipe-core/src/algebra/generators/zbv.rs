@@ -334,8 +334,7 @@ mod tests {
             let mut clock = Clock::new(p);
             // Per rank: (time, update number), `None` while the rank waits.
             let mut want: Vec<Option<(f64, u64)>> = (0..p as u64).map(|r| Some((0.0, r))).collect();
-            let mut n = p as u64;
-            for (winner, r, t) in updates {
+            for (n, (winner, r, t)) in (p as u64..).zip(updates) {
                 let t = t.map(f64::from);
                 match clock.first() {
                     Some((q, _)) if winner => {
@@ -348,7 +347,6 @@ mod tests {
                         want[r] = t.map(|t| (t, n));
                     }
                 }
-                n += 1;
                 let least = (0..p)
                     .filter_map(|r| want[r].map(|(t, n)| (t, n, r)))
                     .min_by(|a, b| a.0.total_cmp(&b.0).then(a.1.cmp(&b.1)));
