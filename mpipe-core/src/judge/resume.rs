@@ -65,15 +65,21 @@ pub(crate) struct Resumable {
     lowered: Lowered,
     /// Per rank, per step: when it ended, as the engine's timeline has it.
     end: Vec<Vec<f64>>,
-    /// Per rank `r`, per peer `q` it has transfers or collectives with: at `i`, one
-    /// more than the largest index on `q` of a step one of `r`'s first `i` steps
-    /// waits for (a transfer's partner, a collective's occurrence; 0 for none):
-    /// the first operation of `r` that waits for a step past some point of `q` is
-    /// found by a binary search.
-    reach: Vec<Vec<(usize, Vec<u32>)>>,
+    /// Per rank `r`, per peer `q` it has transfers or collectives with: one entry
+    /// `(i, m)` per step `i` of `r` that waits for a step of `q` (a transfer's
+    /// partner, a collective's occurrence), in step order, `m` one more than the
+    /// largest index on `q` that any of `r`'s steps up to `i` waits for (so both
+    /// rise): the first operation of `r` that waits for a step past some point of
+    /// `q` is found by a binary search. One entry a dependency, not one a step: a
+    /// rank in a collective of every rank has every rank as a peer.
+    reach: Vec<Vec<(usize, Vec<Waits>)>>,
     /// The collectives' identities and the base's occurrences of each.
     colls: Colls,
 }
+
+/// `(i, m)` of [`Resumable::reach`]: step `i` of a rank waits for a step of a peer,
+/// and the rank's steps up to `i` wait for none past index `m - 1` there.
+type Waits = (u32, u32);
 
 /// The collectives of a lowering as the engine matches them: by identity (kind,
 /// unit, root, distinct members), the `k`-th occurrence of one on a rank with the
@@ -279,23 +285,28 @@ impl Resumable {
         let colls = Colls::new(&lowered.colls, &lowered.programs)?;
         let mut reach = Vec::with_capacity(lowered.programs.len());
         for (r, (list, partner)) in lowered.programs.iter().zip(&partner).enumerate() {
-            let mut peers: Vec<(usize, Vec<u32>)> = Vec::new();
+            let mut peers: Vec<(usize, Vec<Waits>)> = Vec::new();
             // Per identity, the rank's occurrences so far.
             let mut seen = vec![0usize; colls.ids.len()];
             for (i, step) in list.iter().enumerate() {
+                let i = u32::try_from(i).ok()?;
                 let mut depend = |q: usize, j: u32| {
                     let at = match peers.iter().position(|p| p.0 == q) {
                         Some(at) => at,
                         None => {
-                            peers.push((q, vec![0; list.len() + 1]));
+                            peers.push((q, Vec::new()));
                             peers.len() - 1
                         }
                     };
-                    let prefix = &mut peers[at].1;
-                    prefix[i + 1] = prefix[i + 1].max(j + 1);
+                    let entries = &mut peers[at].1;
+                    let m = entries.last().map_or(0, |e| e.1).max(j + 1);
+                    match entries.last_mut() {
+                        Some(last) if last.0 == i => last.1 = m,
+                        _ => entries.push((i, m)),
+                    }
                 };
                 match *step {
-                    Step::P2p { peer, .. } => depend(peer as usize, partner[i]),
+                    Step::P2p { peer, .. } => depend(peer as usize, partner[i as usize]),
                     Step::Coll(k) => {
                         // The same occurrence on every other member.
                         let id = colls.id[k as usize] as usize;
@@ -308,12 +319,6 @@ impl Resumable {
                         }
                     }
                     Step::Compute { .. } => {}
-                }
-            }
-            // Running maxima.
-            for (_, prefix) in &mut peers {
-                for i in 1..prefix.len() {
-                    prefix[i] = prefix[i].max(prefix[i - 1]);
                 }
             }
             reach.push(peers);
@@ -382,10 +387,11 @@ impl Resumable {
             for r in 0..v.len() {
                 for (q, reach) in &self.reach[r] {
                     // The first operation before `v[r]` waiting for a step at or past
-                    // `v[q]`, if any (`reach` is non-decreasing).
-                    if reach[v[r]] > v[*q] as u32 {
-                        let i = reach.partition_point(|&m| m <= v[*q] as u32) - 1;
-                        v[r] = op_start(&base[r], i);
+                    // `v[q]`, if any (both of an entry's numbers rise).
+                    let within = reach.partition_point(|e| (e.0 as usize) < v[r]);
+                    if within > 0 && reach[within - 1].1 > v[*q] as u32 {
+                        let first = reach.partition_point(|e| e.1 <= v[*q] as u32);
+                        v[r] = op_start(&base[r], reach[first].0 as usize);
                         moved = true;
                     }
                 }
