@@ -246,7 +246,14 @@ impl Inbox {
             // lock they read it with: any of them may fail on it at once (woken by
             // another message, not only by us) and end the process, and a note not
             // yet written then never is, which made this rank look like the origin.
-            if let (true, Some(path)) = (origin != self.me, &self.blame_file) {
+            // A rank that timed out on its own keeps that note: the abort heard now
+            // (from a peer that timed out waiting for this rank, say) arrived after
+            // this rank's wait ended and before its own abort, and the chain of waits
+            // goes through the peer this rank timed out on, not through `origin`.
+            // (Replacing it made two ranks blame each other and the launcher name
+            // one of them instead of the rank they all waited for.)
+            let own_note = st.timed_out_on.is_some();
+            if let (true, false, Some(path)) = (origin != self.me, own_note, &self.blame_file) {
                 // `origin` timed out waiting for this rank, which is itself waiting
                 // for a peer: the chain of waits leads there (to a rank that stopped
                 // making progress), not back to `origin`.
@@ -1143,6 +1150,51 @@ mod tests {
             inbox.failure(),
             Some(Error::PeerFailed { rank: 1, .. })
         ));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// The stopped-rank launch test's race, made deterministic: rank 0 timed out
+    /// waiting for rank 1 (stopped), and before its own abort it hears that rank 3
+    /// timed out waiting for rank 0. Rank 0's note must still blame rank 1: blaming
+    /// rank 3 closes a cycle 0 <-> 3 that the launcher may answer with rank 0.
+    #[test]
+    fn a_timeout_note_outlives_a_later_abort() {
+        let dir = std::env::temp_dir().join(format!("mpipe-own-note-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let note = dir.join("rank-0.blame");
+        let _ = std::fs::remove_file(&note);
+        let inbox = Inbox::new(0, 4, Some(note.clone()));
+        {
+            let mut st = inbox.lock();
+            st.waiting_on.push(1);
+            inbox.note_timeout(&mut st, 1, "SEND act(unit 7, mb 5) to rank 1");
+            // The call returned its timeout: it waits on no one any more.
+            st.waiting_on.clear();
+        }
+        inbox.handle(
+            3,
+            Msg::Abort {
+                origin: 3,
+                what: "timed out waiting for rank 0".into(),
+                waited_for: Some(0),
+            },
+        );
+        let text = std::fs::read_to_string(&note).expect("rank 0 notes whom it blames");
+        assert_eq!(text.lines().next(), Some("1"), "{text}");
+        // A rank that did not time out still notes the failure it heard of.
+        let other = dir.join("rank-2.blame");
+        let _ = std::fs::remove_file(&other);
+        let inbox = Inbox::new(2, 4, Some(other.clone()));
+        inbox.handle(
+            3,
+            Msg::Abort {
+                origin: 3,
+                what: "timed out waiting for rank 0".into(),
+                waited_for: Some(0),
+            },
+        );
+        let text = std::fs::read_to_string(&other).expect("rank 2 notes whom it blames");
+        assert_eq!(text.lines().next(), Some("3"), "{text}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 
