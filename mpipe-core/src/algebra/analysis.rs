@@ -477,44 +477,46 @@ impl Watch for Within {
 /// topological order, not necessarily [`timing`]'s). An operator that appends work
 /// to a timed plan times only what it appended.
 pub fn timing_extended(plan: &Plan, base: &Timing) -> Result<Timing, PlanError> {
-    timing_extended_located(plan, base, &plan.locate())
+    timing_extended_located(plan, base.clone(), &plan.locate())
 }
 
 /// [`timing_extended`] with `plan`'s tasks located by `index` ([`Plan::locate`] of
-/// `plan`): an operator that indexed the shorter plan extends its index.
+/// `plan`), extending `base` itself: each rank's lists keep the base's times of its
+/// first tasks and grow in place (not copied), for an operator that indexed the
+/// shorter plan, extends its index and no longer needs the shorter plan's timing.
 pub(crate) fn timing_extended_located(
     plan: &Plan,
-    base: &Timing,
+    base: Timing,
     index: &TaskIndex,
 ) -> Result<Timing, PlanError> {
+    let Timing {
+        mut start,
+        mut end,
+        mut seq,
+    } = base;
     let from: Vec<usize> = (0..plan.ranks)
         .map(|r| {
-            let have = base.start.get(r).map_or(0, Vec::len);
+            let have = start.get(r).map_or(0, Vec::len);
             have.min(plan.order[r].len())
         })
         .collect();
     let deps = resolve(plan, index, &plan.unit_names(), false, &from)?;
     let counter = from.iter().sum();
-    let mut time = Timing {
-        start: Vec::with_capacity(plan.ranks),
-        end: Vec::with_capacity(plan.ranks),
-        seq: Vec::with_capacity(plan.ranks),
-    };
-    for (r, list) in plan.order.iter().enumerate() {
-        let n = from[r];
-        // The base's times of the first `n` tasks, room for the rest (`settle`
-        // appends them).
-        fn prefix<T: Copy>(have: Option<&Vec<T>>, n: usize, len: usize) -> Vec<T> {
-            let mut v = Vec::with_capacity(len);
-            v.extend_from_slice(have.map_or(&[][..], |h| &h[..n.min(h.len())]));
-            v
+    // Each rank's list: the base's times of its first `from[r]` tasks, room for the
+    // rest (`settle` appends them).
+    fn grown<T>(lists: &mut Vec<Vec<T>>, from: &[usize], order: &[Vec<Task>]) {
+        lists.resize_with(order.len(), Vec::new);
+        for ((v, &n), list) in lists.iter_mut().zip(from).zip(order) {
+            v.truncate(n);
+            v.reserve_exact(list.len() - v.len());
         }
-        time.start.push(prefix(base.start.get(r), n, list.len()));
-        time.end.push(prefix(base.end.get(r), n, list.len()));
-        time.seq.push(prefix(base.seq.get(r), n, list.len()));
     }
-    let state = Settling::resumed(from, &time.end, counter);
+    grown(&mut start, &from, &plan.order);
+    grown(&mut end, &from, &plan.order);
+    grown(&mut seq, &from, &plan.order);
+    let state = Settling::resumed(from, &end, counter);
     let inputs = |r, i| deps.of(r, i).iter().map(Dep::producer);
+    let time = Timing { start, end, seq };
     settle(plan, inputs, time, state, 0, &mut ()).map(|t| t.expect("nothing watched gives up"))
 }
 

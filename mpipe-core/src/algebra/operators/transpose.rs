@@ -298,14 +298,16 @@ fn compare_placements(
         drop(placed);
         let eager_deps = dependencies_inserted(&eager.plan, &index, &placed_deps, &eager.at)?;
         drop(placed_deps);
-        let span = no_readers
-            .then(|| {
-                index.extend(&deferred.plan, &lengths);
-                let time = timing_extended_located(&deferred.plan, &placed_time, &index)?;
-                Ok::<_, PlanError>(time.makespan())
-            })
-            .transpose()?;
-        drop((placed_time, index));
+        // (The placed plan's timing grows into the deferred one's.)
+        let span = if no_readers {
+            index.extend(&deferred.plan, &lengths);
+            let time = timing_extended_located(&deferred.plan, placed_time, &index)?;
+            Some(time.makespan())
+        } else {
+            drop(placed_time);
+            None
+        };
+        drop(index);
         let ordered = eager.ordered && no_readers && sound;
         let (i, j) = (2 * k, 2 * k + 1);
         if span.is_some() && cut == Cut::Short {
