@@ -83,6 +83,7 @@ impl Links {
     }
 
     /// The inputs of task `i` of rank `r`.
+    #[inline]
     fn of(&self, r: usize, i: usize) -> &[Link] {
         let o = &self.offsets[r];
         &self.items[o[i] as usize..o[i + 1] as usize]
@@ -121,6 +122,7 @@ pub(crate) struct Inputs<'a> {
 impl Iterator for Inputs<'_> {
     type Item = Link;
 
+    #[inline]
     fn next(&mut self) -> Option<Link> {
         let mut l = *self.items.next()?;
         if let Some(window) = self.moved {
@@ -131,6 +133,7 @@ impl Iterator for Inputs<'_> {
 }
 
 /// Where task `j` of rank `q` of the base is in a plan of these windows.
+#[inline]
 fn moved(window: &[Option<Window>], q: usize, j: usize) -> usize {
     match &window[q] {
         Some(w) if (w.lo..=w.hi).contains(&j) => w.new_of[j - w.lo] as usize,
@@ -147,7 +150,9 @@ impl<'a> View<'a> {
         }
     }
 
-    /// The inputs of task `i` of rank `r`.
+    /// The inputs of task `i` of rank `r` (read per task by the scheduler and the
+    /// lowering's preparation: inlined there).
+    #[inline]
     pub(crate) fn of(&self, r: usize, i: usize) -> Inputs<'_> {
         match &self.window[r] {
             Some(w) if (w.lo..=w.hi).contains(&i) => {

@@ -93,6 +93,10 @@ pub(crate) fn periodic_if_no_slower(
     // where nothing is rewritten, or every rewriting gives the list back
     // (`transpose(vision, zbv)` at 64 x 1024), keeps it.
     let mut dropped = false;
+    // Each rank's rolled code size as the program has it, measured once: every
+    // template starts from this very program (a candidate that loses is swapped
+    // back), so each weighs its rewritings against the same sizes.
+    let mut sizes = vec![None; program.programs.len()];
     let settled = policy
         .periodic_settle_periods
         .iter()
@@ -113,8 +117,13 @@ pub(crate) fn periodic_if_no_slower(
                 dropped = !std::mem::take(&mut kept.timeline).ranks.is_empty();
             }
         };
-        let Some(mut rewritten) = periodic(&program, &current, reference, policy, &mut release)
-        else {
+        let Some(mut rewritten) = periodic(
+            &program,
+            &current,
+            reference,
+            policy,
+            (&mut sizes, &mut release),
+        ) else {
             // Nothing moves with this template: no rank has a periodic stretch, or
             // its transfers are placed as the template places them already, break
             // it in too few periods, or moving them would make a rank's code
@@ -461,15 +470,18 @@ fn swap_ranks(p: &mut Program, ranks: &mut [(usize, Vec<Action>)]) {
 /// rank), where this leaves the rank's rolled code no larger ([`rank_code_size`]);
 /// `None` if no rank has such a stretch or nothing moved.
 ///
-/// `release` is called once a rank's rewriting first changes its list, before its
-/// code is rolled to weigh it (the caller frees what it does not need from there
-/// on; only one rank's rewriting tables were built beside it, and freed).
+/// `sizes` holds, per rank, the rolled code size of `p`'s own list where it has
+/// been measured ([`rank_code_size`] of that list; filled here where needed, so a
+/// caller passing the same `p` again measures no list twice). `release` is called
+/// once a rank's rewriting first changes its list, before its code is rolled to
+/// weigh it (the caller frees what it does not need from there on; only one
+/// rank's rewriting tables were built beside it, and freed).
 fn periodic(
     p: &Program,
     shapes: &[Shape],
     reference: Reference,
     policy: &SearchPolicy,
-    release: &mut dyn FnMut(),
+    (sizes, release): (&mut [Option<usize>], &mut dyn FnMut()),
 ) -> Option<Vec<(usize, Vec<Action>)>> {
     let probes = policy.periodic_probes.max(1);
     let min_periods = policy.periodic_min_periods.max(2);
@@ -521,9 +533,17 @@ fn periodic(
             // A rank is rewritten only where its code, rolled as code generation
             // rolls it, is no larger: moving the transfers at a stretch's ends can
             // cost a step more than the drift it removes.
+            // Until a rewriting is kept, `now` is the rank's own list.
             let old = match size {
                 Some(s) => s,
-                None => rank_code_size(p, r, now, &roll).ok()?,
+                None => match sizes[r] {
+                    Some(s) => s,
+                    None => {
+                        let s = rank_code_size(p, r, now, &roll).ok()?;
+                        sizes[r] = Some(s);
+                        s
+                    }
+                },
             };
             let Ok(smaller) = rank_code_size(p, r, &new, &roll) else {
                 continue;
@@ -1363,6 +1383,48 @@ fn set_mb(a: &mut Action, to: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The rolled sizes [`periodic`] keeps for the caller's next template are the
+    /// sizes of the program's own lists, and each template's rewriting with them
+    /// is its rewriting measuring afresh: `gpipe` with a trainable encoder (4 x 32,
+    /// its meeting points drift), every template in the caller's order.
+    #[test]
+    fn sizes_kept_across_templates_are_the_lists_sizes() {
+        use crate::search::derive::{derive_str, Request};
+        let text = include_str!("../../../docs/guide/examples/small-mllm.toml")
+            .replace("[llm]\nlayers = 8\n", "[llm]\nlayers = 48\n");
+        let profile = crate::algebra::profile::Profile::from_toml_str(&text).unwrap();
+        let mut req = Request::new(&profile, 4, 32);
+        let policy = req.policy;
+        req.policy.periodic_probes = 0;
+        let p = derive_str(&req, "gpipe").unwrap().program;
+        let shapes = shapes_of(&p, Vec::new()).unwrap();
+        let mut kept = vec![None; p.programs.len()];
+        let settled = policy
+            .periodic_settle_periods
+            .iter()
+            .map(|&c| Reference::After(c));
+        let mut rewritten = 0;
+        for reference in [Reference::Middle, Reference::First, Reference::Last]
+            .into_iter()
+            .chain(settled)
+        {
+            let mut fresh = vec![None; p.programs.len()];
+            let a = periodic(&p, &shapes, reference, &policy, (&mut kept, &mut || {}));
+            let b = periodic(&p, &shapes, reference, &policy, (&mut fresh, &mut || {}));
+            assert_eq!(a, b, "{reference:?}");
+            rewritten += usize::from(a.is_some());
+        }
+        let roll = RollOptions::default();
+        let mut measured = 0;
+        for (r, size) in kept.iter().enumerate() {
+            if let Some(size) = *size {
+                assert_eq!(size, rank_code_size(&p, r, &p.programs[r], &roll).unwrap());
+                measured += 1;
+            }
+        }
+        assert!(rewritten > 0 && measured > 0, "{rewritten} {measured}");
+    }
 
     #[test]
     fn prefix_function_and_stretch() {

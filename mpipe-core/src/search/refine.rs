@@ -307,16 +307,23 @@ pub(crate) fn settle_w(
     // batch often propose the same move, and it would be judged the same again. It
     // still counts as a try (the budget runs down as it always has).
     let mut rejected: std::collections::HashSet<(usize, usize, usize)> = Default::default();
+    // Each rank's first `B`s, read where a fill is first looked for on it since
+    // the program last changed (a move not kept is undone: the lists are the
+    // round's own until one is kept, and the round ends there).
+    let mut firsts: Vec<Option<FirstBs>> = Vec::new();
     while spent < budget {
         let mut improved = false;
         let mut tried = 0;
         rejected.clear();
+        firsts.clear();
+        firsts.resize_with(lowered.programs.len(), || None);
         for (wait, r, i) in transfer_waits(&lowered, &report) {
             if tried >= moves_per_round || spent >= budget {
                 break;
             }
+            let first = firsts[r].get_or_insert_with(|| FirstBs::of(&lowered.programs[r]));
             let candidates = [
-                fill_move(&lowered, r, i, wait, fit, &cost),
+                fill_move(&lowered, r, i, (wait, fit), first, &cost),
                 make_way_move(&lowered, &report, r, i, fit, &cost),
             ];
             for (rank, from, to) in candidates.into_iter().flatten() {
@@ -464,32 +471,54 @@ fn closest_w(
     best.map(|(_, j)| j)
 }
 
+/// Where each `(unit, micro-batch)`'s first `B` is in one rank's list: whether a
+/// `B` is among the steps before an index is whether its first one is.
+struct FirstBs(Vec<((u32, u32), usize)>);
+
+impl FirstBs {
+    /// The first `B`s of `list`, sorted by `(unit, micro-batch)`.
+    fn of(list: &[Step]) -> FirstBs {
+        let mut at: Vec<((u32, u32), usize)> = list
+            .iter()
+            .enumerate()
+            .filter_map(|(j, a)| match *a {
+                Step::Compute {
+                    op: Op::B,
+                    unit,
+                    mb,
+                } => Some(((unit, mb), j)),
+                _ => None,
+            })
+            .collect();
+        // Stable: the first of equal keys stays first, and is the one kept.
+        at.sort_by_key(|&(key, _)| key);
+        at.dedup_by_key(|&mut (key, _)| key);
+        FirstBs(at)
+    }
+
+    /// Whether the list has a `B` of `unit` and `mb` before index `lo`.
+    fn before(&self, (unit, mb): (u32, u32), lo: usize) -> bool {
+        self.0
+            .binary_search_by_key(&(unit, mb), |&(key, _)| key)
+            .is_ok_and(|k| self.0[k].1 < lo)
+    }
+}
+
 /// Fill: a `W` of rank `r` after the batch at `i`, whose `B` is before the batch,
-/// to just before the batch: `(rank, from, to)`.
+/// to just before the batch: `(rank, from, to)`. `first` is [`FirstBs::of`] the
+/// rank's list; a `W` fits within `fit` times `wait` ([`closest_w`]).
 fn fill_move(
     lowered: &Lowered,
     r: usize,
     i: usize,
-    wait: f64,
-    fit: f64,
+    (wait, fit): (f64, f64),
+    first: &FirstBs,
     cost: &dyn Fn(&Step) -> f64,
 ) -> Option<(usize, usize, usize)> {
     let list = &lowered.programs[r];
     let (lo, hi) = batch_bounds(list, i);
-    // The `B`s before the batch, looked up once (not once per `W` tried).
-    let backward: std::collections::HashSet<(u32, u32)> = list[..lo]
-        .iter()
-        .filter_map(|a| match *a {
-            Step::Compute {
-                op: Op::B,
-                unit,
-                mb,
-            } => Some((unit, mb)),
-            _ => None,
-        })
-        .collect();
     let b_before = |j: usize| match list[j] {
-        Step::Compute { unit, mb, .. } => backward.contains(&(unit, mb)),
+        Step::Compute { unit, mb, .. } => first.before((unit, mb), lo),
         _ => false,
     };
     let j = closest_w(list, hi + 1..list.len(), wait, fit, &b_before, cost)?;
@@ -759,6 +788,69 @@ mod tests {
         assert!(
             filled > 0 && shorter > 0,
             "{filled} filled, {shorter} shorter"
+        );
+    }
+
+    /// A fill looked up in a rank's first `B`s ([`FirstBs`], read once a round) is
+    /// the one read from the `B`s before the wait's batch themselves: at every
+    /// transfer of every rank, for waits short and long, on the program and on the
+    /// program with `W`s moved (as `settle_w` moves them); and some fill is found.
+    #[test]
+    fn a_fill_from_the_first_backwards_is_the_fill_from_the_list() {
+        let text = include_str!("../../../profiles/qwen2vl-7b.toml");
+        let profile = Profile::from_toml_str(text).unwrap();
+        let req = Request::new(&profile, 4, 8);
+        let derived = derive_str(&req, "layers(zb2p(encoders = ramp, costs = unit))").unwrap();
+        let units = derived.program.units.clone();
+        let opts = req.sim_options(req.mode);
+        let lengths = Lengths::of(&units, &opts);
+        let cost = |a: &Step| lengths.compute(a);
+        let fit = req.policy.w_fit;
+        let base = lowered_of(&derived.program);
+        // The program, and it with each rank's last `W` moved to the front of its
+        // first half (before some transfers: `B`s and `W`s out of their order).
+        let mut moved = base.clone();
+        for list in &mut moved.programs {
+            if let Some(j) = list.iter().rposition(is_w) {
+                let w = list.remove(j);
+                list.insert(list.len() / 2, w);
+            }
+        }
+        let (mut compared, mut found) = (0, 0);
+        for lowered in [&base, &moved] {
+            for (r, list) in lowered.programs.iter().enumerate() {
+                let first = FirstBs::of(list);
+                for i in (0..list.len()).filter(|&i| matches!(list[i], Step::P2p { .. })) {
+                    let (lo, hi) = batch_bounds(list, i);
+                    let before: std::collections::HashSet<(u32, u32)> = list[..lo]
+                        .iter()
+                        .filter_map(|a| match *a {
+                            Step::Compute {
+                                op: Op::B,
+                                unit,
+                                mb,
+                            } => Some((unit, mb)),
+                            _ => None,
+                        })
+                        .collect();
+                    let ok = |j: usize| match list[j] {
+                        Step::Compute { unit, mb, .. } => before.contains(&(unit, mb)),
+                        _ => false,
+                    };
+                    for wait in [0.1, 0.5, 1.0, 2.0, 8.0, 1e9] {
+                        let full = closest_w(list, hi + 1..list.len(), wait, fit, &ok, &cost)
+                            .map(|j| (r, j, lo));
+                        let read = fill_move(lowered, r, i, (wait, fit), &first, &cost);
+                        assert_eq!(read, full, "rank {r}, transfer {i}, wait {wait}");
+                        compared += 1;
+                        found += usize::from(full.is_some());
+                    }
+                }
+            }
+        }
+        assert!(
+            compared > 100 && found > 10,
+            "{compared} compared, {found} found"
         );
     }
 
