@@ -599,16 +599,81 @@ pub(crate) fn assemble_lowered<L: AsRef<[Placed]>>(
     plan: &Plan,
     at: impl IntoIterator<Item = L>,
 ) -> Result<Lowered, LowerError> {
-    let (bcasts, reduces) = collectives(plan);
+    let frame = Frame::of(plan);
+    let programs = steps_in(plan, at, &frame)?;
+    Ok(frame.lowered(plan, programs))
+}
+
+/// What [`assemble_lowered`] takes from a plan's units and from which units each
+/// rank computes and reduces, not from the order of its tasks: the plan's
+/// collectives and its units' places among their names. Equal for two plans of the
+/// same units whose every rank holds the same tasks in any order (a move within a
+/// rank), so the order search finds it once for a base and its trials of such moves.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Frame {
+    /// The broadcasts, then the reductions ([`collectives`]).
+    colls: Vec<Collective>,
+    /// How many of `colls` are broadcasts.
+    bcasts: usize,
+    /// Each unit's place in the order of the units' names ([`name_ranks`]).
+    rank: Vec<usize>,
+}
+
+impl Frame {
+    /// `plan`'s frame.
+    pub(crate) fn of(plan: &Plan) -> Frame {
+        let (mut colls, reduces) = collectives(plan);
+        let bcasts = colls.len();
+        colls.extend(reduces);
+        Frame {
+            colls,
+            bcasts,
+            rank: name_ranks(&plan.units),
+        }
+    }
+
+    /// The lowering of `plan` whose ranks' lists are `programs`, with these
+    /// collectives.
+    fn lowered(self, plan: &Plan, programs: Vec<Vec<Step>>) -> Lowered {
+        Lowered {
+            ranks: plan.ranks,
+            microbatches: plan.microbatches,
+            programs,
+            colls: self.colls,
+            prefetch: plan.prefetch.clone(),
+        }
+    }
+}
+
+/// [`assemble_lowered`] with `frame` the frame of `plan` ([`Frame::of`], maybe of
+/// another plan of the same units and the same tasks on every rank): the same
+/// lowering.
+pub(crate) fn assemble_framed<L: AsRef<[Placed]>>(
+    plan: &Plan,
+    at: impl IntoIterator<Item = L>,
+    frame: &Frame,
+) -> Result<Lowered, LowerError> {
+    let programs = steps_in(plan, at, frame)?;
+    Ok(frame.clone().lowered(plan, programs))
+}
+
+/// Every rank's list of steps of [`assemble_lowered`]'s lowering of `plan` in its
+/// frame.
+fn steps_in<L: AsRef<[Placed]>>(
+    plan: &Plan,
+    at: impl IntoIterator<Item = L>,
+    frame: &Frame,
+) -> Result<Vec<Vec<Step>>, LowerError> {
+    let (bcasts, reduces) = frame.colls.split_at(frame.bcasts);
     let form = Indexed {
-        rank: name_ranks(&plan.units),
+        rank: &frame.rank,
         over: Cell::new(None),
     };
     let programs = assemble_in(
         plan,
         at,
         &form,
-        (&bcasts, &reduces),
+        (bcasts, reduces),
         |x| x.slot as usize,
         |x| Step::P2p {
             dir: x.dir,
@@ -619,16 +684,10 @@ pub(crate) fn assemble_lowered<L: AsRef<[Placed]>>(
             batch: None,
         },
     );
-    if let Some(action) = form.over.take() {
-        return Err(LowerError::TooLarge { action });
+    match form.over.take() {
+        Some(action) => Err(LowerError::TooLarge { action }),
+        None => Ok(programs),
     }
-    Ok(Lowered {
-        ranks: plan.ranks,
-        microbatches: plan.microbatches,
-        programs,
-        colls: bcasts.into_iter().chain(reduces).collect(),
-        prefetch: plan.prefetch.clone(),
-    })
 }
 
 /// A lowered program with its units by index: what [`assemble`] writes, action for
@@ -902,14 +961,14 @@ impl Form for Named {
 }
 
 /// Actions by unit index.
-struct Indexed {
+struct Indexed<'a> {
     /// Each unit's place in the order of the units' names ([`name_ranks`]).
-    rank: Vec<usize>,
+    rank: &'a [usize],
     /// The first action whose numbers did not fit a [`Step`], in words.
     over: Cell<Option<String>>,
 }
 
-impl Indexed {
+impl Indexed<'_> {
     /// `x` as a step's number, or 0 with `what` recorded as the first number over.
     fn narrow(&self, x: usize, what: impl FnOnce() -> String) -> u32 {
         u32::try_from(x).unwrap_or_else(|_| {
@@ -920,7 +979,7 @@ impl Indexed {
     }
 }
 
-impl Form for Indexed {
+impl Form for Indexed<'_> {
     type Act = Step;
     fn compute(&self, op: Op, unit: usize, mb: usize) -> Step {
         let what = || format!("{op:?}(unit #{unit}, mb {mb})");
@@ -1764,23 +1823,33 @@ impl Meetings {
 
 /// [`lower_indexed_by`] with the first pass of the meeting times taken from `kept`
 /// where it holds ([`Meetings`]): the same lowering.
+///
+/// Without `kept` (or with another rule's), the meeting times are found anew; with
+/// `frame`, the frame of a plan of the same units and the same tasks on every rank
+/// as `plan` ([`Frame`]), the lowering is assembled in it.
 pub(crate) fn lower_indexed_from(
     plan: &Plan,
     prepared: &Prepared,
     placement: Placement,
     policy: &SearchPolicy,
-    kept: &Meetings,
+    (kept, frame): (Option<&Meetings>, Option<&Frame>),
 ) -> Result<Lowered, LowerError> {
-    if kept.strategy != placement {
-        return lower_indexed_by(plan, prepared, placement, policy);
+    let at = match kept.filter(|k| k.strategy == placement) {
+        Some(kept) => {
+            let time = &prepared.time;
+            let (mut taus, ..) =
+                first_pass(time, prepared, placement, placement, policy, Some(kept));
+            if placement == Placement::Join {
+                join(time, &prepared.transfers, &mut taus);
+            }
+            placement_at_times(plan, prepared, time, placement, &taus, policy)?
+        }
+        None => placement_of(plan, prepared, placement, policy)?,
+    };
+    match frame {
+        Some(frame) => assemble_framed(plan, at, frame),
+        None => assemble_lowered(plan, at),
     }
-    let time = &prepared.time;
-    let (mut taus, ..) = first_pass(time, prepared, placement, placement, policy, Some(kept));
-    if placement == Placement::Join {
-        join(time, &prepared.transfers, &mut taus);
-    }
-    let at = placement_at_times(plan, prepared, time, placement, &taus, policy)?;
-    assemble_lowered(plan, at)
 }
 
 /// [`place`] with each transfer's meeting time given ([`meeting_times`]).

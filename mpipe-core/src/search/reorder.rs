@@ -63,7 +63,7 @@
 use crate::algebra::analysis::dependencies;
 use crate::algebra::lower::{
     lower_indexed_by, lower_indexed_from, lower_prepared_by, prepare, prepare_named, prepare_timed,
-    Lowered, Meetings, Placement,
+    Frame, Lowered, Meetings, Placement,
 };
 use crate::ir::compare::{less, Score};
 use crate::ir::plan::{Plan, Task, TaskIndex, UnitNames};
@@ -190,6 +190,7 @@ fn search_on(
                 .and_then(|l| Resumable::new(l, &report.timeline)),
             meetings: prepared.ok().and_then(|p| Meetings::new(&p, rule, policy)),
             ideal,
+            frame: Frame::of(&plan),
         });
         let (times, index) = (&base.times, &base.index);
         let mut waits: Vec<(f64, usize, usize)> = Vec::new();
@@ -928,6 +929,9 @@ struct Base {
     /// The order's ideal timing, which trials that keep every task on its rank
     /// resume ([`crate::search::ideal`]).
     ideal: Option<Log>,
+    /// The order's frame (collectives, units' places among their names), which
+    /// trials that keep every task on its rank are assembled in.
+    frame: Frame,
 }
 
 impl Base {
@@ -981,12 +985,13 @@ impl Base {
             return (None, Outcome::Fails);
         }
         // A move within a rank keeps every task on its rank: its ideal timing
-        // resumes the base's.
-        let ideal = match t {
-            Try::Within(..) | Try::Fill(..) => {
-                (self.ideal.as_ref()).map(|l| (&self.order[..], &self.index, l))
-            }
-            Try::Migrate(_) => None,
+        // resumes the base's, and its lowering is assembled in the base's frame.
+        let (ideal, frame) = match t {
+            Try::Within(..) | Try::Fill(..) => (
+                (self.ideal.as_ref()).map(|l| (&self.order[..], &self.index, l)),
+                Some(&self.frame),
+            ),
+            Try::Migrate(_) => (None, None),
         };
         lower_one_from(
             scratch,
@@ -996,7 +1001,7 @@ impl Base {
             policy,
             cutoff,
             (self.run.as_ref(), self.meetings.as_ref()),
-            ideal,
+            (ideal, frame),
         )
     }
 
@@ -1303,13 +1308,19 @@ fn lower_one(
     cutoff: f64,
     kept: (Option<&Resumable>, Option<&Meetings>),
 ) -> Trial {
-    lower_one_from(plan, names, opts, rule, policy, cutoff, kept, None)
+    lower_one_from(plan, names, opts, rule, policy, cutoff, kept, (None, None))
 }
+
+/// A base's order, where its tasks are, and the record of its dependencies and
+/// ideal timing: what a trial keeping every task on its rank patches and resumes.
+type Ideal<'a> = (&'a [Vec<Task>], &'a TaskIndex, &'a Log);
 
 /// [`lower_one`], with `ideal` the order of a base whose tasks `plan` keeps on
 /// their ranks, where its tasks are, and the record of its dependencies and
-/// ideal timing ([`crate::search::ideal`]), which the trial's patches and resumes:
-/// the same trial.
+/// ideal timing ([`crate::search::ideal`]), which the trial's patches and resumes,
+/// and with `frame` the frame of a plan of the same units and the same tasks on
+/// every rank ([`Frame`]), which the trial's lowering is assembled in: the same
+/// trial.
 #[allow(clippy::too_many_arguments)]
 fn lower_one_from(
     plan: &Plan,
@@ -1319,7 +1330,7 @@ fn lower_one_from(
     policy: &SearchPolicy,
     cutoff: f64,
     (run, kept): (Option<&Resumable>, Option<&Meetings>),
-    ideal: Option<(&[Vec<Task>], &TaskIndex, &Log)>,
+    (ideal, frame): (Option<Ideal<'_>>, Option<&Frame>),
 ) -> Trial {
     let links = ideal.and_then(|(base, index, log)| {
         Some((View::of_trial(plan, names, base, index, log)?, base, log))
@@ -1348,10 +1359,7 @@ fn lower_one_from(
     if less(cutoff, prepared.time.makespan()) {
         return (None, Outcome::Slower);
     }
-    let lowered = match kept {
-        Some(kept) => lower_indexed_from(plan, &prepared, rule, policy, kept),
-        None => lower_indexed_by(plan, &prepared, rule, policy),
-    };
+    let lowered = lower_indexed_from(plan, &prepared, rule, policy, (kept, frame));
     let Ok(lowered) = lowered else {
         return (None, Outcome::Fails);
     };
@@ -1604,10 +1612,12 @@ mod tests {
         }
 
         /// A lowering that takes its base's meeting times where they hold
-        /// ([`Meetings`]) is the full lowering, step for step (or fails as it
+        /// ([`Meetings`]), and for a move within ranks is assembled in its base's
+        /// [`Frame`], is the full lowering, step for step (or fails as it
         /// does), under every placement rule, for random moves of several bases
         /// (as above) and moves of encoder work between ranks (other task counts:
-        /// nothing is taken).
+        /// nothing is taken; the frame is found anew). A move within ranks keeps
+        /// its base's frame.
         #[test]
         fn a_lowering_taking_kept_meeting_times_is_the_full_lowering(
             case in 0usize..6,
@@ -1621,6 +1631,12 @@ mod tests {
             let b = &bases()[case];
             let next = moved(&b.plan, &moves, window(near), across);
             let policy = &SearchPolicy::DEFAULT;
+            // As the search takes it: for a move within ranks only.
+            let within = !across || near > 0;
+            let frame = within.then(|| Frame::of(&b.plan));
+            if within {
+                proptest::prop_assert!(frame == Some(Frame::of(&next)));
+            }
             let (Ok(base), Ok(prepared)) = (prepare(&b.plan), prepare(&next)) else {
                 return Ok(());
             };
@@ -1629,13 +1645,52 @@ mod tests {
                     continue;
                 };
                 let full = lower_indexed_by(&next, &prepared, rule, policy);
-                let taking = lower_indexed_from(&next, &prepared, rule, policy, &kept);
+                let taking =
+                    lower_indexed_from(&next, &prepared, rule, policy, (Some(&kept), frame.as_ref()));
                 proptest::prop_assert_eq!(full.is_ok(), taking.is_ok());
                 if let (Ok(x), Ok(y)) = (full, taking) {
                     proptest::prop_assert!(x == y, "{:?}", rule);
                 }
             }
         }
+    }
+
+    /// The frame is the plan's own: a plan whose collectives differ (a unit at
+    /// another home) has another, and a lowering assembled in the one it had before
+    /// is then not the full lowering (which the property test above would tell).
+    #[test]
+    fn a_stale_frame_is_told_from_the_plans() {
+        let policy = &SearchPolicy::DEFAULT;
+        let mut told = 0;
+        for b in bases() {
+            let stale = Frame::of(&b.plan);
+            let Some(kept) = Meetings::new(&prepare(&b.plan).unwrap(), b.rule, policy) else {
+                continue;
+            };
+            for u in 0..b.plan.units.len() {
+                let mut next = b.plan.clone();
+                next.units[u].home = (next.units[u].home + 1) % next.ranks;
+                let Ok(prepared) = prepare(&next) else {
+                    continue;
+                };
+                if Frame::of(&next) == stale {
+                    continue;
+                }
+                let full = lower_indexed_by(&next, &prepared, b.rule, policy);
+                let framed = lower_indexed_from(
+                    &next,
+                    &prepared,
+                    b.rule,
+                    policy,
+                    (Some(&kept), Some(&stale)),
+                );
+                if let (Ok(x), Ok(y)) = (full, framed) {
+                    assert!(x != y);
+                    told += 1;
+                }
+            }
+        }
+        assert!(told > 0, "{told}");
     }
 
     /// The resumed trials of the search do resume: on the lockstep ramp, a
