@@ -49,7 +49,8 @@ use std::hash::BuildHasherDefault;
 use crate::algebra::lower::{Collective, Lowered, Step};
 use crate::ir::compare::less;
 use crate::ir::model::{Mode, SimOptions};
-use crate::ir::program::{CollKind, Dir, Op, Unit};
+use crate::ir::program::{Dir, Op, Unit};
+use crate::judge::coll_ids::CollIds;
 use crate::judge::simulate::{
     finish_times_within, joins_batch, op_index, tensor_index, transfer_times, unit_costs, Fnv,
     SimError,
@@ -94,29 +95,22 @@ struct Colls {
 }
 
 impl Colls {
-    /// The identities of `colls` and their occurrences in `lists`; `None` for a
-    /// collective step naming no entry of `colls`, or a member that is no rank.
+    /// The identities of `colls` ([`CollIds`], the engine's) and their
+    /// occurrences in `lists`; `None` for a collective step naming no entry of
+    /// `colls`, or a unit or member past the engine's 32-bit indices.
     fn new(colls: &[Collective], lists: &[Vec<Step>]) -> Option<Colls> {
         // Each identity, as the engine keys it.
-        let mut keys: Vec<(CollKind, usize, usize)> = Vec::new();
-        let mut ids: Vec<(usize, Vec<u32>)> = Vec::new();
+        let mut interned = CollIds::default();
         let mut id = Vec::with_capacity(colls.len());
         for c in colls {
-            let group = c.group.iter().map(|&g| u32::try_from(g).ok());
-            let mut group: Vec<u32> = group.collect::<Option<_>>()?;
-            group.sort_unstable();
-            group.dedup();
-            let key = (c.kind, c.unit, c.root);
-            let at = (ids.iter().zip(&keys)).position(|((_, g), k)| *k == key && *g == group);
-            id.push(match at {
-                Some(at) => at as u32,
-                None => {
-                    keys.push(key);
-                    ids.push((c.unit, group));
-                    ids.len() as u32 - 1
-                }
-            });
+            id.push(interned.intern(c.kind, u32::try_from(c.unit).ok()?, c.root, &c.group));
         }
+        let ids: Vec<(usize, Vec<u32>)> = (interned.into_ids().into_iter())
+            .map(|(_, unit, _, group)| {
+                let group = group.into_iter().map(|g| u32::try_from(g).ok());
+                Some((unit as usize, group.collect::<Option<_>>()?))
+            })
+            .collect::<Option<_>>()?;
         let mut occ = vec![vec![Vec::new(); lists.len()]; ids.len()];
         for (r, list) in lists.iter().enumerate() {
             for (i, step) in list.iter().enumerate() {
@@ -641,7 +635,7 @@ mod tests {
     use crate::algebra::lower::Batch;
     use crate::ir::compare::less;
     use crate::ir::model::CommModel;
-    use crate::ir::program::{Cost, Role, Tensor};
+    use crate::ir::program::{CollKind, Cost, Role, Tensor};
     use crate::judge::simulate::simulate_lowered;
 
     /// Three units with costs from `costs`, activations and parameters to move.
