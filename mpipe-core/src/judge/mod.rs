@@ -6,6 +6,7 @@
 
 pub mod advice;
 pub mod bound;
+pub(crate) mod coll_ids;
 pub mod compare;
 pub(crate) mod resume;
 pub mod simulate;

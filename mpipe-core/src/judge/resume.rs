@@ -43,16 +43,13 @@
 //! transfer with no partner, a run that does not end (deadlock) or a time that
 //! is not finite, so every error is the engine's own.
 
-use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
-
 use crate::algebra::lower::{Collective, Lowered, Step};
 use crate::ir::compare::less;
 use crate::ir::model::{Mode, SimOptions};
-use crate::ir::program::{CollKind, Dir, Op, Unit};
+use crate::ir::program::{Dir, Op, Unit};
+use crate::judge::coll_ids::CollIds;
 use crate::judge::simulate::{
-    finish_times_within, joins_batch, op_index, tensor_index, transfer_times, unit_costs, Fnv,
-    SimError,
+    finish_times_within, joins_batch, op_index, tensor_index, transfer_times, unit_costs, SimError,
 };
 use crate::judge::timeline::Timeline;
 
@@ -94,29 +91,22 @@ struct Colls {
 }
 
 impl Colls {
-    /// The identities of `colls` and their occurrences in `lists`; `None` for a
-    /// collective step naming no entry of `colls`, or a member that is no rank.
+    /// The identities of `colls` ([`CollIds`], the engine's) and their
+    /// occurrences in `lists`; `None` for a collective step naming no entry of
+    /// `colls`, or a unit or member past the engine's 32-bit indices.
     fn new(colls: &[Collective], lists: &[Vec<Step>]) -> Option<Colls> {
         // Each identity, as the engine keys it.
-        let mut keys: Vec<(CollKind, usize, usize)> = Vec::new();
-        let mut ids: Vec<(usize, Vec<u32>)> = Vec::new();
+        let mut interned = CollIds::default();
         let mut id = Vec::with_capacity(colls.len());
         for c in colls {
-            let group = c.group.iter().map(|&g| u32::try_from(g).ok());
-            let mut group: Vec<u32> = group.collect::<Option<_>>()?;
-            group.sort_unstable();
-            group.dedup();
-            let key = (c.kind, c.unit, c.root);
-            let at = (ids.iter().zip(&keys)).position(|((_, g), k)| *k == key && *g == group);
-            id.push(match at {
-                Some(at) => at as u32,
-                None => {
-                    keys.push(key);
-                    ids.push((c.unit, group));
-                    ids.len() as u32 - 1
-                }
-            });
+            id.push(interned.intern(c.kind, u32::try_from(c.unit).ok()?, c.root, &c.group));
         }
+        let ids: Vec<(usize, Vec<u32>)> = (interned.into_ids().into_iter())
+            .map(|(_, unit, _, group)| {
+                let group = group.into_iter().map(|g| u32::try_from(g).ok());
+                Some((unit as usize, group.collect::<Option<_>>()?))
+            })
+            .collect::<Option<_>>()?;
         let mut occ = vec![vec![Vec::new(); lists.len()]; ids.len()];
         for (r, list) in lists.iter().enumerate() {
             for (i, step) in list.iter().enumerate() {
@@ -137,6 +127,20 @@ fn joins(list: &[Step], i: usize) -> bool {
         _ => None,
     };
     i > 0 && i < list.len() && joins_batch(batch(&list[i - 1]), batch(&list[i]))
+}
+
+/// The direction of a transfer's other end.
+fn facing(dir: Dir) -> Dir {
+    match dir {
+        Dir::Send => Dir::Recv,
+        Dir::Recv => Dir::Send,
+    }
+}
+
+/// A channel as one of its ranks sees it: the direction of its end there and
+/// its peer, as one number.
+fn link(dir: Dir, peer: u32) -> u64 {
+    u64::from(peer) << 1 | u64::from(dir == Dir::Recv)
 }
 
 /// A transfer end past the prefixes, on one side of its channel: its key (unit,
@@ -166,7 +170,10 @@ struct Ends {
 fn pair(lists: &[Vec<Step>], from: &[usize]) -> Option<Vec<Vec<u32>>> {
     let ranks = lists.len();
     let mut chans: Vec<Ends> = Vec::new();
-    let mut chan_of: HashMap<(u32, u32), u32, BuildHasherDefault<Fnv>> = HashMap::default();
+    // Per rank, the channels it holds an end of so far, ascending by [`link`]:
+    // (link, channel). A rank has few: a binary search of them costs less than
+    // hashing.
+    let mut links: Vec<Vec<(u64, u32)>> = vec![Vec::new(); ranks];
     for (r, list) in lists.iter().enumerate() {
         // The channel of the end before, on this rank.
         let mut last: Option<((u32, u32), usize)> = None;
@@ -189,13 +196,25 @@ fn pair(lists: &[Vec<Step>], from: &[usize]) -> Option<Vec<Vec<u32>>> {
             let c = match last {
                 Some((e, c)) if e == ends => c,
                 _ => {
-                    let c = *chan_of.entry(ends).or_insert_with(|| {
-                        chans.push(Ends {
-                            ends,
-                            ..Ends::default()
-                        });
-                        chans.len() as u32 - 1
-                    }) as usize;
+                    let key = link(dir, peer);
+                    let c = match links[r].binary_search_by_key(&key, |l| l.0) {
+                        Ok(at) => links[r][at].1,
+                        Err(at) => {
+                            // A new channel: known from both its ends from now on.
+                            let c = chans.len() as u32;
+                            chans.push(Ends {
+                                ends,
+                                ..Ends::default()
+                            });
+                            links[r].insert(at, (key, c));
+                            let theirs = &mut links[peer as usize];
+                            let back = link(facing(dir), r as u32);
+                            if let Err(at) = theirs.binary_search_by_key(&back, |l| l.0) {
+                                theirs.insert(at, (back, c));
+                            }
+                            c
+                        }
+                    } as usize;
                     last = Some((ends, c));
                     c
                 }
@@ -429,18 +448,39 @@ impl Resumable {
             return None;
         }
         let v = self.valid_prefix(trial);
+        // The engine's tables: per unit, each op's cost and a transfer's time.
+        let (costs, transfer) = (unit_costs(units), transfer_times(units, opts));
+        let cost = |unit: u32, op: Op| costs[unit as usize][op_index(op)];
+        let bounded = cutoff.is_finite();
         // Every step past the prefixes names a unit and a micro-batch (the
-        // prefixes are the base's, which ran).
-        let named = lists.iter().zip(&v).all(|(l, &from)| {
-            l[from..].iter().all(|s| match *s {
-                Step::Compute { unit, mb, .. } | Step::P2p { unit, mb, .. } => {
-                    (unit as usize) < units.len() && (mb as usize) < trial.microbatches
+        // prefixes are the base's, which ran); and, against a finite cutoff,
+        // each rank's compute left past its prefix, in list order.
+        let mut named = true;
+        let mut left: Vec<f64> = Vec::with_capacity(nr);
+        for (l, &from) in lists.iter().zip(&v) {
+            let steps = l[from..].iter().map(|s| match *s {
+                Step::Compute { op, unit, mb } => {
+                    let fits = (unit as usize) < units.len() && (mb as usize) < trial.microbatches;
+                    named &= fits;
+                    if fits && bounded {
+                        cost(unit, op)
+                    } else {
+                        0.0
+                    }
                 }
-                Step::Coll(k) => (k as usize) < colls.id.len(),
-            })
-        });
-        if !named {
-            return None;
+                Step::P2p { unit, mb, .. } => {
+                    named &= (unit as usize) < units.len() && (mb as usize) < trial.microbatches;
+                    0.0
+                }
+                Step::Coll(k) => {
+                    named &= (k as usize) < colls.id.len();
+                    0.0
+                }
+            });
+            left.push(steps.sum());
+            if !named {
+                return None;
+            }
         }
         // Per identity and rank (at `id * nr + r`): the indices of its occurrences
         // past the prefix, and how many the prefix holds (the base's there).
@@ -464,33 +504,12 @@ impl Resumable {
             .map(|(unit, _)| opts.comm.map(|c| c.transfer_time(units[*unit].params)))
             .collect();
         let partner = pair(lists, &v)?;
-        // The engine's tables: per unit, each op's cost and a transfer's time.
-        let (costs, transfer) = (unit_costs(units), transfer_times(units, opts));
-        let cost = |unit: u32, op: Op| costs[unit as usize][op_index(op)];
         let eager = opts.mode == Mode::Eager;
-        let bounded = cutoff.is_finite();
-        // Each rank's position, time and compute left (against a finite cutoff).
+        // Each rank's position and time.
         let mut pc: Vec<usize> = v.clone();
         let mut now: Vec<f64> = (0..nr)
             .map(|r| v[r].checked_sub(1).map_or(0.0, |i| self.end[r][i]))
             .collect();
-        let mut left: Vec<f64> = if bounded {
-            lists
-                .iter()
-                .zip(&v)
-                .map(|(l, &from)| {
-                    l[from..]
-                        .iter()
-                        .map(|s| match *s {
-                            Step::Compute { op, unit, .. } => cost(unit, op),
-                            _ => 0.0,
-                        })
-                        .sum()
-                })
-                .collect()
-        } else {
-            vec![0.0; nr]
-        };
         // When each operation past the prefixes was reached (NaN: not yet), by
         // its first step's index past the prefix.
         let mut reach: Vec<Vec<f64>> = lists
@@ -641,7 +660,7 @@ mod tests {
     use crate::algebra::lower::Batch;
     use crate::ir::compare::less;
     use crate::ir::model::CommModel;
-    use crate::ir::program::{Cost, Role, Tensor};
+    use crate::ir::program::{CollKind, Cost, Role, Tensor};
     use crate::judge::simulate::simulate_lowered;
 
     /// Three units with costs from `costs`, activations and parameters to move.
@@ -727,8 +746,91 @@ mod tests {
         }
     }
 
+    /// [`pair`] by definition: every transfer at or past `from` keyed by its
+    /// channel and (unit, micro-batch, tensor), the `k`-th `SEND` of a key with
+    /// its `k`-th `RECV`.
+    fn pair_by_definition(lists: &[Vec<Step>], from: &[usize]) -> Option<Vec<Vec<u32>>> {
+        type Key = (u32, u32, u32, u32, u64);
+        let mut sides: std::collections::BTreeMap<Key, [Vec<(usize, u32)>; 2]> =
+            std::collections::BTreeMap::new();
+        let mut partner: Vec<Vec<u32>> = (lists.iter().zip(from))
+            .map(|(l, &f)| vec![NONE; l.len().saturating_sub(f)])
+            .collect();
+        for (r, list) in lists.iter().enumerate() {
+            for (i, step) in list.iter().enumerate().skip(from[r]) {
+                if let Step::P2p {
+                    dir,
+                    tensor,
+                    unit,
+                    mb,
+                    peer,
+                    ..
+                } = *step
+                {
+                    if peer as usize >= lists.len() {
+                        return None;
+                    }
+                    let (a, b) = dir.ends(r as u32, peer);
+                    let key = (a, b, unit, mb, tensor_index(tensor));
+                    let side = usize::from(dir == Dir::Recv);
+                    sides.entry(key).or_default()[side].push((r, i as u32));
+                }
+            }
+        }
+        for [sends, recvs] in sides.values() {
+            if sends.len() != recvs.len() {
+                return None;
+            }
+            for (&(a, i), &(b, j)) in sends.iter().zip(recvs) {
+                partner[a][i as usize - from[a]] = j;
+                partner[b][j as usize - from[b]] = i;
+            }
+        }
+        Some(partner)
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::test_runner::Config::with_cases(512))]
+        /// [`pair`] pairs as its definition does ([`pair_by_definition`]): on
+        /// lowerings whose transfers pair (steps moved on their ranks, so that
+        /// ends cross), from any points of the lists, with a stray transfer
+        /// added or not.
+        #[test]
+        fn pairing_is_by_channel_key_and_order(
+            nr in 1usize..6,
+            events in proptest::collection::vec((0u8..6, 0u8..6, 0u8..6, 0u8..3, 0u8..2), 0..60),
+            moves in proptest::collection::vec((0u8..6, 0u16..64, 0u16..64), 0..4),
+            cuts in proptest::collection::vec(0u16..64, 6),
+            stray in (0u8..3, 0u8..6, 0u8..6, 0u16..64),
+        ) {
+            let mut l = lowering(nr, Vec::new(), &events);
+            for &(r, from, to) in &moves {
+                let list = &mut l.programs[r as usize % nr];
+                if !list.is_empty() {
+                    let n = list.len();
+                    let step = list.remove(from as usize % n);
+                    list.insert(to as usize % n, step);
+                }
+            }
+            let (kind, r, peer, at) = stray;
+            if kind > 0 {
+                let list = &mut l.programs[r as usize % nr];
+                let step = Step::P2p {
+                    dir: [Dir::Send, Dir::Recv][kind as usize - 1],
+                    tensor: Tensor::Grad,
+                    unit: 0,
+                    mb: 0,
+                    peer: u32::from(peer) % (nr as u32 + 1),
+                    batch: None,
+                };
+                list.insert(at as usize % (list.len() + 1), step);
+            }
+            let from: Vec<usize> = (l.programs.iter().zip(&cuts))
+                .map(|(list, &c)| c as usize % (list.len() + 1) * usize::from(c % 3 > 0))
+                .collect();
+            proptest::prop_assert_eq!(pair(&l.programs, &from), pair_by_definition(&l.programs, &from));
+        }
+
         /// A trial (some steps of a base moved on their ranks) resumed from the
         /// base's run gives [`finish_times_within`]'s answer: the same finishing
         /// times bit for bit, the same error, and where one is cut short against

@@ -71,6 +71,7 @@ use crate::ir::program::{
     over_limit, Action, ActionRef, CollKind, Dir, Op, OverLimit, Program, Tensor, Unit,
     MAX_MICROBATCHES, MAX_RANK_MICROBATCHES, MAX_UNIT_FIGURE,
 };
+use crate::judge::coll_ids::{CollId, CollIds};
 use crate::judge::timeline::{Slot, Timeline};
 
 pub use crate::ir::model::{CommModel, Mode, SimOptions};
@@ -1022,9 +1023,6 @@ fn check_lowered(units: &[Unit], l: &Lowered, opts: &SimOptions) -> Result<(), S
     Ok(())
 }
 
-/// A collective's identity: kind, unit, root, sorted distinct group members.
-type CollId = (CollKind, u32, usize, Vec<usize>);
-
 struct Setup<'p> {
     src: Src<'p>,
     /// How many units and micro-batches the program has.
@@ -1512,8 +1510,7 @@ struct Resolver {
     microbatches: usize,
     total: usize,
     acts: Vec<Vec<RAct>>,
-    id_of: BTreeMap<CollId, u32>,
-    coll_ids: Vec<CollId>,
+    coll_ids: CollIds,
     coll_of: BTreeMap<(u32, u32), (u32, u32)>,
     occ_count: BTreeMap<(u32, u32), u32>,
     /// The `batch` of the action before, on the rank being read.
@@ -1581,8 +1578,7 @@ impl Resolver {
             microbatches,
             total,
             acts: Vec::with_capacity(nr),
-            id_of: BTreeMap::new(),
-            coll_ids: Vec::new(),
+            coll_ids: CollIds::default(),
             coll_of: BTreeMap::new(),
             occ_count: BTreeMap::new(),
             prev: None,
@@ -1658,19 +1654,7 @@ impl Resolver {
                 for &g in group {
                     check_rank(g)?;
                 }
-                let mut group = group.to_vec();
-                group.sort_unstable();
-                group.dedup();
-                let key: CollId = (kind, unit, root, group);
-                let id = match self.id_of.get(&key) {
-                    Some(&id) => id,
-                    None => {
-                        let id = self.coll_ids.len() as u32;
-                        self.coll_ids.push(key.clone());
-                        self.id_of.insert(key, id);
-                        id
-                    }
-                };
+                let id = self.coll_ids.intern(kind, unit, root, group);
                 let k = self.occ_count.entry((id, r as u32)).or_insert(0);
                 self.coll_of.insert((r as u32, i as u32), (id, *k));
                 *k += 1;
@@ -1838,7 +1822,7 @@ impl Resolver {
             act: units.iter().map(|u| u.act).collect(),
             actions: self.total,
             acts: self.acts,
-            coll_ids: self.coll_ids,
+            coll_ids: self.coll_ids.into_ids(),
             coll_of: self.coll_of,
             ops: {
                 let mut ops = self.ops;
