@@ -128,7 +128,6 @@ struct Lane {
     stage: [usize; 2],
     f: [f64; 2],
     b: [f64; 2],
-    w: [f64; 2],
     act: [f64; 2],
     budget: f64,
     next_f: [usize; 2],
@@ -159,7 +158,6 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
                 stage,
                 f: [u0.cost.f, u1.cost.f],
                 b: [u0.cost.b, u1.cost.b],
-                w: [u0.cost.w, u1.cost.w],
                 act: [u0.act, u1.act],
                 budget: p as f64 * (u0.act + u1.act),
                 next_f: [0; 2],
@@ -282,7 +280,8 @@ pub(crate) fn order(ctx: &Ctx) -> Vec<Vec<Task>> {
                 lane.w_next += 1;
                 let held = lane.inflight - lane.act[c];
                 lane.inflight = if held < 0.0 { 0.0 } else { held };
-                (lane.stage[c], mb, lane.w[c])
+                let k = lane.stage[c];
+                (k, mb, unit(k).cost.w)
             }
         };
         let end = t + dur;
