@@ -303,11 +303,10 @@ struct End {
 
 impl End {
     fn partner(self) -> End {
-        let dir = match self.dir {
-            Dir::Send => Dir::Recv,
-            Dir::Recv => Dir::Send,
-        };
-        End { dir, ..self }
+        End {
+            dir: self.dir.facing(),
+            ..self
+        }
     }
 }
 

@@ -410,6 +410,14 @@ impl Dir {
             Dir::Recv => (peer, me),
         }
     }
+
+    /// The direction of the transfer's other end.
+    pub fn facing(self) -> Dir {
+        match self {
+            Dir::Send => Dir::Recv,
+            Dir::Recv => Dir::Send,
+        }
+    }
 }
 
 /// One action of a rank's list. Serialized with the `op` key as the tag, exactly as

@@ -129,14 +129,6 @@ fn joins(list: &[Step], i: usize) -> bool {
     i > 0 && i < list.len() && joins_batch(batch(&list[i - 1]), batch(&list[i]))
 }
 
-/// The direction of a transfer's other end.
-fn facing(dir: Dir) -> Dir {
-    match dir {
-        Dir::Send => Dir::Recv,
-        Dir::Recv => Dir::Send,
-    }
-}
-
 /// A channel as one of its ranks sees it: the direction of its end there and
 /// its peer, as one number.
 fn link(dir: Dir, peer: u32) -> u64 {
@@ -208,7 +200,7 @@ fn pair(lists: &[Vec<Step>], from: &[usize]) -> Option<Vec<Vec<u32>>> {
                             });
                             links[r].insert(at, (key, c));
                             let theirs = &mut links[peer as usize];
-                            let back = link(facing(dir), r as u32);
+                            let back = link(dir.facing(), r as u32);
                             if let Err(at) = theirs.binary_search_by_key(&back, |l| l.0) {
                                 theirs.insert(at, (back, c));
                             }

@@ -308,11 +308,7 @@ fn strays(
     for &(r, _, (dir, tensor, unit, _, peer)) in &found {
         wanted[r].push((dir, tensor, unit, peer));
         if let Some(w) = wanted.get_mut(peer) {
-            let other = match dir {
-                Dir::Send => Dir::Recv,
-                Dir::Recv => Dir::Send,
-            };
-            w.push((other, tensor, unit, r));
+            w.push((dir.facing(), tensor, unit, r));
         }
     }
     type Kinds<'a> = (HashMap<&'a str, u32>, HashMap<Kind, Vec<(usize, usize)>>);
@@ -367,11 +363,7 @@ fn strays(
     let mut removed: Vec<HashSet<usize>> = vec![HashSet::default(); p.programs.len()];
     let mut inserted: Vec<HashMap<usize, Vec<Action>>> = vec![HashMap::default(); p.programs.len()];
     for &(r, i, (dir, tensor, unit, mb, peer)) in &found {
-        let other = match dir {
-            Dir::Send => Dir::Recv,
-            Dir::Recv => Dir::Send,
-        };
-        let ends = [(r, dir, peer, i), (peer, other, r, usize::MAX)];
+        let ends = [(r, dir, peer, i), (peer, dir.facing(), r, usize::MAX)];
         let mut moves = Vec::new();
         for (rank, d, to, at) in ends {
             if rank >= p.programs.len() {
