@@ -593,6 +593,8 @@ fn steps_of(r: usize, list: &[Action], index: &HashMap<&str, u32>) -> Result<Vec
             })
     };
     let mut out = Vec::with_capacity(list.len());
+    // A batch's members in canonical order, as indices (one buffer for every batch).
+    let mut order: Vec<usize> = Vec::new();
     let mut j = 0;
     while j < list.len() {
         let end = group_end(list, j);
@@ -609,10 +611,11 @@ fn steps_of(r: usize, list: &[Action], index: &HashMap<&str, u32>) -> Result<Vec
                 group: c.group.to_vec(),
             },
             ActionRef::P2p(_) => {
-                let mut order: Vec<usize> = (j..end).collect();
+                order.clear();
+                order.extend(j..end);
                 order.sort_by_key(|&a| member_key(&list[a]));
                 let mut members = Vec::with_capacity(end - j);
-                for k in order {
+                for &k in &order {
                     let ActionRef::P2p(p) = list[k].view() else {
                         unreachable!("a batch group holds transfers only")
                     };
@@ -657,16 +660,27 @@ fn roll_items(items: Vec<Block>, enclosing: usize, opts: &RollOptions) -> Vec<Bl
     }
     let seq = Seq::build(&items, MAX_DEPTH - enclosing);
     let mut out = Vec::new();
+    // Each item is taken once, into a loop's body or as it is (the iterations after
+    // a loop's first are dropped with `items`).
+    let mut items = items;
+    let mut take = |j: usize| {
+        std::mem::replace(
+            &mut items[j],
+            Block::Loop {
+                count: 0,
+                body: Vec::new(),
+            },
+        )
+    };
     let mut i = 0;
     while i < seq.len() {
         match seq.best_loop(i, opts) {
             Some((l, n)) => {
                 let body = (i..i + l)
                     .map(|j| {
-                        let deltas: Vec<i64> = (seq.mb(j).iter().zip(seq.mb(j + l)))
-                            .map(|(a, b)| b - a)
-                            .collect();
-                        wrap(&items[j], &deltas)
+                        let mut b = take(j);
+                        wrap(&mut b, seq.mb(j), seq.mb(j + l));
+                        b
                     })
                     .collect();
                 out.push(Block::Loop {
@@ -676,7 +690,7 @@ fn roll_items(items: Vec<Block>, enclosing: usize, opts: &RollOptions) -> Vec<Bl
                 i += l * n;
             }
             None => {
-                out.push(items[i].clone());
+                out.push(take(i));
                 i += 1;
             }
         }
@@ -705,31 +719,96 @@ fn visit_mut(b: &mut Block, depth: usize, f: &mut impl FnMut(&mut Affine, usize)
     }
 }
 
-/// `b` with every base 0: what two items must share to be iterations of one loop
-/// (the steps, loop counts and every stride).
-fn skeleton(b: &Block) -> Block {
-    let mut s = b.clone();
-    visit_mut(&mut s, 0, &mut |a, _| a.base = 0);
-    s
+/// Whether `a` and `b` are equal but for their micro-batch numbers' bases: what two
+/// items must share to be iterations of one loop (the steps, loop counts and every
+/// stride).
+fn same_skeleton(a: &Block, b: &Block) -> bool {
+    fn affine(a: &Affine, b: &Affine) -> bool {
+        a.strides == b.strides
+    }
+    match (a, b) {
+        (Block::Op(x), Block::Op(y)) => match (x, y) {
+            (
+                Op::Compute { op, unit, mb },
+                Op::Compute {
+                    op: op2,
+                    unit: unit2,
+                    mb: mb2,
+                },
+            ) => op == op2 && unit == unit2 && affine(mb, mb2),
+            (Op::Batch(ps), Op::Batch(qs)) => {
+                ps.len() == qs.len()
+                    && ps.iter().zip(qs).all(|(p, q)| {
+                        p.dir == q.dir
+                            && p.tensor == q.tensor
+                            && p.unit == q.unit
+                            && p.peer == q.peer
+                            && affine(&p.mb, &q.mb)
+                    })
+            }
+            (Op::Coll { .. }, Op::Coll { .. }) => x == y,
+            _ => false,
+        },
+        (
+            Block::Loop { count, body },
+            Block::Loop {
+                count: count2,
+                body: body2,
+            },
+        ) => {
+            count == count2
+                && body.len() == body2.len()
+                && body.iter().zip(body2).all(|(x, y)| same_skeleton(x, y))
+        }
+        _ => false,
+    }
+}
+
+/// Hashes `b` but for its micro-batch numbers' bases: blocks with the same skeleton
+/// ([`same_skeleton`]) hash alike.
+fn hash_skeleton(b: &Block, h: &mut impl std::hash::Hasher) {
+    use std::hash::Hash;
+    std::mem::discriminant(b).hash(h);
+    match b {
+        Block::Op(op) => {
+            std::mem::discriminant(op).hash(h);
+            match op {
+                Op::Compute { op, unit, mb } => (op, unit, mb.strides).hash(h),
+                Op::Batch(ps) => {
+                    ps.len().hash(h);
+                    for p in ps {
+                        (p.dir, p.tensor, p.unit, p.peer, p.mb.strides).hash(h);
+                    }
+                }
+                Op::Coll { .. } => op.hash(h),
+            }
+        }
+        Block::Loop { count, body } => {
+            (count, body.len()).hash(h);
+            for x in body {
+                hash_skeleton(x, h);
+            }
+        }
+    }
 }
 
 /// `b` as the body item of a new loop around it whose counter advances its `k`-th
-/// micro-batch number (in [`visit`]'s order) by `deltas[k]`: the new stride goes in
-/// at each number's level (after the loops inside `b`, before the ones around it).
-fn wrap(b: &Block, deltas: &[i64]) -> Block {
-    let mut w = b.clone();
+/// micro-batch number (in [`visit`]'s order) from `from[k]` (this iteration's) to
+/// `to[k]` (the next one's): the new stride goes in at each number's level (after
+/// the loops inside `b`, before the ones around it).
+fn wrap(b: &mut Block, from: &[i64], to: &[i64]) {
     let mut k = 0;
-    visit_mut(&mut w, 0, &mut |a, depth| {
+    visit_mut(b, 0, &mut |a, depth| {
         debug_assert_eq!(a.strides[MAX_DEPTH - 1], 0, "nesting deeper than MAX_DEPTH");
         a.strides.copy_within(depth..MAX_DEPTH - 1, depth + 1);
-        a.strides[depth] = deltas[k];
+        a.strides[depth] = to[k] - from[k];
         k += 1;
     });
-    w
 }
 
 /// A list of items (steps or loops) as the loop finder reads it: per item, an
-/// interned *shape* (its [`skeleton`]) and its micro-batch numbers' bases.
+/// interned *shape* (equal for items equal but for their bases, [`same_skeleton`])
+/// and its micro-batch numbers' bases.
 struct Seq {
     shape: Vec<u32>,
     /// `mbs[start[j]..start[j + 1]]` are item `j`'s bases.
@@ -752,7 +831,9 @@ impl Seq {
     /// The items' shapes and bases. An item with `room` or more levels of loops
     /// cannot go into one more loop: it gets a shape of its own, equal to no other.
     fn build(items: &[Block], room: usize) -> Seq {
-        let mut ids: HashMap<Block, u32> = HashMap::default();
+        use std::hash::Hasher;
+        // Per skeleton hash, the shapes seen with it: (id, an item of that shape).
+        let mut ids: HashMap<u64, Vec<(u32, usize)>> = HashMap::default();
         let mut fresh = 0u32;
         let mut seq = Seq {
             shape: Vec::with_capacity(items.len()),
@@ -763,17 +844,24 @@ impl Seq {
             next: Vec::new(),
         };
         seq.start.push(0);
-        for b in items {
+        for (j, b) in items.iter().enumerate() {
             visit(b, 0, &mut |a, _| seq.mbs.push(a.base));
             seq.start.push(seq.mbs.len());
             let id = if b.depth() >= room {
                 fresh += 1;
                 fresh - 1
             } else {
-                *ids.entry(skeleton(b)).or_insert_with(|| {
-                    fresh += 1;
-                    fresh - 1
-                })
+                let mut h = rustc_hash::FxHasher::default();
+                hash_skeleton(b, &mut h);
+                let known = ids.entry(h.finish()).or_default();
+                match known.iter().find(|&&(_, k)| same_skeleton(&items[k], b)) {
+                    Some(&(id, _)) => id,
+                    None => {
+                        known.push((fresh, j));
+                        fresh += 1;
+                        fresh - 1
+                    }
+                }
             };
             seq.shape.push(id);
         }
@@ -999,5 +1087,84 @@ impl fmt::Display for Rolled {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::hash::Hasher;
+
+    /// `b` with every base 0: the definition [`same_skeleton`] and
+    /// [`hash_skeleton`] stand for.
+    fn zeroed(b: &Block) -> Block {
+        let mut s = b.clone();
+        visit_mut(&mut s, 0, &mut |a, _| a.base = 0);
+        s
+    }
+
+    fn hashed(b: &Block) -> u64 {
+        let mut h = rustc_hash::FxHasher::default();
+        hash_skeleton(b, &mut h);
+        h.finish()
+    }
+
+    fn affine() -> impl Strategy<Value = Affine> {
+        (0i64..3, 0i64..2, 0i64..2).prop_map(|(base, s0, s1)| {
+            let mut a = Affine::new(base, s0);
+            a.strides[1] = s1;
+            a
+        })
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let p2p =
+            (any::<bool>(), 0u32..2, affine(), 0usize..2).prop_map(|(send, unit, mb, peer)| P2p {
+                dir: if send { Dir::Send } else { Dir::Recv },
+                tensor: Tensor::Act,
+                unit,
+                mb,
+                peer,
+            });
+        prop_oneof![
+            (0u32..2, affine()).prop_map(|(unit, mb)| Op::Compute {
+                op: ComputeOp::F,
+                unit,
+                mb
+            }),
+            proptest::collection::vec(p2p, 1..3).prop_map(Op::Batch),
+            (0usize..2).prop_map(|root| Op::Coll {
+                kind: CollKind::Bcast,
+                unit: 0,
+                root,
+                group: vec![0, 1],
+            }),
+        ]
+    }
+
+    fn block() -> impl Strategy<Value = Block> {
+        op().prop_map(Block::Op).prop_recursive(2, 8, 3, |inner| {
+            (1usize..3, proptest::collection::vec(inner, 0..3))
+                .prop_map(|(count, body)| Block::Loop { count, body })
+        })
+    }
+
+    proptest! {
+        /// Two items share a shape exactly where they are equal with every base
+        /// zeroed, and items sharing one hash alike.
+        #[test]
+        fn skeletons_are_the_blocks_without_their_bases(a in block(), b in block()) {
+            let same = zeroed(&a) == zeroed(&b);
+            prop_assert_eq!(same_skeleton(&a, &b), same);
+            if same {
+                prop_assert_eq!(hashed(&a), hashed(&b));
+            }
+            // The same block with other bases: always the same shape.
+            let mut c = a.clone();
+            visit_mut(&mut c, 0, &mut |x, _| x.base += 7);
+            prop_assert!(same_skeleton(&a, &c));
+            prop_assert_eq!(hashed(&a), hashed(&c));
+        }
     }
 }
