@@ -675,19 +675,57 @@ fn steps_in<L: AsRef<[Placed]>>(
         &form,
         (bcasts, reduces),
         |x| x.slot as usize,
-        |x| Step::P2p {
-            dir: x.dir,
-            tensor: x.tensor,
-            unit: x.unit,
-            mb: x.mb,
-            peer: x.peer,
-            batch: None,
-        },
+        p2p_step,
     );
     match form.over.take() {
         Some(action) => Err(LowerError::TooLarge { action }),
         None => Ok(programs),
     }
+}
+
+/// A placed end's step (its batch set where the slot's ends are batched).
+fn p2p_step(x: &Placed) -> Step {
+    Step::P2p {
+        dir: x.dir,
+        tensor: x.tensor,
+        unit: x.unit,
+        mb: x.mb,
+        peer: x.peer,
+        batch: None,
+    }
+}
+
+/// Rank `r`'s list of [`assemble_framed`]'s lowering of `plan` in `frame`, whose
+/// rank `r` has the ends `at`: the other ranks' ends do not enter it. `None` where
+/// `plan` prefetches (the prefetched forwards' transfers are written after every
+/// rank's list, [`prefetch_transfers`]). An error as [`assemble_lowered`]'s.
+pub(crate) fn rank_steps(
+    plan: &Plan,
+    r: usize,
+    at: &[Placed],
+    frame: &Frame,
+) -> Option<Result<Vec<Step>, LowerError>> {
+    if !plan.prefetch.is_empty() {
+        return None;
+    }
+    let (bcasts, reduces) = frame.colls.split_at(frame.bcasts);
+    let form = Indexed {
+        rank: &frame.rank,
+        over: Cell::new(None),
+    };
+    let list = rank_in(
+        plan,
+        r,
+        at,
+        &form,
+        (bcasts, reduces),
+        (&|x: &Placed| x.slot as usize, &p2p_step),
+        &mut Vec::new(),
+    );
+    Some(match form.over.take() {
+        Some(action) => Err(LowerError::TooLarge { action }),
+        None => Ok(list),
+    })
 }
 
 /// A lowered program with its units by index: what [`assemble`] writes, action for
@@ -1092,42 +1130,65 @@ fn assemble_in<F: Form, P, L: AsRef<[P]>>(
     let mut seen = Vec::new();
     // A rank's ends, if owned, go at the end of its turn.
     for (r, ends) in at.into_iter().enumerate() {
-        let at = ends.as_ref();
-        let n = plan.order[r].len();
-        let mut list = Vec::with_capacity(bcasts.len() + n + at.len() + reduces.len());
-        for (k, c) in bcasts.iter().enumerate() {
-            if c.group.contains(&r) {
-                list.push(form.coll(k));
-            }
-        }
-        let mut batch = 0u64;
-        // The ends not written yet (slots non-decreasing).
-        let mut rest = at;
-        for (k, t) in plan.order[r].iter().map(Some).chain([None]).enumerate() {
-            let here = rest.iter().take_while(|x| slot(x) == k).count();
-            if here > 0 {
-                // The slot's transfers, written in place, then batched there (one
-                // alone is no batch).
-                let from = list.len();
-                list.extend(rest[..here].iter().map(&act));
-                rest = &rest[here..];
-                if here > 1 {
-                    batch_members(form, &mut list[from..], &mut batch, &mut seen);
-                }
-            }
-            if let Some(t) = t {
-                list.push(form.compute(t.op, t.unit, t.mb));
-            }
-        }
-        for (k, c) in reduces.iter().enumerate() {
-            if c.group.contains(&r) {
-                list.push(form.coll(bcasts.len() + k));
-            }
-        }
+        let list = rank_in(
+            plan,
+            r,
+            ends.as_ref(),
+            form,
+            (bcasts, reduces),
+            (&slot, &act),
+            &mut seen,
+        );
         programs.push(list);
     }
     prefetch_transfers(plan, form, &mut programs);
     programs
+}
+
+/// Rank `r`'s list of [`assemble_in`] with its ends `at`, but for the transfers of
+/// prefetched forwards (appended to every rank's list after all of them are
+/// written); `seen` is scratch.
+fn rank_in<F: Form, P>(
+    plan: &Plan,
+    r: usize,
+    at: &[P],
+    form: &F,
+    (bcasts, reduces): (&[Collective], &[Collective]),
+    (slot, act): (&impl Fn(&P) -> usize, &impl Fn(&P) -> F::Act),
+    seen: &mut Vec<(bool, usize)>,
+) -> Vec<F::Act> {
+    let n = plan.order[r].len();
+    let mut list = Vec::with_capacity(bcasts.len() + n + at.len() + reduces.len());
+    for (k, c) in bcasts.iter().enumerate() {
+        if c.group.contains(&r) {
+            list.push(form.coll(k));
+        }
+    }
+    let mut batch = 0u64;
+    // The ends not written yet (slots non-decreasing).
+    let mut rest = at;
+    for (k, t) in plan.order[r].iter().map(Some).chain([None]).enumerate() {
+        let here = rest.iter().take_while(|x| slot(x) == k).count();
+        if here > 0 {
+            // The slot's transfers, written in place, then batched there (one
+            // alone is no batch).
+            let from = list.len();
+            list.extend(rest[..here].iter().map(act));
+            rest = &rest[here..];
+            if here > 1 {
+                batch_members(form, &mut list[from..], &mut batch, seen);
+            }
+        }
+        if let Some(t) = t {
+            list.push(form.compute(t.op, t.unit, t.mb));
+        }
+    }
+    for (k, c) in reduces.iter().enumerate() {
+        if c.group.contains(&r) {
+            list.push(form.coll(bcasts.len() + k));
+        }
+    }
+    list
 }
 
 /// The transfers of prefetched forwards (see [`Plan::prefetch`]): the activation of

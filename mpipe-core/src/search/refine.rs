@@ -17,7 +17,7 @@
 //! [`crate::algebra::lower`] depends only on that order, so every refined program terminates
 //! under rendezvous, like the one it came from.
 
-use crate::algebra::lower::{assemble_lowered, Batch, Lowered, Placed, Step};
+use crate::algebra::lower::{assemble_lowered, rank_steps, Batch, Frame, Lowered, Placed, Step};
 use crate::ir::compare::Score;
 use crate::ir::plan::Plan;
 use crate::ir::policy::SearchPolicy;
@@ -66,6 +66,8 @@ pub(crate) fn refine(
     let mut best = timed(&report);
     // The best's run, which trials are simulated from.
     let mut run = Resumable::new(lowered.clone(), &report.timeline);
+    // The plan's collectives and units' name order, as every move keeps them.
+    let frame = Frame::of(plan);
     while spent < budget {
         let waits = waits(&lowered, &report, &at);
         let mut improved = false;
@@ -83,17 +85,34 @@ pub(crate) fn refine(
                     continue;
                 };
                 spent += 1;
-                let kept = assemble_lowered(plan, &at).ok().and_then(|candidate| {
-                    score_of(&plan.units, &candidate, opts, best.makespan, run.as_ref())
+                let judge = |candidate: &Lowered| {
+                    score_of(&plan.units, candidate, opts, best.makespan, run.as_ref())
                         .filter(|score| score.improves(&best))?;
-                    let rep = simulate_lowered(&plan.units, &candidate, opts).ok()?;
-                    Some((candidate, rep))
-                });
+                    simulate_lowered(&plan.units, candidate, opts).ok()
+                };
+                // A move shifts ends of rank `s` only: its list is assembled again
+                // and swapped into the lowering (and back if the move is not kept),
+                // the other ranks' lists are the lowering's.
+                let kept = match rank_steps(plan, s, &at[s], &frame) {
+                    Some(list) => list.ok().and_then(|list| {
+                        let old = std::mem::replace(&mut lowered.programs[s], list);
+                        let rep = judge(&lowered);
+                        if rep.is_none() {
+                            lowered.programs[s] = old;
+                        }
+                        rep.map(|rep| (None, rep))
+                    }),
+                    None => assemble_lowered(plan, &at)
+                        .ok()
+                        .and_then(|candidate| judge(&candidate).map(|rep| (Some(candidate), rep))),
+                };
                 match kept {
                     Some((candidate, rep)) => {
+                        if let Some(candidate) = candidate {
+                            lowered = candidate;
+                        }
                         best = timed(&rep);
-                        run = Resumable::new(candidate.clone(), &rep.timeline);
-                        lowered = candidate;
+                        run = Resumable::new(lowered.clone(), &rep.timeline);
                         report = rep;
                         improved = true;
                         break;
@@ -670,6 +689,58 @@ mod tests {
     use crate::judge::simulate::simulate;
     use crate::judge::verify::verify_static;
     use crate::search::derive::{derive_str, Request};
+
+    /// A move's rank assembled alone ([`rank_steps`] in the plan's frame) is that
+    /// rank's list in the whole lowering of the moved placement, for every move
+    /// [`shift`] makes on a few plans and placements; a plan that prefetches has no
+    /// rank assembled alone.
+    #[test]
+    fn a_moved_rank_assembled_alone_is_its_list_in_the_whole_lowering() {
+        use crate::algebra::lower::{placement_at, prepare};
+        use crate::ir::policy::SearchPolicy;
+        use crate::search::place::PLACEMENTS;
+        use crate::search::replan::derived_plan;
+        let small = include_str!("../../../docs/guide/examples/small-mllm.toml");
+        let heavy = include_str!("../../../profiles/encoder-heavy.toml");
+        let plans = [
+            derived_plan(small, (4, 8), "transpose(vision, 1f1b)"),
+            derived_plan(heavy, (4, 6), "zb2p(v = 2)"),
+            derived_plan(small, (3, 6), "interleaved(v = 2)"),
+        ];
+        let policy = SearchPolicy::DEFAULT;
+        let mut moves = 0;
+        for plan in &plans {
+            let frame = Frame::of(plan);
+            let prepared = prepare(plan).unwrap();
+            for rule in PLACEMENTS {
+                let mut at = placement_at(plan, &prepared, &prepared.time, rule, &policy).unwrap();
+                let whole = assemble_lowered(plan, &at).unwrap();
+                for (r, list) in whole.programs.iter().enumerate() {
+                    assert_eq!(&rank_steps(plan, r, &at[r], &frame).unwrap().unwrap(), list);
+                }
+                for r in 0..at.len() {
+                    for q in 0..at[r].len() {
+                        for dir in [Move::Later, Move::Earlier] {
+                            let Some(undo) = shift(&mut at, r, q, dir) else {
+                                continue;
+                            };
+                            moves += 1;
+                            let whole = assemble_lowered(plan, &at).unwrap();
+                            let alone = rank_steps(plan, r, &at[r], &frame).unwrap().unwrap();
+                            assert_eq!(alone, whole.programs[r], "{rule:?}, rank {r}, end {q}");
+                            for (r, i, slot) in undo {
+                                at[r][i].slot = slot;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert!(moves > 100, "only {moves} moves tried");
+        let mut prefetching = plans[0].clone();
+        prefetching.prefetch = vec![(0, 0)];
+        assert!(rank_steps(&prefetching, 0, &[], &Frame::of(&prefetching)).is_none());
+    }
 
     /// `program` by unit index (its units looked up by name).
     fn lowered_of(program: &Program) -> Lowered {
