@@ -28,6 +28,7 @@
 //! batches (at most one `SEND` to and one `RECV` from each peer per batch).
 
 use crate::algebra::analysis::{dependencies_named, timing, PlanError, Timing};
+use crate::algebra::runs::{sort_runs, sorted_runs};
 use crate::ir::plan::{Plan, UnitNames};
 use crate::ir::policy::SearchPolicy;
 use crate::ir::program::{
@@ -1309,7 +1310,7 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool 
         .collect();
     drop((table, map));
     // The transfers by pair, then by first-pass time (as `Settled::key` orders it),
-    // then by index (both sorts stable).
+    // then by index (both sorts stable; a pair's runs merged).
     let mut items: Vec<(u64, usize)> = (0..n).map(|id| (Settled::key(taus[id].0), id)).collect();
     let mut buffer = Vec::with_capacity(n);
     counting_sort(
@@ -1319,10 +1320,11 @@ fn join(time: &Timing, transfers: &[Transfer], taus: &mut [(f64, f64)]) -> bool 
         pairs as usize,
         |(_, id)| pair[id] as usize,
     );
-    drop(buffer);
+    let mut bounds = Vec::new();
     for run in items.chunk_by_mut(|a, b| pair[a.1] == pair[b.1]) {
-        run.sort_by_key(|x| x.0);
+        sort_runs(run, &mut buffer, &mut bounds, |x| x.0);
     }
+    drop((buffer, bounds));
     // Each pair's distinct times, in order, pair after pair: `pos[id]` is where the
     // transfer's own time is, `bounds[k]..bounds[k + 1]` pair `k`'s positions.
     let mut settled = Settled::default();
@@ -1939,6 +1941,7 @@ fn place_at_times(
     let key_of = |id: usize| (total_order(taus[id].0) as u64) ^ (1 << (u64::BITS - 1));
     // A rank's keys (packed), made when its turn comes, in one buffer for all.
     let mut keys: Vec<u128> = Vec::new();
+    let mut bounds = Vec::new();
     let mut wide: Vec<Vec<(u64, usize, usize)>> = Vec::new();
     if !packed {
         wide = vec![Vec::new(); p];
@@ -1956,9 +1959,9 @@ fn place_at_times(
         // Keys are unique per rank (one end of each transfer), so unstable is exact.
         order.clear();
         if packed {
-            // In the prepared order of the rank's ends, about the order sought.
-            // Unique keys: a stable sort gives the same order, and finds the runs the
-            // prepared order leaves.
+            // In the prepared order of the rank's ends, about the order sought: a
+            // few runs (a group's ends rise with the micro-batch), merged. Unique
+            // keys: any sort gives the same order.
             keys.clear();
             keys.extend(prepared.ends[r].iter().map(|&id| {
                 let id = id as usize;
@@ -1966,9 +1969,13 @@ fn place_at_times(
                     | ((seq_of(id) as u128) << u32::BITS)
                     | id as u128
             }));
-            keys.sort();
+            // The merge's scratch, freed once the rank's order is read (not held
+            // with the placement, which grows rank by rank).
+            let mut merged = Vec::new();
+            let sorted = sorted_runs(&mut keys, &mut merged, &mut bounds, |&x| x);
             order.extend(
-                keys.iter()
+                sorted
+                    .iter()
                     .map(|&x| (x as u64 & u64::from(u32::MAX)) as usize),
             );
         } else {

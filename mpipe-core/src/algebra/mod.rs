@@ -3,7 +3,7 @@
 //! and plan-to-plan maps
 //! ([`operators`]) over a plan's dependencies ([`analysis`]), an expression's
 //! evaluation to a plan (`eval`), and the lowering of a plan to a program
-//! ([`lower`]); for an expression that does not derive, what its writer most likely
+//! ([`lower`], its lists sorted by merging their runs: [`runs`]); for an expression that does not derive, what its writer most likely
 //! meant ([`repair`]). It knows nothing of simulation or the search.
 
 pub mod analysis;
@@ -16,5 +16,6 @@ pub mod operators;
 pub mod profile;
 pub mod ramp;
 pub mod repair;
+pub(crate) mod runs;
 pub mod signature;
 pub mod units;
