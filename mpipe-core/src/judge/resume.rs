@@ -376,23 +376,49 @@ impl Resumable {
         }
     }
 
+    /// The start of rank `r`'s first operation that waits (in the base's run) for
+    /// a step at or past index `from` of the peer `reach` is of (an entry of
+    /// [`Resumable::reach`]); `None` when none does.
+    fn first_waiting(&self, r: usize, reach: &[Waits], from: usize) -> Option<usize> {
+        let first = reach.partition_point(|e| e.1 as usize <= from);
+        let &(i, _) = reach.get(first)?;
+        Some(op_start(&self.lowered.programs[r], i as usize))
+    }
+
     /// Each rank's valid prefix for `trial` (step 2 of the module documentation).
+    ///
+    /// The ranks' common prefixes are found in rank order, each scan stopping at
+    /// the rank's first operation that waits for a step at or past a prefix found
+    /// before (its valid prefix ends there at the latest, and the steps past it
+    /// are not compared): the prefixes start the same fixed point lower, or where
+    /// they do not, at the same point, so it ends where the full scans' would.
     fn valid_prefix(&self, trial: &Lowered) -> Vec<usize> {
         let base = &self.lowered.programs;
-        let mut v: Vec<usize> = base
-            .iter()
-            .zip(&trial.programs)
-            .map(|(b, t)| {
-                let p = b.iter().zip(t).take_while(|(x, y)| x == y).count();
+        let mut v: Vec<usize> = Vec::with_capacity(base.len());
+        for (r, (b, t)) in base.iter().zip(&trial.programs).enumerate() {
+            // The bound from the ranks before: an operation's start on `r`.
+            let cap = (self.reach[r].iter())
+                .filter(|(q, _)| *q < r)
+                .filter_map(|(q, reach)| self.first_waiting(r, reach, v[*q]))
+                .min();
+            // Up to and including the step at the bound: whether the trial's step
+            // there is the base's, so that the bound is an operation's start in
+            // the trial too.
+            let n = b.len().min(t.len());
+            let n = cap.map_or(n, |c| n.min(c + 1));
+            let p = b[..n]
+                .iter()
+                .zip(&t[..n])
+                .take_while(|(x, y)| x == y)
+                .count();
+            v.push(match cap {
+                Some(c) if p > c => c,
                 // A batch that the common steps end inside (in either list) is not
                 // common: back to its first member.
-                if joins(b, p) || joins(t, p) {
-                    op_start(b, p - 1)
-                } else {
-                    p
-                }
-            })
-            .collect();
+                _ if joins(b, p) || joins(t, p) => op_start(b, p - 1),
+                _ => p,
+            });
+        }
         loop {
             let mut moved = false;
             for r in 0..v.len() {
@@ -781,6 +807,39 @@ mod tests {
         Some(partner)
     }
 
+    /// [`Resumable::valid_prefix`] from the full common prefixes: every rank's
+    /// steps compared with the base's up to the first that differs, then cut
+    /// back (out of a batch, then to the fixed point).
+    fn valid_prefix_of_full_scans(run: &Resumable, trial: &Lowered) -> Vec<usize> {
+        let base = &run.lowered.programs;
+        let mut v: Vec<usize> = (base.iter().zip(&trial.programs))
+            .map(|(b, t)| {
+                let p = b.iter().zip(t).take_while(|(x, y)| x == y).count();
+                if joins(b, p) || joins(t, p) {
+                    op_start(b, p - 1)
+                } else {
+                    p
+                }
+            })
+            .collect();
+        loop {
+            let mut moved = false;
+            for r in 0..v.len() {
+                for (q, reach) in &run.reach[r] {
+                    if let Some(first) = run.first_waiting(r, reach, v[*q]) {
+                        if first < v[r] {
+                            v[r] = first;
+                            moved = true;
+                        }
+                    }
+                }
+            }
+            if !moved {
+                return v;
+            }
+        }
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::test_runner::Config::with_cases(512))]
         /// [`pair`] pairs as its definition does ([`pair_by_definition`]): on
@@ -891,6 +950,9 @@ mod tests {
                 }
             }
             let cutoff = [f64::INFINITY, report.makespan, report.makespan * 0.9][cut];
+            // The scans stopped at the bounds from the ranks before find the valid
+            // prefixes of the full scans.
+            proptest::prop_assert_eq!(run.valid_prefix(&trial), valid_prefix_of_full_scans(&run, &trial));
             let full = finish_times_within(&units, &trial, &opts, cutoff);
             let resumed = run.finish_times(&units, &trial, &opts, cutoff);
             if trial.colls == run.lowered().colls && matches!(full, Ok(Some(_))) {
