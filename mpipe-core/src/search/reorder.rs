@@ -161,36 +161,44 @@ fn search_on(
     let family = Arc::new(families(&plan));
     // Which base the trials are moves of (the scratch plans know which they hold).
     let mut rounds = 0;
+    // The next base's parts, built as the move that made it was measured.
+    let mut set_up: Option<Parts> = None;
     'search: while spent < budget {
+        let (program, report) = &best;
+        let (setup, run, times) = set_up.take().unwrap_or_else(|| {
+            (
+                Setup::of(&plan, pool.names, rule, policy),
+                lowered
+                    .take()
+                    .and_then(|l| Resumable::new(l, &report.timeline)),
+                compute_times(program, report),
+            )
+        });
         // The plan lowered, so its dependencies resolve; were they not to, stop
         // with what was found.
-        let Ok(deps) = dependencies(&plan) else {
+        let Some(Setup {
+            deps,
+            ideal,
+            meetings,
+            frame,
+            index,
+        }) = setup
+        else {
             break;
         };
-        let (program, report) = &best;
         // What the trials of this round are moves of (their plans are built where
         // they are lowered, from this order).
         rounds += 1;
-        let ideal = Log::new(&plan, &deps);
-        // The meetings' preparation is the log's dependencies and timing with
-        // the transfers (the plan's own, resolved and timed again, where it has
-        // no log).
-        let prepared = match &ideal {
-            Some(log) => log.prepared(&plan),
-            None => prepare_named(&plan, pool.names),
-        };
         let base = Arc::new(Base {
             round: rounds,
             order: plan.order.clone(),
-            times: compute_times(program, report),
-            index: plan.locate(),
+            times,
+            index,
             family: Arc::clone(&family),
-            run: lowered
-                .take()
-                .and_then(|l| Resumable::new(l, &report.timeline)),
-            meetings: prepared.ok().and_then(|p| Meetings::new(&p, rule, policy)),
+            run,
+            meetings,
             ideal,
-            frame: Frame::of(&plan),
+            frame,
         });
         let (times, index) = (&base.times, &base.index);
         let mut waits: Vec<(f64, usize, usize)> = Vec::new();
@@ -202,9 +210,9 @@ fn search_on(
             }
         }
         waits.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
-        // The first move kept: the plan, its lowering, and whether it moved work
-        // between ranks.
-        let mut kept: Option<(Plan, (Program, SimReport), bool, Lowered)> = None;
+        // The first move kept: the plan, its program and report, and whether it
+        // moved work between ranks.
+        let mut kept: Option<(Plan, (Program, SimReport), bool)> = None;
         // The round's tries, kind after kind (a kind only once no move of the kinds
         // before it helps), generated as they are issued: the first kept ends them.
         let (on, deps, family, run, waits) = (&plan, &deps, &*family, &best, &waits);
@@ -323,23 +331,52 @@ fn search_on(
             if !base.apply(t, &mut next.order) {
                 continue;
             }
-            // A trial read back is lowered again only when it helps.
+            // A move that helps is nearly always kept, and then what is issued
+            // behind it is of no use: it is dropped now, so that no worker starts
+            // it, and the next base's set-up takes the other core while this
+            // thread measures the move; issued again if the move is not kept.
+            pool.discard();
             let cutoff = against.cutoff;
-            let Some(low) = low.or_else(|| {
-                lower_one(&next, pool.names, opts, rule, policy, cutoff, (None, None)).0
-            }) else {
+            let (keep, setup) = std::thread::scope(|s| {
+                let beside = (width > 1).then(|| {
+                    let (next, names) = (&next, pool.names);
+                    s.spawn(move || Setup::of(next, names, rule, policy))
+                });
+                // A trial read back is lowered again only when it helps.
+                let keep = low
+                    .or_else(|| {
+                        lower_one(&next, pool.names, opts, rule, policy, cutoff, (None, None)).0
+                    })
+                    .and_then(|low| {
+                        // Only a move that helps is measured in full and named (for
+                        // `fits`, and to keep).
+                        let rep = simulate_lowered(&next.units, &low, opts).ok()?;
+                        let p = low.program(&next.units, text);
+                        (better(&rep, &best.1) && fits(&p, &rep)).then(|| {
+                            let times = compute_times(&p, &rep);
+                            let run = Resumable::new(low, &rep.timeline);
+                            ((p, rep), (run, times))
+                        })
+                    });
+                // A panic in the set-up of a plan that is not kept is one a single
+                // thread would not have met: dropped with it.
+                let setup = beside.map(|h| h.join());
+                (keep, setup)
+            });
+            let Some(((p, rep), (run, times))) = keep else {
+                for a in ahead.iter_mut().filter(|a| a.issued.is_some()) {
+                    a.issued = Some(pool.issue(&base, a.t, against));
+                }
                 continue;
             };
-            // Only a move that helps is measured in full and named (for `fits`,
-            // and to keep).
-            let Ok(rep) = simulate_lowered(&next.units, &low, opts) else {
-                continue;
+            let setup = match setup {
+                Some(Ok(setup)) => setup,
+                Some(Err(panic)) => std::panic::resume_unwind(panic),
+                None => Setup::of(&next, pool.names, rule, policy),
             };
-            let p = low.program(&next.units, text);
-            if better(&rep, &best.1) && fits(&p, &rep) {
-                kept = Some((next, (p, rep), matches!(t, Try::Migrate(_)), low));
-                break;
-            }
+            set_up = Some((setup, run, times));
+            kept = Some((next, (p, rep), matches!(t, Try::Migrate(_))));
+            break;
         }
         // What is still issued is moves of this round's base: dropped.
         pool.discard();
@@ -348,7 +385,7 @@ fn search_on(
             // Every kind was tried (the last had nothing to try).
             exhausted = Some(plan.clone());
         }
-        let Some((next, kept_run, between, kept_low)) = kept else {
+        let Some((next, kept_run, between)) = kept else {
             break;
         };
         if between && improved && within.is_none() {
@@ -356,7 +393,6 @@ fn search_on(
         }
         plan = next;
         best = kept_run;
-        lowered = Some(kept_low);
         improved = true;
     }
     let mut found: Vec<Plan> = within.into_iter().chain(exhausted).collect();
@@ -909,6 +945,45 @@ fn migrate(order: &mut [Vec<Task>], family: &[usize], times: &[Vec<Timed>], m: M
     true
 }
 
+/// A base's parts before it is one: its [`Setup`], its run to resume trials from
+/// (see [`Base::run`]), and its compute times.
+type Parts = (Option<Setup>, Option<Resumable>, Vec<Vec<Timed>>);
+
+/// The parts of a base that depend on its plan alone: the plan's dependencies
+/// (for the moves' candidates), its ideal timing, the first pass of its meeting
+/// times under the search's rule, its frame, and where its tasks are (see
+/// [`Base`]). `None` when the plan's dependencies do not resolve. Built beside
+/// the measuring of the move that made the plan (when the search has other
+/// threads), which needs its lowering instead.
+struct Setup {
+    deps: crate::algebra::analysis::Deps,
+    ideal: Option<Log>,
+    meetings: Option<Meetings>,
+    frame: Frame,
+    index: TaskIndex,
+}
+
+impl Setup {
+    fn of(plan: &Plan, names: &UnitNames, rule: Placement, policy: &SearchPolicy) -> Option<Setup> {
+        let deps = dependencies(plan).ok()?;
+        let ideal = Log::new(plan, &deps);
+        // The meetings' preparation is the log's dependencies and timing with
+        // the transfers (the plan's own, resolved and timed again, where it has
+        // no log).
+        let prepared = match &ideal {
+            Some(log) => log.prepared(plan),
+            None => prepare_named(plan, names),
+        };
+        Some(Setup {
+            meetings: prepared.ok().and_then(|p| Meetings::new(&p, rule, policy)),
+            ideal,
+            frame: Frame::of(plan),
+            index: plan.locate(),
+            deps,
+        })
+    }
+}
+
 /// What the trials of one round of the search are moves of: the plan's compute
 /// order, its simulated compute times, where its tasks are, and its units'
 /// families. Shared by the workers, which build each trial's plan from it
@@ -1162,7 +1237,8 @@ impl Queue {
 /// next as soon as it is free, and the calling thread, while the trial it takes
 /// next ([`Pool::take`]) is not done, runs the next queued one itself. Answers
 /// are taken by number, so the search does not depend on the workers; what a
-/// kept move leaves issued is dropped ([`Pool::discard`]). A job is a move: the
+/// move that helps leaves issued is dropped ([`Pool::discard`]), and issued again
+/// when the move is not kept after all. A job is a move: the
 /// thread builds its plan in a plan of its own, kept for the whole search (a plan
 /// copied per trial, its units with it, was work on the calling thread, which the
 /// other threads waited for).
@@ -1795,34 +1871,49 @@ mod tests {
 
     /// Lowering several candidates at a time changes nothing but the wall time: the
     /// plans found and the simulations spent are those of one at a time, for every
-    /// width, with budgets that end in the middle of a batch too.
+    /// width, with budgets that end in the middle of a batch too, and when moves
+    /// that help are refused for their memory (the trials issued behind such a
+    /// move are issued again).
     #[test]
     fn the_search_finds_the_same_with_any_number_of_workers() {
         let (plan, opts, ..) = lockstep_ramp();
-        let fits = |_: &Program, _: &SimReport| true;
-        let search = Search {
-            text: None,
-            opts: &opts,
-            fits: &fits,
-            moves: Moves::AcrossRanks,
-            policy: &SearchPolicy::DEFAULT,
-            trials: None,
+        let any = |_: &Program, _: &SimReport| true;
+        // A limit refusing about a third of the programs, by their makespan.
+        let some = |_: &Program, r: &SimReport| !r.makespan.to_bits().is_multiple_of(3);
+        let refused = std::cell::Cell::new(0);
+        let counted = |p: &Program, r: &SimReport| {
+            let ok = some(p, r);
+            refused.set(refused.get() + usize::from(!ok));
+            ok
         };
-        for budget in [7, 40, 151] {
-            let one = reorder_on(&plan, &search, budget, 1, &mut Replay::default());
-            assert!(
-                !one.0.is_empty(),
-                "budget {budget}: the search found nothing"
-            );
-            for width in [2, 3, 8] {
-                let many = reorder_on(&plan, &search, budget, width, &mut Replay::default());
-                assert_eq!(one.1, many.1, "budget {budget}, width {width}");
-                assert_eq!(one.0.len(), many.0.len(), "budget {budget}, width {width}");
-                for (a, b) in one.0.iter().zip(&many.0) {
-                    assert_eq!(a.order, b.order, "budget {budget}, width {width}");
+        type Fits<'a> = &'a dyn Fn(&Program, &SimReport) -> bool;
+        let fitting: [Fits; 2] = [&any, &counted];
+        for fits in fitting {
+            let search = Search {
+                text: None,
+                opts: &opts,
+                fits,
+                moves: Moves::AcrossRanks,
+                policy: &SearchPolicy::DEFAULT,
+                trials: None,
+            };
+            for budget in [7, 40, 151] {
+                let one = reorder_on(&plan, &search, budget, 1, &mut Replay::default());
+                assert!(
+                    !one.0.is_empty(),
+                    "budget {budget}: the search found nothing"
+                );
+                for width in [2, 3, 8] {
+                    let many = reorder_on(&plan, &search, budget, width, &mut Replay::default());
+                    assert_eq!(one.1, many.1, "budget {budget}, width {width}");
+                    assert_eq!(one.0.len(), many.0.len(), "budget {budget}, width {width}");
+                    for (a, b) in one.0.iter().zip(&many.0) {
+                        assert_eq!(a.order, b.order, "budget {budget}, width {width}");
+                    }
                 }
             }
         }
+        assert!(refused.get() > 0, "the limit refused no move that helped");
     }
 
     /// A search that reads back the trials of a shorter (or longer) search of the
