@@ -439,32 +439,19 @@ fn empty(plan: &Plan) -> Timing {
     }
 }
 
-/// The ideal timing of `plan` (dependencies `deps`), a trial of the plan of order
-/// `base` whose run `log` recorded, each task on the rank it has in `base`:
-/// [`crate::algebra::analysis::timing`] of `plan`, resumed where the two first
-/// differ (see the module documentation).
-pub(crate) fn timed_from(
-    plan: &Plan,
-    deps: &View,
-    base: &[Vec<Task>],
-    log: &Log,
-) -> Result<Timing, PlanError> {
+/// The ideal timing of `plan`, a trial of the base whose run `log` recorded, its
+/// dependencies `deps` as [`View::of_trial`] gives them (whose windows say where
+/// the two orders differ): [`crate::algebra::analysis::timing`] of `plan`, resumed
+/// where the two first differ (see the module documentation).
+pub(crate) fn timed_from(plan: &Plan, deps: &View, log: &Log) -> Result<Timing, PlanError> {
     // The first step that looked at a task of the base that the trial changed.
-    let mut first = u32::MAX;
-    for (r, (a, b)) in plan.order.iter().zip(base).enumerate() {
-        if let Some(lo) = a.iter().zip(b).position(|(x, y)| x != y) {
-            first = first.min(log.reach[r].get(lo).copied().unwrap_or(0));
-        } else if a.len() != b.len() {
-            first = 0;
-        }
-    }
-    if plan.order.len() != base.len() || log.states.is_empty() {
-        first = 0;
-    }
-    if first == u32::MAX {
+    let first = (deps.window.iter().zip(&log.reach))
+        .filter_map(|(w, reach)| Some(reach.get(w.as_ref()?.lo).copied().unwrap_or(0)))
+        .min();
+    let Some(first) = first else {
         // The same order: the same timing.
         return Ok(log.time.clone());
-    }
+    };
     let k = (first as usize / log.every).min(log.states.len() - 1);
     let state = log.states[k].clone();
     // The base's times of the tasks settled by then are the trial's; every other
@@ -593,7 +580,7 @@ mod tests {
                 let names = next.unit_names();
                 let view = View::of_trial(&next, &names, &base.order, &index, &log);
                 let view = view.unwrap().unwrap();
-                let time = timed_from(&next, &view, &base.order, &log).unwrap();
+                let time = timed_from(&next, &view, &log).unwrap();
                 let patched = view.prepared(&next, time, &log).unwrap();
                 let full = crate::algebra::lower::prepare(&next).unwrap();
                 assert_eq!(prepared_bits(&patched), prepared_bits(&full));
@@ -639,7 +626,7 @@ mod tests {
                 }
                 Some(Ok(view)) => view,
             };
-            let patched = timed_from(&next, &view, &base.order, &log)
+            let patched = timed_from(&next, &view, &log)
                 .map_err(LowerError::from)
                 .and_then(|time| view.prepared(&next, time, &log));
             match (&full, &patched) {
@@ -696,7 +683,7 @@ mod tests {
                 }
             };
             let full = timing(&next, &dependencies(&next).unwrap());
-            let resumed = timed_from(&next, &deps, &base.order, &log);
+            let resumed = timed_from(&next, &deps, &log);
             match (&full, &resumed) {
                 (Ok(a), Ok(b)) => proptest::prop_assert_eq!(bits(a), bits(b)),
                 (Err(a), Err(b)) => proptest::prop_assert_eq!(a, b),

@@ -1332,11 +1332,10 @@ fn lower_one_from(
     (run, kept): (Option<&Resumable>, Option<&Meetings>),
     (ideal, frame): (Option<Ideal<'_>>, Option<&Frame>),
 ) -> Trial {
-    let links = ideal.and_then(|(base, index, log)| {
-        Some((View::of_trial(plan, names, base, index, log)?, base, log))
-    });
+    let links = ideal
+        .and_then(|(base, index, log)| Some((View::of_trial(plan, names, base, index, log)?, log)));
     let prepared = match links {
-        Some((Ok(links), base, log)) => timed_from(plan, &links, base, log)
+        Some((Ok(links), log)) => timed_from(plan, &links, log)
             .ok()
             .and_then(|time| links.prepared(plan, time, log).ok()),
         // The plan does not resolve.
