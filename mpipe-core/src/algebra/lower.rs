@@ -37,6 +37,7 @@ use crate::ir::program::{
 use std::cell::Cell;
 use std::cmp::Ordering;
 use std::num::NonZeroU32;
+use std::sync::Arc;
 
 /// The lowering failed: the plan is not executable, or (a bug) the placement
 /// constraints proved satisfiable were not.
@@ -148,9 +149,9 @@ fn partition_near(ends: &[f64], t: f64, near: usize) -> usize {
 }
 
 /// A transfer: `(tensor, unit, mb, destination rank)`.
-type TransferId = (Tensor, usize, usize, usize);
+pub(crate) type TransferId = (Tensor, usize, usize, usize);
 /// Its ends: `(source rank, producer index there, first consumer index at the destination)`.
-type Ends = (usize, usize, usize);
+pub(crate) type Ends = (usize, usize, usize);
 
 /// A transfer of [`Prepared`] (its [`TransferId`] and [`Ends`]) with 32-bit numbers:
 /// 28 bytes, where the two as machine words took 56. Every lowering of a plan holds
@@ -190,6 +191,11 @@ impl Transfer {
         )
     }
 
+    /// The transfer's identity, `(tensor, unit, mb, to)`, in [`Transfer::order`].
+    fn id(&self) -> (Tensor, u32, u32, u32) {
+        (self.tensor, self.unit, self.mb, self.to)
+    }
+
     /// The order of [`Prepared::transfers`]: by identity, then by first consumer.
     fn order(&self) -> (Tensor, u32, u32, u32, u32) {
         (self.tensor, self.unit, self.mb, self.to, self.i)
@@ -221,8 +227,9 @@ pub struct Prepared {
     /// direction, each group in the transfers' order ([`ends_by_peer`]): each group
     /// of one tensor and unit about in the order every placement gives it, so
     /// sorting their keys is quick (a merge of long runs). Empty when a transfer's
-    /// index is over 32 bits.
-    ends: Vec<Vec<u32>>,
+    /// index is over 32 bits. Shared by the preparations that have the same
+    /// transfers at the same places from the same sources ([`prepare_patched`]).
+    ends: Arc<Vec<Vec<u32>>>,
 }
 
 /// [`Prepared::ends`] of these transfers of a plan of `p` ranks: per rank grouped by the other
@@ -375,13 +382,7 @@ pub(crate) fn prepare_timed<I: Iterator<Item = (Tensor, usize, (usize, usize))>>
     // the first consumer on the destination decides where the RECV must be.
     let mut reads: Vec<Transfer> = Vec::new();
     let mut read = |id: TransferId, ends: Ends| {
-        let t = Transfer::new(id, ends).ok_or_else(|| {
-            let (tensor, unit, mb, to) = id;
-            LowerError::TooLarge {
-                action: format!("the transfer of {tensor:?}(unit #{unit}, mb {mb}) to rank {to}"),
-            }
-        })?;
-        reads.push(t);
+        reads.push(transfer(id, ends)?);
         Ok::<(), LowerError>(())
     };
     for (r, list) in plan.order.iter().enumerate() {
@@ -416,10 +417,117 @@ pub(crate) fn prepare_timed<I: Iterator<Item = (Tensor, usize, (usize, usize))>>
     reads.dedup_by_key(|t| t.parts().0);
     // Every lowering of the plan holds these: not the reads' capacity beside them.
     reads.shrink_to_fit();
-    let ends = ends_by_peer(plan.ranks, &reads);
+    let ends = Arc::new(ends_by_peer(plan.ranks, &reads));
     Ok(Prepared {
         time,
         transfers: reads,
+        ends,
+    })
+}
+
+/// A read's transfer in 32-bit numbers, else [`LowerError::TooLarge`].
+fn transfer(id: TransferId, ends: Ends) -> Result<Transfer, LowerError> {
+    Transfer::new(id, ends).ok_or_else(|| {
+        let (tensor, unit, mb, to) = id;
+        LowerError::TooLarge {
+            action: format!("the transfer of {tensor:?}(unit #{unit}, mb {mb}) to rank {to}"),
+        }
+    })
+}
+
+/// [`prepare_timed`] of a trial of the plan `base` prepares, timed `time`: the
+/// base's order with tasks moved within their ranks, each rank's moved tasks in
+/// a window of indices (`window(r, i)`: whether index `i` of rank `r` lies in its
+/// window, where the trial's tasks are the base's in another order), the base's
+/// task `j` of rank `q` at index `moved(q, j)` of the trial; `reads` are the
+/// cross-rank reads of the trial's tasks in the windows (as [`prepare_timed`]
+/// lists them: `(tensor, unit, mb, destination)` and `(source, producer index,
+/// consumer index)`, the trial's indices), a plan of `ranks` ranks.
+///
+/// Equal to [`prepare_timed`] of the trial, field for field. A task outside the
+/// windows reads what it read in the base (at its producers' new indices), so the
+/// trial's reads are the base's outside the windows and `reads` inside. A
+/// transfer is its first consumer's read, and a consumer reads a tensor from
+/// another rank only where no producer comes earlier on its own rank (the one
+/// elsewhere being the same for every consumer there, as
+/// [`crate::algebra::analysis::find`] picks it): the consumers reading it are the
+/// first on their rank. So a base transfer whose first consumer is outside its
+/// window keeps it (a window's reads of it come later, or not at all: were one
+/// to read it in the window, so would the first in the base, before it), with
+/// its indices moved; one whose first consumer is in the window has its reads
+/// there (a later consumer reads it only where no producer precedes it on the
+/// rank, so neither does any in the window) and is dropped for them. The reads of
+/// raw inputs name their two tasks only, and are moved whole. The patched
+/// transfers come out in order (the base's, with `reads` sorted and merged in,
+/// the first of each transfer kept); where they are the base's transfers at the
+/// same places with the same sources, the base's ends are shared, else found again
+/// ([`ends_by_peer`]).
+pub(crate) fn prepare_patched(
+    base: &Prepared,
+    ranks: usize,
+    time: Timing,
+    window: impl Fn(usize, usize) -> bool,
+    moved: impl Fn(usize, usize) -> usize,
+    reads: impl IntoIterator<Item = (TransferId, Ends)>,
+) -> Result<Prepared, LowerError> {
+    let mut fresh = reads
+        .into_iter()
+        .map(|(id, ends)| transfer(id, ends))
+        .collect::<Result<Vec<Transfer>, LowerError>>()?;
+    // Reads equal in this order are equal (see `sort_reads`): each transfer's
+    // first read.
+    fresh.sort_unstable_by_key(Transfer::order);
+    fresh.dedup_by_key(|t| t.id());
+    // A base transfer in the trial, if it stays there.
+    let patch = |t: &Transfer| {
+        if t.tensor != Tensor::Input && window(t.to as usize, t.i as usize) {
+            return None;
+        }
+        let n = |x: usize| u32::try_from(x).expect("a trial's index fits as its base's");
+        Some(Transfer {
+            j: n(moved(t.from as usize, t.j as usize)),
+            i: n(moved(t.to as usize, t.i as usize)),
+            ..*t
+        })
+    };
+    // The base's transfers of `run` that stay, onto `out`: whether all do.
+    let keep = |out: &mut Vec<Transfer>, run: &[Transfer]| {
+        let before = out.len();
+        out.extend(run.iter().filter_map(patch));
+        out.len() - before == run.len()
+    };
+    // Whether the transfers are the base's at the same places, from the same ranks.
+    let mut same = true;
+    let mut out: Vec<Transfer> = Vec::with_capacity(base.transfers.len() + fresh.len());
+    let mut rest = &base.transfers[..];
+    for f in fresh {
+        // The base's transfers before `f`'s, then `f` or the base's of its
+        // identity, whichever is read first.
+        let (run, next) = rest.split_at(rest.partition_point(|t| t.id() < f.id()));
+        same &= keep(&mut out, run);
+        rest = next;
+        let base_of = rest.split_first().filter(|(t, _)| t.id() == f.id());
+        if let Some((t, next)) = base_of {
+            rest = next;
+            if let Some(t) = patch(t).filter(|t| t.i <= f.i) {
+                out.push(t);
+                continue;
+            }
+            same &= t.from == f.from;
+        } else {
+            same = false;
+        }
+        out.push(f);
+    }
+    same &= keep(&mut out, rest);
+    let ends = if same {
+        Arc::clone(&base.ends)
+    } else {
+        Arc::new(ends_by_peer(ranks, &out))
+    };
+    Ok(Prepared {
+        time,
+        transfers: out,
         ends,
     })
 }
@@ -479,8 +587,15 @@ impl Prepared {
         Prepared {
             time,
             transfers: self.transfers.clone(),
-            ends: self.ends.clone(),
+            ends: Arc::clone(&self.ends),
         }
+    }
+
+    /// The transfers as `(identity, ends)` and each rank's ends (for tests).
+    #[cfg(test)]
+    pub(crate) fn parts(&self) -> (Vec<(TransferId, Ends)>, &[Vec<u32>]) {
+        let t = self.transfers.iter().map(|t| t.parts()).collect();
+        (t, &self.ends)
     }
 }
 

@@ -26,14 +26,17 @@
 //!
 //! The base's own preparation for the lowering (its transfers, for the meeting
 //! times its trials take) reads the same record ([`Log::prepared`]) instead of
-//! resolving and timing the plan again.
+//! resolving and timing the plan again; the log keeps it, and a trial's is the
+//! base's with the reads of the tasks in its windows put in place of the base's
+//! there ([`View::prepared`], [`crate::algebra::lower::prepare_patched`]): the
+//! full preparation, field for field (its tests compare them).
 //!
 //! Pure and deterministic. The scheduler is [`crate::algebra::analysis`]'s own
 //! ([`settle`]): [`Log`] watches the base's run, and a trial's resumes from a
 //! state it recorded.
 
 use crate::algebra::analysis::{find, local, settle, Deps, PlanError, Settling, Timing, Watch};
-use crate::algebra::lower::{prepare_timed, LowerError, Prepared};
+use crate::algebra::lower::{prepare_patched, prepare_timed, LowerError, Prepared};
 use crate::ir::plan::{Plan, Task, TaskIndex, UnitId, UnitNames};
 use crate::ir::program::{Op, Tensor};
 
@@ -169,6 +172,56 @@ impl<'a> View<'a> {
         }
     }
 
+    /// [`crate::algebra::lower::prepare_timed`] of `plan` timed `time`, whose
+    /// dependencies these are: a trial of the base `log` recorded
+    /// ([`View::of_trial`]), its transfers patched from the base's
+    /// ([`prepare_patched`]: the reads of the tasks in the windows, which these
+    /// resolved again, in place of the base's there), or resolved from these
+    /// where the log has no preparation.
+    pub(crate) fn prepared(
+        &self,
+        plan: &Plan,
+        time: Timing,
+        log: &Log,
+    ) -> Result<Prepared, LowerError> {
+        let Some(base) = &log.prepared else {
+            let of = |r: usize, i: usize| {
+                self.of(r, i).map(|l| {
+                    let producer = (l.rank as usize, l.index as usize);
+                    (l.tensor, l.unit as usize, producer)
+                })
+            };
+            return prepare_timed(plan, of, time);
+        };
+        let window = &self.window;
+        let reads = window.iter().enumerate().flat_map(|(r, w)| {
+            w.iter().flat_map(move |w| {
+                (w.lo..=w.hi).flat_map(move |i| {
+                    let k = i - w.lo;
+                    let mb = plan.order[r][i].mb;
+                    let items = &w.items[w.offsets[k] as usize..w.offsets[k + 1] as usize];
+                    items
+                        .iter()
+                        .filter(move |l| l.rank as usize != r)
+                        .map(move |l| {
+                            let (q, j) = (l.rank as usize, l.index as usize);
+                            ((l.tensor, l.unit as usize, mb, r), (q, j, i))
+                        })
+                })
+            })
+        });
+        let within =
+            |r: usize, i: usize| matches!(&window[r], Some(w) if (w.lo..=w.hi).contains(&i));
+        prepare_patched(
+            base,
+            plan.ranks,
+            time,
+            within,
+            |q, j| moved(window, q, j),
+            reads,
+        )
+    }
+
     /// The dependencies of `plan`, a trial of the base of order `base` (its tasks
     /// located by `index`, its links in `log`) that keeps every task on its rank:
     /// [`crate::algebra::analysis::dependencies`] of `plan`. Where the two orders
@@ -298,6 +351,9 @@ pub(crate) struct Log {
     time: Timing,
     /// The base's dependencies, which its trials patch.
     links: Option<Links>,
+    /// The base's preparation for the lowering, which its trials patch
+    /// ([`View::prepared`]); `None` where it fails.
+    prepared: Option<Prepared>,
     /// Per rank, per task: the step that first looked at it.
     reach: Vec<Vec<u32>>,
     /// The state before every `every`-th step (step `k * every` at `k`).
@@ -316,6 +372,7 @@ impl Log {
         let mut log = Log {
             time: empty(plan),
             links: None,
+            prepared: None,
             reach: plan.order.iter().map(|l| vec![UNSEEN; l.len()]).collect(),
             states: Vec::new(),
             // A state is a few numbers per rank: one every round of the ranks
@@ -333,6 +390,7 @@ impl Log {
         )
         .ok()?;
         log.time = time;
+        log.prepared = log_prepared(plan, &links, &log.time).ok();
         log.links = Some(links);
         Some(log)
     }
@@ -341,17 +399,14 @@ impl Log {
     /// recorded, from the dependencies and timing it holds (the same: its
     /// dependencies are the plan's, its timing the full one).
     pub(crate) fn prepared(&self, plan: &Plan) -> Result<Prepared, LowerError> {
-        let whole = View::whole(self.links.as_ref().expect("a log holds its links"));
-        let of = |r: usize, i: usize| {
-            whole.of(r, i).map(|l| {
-                (
-                    l.tensor,
-                    l.unit as usize,
-                    (l.rank as usize, l.index as usize),
-                )
-            })
-        };
-        prepare_timed(plan, of, self.time.clone())
+        match &self.prepared {
+            Some(p) => Ok(p.retimed(p.time.clone())),
+            None => log_prepared(
+                plan,
+                self.links.as_ref().expect("a log holds its links"),
+                &self.time,
+            ),
+        }
     }
 
     /// The base's ideal timing.
@@ -359,6 +414,19 @@ impl Log {
     fn time(&self) -> &Timing {
         &self.time
     }
+}
+
+/// [`crate::algebra::lower::prepare_timed`] of `plan`, whose dependencies are
+/// `links` and ideal timing `time`.
+fn log_prepared(plan: &Plan, links: &Links, time: &Timing) -> Result<Prepared, LowerError> {
+    let whole = View::whole(links);
+    let of = |r: usize, i: usize| {
+        whole.of(r, i).map(|l| {
+            let producer = (l.rank as usize, l.index as usize);
+            (l.tensor, l.unit as usize, producer)
+        })
+    };
+    prepare_timed(plan, of, time.clone())
 }
 
 /// Start, end and settle number 0 for every task of `plan`.
@@ -371,32 +439,19 @@ fn empty(plan: &Plan) -> Timing {
     }
 }
 
-/// The ideal timing of `plan` (dependencies `deps`), a trial of the plan of order
-/// `base` whose run `log` recorded, each task on the rank it has in `base`:
-/// [`crate::algebra::analysis::timing`] of `plan`, resumed where the two first
-/// differ (see the module documentation).
-pub(crate) fn timed_from(
-    plan: &Plan,
-    deps: &View,
-    base: &[Vec<Task>],
-    log: &Log,
-) -> Result<Timing, PlanError> {
+/// The ideal timing of `plan`, a trial of the base whose run `log` recorded, its
+/// dependencies `deps` as [`View::of_trial`] gives them (whose windows say where
+/// the two orders differ): [`crate::algebra::analysis::timing`] of `plan`, resumed
+/// where the two first differ (see the module documentation).
+pub(crate) fn timed_from(plan: &Plan, deps: &View, log: &Log) -> Result<Timing, PlanError> {
     // The first step that looked at a task of the base that the trial changed.
-    let mut first = u32::MAX;
-    for (r, (a, b)) in plan.order.iter().zip(base).enumerate() {
-        if let Some(lo) = a.iter().zip(b).position(|(x, y)| x != y) {
-            first = first.min(log.reach[r].get(lo).copied().unwrap_or(0));
-        } else if a.len() != b.len() {
-            first = 0;
-        }
-    }
-    if plan.order.len() != base.len() || log.states.is_empty() {
-        first = 0;
-    }
-    if first == u32::MAX {
+    let first = (deps.window.iter().zip(&log.reach))
+        .filter_map(|(w, reach)| Some(reach.get(w.as_ref()?.lo).copied().unwrap_or(0)))
+        .min();
+    let Some(first) = first else {
         // The same order: the same timing.
         return Ok(log.time.clone());
-    }
+    };
     let k = (first as usize / log.every).min(log.states.len() - 1);
     let state = log.states[k].clone();
     // The base's times of the tasks settled by then are the trial's; every other
@@ -465,6 +520,8 @@ mod tests {
                 plan_of(qwen, (3, 6), "zbv"),
                 plan_of(heavy, (4, 6), "1f1b"),
                 plan_of(heavy, (4, 6), "zbv"),
+                // Raw inputs shipped between ranks, an activation made on two.
+                plan_of(qwen, (4, 8), "transpose(vision, 1f1b, backward = central)"),
             ]
         })
     }
@@ -489,8 +546,97 @@ mod tests {
         }
     }
 
+    /// A preparation's transfers, ends and timing, in bits.
+    fn prepared_bits(
+        p: &Prepared,
+    ) -> (
+        Vec<(
+            crate::algebra::lower::TransferId,
+            crate::algebra::lower::Ends,
+        )>,
+        Vec<Vec<u32>>,
+        Bits,
+    ) {
+        let (transfers, ends) = p.parts();
+        (transfers, ends.to_vec(), bits(&p.time))
+    }
+
+    /// Where a move puts a recomputed forward before a reader of its activation,
+    /// which read it from the forward on another rank, the transfer goes (the
+    /// patched preparation drops it as the full one does), and the raw input the
+    /// recomputation reads is shipped to its new place: every recomputed forward
+    /// of a base moved to the front of its rank.
+    #[test]
+    fn a_move_that_makes_a_read_local_drops_its_transfer() {
+        let base = &plans()[4];
+        let log = Log::new(base, &dependencies(base).unwrap()).unwrap();
+        let (index, before) = (base.locate(), crate::algebra::lower::prepare(base).unwrap());
+        let mut dropped = 0;
+        for (r, list) in base.order.iter().enumerate() {
+            for (i, _) in list.iter().enumerate().filter(|(_, t)| t.op == Op::RF) {
+                let mut next = base.clone();
+                let t = next.order[r].remove(i);
+                next.order[r].insert(0, t);
+                let names = next.unit_names();
+                let view = View::of_trial(&next, &names, &base.order, &index, &log);
+                let view = view.unwrap().unwrap();
+                let time = timed_from(&next, &view, &log).unwrap();
+                let patched = view.prepared(&next, time, &log).unwrap();
+                let full = crate::algebra::lower::prepare(&next).unwrap();
+                assert_eq!(prepared_bits(&patched), prepared_bits(&full));
+                dropped += before.parts().0.len().saturating_sub(full.parts().0.len());
+            }
+        }
+        assert!(dropped > 0, "no transfer dropped");
+    }
+
     proptest::proptest! {
         #![proptest_config(proptest::test_runner::Config::with_cases(256))]
+        /// A trial's preparation patched from its base's ([`View::prepared`]) is
+        /// the full preparation of its plan ([`crate::algebra::lower::prepare`]),
+        /// field for field (transfers, each rank's ends, timing bits), or fails
+        /// where it fails: random moves (one to three tasks) within ranks (most
+        /// a few places, some anywhere) and across ranks, of several bases (one
+        /// shipping raw inputs). A move across ranks is not a trial the patch
+        /// takes ([`View::of_trial`] declines it: the search prepares it whole).
+        #[test]
+        fn a_patched_preparation_is_the_full_preparation(
+            case in 0usize..5,
+            moves in proptest::collection::vec(
+                (proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>(), proptest::prelude::any::<u32>()),
+                1..4,
+            ),
+            near in 0usize..4,
+            across in proptest::prelude::any::<bool>(),
+        ) {
+            let base = &plans()[case];
+            let log = Log::new(base, &dependencies(base).unwrap()).unwrap();
+            let near = near.min(1) * 3;
+            let next = crate::search::reorder::moved(base, &moves, near, across);
+            let names = next.unit_names();
+            let full = crate::algebra::lower::prepare(&next);
+            let view = match View::of_trial(&next, &names, &base.order, &base.locate(), &log) {
+                None => {
+                    proptest::prop_assert!(across && near == 0, "a move within ranks not patched");
+                    return Ok(());
+                }
+                Some(Err(())) => {
+                    proptest::prop_assert!(full.is_err());
+                    return Ok(());
+                }
+                Some(Ok(view)) => view,
+            };
+            let patched = timed_from(&next, &view, &log)
+                .map_err(LowerError::from)
+                .and_then(|time| view.prepared(&next, time, &log));
+            match (&full, &patched) {
+                (Ok(a), Ok(b)) => proptest::prop_assert_eq!(prepared_bits(a), prepared_bits(b)),
+                (Err(_), Err(_)) => {}
+                _ => proptest::prop_assert!(false, "{:?} {:?}", full.is_ok(), patched.is_ok()),
+            }
+        }
+
+
         /// A trial's dependencies patched from its base's are the full resolution's
         /// (or fail where it fails), and its timing resumed from its base's log is
         /// the full timing, bit for bit (settle numbers too), or fails where the
@@ -537,7 +683,7 @@ mod tests {
                 }
             };
             let full = timing(&next, &dependencies(&next).unwrap());
-            let resumed = timed_from(&next, &deps, &base.order, &log);
+            let resumed = timed_from(&next, &deps, &log);
             match (&full, &resumed) {
                 (Ok(a), Ok(b)) => proptest::prop_assert_eq!(bits(a), bits(b)),
                 (Err(a), Err(b)) => proptest::prop_assert_eq!(a, b),

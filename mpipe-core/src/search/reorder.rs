@@ -62,8 +62,8 @@
 
 use crate::algebra::analysis::dependencies;
 use crate::algebra::lower::{
-    lower_indexed_by, lower_indexed_from, lower_prepared_by, prepare, prepare_named, prepare_timed,
-    Frame, Lowered, Meetings, Placement,
+    lower_indexed_by, lower_indexed_from, lower_prepared_by, prepare, prepare_named, Frame,
+    Lowered, Meetings, Placement,
 };
 use crate::ir::compare::{less, Score};
 use crate::ir::plan::{Plan, Task, TaskIndex, UnitNames};
@@ -1408,19 +1408,12 @@ fn lower_one_from(
     (run, kept): (Option<&Resumable>, Option<&Meetings>),
     (ideal, frame): (Option<Ideal<'_>>, Option<&Frame>),
 ) -> Trial {
-    let links = ideal.and_then(|(base, index, log)| {
-        Some((View::of_trial(plan, names, base, index, log)?, base, log))
-    });
+    let links = ideal
+        .and_then(|(base, index, log)| Some((View::of_trial(plan, names, base, index, log)?, log)));
     let prepared = match links {
-        Some((Ok(links), base, log)) => timed_from(plan, &links, base, log).ok().and_then(|time| {
-            let of = |r: usize, i: usize| {
-                links.of(r, i).map(|l| {
-                    let producer = (l.rank as usize, l.index as usize);
-                    (l.tensor, l.unit as usize, producer)
-                })
-            };
-            prepare_timed(plan, of, time).ok()
-        }),
+        Some((Ok(links), log)) => timed_from(plan, &links, log)
+            .ok()
+            .and_then(|time| links.prepared(plan, time, log).ok()),
         // The plan does not resolve.
         Some((Err(()), ..)) => None,
         None => prepare_named(plan, names).ok(),
