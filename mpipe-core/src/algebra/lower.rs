@@ -780,22 +780,26 @@ fn steps_in<L: AsRef<[Placed]>>(
     at: impl IntoIterator<Item = L>,
     frame: &Frame,
 ) -> Result<Vec<Vec<Step>>, LowerError> {
-    let (bcasts, reduces) = frame.colls.split_at(frame.bcasts);
+    in_frame(frame, |form, colls| {
+        assemble_in(plan, at, form, colls, |x| x.slot as usize, p2p_step)
+    })
+}
+
+/// What `write` gives with `frame`'s broadcasts and reductions and a form that
+/// writes steps by unit index ([`Indexed`]); an error where it met a number over
+/// what a [`Step`] holds.
+fn in_frame<T>(
+    frame: &Frame,
+    write: impl FnOnce(&Indexed<'_>, (&[Collective], &[Collective])) -> T,
+) -> Result<T, LowerError> {
     let form = Indexed {
         rank: &frame.rank,
         over: Cell::new(None),
     };
-    let programs = assemble_in(
-        plan,
-        at,
-        &form,
-        (bcasts, reduces),
-        |x| x.slot as usize,
-        p2p_step,
-    );
+    let out = write(&form, frame.colls.split_at(frame.bcasts));
     match form.over.take() {
         Some(action) => Err(LowerError::TooLarge { action }),
-        None => Ok(programs),
+        None => Ok(out),
     }
 }
 
@@ -824,24 +828,18 @@ pub(crate) fn rank_steps(
     if !plan.prefetch.is_empty() {
         return None;
     }
-    let (bcasts, reduces) = frame.colls.split_at(frame.bcasts);
-    let form = Indexed {
-        rank: &frame.rank,
-        over: Cell::new(None),
-    };
-    let list = rank_in(
-        plan,
-        r,
-        at,
-        &form,
-        (bcasts, reduces),
-        (&|x: &Placed| x.slot as usize, &p2p_step),
-        &mut Vec::new(),
-    );
-    Some(match form.over.take() {
-        Some(action) => Err(LowerError::TooLarge { action }),
-        None => Ok(list),
-    })
+    Some(in_frame(frame, |form, colls| {
+        let slot = |x: &Placed| x.slot as usize;
+        rank_in(
+            plan,
+            r,
+            at,
+            form,
+            colls,
+            (&slot, &p2p_step),
+            &mut Vec::new(),
+        )
+    }))
 }
 
 /// A lowered program with its units by index: what [`assemble`] writes, action for
