@@ -172,6 +172,18 @@ impl<'a> View<'a> {
         }
     }
 
+    /// [`prepare_timed`] of `plan`, timed `time`, its dependencies read from this
+    /// view: the whole preparation, nothing taken from a base's.
+    fn prepared_whole(&self, plan: &Plan, time: Timing) -> Result<Prepared, LowerError> {
+        let of = |r: usize, i: usize| {
+            self.of(r, i).map(|l| {
+                let producer = (l.rank as usize, l.index as usize);
+                (l.tensor, l.unit as usize, producer)
+            })
+        };
+        prepare_timed(plan, of, time)
+    }
+
     /// [`crate::algebra::lower::prepare_timed`] of `plan` timed `time`, whose
     /// dependencies these are: a trial of the base `log` recorded
     /// ([`View::of_trial`]), its transfers patched from the base's
@@ -185,13 +197,7 @@ impl<'a> View<'a> {
         log: &Log,
     ) -> Result<Prepared, LowerError> {
         let Some(base) = &log.prepared else {
-            let of = |r: usize, i: usize| {
-                self.of(r, i).map(|l| {
-                    let producer = (l.rank as usize, l.index as usize);
-                    (l.tensor, l.unit as usize, producer)
-                })
-            };
-            return prepare_timed(plan, of, time);
+            return self.prepared_whole(plan, time);
         };
         let window = &self.window;
         let reads = window.iter().enumerate().flat_map(|(r, w)| {
@@ -419,14 +425,7 @@ impl Log {
 /// [`crate::algebra::lower::prepare_timed`] of `plan`, whose dependencies are
 /// `links` and ideal timing `time`.
 fn log_prepared(plan: &Plan, links: &Links, time: &Timing) -> Result<Prepared, LowerError> {
-    let whole = View::whole(links);
-    let of = |r: usize, i: usize| {
-        whole.of(r, i).map(|l| {
-            let producer = (l.rank as usize, l.index as usize);
-            (l.tensor, l.unit as usize, producer)
-        })
-    };
-    prepare_timed(plan, of, time.clone())
+    View::whole(links).prepared_whole(plan, time.clone())
 }
 
 /// Start, end and settle number 0 for every task of `plan`.
